@@ -1,0 +1,300 @@
+//! The cluster map: epoch, OSDs with their per-reactor endpoints, and pools.
+
+use crate::placement::{object_to_pg_seed, pg_to_reactor_index, rendezvous_score};
+use bytes::{Bytes, BytesMut};
+use carmine_types::{crc32c, DecodeError, Decoder, Encoder, OsdId, PgId, PoolId};
+use std::net::SocketAddr;
+use thiserror::Error;
+
+const MAP_MAGIC: u32 = u32::from_le_bytes(*b"CMAP");
+pub const MAP_FORMAT_VERSION: u16 = 1;
+const OSDS_MAX: usize = 4096;
+const REACTORS_PER_OSD_MAX: usize = 256;
+const POOLS_MAX: usize = 1024;
+const NAME_LEN_MAX: usize = 128;
+const ADDR_LEN_MAX: usize = 64;
+/// PGs per pool; 2^16 is far beyond what one map needs and keeps per-PG tables small.
+pub const PG_NUM_MAX: u32 = 1 << 16;
+pub const REPLICA_SIZE_MAX: u8 = 16;
+
+#[derive(Debug, Error)]
+#[non_exhaustive]
+pub enum MapError {
+    #[error("cluster map: {0}")]
+    Decode(#[from] DecodeError),
+    #[error("cluster map: bad magic {found:#010x}")]
+    BadMagic { found: u32 },
+    #[error("cluster map: unsupported format version {found} (this build reads {MAP_FORMAT_VERSION})")]
+    BadVersion { found: u16 },
+    #[error("cluster map: checksum mismatch (stored {stored:#010x}, computed {computed:#010x})")]
+    Checksum { stored: u32, computed: u32 },
+    #[error("cluster map: invalid address {addr:?}")]
+    BadAddress { addr: String },
+    #[error("no pool named {0:?}")]
+    NoSuchPool(String),
+    #[error("no pool with id {0}")]
+    NoSuchPoolId(PoolId),
+    #[error("invalid map: {0}")]
+    Invalid(String),
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OsdInfo {
+    pub id: OsdId,
+    pub up: bool,
+    /// One listening endpoint per reactor: reactor `r` serves the PGs that hash to it.
+    pub reactors: Vec<SocketAddr>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Pool {
+    pub id: PoolId,
+    pub name: String,
+    pub pg_num: u32,
+    /// Replica count. Placement already returns `size` OSDs; replication uses them later.
+    pub size: u8,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OsdMap {
+    pub epoch: u32,
+    pub osds: Vec<OsdInfo>,
+    pub pools: Vec<Pool>,
+}
+
+impl OsdMap {
+    /// Checks the invariants placement relies on. Called on every decoded map.
+    pub fn validate(&self) -> Result<(), MapError> {
+        let invalid = |s: String| Err(MapError::Invalid(s));
+        for (i, o) in self.osds.iter().enumerate() {
+            if o.reactors.is_empty() {
+                return invalid(format!("osd.{} has no reactors", o.id));
+            }
+            if self.osds[..i].iter().any(|p| p.id == o.id) {
+                return invalid(format!("osd.{} appears twice", o.id));
+            }
+        }
+        for (i, p) in self.pools.iter().enumerate() {
+            if p.pg_num == 0 || p.pg_num > PG_NUM_MAX {
+                return invalid(format!("pool {:?} has pg_num {}", p.name, p.pg_num));
+            }
+            if p.size == 0 || p.size > REPLICA_SIZE_MAX {
+                return invalid(format!("pool {:?} has size {}", p.name, p.size));
+            }
+            if self.pools[..i].iter().any(|q| q.id == p.id || q.name == p.name) {
+                return invalid(format!("pool {:?} (id {}) is defined twice", p.name, p.id));
+            }
+        }
+        Ok(())
+    }
+
+    pub fn pool(&self, id: PoolId) -> Result<&Pool, MapError> {
+        self.pools.iter().find(|p| p.id == id).ok_or(MapError::NoSuchPoolId(id))
+    }
+
+    pub fn pool_by_name(&self, name: &str) -> Result<&Pool, MapError> {
+        self.pools.iter().find(|p| p.name == name).ok_or_else(|| MapError::NoSuchPool(name.into()))
+    }
+
+    pub fn osd(&self, id: OsdId) -> Option<&OsdInfo> {
+        self.osds.iter().find(|o| o.id == id)
+    }
+
+    /// The PG an object of `pool` lives in.
+    pub fn object_pg(&self, pool: &Pool, oid: &str) -> PgId {
+        PgId { pool: pool.id, seed: object_to_pg_seed(oid, pool.pg_num) }
+    }
+
+    /// The acting set of a PG: up to `size` up OSDs, primary first.
+    pub fn pg_osds(&self, pg: PgId, size: u8) -> Vec<OsdId> {
+        let mut scored: Vec<(u64, OsdId)> =
+            self.osds.iter().filter(|o| o.up).map(|o| (rendezvous_score(pg, o.id), o.id)).collect();
+        scored.sort_unstable_by(|a, b| b.cmp(a));
+        scored.into_iter().take(size as usize).map(|(_, id)| id).collect()
+    }
+
+    /// The primary OSD of a PG, and the index of its reactor that owns the PG.
+    pub fn pg_primary(&self, pg: PgId) -> Option<(OsdId, u32)> {
+        let best = self.osds.iter().filter(|o| o.up).max_by_key(|o| (rendezvous_score(pg, o.id), o.id))?;
+        Some((best.id, pg_to_reactor_index(pg, best.reactors.len() as u32)))
+    }
+
+    /// Every PG whose primary is reactor `reactor` of `osd`, over all pools.
+    pub fn pgs_of_reactor(&self, osd: OsdId, reactor: u32) -> Vec<PgId> {
+        self.pools
+            .iter()
+            .flat_map(|p| (0..p.pg_num).map(move |seed| PgId { pool: p.id, seed }))
+            .filter(|pg| self.pg_primary(*pg) == Some((osd, reactor)))
+            .collect()
+    }
+
+    pub fn encode(&self) -> Bytes {
+        let mut out = BytesMut::new();
+        let mut e = Encoder::new(&mut out);
+        e.u32(MAP_MAGIC).u16(MAP_FORMAT_VERSION).u32(self.epoch).count(self.osds.len());
+        for o in &self.osds {
+            e.u32(o.id).bool(o.up).count(o.reactors.len());
+            for a in &o.reactors {
+                e.str(&a.to_string());
+            }
+        }
+        e.count(self.pools.len());
+        for p in &self.pools {
+            e.u32(p.id).str(&p.name).u32(p.pg_num).u8(p.size);
+        }
+        let crc = crc32c(&out);
+        Encoder::new(&mut out).u32(crc);
+        out.freeze()
+    }
+
+    pub fn decode(buf: Bytes) -> Result<Self, MapError> {
+        if buf.len() < 4 {
+            return Err(DecodeError::Truncated { what: "map checksum", needed: 4, available: buf.len() }.into());
+        }
+        let body_len = buf.len() - 4;
+        let stored = u32::from_le_bytes(buf[body_len..].try_into().expect("4 bytes"));
+        let computed = crc32c(&buf[..body_len]);
+        if stored != computed {
+            return Err(MapError::Checksum { stored, computed });
+        }
+        let mut d = Decoder::new(buf.slice(..body_len));
+        let magic = d.u32("map magic")?;
+        if magic != MAP_MAGIC {
+            return Err(MapError::BadMagic { found: magic });
+        }
+        let version = d.u16("map version")?;
+        if version != MAP_FORMAT_VERSION {
+            return Err(MapError::BadVersion { found: version });
+        }
+        let epoch = d.u32("epoch")?;
+        let n = d.count("osd count", OSDS_MAX)?;
+        let mut osds = Vec::with_capacity(n);
+        for _ in 0..n {
+            let id = d.u32("osd id")?;
+            let up = d.bool("osd up")?;
+            let r = d.count("reactor count", REACTORS_PER_OSD_MAX)?;
+            let mut reactors = Vec::with_capacity(r);
+            for _ in 0..r {
+                let addr = d.string("reactor address", ADDR_LEN_MAX)?;
+                reactors.push(addr.parse().map_err(|_| MapError::BadAddress { addr })?);
+            }
+            osds.push(OsdInfo { id, up, reactors });
+        }
+        let n = d.count("pool count", POOLS_MAX)?;
+        let mut pools = Vec::with_capacity(n);
+        for _ in 0..n {
+            pools.push(Pool {
+                id: d.u32("pool id")?,
+                name: d.string("pool name", NAME_LEN_MAX)?,
+                pg_num: d.u32("pg_num")?,
+                size: d.u8("pool size")?,
+            });
+        }
+        d.finish("cluster map")?;
+        let map = OsdMap { epoch, osds, pools };
+        map.validate()?;
+        Ok(map)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn map(osds: u32, reactors: u16) -> OsdMap {
+        OsdMap {
+            epoch: 3,
+            osds: (0..osds)
+                .map(|id| OsdInfo {
+                    id,
+                    up: true,
+                    reactors: (0..reactors)
+                        .map(|r| SocketAddr::from(([127, 0, 0, 1], 6800 + (id * 16) as u16 + r)))
+                        .collect(),
+                })
+                .collect(),
+            pools: vec![Pool { id: 1, name: "rbd".into(), pg_num: 64, size: 1 }],
+        }
+    }
+
+    #[test]
+    fn map_round_trips_through_its_encoding() {
+        let m = map(3, 2);
+        assert_eq!(OsdMap::decode(m.encode()).unwrap(), m);
+    }
+
+    #[test]
+    fn corrupted_map_is_rejected_by_checksum() {
+        let mut raw = m_bytes();
+        raw[10] ^= 0x40;
+        assert!(matches!(OsdMap::decode(Bytes::from(raw)), Err(MapError::Checksum { .. })));
+    }
+
+    fn m_bytes() -> Vec<u8> {
+        map(2, 2).encode().to_vec()
+    }
+
+    #[test]
+    fn every_pg_has_exactly_one_owning_reactor() {
+        let m = map(3, 4);
+        let mut owned = Vec::new();
+        for o in &m.osds {
+            for r in 0..4 {
+                owned.extend(m.pgs_of_reactor(o.id, r));
+            }
+        }
+        owned.sort();
+        let all: Vec<PgId> = (0..64).map(|seed| PgId { pool: 1, seed }).collect();
+        assert_eq!(owned, all);
+    }
+
+    #[test]
+    fn pgs_spread_over_osds_and_reactors() {
+        let m = map(4, 2);
+        for o in &m.osds {
+            for r in 0..2 {
+                let n = m.pgs_of_reactor(o.id, r).len();
+                assert!((2..=16).contains(&n), "osd.{} reactor {r} owns {n} of 64 PGs", o.id);
+            }
+        }
+    }
+
+    #[test]
+    fn marking_an_osd_down_moves_only_its_pgs() {
+        let mut m = map(4, 1);
+        let before: Vec<_> = (0..64).map(|s| m.pg_primary(PgId { pool: 1, seed: s }).unwrap().0).collect();
+        m.osds[2].up = false;
+        for (s, was) in before.iter().enumerate() {
+            let now = m.pg_primary(PgId { pool: 1, seed: s as u32 }).unwrap().0;
+            assert!(*was == 2 || now == *was, "pg {s} moved from osd.{was} to osd.{now}");
+            assert_ne!(now, 2);
+        }
+    }
+
+    #[test]
+    fn acting_set_has_distinct_osds_primary_first() {
+        let m = map(5, 1);
+        for s in 0..64 {
+            let pg = PgId { pool: 1, seed: s };
+            let set = m.pg_osds(pg, 3);
+            assert_eq!(set.len(), 3);
+            assert_eq!(set[0], m.pg_primary(pg).unwrap().0);
+            assert!(set[0] != set[1] && set[1] != set[2] && set[0] != set[2]);
+        }
+    }
+
+    #[test]
+    fn invalid_maps_are_rejected() {
+        let mut m = map(1, 1);
+        m.pools[0].pg_num = 0;
+        assert!(OsdMap::decode(m.encode()).is_err());
+        let mut m = map(1, 1);
+        m.osds[0].reactors.clear();
+        assert!(m.validate().is_err());
+    }
+
+    #[test]
+    fn unknown_pool_is_a_clear_error() {
+        assert_eq!(map(1, 1).pool_by_name("nope").unwrap_err().to_string(), "no pool named \"nope\"");
+    }
+}

@@ -1,0 +1,499 @@
+//! Request and response messages carried in frame payloads.
+
+use crate::frame::{encode_frame, Frame, FrameKind, Opcode};
+use bytes::{Bytes, BytesMut};
+use carmine_types::limits::{
+    ATTR_NAME_LEN_MAX, IO_LEN_MAX, LIST_LIMIT_MAX, OBJECT_NAME_LEN_MAX, OPS_PER_REQUEST_MAX,
+    VALUE_LEN_MAX,
+};
+use carmine_types::{DecodeError, Decoder, Encoder, PoolId};
+use thiserror::Error;
+
+/// Most keys or key/value pairs in one omap op.
+const OMAP_KEYS_MAX: usize = LIST_LIMIT_MAX as usize;
+/// Longest human-readable error message carried in an error reply.
+const ERROR_MESSAGE_LEN_MAX: usize = 4096;
+/// Largest encoded cluster map.
+const MAP_LEN_MAX: usize = 16 * 1024 * 1024;
+
+/// Outcome of a request. Codes are stable on the wire; never renumber.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[repr(u16)]
+#[non_exhaustive]
+pub enum Status {
+    Ok = 0,
+    ObjectNotFound = 1,
+    PoolNotFound = 2,
+    /// The PG is not owned by this OSD reactor in the receiver's map: refresh the map.
+    WrongTarget = 3,
+    InvalidArgument = 4,
+    NoSpace = 5,
+    Io = 6,
+    Corrupt = 7,
+    Exists = 8,
+    NotEmpty = 9,
+    AttrNotFound = 10,
+    /// The request frame was valid but its message could not be decoded.
+    Malformed = 11,
+    Unsupported = 12,
+    Busy = 13,
+    Internal = 14,
+    CollectionNotFound = 15,
+}
+
+impl Status {
+    pub fn from_u16(v: u16) -> Option<Self> {
+        use Status::*;
+        Some(match v {
+            0 => Ok,
+            1 => ObjectNotFound,
+            2 => PoolNotFound,
+            3 => WrongTarget,
+            4 => InvalidArgument,
+            5 => NoSpace,
+            6 => Io,
+            7 => Corrupt,
+            8 => Exists,
+            9 => NotEmpty,
+            10 => AttrNotFound,
+            11 => Malformed,
+            12 => Unsupported,
+            13 => Busy,
+            14 => Internal,
+            15 => CollectionNotFound,
+            _ => return None,
+        })
+    }
+}
+
+/// A message-level decoding failure. The frame was intact, so only this request fails.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[non_exhaustive]
+pub enum ProtoError {
+    #[error("malformed {opcode:?} message: {source}")]
+    Decode { opcode: Opcode, source: DecodeError },
+    #[error("unknown op code {code} at op index {index}")]
+    UnknownOp { code: u8, index: usize },
+    #[error("unknown status code {code}")]
+    UnknownStatus { code: u16 },
+    #[error("unknown output tag {tag}")]
+    UnknownOutput { tag: u8 },
+    #[error("expected a {expected:?} frame")]
+    WrongKind { expected: FrameKind },
+}
+
+/// One sub-operation on an object. Reads and writes are not mixed in one request: a request of
+/// writes becomes one atomic store transaction, a request of reads one consistent read pass.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum OsdOp {
+    /// `len == 0` reads to the end of the object.
+    Read { off: u64, len: u32 },
+    Stat,
+    GetXattr { name: String },
+    GetXattrs,
+    OmapGetHeader,
+    OmapGetVals { keys: Vec<Bytes> },
+    OmapList { start_after: Option<Bytes>, limit: u32 },
+    /// Creates the object; with `exclusive`, fails with `Exists` if it is already there.
+    Create { exclusive: bool },
+    Write { off: u64, data: Bytes },
+    /// Replaces the whole object's data.
+    WriteFull { data: Bytes },
+    Zero { off: u64, len: u64 },
+    Truncate { size: u64 },
+    Remove,
+    SetXattr { name: String, value: Bytes },
+    RmXattr { name: String },
+    OmapSet { kvs: Vec<(Bytes, Bytes)> },
+    OmapRm { keys: Vec<Bytes> },
+    OmapClear,
+    OmapSetHeader { data: Bytes },
+}
+
+const WRITE_OP_FIRST: u8 = 32;
+
+impl OsdOp {
+    fn code(&self) -> u8 {
+        use OsdOp::*;
+        match self {
+            Read { .. } => 1,
+            Stat => 2,
+            GetXattr { .. } => 3,
+            GetXattrs => 4,
+            OmapGetHeader => 5,
+            OmapGetVals { .. } => 6,
+            OmapList { .. } => 7,
+            Create { .. } => 32,
+            Write { .. } => 33,
+            WriteFull { .. } => 34,
+            Zero { .. } => 35,
+            Truncate { .. } => 36,
+            Remove => 37,
+            SetXattr { .. } => 38,
+            RmXattr { .. } => 39,
+            OmapSet { .. } => 40,
+            OmapRm { .. } => 41,
+            OmapClear => 42,
+            OmapSetHeader { .. } => 43,
+        }
+    }
+
+    pub fn is_write(&self) -> bool {
+        self.code() >= WRITE_OP_FIRST
+    }
+
+    fn encode(&self, e: &mut Encoder<'_, BytesMut>) {
+        use OsdOp::*;
+        e.u8(self.code());
+        match self {
+            Read { off, len } => {
+                e.u64(*off).u32(*len);
+            }
+            Stat | GetXattrs | OmapGetHeader | Remove | OmapClear => {}
+            GetXattr { name } | RmXattr { name } => {
+                e.str(name);
+            }
+            OmapGetVals { keys } | OmapRm { keys } => {
+                e.count(keys.len());
+                keys.iter().for_each(|k| {
+                    e.bytes(k);
+                });
+            }
+            OmapList { start_after, limit } => {
+                e.bool(start_after.is_some());
+                if let Some(k) = start_after {
+                    e.bytes(k);
+                }
+                e.u32(*limit);
+            }
+            Create { exclusive } => {
+                e.bool(*exclusive);
+            }
+            Write { off, data } => {
+                e.u64(*off).bytes(data);
+            }
+            WriteFull { data } | OmapSetHeader { data } => {
+                e.bytes(data);
+            }
+            Zero { off, len } => {
+                e.u64(*off).u64(*len);
+            }
+            Truncate { size } => {
+                e.u64(*size);
+            }
+            SetXattr { name, value } => {
+                e.str(name).bytes(value);
+            }
+            OmapSet { kvs } => {
+                e.count(kvs.len());
+                kvs.iter().for_each(|(k, v)| {
+                    e.bytes(k).bytes(v);
+                });
+            }
+        }
+    }
+
+    fn decode(d: &mut Decoder, index: usize) -> Result<Result<Self, u8>, DecodeError> {
+        use OsdOp::*;
+        let code = d.u8("op code")?;
+        let keys = |d: &mut Decoder| -> Result<Vec<Bytes>, DecodeError> {
+            let n = d.count("omap key count", OMAP_KEYS_MAX)?;
+            (0..n).map(|_| d.bytes("omap key", VALUE_LEN_MAX)).collect()
+        };
+        let _ = index;
+        Ok(Ok(match code {
+            1 => Read { off: d.u64("read offset")?, len: bounded_len(d.u32("read length")?)? },
+            2 => Stat,
+            3 => GetXattr { name: d.string("xattr name", ATTR_NAME_LEN_MAX)? },
+            4 => GetXattrs,
+            5 => OmapGetHeader,
+            6 => OmapGetVals { keys: keys(d)? },
+            7 => {
+                let start_after =
+                    if d.bool("has start")? { Some(d.bytes("omap start", VALUE_LEN_MAX)?) } else { None };
+                OmapList { start_after, limit: d.u32("omap limit")?.min(LIST_LIMIT_MAX) }
+            }
+            32 => Create { exclusive: d.bool("exclusive")? },
+            33 => Write { off: d.u64("write offset")?, data: d.bytes("write data", IO_LEN_MAX as usize)? },
+            34 => WriteFull { data: d.bytes("write data", IO_LEN_MAX as usize)? },
+            35 => Zero { off: d.u64("zero offset")?, len: d.u64("zero length")? },
+            36 => Truncate { size: d.u64("truncate size")? },
+            37 => Remove,
+            38 => SetXattr {
+                name: d.string("xattr name", ATTR_NAME_LEN_MAX)?,
+                value: d.bytes("xattr value", VALUE_LEN_MAX)?,
+            },
+            39 => RmXattr { name: d.string("xattr name", ATTR_NAME_LEN_MAX)? },
+            40 => {
+                let n = d.count("omap pair count", OMAP_KEYS_MAX)?;
+                let kvs = (0..n)
+                    .map(|_| Ok((d.bytes("omap key", VALUE_LEN_MAX)?, d.bytes("omap value", VALUE_LEN_MAX)?)))
+                    .collect::<Result<_, DecodeError>>()?;
+                OmapSet { kvs }
+            }
+            41 => OmapRm { keys: keys(d)? },
+            42 => OmapClear,
+            43 => OmapSetHeader { data: d.bytes("omap header", VALUE_LEN_MAX)? },
+            other => return Ok(Err(other)),
+        }))
+    }
+}
+
+fn bounded_len(len: u32) -> Result<u32, DecodeError> {
+    if len > IO_LEN_MAX {
+        return Err(DecodeError::TooLarge { what: "read length", found: len as u64, limit: IO_LEN_MAX as u64 });
+    }
+    Ok(len)
+}
+
+/// Operations on one object, addressed to the PG the client's map places it in.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ObjectRequest {
+    pub pool: PoolId,
+    pub pg_seed: u32,
+    /// The client's map epoch, so the OSD can tell a stale client from a misrouted one.
+    pub epoch: u32,
+    pub oid: String,
+    pub ops: Vec<OsdOp>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Request {
+    Ping { payload: Bytes },
+    GetMap,
+    Object(ObjectRequest),
+}
+
+/// What one read op produced. Write ops produce `None`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum OpOutput {
+    None,
+    Data(Bytes),
+    Stat { size: u64 },
+    Value(Bytes),
+    Attrs(Vec<(String, Bytes)>),
+    Omap { entries: Vec<(Bytes, Bytes)>, more: bool },
+}
+
+impl OpOutput {
+    fn encode(&self, e: &mut Encoder<'_, BytesMut>) {
+        match self {
+            OpOutput::None => {
+                e.u8(0);
+            }
+            OpOutput::Data(b) => {
+                e.u8(1).bytes(b);
+            }
+            OpOutput::Stat { size } => {
+                e.u8(2).u64(*size);
+            }
+            OpOutput::Value(b) => {
+                e.u8(3).bytes(b);
+            }
+            OpOutput::Attrs(a) => {
+                e.u8(4).count(a.len());
+                a.iter().for_each(|(k, v)| {
+                    e.str(k).bytes(v);
+                });
+            }
+            OpOutput::Omap { entries, more } => {
+                e.u8(5).count(entries.len());
+                entries.iter().for_each(|(k, v)| {
+                    e.bytes(k).bytes(v);
+                });
+                e.bool(*more);
+            }
+        }
+    }
+
+    fn decode(d: &mut Decoder) -> Result<Result<Self, u8>, DecodeError> {
+        Ok(Ok(match d.u8("output tag")? {
+            0 => OpOutput::None,
+            1 => OpOutput::Data(d.bytes("data", IO_LEN_MAX as usize)?),
+            2 => OpOutput::Stat { size: d.u64("size")? },
+            3 => OpOutput::Value(d.bytes("value", VALUE_LEN_MAX)?),
+            4 => {
+                let n = d.count("xattr count", OMAP_KEYS_MAX)?;
+                let mut a = Vec::with_capacity(n);
+                for _ in 0..n {
+                    a.push((d.string("xattr name", ATTR_NAME_LEN_MAX)?, d.bytes("xattr value", VALUE_LEN_MAX)?));
+                }
+                OpOutput::Attrs(a)
+            }
+            5 => {
+                let n = d.count("omap count", OMAP_KEYS_MAX)?;
+                let mut entries = Vec::with_capacity(n);
+                for _ in 0..n {
+                    entries.push((d.bytes("omap key", VALUE_LEN_MAX)?, d.bytes("omap value", VALUE_LEN_MAX)?));
+                }
+                OpOutput::Omap { entries, more: d.bool("more")? }
+            }
+            tag => return Ok(Err(tag)),
+        }))
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Response {
+    Pong { payload: Bytes },
+    Map { encoded: Bytes },
+    Object { outputs: Vec<OpOutput> },
+}
+
+/// A failed request: the status, the failing op's index when one op failed, and a message.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ErrorReply {
+    pub status: Status,
+    pub op_index: Option<u16>,
+    pub message: String,
+}
+
+impl std::fmt::Display for ErrorReply {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{:?}", self.status)?;
+        if let Some(i) = self.op_index {
+            write!(f, " (op {i})")?;
+        }
+        write!(f, ": {}", self.message)
+    }
+}
+
+const NO_OP_INDEX: u16 = u16::MAX;
+
+pub fn encode_request(out: &mut BytesMut, request_id: u64, req: &Request) {
+    let opcode = match req {
+        Request::Ping { .. } => Opcode::Ping,
+        Request::GetMap => Opcode::GetMap,
+        Request::Object(_) => Opcode::Object,
+    };
+    encode_frame(out, FrameKind::Request, opcode, request_id, 0, |b| {
+        let mut e = Encoder::new(b);
+        match req {
+            Request::Ping { payload } => {
+                e.bytes(payload);
+            }
+            Request::GetMap => {}
+            Request::Object(r) => {
+                e.u32(r.pool).u32(r.pg_seed).u32(r.epoch).str(&r.oid).count(r.ops.len());
+                r.ops.iter().for_each(|op| op.encode(&mut e));
+            }
+        }
+    });
+}
+
+pub fn encode_response(out: &mut BytesMut, request_id: u64, resp: &Response) {
+    let opcode = match resp {
+        Response::Pong { .. } => Opcode::Ping,
+        Response::Map { .. } => Opcode::GetMap,
+        Response::Object { .. } => Opcode::Object,
+    };
+    encode_frame(out, FrameKind::Response, opcode, request_id, Status::Ok as u16, |b| {
+        let mut e = Encoder::new(b);
+        match resp {
+            Response::Pong { payload } => {
+                e.bytes(payload);
+            }
+            Response::Map { encoded } => {
+                e.bytes(encoded);
+            }
+            Response::Object { outputs } => {
+                e.count(outputs.len());
+                outputs.iter().for_each(|o| o.encode(&mut e));
+            }
+        }
+    });
+}
+
+pub fn encode_error(out: &mut BytesMut, request_id: u64, opcode: Opcode, err: &ErrorReply) {
+    debug_assert!(err.status != Status::Ok);
+    let msg = truncate_utf8(&err.message, ERROR_MESSAGE_LEN_MAX);
+    encode_frame(out, FrameKind::Response, opcode, request_id, err.status as u16, |b| {
+        Encoder::new(b).u16(err.op_index.unwrap_or(NO_OP_INDEX)).str(msg);
+    });
+}
+
+fn truncate_utf8(s: &str, max: usize) -> &str {
+    if s.len() <= max {
+        return s;
+    }
+    let mut end = max;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    &s[..end]
+}
+
+impl Request {
+    /// Decodes a request frame's payload. Unknown ops and truncated or trailing bytes are
+    /// errors for this request only.
+    pub fn decode(frame: &Frame) -> Result<Self, ProtoError> {
+        let opcode = frame.header.opcode;
+        if frame.header.kind != FrameKind::Request {
+            return Err(ProtoError::WrongKind { expected: FrameKind::Request });
+        }
+        let err = |source| ProtoError::Decode { opcode, source };
+        let mut d = Decoder::new(frame.payload.clone());
+        let req = match opcode {
+            Opcode::Ping => Request::Ping { payload: d.bytes("ping payload", IO_LEN_MAX as usize).map_err(err)? },
+            Opcode::GetMap => Request::GetMap,
+            Opcode::Object => {
+                let pool = d.u32("pool").map_err(err)?;
+                let pg_seed = d.u32("pg").map_err(err)?;
+                let epoch = d.u32("epoch").map_err(err)?;
+                let oid = d.string("object name", OBJECT_NAME_LEN_MAX).map_err(err)?;
+                let n = d.count("op count", OPS_PER_REQUEST_MAX).map_err(err)?;
+                let mut ops = Vec::with_capacity(n);
+                for index in 0..n {
+                    match OsdOp::decode(&mut d, index).map_err(err)? {
+                        Ok(op) => ops.push(op),
+                        Err(code) => return Err(ProtoError::UnknownOp { code, index }),
+                    }
+                }
+                Request::Object(ObjectRequest { pool, pg_seed, epoch, oid, ops })
+            }
+        };
+        d.finish("request").map_err(err)?;
+        Ok(req)
+    }
+}
+
+impl Response {
+    /// Decodes a response frame: `Ok(Err(_))` is a well-formed error reply from the server.
+    pub fn decode(frame: &Frame) -> Result<Result<Self, ErrorReply>, ProtoError> {
+        let opcode = frame.header.opcode;
+        if frame.header.kind != FrameKind::Response {
+            return Err(ProtoError::WrongKind { expected: FrameKind::Response });
+        }
+        let err = |source| ProtoError::Decode { opcode, source };
+        let status = Status::from_u16(frame.header.status)
+            .ok_or(ProtoError::UnknownStatus { code: frame.header.status })?;
+        let mut d = Decoder::new(frame.payload.clone());
+        if status != Status::Ok {
+            let index = d.u16("op index").map_err(err)?;
+            let message = d.string("error message", ERROR_MESSAGE_LEN_MAX).map_err(err)?;
+            d.finish("error reply").map_err(err)?;
+            let op_index = (index != NO_OP_INDEX).then_some(index);
+            return Ok(Err(ErrorReply { status, op_index, message }));
+        }
+        let resp = match opcode {
+            Opcode::Ping => Response::Pong { payload: d.bytes("pong payload", IO_LEN_MAX as usize).map_err(err)? },
+            Opcode::GetMap => Response::Map { encoded: d.bytes("map", MAP_LEN_MAX).map_err(err)? },
+            Opcode::Object => {
+                let n = d.count("output count", OPS_PER_REQUEST_MAX).map_err(err)?;
+                let mut outputs = Vec::with_capacity(n);
+                for _ in 0..n {
+                    match OpOutput::decode(&mut d).map_err(err)? {
+                        Ok(o) => outputs.push(o),
+                        Err(tag) => return Err(ProtoError::UnknownOutput { tag }),
+                    }
+                }
+                Response::Object { outputs }
+            }
+        };
+        d.finish("response").map_err(err)?;
+        Ok(Ok(resp))
+    }
+}
+
+#[cfg(test)]
+mod tests;
