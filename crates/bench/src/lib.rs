@@ -1,1 +1,160 @@
+//! The performance lab (first cut): I/O through the client against a local cluster, step by
+//! step over workloads and queue depths, side by side with the loopback RPC ceiling measured
+//! in the same run, and OSD CPU time per I/O sampled from /proc.
 
+mod ceiling;
+mod machine;
+mod procstat;
+mod report;
+pub mod workload;
+
+use anyhow::{Context, Result};
+use bytes::Bytes;
+use carmine_localcluster::{parse_size, DirArg, UpArgs};
+use carmine_reactor::cpu::{pin_current_thread, CpuPolicy};
+use carmine_volume::Volumes;
+use clap::Args;
+use futures::stream::{self, StreamExt, TryStreamExt};
+use report::{Row, Run};
+use std::path::PathBuf;
+use std::time::Duration;
+use workload::{run_on_image, Workload};
+
+#[derive(Args, Debug, Clone)]
+pub struct BenchArgs {
+    /// Workloads to run, in order.
+    #[arg(long, value_delimiter = ',', default_value = "randread,randwrite,seqread,seqwrite")]
+    pub workloads: Vec<Workload>,
+    /// Queue depths (I/Os in flight) to step through.
+    #[arg(long, value_delimiter = ',', default_value = "1,16,64")]
+    pub depths: Vec<usize>,
+    /// Block size of the random workloads.
+    #[arg(long, default_value = "4K", value_parser = parse_size)]
+    pub random_bs: u64,
+    /// Block size of the sequential workloads.
+    #[arg(long, default_value = "64K", value_parser = parse_size)]
+    pub seq_bs: u64,
+    /// Measured seconds per step.
+    #[arg(long, default_value_t = 5.0)]
+    pub step_secs: f64,
+    /// Unmeasured warm-up seconds before each step.
+    #[arg(long, default_value_t = 1.0)]
+    pub ramp_secs: f64,
+    /// Size of the benchmark volume (prefilled before reads).
+    #[arg(long, default_value = "1G", value_parser = parse_size)]
+    pub volume_size: u64,
+    /// Core(s) for the OSD reactor(s).
+    #[arg(long, default_value = "1")]
+    pub osd_cpu: String,
+    /// Core for the load generator.
+    #[arg(long, default_value_t = 0)]
+    pub client_cpu: u32,
+    /// Reactors in the OSD.
+    #[arg(long, default_value_t = 1)]
+    pub reactors: u32,
+    /// Skip the loopback RPC ceiling steps.
+    #[arg(long)]
+    pub no_ceiling: bool,
+    /// Seconds-long smoke run: 1 s steps, 0.2 s ramp, 64 MiB volume.
+    #[arg(long)]
+    pub quick: bool,
+    /// Report directory (default: carmine-bench/<date>-<time>).
+    #[arg(long)]
+    pub output: Option<PathBuf>,
+}
+
+pub fn run(mut a: BenchArgs) -> Result<()> {
+    if a.quick {
+        a.step_secs = 1.0;
+        a.ramp_secs = 0.2;
+        a.volume_size = a.volume_size.min(64 << 20);
+    }
+    let out_dir = a.output.clone().unwrap_or_else(|| PathBuf::from("carmine-bench").join(machine::timestamp()));
+    std::fs::create_dir_all(&out_dir).with_context(|| format!("creating {}", out_dir.display()))?;
+    let cluster_dir = out_dir.join("cluster");
+    let up = UpArgs {
+        dir: DirArg { dir: cluster_dir.clone() },
+        osds: 1,
+        reactors: a.reactors,
+        store: "memory".into(),
+        memory_limit: (a.volume_size * 2).max(1 << 30),
+        exe: None,
+        cpu_policy: CpuPolicy::Default,
+        cpu_set: Some(a.osd_cpu.clone()),
+        no_pin: false,
+        pool: "rbd".into(),
+        pg_num: 64,
+        host: [127, 0, 0, 1].into(),
+    };
+    let running = carmine_localcluster::up(&up)?;
+    let result = bench_against(&a, &running);
+    carmine_localcluster::down(&cluster_dir)?;
+    let run = result?;
+    let md = report::markdown(&run);
+    std::fs::write(out_dir.join("report.md"), &md)?;
+    std::fs::write(out_dir.join("results.json"), serde_json::to_string_pretty(&run)?)?;
+    println!("{md}");
+    println!("report: {}", out_dir.join("report.md").display());
+    if run.rows.iter().any(|r| r.carmine.errors > 0) {
+        anyhow::bail!("some I/Os failed; see the errors column");
+    }
+    Ok(())
+}
+
+fn bench_against(a: &BenchArgs, running: &carmine_localcluster::Running) -> Result<Run> {
+    let osd_pids = carmine_localcluster::osd_pids(&running.dir)?;
+    let osd_cpu = carmine_reactor::cpu::parse_cpu_list(&a.osd_cpu)?.first().copied();
+    let ceiling_addr = if a.no_ceiling { None } else { Some(ceiling::start_server(osd_cpu)?) };
+    if let Err(e) = pin_current_thread(a.client_cpu) {
+        eprintln!("warning: cannot pin the client to cpu {}: {e}", a.client_cpu);
+    }
+    let ramp = Duration::from_secs_f64(a.ramp_secs);
+    let step = Duration::from_secs_f64(a.step_secs);
+    let dir = running.dir.clone();
+    let a = a.clone();
+    carmine_reactor::block_on(async move {
+        let client = carmine_localcluster::connect(&dir).await?;
+        let pool = client.pool_id("rbd")?;
+        let volumes = Volumes::new(client, pool);
+        let info = volumes.create("bench", a.volume_size, None).await?;
+        let image = volumes.open(&info.name).await?;
+        prefill(&image).await?;
+        let mut rows = Vec::new();
+        for &wl in &a.workloads {
+            let bs = if wl.is_random() { a.random_bs } else { a.seq_bs };
+            for &depth in &a.depths {
+                let cpu_before = procstat::cpu_ticks(&osd_pids);
+                let t0 = std::time::Instant::now();
+                let stats = run_on_image(&image, wl, bs, depth, ramp, step).await;
+                let window = t0.elapsed().as_secs_f64();
+                let osd_cpu_secs = procstat::cpu_seconds_since(&osd_pids, &cpu_before);
+                let ceiling = match ceiling_addr {
+                    Some(addr) => {
+                        let (req, rep) = if wl.is_write() { (bs as usize, 0) } else { (0, bs as usize) };
+                        Some(ceiling::measure(addr, req, rep, depth, ramp, step).await?)
+                    }
+                    None => None,
+                };
+                eprintln!("{:>9} {:>5} qd{:<3} {:>9.0} IOPS  mean {:>7.1} us", wl.name(), bs, depth, stats.iops, stats.lat_mean_us);
+                rows.push(Row::new(wl, bs, depth, stats, ceiling, osd_cpu_secs, window));
+            }
+        }
+        Ok(Run::new(&a, rows))
+    })
+}
+
+/// Writes the whole volume once so reads measure real data, not holes.
+async fn prefill(image: &carmine_volume::Image) -> Result<()> {
+    const CHUNK: u64 = 4 << 20;
+    let data = Bytes::from(vec![0x5au8; CHUNK as usize]);
+    let size = image.size();
+    stream::iter((0..size).step_by(CHUNK as usize))
+        .map(|off| {
+            let data = data.slice(..CHUNK.min(size - off) as usize);
+            async move { image.write(off, data).await }
+        })
+        .buffer_unordered(8)
+        .try_collect::<Vec<()>>()
+        .await?;
+    Ok(())
+}

@@ -1,1 +1,63 @@
-fn main() {}
+//! `carmine`: the one binary. Each subcommand is a thin layer over a library crate; errors are
+//! `anyhow` here and typed everywhere below.
+
+mod cluster;
+mod demo;
+mod osd;
+mod pattern;
+mod size;
+mod volume;
+
+use clap::{Parser, Subcommand};
+use std::process::ExitCode;
+
+#[derive(Parser)]
+#[command(name = "carmine", version, about = "Carmine: shard-per-core distributed block storage")]
+#[command(long_about = "Carmine: shard-per-core distributed block storage.\n\n\
+Start a local cluster with `carmine cluster up`, create a volume with `carmine volume create`,\n\
+and move data with `carmine volume write|read`. `carmine demo` does all of it in one go.")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run one OSD daemon in the foreground (normally started by `cluster up`).
+    Osd(osd::OsdArgs),
+    /// Start, stop and inspect a local cluster of OSD processes.
+    #[command(subcommand)]
+    Cluster(cluster::ClusterCommand),
+    /// Create, list, inspect, resize, remove, write and read block volumes.
+    #[command(subcommand)]
+    Volume(volume::VolumeCommand),
+    /// Start a throw-away cluster, write and verify a volume, report throughput and latency.
+    Demo(demo::DemoArgs),
+    /// Measure I/O through the client against a local cluster, next to the loopback RPC ceiling.
+    Bench(carmine_bench::BenchArgs),
+}
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("CARMINE_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Osd(a) => osd::run(a),
+        Command::Cluster(c) => cluster::run(c),
+        Command::Volume(c) => volume::run(c),
+        Command::Demo(a) => demo::run(a),
+        Command::Bench(a) => carmine_bench::run(a),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,1 +1,14 @@
+//! The OSD daemon: N reactors, each pinned to a core, each owning a disjoint set of PGs and its
+//! own store shard, each listening on its own endpoint.
+//!
+//! Key decision: per-reactor endpoints. The cluster map lists one address per reactor and the
+//! client computes which reactor owns a PG, so a request reaches the core that owns its data
+//! with zero cross-core hops and reactors share nothing. The only cross-thread traffic is
+//! control messages (shutdown, later map updates) through bounded mailboxes.
 
+mod daemon;
+mod handler;
+mod reactor;
+
+pub use daemon::{Osd, OsdConfig, OsdError, StoreConfig};
+pub use reactor::ControlMsg;

@@ -1,0 +1,96 @@
+//! Run records and the markdown report.
+
+use crate::machine::Machine;
+use crate::workload::{StepStats, Workload};
+use crate::BenchArgs;
+use serde::Serialize;
+
+#[derive(Clone, Debug, Serialize)]
+pub struct Row {
+    pub workload: Workload,
+    pub bs: u64,
+    pub depth: usize,
+    pub carmine: StepStats,
+    pub ceiling: Option<StepStats>,
+    /// OSD process CPU seconds per wall second over the step (ramp included).
+    pub osd_cpu_cores: f64,
+    pub osd_cpu_us_per_io: f64,
+}
+
+impl Row {
+    /// `osd_cpu_secs` was sampled over `window_secs` of wall time (ramp + step); the I/O rate
+    /// is taken as steady over that window.
+    pub fn new(
+        workload: Workload,
+        bs: u64,
+        depth: usize,
+        carmine: StepStats,
+        ceiling: Option<StepStats>,
+        osd_cpu_secs: f64,
+        window_secs: f64,
+    ) -> Self {
+        let osd_cpu_cores = osd_cpu_secs / window_secs.max(1e-9);
+        let osd_cpu_us_per_io = if carmine.iops > 0.0 { osd_cpu_cores * 1e6 / carmine.iops } else { 0.0 };
+        Row { workload, bs, depth, carmine, ceiling, osd_cpu_cores, osd_cpu_us_per_io }
+    }
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct Run {
+    pub carmine_version: &'static str,
+    pub machine: Machine,
+    pub step_secs: f64,
+    pub ramp_secs: f64,
+    pub volume_size: u64,
+    pub osd_cpu: String,
+    pub client_cpu: u32,
+    pub reactors: u32,
+    pub rows: Vec<Row>,
+}
+
+impl Run {
+    pub fn new(a: &BenchArgs, rows: Vec<Row>) -> Self {
+        Run {
+            carmine_version: env!("CARGO_PKG_VERSION"),
+            machine: Machine::read(),
+            step_secs: a.step_secs,
+            ramp_secs: a.ramp_secs,
+            volume_size: a.volume_size,
+            osd_cpu: a.osd_cpu.clone(),
+            client_cpu: a.client_cpu,
+            reactors: a.reactors,
+            rows,
+        }
+    }
+}
+
+pub fn markdown(run: &Run) -> String {
+    let m = &run.machine;
+    let mut s = format!(
+        "# carmine bench\n\nmachine: {} ({} cpus, {}, kernel {}, {} GiB)  \n\
+         cluster: 1 OSD, {} reactor(s) on cpu {}, memory store; client pinned to cpu {}  \n\
+         steps: {} s measured after {} s ramp; volume {} MiB, prefilled\n\n",
+        m.hostname, m.cpus, m.cpu_model, m.kernel, m.memory_gib, run.reactors, run.osd_cpu, run.client_cpu,
+        run.step_secs, run.ramp_secs, run.volume_size >> 20
+    );
+    s.push_str("| workload | bs | qd | IOPS | MiB/s | mean us | stdev us | p50 us | p99 us | p99.9 us | OSD cpu | OSD us/IO | ceiling IOPS | % of ceiling | ceiling mean us | latency / ceiling | errors |\n");
+    s.push_str("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+    for r in &run.rows {
+        let c = &r.carmine;
+        let (ci, pct, cl, lr) = match &r.ceiling {
+            Some(x) => (
+                format!("{:.0}", x.iops),
+                format!("{:.0}%", 100.0 * c.iops / x.iops.max(1e-9)),
+                format!("{:.1}", x.lat_mean_us),
+                format!("{:.2}x", c.lat_mean_us / x.lat_mean_us.max(1e-9)),
+            ),
+            None => ("-".into(), "-".into(), "-".into(), "-".into()),
+        };
+        s.push_str(&format!(
+            "| {} | {}K | {} | {:.0} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.0}% | {:.1} | {} | {} | {} | {} | {} |\n",
+            r.workload.name(), r.bs >> 10, r.depth, c.iops, c.mib_s, c.lat_mean_us, c.lat_stdev_us, c.lat_p50_us,
+            c.lat_p99_us, c.lat_p999_us, r.osd_cpu_cores * 100.0, r.osd_cpu_us_per_io, ci, pct, cl, lr, c.errors
+        ));
+    }
+    s
+}

@@ -1,0 +1,98 @@
+//! `carmine osd`: one OSD daemon in the foreground until SIGTERM or SIGINT.
+
+use crate::size::parse_size;
+use anyhow::{bail, Context, Result};
+use carmine_cluster::OsdMap;
+use carmine_osd::{Osd, OsdConfig, StoreConfig};
+use carmine_reactor::cpu::{allocate, parse_cpu_list, CpuPolicy, CpuTopology};
+use clap::{Args, ValueEnum};
+use std::path::PathBuf;
+use std::time::Duration;
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+pub enum StoreKind {
+    /// In-memory store (like Crimson's CyanStore): nothing survives a restart.
+    Memory,
+}
+
+#[derive(Args, Debug)]
+pub struct OsdArgs {
+    /// This OSD's id in the cluster map.
+    #[arg(long)]
+    pub id: u32,
+    /// Cluster map file written by `cluster up`.
+    #[arg(long)]
+    pub map: PathBuf,
+    /// Object store backend.
+    #[arg(long, value_enum, default_value = "memory")]
+    pub store: StoreKind,
+    /// Memory budget of each reactor's memory-store shard (e.g. 2G).
+    #[arg(long, default_value = "2G", value_parser = parse_size)]
+    pub memory_limit: u64,
+    /// Cores the OSDs may use (e.g. "1" or "0-3,8"); other cores stay free for clients.
+    #[arg(long)]
+    pub cpu_set: Option<String>,
+    /// Reactor placement: default (contiguous), osd (one socket per OSD), socket (spread).
+    #[arg(long, default_value = "default")]
+    pub cpu_policy: CpuPolicy,
+    /// Do not pin reactors to cores.
+    #[arg(long)]
+    pub no_pin: bool,
+}
+
+/// CPU for each reactor of `osd`, following the policy over the whole cluster's OSDs so that
+/// OSDs started separately still get disjoint cores.
+pub fn reactor_cpus(map: &OsdMap, osd: u32, cpu_set: Option<&str>, policy: CpuPolicy) -> Result<(Vec<Option<u32>>, String)> {
+    let topo = CpuTopology::from_sys().context("reading CPU topology from /sys")?;
+    let allowed = cpu_set.map(parse_cpu_list).transpose().context("parsing --cpu-set")?;
+    let reactors = map.osd(osd).map(|o| o.reactors.len()).unwrap_or(0) as u32;
+    let osds = map.osds.len() as u32;
+    let alloc = allocate(&topo, policy, allowed.as_deref(), osds, reactors, true)
+        .with_context(|| format!("placing {osds} OSDs x {reactors} reactors"))?;
+    let index = map.osds.iter().position(|o| o.id == osd).context("osd not in map")?;
+    let cpus = alloc.cpus(index as u32).iter().map(|c| Some(*c)).collect();
+    Ok((cpus, alloc.grid(&topo)))
+}
+
+pub fn run(a: OsdArgs) -> Result<()> {
+    let raw = std::fs::read(&a.map).with_context(|| format!("reading cluster map {}", a.map.display()))?;
+    let map = OsdMap::decode(raw.into()).with_context(|| format!("decoding {}", a.map.display()))?;
+    let info = map.osd(a.id).with_context(|| format!("osd.{} is not in the map", a.id))?.clone();
+    let reactor_cpus = if a.no_pin {
+        vec![None; info.reactors.len()]
+    } else {
+        let (cpus, grid) = reactor_cpus(&map, a.id, a.cpu_set.as_deref(), a.cpu_policy)?;
+        println!("{grid}");
+        cpus
+    };
+    let store = match a.store {
+        StoreKind::Memory => StoreConfig::Memory { memory_limit_bytes: a.memory_limit },
+    };
+    let signals = signal_hook::iterator::Signals::new([signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT])
+        .context("installing signal handlers")?;
+    let osd = Osd::start(OsdConfig { id: a.id, map, reactor_cpus: reactor_cpus.clone(), store })?;
+    for (r, (addr, cpu)) in info.reactors.iter().zip(&reactor_cpus).enumerate() {
+        let cpu = cpu.map_or("unpinned".to_string(), |c| format!("cpu {c}"));
+        println!("osd.{} reactor {r} listening on {addr} ({cpu})", a.id);
+    }
+    println!("osd.{} ready (pid {})", a.id, std::process::id());
+    wait_for_stop(signals, &osd)?;
+    println!("osd.{} shutting down", a.id);
+    osd.shutdown()?;
+    println!("osd.{} stopped", a.id);
+    Ok(())
+}
+
+/// Blocks the control thread (never a reactor) until a stop signal arrives. Checks reactor
+/// health ten times a second: a reactor that died takes the daemon down with an error.
+fn wait_for_stop(mut signals: signal_hook::iterator::Signals, osd: &Osd) -> Result<()> {
+    loop {
+        if signals.pending().next().is_some() {
+            return Ok(());
+        }
+        if osd.any_reactor_exited() {
+            bail!("a reactor exited unexpectedly; stopping");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}

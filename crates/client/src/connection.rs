@@ -1,0 +1,162 @@
+//! One pipelined connection to one OSD reactor endpoint.
+
+use crate::error::ClientError;
+use crate::notify::Doorbell;
+use bytes::BytesMut;
+use carmine_proto::{encode_request, try_decode_frame, Frame, Request, Response};
+use carmine_reactor::io::{read_some, write_all};
+use carmine_reactor::TcpStream;
+use futures::channel::oneshot;
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::rc::Rc;
+
+/// Receive buffer growth step; one read takes in many pipelined replies.
+const READ_SPARE_MIN: usize = 256 * 1024;
+
+type Reply = Result<Frame, ClientError>;
+
+pub struct Connection {
+    addr: SocketAddr,
+    /// Encoded requests not yet handed to the socket.
+    out: RefCell<BytesMut>,
+    doorbell: Doorbell,
+    pending: RefCell<HashMap<u64, oneshot::Sender<Reply>>>,
+    next_id: Cell<u64>,
+    failed: RefCell<Option<String>>,
+    permits: async_lock::Semaphore,
+}
+
+impl Connection {
+    pub async fn open(addr: SocketAddr, inflight_max: usize) -> Result<Rc<Self>, ClientError> {
+        let stream = TcpStream::connect(addr).await.map_err(|source| ClientError::Connect { addr, source })?;
+        let _ = stream.set_nodelay(true);
+        let (rd, wr) = stream.into_split();
+        let conn = Rc::new(Connection {
+            addr,
+            out: RefCell::new(BytesMut::with_capacity(READ_SPARE_MIN)),
+            doorbell: Doorbell::default(),
+            pending: RefCell::new(HashMap::with_capacity(inflight_max)),
+            next_id: Cell::new(1),
+            failed: RefCell::new(None),
+            permits: async_lock::Semaphore::new(inflight_max),
+        });
+        carmine_reactor::spawn(read_loop(conn.clone(), rd)).detach();
+        carmine_reactor::spawn(write_loop(conn.clone(), wr)).detach();
+        Ok(conn)
+    }
+
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    pub fn is_usable(&self) -> bool {
+        self.failed.borrow().is_none()
+    }
+
+    /// Closes the connection; requests still in flight fail with `Disconnected`.
+    pub fn close(&self) {
+        self.fail("closed by the client".into());
+    }
+
+    fn fail(&self, reason: String) {
+        if self.failed.borrow().is_some() {
+            return;
+        }
+        *self.failed.borrow_mut() = Some(reason.clone());
+        for (_, tx) in self.pending.borrow_mut().drain() {
+            let _ = tx.send(Err(ClientError::Disconnected { addr: self.addr, reason: reason.clone() }));
+        }
+        self.doorbell.ring();
+    }
+
+    fn disconnected(&self) -> ClientError {
+        let reason = self.failed.borrow().clone().unwrap_or_else(|| "reply channel dropped".into());
+        ClientError::Disconnected { addr: self.addr, reason }
+    }
+
+    /// Sends `req` and waits for its reply. Waits first if `inflight_max` requests are out.
+    pub async fn call(&self, req: &Request) -> Result<Response, ClientError> {
+        let _permit = self.permits.acquire().await;
+        if !self.is_usable() {
+            return Err(self.disconnected());
+        }
+        let id = self.next_id.get();
+        self.next_id.set(id.wrapping_add(1));
+        let (tx, rx) = oneshot::channel();
+        self.pending.borrow_mut().insert(id, tx);
+        encode_request(&mut self.out.borrow_mut(), id, req);
+        self.doorbell.ring();
+        let frame = rx.await.map_err(|_| self.disconnected())??;
+        match Response::decode(&frame) {
+            Ok(Ok(resp)) => Ok(resp),
+            Ok(Err(reply)) => Err(ClientError::Server(reply)),
+            Err(e) => Err(ClientError::Protocol { addr: self.addr, detail: e.to_string() }),
+        }
+    }
+}
+
+async fn write_loop(conn: Rc<Connection>, mut stream: TcpStream) {
+    loop {
+        conn.doorbell.wait().await;
+        loop {
+            if !conn.is_usable() {
+                let _ = carmine_reactor::io::shutdown_write(&mut stream).await;
+                return;
+            }
+            let batch = std::mem::take(&mut *conn.out.borrow_mut());
+            if batch.is_empty() {
+                *conn.out.borrow_mut() = batch;
+                break;
+            }
+            let (res, spare) = write_all(&mut stream, batch).await;
+            if let Err(e) = res {
+                conn.fail(format!("write: {e}"));
+                return;
+            }
+            let mut out = conn.out.borrow_mut();
+            if out.is_empty() {
+                *out = spare;
+            }
+        }
+    }
+}
+
+async fn read_loop(conn: Rc<Connection>, mut stream: TcpStream) {
+    let mut buf = BytesMut::with_capacity(READ_SPARE_MIN);
+    loop {
+        loop {
+            match try_decode_frame(&mut buf) {
+                Ok(Some(frame)) => {
+                    let Some(tx) = conn.pending.borrow_mut().remove(&frame.header.request_id) else {
+                        conn.fail(format!("reply to unknown request {}", frame.header.request_id));
+                        return;
+                    };
+                    let _ = tx.send(Ok(frame));
+                }
+                Ok(None) => break,
+                Err(e) => {
+                    conn.fail(format!("bad frame from server: {e}"));
+                    return;
+                }
+            }
+        }
+        if !conn.is_usable() {
+            return;
+        }
+        let (res, b) = read_some(&mut stream, buf, READ_SPARE_MIN).await;
+        buf = b;
+        match res {
+            Ok(0) => {
+                conn.fail("server closed the connection".into());
+                return;
+            }
+            Ok(_) => {}
+            Err(e) => {
+                conn.fail(format!("read: {e}"));
+                return;
+            }
+        }
+    }
+}

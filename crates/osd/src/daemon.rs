@@ -1,0 +1,110 @@
+//! Bringing an OSD up and down: binding endpoints, starting pinned reactors, shutdown.
+
+use crate::reactor::{run_reactor, ControlMsg, ReactorSetup};
+use carmine_cluster::OsdMap;
+use carmine_reactor::{mailbox, spawn_reactor, MailboxSender, ReactorHandle};
+use carmine_types::OsdId;
+use std::net::TcpListener as StdTcpListener;
+use thiserror::Error;
+
+/// Which store each reactor shard runs.
+#[derive(Clone, Debug)]
+pub enum StoreConfig {
+    /// In-memory shards, each limited to `memory_limit_bytes`.
+    Memory { memory_limit_bytes: u64 },
+}
+
+#[derive(Clone, Debug)]
+pub struct OsdConfig {
+    pub id: OsdId,
+    pub map: OsdMap,
+    /// CPU for each reactor (`None` leaves it unpinned); its length must match the map.
+    pub reactor_cpus: Vec<Option<u32>>,
+    pub store: StoreConfig,
+}
+
+#[derive(Debug, Error)]
+#[non_exhaustive]
+pub enum OsdError {
+    #[error("osd.{0} is not in the cluster map")]
+    NotInMap(OsdId),
+    #[error("osd.{id}: the map lists {in_map} reactors but {configured} CPUs were configured")]
+    ReactorCount { id: OsdId, in_map: usize, configured: usize },
+    #[error("osd.{id} reactor {reactor}: cannot listen on {addr}: {source}")]
+    Bind { id: OsdId, reactor: usize, addr: std::net::SocketAddr, source: std::io::Error },
+    #[error("osd.{id}: cannot start reactor thread: {source}")]
+    Spawn { id: OsdId, source: std::io::Error },
+    #[error("osd.{id}: reactor {reactor} failed: {detail}")]
+    Reactor { id: OsdId, reactor: usize, detail: String },
+}
+
+/// A running OSD. Dropping it without `shutdown` leaves the reactors running.
+pub struct Osd {
+    id: OsdId,
+    reactors: Vec<(MailboxSender<ControlMsg>, ReactorHandle<Result<(), String>>)>,
+}
+
+/// Undelivered control messages per reactor; control traffic is rare.
+const CONTROL_MAILBOX_CAPACITY: usize = 4;
+
+impl Osd {
+    /// Binds every reactor's endpoint (so address conflicts are reported here, synchronously),
+    /// then starts the reactors. Returns once all are listening.
+    pub fn start(cfg: OsdConfig) -> Result<Osd, OsdError> {
+        let info = cfg.map.osd(cfg.id).ok_or(OsdError::NotInMap(cfg.id))?.clone();
+        if info.reactors.len() != cfg.reactor_cpus.len() {
+            return Err(OsdError::ReactorCount {
+                id: cfg.id,
+                in_map: info.reactors.len(),
+                configured: cfg.reactor_cpus.len(),
+            });
+        }
+        let mut listeners = Vec::with_capacity(info.reactors.len());
+        for (reactor, addr) in info.reactors.iter().enumerate() {
+            let l = StdTcpListener::bind(addr)
+                .and_then(|l| l.set_nonblocking(true).map(|_| l))
+                .map_err(|source| OsdError::Bind { id: cfg.id, reactor, addr: *addr, source })?;
+            listeners.push(l);
+        }
+        let mut reactors = Vec::with_capacity(listeners.len());
+        for (index, (listener, cpu)) in listeners.into_iter().zip(cfg.reactor_cpus.iter().copied()).enumerate() {
+            let (tx, rx) = mailbox(CONTROL_MAILBOX_CAPACITY);
+            let setup = ReactorSetup {
+                osd: cfg.id,
+                index: index as u32,
+                map: cfg.map.clone(),
+                store: cfg.store.clone(),
+                listener,
+                control: rx,
+            };
+            let name = format!("osd{}-r{}", cfg.id, index);
+            let handle = spawn_reactor(name, cpu, move || run_reactor(setup))
+                .map_err(|source| OsdError::Spawn { id: cfg.id, source })?;
+            reactors.push((tx, handle));
+        }
+        Ok(Osd { id: cfg.id, reactors })
+    }
+
+    /// Asks every reactor to stop accepting, close its connections and exit, then waits.
+    pub fn shutdown(self) -> Result<(), OsdError> {
+        let id = self.id;
+        let mut handles = Vec::new();
+        for (mut tx, handle) in self.reactors {
+            let _ = tx.send_blocking(ControlMsg::Shutdown);
+            handles.push(handle);
+        }
+        let mut first_err = None;
+        for (reactor, h) in handles.into_iter().enumerate() {
+            let res = h.join().map_err(|e| e.to_string()).and_then(|r| r);
+            if let Err(detail) = res {
+                first_err.get_or_insert(OsdError::Reactor { id, reactor, detail });
+            }
+        }
+        first_err.map_or(Ok(()), Err)
+    }
+
+    /// True once any reactor has stopped on its own (a failure: reactors run until shutdown).
+    pub fn any_reactor_exited(&self) -> bool {
+        self.reactors.iter().any(|(_, h)| h.is_finished())
+    }
+}

@@ -1,0 +1,21 @@
+use carmine_client::ClientError;
+use thiserror::Error;
+
+#[derive(Debug, Error)]
+#[non_exhaustive]
+pub enum VolumeError {
+    #[error("no image named {name:?}")]
+    NotFound { name: String },
+    #[error("an image named {name:?} already exists")]
+    Exists { name: String },
+    #[error("invalid image name {name:?}: use 1-96 characters of A-Z a-z 0-9 - _ .")]
+    InvalidName { name: String },
+    #[error("I/O at offset {off} length {len} is beyond the end of the image ({size} bytes)")]
+    OutOfRange { off: u64, len: u64, size: u64 },
+    #[error("invalid argument: {0}")]
+    InvalidArgument(String),
+    #[error("image {name:?} is damaged: {detail}")]
+    Corrupt { name: String, detail: String },
+    #[error(transparent)]
+    Client(#[from] ClientError),
+}

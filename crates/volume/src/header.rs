@@ -1,0 +1,117 @@
+//! The image header: a small versioned, checksummed record kept in the header object.
+
+use crate::VolumeError;
+use bytes::{Bytes, BytesMut};
+use carmine_types::limits::IO_LEN_MAX;
+use carmine_types::{crc32c, Decoder, Encoder};
+
+const HEADER_MAGIC: u32 = u32::from_le_bytes(*b"CIMG");
+const HEADER_VERSION: u16 = 1;
+pub const OBJECT_SIZE_DEFAULT: u64 = 4 << 20;
+pub const OBJECT_SIZE_MIN: u64 = 4096;
+/// One object must fit one data op.
+pub const OBJECT_SIZE_MAX: u64 = IO_LEN_MAX as u64;
+/// Largest image: 2^50 bytes (1 PiB) keeps object numbers and offsets far from overflow.
+pub const IMAGE_SIZE_MAX: u64 = 1 << 50;
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ImageInfo {
+    pub name: String,
+    pub id: String,
+    pub size: u64,
+    pub object_size: u64,
+    /// Feature bits; none are defined yet.
+    pub features: u64,
+}
+
+impl ImageInfo {
+    pub(crate) fn new(name: &str, id: String, size: u64, object_size: u64) -> Result<Self, VolumeError> {
+        if !object_size.is_power_of_two() || !(OBJECT_SIZE_MIN..=OBJECT_SIZE_MAX).contains(&object_size) {
+            return Err(VolumeError::InvalidArgument(format!(
+                "object size {object_size} must be a power of two from {OBJECT_SIZE_MIN} to {OBJECT_SIZE_MAX}"
+            )));
+        }
+        if size > IMAGE_SIZE_MAX {
+            return Err(VolumeError::InvalidArgument(format!("size {size} exceeds the maximum {IMAGE_SIZE_MAX}")));
+        }
+        Ok(Self { name: name.into(), id, size, object_size, features: 0 })
+    }
+
+    /// Number of data objects the image can have.
+    pub fn object_count(&self) -> u64 {
+        self.size.div_ceil(self.object_size)
+    }
+
+    pub(crate) fn encode(&self) -> Bytes {
+        let mut out = BytesMut::new();
+        Encoder::new(&mut out)
+            .u32(HEADER_MAGIC)
+            .u16(HEADER_VERSION)
+            .u64(self.size)
+            .u64(self.object_size)
+            .u64(self.features)
+            .str(&self.id)
+            .str(&self.name);
+        let crc = crc32c(&out);
+        Encoder::new(&mut out).u32(crc);
+        out.freeze()
+    }
+
+    pub(crate) fn decode(name: &str, raw: Bytes) -> Result<Self, VolumeError> {
+        let corrupt = |detail: String| VolumeError::Corrupt { name: name.into(), detail };
+        if raw.len() < 4 {
+            return Err(corrupt("header too short".into()));
+        }
+        let body = raw.len() - 4;
+        let stored = u32::from_le_bytes(raw[body..].try_into().expect("4 bytes"));
+        if crc32c(&raw[..body]) != stored {
+            return Err(corrupt("header checksum mismatch".into()));
+        }
+        let mut d = Decoder::new(raw.slice(..body));
+        let parse = |d: &mut Decoder| -> Result<ImageInfo, carmine_types::DecodeError> {
+            let magic = d.u32("magic")?;
+            let version = d.u16("version")?;
+            if magic != HEADER_MAGIC || version != HEADER_VERSION {
+                return Err(carmine_types::DecodeError::Invalid { what: "header magic/version", found: version as u64 });
+            }
+            let size = d.u64("size")?;
+            let object_size = d.u64("object size")?;
+            let features = d.u64("features")?;
+            let id = d.string("id", 64)?;
+            let name = d.string("name", 256)?;
+            d.finish("image header")?;
+            Ok(ImageInfo { name, id, size, object_size, features })
+        };
+        let info = parse(&mut d).map_err(|e| corrupt(e.to_string()))?;
+        ImageInfo::new(&info.name, info.id.clone(), info.size, info.object_size)
+            .map_err(|e| corrupt(e.to_string()))
+            .map(|_| info)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn header_round_trips() {
+        let info = ImageInfo::new("vm-disk", "00ff".into(), 10 << 30, 4 << 20).unwrap();
+        assert_eq!(ImageInfo::decode("vm-disk", info.encode()).unwrap(), info);
+    }
+
+    #[test]
+    fn damaged_header_is_reported_not_trusted() {
+        let info = ImageInfo::new("a", "1".into(), 1 << 20, 4 << 20).unwrap();
+        let mut raw = info.encode().to_vec();
+        raw[8] ^= 1;
+        assert!(matches!(ImageInfo::decode("a", Bytes::from(raw)), Err(VolumeError::Corrupt { .. })));
+    }
+
+    #[test]
+    fn object_size_must_be_a_bounded_power_of_two() {
+        assert!(ImageInfo::new("a", "1".into(), 1, 3 << 20).is_err());
+        assert!(ImageInfo::new("a", "1".into(), 1, 1024).is_err());
+        assert!(ImageInfo::new("a", "1".into(), 1, 32 << 20).is_err());
+        assert!(ImageInfo::new("a", "1".into(), 1, 64 << 10).is_ok());
+    }
+}

@@ -1,0 +1,123 @@
+//! I/O on an open image.
+
+use crate::striping::{extents, Extent};
+use crate::{data_oid, ignore_missing, ImageInfo, VolumeError};
+use bytes::{Bytes, BytesMut};
+use carmine_client::Client;
+use carmine_proto::{OsdOp, Status};
+use carmine_types::PoolId;
+use futures::future::try_join_all;
+
+/// An open image. Cloning is cheap; all clones share the client's connections.
+#[derive(Clone)]
+pub struct Image {
+    client: Client,
+    pool: PoolId,
+    info: ImageInfo,
+}
+
+impl Image {
+    pub(crate) fn new(client: Client, pool: PoolId, info: ImageInfo) -> Self {
+        Self { client, pool, info }
+    }
+
+    pub fn info(&self) -> &ImageInfo {
+        &self.info
+    }
+
+    pub fn size(&self) -> u64 {
+        self.info.size
+    }
+
+    fn check_range(&self, off: u64, len: u64) -> Result<(), VolumeError> {
+        match off.checked_add(len) {
+            Some(end) if end <= self.info.size => Ok(()),
+            _ => Err(VolumeError::OutOfRange { off, len, size: self.info.size }),
+        }
+    }
+
+    fn oid(&self, e: &Extent) -> String {
+        data_oid(&self.info.id, e.objno)
+    }
+
+    /// Reads `len` bytes at `off`. Never-written ranges read as zeros.
+    pub async fn read(&self, off: u64, len: u64) -> Result<Bytes, VolumeError> {
+        self.check_range(off, len)?;
+        let pieces: Vec<Extent> = extents(off, len, self.info.object_size).collect();
+        if let [e] = pieces[..] {
+            // The common small read: hand back the reply buffer itself when it is complete.
+            let data = self.read_extent(&e).await?;
+            if data.len() as u64 == e.len {
+                return Ok(data);
+            }
+            let mut out = BytesMut::zeroed(len as usize);
+            out[..data.len()].copy_from_slice(&data);
+            return Ok(out.freeze());
+        }
+        let parts = try_join_all(pieces.iter().map(|e| self.read_extent(e))).await?;
+        let mut out = BytesMut::zeroed(len as usize);
+        for (e, data) in pieces.iter().zip(parts) {
+            let at = e.buf_off as usize;
+            out[at..at + data.len()].copy_from_slice(&data);
+        }
+        Ok(out.freeze())
+    }
+
+    /// One object's share of a read; shorter than asked where the object ends early.
+    async fn read_extent(&self, e: &Extent) -> Result<Bytes, VolumeError> {
+        let op = OsdOp::Read { off: e.obj_off, len: e.len as u32 };
+        match self.client.execute(self.pool, &self.oid(e), vec![op]).await {
+            Ok(mut outs) => match outs.pop() {
+                Some(carmine_proto::OpOutput::Data(d)) if d.len() as u64 <= e.len => Ok(d),
+                _ => Err(VolumeError::Client(carmine_client::ClientError::Unexpected {
+                    detail: format!("read of {} returned a malformed reply", self.oid(e)),
+                })),
+            },
+            Err(err) if err.status() == Some(Status::ObjectNotFound) => Ok(Bytes::new()),
+            Err(err) => Err(err.into()),
+        }
+    }
+
+    /// Writes `data` at `off`. Returns once every object the range touches acknowledged.
+    pub async fn write(&self, off: u64, data: Bytes) -> Result<(), VolumeError> {
+        self.check_range(off, data.len() as u64)?;
+        let pieces = extents(off, data.len() as u64, self.info.object_size);
+        try_join_all(pieces.map(|e| {
+            let slice = data.slice(e.buf_off as usize..(e.buf_off + e.len) as usize);
+            let oid = self.oid(&e);
+            async move { self.client.write(self.pool, &oid, e.obj_off, slice).await }
+        }))
+        .await?;
+        Ok(())
+    }
+
+    /// Deallocates `[off, off+len)`; it reads as zeros afterwards. Whole objects are removed.
+    pub async fn discard(&self, off: u64, len: u64) -> Result<(), VolumeError> {
+        self.check_range(off, len)?;
+        let object_size = self.info.object_size;
+        try_join_all(extents(off, len, object_size).map(|e| async move {
+            let oid = self.oid(&e);
+            if e.obj_off == 0 && e.len == object_size {
+                ignore_missing(self.client.remove(self.pool, &oid).await)
+            } else {
+                let op = OsdOp::Zero { off: e.obj_off, len: e.len };
+                Ok(self.client.execute(self.pool, &oid, vec![op]).await.map(drop)?)
+            }
+        }))
+        .await?;
+        Ok(())
+    }
+
+    /// Makes `[off, off+len)` read as zeros. Same as `discard`: zeros are never stored.
+    pub async fn write_zeroes(&self, off: u64, len: u64) -> Result<(), VolumeError> {
+        self.discard(off, len).await
+    }
+
+    /// Every write acknowledged before this call is durable when it returns. Writes are only
+    /// acknowledged once the store made them durable, so there is nothing left to wait for;
+    /// the call exists so callers state their intent and so a future write-back cache has its
+    /// barrier.
+    pub async fn flush(&self) -> Result<(), VolumeError> {
+        Ok(())
+    }
+}
