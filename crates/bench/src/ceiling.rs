@@ -20,7 +20,8 @@ const REPLY_LEN_MAX: usize = 1 << 20;
 fn reply_len(req: &Request) -> usize {
     match req {
         Request::Ping { payload } if payload.len() >= 4 => {
-            (u32::from_le_bytes(payload[..4].try_into().expect("4 bytes")) as usize).min(REPLY_LEN_MAX)
+            (u32::from_le_bytes(payload[..4].try_into().expect("4 bytes")) as usize)
+                .min(REPLY_LEN_MAX)
         }
         _ => 0,
     }
@@ -44,7 +45,11 @@ pub fn start_server(cpu: Option<u32>) -> anyhow::Result<SocketAddr> {
                     while let Ok(Some(frame)) = try_decode_frame(&mut rbuf) {
                         let len = Request::decode(&frame).map(|r| reply_len(&r)).unwrap_or(0);
                         let payload = zeros.slice(..len);
-                        encode_response(&mut wbuf, frame.header.request_id, &Response::Pong { payload });
+                        encode_response(
+                            &mut wbuf,
+                            frame.header.request_id,
+                            &Response::Pong { payload },
+                        );
                     }
                     if !wbuf.is_empty() {
                         let (res, b) = write_all(&mut stream, std::mem::take(&mut wbuf)).await;
@@ -67,11 +72,20 @@ pub fn start_server(cpu: Option<u32>) -> anyhow::Result<SocketAddr> {
 }
 
 /// Drives the trivial server at `depth` with `request_len`-byte requests.
-pub async fn measure(addr: SocketAddr, request_len: usize, reply_len: usize, depth: usize, ramp: Duration, run: Duration) -> anyhow::Result<StepStats> {
+pub async fn measure(
+    addr: SocketAddr,
+    request_len: usize,
+    reply_len: usize,
+    depth: usize,
+    ramp: Duration,
+    run: Duration,
+) -> anyhow::Result<StepStats> {
     let conn = Connection::open(addr, depth.max(1)).await?;
     let mut payload = vec![0u8; request_len.max(4)];
     payload[..4].copy_from_slice(&(reply_len as u32).to_le_bytes());
-    let req = Request::Ping { payload: Bytes::from(payload) };
+    let req = Request::Ping {
+        payload: Bytes::from(payload),
+    };
     let bytes = request_len.max(reply_len) as u64;
     let stats = closed_loop(depth, ramp, run, bytes, |_, _| {
         let (conn, req) = (&conn, &req);

@@ -23,7 +23,11 @@ use workload::{run_on_image, Workload};
 #[derive(Args, Debug, Clone)]
 pub struct BenchArgs {
     /// Workloads to run, in order.
-    #[arg(long, value_delimiter = ',', default_value = "randread,randwrite,seqread,seqwrite")]
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "randread,randwrite,seqread,seqwrite"
+    )]
     pub workloads: Vec<Workload>,
     /// Queue depths (I/Os in flight) to step through.
     #[arg(long, value_delimiter = ',', default_value = "1,16,64")]
@@ -69,11 +73,16 @@ pub fn run(mut a: BenchArgs) -> Result<()> {
         a.ramp_secs = 0.2;
         a.volume_size = a.volume_size.min(64 << 20);
     }
-    let out_dir = a.output.clone().unwrap_or_else(|| PathBuf::from("carmine-bench").join(machine::timestamp()));
+    let out_dir = a
+        .output
+        .clone()
+        .unwrap_or_else(|| PathBuf::from("carmine-bench").join(machine::timestamp()));
     std::fs::create_dir_all(&out_dir).with_context(|| format!("creating {}", out_dir.display()))?;
     let cluster_dir = out_dir.join("cluster");
     let up = UpArgs {
-        dir: DirArg { dir: cluster_dir.clone() },
+        dir: DirArg {
+            dir: cluster_dir.clone(),
+        },
         osds: 1,
         reactors: a.reactors,
         store: "memory".into(),
@@ -92,7 +101,10 @@ pub fn run(mut a: BenchArgs) -> Result<()> {
     let run = result?;
     let md = report::markdown(&run);
     std::fs::write(out_dir.join("report.md"), &md)?;
-    std::fs::write(out_dir.join("results.json"), serde_json::to_string_pretty(&run)?)?;
+    std::fs::write(
+        out_dir.join("results.json"),
+        serde_json::to_string_pretty(&run)?,
+    )?;
     println!("{md}");
     println!("report: {}", out_dir.join("report.md").display());
     if run.rows.iter().any(|r| r.carmine.errors > 0) {
@@ -103,10 +115,19 @@ pub fn run(mut a: BenchArgs) -> Result<()> {
 
 fn bench_against(a: &BenchArgs, running: &carmine_localcluster::Running) -> Result<Run> {
     let osd_pids = carmine_localcluster::osd_pids(&running.dir)?;
-    let osd_cpu = carmine_reactor::cpu::parse_cpu_list(&a.osd_cpu)?.first().copied();
-    let ceiling_addr = if a.no_ceiling { None } else { Some(ceiling::start_server(osd_cpu)?) };
+    let osd_cpu = carmine_reactor::cpu::parse_cpu_list(&a.osd_cpu)?
+        .first()
+        .copied();
+    let ceiling_addr = if a.no_ceiling {
+        None
+    } else {
+        Some(ceiling::start_server(osd_cpu)?)
+    };
     if let Err(e) = pin_current_thread(a.client_cpu) {
-        eprintln!("warning: cannot pin the client to cpu {}: {e}", a.client_cpu);
+        eprintln!(
+            "warning: cannot pin the client to cpu {}: {e}",
+            a.client_cpu
+        );
     }
     let ramp = Duration::from_secs_f64(a.ramp_secs);
     let step = Duration::from_secs_f64(a.step_secs);
@@ -121,7 +142,11 @@ fn bench_against(a: &BenchArgs, running: &carmine_localcluster::Running) -> Resu
         prefill(&image).await?;
         let mut rows = Vec::new();
         for &wl in &a.workloads {
-            let bs = if wl.is_random() { a.random_bs } else { a.seq_bs };
+            let bs = if wl.is_random() {
+                a.random_bs
+            } else {
+                a.seq_bs
+            };
             for &depth in &a.depths {
                 let cpu_before = procstat::cpu_ticks(&osd_pids);
                 let t0 = std::time::Instant::now();
@@ -130,13 +155,32 @@ fn bench_against(a: &BenchArgs, running: &carmine_localcluster::Running) -> Resu
                 let osd_cpu_secs = procstat::cpu_seconds_since(&osd_pids, &cpu_before);
                 let ceiling = match ceiling_addr {
                     Some(addr) => {
-                        let (req, rep) = if wl.is_write() { (bs as usize, 0) } else { (0, bs as usize) };
+                        let (req, rep) = if wl.is_write() {
+                            (bs as usize, 0)
+                        } else {
+                            (0, bs as usize)
+                        };
                         Some(ceiling::measure(addr, req, rep, depth, ramp, step).await?)
                     }
                     None => None,
                 };
-                eprintln!("{:>9} {:>5} qd{:<3} {:>9.0} IOPS  mean {:>7.1} us", wl.name(), bs, depth, stats.iops, stats.lat_mean_us);
-                rows.push(Row::new(wl, bs, depth, stats, ceiling, osd_cpu_secs, window));
+                eprintln!(
+                    "{:>9} {:>5} qd{:<3} {:>9.0} IOPS  mean {:>7.1} us",
+                    wl.name(),
+                    bs,
+                    depth,
+                    stats.iops,
+                    stats.lat_mean_us
+                );
+                rows.push(Row::new(
+                    wl,
+                    bs,
+                    depth,
+                    stats,
+                    ceiling,
+                    osd_cpu_secs,
+                    window,
+                ));
             }
         }
         Ok(Run::new(&a, rows))

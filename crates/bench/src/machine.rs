@@ -30,7 +30,9 @@ impl Machine {
             .unwrap_or(0.0);
         Machine {
             hostname: read("/proc/sys/kernel/hostname").trim().to_string(),
-            cpus: std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
+            cpus: std::thread::available_parallelism()
+                .map(|n| n.get())
+                .unwrap_or(1),
             cpu_model,
             kernel: read("/proc/sys/kernel/osrelease").trim().to_string(),
             memory_gib: (mem_kib / (1 << 20) as f64 * 10.0).round() / 10.0,
@@ -40,10 +42,18 @@ impl Machine {
 
 /// UTC `YYYY-MM-DD-HHMMSS`, for run directory names.
 pub fn timestamp() -> String {
-    let secs = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
     let (days, rem) = (secs / 86_400, secs % 86_400);
     let (y, m, d) = civil_from_days(days as i64);
-    format!("{y:04}-{m:02}-{d:02}-{:02}{:02}{:02}", rem / 3600, rem % 3600 / 60, rem % 60)
+    format!(
+        "{y:04}-{m:02}-{d:02}-{:02}{:02}{:02}",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
 }
 
 /// Days since 1970-01-01 to a proleptic Gregorian date (Howard Hinnant's algorithm).

@@ -18,5 +18,10 @@ pub fn cpu_seconds_since(pids: &[i32], before: &[u64]) -> f64 {
     // SAFETY: sysconf has no preconditions.
     let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
     let after = cpu_ticks(pids);
-    after.iter().zip(before).map(|(a, b)| a.saturating_sub(*b)).sum::<u64>() as f64 / hz
+    after
+        .iter()
+        .zip(before)
+        .map(|(a, b)| a.saturating_sub(*b))
+        .sum::<u64>() as f64
+        / hz
 }

@@ -30,8 +30,20 @@ impl Row {
         window_secs: f64,
     ) -> Self {
         let osd_cpu_cores = osd_cpu_secs / window_secs.max(1e-9);
-        let osd_cpu_us_per_io = if carmine.iops > 0.0 { osd_cpu_cores * 1e6 / carmine.iops } else { 0.0 };
-        Row { workload, bs, depth, carmine, ceiling, osd_cpu_cores, osd_cpu_us_per_io }
+        let osd_cpu_us_per_io = if carmine.iops > 0.0 {
+            osd_cpu_cores * 1e6 / carmine.iops
+        } else {
+            0.0
+        };
+        Row {
+            workload,
+            bs,
+            depth,
+            carmine,
+            ceiling,
+            osd_cpu_cores,
+            osd_cpu_us_per_io,
+        }
     }
 }
 
@@ -70,8 +82,17 @@ pub fn markdown(run: &Run) -> String {
         "# carmine bench\n\nmachine: {} ({} cpus, {}, kernel {}, {} GiB)  \n\
          cluster: 1 OSD, {} reactor(s) on cpu {}, memory store; client pinned to cpu {}  \n\
          steps: {} s measured after {} s ramp; volume {} MiB, prefilled\n\n",
-        m.hostname, m.cpus, m.cpu_model, m.kernel, m.memory_gib, run.reactors, run.osd_cpu, run.client_cpu,
-        run.step_secs, run.ramp_secs, run.volume_size >> 20
+        m.hostname,
+        m.cpus,
+        m.cpu_model,
+        m.kernel,
+        m.memory_gib,
+        run.reactors,
+        run.osd_cpu,
+        run.client_cpu,
+        run.step_secs,
+        run.ramp_secs,
+        run.volume_size >> 20
     );
     s.push_str("| workload | bs | qd | IOPS | MiB/s | mean us | stdev us | p50 us | p99 us | p99.9 us | OSD cpu | OSD us/IO | ceiling IOPS | % of ceiling | ceiling mean us | latency / ceiling | errors |\n");
     s.push_str("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");

@@ -54,12 +54,20 @@ pub struct StepStats {
 }
 
 /// Runs `depth` workers calling `op(worker, i)` until `ramp + run` has passed.
-pub async fn closed_loop<F, Fut>(depth: usize, ramp: Duration, run: Duration, bytes_per_io: u64, op: F) -> StepStats
+pub async fn closed_loop<F, Fut>(
+    depth: usize,
+    ramp: Duration,
+    run: Duration,
+    bytes_per_io: u64,
+    op: F,
+) -> StepStats
 where
     F: Fn(usize, u64) -> Fut,
     Fut: Future<Output = bool>,
 {
-    let hist = RefCell::new(Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3).expect("valid bounds"));
+    let hist = RefCell::new(
+        Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3).expect("valid bounds"),
+    );
     let errors = Cell::new(0u64);
     let start = Instant::now();
     let measure_from = start + ramp;
@@ -77,7 +85,9 @@ where
                 i += 1;
                 if t0 >= measure_from {
                     if ok {
-                        let _ = hist.borrow_mut().record(t0.elapsed().as_nanos().max(1) as u64);
+                        let _ = hist
+                            .borrow_mut()
+                            .record(t0.elapsed().as_nanos().max(1) as u64);
                     } else {
                         errors.set(errors.get() + 1);
                     }
@@ -106,12 +116,20 @@ where
 
 /// One workload step against a volume. Sequential workers share one cursor, so together they
 /// stream through the volume like a single sequential reader with a deep queue.
-pub async fn run_on_image(image: &Image, wl: Workload, bs: u64, depth: usize, ramp: Duration, run: Duration) -> StepStats {
+pub async fn run_on_image(
+    image: &Image,
+    wl: Workload,
+    bs: u64,
+    depth: usize,
+    ramp: Duration,
+    run: Duration,
+) -> StepStats {
     let blocks = (image.size() / bs).max(1);
     let data = Bytes::from(vec![0xa5u8; bs as usize]);
     let cursor = Cell::new(0u64);
-    let rngs: Vec<RefCell<rand::rngs::SmallRng>> =
-        (0..depth).map(|w| RefCell::new(rand::rngs::SmallRng::seed_from_u64(w as u64 + 1))).collect();
+    let rngs: Vec<RefCell<rand::rngs::SmallRng>> = (0..depth)
+        .map(|w| RefCell::new(rand::rngs::SmallRng::seed_from_u64(w as u64 + 1)))
+        .collect();
     closed_loop(depth, ramp, run, bs, |w, _| {
         let block = if wl.is_random() {
             rngs[w].borrow_mut().random_range(0..blocks)

@@ -37,7 +37,10 @@ pub struct DemoArgs {
 pub fn run(a: DemoArgs) -> Result<()> {
     let (dir, temporary) = match &a.dir {
         Some(d) => (d.clone(), false),
-        None => (std::env::temp_dir().join(format!("carmine-demo-{}", std::process::id())), true),
+        None => (
+            std::env::temp_dir().join(format!("carmine-demo-{}", std::process::id())),
+            true,
+        ),
     };
     let up = UpArgs {
         dir: DirArg { dir: dir.clone() },
@@ -67,7 +70,12 @@ async fn demo(dir: &std::path::Path, a: &DemoArgs) -> Result<()> {
     let pool = client.pool_id("rbd")?;
     let volumes = Volumes::new(client, pool);
     let info = volumes.create("demo", a.size, None).await?;
-    println!("created volume {:?}: {} in objects of {}", info.name, format_size(info.size), format_size(info.object_size));
+    println!(
+        "created volume {:?}: {} in objects of {}",
+        info.name,
+        format_size(info.size),
+        format_size(info.object_size)
+    );
     let image = volumes.open("demo").await?;
     let seed = 0x00c0_ffee;
 
@@ -90,20 +98,42 @@ async fn demo(dir: &std::path::Path, a: &DemoArgs) -> Result<()> {
         .await?;
     pb.finish_and_clear();
     let w = t.elapsed();
-    println!("wrote   {} in {:.2} s: {:.0} MiB/s", format_size(a.size), w.as_secs_f64(), mib_s(a.size, w));
+    println!(
+        "wrote   {} in {:.2} s: {:.0} MiB/s",
+        format_size(a.size),
+        w.as_secs_f64(),
+        mib_s(a.size, w)
+    );
 
     let t = Instant::now();
     verify(&image, a.size, seed).await?;
     let r = t.elapsed();
-    println!("read back and verified {} in {:.2} s: {:.0} MiB/s", format_size(a.size), r.as_secs_f64(), mib_s(a.size, r));
+    println!(
+        "read back and verified {} in {:.2} s: {:.0} MiB/s",
+        format_size(a.size),
+        r.as_secs_f64(),
+        mib_s(a.size, r)
+    );
 
     let step = Duration::from_secs_f64(a.step_secs);
-    for (wl, depth) in [(Workload::Randwrite, 1), (Workload::Randwrite, 16), (Workload::Randread, 1), (Workload::Randread, 16)] {
+    for (wl, depth) in [
+        (Workload::Randwrite, 1),
+        (Workload::Randwrite, 16),
+        (Workload::Randread, 1),
+        (Workload::Randread, 16),
+    ] {
         let s = run_on_image(&image, wl, 4096, depth, Duration::from_millis(200), step).await;
         println!(
             "{:>9} 4K qd{depth:<2}: {:>8.0} IOPS, latency mean {:>6.1} us, p99 {:>6.1} us{}",
-            wl.name(), s.iops, s.lat_mean_us, s.lat_p99_us,
-            if s.errors > 0 { format!(", {} ERRORS", s.errors) } else { String::new() }
+            wl.name(),
+            s.iops,
+            s.lat_mean_us,
+            s.lat_p99_us,
+            if s.errors > 0 {
+                format!(", {} ERRORS", s.errors)
+            } else {
+                String::new()
+            }
         );
         if s.errors > 0 {
             bail!("{} I/O errors during {}", s.errors, wl.name());
@@ -123,7 +153,9 @@ async fn demo(dir: &std::path::Path, a: &DemoArgs) -> Result<()> {
 async fn verify(image: &Image, size: u64, seed: u64) -> Result<()> {
     let pb = progress(Some(size), false, "verifying");
     let mut chunks = stream::iter((0..size).step_by(CHUNK as usize))
-        .map(|off| async move { Ok::<_, anyhow::Error>((off, image.read(off, CHUNK.min(size - off)).await?)) })
+        .map(|off| async move {
+            Ok::<_, anyhow::Error>((off, image.read(off, CHUNK.min(size - off)).await?))
+        })
         .buffered(DEPTH);
     while let Some(res) = chunks.next().await {
         let (off, data) = res?;

@@ -12,7 +12,11 @@ use clap::{Parser, Subcommand};
 use std::process::ExitCode;
 
 #[derive(Parser)]
-#[command(name = "carmine", version, about = "Carmine: shard-per-core distributed block storage")]
+#[command(
+    name = "carmine",
+    version,
+    about = "Carmine: shard-per-core distributed block storage"
+)]
 #[command(long_about = "Carmine: shard-per-core distributed block storage.\n\n\
 Start a local cluster with `carmine cluster up`, create a volume with `carmine volume create`,\n\
 and move data with `carmine volume write|read`. `carmine demo` does all of it in one go.")]

@@ -42,22 +42,39 @@ pub struct OsdArgs {
 
 /// CPU for each reactor of `osd`, following the policy over the whole cluster's OSDs so that
 /// OSDs started separately still get disjoint cores.
-pub fn reactor_cpus(map: &OsdMap, osd: u32, cpu_set: Option<&str>, policy: CpuPolicy) -> Result<(Vec<Option<u32>>, String)> {
+pub fn reactor_cpus(
+    map: &OsdMap,
+    osd: u32,
+    cpu_set: Option<&str>,
+    policy: CpuPolicy,
+) -> Result<(Vec<Option<u32>>, String)> {
     let topo = CpuTopology::from_sys().context("reading CPU topology from /sys")?;
-    let allowed = cpu_set.map(parse_cpu_list).transpose().context("parsing --cpu-set")?;
+    let allowed = cpu_set
+        .map(parse_cpu_list)
+        .transpose()
+        .context("parsing --cpu-set")?;
     let reactors = map.osd(osd).map(|o| o.reactors.len()).unwrap_or(0) as u32;
     let osds = map.osds.len() as u32;
     let alloc = allocate(&topo, policy, allowed.as_deref(), osds, reactors, true)
         .with_context(|| format!("placing {osds} OSDs x {reactors} reactors"))?;
-    let index = map.osds.iter().position(|o| o.id == osd).context("osd not in map")?;
+    let index = map
+        .osds
+        .iter()
+        .position(|o| o.id == osd)
+        .context("osd not in map")?;
     let cpus = alloc.cpus(index as u32).iter().map(|c| Some(*c)).collect();
     Ok((cpus, alloc.grid(&topo)))
 }
 
 pub fn run(a: OsdArgs) -> Result<()> {
-    let raw = std::fs::read(&a.map).with_context(|| format!("reading cluster map {}", a.map.display()))?;
-    let map = OsdMap::decode(raw.into()).with_context(|| format!("decoding {}", a.map.display()))?;
-    let info = map.osd(a.id).with_context(|| format!("osd.{} is not in the map", a.id))?.clone();
+    let raw = std::fs::read(&a.map)
+        .with_context(|| format!("reading cluster map {}", a.map.display()))?;
+    let map =
+        OsdMap::decode(raw.into()).with_context(|| format!("decoding {}", a.map.display()))?;
+    let info = map
+        .osd(a.id)
+        .with_context(|| format!("osd.{} is not in the map", a.id))?
+        .clone();
     let reactor_cpus = if a.no_pin {
         vec![None; info.reactors.len()]
     } else {
@@ -66,11 +83,21 @@ pub fn run(a: OsdArgs) -> Result<()> {
         cpus
     };
     let store = match a.store {
-        StoreKind::Memory => StoreConfig::Memory { memory_limit_bytes: a.memory_limit },
+        StoreKind::Memory => StoreConfig::Memory {
+            memory_limit_bytes: a.memory_limit,
+        },
     };
-    let signals = signal_hook::iterator::Signals::new([signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT])
-        .context("installing signal handlers")?;
-    let osd = Osd::start(OsdConfig { id: a.id, map, reactor_cpus: reactor_cpus.clone(), store })?;
+    let signals = signal_hook::iterator::Signals::new([
+        signal_hook::consts::SIGTERM,
+        signal_hook::consts::SIGINT,
+    ])
+    .context("installing signal handlers")?;
+    let osd = Osd::start(OsdConfig {
+        id: a.id,
+        map,
+        reactor_cpus: reactor_cpus.clone(),
+        store,
+    })?;
     for (r, (addr, cpu)) in info.reactors.iter().zip(&reactor_cpus).enumerate() {
         let cpu = cpu.map_or("unpinned".to_string(), |c| format!("cpu {c}"));
         println!("osd.{} reactor {r} listening on {addr} ({cpu})", a.id);

@@ -3,7 +3,12 @@
 pub use carmine_localcluster::parse_size;
 
 pub fn format_size(n: u64) -> String {
-    const UNITS: [(&str, u64); 4] = [("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)];
+    const UNITS: [(&str, u64); 4] = [
+        ("TiB", 1 << 40),
+        ("GiB", 1 << 30),
+        ("MiB", 1 << 20),
+        ("KiB", 1 << 10),
+    ];
     for (u, m) in UNITS {
         if n >= m && n % m == 0 {
             return format!("{} {u}", n / m);

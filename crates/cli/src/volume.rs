@@ -1,9 +1,9 @@
 //! `carmine volume …`: image management and scriptable data transfer.
 
-use carmine_localcluster::{connect, DirArg};
 use crate::size::{format_size, parse_size};
 use anyhow::{bail, Context, Result};
 use bytes::Bytes;
+use carmine_localcluster::{connect, DirArg};
 use carmine_volume::{Image, Volumes};
 use clap::{Args, Subcommand};
 use futures::stream::{self, StreamExt, TryStreamExt};
@@ -97,9 +97,22 @@ async fn volumes(t: &Target) -> Result<Volumes> {
 pub fn run(cmd: VolumeCommand) -> Result<()> {
     carmine_reactor::block_on(async move {
         match cmd {
-            VolumeCommand::Create { name, size, object_size, target } => {
-                let info = volumes(&target).await?.create(&name, size, object_size).await?;
-                println!("created {} ({}, objects of {})", info.name, format_size(info.size), format_size(info.object_size));
+            VolumeCommand::Create {
+                name,
+                size,
+                object_size,
+                target,
+            } => {
+                let info = volumes(&target)
+                    .await?
+                    .create(&name, size, object_size)
+                    .await?;
+                println!(
+                    "created {} ({}, objects of {})",
+                    info.name,
+                    format_size(info.size),
+                    format_size(info.object_size)
+                );
             }
             VolumeCommand::Ls { target } => {
                 for n in volumes(&target).await?.list().await? {
@@ -132,12 +145,16 @@ pub fn progress(total: Option<u64>, quiet: bool, what: &str) -> ProgressBar {
     }
     let pb = match total {
         Some(t) => ProgressBar::new(t).with_style(
-            ProgressStyle::with_template("{msg} [{bar:30}] {bytes}/{total_bytes} {bytes_per_sec} eta {eta}")
-                .expect("valid template")
-                .progress_chars("=> "),
+            ProgressStyle::with_template(
+                "{msg} [{bar:30}] {bytes}/{total_bytes} {bytes_per_sec} eta {eta}",
+            )
+            .expect("valid template")
+            .progress_chars("=> "),
         ),
-        None => ProgressBar::new_spinner()
-            .with_style(ProgressStyle::with_template("{msg} {spinner} {bytes} {bytes_per_sec}").expect("valid template")),
+        None => ProgressBar::new_spinner().with_style(
+            ProgressStyle::with_template("{msg} {spinner} {bytes} {bytes_per_sec}")
+                .expect("valid template"),
+        ),
     };
     pb.set_message(what.to_string());
     pb
@@ -155,7 +172,13 @@ async fn write(a: TransferArgs) -> Result<()> {
     };
     if let Some(t) = total {
         if a.offset.saturating_add(t) > image.size() {
-            bail!("{} bytes at offset {} do not fit in {} ({} bytes)", t, a.offset, a.name, image.size());
+            bail!(
+                "{} bytes at offset {} do not fit in {} ({} bytes)",
+                t,
+                a.offset,
+                a.name,
+                image.size()
+            );
         }
     }
     let pb = progress(total, a.quiet, &format!("writing {}", a.name));
@@ -209,18 +232,31 @@ fn read_full(r: &mut dyn Read, buf: &mut [u8]) -> std::io::Result<usize> {
 async fn read(a: TransferArgs) -> Result<()> {
     let image: Image = volumes(&a.target).await?.open(&a.name).await?;
     let end = match a.length {
-        Some(l) => a.offset.checked_add(l).context("offset + length overflows")?,
+        Some(l) => a
+            .offset
+            .checked_add(l)
+            .context("offset + length overflows")?,
         None => image.size(),
     };
     if a.offset > end || end > image.size() {
-        bail!("range {}..{} is beyond the end of {} ({} bytes)", a.offset, end, a.name, image.size());
+        bail!(
+            "range {}..{} is beyond the end of {} ({} bytes)",
+            a.offset,
+            end,
+            a.name,
+            image.size()
+        );
     }
     let mut out: Box<dyn Write> = if a.file == "-" {
         Box::new(std::io::stdout().lock())
     } else {
         Box::new(std::fs::File::create(&a.file).with_context(|| format!("creating {}", a.file))?)
     };
-    let pb = progress(Some(end - a.offset), a.quiet || a.file == "-", &format!("reading {}", a.name));
+    let pb = progress(
+        Some(end - a.offset),
+        a.quiet || a.file == "-",
+        &format!("reading {}", a.name),
+    );
     let offsets = (a.offset..end).step_by(TRANSFER_CHUNK as usize);
     let mut chunks = stream::iter(offsets)
         .map(|at| {

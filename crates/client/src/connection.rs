@@ -30,7 +30,9 @@ pub struct Connection {
 
 impl Connection {
     pub async fn open(addr: SocketAddr, inflight_max: usize) -> Result<Rc<Self>, ClientError> {
-        let stream = TcpStream::connect(addr).await.map_err(|source| ClientError::Connect { addr, source })?;
+        let stream = TcpStream::connect(addr)
+            .await
+            .map_err(|source| ClientError::Connect { addr, source })?;
         let _ = stream.set_nodelay(true);
         let (rd, wr) = stream.into_split();
         let conn = Rc::new(Connection {
@@ -66,14 +68,24 @@ impl Connection {
         }
         *self.failed.borrow_mut() = Some(reason.clone());
         for (_, tx) in self.pending.borrow_mut().drain() {
-            let _ = tx.send(Err(ClientError::Disconnected { addr: self.addr, reason: reason.clone() }));
+            let _ = tx.send(Err(ClientError::Disconnected {
+                addr: self.addr,
+                reason: reason.clone(),
+            }));
         }
         self.doorbell.ring();
     }
 
     fn disconnected(&self) -> ClientError {
-        let reason = self.failed.borrow().clone().unwrap_or_else(|| "reply channel dropped".into());
-        ClientError::Disconnected { addr: self.addr, reason }
+        let reason = self
+            .failed
+            .borrow()
+            .clone()
+            .unwrap_or_else(|| "reply channel dropped".into());
+        ClientError::Disconnected {
+            addr: self.addr,
+            reason,
+        }
     }
 
     /// Sends `req` and waits for its reply. Waits first if `inflight_max` requests are out.
@@ -92,7 +104,10 @@ impl Connection {
         match Response::decode(&frame) {
             Ok(Ok(resp)) => Ok(resp),
             Ok(Err(reply)) => Err(ClientError::Server(reply)),
-            Err(e) => Err(ClientError::Protocol { addr: self.addr, detail: e.to_string() }),
+            Err(e) => Err(ClientError::Protocol {
+                addr: self.addr,
+                detail: e.to_string(),
+            }),
         }
     }
 }
@@ -129,8 +144,12 @@ async fn read_loop(conn: Rc<Connection>, mut stream: TcpStream) {
         loop {
             match try_decode_frame(&mut buf) {
                 Ok(Some(frame)) => {
-                    let Some(tx) = conn.pending.borrow_mut().remove(&frame.header.request_id) else {
-                        conn.fail(format!("reply to unknown request {}", frame.header.request_id));
+                    let Some(tx) = conn.pending.borrow_mut().remove(&frame.header.request_id)
+                    else {
+                        conn.fail(format!(
+                            "reply to unknown request {}",
+                            frame.header.request_id
+                        ));
                         return;
                     };
                     let _ = tx.send(Ok(frame));

@@ -8,7 +8,10 @@ use thiserror::Error;
 #[non_exhaustive]
 pub enum ClientError {
     #[error("cannot connect to {addr}: {source}")]
-    Connect { addr: SocketAddr, source: std::io::Error },
+    Connect {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
     #[error("connection to {addr} lost: {reason}")]
     Disconnected { addr: SocketAddr, reason: String },
     #[error("protocol error from {addr}: {detail}")]
@@ -40,6 +43,8 @@ impl ClientError {
             Response::Map { .. } => "map",
             Response::Object { .. } => "object reply",
         };
-        ClientError::Unexpected { detail: format!("{addr} answered with a {kind}") }
+        ClientError::Unexpected {
+            detail: format!("{addr} answered with a {kind}"),
+        }
     }
 }

@@ -33,7 +33,10 @@ pub struct ClientConfig {
 
 impl Default for ClientConfig {
     fn default() -> Self {
-        Self { inflight_max: 1024, retries_max: 3 }
+        Self {
+            inflight_max: 1024,
+            retries_max: 3,
+        }
     }
 }
 
@@ -60,12 +63,19 @@ impl Drop for Inner {
 
 impl Client {
     /// Connects to any reachable address in `bootstrap` and fetches the cluster map from it.
-    pub async fn connect(bootstrap: &[SocketAddr], cfg: ClientConfig) -> Result<Client, ClientError> {
+    pub async fn connect(
+        bootstrap: &[SocketAddr],
+        cfg: ClientConfig,
+    ) -> Result<Client, ClientError> {
         let client = Client {
             inner: Rc::new(Inner {
                 cfg,
                 bootstrap: bootstrap.to_vec(),
-                map: RefCell::new(Rc::new(OsdMap { epoch: 0, osds: vec![], pools: vec![] })),
+                map: RefCell::new(Rc::new(OsdMap {
+                    epoch: 0,
+                    osds: vec![],
+                    pools: vec![],
+                })),
                 conns: RefCell::new(HashMap::new()),
             }),
         };
@@ -81,8 +91,13 @@ impl Client {
     /// Fetches the map again from the bootstrap addresses, then from any known OSD.
     pub async fn refresh_map(&self) -> Result<(), ClientError> {
         let map = self.map();
-        let known = map.osds.iter().filter(|o| o.up).flat_map(|o| o.reactors.iter().copied());
-        let candidates: Vec<SocketAddr> = self.inner.bootstrap.iter().copied().chain(known).collect();
+        let known = map
+            .osds
+            .iter()
+            .filter(|o| o.up)
+            .flat_map(|o| o.reactors.iter().copied());
+        let candidates: Vec<SocketAddr> =
+            self.inner.bootstrap.iter().copied().chain(known).collect();
         let mut last_err = ClientError::NoAddress;
         for addr in candidates {
             match self.call(addr, &Request::GetMap).await {
@@ -101,7 +116,10 @@ impl Client {
     }
 
     pub fn pool_id(&self, name: &str) -> Result<PoolId, ClientError> {
-        self.map().pool_by_name(name).map(|p| p.id).map_err(ClientError::Map)
+        self.map()
+            .pool_by_name(name)
+            .map(|p| p.id)
+            .map_err(ClientError::Map)
     }
 
     /// The connection to `addr`, opened on first use and reopened after a failure.
@@ -123,19 +141,37 @@ impl Client {
 
     /// Runs `ops` on object `oid` of `pool` at the PG's primary. All ops are reads, or all
     /// are writes applied atomically.
-    pub async fn execute(&self, pool: PoolId, oid: &str, ops: Vec<OsdOp>) -> Result<Vec<OpOutput>, ClientError> {
-        let mut req = ObjectRequest { pool, pg_seed: 0, epoch: 0, oid: oid.to_owned(), ops };
+    pub async fn execute(
+        &self,
+        pool: PoolId,
+        oid: &str,
+        ops: Vec<OsdOp>,
+    ) -> Result<Vec<OpOutput>, ClientError> {
+        let mut req = ObjectRequest {
+            pool,
+            pg_seed: 0,
+            epoch: 0,
+            oid: oid.to_owned(),
+            ops,
+        };
         let mut attempt = 0;
         loop {
             let addr = self.route(&mut req)?;
             let req_msg = Request::Object(req);
             let res = self.call(addr, &req_msg).await;
-            let Request::Object(r) = req_msg else { unreachable!() };
+            let Request::Object(r) = req_msg else {
+                unreachable!()
+            };
             req = r;
             match res {
-                Ok(Response::Object { outputs }) if outputs.len() == req.ops.len() => return Ok(outputs),
+                Ok(Response::Object { outputs }) if outputs.len() == req.ops.len() => {
+                    return Ok(outputs)
+                }
                 Ok(other) => return Err(ClientError::unexpected(addr, &other)),
-                Err(e) if e.status() == Some(Status::WrongTarget) && attempt < self.inner.cfg.retries_max => {
+                Err(e)
+                    if e.status() == Some(Status::WrongTarget)
+                        && attempt < self.inner.cfg.retries_max =>
+                {
                     attempt += 1;
                     tracing::debug!("{e}; refreshing the map (attempt {attempt})");
                     self.refresh_map().await?;
@@ -157,21 +193,43 @@ impl Client {
         Ok(info.reactors[reactor as usize])
     }
 
-    pub async fn read(&self, pool: PoolId, oid: &str, off: u64, len: u32) -> Result<Bytes, ClientError> {
-        match self.execute(pool, oid, vec![OsdOp::Read { off, len }]).await?.pop() {
+    pub async fn read(
+        &self,
+        pool: PoolId,
+        oid: &str,
+        off: u64,
+        len: u32,
+    ) -> Result<Bytes, ClientError> {
+        match self
+            .execute(pool, oid, vec![OsdOp::Read { off, len }])
+            .await?
+            .pop()
+        {
             Some(OpOutput::Data(b)) => Ok(b),
-            _ => Err(ClientError::Unexpected { detail: "read returned no data".into() }),
+            _ => Err(ClientError::Unexpected {
+                detail: "read returned no data".into(),
+            }),
         }
     }
 
-    pub async fn write(&self, pool: PoolId, oid: &str, off: u64, data: Bytes) -> Result<(), ClientError> {
-        self.execute(pool, oid, vec![OsdOp::Write { off, data }]).await.map(drop)
+    pub async fn write(
+        &self,
+        pool: PoolId,
+        oid: &str,
+        off: u64,
+        data: Bytes,
+    ) -> Result<(), ClientError> {
+        self.execute(pool, oid, vec![OsdOp::Write { off, data }])
+            .await
+            .map(drop)
     }
 
     pub async fn stat(&self, pool: PoolId, oid: &str) -> Result<u64, ClientError> {
         match self.execute(pool, oid, vec![OsdOp::Stat]).await?.pop() {
             Some(OpOutput::Stat { size }) => Ok(size),
-            _ => Err(ClientError::Unexpected { detail: "stat returned no size".into() }),
+            _ => Err(ClientError::Unexpected {
+                detail: "stat returned no size".into(),
+            }),
         }
     }
 

@@ -24,7 +24,9 @@ pub enum MapError {
     Decode(#[from] DecodeError),
     #[error("cluster map: bad magic {found:#010x}")]
     BadMagic { found: u32 },
-    #[error("cluster map: unsupported format version {found} (this build reads {MAP_FORMAT_VERSION})")]
+    #[error(
+        "cluster map: unsupported format version {found} (this build reads {MAP_FORMAT_VERSION})"
+    )]
     BadVersion { found: u16 },
     #[error("cluster map: checksum mismatch (stored {stored:#010x}, computed {computed:#010x})")]
     Checksum { stored: u32, computed: u32 },
@@ -81,7 +83,10 @@ impl OsdMap {
             if p.size == 0 || p.size > REPLICA_SIZE_MAX {
                 return invalid(format!("pool {:?} has size {}", p.name, p.size));
             }
-            if self.pools[..i].iter().any(|q| q.id == p.id || q.name == p.name) {
+            if self.pools[..i]
+                .iter()
+                .any(|q| q.id == p.id || q.name == p.name)
+            {
                 return invalid(format!("pool {:?} (id {}) is defined twice", p.name, p.id));
             }
         }
@@ -89,11 +94,17 @@ impl OsdMap {
     }
 
     pub fn pool(&self, id: PoolId) -> Result<&Pool, MapError> {
-        self.pools.iter().find(|p| p.id == id).ok_or(MapError::NoSuchPoolId(id))
+        self.pools
+            .iter()
+            .find(|p| p.id == id)
+            .ok_or(MapError::NoSuchPoolId(id))
     }
 
     pub fn pool_by_name(&self, name: &str) -> Result<&Pool, MapError> {
-        self.pools.iter().find(|p| p.name == name).ok_or_else(|| MapError::NoSuchPool(name.into()))
+        self.pools
+            .iter()
+            .find(|p| p.name == name)
+            .ok_or_else(|| MapError::NoSuchPool(name.into()))
     }
 
     pub fn osd(&self, id: OsdId) -> Option<&OsdInfo> {
@@ -102,20 +113,35 @@ impl OsdMap {
 
     /// The PG an object of `pool` lives in.
     pub fn object_pg(&self, pool: &Pool, oid: &str) -> PgId {
-        PgId { pool: pool.id, seed: object_to_pg_seed(oid, pool.pg_num) }
+        PgId {
+            pool: pool.id,
+            seed: object_to_pg_seed(oid, pool.pg_num),
+        }
     }
 
     /// The acting set of a PG: up to `size` up OSDs, primary first.
     pub fn pg_osds(&self, pg: PgId, size: u8) -> Vec<OsdId> {
-        let mut scored: Vec<(u64, OsdId)> =
-            self.osds.iter().filter(|o| o.up).map(|o| (rendezvous_score(pg, o.id), o.id)).collect();
+        let mut scored: Vec<(u64, OsdId)> = self
+            .osds
+            .iter()
+            .filter(|o| o.up)
+            .map(|o| (rendezvous_score(pg, o.id), o.id))
+            .collect();
         scored.sort_unstable_by(|a, b| b.cmp(a));
-        scored.into_iter().take(size as usize).map(|(_, id)| id).collect()
+        scored
+            .into_iter()
+            .take(size as usize)
+            .map(|(_, id)| id)
+            .collect()
     }
 
     /// The primary OSD of a PG, and the index of its reactor that owns the PG.
     pub fn pg_primary(&self, pg: PgId) -> Option<(OsdId, u32)> {
-        let best = self.osds.iter().filter(|o| o.up).max_by_key(|o| (rendezvous_score(pg, o.id), o.id))?;
+        let best = self
+            .osds
+            .iter()
+            .filter(|o| o.up)
+            .max_by_key(|o| (rendezvous_score(pg, o.id), o.id))?;
         Some((best.id, pg_to_reactor_index(pg, best.reactors.len() as u32)))
     }
 
@@ -131,7 +157,10 @@ impl OsdMap {
     pub fn encode(&self) -> Bytes {
         let mut out = BytesMut::new();
         let mut e = Encoder::new(&mut out);
-        e.u32(MAP_MAGIC).u16(MAP_FORMAT_VERSION).u32(self.epoch).count(self.osds.len());
+        e.u32(MAP_MAGIC)
+            .u16(MAP_FORMAT_VERSION)
+            .u32(self.epoch)
+            .count(self.osds.len());
         for o in &self.osds {
             e.u32(o.id).bool(o.up).count(o.reactors.len());
             for a in &o.reactors {
@@ -149,7 +178,12 @@ impl OsdMap {
 
     pub fn decode(buf: Bytes) -> Result<Self, MapError> {
         if buf.len() < 4 {
-            return Err(DecodeError::Truncated { what: "map checksum", needed: 4, available: buf.len() }.into());
+            return Err(DecodeError::Truncated {
+                what: "map checksum",
+                needed: 4,
+                available: buf.len(),
+            }
+            .into());
         }
         let body_len = buf.len() - 4;
         let stored = u32::from_le_bytes(buf[body_len..].try_into().expect("4 bytes"));
@@ -213,7 +247,12 @@ mod tests {
                         .collect(),
                 })
                 .collect(),
-            pools: vec![Pool { id: 1, name: "rbd".into(), pg_num: 64, size: 1 }],
+            pools: vec![Pool {
+                id: 1,
+                name: "rbd".into(),
+                pg_num: 64,
+                size: 1,
+            }],
         }
     }
 
@@ -227,7 +266,10 @@ mod tests {
     fn corrupted_map_is_rejected_by_checksum() {
         let mut raw = m_bytes();
         raw[10] ^= 0x40;
-        assert!(matches!(OsdMap::decode(Bytes::from(raw)), Err(MapError::Checksum { .. })));
+        assert!(matches!(
+            OsdMap::decode(Bytes::from(raw)),
+            Err(MapError::Checksum { .. })
+        ));
     }
 
     fn m_bytes() -> Vec<u8> {
@@ -254,7 +296,11 @@ mod tests {
         for o in &m.osds {
             for r in 0..2 {
                 let n = m.pgs_of_reactor(o.id, r).len();
-                assert!((2..=16).contains(&n), "osd.{} reactor {r} owns {n} of 64 PGs", o.id);
+                assert!(
+                    (2..=16).contains(&n),
+                    "osd.{} reactor {r} owns {n} of 64 PGs",
+                    o.id
+                );
             }
         }
     }
@@ -262,11 +308,22 @@ mod tests {
     #[test]
     fn marking_an_osd_down_moves_only_its_pgs() {
         let mut m = map(4, 1);
-        let before: Vec<_> = (0..64).map(|s| m.pg_primary(PgId { pool: 1, seed: s }).unwrap().0).collect();
+        let before: Vec<_> = (0..64)
+            .map(|s| m.pg_primary(PgId { pool: 1, seed: s }).unwrap().0)
+            .collect();
         m.osds[2].up = false;
         for (s, was) in before.iter().enumerate() {
-            let now = m.pg_primary(PgId { pool: 1, seed: s as u32 }).unwrap().0;
-            assert!(*was == 2 || now == *was, "pg {s} moved from osd.{was} to osd.{now}");
+            let now = m
+                .pg_primary(PgId {
+                    pool: 1,
+                    seed: s as u32,
+                })
+                .unwrap()
+                .0;
+            assert!(
+                *was == 2 || now == *was,
+                "pg {s} moved from osd.{was} to osd.{now}"
+            );
             assert_ne!(now, 2);
         }
     }
@@ -295,6 +352,9 @@ mod tests {
 
     #[test]
     fn unknown_pool_is_a_clear_error() {
-        assert_eq!(map(1, 1).pool_by_name("nope").unwrap_err().to_string(), "no pool named \"nope\"");
+        assert_eq!(
+            map(1, 1).pool_by_name("nope").unwrap_err().to_string(),
+            "no pool named \"nope\""
+        );
     }
 }

@@ -72,7 +72,10 @@ mod tests {
     /// Golden values: if these change, existing data would be looked for in the wrong PG.
     #[test]
     fn placement_hashes_are_stable_across_releases() {
-        assert_eq!(object_to_pg_seed("rbd_directory", 32), crc32c(b"rbd_directory") & 31);
+        assert_eq!(
+            object_to_pg_seed("rbd_directory", 32),
+            crc32c(b"rbd_directory") & 31
+        );
         assert_eq!(crc32c(b"123456789"), 0xe306_9283);
         assert_eq!(mix64(0), 0);
         assert_eq!(mix64(1), 0x5692_161d_100b_05e5);

@@ -79,35 +79,61 @@ pub fn map_path(dir: &Path) -> PathBuf {
 
 pub fn read_map(dir: &Path) -> Result<OsdMap> {
     let path = map_path(dir);
-    let raw = std::fs::read(&path)
-        .with_context(|| format!("reading {} (is a cluster up in {}?)", path.display(), dir.display()))?;
+    let raw = std::fs::read(&path).with_context(|| {
+        format!(
+            "reading {} (is a cluster up in {}?)",
+            path.display(),
+            dir.display()
+        )
+    })?;
     Ok(OsdMap::decode(raw.into())?)
 }
 
 /// Connects a client using the map in `dir` for bootstrap addresses.
 pub async fn connect(dir: &Path) -> Result<Client> {
     let map = read_map(dir)?;
-    let addrs: Vec<SocketAddr> = map.osds.iter().flat_map(|o| o.reactors.iter().copied()).collect();
-    Client::connect(&addrs, ClientConfig::default()).await.context("connecting to the cluster")
+    let addrs: Vec<SocketAddr> = map
+        .osds
+        .iter()
+        .flat_map(|o| o.reactors.iter().copied())
+        .collect();
+    Client::connect(&addrs, ClientConfig::default())
+        .await
+        .context("connecting to the cluster")
 }
 
 /// Picks free ports by binding port 0. Another process could take one before the OSD binds
 /// it; the OSD then fails to start with a clear error and `up` reports it.
 fn free_addrs(host: std::net::IpAddr, n: usize) -> Result<Vec<SocketAddr>> {
-    let listeners: Vec<TcpListener> =
-        (0..n).map(|_| TcpListener::bind((host, 0))).collect::<std::io::Result<_>>().context("finding free ports")?;
-    Ok(listeners.iter().map(|l| l.local_addr()).collect::<std::io::Result<_>>()?)
+    let listeners: Vec<TcpListener> = (0..n)
+        .map(|_| TcpListener::bind((host, 0)))
+        .collect::<std::io::Result<_>>()
+        .context("finding free ports")?;
+    Ok(listeners
+        .iter()
+        .map(|l| l.local_addr())
+        .collect::<std::io::Result<_>>()?)
 }
 
 /// Pids recorded in `dir` whose processes are still our OSDs.
 fn live_osds(dir: &Path) -> Result<Vec<(u32, i32)>> {
     let mut out = Vec::new();
-    let Ok(entries) = std::fs::read_dir(dir) else { return Ok(out) };
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Ok(out);
+    };
     for e in entries.flatten() {
         let name = e.file_name().to_string_lossy().into_owned();
-        let Some(id) = name.strip_prefix("osd.").and_then(|s| s.strip_suffix(".pid")) else { continue };
+        let Some(id) = name
+            .strip_prefix("osd.")
+            .and_then(|s| s.strip_suffix(".pid"))
+        else {
+            continue;
+        };
         let Ok(id) = id.parse::<u32>() else { continue };
-        let pid: i32 = std::fs::read_to_string(e.path())?.trim().parse().context("bad pid file")?;
+        let pid: i32 = std::fs::read_to_string(e.path())?
+            .trim()
+            .parse()
+            .context("bad pid file")?;
         if is_our_osd(pid, dir) {
             out.push((id, pid));
         }
@@ -119,17 +145,26 @@ fn live_osds(dir: &Path) -> Result<Vec<(u32, i32)>> {
 /// True if `pid` is alive and is a `carmine osd` using this directory's map, so a recycled
 /// pid is never signalled.
 fn is_our_osd(pid: i32, dir: &Path) -> bool {
-    let Ok(cmdline) = std::fs::read(format!("/proc/{pid}/cmdline")) else { return false };
+    let Ok(cmdline) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
+        return false;
+    };
     let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
     let map = map_path(dir);
     let map = std::fs::canonicalize(&map).unwrap_or(map);
-    args.iter().any(|a| *a == b"osd") && args.iter().any(|a| Path::new(std::str::from_utf8(a).unwrap_or("")) == map)
+    args.iter().any(|a| *a == b"osd")
+        && args
+            .iter()
+            .any(|a| Path::new(std::str::from_utf8(a).unwrap_or("")) == map)
         && !is_zombie(pid)
 }
 
 fn is_zombie(pid: i32) -> bool {
     std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .map(|s| s.rsplit(')').next().is_some_and(|rest| rest.trim_start().starts_with('Z')))
+        .map(|s| {
+            s.rsplit(')')
+                .next()
+                .is_some_and(|rest| rest.trim_start().starts_with('Z'))
+        })
         .unwrap_or(true)
 }
 
@@ -151,7 +186,11 @@ pub fn up(a: &UpArgs) -> Result<Running> {
     let dir = std::fs::canonicalize(dir)?;
     let live = live_osds(&dir)?;
     if !live.is_empty() {
-        bail!("a cluster is already running in {} ({} OSDs); run `carmine cluster down` first", dir.display(), live.len());
+        bail!(
+            "a cluster is already running in {} ({} OSDs); run `carmine cluster down` first",
+            dir.display(),
+            live.len()
+        );
     }
     let addrs = free_addrs(a.host, (a.osds * a.reactors) as usize)?;
     let map = OsdMap {
@@ -160,10 +199,16 @@ pub fn up(a: &UpArgs) -> Result<Running> {
             .map(|id| OsdInfo {
                 id,
                 up: true,
-                reactors: addrs[(id * a.reactors) as usize..((id + 1) * a.reactors) as usize].to_vec(),
+                reactors: addrs[(id * a.reactors) as usize..((id + 1) * a.reactors) as usize]
+                    .to_vec(),
             })
             .collect(),
-        pools: vec![Pool { id: 1, name: a.pool.clone(), pg_num: a.pg_num, size: 1 }],
+        pools: vec![Pool {
+            id: 1,
+            name: a.pool.clone(),
+            pg_num: a.pg_num,
+            size: 1,
+        }],
     };
     map.validate()?;
     std::fs::write(map_path(&dir), map.encode())?;
@@ -174,8 +219,15 @@ pub fn up(a: &UpArgs) -> Result<Running> {
     for id in 0..a.osds {
         let log = std::fs::File::create(dir.join(format!("osd.{id}.log")))?;
         let mut cmd = Command::new(&exe);
-        cmd.arg("osd").arg("--id").arg(id.to_string()).arg("--map").arg(map_path(&dir));
-        cmd.arg("--memory-limit").arg(a.memory_limit.to_string()).arg("--cpu-policy").arg(a.cpu_policy.to_string());
+        cmd.arg("osd")
+            .arg("--id")
+            .arg(id.to_string())
+            .arg("--map")
+            .arg(map_path(&dir));
+        cmd.arg("--memory-limit")
+            .arg(a.memory_limit.to_string())
+            .arg("--cpu-policy")
+            .arg(a.cpu_policy.to_string());
         if let Some(s) = &a.cpu_set {
             cmd.arg("--cpu-set").arg(s);
         }
@@ -184,11 +236,17 @@ pub fn up(a: &UpArgs) -> Result<Running> {
         }
         // Own process group: a Ctrl-C aimed at the shell does not take the cluster down.
         use std::os::unix::process::CommandExt;
-        cmd.process_group(0).stdin(Stdio::null()).stdout(log.try_clone()?).stderr(log);
+        cmd.process_group(0)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log);
         let child = cmd.spawn().with_context(|| format!("starting osd.{id}"))?;
         std::fs::write(pid_file(&dir, id), child.id().to_string())?;
     }
-    let running = Running { dir: dir.clone(), map };
+    let running = Running {
+        dir: dir.clone(),
+        map,
+    };
     if let Err(e) = wait_ready(&running) {
         let _ = down(&dir);
         return Err(e);
@@ -211,18 +269,35 @@ pub fn up(a: &UpArgs) -> Result<Running> {
 /// Waits until every reactor answers a ping, or reports the first OSD that died with its log.
 fn wait_ready(r: &Running) -> Result<()> {
     let deadline = Instant::now() + READY_TIMEOUT;
-    let endpoints: Vec<(u32, SocketAddr)> =
-        r.map.osds.iter().flat_map(|o| o.reactors.iter().map(move |a| (o.id, *a))).collect();
+    let endpoints: Vec<(u32, SocketAddr)> = r
+        .map
+        .osds
+        .iter()
+        .flat_map(|o| o.reactors.iter().map(move |a| (o.id, *a)))
+        .collect();
     for (osd, addr) in endpoints {
         loop {
             if ping(addr).is_ok() {
                 break;
             }
-            let pid: i32 = std::fs::read_to_string(pid_file(&r.dir, osd))?.trim().parse()?;
+            let pid: i32 = std::fs::read_to_string(pid_file(&r.dir, osd))?
+                .trim()
+                .parse()?;
             if !is_our_osd(pid, &r.dir) || Instant::now() > deadline {
-                let log = std::fs::read_to_string(r.dir.join(format!("osd.{osd}.log"))).unwrap_or_default();
-                let tail: Vec<&str> = log.lines().rev().take(15).collect::<Vec<_>>().into_iter().rev().collect();
-                bail!("osd.{osd} did not come up on {addr}; its log ends with:\n{}", tail.join("\n"));
+                let log = std::fs::read_to_string(r.dir.join(format!("osd.{osd}.log")))
+                    .unwrap_or_default();
+                let tail: Vec<&str> = log
+                    .lines()
+                    .rev()
+                    .take(15)
+                    .collect::<Vec<_>>()
+                    .into_iter()
+                    .rev()
+                    .collect();
+                bail!(
+                    "osd.{osd} did not come up on {addr}; its log ends with:\n{}",
+                    tail.join("\n")
+                );
             }
             std::thread::sleep(Duration::from_millis(50));
         }
@@ -234,7 +309,11 @@ pub fn ping(addr: SocketAddr) -> Result<Duration> {
     carmine_reactor::block_on(async move {
         let conn = carmine_client::Connection::open(addr, 1).await?;
         let t = Instant::now();
-        let resp = conn.call(&Request::Ping { payload: bytes::Bytes::new() }).await?;
+        let resp = conn
+            .call(&Request::Ping {
+                payload: bytes::Bytes::new(),
+            })
+            .await?;
         conn.close();
         match resp {
             Response::Pong { .. } => Ok(t.elapsed()),
@@ -244,7 +323,8 @@ pub fn ping(addr: SocketAddr) -> Result<Duration> {
 }
 
 pub fn down(dir: &Path) -> Result<()> {
-    let dir = std::fs::canonicalize(dir).with_context(|| format!("no cluster directory {}", dir.display()))?;
+    let dir = std::fs::canonicalize(dir)
+        .with_context(|| format!("no cluster directory {}", dir.display()))?;
     let live = live_osds(&dir)?;
     for (_, pid) in &live {
         // SAFETY: plain syscall; the pid was just checked to be one of our OSDs.
@@ -255,7 +335,9 @@ pub fn down(dir: &Path) -> Result<()> {
     for (id, pid) in &live {
         while is_our_osd(*pid, &dir) {
             if Instant::now() > deadline {
-                eprintln!("osd.{id} (pid {pid}) ignored SIGTERM for {STOP_TIMEOUT:?}; sending SIGKILL");
+                eprintln!(
+                    "osd.{id} (pid {pid}) ignored SIGTERM for {STOP_TIMEOUT:?}; sending SIGKILL"
+                );
                 // SAFETY: as above.
                 unsafe { libc::kill(*pid, libc::SIGKILL) };
                 killed += 1;
@@ -271,27 +353,46 @@ pub fn down(dir: &Path) -> Result<()> {
             std::fs::remove_file(e.path())?;
         }
     }
-    println!("cluster down in {}: stopped {} OSD(s){}", dir.display(), live.len(),
-        if killed > 0 { format!(", {killed} killed") } else { String::new() });
+    println!(
+        "cluster down in {}: stopped {} OSD(s){}",
+        dir.display(),
+        live.len(),
+        if killed > 0 {
+            format!(", {killed} killed")
+        } else {
+            String::new()
+        }
+    );
     Ok(())
 }
 
 pub fn status(dir: &Path) -> Result<()> {
-    let dir = std::fs::canonicalize(dir).with_context(|| format!("no cluster directory {}", dir.display()))?;
+    let dir = std::fs::canonicalize(dir)
+        .with_context(|| format!("no cluster directory {}", dir.display()))?;
     let map = read_map(&dir)?;
     let live = live_osds(&dir)?;
     println!("cluster {}  map epoch {}", dir.display(), map.epoch);
     for p in &map.pools {
-        println!("  pool {} {:?}: pg_num {}, size {}", p.id, p.name, p.pg_num, p.size);
+        println!(
+            "  pool {} {:?}: pg_num {}, size {}",
+            p.id, p.name, p.pg_num, p.size
+        );
     }
     let mut healthy = true;
     for o in &map.osds {
         let pid = live.iter().find(|(id, _)| *id == o.id).map(|(_, p)| *p);
-        println!("  osd.{}: {}", o.id, pid.map_or("NOT RUNNING".to_string(), |p| format!("running, pid {p}")));
+        println!(
+            "  osd.{}: {}",
+            o.id,
+            pid.map_or("NOT RUNNING".to_string(), |p| format!("running, pid {p}"))
+        );
         for (r, addr) in o.reactors.iter().enumerate() {
             let pgs = map.pgs_of_reactor(o.id, r as u32).len();
             match ping(*addr) {
-                Ok(rtt) => println!("    reactor {r} {addr}: up, {pgs} PGs, ping {} us", rtt.as_micros()),
+                Ok(rtt) => println!(
+                    "    reactor {r} {addr}: up, {pgs} PGs, ping {} us",
+                    rtt.as_micros()
+                ),
                 Err(e) => {
                     healthy = false;
                     println!("    reactor {r} {addr}: DOWN ({e:#})");
@@ -311,7 +412,9 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
     let (digits, mult) = match s.char_indices().find(|(_, c)| !c.is_ascii_digit()) {
         None => (s, 1u64),
         Some((i, _)) => {
-            let unit = s[i..].trim_end_matches(['B', 'b', 'i']).to_ascii_uppercase();
+            let unit = s[i..]
+                .trim_end_matches(['B', 'b', 'i'])
+                .to_ascii_uppercase();
             let mult = match unit.as_str() {
                 "" => 1,
                 "K" => 1 << 10,
@@ -324,7 +427,8 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
         }
     };
     let n: u64 = digits.parse().map_err(|_| format!("invalid size {s:?}"))?;
-    n.checked_mul(mult).ok_or_else(|| format!("size {s:?} is too large"))
+    n.checked_mul(mult)
+        .ok_or_else(|| format!("size {s:?} is too large"))
 }
 
 /// Pids of the OSD processes running in `dir`, in OSD id order.

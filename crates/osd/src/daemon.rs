@@ -29,19 +29,35 @@ pub enum OsdError {
     #[error("osd.{0} is not in the cluster map")]
     NotInMap(OsdId),
     #[error("osd.{id}: the map lists {in_map} reactors but {configured} CPUs were configured")]
-    ReactorCount { id: OsdId, in_map: usize, configured: usize },
+    ReactorCount {
+        id: OsdId,
+        in_map: usize,
+        configured: usize,
+    },
     #[error("osd.{id} reactor {reactor}: cannot listen on {addr}: {source}")]
-    Bind { id: OsdId, reactor: usize, addr: std::net::SocketAddr, source: std::io::Error },
+    Bind {
+        id: OsdId,
+        reactor: usize,
+        addr: std::net::SocketAddr,
+        source: std::io::Error,
+    },
     #[error("osd.{id}: cannot start reactor thread: {source}")]
     Spawn { id: OsdId, source: std::io::Error },
     #[error("osd.{id}: reactor {reactor} failed: {detail}")]
-    Reactor { id: OsdId, reactor: usize, detail: String },
+    Reactor {
+        id: OsdId,
+        reactor: usize,
+        detail: String,
+    },
 }
+
+/// A reactor thread's result: `Err` carries why it stopped serving.
+type ReactorResult = Result<(), String>;
 
 /// A running OSD. Dropping it without `shutdown` leaves the reactors running.
 pub struct Osd {
     id: OsdId,
-    reactors: Vec<(MailboxSender<ControlMsg>, ReactorHandle<Result<(), String>>)>,
+    reactors: Vec<(MailboxSender<ControlMsg>, ReactorHandle<ReactorResult>)>,
 }
 
 /// Undelivered control messages per reactor; control traffic is rare.
@@ -51,7 +67,11 @@ impl Osd {
     /// Binds every reactor's endpoint (so address conflicts are reported here, synchronously),
     /// then starts the reactors. Returns once all are listening.
     pub fn start(cfg: OsdConfig) -> Result<Osd, OsdError> {
-        let info = cfg.map.osd(cfg.id).ok_or(OsdError::NotInMap(cfg.id))?.clone();
+        let info = cfg
+            .map
+            .osd(cfg.id)
+            .ok_or(OsdError::NotInMap(cfg.id))?
+            .clone();
         if info.reactors.len() != cfg.reactor_cpus.len() {
             return Err(OsdError::ReactorCount {
                 id: cfg.id,
@@ -63,11 +83,20 @@ impl Osd {
         for (reactor, addr) in info.reactors.iter().enumerate() {
             let l = StdTcpListener::bind(addr)
                 .and_then(|l| l.set_nonblocking(true).map(|_| l))
-                .map_err(|source| OsdError::Bind { id: cfg.id, reactor, addr: *addr, source })?;
+                .map_err(|source| OsdError::Bind {
+                    id: cfg.id,
+                    reactor,
+                    addr: *addr,
+                    source,
+                })?;
             listeners.push(l);
         }
         let mut reactors = Vec::with_capacity(listeners.len());
-        for (index, (listener, cpu)) in listeners.into_iter().zip(cfg.reactor_cpus.iter().copied()).enumerate() {
+        for (index, (listener, cpu)) in listeners
+            .into_iter()
+            .zip(cfg.reactor_cpus.iter().copied())
+            .enumerate()
+        {
             let (tx, rx) = mailbox(CONTROL_MAILBOX_CAPACITY);
             let setup = ReactorSetup {
                 osd: cfg.id,
@@ -82,7 +111,10 @@ impl Osd {
                 .map_err(|source| OsdError::Spawn { id: cfg.id, source })?;
             reactors.push((tx, handle));
         }
-        Ok(Osd { id: cfg.id, reactors })
+        Ok(Osd {
+            id: cfg.id,
+            reactors,
+        })
     }
 
     /// Asks every reactor to stop accepting, close its connections and exit, then waits.
@@ -97,7 +129,11 @@ impl Osd {
         for (reactor, h) in handles.into_iter().enumerate() {
             let res = h.join().map_err(|e| e.to_string()).and_then(|r| r);
             if let Err(detail) = res {
-                first_err.get_or_insert(OsdError::Reactor { id, reactor, detail });
+                first_err.get_or_insert(OsdError::Reactor {
+                    id,
+                    reactor,
+                    detail,
+                });
             }
         }
         first_err.map_or(Ok(()), Err)

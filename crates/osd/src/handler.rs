@@ -4,20 +4,33 @@ use crate::reactor::Shard;
 use bytes::BytesMut;
 use carmine_cluster::object_to_pg_seed;
 use carmine_proto::{
-    encode_error, encode_response, ErrorReply, Frame, ObjectRequest, OpOutput, OsdOp, Request, Response, Status,
+    encode_error, encode_response, ErrorReply, Frame, ObjectRequest, OpOutput, OsdOp, Request,
+    Response, Status,
 };
 use carmine_store::{ObjectStore, StoreError, StoreErrorKind, Transaction};
 use carmine_types::limits::LIST_LIMIT_MAX;
 use carmine_types::PgId;
 
-pub(crate) async fn handle_frame<S: ObjectStore>(shard: &Shard<S>, frame: Frame, out: &mut BytesMut) {
+pub(crate) async fn handle_frame<S: ObjectStore>(
+    shard: &Shard<S>,
+    frame: Frame,
+    out: &mut BytesMut,
+) {
     let id = frame.header.request_id;
     let opcode = frame.header.opcode;
     let reply = match Request::decode(&frame) {
-        Err(e) => Err(ErrorReply { status: Status::Malformed, op_index: None, message: e.to_string() }),
+        Err(e) => Err(ErrorReply {
+            status: Status::Malformed,
+            op_index: None,
+            message: e.to_string(),
+        }),
         Ok(Request::Ping { payload }) => Ok(Response::Pong { payload }),
-        Ok(Request::GetMap) => Ok(Response::Map { encoded: shard.encoded_map.clone() }),
-        Ok(Request::Object(req)) => handle_object(shard, req).await.map(|outputs| Response::Object { outputs }),
+        Ok(Request::GetMap) => Ok(Response::Map {
+            encoded: shard.encoded_map.clone(),
+        }),
+        Ok(Request::Object(req)) => handle_object(shard, req)
+            .await
+            .map(|outputs| Response::Object { outputs }),
     };
     match reply {
         Ok(resp) => encode_response(out, id, &resp),
@@ -26,7 +39,11 @@ pub(crate) async fn handle_frame<S: ObjectStore>(shard: &Shard<S>, frame: Frame,
 }
 
 fn reject(status: Status, message: impl Into<String>) -> ErrorReply {
-    ErrorReply { status, op_index: None, message: message.into() }
+    ErrorReply {
+        status,
+        op_index: None,
+        message: message.into(),
+    }
 }
 
 fn store_status(kind: StoreErrorKind) -> Status {
@@ -45,18 +62,34 @@ fn store_status(kind: StoreErrorKind) -> Status {
 }
 
 fn from_store(e: StoreError, op_index: Option<usize>) -> ErrorReply {
-    ErrorReply { status: store_status(e.kind), op_index: op_index.map(|i| i as u16), message: e.to_string() }
+    ErrorReply {
+        status: store_status(e.kind),
+        op_index: op_index.map(|i| i as u16),
+        message: e.to_string(),
+    }
 }
 
 /// Checks that the request is addressed to a PG this reactor owns in its map.
 fn route<S>(shard: &Shard<S>, req: &ObjectRequest) -> Result<PgId, ErrorReply> {
-    let pool = shard.map.pool(req.pool).map_err(|e| reject(Status::PoolNotFound, e.to_string()))?;
+    let pool = shard
+        .map
+        .pool(req.pool)
+        .map_err(|e| reject(Status::PoolNotFound, e.to_string()))?;
     if req.pg_seed >= pool.pg_num {
-        return Err(reject(Status::InvalidArgument, format!("pg {} beyond pg_num {}", req.pg_seed, pool.pg_num)));
+        return Err(reject(
+            Status::InvalidArgument,
+            format!("pg {} beyond pg_num {}", req.pg_seed, pool.pg_num),
+        ));
     }
-    let pg = PgId { pool: req.pool, seed: req.pg_seed };
+    let pg = PgId {
+        pool: req.pool,
+        seed: req.pg_seed,
+    };
     if object_to_pg_seed(&req.oid, pool.pg_num) != req.pg_seed {
-        return Err(reject(Status::InvalidArgument, format!("object {:?} does not belong to pg {pg}", req.oid)));
+        return Err(reject(
+            Status::InvalidArgument,
+            format!("object {:?} does not belong to pg {pg}", req.oid),
+        ));
     }
     if !shard.owned.contains(&pg) {
         return Err(reject(
@@ -70,7 +103,10 @@ fn route<S>(shard: &Shard<S>, req: &ObjectRequest) -> Result<PgId, ErrorReply> {
     Ok(pg)
 }
 
-async fn handle_object<S: ObjectStore>(shard: &Shard<S>, req: ObjectRequest) -> Result<Vec<OpOutput>, ErrorReply> {
+async fn handle_object<S: ObjectStore>(
+    shard: &Shard<S>,
+    req: ObjectRequest,
+) -> Result<Vec<OpOutput>, ErrorReply> {
     let pg = route(shard, &req)?;
     if req.oid.is_empty() {
         return Err(reject(Status::InvalidArgument, "empty object name"));
@@ -80,30 +116,63 @@ async fn handle_object<S: ObjectStore>(shard: &Shard<S>, req: ObjectRequest) -> 
         0 if req.ops.is_empty() => Err(reject(Status::InvalidArgument, "request has no ops")),
         0 => read_ops(shard, pg, &req).await,
         n if n == req.ops.len() => write_ops(shard, pg, req).await,
-        _ => Err(reject(Status::InvalidArgument, "a request mixes reads and writes")),
+        _ => Err(reject(
+            Status::InvalidArgument,
+            "a request mixes reads and writes",
+        )),
     }
 }
 
-async fn read_ops<S: ObjectStore>(shard: &Shard<S>, pg: PgId, req: &ObjectRequest) -> Result<Vec<OpOutput>, ErrorReply> {
+async fn read_ops<S: ObjectStore>(
+    shard: &Shard<S>,
+    pg: PgId,
+    req: &ObjectRequest,
+) -> Result<Vec<OpOutput>, ErrorReply> {
     let store = &shard.store;
     let oid = req.oid.as_str();
     let mut outputs = Vec::with_capacity(req.ops.len());
     for (i, op) in req.ops.iter().enumerate() {
         let fail = |e| from_store(e, Some(i));
         let out = match op {
-            OsdOp::Read { off, len } => OpOutput::Data(store.read(pg, oid, *off, *len as u64).await.map_err(fail)?),
-            OsdOp::Stat => OpOutput::Stat { size: store.stat(pg, oid).await.map_err(fail)?.size },
-            OsdOp::GetXattr { name } => OpOutput::Value(store.getattr(pg, oid, name).await.map_err(fail)?),
-            OsdOp::GetXattrs => OpOutput::Attrs(store.getattrs(pg, oid).await.map_err(fail)?.into_iter().collect()),
-            OsdOp::OmapGetHeader => OpOutput::Value(store.omap_get_header(pg, oid).await.map_err(fail)?),
+            OsdOp::Read { off, len } => {
+                OpOutput::Data(store.read(pg, oid, *off, *len as u64).await.map_err(fail)?)
+            }
+            OsdOp::Stat => OpOutput::Stat {
+                size: store.stat(pg, oid).await.map_err(fail)?.size,
+            },
+            OsdOp::GetXattr { name } => {
+                OpOutput::Value(store.getattr(pg, oid, name).await.map_err(fail)?)
+            }
+            OsdOp::GetXattrs => OpOutput::Attrs(
+                store
+                    .getattrs(pg, oid)
+                    .await
+                    .map_err(fail)?
+                    .into_iter()
+                    .collect(),
+            ),
+            OsdOp::OmapGetHeader => {
+                OpOutput::Value(store.omap_get_header(pg, oid).await.map_err(fail)?)
+            }
             OsdOp::OmapGetVals { keys } => OpOutput::Omap {
-                entries: store.omap_get_values(pg, oid, keys).await.map_err(fail)?.into_iter().collect(),
+                entries: store
+                    .omap_get_values(pg, oid, keys)
+                    .await
+                    .map_err(fail)?
+                    .into_iter()
+                    .collect(),
                 more: false,
             },
             OsdOp::OmapList { start_after, limit } => {
                 let limit = (*limit).clamp(1, LIST_LIMIT_MAX) as usize;
-                let page = store.omap_iterate(pg, oid, start_after.as_deref(), limit).await.map_err(fail)?;
-                OpOutput::Omap { entries: page.items, more: page.next.is_some() }
+                let page = store
+                    .omap_iterate(pg, oid, start_after.as_deref(), limit)
+                    .await
+                    .map_err(fail)?;
+                OpOutput::Omap {
+                    entries: page.items,
+                    more: page.next.is_some(),
+                }
             }
             _ => unreachable!("write op in a read request"),
         };
@@ -113,7 +182,11 @@ async fn read_ops<S: ObjectStore>(shard: &Shard<S>, pg: PgId, req: &ObjectReques
 }
 
 /// Translates write ops into one store transaction, so they apply all or nothing.
-async fn write_ops<S: ObjectStore>(shard: &Shard<S>, pg: PgId, req: ObjectRequest) -> Result<Vec<OpOutput>, ErrorReply> {
+async fn write_ops<S: ObjectStore>(
+    shard: &Shard<S>,
+    pg: PgId,
+    req: ObjectRequest,
+) -> Result<Vec<OpOutput>, ErrorReply> {
     let store = &shard.store;
     let oid = req.oid.as_str();
     let n = req.ops.len();
@@ -129,7 +202,10 @@ async fn write_ops<S: ObjectStore>(shard: &Shard<S>, pg: PgId, req: ObjectReques
                     });
                 }
                 if exclusive && i != 0 {
-                    return Err(reject(Status::InvalidArgument, "an exclusive create must be the first op"));
+                    return Err(reject(
+                        Status::InvalidArgument,
+                        "an exclusive create must be the first op",
+                    ));
                 }
                 txn.touch(pg, oid);
             }
@@ -172,4 +248,3 @@ async fn write_ops<S: ObjectStore>(shard: &Shard<S>, pg: PgId, req: ObjectReques
     store.submit(txn).await.map_err(|e| from_store(e, None))?;
     Ok(vec![OpOutput::None; n])
 }
-

@@ -57,14 +57,24 @@ pub(crate) async fn run_reactor(setup: ReactorSetup) -> Result<(), String> {
 }
 
 async fn serve<S: ObjectStore + 'static>(setup: ReactorSetup, store: S) -> Result<(), String> {
-    let ReactorSetup { osd, index, map, listener, mut control, .. } = setup;
+    let ReactorSetup {
+        osd,
+        index,
+        map,
+        listener,
+        mut control,
+        ..
+    } = setup;
     let listener = TcpListener::from_std(listener).map_err(|e| format!("listener: {e}"))?;
     let pgs = map.pgs_of_reactor(osd, index);
     let mut txn = Transaction::with_capacity(pgs.len());
     for pg in &pgs {
         txn.create_collection(*pg);
     }
-    store.submit(txn).await.map_err(|e| format!("creating PG collections: {e}"))?;
+    store
+        .submit(txn)
+        .await
+        .map_err(|e| format!("creating PG collections: {e}"))?;
     tracing::info!(osd, reactor = index, pgs = pgs.len(), "reactor serving");
     let shard = Rc::new(Shard {
         osd,
@@ -106,7 +116,10 @@ async fn serve<S: ObjectStore + 'static>(setup: ReactorSetup, store: S) -> Resul
 /// Serves one connection: decode every complete request in the receive buffer, append the
 /// replies to one send buffer, write them with one call, read again. Pipelined clients thus
 /// get batched reads and writes without any per-request syscall.
-async fn serve_connection<S: ObjectStore>(shard: &Shard<S>, mut stream: TcpStream) -> Result<(), String> {
+async fn serve_connection<S: ObjectStore>(
+    shard: &Shard<S>,
+    mut stream: TcpStream,
+) -> Result<(), String> {
     let mut rbuf = BytesMut::with_capacity(READ_SPARE_MIN);
     let mut wbuf = BytesMut::with_capacity(READ_SPARE_MIN);
     loop {
@@ -129,7 +142,12 @@ async fn serve_connection<S: ObjectStore>(shard: &Shard<S>, mut stream: TcpStrea
         rbuf = buf;
         match res {
             Ok(0) if rbuf.is_empty() => return Ok(()),
-            Ok(0) => return Err(format!("peer closed mid-frame with {} bytes pending", rbuf.len())),
+            Ok(0) => {
+                return Err(format!(
+                    "peer closed mid-frame with {} bytes pending",
+                    rbuf.len()
+                ))
+            }
             Ok(_) => {}
             Err(e) => return Err(format!("read: {e}")),
         }

@@ -4,27 +4,43 @@ use bytes::{Bytes, BytesMut};
 use carmine_client::{Client, ClientConfig, Connection};
 use carmine_cluster::{OsdInfo, OsdMap, Pool};
 use carmine_osd::{Osd, OsdConfig, StoreConfig};
-use carmine_proto::{encode_frame, FrameKind, ObjectRequest, Opcode, OsdOp, Request, Response, Status};
+use carmine_proto::{
+    encode_frame, FrameKind, ObjectRequest, Opcode, OsdOp, Request, Response, Status,
+};
 use carmine_types::PgId;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::time::Duration;
 
 fn free_addr() -> SocketAddr {
-    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap()
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
 }
 
 fn start(reactors: usize) -> (Osd, OsdMap) {
     let map = OsdMap {
         epoch: 1,
-        osds: vec![OsdInfo { id: 0, up: true, reactors: (0..reactors).map(|_| free_addr()).collect() }],
-        pools: vec![Pool { id: 1, name: "rbd".into(), pg_num: 16, size: 1 }],
+        osds: vec![OsdInfo {
+            id: 0,
+            up: true,
+            reactors: (0..reactors).map(|_| free_addr()).collect(),
+        }],
+        pools: vec![Pool {
+            id: 1,
+            name: "rbd".into(),
+            pg_num: 16,
+            size: 1,
+        }],
     };
     let osd = Osd::start(OsdConfig {
         id: 0,
         map: map.clone(),
         reactor_cpus: vec![None; reactors],
-        store: StoreConfig::Memory { memory_limit_bytes: 64 << 20 },
+        store: StoreConfig::Memory {
+            memory_limit_bytes: 64 << 20,
+        },
     })
     .unwrap();
     (osd, map)
@@ -32,7 +48,11 @@ fn start(reactors: usize) -> (Osd, OsdMap) {
 
 fn client(map: &OsdMap) -> impl std::future::Future<Output = Client> {
     let addrs = map.osds[0].reactors.clone();
-    async move { Client::connect(&addrs, ClientConfig::default()).await.unwrap() }
+    async move {
+        Client::connect(&addrs, ClientConfig::default())
+            .await
+            .unwrap()
+    }
 }
 
 #[test]
@@ -42,7 +62,11 @@ fn objects_round_trip_across_reactors_with_pipelining() {
         let c = client(&map).await;
         let writes = (0..200).map(|i| {
             let c = c.clone();
-            async move { c.write(1, &format!("obj.{i}"), 0, Bytes::from(vec![i as u8; 4096])).await.unwrap() }
+            async move {
+                c.write(1, &format!("obj.{i}"), 0, Bytes::from(vec![i as u8; 4096]))
+                    .await
+                    .unwrap()
+            }
         });
         futures::future::join_all(writes).await;
         for i in 0..200 {
@@ -61,12 +85,22 @@ fn unknown_pool_and_missing_object_are_clear_errors() {
     let (osd, map) = start(1);
     carmine_reactor::block_on(async {
         let c = client(&map).await;
-        assert!(c.pool_id("nope").unwrap_err().to_string().contains("no pool named"));
+        assert!(c
+            .pool_id("nope")
+            .unwrap_err()
+            .to_string()
+            .contains("no pool named"));
         let err = c.read(1, "never-written", 0, 0).await.unwrap_err();
         assert_eq!(err.status(), Some(Status::ObjectNotFound));
         // A request naming a pool the OSD does not know, sent around the client's map check.
         let conn = Connection::open(map.osds[0].reactors[0], 4).await.unwrap();
-        let req = Request::Object(ObjectRequest { pool: 99, pg_seed: 0, epoch: 1, oid: "x".into(), ops: vec![OsdOp::Stat] });
+        let req = Request::Object(ObjectRequest {
+            pool: 99,
+            pg_seed: 0,
+            epoch: 1,
+            oid: "x".into(),
+            ops: vec![OsdOp::Stat],
+        });
         let err = conn.call(&req).await.unwrap_err();
         assert_eq!(err.status(), Some(Status::PoolNotFound));
     });
@@ -85,8 +119,17 @@ fn request_for_a_pg_of_another_reactor_is_wrong_target() {
             .unwrap();
         let wrong = map.osds[0].reactors[0];
         let conn = Connection::open(wrong, 4).await.unwrap();
-        let req = Request::Object(ObjectRequest { pool: 1, pg_seed: pg.seed, epoch: 1, oid, ops: vec![OsdOp::Stat] });
-        assert_eq!(conn.call(&req).await.unwrap_err().status(), Some(Status::WrongTarget));
+        let req = Request::Object(ObjectRequest {
+            pool: 1,
+            pg_seed: pg.seed,
+            epoch: 1,
+            oid,
+            ops: vec![OsdOp::Stat],
+        });
+        assert_eq!(
+            conn.call(&req).await.unwrap_err().status(),
+            Some(Status::WrongTarget)
+        );
         let _ = PgId { pool: 1, seed: 0 };
     });
     osd.shutdown().unwrap();
@@ -97,7 +140,10 @@ fn mixing_reads_and_writes_or_sending_no_ops_is_rejected() {
     let (osd, map) = start(1);
     carmine_reactor::block_on(async {
         let c = client(&map).await;
-        let err = c.execute(1, "a", vec![OsdOp::Stat, OsdOp::Remove]).await.unwrap_err();
+        let err = c
+            .execute(1, "a", vec![OsdOp::Stat, OsdOp::Remove])
+            .await
+            .unwrap_err();
         assert_eq!(err.status(), Some(Status::InvalidArgument));
         let err = c.execute(1, "a", vec![]).await.unwrap_err();
         assert_eq!(err.status(), Some(Status::InvalidArgument));
@@ -114,11 +160,17 @@ fn garbage_frames_close_only_that_connection() {
     bad.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
     bad.write_all(&[0xde; 64]).unwrap();
     let mut buf = [0u8; 16];
-    assert_eq!(bad.read(&mut buf).unwrap_or(0), 0, "the OSD should close a connection that sends garbage");
+    assert_eq!(
+        bad.read(&mut buf).unwrap_or(0),
+        0,
+        "the OSD should close a connection that sends garbage"
+    );
 
     // A frame with a bad payload checksum is treated the same way.
     let mut frame = BytesMut::new();
-    encode_frame(&mut frame, FrameKind::Request, Opcode::Ping, 1, 0, |b| b.extend_from_slice(&[1, 0, 0, 0, 9]));
+    encode_frame(&mut frame, FrameKind::Request, Opcode::Ping, 1, 0, |b| {
+        b.extend_from_slice(&[1, 0, 0, 0, 9])
+    });
     let last = frame.len() - 1;
     frame[last] ^= 0xff;
     let mut bad = TcpStream::connect(addr).unwrap();
@@ -128,7 +180,9 @@ fn garbage_frames_close_only_that_connection() {
 
     carmine_reactor::block_on(async {
         let c = client(&map).await;
-        c.write(1, "still-serving", 0, Bytes::from_static(b"yes")).await.unwrap();
+        c.write(1, "still-serving", 0, Bytes::from_static(b"yes"))
+            .await
+            .unwrap();
         assert_eq!(&c.read(1, "still-serving", 0, 0).await.unwrap()[..], b"yes");
     });
     osd.shutdown().unwrap();
@@ -142,8 +196,16 @@ fn malformed_message_is_answered_and_the_connection_stays_usable() {
     let mut s = TcpStream::connect(addr).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
     let mut out = BytesMut::new();
-    encode_frame(&mut out, FrameKind::Request, Opcode::Object, 7, 0, |b| b.extend_from_slice(&[1, 2, 3]));
-    carmine_proto::encode_request(&mut out, 8, &Request::Ping { payload: Bytes::from_static(b"hi") });
+    encode_frame(&mut out, FrameKind::Request, Opcode::Object, 7, 0, |b| {
+        b.extend_from_slice(&[1, 2, 3])
+    });
+    carmine_proto::encode_request(
+        &mut out,
+        8,
+        &Request::Ping {
+            payload: Bytes::from_static(b"hi"),
+        },
+    );
     s.write_all(&out).unwrap();
     let mut inbuf = BytesMut::new();
     let mut replies = Vec::new();
@@ -159,7 +221,12 @@ fn malformed_message_is_answered_and_the_connection_stays_usable() {
     assert_eq!(replies[0].header.request_id, 7);
     let err = Response::decode(&replies[0]).unwrap().unwrap_err();
     assert_eq!(err.status, Status::Malformed);
-    assert_eq!(Response::decode(&replies[1]).unwrap().unwrap(), Response::Pong { payload: Bytes::from_static(b"hi") });
+    assert_eq!(
+        Response::decode(&replies[1]).unwrap().unwrap(),
+        Response::Pong {
+            payload: Bytes::from_static(b"hi")
+        }
+    );
     osd.shutdown().unwrap();
 }
 
@@ -175,7 +242,10 @@ fn client_disconnecting_mid_request_does_not_disturb_others() {
             pg_seed: 0,
             epoch: 1,
             oid: "x".into(),
-            ops: vec![OsdOp::Write { off: 0, data: Bytes::from(vec![1u8; 4096]) }],
+            ops: vec![OsdOp::Write {
+                off: 0,
+                data: Bytes::from(vec![1u8; 4096]),
+            }],
         });
         carmine_proto::encode_request(&mut out, 1, &req);
         let mut s = TcpStream::connect(addr).unwrap();
@@ -184,7 +254,9 @@ fn client_disconnecting_mid_request_does_not_disturb_others() {
     }
     carmine_reactor::block_on(async {
         let c = client(&map).await;
-        c.write(1, "after", 0, Bytes::from_static(b"ok")).await.unwrap();
+        c.write(1, "after", 0, Bytes::from_static(b"ok"))
+            .await
+            .unwrap();
         assert_eq!(&c.read(1, "after", 0, 0).await.unwrap()[..], b"ok");
     });
     osd.shutdown().unwrap();
@@ -195,11 +267,27 @@ fn start_fails_clearly_when_the_endpoint_is_taken() {
     let taken = TcpListener::bind("127.0.0.1:0").unwrap();
     let map = OsdMap {
         epoch: 1,
-        osds: vec![OsdInfo { id: 0, up: true, reactors: vec![taken.local_addr().unwrap()] }],
-        pools: vec![Pool { id: 1, name: "rbd".into(), pg_num: 8, size: 1 }],
+        osds: vec![OsdInfo {
+            id: 0,
+            up: true,
+            reactors: vec![taken.local_addr().unwrap()],
+        }],
+        pools: vec![Pool {
+            id: 1,
+            name: "rbd".into(),
+            pg_num: 8,
+            size: 1,
+        }],
     };
-    let err = Osd::start(OsdConfig { id: 0, map, reactor_cpus: vec![None], store: StoreConfig::Memory { memory_limit_bytes: 1 << 20 } })
-        .err()
-        .unwrap();
+    let err = Osd::start(OsdConfig {
+        id: 0,
+        map,
+        reactor_cpus: vec![None],
+        store: StoreConfig::Memory {
+            memory_limit_bytes: 1 << 20,
+        },
+    })
+    .err()
+    .unwrap();
     assert!(err.to_string().contains("cannot listen"), "{err}");
 }

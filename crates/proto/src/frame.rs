@@ -65,7 +65,11 @@ pub enum FrameError {
     #[error("header checksum mismatch: stored {stored:#010x}, computed {computed:#010x}")]
     HeaderChecksum { stored: u32, computed: u32 },
     #[error("payload checksum mismatch on request {request_id}: stored {stored:#010x}, computed {computed:#010x}")]
-    PayloadChecksum { request_id: u64, stored: u32, computed: u32 },
+    PayloadChecksum {
+        request_id: u64,
+        stored: u32,
+        computed: u32,
+    },
     #[error("payload of {len} bytes exceeds the limit of {FRAME_PAYLOAD_MAX}")]
     TooLarge { len: u32 },
     #[error("unknown frame kind {found}")]
@@ -187,7 +191,10 @@ pub fn encode_frame(
     payload(out);
     let payload_len = out.len() - start - FRAME_HEADER_LEN;
     let payload_len = u32::try_from(payload_len).expect("payload length fits u32");
-    debug_assert!(payload_len <= FRAME_PAYLOAD_MAX, "encoder produced an oversized frame");
+    debug_assert!(
+        payload_len <= FRAME_PAYLOAD_MAX,
+        "encoder produced an oversized frame"
+    );
     let payload_crc = crc32c(&out[start + FRAME_HEADER_LEN..]);
     let h = &mut out[start..start + FRAME_HEADER_LEN];
     h[OFF_MAGIC..OFF_MAGIC + 4].copy_from_slice(&FRAME_MAGIC.to_le_bytes());
@@ -209,7 +216,9 @@ mod tests {
 
     fn one_frame(payload: &[u8]) -> BytesMut {
         let mut out = BytesMut::new();
-        encode_frame(&mut out, FrameKind::Request, Opcode::Ping, 77, 0, |b| b.put_slice(payload));
+        encode_frame(&mut out, FrameKind::Request, Opcode::Ping, 77, 0, |b| {
+            b.put_slice(payload)
+        });
         out
     }
 
@@ -230,7 +239,10 @@ mod tests {
         let full = one_frame(&[7u8; 100]);
         for cut in [0, 1, 31, 32, 50, full.len() - 1] {
             let mut buf = BytesMut::from(&full[..cut]);
-            assert!(try_decode_frame(&mut buf).unwrap().is_none(), "cut at {cut}");
+            assert!(
+                try_decode_frame(&mut buf).unwrap().is_none(),
+                "cut at {cut}"
+            );
             assert_eq!(buf.len(), cut);
         }
     }
@@ -240,21 +252,30 @@ mod tests {
         let mut buf = one_frame(b"payload");
         let last = buf.len() - 1;
         buf[last] ^= 1;
-        assert!(matches!(try_decode_frame(&mut buf), Err(FrameError::PayloadChecksum { request_id: 77, .. })));
+        assert!(matches!(
+            try_decode_frame(&mut buf),
+            Err(FrameError::PayloadChecksum { request_id: 77, .. })
+        ));
     }
 
     #[test]
     fn flipped_header_bit_fails_the_header_checksum() {
         let mut buf = one_frame(b"payload");
         buf[OFF_REQUEST_ID] ^= 1;
-        assert!(matches!(try_decode_frame(&mut buf), Err(FrameError::HeaderChecksum { .. })));
+        assert!(matches!(
+            try_decode_frame(&mut buf),
+            Err(FrameError::HeaderChecksum { .. })
+        ));
     }
 
     #[test]
     fn wrong_magic_is_rejected() {
         let mut buf = one_frame(b"x");
         buf[0] = b'X';
-        assert!(matches!(try_decode_frame(&mut buf), Err(FrameError::BadMagic { .. })));
+        assert!(matches!(
+            try_decode_frame(&mut buf),
+            Err(FrameError::BadMagic { .. })
+        ));
     }
 
     /// Rewrites a header field and fixes up the header checksum, to reach the checks behind it.
@@ -267,8 +288,15 @@ mod tests {
     #[test]
     fn oversized_length_is_rejected_before_buffering() {
         let mut buf = one_frame(b"x");
-        patch(&mut buf, OFF_PAYLOAD_LEN, &(FRAME_PAYLOAD_MAX + 1).to_le_bytes());
-        assert!(matches!(try_decode_frame(&mut buf), Err(FrameError::TooLarge { .. })));
+        patch(
+            &mut buf,
+            OFF_PAYLOAD_LEN,
+            &(FRAME_PAYLOAD_MAX + 1).to_le_bytes(),
+        );
+        assert!(matches!(
+            try_decode_frame(&mut buf),
+            Err(FrameError::TooLarge { .. })
+        ));
     }
 
     #[test]
@@ -276,15 +304,27 @@ mod tests {
         let base = one_frame(b"x");
         let mut b = base.clone();
         patch(&mut b, OFF_VERSION, &[9]);
-        assert!(matches!(try_decode_frame(&mut b), Err(FrameError::BadVersion { found: 9 })));
+        assert!(matches!(
+            try_decode_frame(&mut b),
+            Err(FrameError::BadVersion { found: 9 })
+        ));
         let mut b = base.clone();
         patch(&mut b, OFF_KIND, &[3]);
-        assert!(matches!(try_decode_frame(&mut b), Err(FrameError::BadKind { found: 3 })));
+        assert!(matches!(
+            try_decode_frame(&mut b),
+            Err(FrameError::BadKind { found: 3 })
+        ));
         let mut b = base.clone();
         patch(&mut b, OFF_OPCODE, &999u16.to_le_bytes());
-        assert!(matches!(try_decode_frame(&mut b), Err(FrameError::BadOpcode { found: 999 })));
+        assert!(matches!(
+            try_decode_frame(&mut b),
+            Err(FrameError::BadOpcode { found: 999 })
+        ));
         let mut b = base;
         patch(&mut b, OFF_FLAGS, &1u16.to_le_bytes());
-        assert!(matches!(try_decode_frame(&mut b), Err(FrameError::BadFlags { found: 1 })));
+        assert!(matches!(
+            try_decode_frame(&mut b),
+            Err(FrameError::BadFlags { found: 1 })
+        ));
     }
 }

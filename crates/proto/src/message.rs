@@ -87,27 +87,60 @@ pub enum ProtoError {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum OsdOp {
     /// `len == 0` reads to the end of the object.
-    Read { off: u64, len: u32 },
+    Read {
+        off: u64,
+        len: u32,
+    },
     Stat,
-    GetXattr { name: String },
+    GetXattr {
+        name: String,
+    },
     GetXattrs,
     OmapGetHeader,
-    OmapGetVals { keys: Vec<Bytes> },
-    OmapList { start_after: Option<Bytes>, limit: u32 },
+    OmapGetVals {
+        keys: Vec<Bytes>,
+    },
+    OmapList {
+        start_after: Option<Bytes>,
+        limit: u32,
+    },
     /// Creates the object; with `exclusive`, fails with `Exists` if it is already there.
-    Create { exclusive: bool },
-    Write { off: u64, data: Bytes },
+    Create {
+        exclusive: bool,
+    },
+    Write {
+        off: u64,
+        data: Bytes,
+    },
     /// Replaces the whole object's data.
-    WriteFull { data: Bytes },
-    Zero { off: u64, len: u64 },
-    Truncate { size: u64 },
+    WriteFull {
+        data: Bytes,
+    },
+    Zero {
+        off: u64,
+        len: u64,
+    },
+    Truncate {
+        size: u64,
+    },
     Remove,
-    SetXattr { name: String, value: Bytes },
-    RmXattr { name: String },
-    OmapSet { kvs: Vec<(Bytes, Bytes)> },
-    OmapRm { keys: Vec<Bytes> },
+    SetXattr {
+        name: String,
+        value: Bytes,
+    },
+    RmXattr {
+        name: String,
+    },
+    OmapSet {
+        kvs: Vec<(Bytes, Bytes)>,
+    },
+    OmapRm {
+        keys: Vec<Bytes>,
+    },
     OmapClear,
-    OmapSetHeader { data: Bytes },
+    OmapSetHeader {
+        data: Bytes,
+    },
 }
 
 const WRITE_OP_FIRST: u8 = 32;
@@ -202,38 +235,70 @@ impl OsdOp {
         };
         let _ = index;
         Ok(Ok(match code {
-            1 => Read { off: d.u64("read offset")?, len: bounded_len(d.u32("read length")?)? },
+            1 => Read {
+                off: d.u64("read offset")?,
+                len: bounded_len(d.u32("read length")?)?,
+            },
             2 => Stat,
-            3 => GetXattr { name: d.string("xattr name", ATTR_NAME_LEN_MAX)? },
+            3 => GetXattr {
+                name: d.string("xattr name", ATTR_NAME_LEN_MAX)?,
+            },
             4 => GetXattrs,
             5 => OmapGetHeader,
             6 => OmapGetVals { keys: keys(d)? },
             7 => {
-                let start_after =
-                    if d.bool("has start")? { Some(d.bytes("omap start", VALUE_LEN_MAX)?) } else { None };
-                OmapList { start_after, limit: d.u32("omap limit")?.min(LIST_LIMIT_MAX) }
+                let start_after = if d.bool("has start")? {
+                    Some(d.bytes("omap start", VALUE_LEN_MAX)?)
+                } else {
+                    None
+                };
+                OmapList {
+                    start_after,
+                    limit: d.u32("omap limit")?.min(LIST_LIMIT_MAX),
+                }
             }
-            32 => Create { exclusive: d.bool("exclusive")? },
-            33 => Write { off: d.u64("write offset")?, data: d.bytes("write data", IO_LEN_MAX as usize)? },
-            34 => WriteFull { data: d.bytes("write data", IO_LEN_MAX as usize)? },
-            35 => Zero { off: d.u64("zero offset")?, len: d.u64("zero length")? },
-            36 => Truncate { size: d.u64("truncate size")? },
+            32 => Create {
+                exclusive: d.bool("exclusive")?,
+            },
+            33 => Write {
+                off: d.u64("write offset")?,
+                data: d.bytes("write data", IO_LEN_MAX as usize)?,
+            },
+            34 => WriteFull {
+                data: d.bytes("write data", IO_LEN_MAX as usize)?,
+            },
+            35 => Zero {
+                off: d.u64("zero offset")?,
+                len: d.u64("zero length")?,
+            },
+            36 => Truncate {
+                size: d.u64("truncate size")?,
+            },
             37 => Remove,
             38 => SetXattr {
                 name: d.string("xattr name", ATTR_NAME_LEN_MAX)?,
                 value: d.bytes("xattr value", VALUE_LEN_MAX)?,
             },
-            39 => RmXattr { name: d.string("xattr name", ATTR_NAME_LEN_MAX)? },
+            39 => RmXattr {
+                name: d.string("xattr name", ATTR_NAME_LEN_MAX)?,
+            },
             40 => {
                 let n = d.count("omap pair count", OMAP_KEYS_MAX)?;
                 let kvs = (0..n)
-                    .map(|_| Ok((d.bytes("omap key", VALUE_LEN_MAX)?, d.bytes("omap value", VALUE_LEN_MAX)?)))
+                    .map(|_| {
+                        Ok((
+                            d.bytes("omap key", VALUE_LEN_MAX)?,
+                            d.bytes("omap value", VALUE_LEN_MAX)?,
+                        ))
+                    })
                     .collect::<Result<_, DecodeError>>()?;
                 OmapSet { kvs }
             }
             41 => OmapRm { keys: keys(d)? },
             42 => OmapClear,
-            43 => OmapSetHeader { data: d.bytes("omap header", VALUE_LEN_MAX)? },
+            43 => OmapSetHeader {
+                data: d.bytes("omap header", VALUE_LEN_MAX)?,
+            },
             other => return Ok(Err(other)),
         }))
     }
@@ -241,7 +306,11 @@ impl OsdOp {
 
 fn bounded_len(len: u32) -> Result<u32, DecodeError> {
     if len > IO_LEN_MAX {
-        return Err(DecodeError::TooLarge { what: "read length", found: len as u64, limit: IO_LEN_MAX as u64 });
+        return Err(DecodeError::TooLarge {
+            what: "read length",
+            found: len as u64,
+            limit: IO_LEN_MAX as u64,
+        });
     }
     Ok(len)
 }
@@ -269,10 +338,15 @@ pub enum Request {
 pub enum OpOutput {
     None,
     Data(Bytes),
-    Stat { size: u64 },
+    Stat {
+        size: u64,
+    },
     Value(Bytes),
     Attrs(Vec<(String, Bytes)>),
-    Omap { entries: Vec<(Bytes, Bytes)>, more: bool },
+    Omap {
+        entries: Vec<(Bytes, Bytes)>,
+        more: bool,
+    },
 }
 
 impl OpOutput {
@@ -310,13 +384,18 @@ impl OpOutput {
         Ok(Ok(match d.u8("output tag")? {
             0 => OpOutput::None,
             1 => OpOutput::Data(d.bytes("data", IO_LEN_MAX as usize)?),
-            2 => OpOutput::Stat { size: d.u64("size")? },
+            2 => OpOutput::Stat {
+                size: d.u64("size")?,
+            },
             3 => OpOutput::Value(d.bytes("value", VALUE_LEN_MAX)?),
             4 => {
                 let n = d.count("xattr count", OMAP_KEYS_MAX)?;
                 let mut a = Vec::with_capacity(n);
                 for _ in 0..n {
-                    a.push((d.string("xattr name", ATTR_NAME_LEN_MAX)?, d.bytes("xattr value", VALUE_LEN_MAX)?));
+                    a.push((
+                        d.string("xattr name", ATTR_NAME_LEN_MAX)?,
+                        d.bytes("xattr value", VALUE_LEN_MAX)?,
+                    ));
                 }
                 OpOutput::Attrs(a)
             }
@@ -324,9 +403,15 @@ impl OpOutput {
                 let n = d.count("omap count", OMAP_KEYS_MAX)?;
                 let mut entries = Vec::with_capacity(n);
                 for _ in 0..n {
-                    entries.push((d.bytes("omap key", VALUE_LEN_MAX)?, d.bytes("omap value", VALUE_LEN_MAX)?));
+                    entries.push((
+                        d.bytes("omap key", VALUE_LEN_MAX)?,
+                        d.bytes("omap value", VALUE_LEN_MAX)?,
+                    ));
                 }
-                OpOutput::Omap { entries, more: d.bool("more")? }
+                OpOutput::Omap {
+                    entries,
+                    more: d.bool("more")?,
+                }
             }
             tag => return Ok(Err(tag)),
         }))
@@ -374,7 +459,11 @@ pub fn encode_request(out: &mut BytesMut, request_id: u64, req: &Request) {
             }
             Request::GetMap => {}
             Request::Object(r) => {
-                e.u32(r.pool).u32(r.pg_seed).u32(r.epoch).str(&r.oid).count(r.ops.len());
+                e.u32(r.pool)
+                    .u32(r.pg_seed)
+                    .u32(r.epoch)
+                    .str(&r.oid)
+                    .count(r.ops.len());
                 r.ops.iter().for_each(|op| op.encode(&mut e));
             }
         }
@@ -387,29 +476,45 @@ pub fn encode_response(out: &mut BytesMut, request_id: u64, resp: &Response) {
         Response::Map { .. } => Opcode::GetMap,
         Response::Object { .. } => Opcode::Object,
     };
-    encode_frame(out, FrameKind::Response, opcode, request_id, Status::Ok as u16, |b| {
-        let mut e = Encoder::new(b);
-        match resp {
-            Response::Pong { payload } => {
-                e.bytes(payload);
+    encode_frame(
+        out,
+        FrameKind::Response,
+        opcode,
+        request_id,
+        Status::Ok as u16,
+        |b| {
+            let mut e = Encoder::new(b);
+            match resp {
+                Response::Pong { payload } => {
+                    e.bytes(payload);
+                }
+                Response::Map { encoded } => {
+                    e.bytes(encoded);
+                }
+                Response::Object { outputs } => {
+                    e.count(outputs.len());
+                    outputs.iter().for_each(|o| o.encode(&mut e));
+                }
             }
-            Response::Map { encoded } => {
-                e.bytes(encoded);
-            }
-            Response::Object { outputs } => {
-                e.count(outputs.len());
-                outputs.iter().for_each(|o| o.encode(&mut e));
-            }
-        }
-    });
+        },
+    );
 }
 
 pub fn encode_error(out: &mut BytesMut, request_id: u64, opcode: Opcode, err: &ErrorReply) {
     debug_assert!(err.status != Status::Ok);
     let msg = truncate_utf8(&err.message, ERROR_MESSAGE_LEN_MAX);
-    encode_frame(out, FrameKind::Response, opcode, request_id, err.status as u16, |b| {
-        Encoder::new(b).u16(err.op_index.unwrap_or(NO_OP_INDEX)).str(msg);
-    });
+    encode_frame(
+        out,
+        FrameKind::Response,
+        opcode,
+        request_id,
+        err.status as u16,
+        |b| {
+            Encoder::new(b)
+                .u16(err.op_index.unwrap_or(NO_OP_INDEX))
+                .str(msg);
+        },
+    );
 }
 
 fn truncate_utf8(s: &str, max: usize) -> &str {
@@ -429,12 +534,16 @@ impl Request {
     pub fn decode(frame: &Frame) -> Result<Self, ProtoError> {
         let opcode = frame.header.opcode;
         if frame.header.kind != FrameKind::Request {
-            return Err(ProtoError::WrongKind { expected: FrameKind::Request });
+            return Err(ProtoError::WrongKind {
+                expected: FrameKind::Request,
+            });
         }
         let err = |source| ProtoError::Decode { opcode, source };
         let mut d = Decoder::new(frame.payload.clone());
         let req = match opcode {
-            Opcode::Ping => Request::Ping { payload: d.bytes("ping payload", IO_LEN_MAX as usize).map_err(err)? },
+            Opcode::Ping => Request::Ping {
+                payload: d.bytes("ping payload", IO_LEN_MAX as usize).map_err(err)?,
+            },
             Opcode::GetMap => Request::GetMap,
             Opcode::Object => {
                 let pool = d.u32("pool").map_err(err)?;
@@ -449,7 +558,13 @@ impl Request {
                         Err(code) => return Err(ProtoError::UnknownOp { code, index }),
                     }
                 }
-                Request::Object(ObjectRequest { pool, pg_seed, epoch, oid, ops })
+                Request::Object(ObjectRequest {
+                    pool,
+                    pg_seed,
+                    epoch,
+                    oid,
+                    ops,
+                })
             }
         };
         d.finish("request").map_err(err)?;
@@ -462,22 +577,35 @@ impl Response {
     pub fn decode(frame: &Frame) -> Result<Result<Self, ErrorReply>, ProtoError> {
         let opcode = frame.header.opcode;
         if frame.header.kind != FrameKind::Response {
-            return Err(ProtoError::WrongKind { expected: FrameKind::Response });
+            return Err(ProtoError::WrongKind {
+                expected: FrameKind::Response,
+            });
         }
         let err = |source| ProtoError::Decode { opcode, source };
-        let status = Status::from_u16(frame.header.status)
-            .ok_or(ProtoError::UnknownStatus { code: frame.header.status })?;
+        let status = Status::from_u16(frame.header.status).ok_or(ProtoError::UnknownStatus {
+            code: frame.header.status,
+        })?;
         let mut d = Decoder::new(frame.payload.clone());
         if status != Status::Ok {
             let index = d.u16("op index").map_err(err)?;
-            let message = d.string("error message", ERROR_MESSAGE_LEN_MAX).map_err(err)?;
+            let message = d
+                .string("error message", ERROR_MESSAGE_LEN_MAX)
+                .map_err(err)?;
             d.finish("error reply").map_err(err)?;
             let op_index = (index != NO_OP_INDEX).then_some(index);
-            return Ok(Err(ErrorReply { status, op_index, message }));
+            return Ok(Err(ErrorReply {
+                status,
+                op_index,
+                message,
+            }));
         }
         let resp = match opcode {
-            Opcode::Ping => Response::Pong { payload: d.bytes("pong payload", IO_LEN_MAX as usize).map_err(err)? },
-            Opcode::GetMap => Response::Map { encoded: d.bytes("map", MAP_LEN_MAX).map_err(err)? },
+            Opcode::Ping => Response::Pong {
+                payload: d.bytes("pong payload", IO_LEN_MAX as usize).map_err(err)?,
+            },
+            Opcode::GetMap => Response::Map {
+                encoded: d.bytes("map", MAP_LEN_MAX).map_err(err)?,
+            },
             Opcode::Object => {
                 let n = d.count("output count", OPS_PER_REQUEST_MAX).map_err(err)?;
                 let mut outputs = Vec::with_capacity(n);

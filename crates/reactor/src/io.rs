@@ -8,7 +8,11 @@ use std::io;
 
 /// Reads whatever is available into the spare capacity of `buf` (reserving `min_spare` first),
 /// appending to its contents. Returns the number of bytes read; 0 means the peer closed.
-pub async fn read_some(stream: &mut TcpStream, mut buf: BytesMut, min_spare: usize) -> (io::Result<usize>, BytesMut) {
+pub async fn read_some(
+    stream: &mut TcpStream,
+    mut buf: BytesMut,
+    min_spare: usize,
+) -> (io::Result<usize>, BytesMut) {
     if buf.capacity() - buf.len() < min_spare {
         buf.reserve(min_spare);
     }

@@ -22,8 +22,12 @@ impl<T> MailboxSender<T> {
     /// Delivers `msg`, waiting while the mailbox is full. Fails if the receiver is gone.
     pub async fn send(&mut self, msg: T) -> Result<(), T> {
         let mut msg = Some(msg);
-        futures::future::poll_fn(|cx| self.0.poll_ready(cx)).await.map_err(|_| msg.take().expect("unsent"))?;
-        self.0.try_send(msg.take().expect("unsent")).map_err(|e| e.into_inner())
+        futures::future::poll_fn(|cx| self.0.poll_ready(cx))
+            .await
+            .map_err(|_| msg.take().expect("unsent"))?;
+        self.0
+            .try_send(msg.take().expect("unsent"))
+            .map_err(|e| e.into_inner())
     }
 
     /// Delivers `msg` from a plain (non-reactor) thread, blocking while the mailbox is full.

@@ -15,7 +15,9 @@ pub struct ReactorHandle<T> {
 impl<T> ReactorHandle<T> {
     /// Waits for the reactor to finish. A reactor that panicked is reported as an error.
     pub fn join(self) -> io::Result<T> {
-        self.join.join().map_err(|_| io::Error::other(format!("reactor {} panicked", self.name)))
+        self.join
+            .join()
+            .map_err(|_| io::Error::other(format!("reactor {} panicked", self.name)))
     }
 
     pub fn is_finished(&self) -> bool {
@@ -26,20 +28,26 @@ impl<T> ReactorHandle<T> {
 /// Starts a reactor thread pinned to `cpu` (unpinned when `None`) running `make()` to
 /// completion on its own runtime. `make` runs on the new thread, so the future need not be
 /// `Send`: everything a reactor owns stays on its core.
-pub fn spawn_reactor<T, F, Fut>(name: String, cpu: Option<u32>, make: F) -> io::Result<ReactorHandle<T>>
+pub fn spawn_reactor<T, F, Fut>(
+    name: String,
+    cpu: Option<u32>,
+    make: F,
+) -> io::Result<ReactorHandle<T>>
 where
     T: Send + 'static,
     F: FnOnce() -> Fut + Send + 'static,
     Fut: Future<Output = T> + 'static,
 {
-    let join = std::thread::Builder::new().name(name.clone()).spawn(move || {
-        if let Some(cpu) = cpu {
-            if let Err(e) = crate::pin_current_thread_tmp(cpu) {
-                tracing::warn!("cannot pin reactor to cpu {cpu}: {e}");
+    let join = std::thread::Builder::new()
+        .name(name.clone())
+        .spawn(move || {
+            if let Some(cpu) = cpu {
+                if let Err(e) = crate::pin_current_thread_tmp(cpu) {
+                    tracing::warn!("cannot pin reactor to cpu {cpu}: {e}");
+                }
             }
-        }
-        let rt = crate::new_runtime().expect("cannot create an io_uring runtime");
-        rt.block_on(make())
-    })?;
+            let rt = crate::new_runtime().expect("cannot create an io_uring runtime");
+            rt.block_on(make())
+        })?;
     Ok(ReactorHandle { name, cpu, join })
 }

@@ -9,9 +9,17 @@ use thiserror::Error;
 #[non_exhaustive]
 pub enum DecodeError {
     #[error("truncated: needed {needed} bytes for {what}, {available} available")]
-    Truncated { what: &'static str, needed: usize, available: usize },
+    Truncated {
+        what: &'static str,
+        needed: usize,
+        available: usize,
+    },
     #[error("{what} is {found}, larger than the limit {limit}")]
-    TooLarge { what: &'static str, found: u64, limit: u64 },
+    TooLarge {
+        what: &'static str,
+        found: u64,
+        limit: u64,
+    },
     #[error("invalid {what}: {found}")]
     Invalid { what: &'static str, found: u64 },
     #[error("{what} is not valid UTF-8")]
@@ -86,7 +94,11 @@ impl Decoder {
 
     fn take(&mut self, n: usize, what: &'static str) -> Result<&[u8], DecodeError> {
         if self.remaining() < n {
-            return Err(DecodeError::Truncated { what, needed: n, available: self.remaining() });
+            return Err(DecodeError::Truncated {
+                what,
+                needed: n,
+                available: self.remaining(),
+            });
         }
         let s = &self.buf[self.pos..self.pos + n];
         self.pos += n;
@@ -109,17 +121,28 @@ impl Decoder {
         match self.u8(what)? {
             0 => Ok(false),
             1 => Ok(true),
-            v => Err(DecodeError::Invalid { what, found: v as u64 }),
+            v => Err(DecodeError::Invalid {
+                what,
+                found: v as u64,
+            }),
         }
     }
     /// A u32-prefixed byte string of at most `limit` bytes, shared with the input buffer.
     pub fn bytes(&mut self, what: &'static str, limit: usize) -> Result<Bytes, DecodeError> {
         let len = self.u32(what)? as usize;
         if len > limit {
-            return Err(DecodeError::TooLarge { what, found: len as u64, limit: limit as u64 });
+            return Err(DecodeError::TooLarge {
+                what,
+                found: len as u64,
+                limit: limit as u64,
+            });
         }
         if self.remaining() < len {
-            return Err(DecodeError::Truncated { what, needed: len, available: self.remaining() });
+            return Err(DecodeError::Truncated {
+                what,
+                needed: len,
+                available: self.remaining(),
+            });
         }
         let out = self.buf.slice(self.pos..self.pos + len);
         self.pos += len;
@@ -134,7 +157,11 @@ impl Decoder {
     pub fn count(&mut self, what: &'static str, limit: usize) -> Result<usize, DecodeError> {
         let n = self.u32(what)? as usize;
         if n > limit {
-            return Err(DecodeError::TooLarge { what, found: n as u64, limit: limit as u64 });
+            return Err(DecodeError::TooLarge {
+                what,
+                found: n as u64,
+                limit: limit as u64,
+            });
         }
         Ok(n)
     }
@@ -155,7 +182,14 @@ mod tests {
     #[test]
     fn values_round_trip_in_order() {
         let mut v = Vec::new();
-        Encoder::new(&mut v).u8(7).u16(0xbeef).u32(42).u64(u64::MAX).bool(true).str("pg").bytes(b"xyz");
+        Encoder::new(&mut v)
+            .u8(7)
+            .u16(0xbeef)
+            .u32(42)
+            .u64(u64::MAX)
+            .bool(true)
+            .str("pg")
+            .bytes(b"xyz");
         let mut d = Decoder::new(Bytes::from(v));
         assert_eq!(d.u8("a").unwrap(), 7);
         assert_eq!(d.u16("b").unwrap(), 0xbeef);
@@ -172,15 +206,32 @@ mod tests {
         let mut v = Vec::new();
         Encoder::new(&mut v).bytes(&[0u8; 100]);
         let err = Decoder::new(Bytes::from(v)).bytes("value", 99).unwrap_err();
-        assert!(matches!(err, DecodeError::TooLarge { found: 100, limit: 99, .. }));
+        assert!(matches!(
+            err,
+            DecodeError::TooLarge {
+                found: 100,
+                limit: 99,
+                ..
+            }
+        ));
     }
 
     #[test]
     fn truncated_input_is_an_error_not_a_panic() {
         let mut d = Decoder::new(Bytes::from_static(&[1, 2, 3]));
-        assert!(matches!(d.u32("x"), Err(DecodeError::Truncated { needed: 4, available: 3, .. })));
+        assert!(matches!(
+            d.u32("x"),
+            Err(DecodeError::Truncated {
+                needed: 4,
+                available: 3,
+                ..
+            })
+        ));
         let mut d = Decoder::new(Bytes::from_static(&[9, 0, 0, 0, 1]));
-        assert!(matches!(d.bytes("x", 100), Err(DecodeError::Truncated { .. })));
+        assert!(matches!(
+            d.bytes("x", 100),
+            Err(DecodeError::Truncated { .. })
+        ));
     }
 
     #[test]

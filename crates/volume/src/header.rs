@@ -25,16 +25,31 @@ pub struct ImageInfo {
 }
 
 impl ImageInfo {
-    pub(crate) fn new(name: &str, id: String, size: u64, object_size: u64) -> Result<Self, VolumeError> {
-        if !object_size.is_power_of_two() || !(OBJECT_SIZE_MIN..=OBJECT_SIZE_MAX).contains(&object_size) {
+    pub(crate) fn new(
+        name: &str,
+        id: String,
+        size: u64,
+        object_size: u64,
+    ) -> Result<Self, VolumeError> {
+        if !object_size.is_power_of_two()
+            || !(OBJECT_SIZE_MIN..=OBJECT_SIZE_MAX).contains(&object_size)
+        {
             return Err(VolumeError::InvalidArgument(format!(
                 "object size {object_size} must be a power of two from {OBJECT_SIZE_MIN} to {OBJECT_SIZE_MAX}"
             )));
         }
         if size > IMAGE_SIZE_MAX {
-            return Err(VolumeError::InvalidArgument(format!("size {size} exceeds the maximum {IMAGE_SIZE_MAX}")));
+            return Err(VolumeError::InvalidArgument(format!(
+                "size {size} exceeds the maximum {IMAGE_SIZE_MAX}"
+            )));
         }
-        Ok(Self { name: name.into(), id, size, object_size, features: 0 })
+        Ok(Self {
+            name: name.into(),
+            id,
+            size,
+            object_size,
+            features: 0,
+        })
     }
 
     /// Number of data objects the image can have.
@@ -58,7 +73,10 @@ impl ImageInfo {
     }
 
     pub(crate) fn decode(name: &str, raw: Bytes) -> Result<Self, VolumeError> {
-        let corrupt = |detail: String| VolumeError::Corrupt { name: name.into(), detail };
+        let corrupt = |detail: String| VolumeError::Corrupt {
+            name: name.into(),
+            detail,
+        };
         if raw.len() < 4 {
             return Err(corrupt("header too short".into()));
         }
@@ -72,7 +90,10 @@ impl ImageInfo {
             let magic = d.u32("magic")?;
             let version = d.u16("version")?;
             if magic != HEADER_MAGIC || version != HEADER_VERSION {
-                return Err(carmine_types::DecodeError::Invalid { what: "header magic/version", found: version as u64 });
+                return Err(carmine_types::DecodeError::Invalid {
+                    what: "header magic/version",
+                    found: version as u64,
+                });
             }
             let size = d.u64("size")?;
             let object_size = d.u64("object size")?;
@@ -80,7 +101,13 @@ impl ImageInfo {
             let id = d.string("id", 64)?;
             let name = d.string("name", 256)?;
             d.finish("image header")?;
-            Ok(ImageInfo { name, id, size, object_size, features })
+            Ok(ImageInfo {
+                name,
+                id,
+                size,
+                object_size,
+                features,
+            })
         };
         let info = parse(&mut d).map_err(|e| corrupt(e.to_string()))?;
         ImageInfo::new(&info.name, info.id.clone(), info.size, info.object_size)
@@ -104,7 +131,10 @@ mod tests {
         let info = ImageInfo::new("a", "1".into(), 1 << 20, 4 << 20).unwrap();
         let mut raw = info.encode().to_vec();
         raw[8] ^= 1;
-        assert!(matches!(ImageInfo::decode("a", Bytes::from(raw)), Err(VolumeError::Corrupt { .. })));
+        assert!(matches!(
+            ImageInfo::decode("a", Bytes::from(raw)),
+            Err(VolumeError::Corrupt { .. })
+        ));
     }
 
     #[test]

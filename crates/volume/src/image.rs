@@ -32,7 +32,11 @@ impl Image {
     fn check_range(&self, off: u64, len: u64) -> Result<(), VolumeError> {
         match off.checked_add(len) {
             Some(end) if end <= self.info.size => Ok(()),
-            _ => Err(VolumeError::OutOfRange { off, len, size: self.info.size }),
+            _ => Err(VolumeError::OutOfRange {
+                off,
+                len,
+                size: self.info.size,
+            }),
         }
     }
 
@@ -65,13 +69,18 @@ impl Image {
 
     /// One object's share of a read; shorter than asked where the object ends early.
     async fn read_extent(&self, e: &Extent) -> Result<Bytes, VolumeError> {
-        let op = OsdOp::Read { off: e.obj_off, len: e.len as u32 };
+        let op = OsdOp::Read {
+            off: e.obj_off,
+            len: e.len as u32,
+        };
         match self.client.execute(self.pool, &self.oid(e), vec![op]).await {
             Ok(mut outs) => match outs.pop() {
                 Some(carmine_proto::OpOutput::Data(d)) if d.len() as u64 <= e.len => Ok(d),
-                _ => Err(VolumeError::Client(carmine_client::ClientError::Unexpected {
-                    detail: format!("read of {} returned a malformed reply", self.oid(e)),
-                })),
+                _ => Err(VolumeError::Client(
+                    carmine_client::ClientError::Unexpected {
+                        detail: format!("read of {} returned a malformed reply", self.oid(e)),
+                    },
+                )),
             },
             Err(err) if err.status() == Some(Status::ObjectNotFound) => Ok(Bytes::new()),
             Err(err) => Err(err.into()),
@@ -100,8 +109,15 @@ impl Image {
             if e.obj_off == 0 && e.len == object_size {
                 ignore_missing(self.client.remove(self.pool, &oid).await)
             } else {
-                let op = OsdOp::Zero { off: e.obj_off, len: e.len };
-                Ok(self.client.execute(self.pool, &oid, vec![op]).await.map(drop)?)
+                let op = OsdOp::Zero {
+                    off: e.obj_off,
+                    len: e.len,
+                };
+                Ok(self
+                    .client
+                    .execute(self.pool, &oid, vec![op])
+                    .await
+                    .map(drop)?)
             }
         }))
         .await?;

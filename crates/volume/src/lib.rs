@@ -50,7 +50,9 @@ pub struct Volumes {
 fn validate_name(name: &str) -> Result<(), VolumeError> {
     let ok = !name.is_empty()
         && name.len() <= IMAGE_NAME_LEN_MAX
-        && name.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c));
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c));
     if ok {
         Ok(())
     } else {
@@ -70,22 +72,43 @@ impl Volumes {
     async fn lookup_id(&self, name: &str) -> Result<String, VolumeError> {
         validate_name(name)?;
         let key = Bytes::from(format!("{DIRECTORY_KEY_PREFIX}{name}"));
-        let res = self.client.execute(self.pool, DIRECTORY_OID, vec![OsdOp::OmapGetVals { keys: vec![key] }]).await;
+        let res = self
+            .client
+            .execute(
+                self.pool,
+                DIRECTORY_OID,
+                vec![OsdOp::OmapGetVals { keys: vec![key] }],
+            )
+            .await;
         let outputs = match res {
             Err(e) if e.status() == Some(Status::ObjectNotFound) => vec![],
             other => other?,
         };
         match outputs.into_iter().next() {
-            Some(OpOutput::Omap { entries, .. }) if !entries.is_empty() => String::from_utf8(entries[0].1.to_vec())
-                .map_err(|_| VolumeError::Corrupt { name: name.into(), detail: "directory entry is not UTF-8".into() }),
+            Some(OpOutput::Omap { entries, .. }) if !entries.is_empty() => {
+                String::from_utf8(entries[0].1.to_vec()).map_err(|_| VolumeError::Corrupt {
+                    name: name.into(),
+                    detail: "directory entry is not UTF-8".into(),
+                })
+            }
             _ => Err(VolumeError::NotFound { name: name.into() }),
         }
     }
 
     /// Creates an image of `size` bytes. `object_size` defaults to 4 MiB.
-    pub async fn create(&self, name: &str, size: u64, object_size: Option<u64>) -> Result<ImageInfo, VolumeError> {
+    pub async fn create(
+        &self,
+        name: &str,
+        size: u64,
+        object_size: Option<u64>,
+    ) -> Result<ImageInfo, VolumeError> {
         validate_name(name)?;
-        let info = ImageInfo::new(name, random_id(), size, object_size.unwrap_or(OBJECT_SIZE_DEFAULT))?;
+        let info = ImageInfo::new(
+            name,
+            random_id(),
+            size,
+            object_size.unwrap_or(OBJECT_SIZE_DEFAULT),
+        )?;
         match self.lookup_id(name).await {
             Ok(_) => return Err(VolumeError::Exists { name: name.into() }),
             Err(VolumeError::NotFound { .. }) => {}
@@ -95,11 +118,25 @@ impl Volumes {
         // never a listed image without one.
         let ops = vec![
             OsdOp::Create { exclusive: true },
-            OsdOp::SetXattr { name: HEADER_XATTR.into(), value: info.encode() },
+            OsdOp::SetXattr {
+                name: HEADER_XATTR.into(),
+                value: info.encode(),
+            },
         ];
-        self.client.execute(self.pool, &header_oid(&info.id), ops).await?;
-        let entry = (Bytes::from(format!("{DIRECTORY_KEY_PREFIX}{name}")), Bytes::from(info.id.clone()));
-        self.client.execute(self.pool, DIRECTORY_OID, vec![OsdOp::OmapSet { kvs: vec![entry] }]).await?;
+        self.client
+            .execute(self.pool, &header_oid(&info.id), ops)
+            .await?;
+        let entry = (
+            Bytes::from(format!("{DIRECTORY_KEY_PREFIX}{name}")),
+            Bytes::from(info.id.clone()),
+        );
+        self.client
+            .execute(
+                self.pool,
+                DIRECTORY_OID,
+                vec![OsdOp::OmapSet { kvs: vec![entry] }],
+            )
+            .await?;
         Ok(info)
     }
 
@@ -108,19 +145,31 @@ impl Volumes {
         let mut names = Vec::new();
         let mut start_after: Option<Bytes> = None;
         loop {
-            let op = OsdOp::OmapList { start_after: start_after.clone(), limit: 1024 };
-            let outputs = match self.client.execute(self.pool, DIRECTORY_OID, vec![op]).await {
+            let op = OsdOp::OmapList {
+                start_after: start_after.clone(),
+                limit: 1024,
+            };
+            let outputs = match self
+                .client
+                .execute(self.pool, DIRECTORY_OID, vec![op])
+                .await
+            {
                 Err(e) if e.status() == Some(Status::ObjectNotFound) => return Ok(names),
                 other => other?,
             };
             let Some(OpOutput::Omap { entries, more }) = outputs.into_iter().next() else {
-                return Err(VolumeError::Client(carmine_client::ClientError::Unexpected {
-                    detail: "directory listing returned no entries".into(),
-                }));
+                return Err(VolumeError::Client(
+                    carmine_client::ClientError::Unexpected {
+                        detail: "directory listing returned no entries".into(),
+                    },
+                ));
             };
             start_after = entries.last().map(|(k, _)| k.clone());
             for (k, _) in entries {
-                if let Some(n) = std::str::from_utf8(&k).ok().and_then(|k| k.strip_prefix(DIRECTORY_KEY_PREFIX)) {
+                if let Some(n) = std::str::from_utf8(&k)
+                    .ok()
+                    .and_then(|k| k.strip_prefix(DIRECTORY_KEY_PREFIX))
+                {
                     names.push(n.to_owned());
                 }
             }
@@ -134,22 +183,36 @@ impl Volumes {
         let id = self.lookup_id(name).await?;
         let out = self
             .client
-            .execute(self.pool, &header_oid(&id), vec![OsdOp::GetXattr { name: HEADER_XATTR.into() }])
+            .execute(
+                self.pool,
+                &header_oid(&id),
+                vec![OsdOp::GetXattr {
+                    name: HEADER_XATTR.into(),
+                }],
+            )
             .await
             .map_err(|e| match e.status() {
-                Some(Status::ObjectNotFound | Status::AttrNotFound) => {
-                    VolumeError::Corrupt { name: name.into(), detail: format!("header of image id {id} is missing") }
-                }
+                Some(Status::ObjectNotFound | Status::AttrNotFound) => VolumeError::Corrupt {
+                    name: name.into(),
+                    detail: format!("header of image id {id} is missing"),
+                },
                 _ => e.into(),
             })?;
         match out.into_iter().next() {
             Some(OpOutput::Value(v)) => ImageInfo::decode(name, v),
-            _ => Err(VolumeError::Corrupt { name: name.into(), detail: "header read returned no value".into() }),
+            _ => Err(VolumeError::Corrupt {
+                name: name.into(),
+                detail: "header read returned no value".into(),
+            }),
         }
     }
 
     pub async fn open(&self, name: &str) -> Result<Image, VolumeError> {
-        Ok(Image::new(self.client.clone(), self.pool, self.info(name).await?))
+        Ok(Image::new(
+            self.client.clone(),
+            self.pool,
+            self.info(name).await?,
+        ))
     }
 
     /// Changes the size. Shrinking discards the data beyond the new end, so growing again
@@ -160,31 +223,57 @@ impl Volumes {
         if new_size < old.size {
             // Zero the tail of the last kept object, remove the objects wholly past the end.
             let keep = new_size.div_ceil(old.object_size);
-            if new_size % old.object_size != 0 {
+            if !new_size.is_multiple_of(old.object_size) {
                 let objno = new_size / old.object_size;
-                let op = OsdOp::Truncate { size: new_size % old.object_size };
-                ignore_missing(self.client.execute(self.pool, &data_oid(&old.id, objno), vec![op]).await.map(drop))?;
+                let op = OsdOp::Truncate {
+                    size: new_size % old.object_size,
+                };
+                ignore_missing(
+                    self.client
+                        .execute(self.pool, &data_oid(&old.id, objno), vec![op])
+                        .await
+                        .map(drop),
+                )?;
             }
-            self.remove_objects(&old.id, keep..old.object_count()).await?;
+            self.remove_objects(&old.id, keep..old.object_count())
+                .await?;
         }
-        let op = OsdOp::SetXattr { name: HEADER_XATTR.into(), value: new.encode() };
-        self.client.execute(self.pool, &header_oid(&old.id), vec![op]).await?;
+        let op = OsdOp::SetXattr {
+            name: HEADER_XATTR.into(),
+            value: new.encode(),
+        };
+        self.client
+            .execute(self.pool, &header_oid(&old.id), vec![op])
+            .await?;
         Ok(new)
     }
 
     /// Removes an image and all its data.
     pub async fn remove(&self, name: &str) -> Result<(), VolumeError> {
         let info = self.info(name).await?;
-        self.remove_objects(&info.id, 0..info.object_count()).await?;
+        self.remove_objects(&info.id, 0..info.object_count())
+            .await?;
         ignore_missing(self.client.remove(self.pool, &header_oid(&info.id)).await)?;
         let key = Bytes::from(format!("{DIRECTORY_KEY_PREFIX}{name}"));
-        self.client.execute(self.pool, DIRECTORY_OID, vec![OsdOp::OmapRm { keys: vec![key] }]).await?;
+        self.client
+            .execute(
+                self.pool,
+                DIRECTORY_OID,
+                vec![OsdOp::OmapRm { keys: vec![key] }],
+            )
+            .await?;
         Ok(())
     }
 
-    async fn remove_objects(&self, id: &str, objnos: std::ops::Range<u64>) -> Result<(), VolumeError> {
+    async fn remove_objects(
+        &self,
+        id: &str,
+        objnos: std::ops::Range<u64>,
+    ) -> Result<(), VolumeError> {
         stream::iter(objnos)
-            .map(|n| async move { ignore_missing(self.client.remove(self.pool, &data_oid(id, n)).await) })
+            .map(|n| async move {
+                ignore_missing(self.client.remove(self.pool, &data_oid(id, n)).await)
+            })
             .buffer_unordered(REMOVE_CONCURRENCY)
             .try_collect::<Vec<()>>()
             .await?;
@@ -193,7 +282,9 @@ impl Volumes {
 }
 
 /// Treats "object not found" as success: data objects exist only where data was written.
-pub(crate) fn ignore_missing(res: Result<(), carmine_client::ClientError>) -> Result<(), VolumeError> {
+pub(crate) fn ignore_missing(
+    res: Result<(), carmine_client::ClientError>,
+) -> Result<(), VolumeError> {
     match res {
         Err(e) if e.status() == Some(Status::ObjectNotFound) => Ok(()),
         other => Ok(other?),

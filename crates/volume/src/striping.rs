@@ -22,7 +22,12 @@ pub(crate) fn extents(off: u64, len: u64, object_size: u64) -> impl Iterator<Ite
         let objno = pos / object_size;
         let obj_off = pos % object_size;
         let piece = (object_size - obj_off).min(end - pos);
-        let e = Extent { objno, obj_off, len: piece, buf_off: pos - off };
+        let e = Extent {
+            objno,
+            obj_off,
+            len: piece,
+            buf_off: pos - off,
+        };
         pos += piece;
         Some(e)
     })
@@ -35,7 +40,15 @@ mod tests {
     #[test]
     fn range_inside_one_object_is_one_extent() {
         let v: Vec<_> = extents(4096, 4096, 1 << 22).collect();
-        assert_eq!(v, vec![Extent { objno: 0, obj_off: 4096, len: 4096, buf_off: 0 }]);
+        assert_eq!(
+            v,
+            vec![Extent {
+                objno: 0,
+                obj_off: 4096,
+                len: 4096,
+                buf_off: 0
+            }]
+        );
     }
 
     #[test]
@@ -44,9 +57,24 @@ mod tests {
         assert_eq!(
             v,
             vec![
-                Extent { objno: 0, obj_off: 1000, len: 3096, buf_off: 0 },
-                Extent { objno: 1, obj_off: 0, len: 4096, buf_off: 3096 },
-                Extent { objno: 2, obj_off: 0, len: 2808, buf_off: 7192 },
+                Extent {
+                    objno: 0,
+                    obj_off: 1000,
+                    len: 3096,
+                    buf_off: 0
+                },
+                Extent {
+                    objno: 1,
+                    obj_off: 0,
+                    len: 4096,
+                    buf_off: 3096
+                },
+                Extent {
+                    objno: 2,
+                    obj_off: 0,
+                    len: 2808,
+                    buf_off: 7192
+                },
             ]
         );
         assert_eq!(v.iter().map(|e| e.len).sum::<u64>(), 10_000);

@@ -12,28 +12,52 @@ where
     F: FnOnce(Volumes) -> Fut,
     Fut: std::future::Future<Output = ()>,
 {
-    let addrs: Vec<_> = (0..2).map(|_| TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap()).collect();
+    let addrs: Vec<_> = (0..2)
+        .map(|_| {
+            TcpListener::bind("127.0.0.1:0")
+                .unwrap()
+                .local_addr()
+                .unwrap()
+        })
+        .collect();
     let map = OsdMap {
         epoch: 1,
-        osds: vec![OsdInfo { id: 0, up: true, reactors: addrs.clone() }],
-        pools: vec![Pool { id: 1, name: "rbd".into(), pg_num: 32, size: 1 }],
+        osds: vec![OsdInfo {
+            id: 0,
+            up: true,
+            reactors: addrs.clone(),
+        }],
+        pools: vec![Pool {
+            id: 1,
+            name: "rbd".into(),
+            pg_num: 32,
+            size: 1,
+        }],
     };
     let osd = Osd::start(OsdConfig {
         id: 0,
         map,
         reactor_cpus: vec![None, None],
-        store: StoreConfig::Memory { memory_limit_bytes: 256 << 20 },
+        store: StoreConfig::Memory {
+            memory_limit_bytes: 256 << 20,
+        },
     })
     .unwrap();
     carmine_reactor::block_on(async {
-        let client = Client::connect(&addrs, ClientConfig::default()).await.unwrap();
+        let client = Client::connect(&addrs, ClientConfig::default())
+            .await
+            .unwrap();
         f(Volumes::new(client, 1)).await;
     });
     osd.shutdown().unwrap();
 }
 
 fn pattern(len: usize, salt: u8) -> Bytes {
-    Bytes::from((0..len).map(|i| (i as u8).wrapping_mul(31).wrapping_add(salt)).collect::<Vec<u8>>())
+    Bytes::from(
+        (0..len)
+            .map(|i| (i as u8).wrapping_mul(31).wrapping_add(salt))
+            .collect::<Vec<u8>>(),
+    )
 }
 
 #[test]
@@ -45,13 +69,22 @@ fn create_list_info_resize_remove() {
         assert_eq!(v.list().await.unwrap(), vec!["a", "b"]);
         let info = v.info("a").await.unwrap();
         assert_eq!((info.size, info.object_size), (8 << 20, 64 << 10));
-        assert!(matches!(v.create("a", 1, None).await, Err(VolumeError::Exists { .. })));
+        assert!(matches!(
+            v.create("a", 1, None).await,
+            Err(VolumeError::Exists { .. })
+        ));
         v.resize("a", 16 << 20).await.unwrap();
         assert_eq!(v.info("a").await.unwrap().size, 16 << 20);
         v.remove("a").await.unwrap();
         assert_eq!(v.list().await.unwrap(), vec!["b"]);
-        assert!(matches!(v.info("a").await, Err(VolumeError::NotFound { .. })));
-        assert!(matches!(v.remove("a").await, Err(VolumeError::NotFound { .. })));
+        assert!(matches!(
+            v.info("a").await,
+            Err(VolumeError::NotFound { .. })
+        ));
+        assert!(matches!(
+            v.remove("a").await,
+            Err(VolumeError::NotFound { .. })
+        ));
     });
 }
 
@@ -74,7 +107,10 @@ fn unaligned_io_spanning_objects_reads_back_exactly() {
 #[test]
 fn unwritten_ranges_read_as_zeros() {
     with_volumes(|v| async move {
-        let img = v.open(&v.create("z", 64 << 20, None).await.unwrap().name).await.unwrap();
+        let img = v
+            .open(&v.create("z", 64 << 20, None).await.unwrap().name)
+            .await
+            .unwrap();
         let data = img.read(10 << 20, 9 << 20).await.unwrap();
         assert_eq!(data.len(), 9 << 20);
         assert!(data.iter().all(|b| *b == 0));
@@ -84,7 +120,10 @@ fn unwritten_ranges_read_as_zeros() {
 #[test]
 fn discard_and_write_zeroes_make_ranges_read_zero() {
     with_volumes(|v| async move {
-        let img = v.open(&v.create("d", 1 << 20, Some(64 << 10)).await.unwrap().name).await.unwrap();
+        let img = v
+            .open(&v.create("d", 1 << 20, Some(64 << 10)).await.unwrap().name)
+            .await
+            .unwrap();
         img.write(0, pattern(1 << 20, 9)).await.unwrap();
         // Whole objects (removed) plus partial ones (zeroed).
         img.discard(1000, 200_000).await.unwrap();
@@ -101,35 +140,70 @@ fn discard_and_write_zeroes_make_ranges_read_zero() {
 #[test]
 fn io_beyond_the_end_is_rejected() {
     with_volumes(|v| async move {
-        let img = v.open(&v.create("e", 1 << 20, None).await.unwrap().name).await.unwrap();
-        assert!(matches!(img.write((1 << 20) - 1, Bytes::from_static(b"ab")).await, Err(VolumeError::OutOfRange { .. })));
-        assert!(matches!(img.read(1 << 20, 1).await, Err(VolumeError::OutOfRange { .. })));
-        assert!(matches!(img.read(u64::MAX, 2).await, Err(VolumeError::OutOfRange { .. })));
-        assert!(matches!(img.discard(0, (1 << 20) + 1).await, Err(VolumeError::OutOfRange { .. })));
-        img.write((1 << 20) - 2, Bytes::from_static(b"ab")).await.unwrap();
+        let img = v
+            .open(&v.create("e", 1 << 20, None).await.unwrap().name)
+            .await
+            .unwrap();
+        assert!(matches!(
+            img.write((1 << 20) - 1, Bytes::from_static(b"ab")).await,
+            Err(VolumeError::OutOfRange { .. })
+        ));
+        assert!(matches!(
+            img.read(1 << 20, 1).await,
+            Err(VolumeError::OutOfRange { .. })
+        ));
+        assert!(matches!(
+            img.read(u64::MAX, 2).await,
+            Err(VolumeError::OutOfRange { .. })
+        ));
+        assert!(matches!(
+            img.discard(0, (1 << 20) + 1).await,
+            Err(VolumeError::OutOfRange { .. })
+        ));
+        img.write((1 << 20) - 2, Bytes::from_static(b"ab"))
+            .await
+            .unwrap();
     });
 }
 
 #[test]
 fn shrinking_discards_data_past_the_new_end() {
     with_volumes(|v| async move {
-        let img = v.open(&v.create("s", 1 << 20, Some(64 << 10)).await.unwrap().name).await.unwrap();
+        let img = v
+            .open(&v.create("s", 1 << 20, Some(64 << 10)).await.unwrap().name)
+            .await
+            .unwrap();
         img.write(0, pattern(1 << 20, 1)).await.unwrap();
         v.resize("s", 100_000).await.unwrap();
         v.resize("s", 1 << 20).await.unwrap();
         let img = v.open("s").await.unwrap();
         let all = img.read(0, 1 << 20).await.unwrap();
         assert_eq!(&all[..100_000], &pattern(1 << 20, 1)[..100_000]);
-        assert!(all[100_000..].iter().all(|b| *b == 0), "data past the shrink point survived");
+        assert!(
+            all[100_000..].iter().all(|b| *b == 0),
+            "data past the shrink point survived"
+        );
     });
 }
 
 #[test]
 fn bad_names_and_object_sizes_are_rejected() {
     with_volumes(|v| async move {
-        assert!(matches!(v.create("", 1, None).await, Err(VolumeError::InvalidName { .. })));
-        assert!(matches!(v.create("a/b", 1, None).await, Err(VolumeError::InvalidName { .. })));
-        assert!(matches!(v.create("ok", 1, Some(3000)).await, Err(VolumeError::InvalidArgument(_))));
-        assert!(matches!(v.open("missing").await, Err(VolumeError::NotFound { .. })));
+        assert!(matches!(
+            v.create("", 1, None).await,
+            Err(VolumeError::InvalidName { .. })
+        ));
+        assert!(matches!(
+            v.create("a/b", 1, None).await,
+            Err(VolumeError::InvalidName { .. })
+        ));
+        assert!(matches!(
+            v.create("ok", 1, Some(3000)).await,
+            Err(VolumeError::InvalidArgument(_))
+        ));
+        assert!(matches!(
+            v.open("missing").await,
+            Err(VolumeError::NotFound { .. })
+        ));
     });
 }

@@ -24,7 +24,8 @@ fn arb_op() -> impl Strategy<Value = OsdOp> {
         Just(OsdOp::Remove),
         ("[a-z]{1,8}", arb_bytes(16)).prop_map(|(name, value)| OsdOp::SetXattr { name, value }),
         "[a-z]{1,8}".prop_map(|name| OsdOp::RmXattr { name }),
-        proptest::collection::vec((arb_bytes(8), arb_bytes(8)), 0..4).prop_map(|kvs| OsdOp::OmapSet { kvs }),
+        proptest::collection::vec((arb_bytes(8), arb_bytes(8)), 0..4)
+            .prop_map(|kvs| OsdOp::OmapSet { kvs }),
         proptest::collection::vec(arb_bytes(8), 0..4).prop_map(|keys| OsdOp::OmapRm { keys }),
         Just(OsdOp::OmapClear),
         arb_bytes(16).prop_map(|data| OsdOp::OmapSetHeader { data }),
@@ -35,14 +36,22 @@ fn arb_request() -> impl Strategy<Value = Request> {
     prop_oneof![
         arb_bytes(64).prop_map(|payload| Request::Ping { payload }),
         Just(Request::GetMap),
-        (any::<u32>(), any::<u32>(), any::<u32>(), "[a-z0-9._]{1,40}", proptest::collection::vec(arb_op(), 0..6))
-            .prop_map(|(pool, pg_seed, epoch, oid, ops)| Request::Object(ObjectRequest {
-                pool,
-                pg_seed,
-                epoch,
-                oid,
-                ops
-            })),
+        (
+            any::<u32>(),
+            any::<u32>(),
+            any::<u32>(),
+            "[a-z0-9._]{1,40}",
+            proptest::collection::vec(arb_op(), 0..6)
+        )
+            .prop_map(
+                |(pool, pg_seed, epoch, oid, ops)| Request::Object(ObjectRequest {
+                    pool,
+                    pg_seed,
+                    epoch,
+                    oid,
+                    ops
+                })
+            ),
     ]
 }
 
@@ -53,13 +62,18 @@ fn arb_output() -> impl Strategy<Value = OpOutput> {
         any::<u64>().prop_map(|size| OpOutput::Stat { size }),
         arb_bytes(16).prop_map(OpOutput::Value),
         proptest::collection::vec(("[a-z]{1,6}", arb_bytes(8)), 0..3).prop_map(OpOutput::Attrs),
-        (proptest::collection::vec((arb_bytes(6), arb_bytes(6)), 0..3), any::<bool>())
+        (
+            proptest::collection::vec((arb_bytes(6), arb_bytes(6)), 0..3),
+            any::<bool>()
+        )
             .prop_map(|(entries, more)| OpOutput::Omap { entries, more }),
     ]
 }
 
 fn decode_one(buf: &mut BytesMut) -> Frame {
-    try_decode_frame(buf).expect("valid frame").expect("complete frame")
+    try_decode_frame(buf)
+        .expect("valid frame")
+        .expect("complete frame")
 }
 
 proptest! {
@@ -105,7 +119,11 @@ proptest! {
 #[test]
 fn error_reply_round_trips_with_op_index() {
     let mut buf = BytesMut::new();
-    let reply = ErrorReply { status: Status::ObjectNotFound, op_index: Some(2), message: "no such object".into() };
+    let reply = ErrorReply {
+        status: Status::ObjectNotFound,
+        op_index: Some(2),
+        message: "no such object".into(),
+    };
     encode_error(&mut buf, 9, Opcode::Object, &reply);
     let frame = decode_one(&mut buf);
     assert_eq!(Response::decode(&frame).unwrap(), Err(reply));
@@ -121,27 +139,46 @@ fn unknown_op_code_is_reported_with_its_index() {
         e.u8(200); // unknown
     });
     let frame = decode_one(&mut buf);
-    assert_eq!(Request::decode(&frame), Err(ProtoError::UnknownOp { code: 200, index: 1 }));
+    assert_eq!(
+        Request::decode(&frame),
+        Err(ProtoError::UnknownOp {
+            code: 200,
+            index: 1
+        })
+    );
 }
 
 #[test]
 fn trailing_bytes_after_a_request_are_malformed() {
     let mut buf = BytesMut::new();
-    encode_frame(&mut buf, FrameKind::Request, Opcode::GetMap, 1, 0, |b| b.extend_from_slice(b"junk"));
+    encode_frame(&mut buf, FrameKind::Request, Opcode::GetMap, 1, 0, |b| {
+        b.extend_from_slice(b"junk")
+    });
     let frame = decode_one(&mut buf);
-    assert!(matches!(Request::decode(&frame), Err(ProtoError::Decode { .. })));
+    assert!(matches!(
+        Request::decode(&frame),
+        Err(ProtoError::Decode { .. })
+    ));
 }
 
 #[test]
 fn hostile_op_count_is_rejected_without_allocating() {
     let mut buf = BytesMut::new();
     encode_frame(&mut buf, FrameKind::Request, Opcode::Object, 1, 0, |b| {
-        Encoder::new(b).u32(1).u32(0).u32(1).str("obj").u32(u32::MAX);
+        Encoder::new(b)
+            .u32(1)
+            .u32(0)
+            .u32(1)
+            .str("obj")
+            .u32(u32::MAX);
     });
     let frame = decode_one(&mut buf);
     assert!(matches!(
         Request::decode(&frame),
-        Err(ProtoError::Decode { source: DecodeError::TooLarge { .. }, .. })
+        Err(ProtoError::Decode {
+            source: DecodeError::TooLarge { .. },
+            ..
+        })
     ));
 }
 
@@ -158,8 +195,16 @@ fn write_data_shares_the_receive_buffer() {
     });
     encode_request(&mut buf, 1, &req);
     let frame = decode_one(&mut buf);
-    let Request::Object(r) = Request::decode(&frame).unwrap() else { panic!("not an object request") };
-    let OsdOp::Write { data, .. } = &r.ops[0] else { panic!("not a write") };
-    let payload_range = frame.payload.as_ptr() as usize..frame.payload.as_ptr() as usize + frame.payload.len();
-    assert!(payload_range.contains(&(data.as_ptr() as usize)), "write data was copied");
+    let Request::Object(r) = Request::decode(&frame).unwrap() else {
+        panic!("not an object request")
+    };
+    let OsdOp::Write { data, .. } = &r.ops[0] else {
+        panic!("not a write")
+    };
+    let payload_range =
+        frame.payload.as_ptr() as usize..frame.payload.as_ptr() as usize + frame.payload.len();
+    assert!(
+        payload_range.contains(&(data.as_ptr() as usize)),
+        "write data was copied"
+    );
 }
