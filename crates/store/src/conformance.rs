@@ -22,8 +22,8 @@ mod random;
 
 pub use cases::*;
 pub use random::{
-    arb_op, arb_step, arb_transaction, check_random_transactions_against_model, check_steps_against_model,
-    run_model_check, seed_from_env, Step,
+    arb_op, arb_step, arb_transaction, check_random_transactions_against_model,
+    check_steps_against_model, run_model_check, seed_from_env, Step,
 };
 
 use crate::{ObjectStore, StoreError};
@@ -44,7 +44,9 @@ macro_rules! conformance_tests {
         #[test]
         fn random_operations_match_the_reference_model() {
             $crate::conformance::run_model_check(256, 30, |steps| {
-                $block_on($crate::conformance::check_steps_against_model(&$make, steps))
+                $block_on($crate::conformance::check_steps_against_model(
+                    &$make, steps,
+                ))
             });
         }
     };
@@ -70,7 +72,7 @@ macro_rules! __conformance_apply {
 }
 
 /// The single list of cases. A unit test checks it against every `pub async fn` in
-/// `conformance/cases.rs`, so a new case cannot be left unwired.
+/// `conformance/cases/`, so a new case cannot be left unwired.
 #[doc(hidden)]
 #[macro_export]
 macro_rules! __conformance_cases {
@@ -165,16 +167,34 @@ fn ok<T>(what: &str, r: Result<T, StoreError>) -> T {
 /// exercised on every dump, and each page is checked for order, size and `next`.
 pub async fn dump<S: ObjectStore>(store: &S) -> StoreDump {
     const PAGE: usize = 3;
-    let mut out = StoreDump { objects: store.statfs().objects, ..Default::default() };
+    let mut out = StoreDump {
+        objects: store.statfs().objects,
+        ..Default::default()
+    };
     let cids = ok("list_collections", store.list_collections().await);
-    assert!(cids.windows(2).all(|w| w[0] < w[1]), "collections not in order: {cids:?}");
+    assert!(
+        cids.windows(2).all(|w| w[0] < w[1]),
+        "collections not in order: {cids:?}"
+    );
     for cid in cids {
-        assert!(ok("collection_exists", store.collection_exists(cid).await), "listed {cid} does not exist");
+        assert!(
+            ok("collection_exists", store.collection_exists(cid).await),
+            "listed {cid} does not exist"
+        );
         let mut names = Vec::new();
         let mut after: Option<String> = None;
         loop {
-            let page = ok("list_objects", store.list_objects(cid, after.as_deref(), PAGE).await);
-            check_page(&page.items, &page.next, PAGE, after.as_ref(), &format!("objects of {cid}"));
+            let page = ok(
+                "list_objects",
+                store.list_objects(cid, after.as_deref(), PAGE).await,
+            );
+            check_page(
+                &page.items,
+                &page.next,
+                PAGE,
+                after.as_ref(),
+                &format!("objects of {cid}"),
+            );
             names.extend(page.items);
             match page.next {
                 Some(next) => after = Some(next),
@@ -198,9 +218,16 @@ fn check_page<K: Ord + std::fmt::Debug, T: PageKey<K>>(
     after: Option<&K>,
     what: &str,
 ) {
-    assert!(items.len() <= limit, "{what}: {} items for limit {limit}", items.len());
+    assert!(
+        items.len() <= limit,
+        "{what}: {} items for limit {limit}",
+        items.len()
+    );
     let keys: Vec<&K> = items.iter().map(|i| i.key()).collect();
-    assert!(keys.windows(2).all(|w| w[0] < w[1]), "{what}: not in order: {keys:?}");
+    assert!(
+        keys.windows(2).all(|w| w[0] < w[1]),
+        "{what}: not in order: {keys:?}"
+    );
     if let (Some(after), Some(first)) = (after, keys.first()) {
         assert!(*first > after, "{what}: {first:?} not after {after:?}");
     }
@@ -233,14 +260,27 @@ pub async fn dump_object<S: ObjectStore>(store: &S, cid: CollectionId, oid: &str
     while (data.len() as u64) < size {
         let chunk = (size - data.len() as u64).min(IO_LEN_MAX as u64);
         let bytes = ok(&what, store.read(cid, oid, data.len() as u64, chunk).await);
-        assert_eq!(bytes.len() as u64, chunk, "{what}: short read inside the object");
+        assert_eq!(
+            bytes.len() as u64,
+            chunk,
+            "{what}: short read inside the object"
+        );
         data.extend_from_slice(&bytes);
     }
     let mut omap = BTreeMap::new();
     let mut after: Option<Bytes> = None;
     loop {
-        let page = ok(&what, store.omap_iterate(cid, oid, after.as_deref(), PAGE).await);
-        check_page(&page.items, &page.next, PAGE, after.as_ref(), &format!("omap of {what}"));
+        let page = ok(
+            &what,
+            store.omap_iterate(cid, oid, after.as_deref(), PAGE).await,
+        );
+        check_page(
+            &page.items,
+            &page.next,
+            PAGE,
+            after.as_ref(),
+            &format!("omap of {what}"),
+        );
         omap.extend(page.items);
         match page.next {
             Some(next) => after = Some(next),
@@ -278,13 +318,19 @@ pub fn diff(left: &StoreDump, right: &StoreDump) -> Option<String> {
                 return Some(format!("{at}: size {} vs {}", l.size, r.size));
             }
             if let Some(i) = l.data.iter().zip(&r.data).position(|(a, b)| a != b) {
-                return Some(format!("{at}: data differs first at byte {i}: {} vs {}", l.data[i], r.data[i]));
+                return Some(format!(
+                    "{at}: data differs first at byte {i}: {} vs {}",
+                    l.data[i], r.data[i]
+                ));
             }
             if l.attrs != r.attrs {
                 return Some(format!("{at}: xattrs {:?} vs {:?}", l.attrs, r.attrs));
             }
             if l.omap_header != r.omap_header {
-                return Some(format!("{at}: omap header {:?} vs {:?}", l.omap_header, r.omap_header));
+                return Some(format!(
+                    "{at}: omap header {:?} vs {:?}",
+                    l.omap_header, r.omap_header
+                ));
             }
             if l.omap != r.omap {
                 return Some(format!("{at}: omap {:?} vs {:?}", l.omap, r.omap));
@@ -292,7 +338,10 @@ pub fn diff(left: &StoreDump, right: &StoreDump) -> Option<String> {
         }
     }
     if left.objects != right.objects {
-        return Some(format!("statfs objects {} vs {}", left.objects, right.objects));
+        return Some(format!(
+            "statfs objects {} vs {}",
+            left.objects, right.objects
+        ));
     }
     None
 }
@@ -302,9 +351,9 @@ mod tests {
     #[test]
     fn every_case_is_wired_into_the_macro() {
         let wired = crate::__conformance_cases! { names };
-        let source = include_str!("conformance/cases.rs");
-        let defined: Vec<&str> = source
-            .lines()
+        let defined: Vec<&str> = super::cases::SOURCES
+            .iter()
+            .flat_map(|source| source.lines())
             .filter_map(|line| line.strip_prefix("pub async fn "))
             .map(|rest| rest.split('<').next().unwrap())
             .collect();
@@ -312,6 +361,9 @@ mod tests {
         wired_sorted.sort_unstable();
         let mut defined_sorted = defined.clone();
         defined_sorted.sort_unstable();
-        assert_eq!(wired_sorted, defined_sorted, "cases defined vs wired differ");
+        assert_eq!(
+            wired_sorted, defined_sorted,
+            "cases defined vs wired differ"
+        );
     }
 }

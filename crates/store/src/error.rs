@@ -29,7 +29,17 @@ pub struct StoreError {
 }
 
 impl StoreError {
-    pub fn new(kind: StoreErrorKind, cid: CollectionId, oid: &str, detail: impl Into<String>) -> Self {
-        Self { kind, cid, oid: oid.to_owned(), detail: detail.into() }
+    pub fn new(
+        kind: StoreErrorKind,
+        cid: CollectionId,
+        oid: &str,
+        detail: impl Into<String>,
+    ) -> Self {
+        Self {
+            kind,
+            cid,
+            oid: oid.to_owned(),
+            detail: detail.into(),
+        }
     }
 }

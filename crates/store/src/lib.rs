@@ -64,7 +64,12 @@ pub trait ObjectStore {
 
     async fn read(&self, cid: CollectionId, oid: &str, off: u64, len: u64) -> Result<Bytes>;
     /// Several extents of one object in one call; each follows `read`'s rules.
-    async fn readv(&self, cid: CollectionId, oid: &str, extents: &[(u64, u64)]) -> Result<Vec<Bytes>>;
+    async fn readv(
+        &self,
+        cid: CollectionId,
+        oid: &str,
+        extents: &[(u64, u64)],
+    ) -> Result<Vec<Bytes>>;
     async fn stat(&self, cid: CollectionId, oid: &str) -> Result<ObjectStat>;
     async fn getattr(&self, cid: CollectionId, oid: &str, name: &str) -> Result<Bytes>;
     async fn getattrs(&self, cid: CollectionId, oid: &str) -> Result<BTreeMap<String, Bytes>>;

@@ -1,5 +1,5 @@
-//! `MemStore`: the in-memory backend (Crimson's CyanStore). Used by tests, by the OSD in
-//! development, and as the reference for what every backend must do.
+//! `MemStore`: the in-memory backend (Crimson's CyanStore), for tests and for running OSDs
+//! without a device. Its behaviour is pinned by the conformance suite and the reference model.
 //!
 //! Atomicity comes from an undo log: each op records just enough to revert itself (the pages
 //! it replaced, the attribute values it overwrote, the object it removed) before mutating.
@@ -13,20 +13,22 @@
 //! the budget by one op before it is rolled back.
 
 mod data;
+mod object;
 
-use crate::{Op, ObjectStat, ObjectStore, Page, Result, StoreError, StoreErrorKind, StoreStatfs, Transaction};
+use crate::{
+    ObjectStat, ObjectStore, Op, Page, Result, StoreError, StoreErrorKind, StoreStatfs, Transaction,
+};
 use bytes::Bytes;
 use carmine_types::limits::{
-    ATTR_NAME_LEN_MAX, IO_LEN_MAX, LIST_LIMIT_MAX, OBJECT_NAME_LEN_MAX, OBJECT_SIZE_MAX, VALUE_LEN_MAX,
+    ATTR_NAME_LEN_MAX, IO_LEN_MAX, LIST_LIMIT_MAX, OBJECT_NAME_LEN_MAX, OBJECT_SIZE_MAX,
+    VALUE_LEN_MAX,
 };
 use carmine_types::CollectionId;
-use data::{Data, SavedPages, PAGE_SIZE};
+use data::{Data, SavedPages};
+use object::{fixed_charge, Object, ObjectUndo};
 use std::cell::RefCell;
 use std::collections::BTreeMap;
 use std::ops::Bound;
-
-/// Charge for an object beyond its name, data and metadata: the map entry and struct.
-const OBJECT_OVERHEAD: u64 = 128;
 
 /// Configuration of a [`MemStore`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -37,7 +39,9 @@ pub struct MemStoreConfig {
 
 impl Default for MemStoreConfig {
     fn default() -> Self {
-        Self { memory_limit_bytes: 1 << 30 }
+        Self {
+            memory_limit_bytes: 1 << 30,
+        }
     }
 }
 
@@ -45,56 +49,6 @@ impl Default for MemStoreConfig {
 pub struct MemStore {
     config: MemStoreConfig,
     inner: RefCell<Inner>,
-}
-
-#[derive(Clone, Debug, Default)]
-struct Object {
-    data: Data,
-    xattrs: BTreeMap<String, Bytes>,
-    omap_header: Bytes,
-    omap: BTreeMap<Bytes, Bytes>,
-    /// Bytes of xattr names and values, omap keys and values and the header, kept current so
-    /// charging an object is O(1) instead of a walk over its metadata.
-    meta_bytes: u64,
-}
-
-impl Object {
-    /// What the object costs beyond [`fixed_charge`]; changes with every mutation.
-    fn charge(&self) -> u64 {
-        self.data.page_count() * PAGE_SIZE as u64 + self.meta_bytes
-    }
-
-    /// Sets (or with `None` removes) an xattr, returning the previous value.
-    fn set_attr(&mut self, name: String, value: Option<Bytes>) -> Option<Bytes> {
-        let added = value.as_ref().map_or(0, |v| (name.len() + v.len()) as u64);
-        let old = match value {
-            Some(v) => self.xattrs.insert(name.clone(), v),
-            None => self.xattrs.remove(&name),
-        };
-        self.meta_bytes = self.meta_bytes + added - old.as_ref().map_or(0, |v| (name.len() + v.len()) as u64);
-        old
-    }
-
-    /// Sets (or with `None` removes) an omap entry, returning the previous value.
-    fn set_omap(&mut self, key: Bytes, value: Option<Bytes>) -> Option<Bytes> {
-        let added = value.as_ref().map_or(0, |v| (key.len() + v.len()) as u64);
-        let old = match value {
-            Some(v) => self.omap.insert(key.clone(), v),
-            None => self.omap.remove(&key),
-        };
-        self.meta_bytes = self.meta_bytes + added - old.as_ref().map_or(0, |v| (key.len() + v.len()) as u64);
-        old
-    }
-
-    fn set_header(&mut self, header: Bytes) -> Bytes {
-        self.meta_bytes = self.meta_bytes + header.len() as u64 - self.omap_header.len() as u64;
-        std::mem::replace(&mut self.omap_header, header)
-    }
-}
-
-/// Charge for an object's existence under `name`, independent of its contents.
-fn fixed_charge(name: &str) -> u64 {
-    OBJECT_OVERHEAD + name.len() as u64
 }
 
 type Collection = BTreeMap<String, Object>;
@@ -118,31 +72,12 @@ enum Undo {
     Object(CollectionId, String, ObjectUndo),
 }
 
-enum ObjectUndo {
-    Data { size: u64, pages: SavedPages },
-    Attrs(Vec<(String, Option<Bytes>)>),
-    Omap(Vec<(Bytes, Option<Bytes>)>),
-    Header(Bytes),
-    OmapCleared { omap: BTreeMap<Bytes, Bytes>, header: Bytes, bytes: u64 },
-}
-
-impl ObjectUndo {
-    fn revert(self, obj: &mut Object) {
-        match self {
-            ObjectUndo::Data { size, pages } => obj.data.restore(size, pages),
-            ObjectUndo::Attrs(old) => old.into_iter().rev().for_each(|(k, v)| drop(obj.set_attr(k, v))),
-            ObjectUndo::Omap(old) => old.into_iter().rev().for_each(|(k, v)| drop(obj.set_omap(k, v))),
-            ObjectUndo::Header(old) => drop(obj.set_header(old)),
-            ObjectUndo::OmapCleared { omap, header, bytes } => {
-                obj.omap = omap;
-                obj.omap_header = header;
-                obj.meta_bytes += bytes;
-            }
-        }
-    }
-}
-
-fn error(kind: StoreErrorKind, cid: CollectionId, oid: &str, detail: impl Into<String>) -> StoreError {
+fn error(
+    kind: StoreErrorKind,
+    cid: CollectionId,
+    oid: &str,
+    detail: impl Into<String>,
+) -> StoreError {
     StoreError::new(kind, cid, oid, detail)
 }
 
@@ -155,36 +90,62 @@ fn check_oid(cid: CollectionId, oid: &str) -> Result<()> {
         return Err(invalid(cid, oid, "empty object name"));
     }
     if oid.len() > OBJECT_NAME_LEN_MAX {
-        return Err(invalid(cid, "", format!("object name of {} bytes exceeds {OBJECT_NAME_LEN_MAX}", oid.len())));
+        // The error carries a prefix only: the name may be arbitrarily long.
+        let prefix: String = oid.chars().take(32).collect();
+        let detail = format!(
+            "object name of {} bytes exceeds {OBJECT_NAME_LEN_MAX}",
+            oid.len()
+        );
+        return Err(invalid(cid, &prefix, detail));
     }
     Ok(())
 }
 
 fn check_attr_name(cid: CollectionId, oid: &str, name: &str) -> Result<()> {
     if name.is_empty() || name.len() > ATTR_NAME_LEN_MAX {
-        return Err(invalid(cid, oid, format!("xattr name of {} bytes, must be 1..={ATTR_NAME_LEN_MAX}", name.len())));
+        return Err(invalid(
+            cid,
+            oid,
+            format!(
+                "xattr name of {} bytes, must be 1..={ATTR_NAME_LEN_MAX}",
+                name.len()
+            ),
+        ));
     }
     Ok(())
 }
 
 fn check_value(cid: CollectionId, oid: &str, what: &str, len: usize) -> Result<()> {
     if len > VALUE_LEN_MAX {
-        return Err(invalid(cid, oid, format!("{what} of {len} bytes exceeds {VALUE_LEN_MAX}")));
+        return Err(invalid(
+            cid,
+            oid,
+            format!("{what} of {len} bytes exceeds {VALUE_LEN_MAX}"),
+        ));
     }
     Ok(())
 }
 
-/// `[off, off + len)` must end within the object size limit; overflow is just a bigger miss.
+/// `[off, off + len)` must end within the object size limit. Checked with `checked_add` so a
+/// hostile offset cannot wrap around into range.
 fn check_extent(cid: CollectionId, oid: &str, off: u64, len: u64) -> Result<()> {
     match off.checked_add(len) {
         Some(end) if end <= OBJECT_SIZE_MAX => Ok(()),
-        _ => Err(invalid(cid, oid, format!("extent {off}+{len} ends past the object size limit {OBJECT_SIZE_MAX}"))),
+        _ => Err(invalid(
+            cid,
+            oid,
+            format!("extent {off}+{len} ends past the object size limit {OBJECT_SIZE_MAX}"),
+        )),
     }
 }
 
 fn check_io_len(cid: CollectionId, oid: &str, len: u64) -> Result<()> {
     if len > IO_LEN_MAX as u64 {
-        return Err(invalid(cid, oid, format!("{len} bytes in one read or write, more than {IO_LEN_MAX}")));
+        return Err(invalid(
+            cid,
+            oid,
+            format!("{len} bytes in one read or write, more than {IO_LEN_MAX}"),
+        ));
     }
     Ok(())
 }
@@ -217,8 +178,16 @@ fn op_subject(op: &Op) -> (CollectionId, &str) {
 
 impl Inner {
     fn object(&self, cid: CollectionId, oid: &str) -> Result<&Object> {
-        let coll = self.colls.get(&cid).ok_or_else(|| error(StoreErrorKind::CollectionNotFound, cid, oid, "no such collection"))?;
-        coll.get(oid).ok_or_else(|| error(StoreErrorKind::ObjectNotFound, cid, oid, "no such object"))
+        let coll = self.colls.get(&cid).ok_or_else(|| {
+            error(
+                StoreErrorKind::CollectionNotFound,
+                cid,
+                oid,
+                "no such collection",
+            )
+        })?;
+        coll.get(oid)
+            .ok_or_else(|| error(StoreErrorKind::ObjectNotFound, cid, oid, "no such object"))
     }
 
     /// Runs `f` on an object (creating it first if `create`), records the undo entry it returns
@@ -231,10 +200,22 @@ impl Inner {
         undo: &mut Vec<Undo>,
         f: impl FnOnce(&mut Object) -> Option<ObjectUndo>,
     ) -> Result<()> {
-        let coll = self.colls.get_mut(&cid).ok_or_else(|| error(StoreErrorKind::CollectionNotFound, cid, oid, "no such collection"))?;
+        let coll = self.colls.get_mut(&cid).ok_or_else(|| {
+            error(
+                StoreErrorKind::CollectionNotFound,
+                cid,
+                oid,
+                "no such collection",
+            )
+        })?;
         if !coll.contains_key(oid) {
             if !create {
-                return Err(error(StoreErrorKind::ObjectNotFound, cid, oid, "no such object"));
+                return Err(error(
+                    StoreErrorKind::ObjectNotFound,
+                    cid,
+                    oid,
+                    "no such object",
+                ));
             }
             coll.insert(oid.to_owned(), Object::default());
             undo.push(Undo::ObjectCreated(cid, oid.to_owned()));
@@ -274,7 +255,12 @@ impl Inner {
         match op {
             Op::CreateCollection { cid } => {
                 if self.colls.contains_key(cid) {
-                    return Err(error(CollectionExists, *cid, "", "collection already exists"));
+                    return Err(error(
+                        CollectionExists,
+                        *cid,
+                        "",
+                        "collection already exists",
+                    ));
                 }
                 self.colls.insert(*cid, Collection::new());
                 undo.push(Undo::CollectionCreated(*cid));
@@ -282,7 +268,12 @@ impl Inner {
             Op::RemoveCollection { cid } => match self.colls.get(cid) {
                 None => return Err(error(CollectionNotFound, *cid, "", "no such collection")),
                 Some(c) if !c.is_empty() => {
-                    return Err(error(CollectionNotEmpty, *cid, "", format!("collection holds {} objects", c.len())))
+                    return Err(error(
+                        CollectionNotEmpty,
+                        *cid,
+                        "",
+                        format!("collection holds {} objects", c.len()),
+                    ))
                 }
                 Some(_) => {
                     self.colls.remove(cid);
@@ -293,7 +284,12 @@ impl Inner {
                 check_oid(*cid, oid)?;
                 self.mutate(*cid, oid, true, undo, |_| None)?;
             }
-            Op::Write { cid, oid, off, data } => {
+            Op::Write {
+                cid,
+                oid,
+                off,
+                data,
+            } => {
                 check_oid(*cid, oid)?;
                 check_io_len(*cid, oid, data.len() as u64)?;
                 check_extent(*cid, oid, *off, data.len() as u64)?;
@@ -311,8 +307,13 @@ impl Inner {
             }
             Op::Remove { cid, oid } => {
                 check_oid(*cid, oid)?;
-                let coll = self.colls.get_mut(cid).ok_or_else(|| error(CollectionNotFound, *cid, oid, "no such collection"))?;
-                let (name, old) = coll.remove_entry(oid.as_str()).ok_or_else(|| error(ObjectNotFound, *cid, oid, "no such object"))?;
+                let coll = self
+                    .colls
+                    .get_mut(cid)
+                    .ok_or_else(|| error(CollectionNotFound, *cid, oid, "no such collection"))?;
+                let (name, old) = coll
+                    .remove_entry(oid.as_str())
+                    .ok_or_else(|| error(ObjectNotFound, *cid, oid, "no such object"))?;
                 self.used -= fixed_charge(&name) + old.charge();
                 self.objects -= 1;
                 undo.push(Undo::Reinsert(*cid, name, old));
@@ -325,7 +326,10 @@ impl Inner {
                 }
                 let attrs = std::mem::take(attrs);
                 self.mutate(*cid, oid, true, undo, |obj| {
-                    let old = attrs.into_iter().map(|(k, v)| (k.clone(), obj.set_attr(k, Some(v)))).collect();
+                    let old = attrs
+                        .into_iter()
+                        .map(|(k, v)| (k.clone(), obj.set_attr(k, Some(v))))
+                        .collect();
                     Some(ObjectUndo::Attrs(old))
                 })?;
             }
@@ -346,7 +350,10 @@ impl Inner {
                 }
                 let kvs = std::mem::take(kvs);
                 self.mutate(*cid, oid, true, undo, |obj| {
-                    let old = kvs.into_iter().map(|(k, v)| (k.clone(), obj.set_omap(k, Some(v)))).collect();
+                    let old = kvs
+                        .into_iter()
+                        .map(|(k, v)| (k.clone(), obj.set_omap(k, Some(v))))
+                        .collect();
                     Some(ObjectUndo::Omap(old))
                 })?;
             }
@@ -354,27 +361,39 @@ impl Inner {
                 check_oid(*cid, oid)?;
                 let keys = std::mem::take(keys);
                 self.mutate(*cid, oid, false, undo, |obj| {
-                    let old: Vec<_> =
-                        keys.into_iter().filter_map(|k| obj.set_omap(k.clone(), None).map(|v| (k, Some(v)))).collect();
+                    let old: Vec<_> = keys
+                        .into_iter()
+                        .filter_map(|k| obj.set_omap(k.clone(), None).map(|v| (k, Some(v))))
+                        .collect();
                     (!old.is_empty()).then_some(ObjectUndo::Omap(old))
                 })?;
             }
             Op::OmapClear { cid, oid } => {
                 check_oid(*cid, oid)?;
                 self.mutate(*cid, oid, false, undo, |obj| {
-                    let bytes = obj.omap.iter().map(|(k, v)| (k.len() + v.len()) as u64).sum::<u64>()
+                    let bytes = obj
+                        .omap
+                        .iter()
+                        .map(|(k, v)| (k.len() + v.len()) as u64)
+                        .sum::<u64>()
                         + obj.omap_header.len() as u64;
                     obj.meta_bytes -= bytes;
                     let omap = std::mem::take(&mut obj.omap);
                     let header = std::mem::take(&mut obj.omap_header);
-                    Some(ObjectUndo::OmapCleared { omap, header, bytes })
+                    Some(ObjectUndo::OmapCleared {
+                        omap,
+                        header,
+                        bytes,
+                    })
                 })?;
             }
             Op::OmapSetHeader { cid, oid, header } => {
                 check_oid(*cid, oid)?;
                 check_value(*cid, oid, "omap header", header.len())?;
                 let header = std::mem::take(header);
-                self.mutate(*cid, oid, true, undo, |obj| Some(ObjectUndo::Header(obj.set_header(header))))?;
+                self.mutate(*cid, oid, true, undo, |obj| {
+                    Some(ObjectUndo::Header(obj.set_header(header)))
+                })?;
             }
             Op::Clone { cid, src, dst } => {
                 check_oid(*cid, src)?;
@@ -399,13 +418,22 @@ impl Inner {
                 }
                 self.used += charge;
             }
-            Op::CloneRange { cid, src, dst, src_off, len, dst_off } => {
+            Op::CloneRange {
+                cid,
+                src,
+                dst,
+                src_off,
+                len,
+                dst_off,
+            } => {
                 check_oid(*cid, src)?;
                 check_oid(*cid, dst)?;
                 check_extent(*cid, src, *src_off, *len)?;
                 check_extent(*cid, dst, *dst_off, *len)?;
                 let source = self.object(*cid, src)?.data.snapshot(*src_off, *len);
-                self.mutate_data(*cid, dst, undo, |d, saved| d.copy_from(&source, *src_off, *len, *dst_off, saved))?;
+                self.mutate_data(*cid, dst, undo, |d, saved| {
+                    d.copy_from(&source, *src_off, *len, *dst_off, saved)
+                })?;
             }
         }
         Ok(())
@@ -419,9 +447,18 @@ impl Inner {
             match entry {
                 Undo::CollectionCreated(cid) => drop(self.colls.remove(&cid)),
                 Undo::CollectionRemoved(cid) => drop(self.colls.insert(cid, Collection::new())),
-                Undo::ObjectCreated(cid, oid) => drop(self.colls.get_mut(&cid).expect(SYNC).remove(&oid)),
-                Undo::Reinsert(cid, oid, obj) => drop(self.colls.get_mut(&cid).expect(SYNC).insert(oid, obj)),
-                Undo::Object(cid, oid, u) => u.revert(self.colls.get_mut(&cid).and_then(|c| c.get_mut(&oid)).expect(SYNC)),
+                Undo::ObjectCreated(cid, oid) => {
+                    drop(self.colls.get_mut(&cid).expect(SYNC).remove(&oid))
+                }
+                Undo::Reinsert(cid, oid, obj) => {
+                    drop(self.colls.get_mut(&cid).expect(SYNC).insert(oid, obj))
+                }
+                Undo::Object(cid, oid, u) => u.revert(
+                    self.colls
+                        .get_mut(&cid)
+                        .and_then(|c| c.get_mut(&oid))
+                        .expect(SYNC),
+                ),
             }
         }
         self.used = used;
@@ -435,8 +472,16 @@ impl Inner {
         let mut objects = 0;
         for (name, obj) in self.colls.values().flatten() {
             obj.data.check_invariants();
-            let meta = obj.xattrs.iter().map(|(k, v)| k.len() + v.len()).sum::<usize>()
-                + obj.omap.iter().map(|(k, v)| k.len() + v.len()).sum::<usize>()
+            let meta = obj
+                .xattrs
+                .iter()
+                .map(|(k, v)| k.len() + v.len())
+                .sum::<usize>()
+                + obj
+                    .omap
+                    .iter()
+                    .map(|(k, v)| k.len() + v.len())
+                    .sum::<usize>()
                 + obj.omap_header.len();
             assert_eq!(obj.meta_bytes, meta as u64, "metadata charge of {name}");
             used += fixed_charge(name) + obj.charge();
@@ -448,7 +493,10 @@ impl Inner {
 
 impl MemStore {
     pub fn new(config: MemStoreConfig) -> Self {
-        Self { config, inner: RefCell::new(Inner::default()) }
+        Self {
+            config,
+            inner: RefCell::new(Inner::default()),
+        }
     }
 
     pub fn config(&self) -> MemStoreConfig {
@@ -457,14 +505,29 @@ impl MemStore {
 
     /// Runs `f` on an existing object. Callers validate their arguments first, name first,
     /// in the same order as the reference model.
-    fn with_object<T>(&self, cid: CollectionId, oid: &str, f: impl FnOnce(&Object) -> Result<T>) -> Result<T> {
+    fn with_object<T>(
+        &self,
+        cid: CollectionId,
+        oid: &str,
+        f: impl FnOnce(&Object) -> Result<T>,
+    ) -> Result<T> {
         f(self.inner.borrow().object(cid, oid)?)
     }
 
     /// `read`'s rules on an object already found: one zeroed buffer, then the pages copied in.
-    fn read_object(cid: CollectionId, oid: &str, obj: &Object, off: u64, len: u64) -> Result<Bytes> {
+    fn read_object(
+        cid: CollectionId,
+        oid: &str,
+        obj: &Object,
+        off: u64,
+        len: u64,
+    ) -> Result<Bytes> {
         let size = obj.data.size();
-        let end = if len == 0 { size } else { (off + len).min(size) };
+        let end = if len == 0 {
+            size
+        } else {
+            (off + len).min(size)
+        };
         if off >= end {
             return Ok(Bytes::new());
         }
@@ -483,11 +546,14 @@ impl ObjectStore for MemStore {
         let mut undo = Vec::new();
         for mut op in txn.ops {
             let mut result = inner.apply(&mut op, &mut undo);
-            // Over budget only counts against a transaction that grew the store, so one that
-            // frees space always succeeds, even if the limit was lowered below current usage.
+            // Only growth past the limit fails, checked after each op so a transaction overshoots
+            // by at most one op; shrinking ops (remove, truncate, zero) always fit.
             if result.is_ok() && inner.used > limit && inner.used > used {
                 let (cid, oid) = op_subject(&op);
-                let detail = format!("would use {} bytes of the {limit} byte memory limit", inner.used);
+                let detail = format!(
+                    "would use {} bytes of the {limit} byte memory limit",
+                    inner.used
+                );
                 result = Err(error(StoreErrorKind::NoSpace, cid, oid, detail));
             }
             if let Err(e) = result {
@@ -505,30 +571,46 @@ impl ObjectStore for MemStore {
         self.with_object(cid, oid, |obj| Self::read_object(cid, oid, obj, off, len))
     }
 
-    async fn readv(&self, cid: CollectionId, oid: &str, extents: &[(u64, u64)]) -> Result<Vec<Bytes>> {
+    async fn readv(
+        &self,
+        cid: CollectionId,
+        oid: &str,
+        extents: &[(u64, u64)],
+    ) -> Result<Vec<Bytes>> {
         check_oid(cid, oid)?;
         for &(off, len) in extents {
             check_extent(cid, oid, off, len)?;
             check_io_len(cid, oid, len)?;
         }
         self.with_object(cid, oid, |obj| {
-            extents.iter().map(|&(off, len)| Self::read_object(cid, oid, obj, off, len)).collect()
+            extents
+                .iter()
+                .map(|&(off, len)| Self::read_object(cid, oid, obj, off, len))
+                .collect()
         })
     }
 
     async fn stat(&self, cid: CollectionId, oid: &str) -> Result<ObjectStat> {
         check_oid(cid, oid)?;
-        self.with_object(cid, oid, |obj| Ok(ObjectStat { size: obj.data.size() }))
+        self.with_object(cid, oid, |obj| {
+            Ok(ObjectStat {
+                size: obj.data.size(),
+            })
+        })
     }
 
     async fn getattr(&self, cid: CollectionId, oid: &str, name: &str) -> Result<Bytes> {
         check_oid(cid, oid)?;
         check_attr_name(cid, oid, name)?;
         self.with_object(cid, oid, |obj| {
-            obj.xattrs
-                .get(name)
-                .cloned()
-                .ok_or_else(|| error(StoreErrorKind::AttrNotFound, cid, oid, format!("no xattr {name:?}")))
+            obj.xattrs.get(name).cloned().ok_or_else(|| {
+                error(
+                    StoreErrorKind::AttrNotFound,
+                    cid,
+                    oid,
+                    format!("no xattr {name:?}"),
+                )
+            })
         })
     }
 
@@ -542,10 +624,18 @@ impl ObjectStore for MemStore {
         self.with_object(cid, oid, |obj| Ok(obj.omap_header.clone()))
     }
 
-    async fn omap_get_values(&self, cid: CollectionId, oid: &str, keys: &[Bytes]) -> Result<BTreeMap<Bytes, Bytes>> {
+    async fn omap_get_values(
+        &self,
+        cid: CollectionId,
+        oid: &str,
+        keys: &[Bytes],
+    ) -> Result<BTreeMap<Bytes, Bytes>> {
         check_oid(cid, oid)?;
         self.with_object(cid, oid, |obj| {
-            Ok(keys.iter().filter_map(|k| Some((k.clone(), obj.omap.get(k)?.clone()))).collect())
+            Ok(keys
+                .iter()
+                .filter_map(|k| Some((k.clone(), obj.omap.get(k)?.clone())))
+                .collect())
         })
     }
 
@@ -561,20 +651,44 @@ impl ObjectStore for MemStore {
         self.with_object(cid, oid, |obj| {
             let lower = start_after.map_or(Bound::Unbounded, Bound::Excluded);
             let mut iter = obj.omap.range::<[u8], _>((lower, Bound::Unbounded));
-            let items: Vec<_> = iter.by_ref().take(limit).map(|(k, v)| (k.clone(), v.clone())).collect();
-            let next = if iter.next().is_some() { items.last().map(|(k, _)| k.clone()) } else { None };
+            let items: Vec<_> = iter
+                .by_ref()
+                .take(limit)
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect();
+            let next = if iter.next().is_some() {
+                items.last().map(|(k, _)| k.clone())
+            } else {
+                None
+            };
             Ok(Page { items, next })
         })
     }
 
-    async fn list_objects(&self, cid: CollectionId, start_after: Option<&str>, limit: usize) -> Result<Page<String, String>> {
+    async fn list_objects(
+        &self,
+        cid: CollectionId,
+        start_after: Option<&str>,
+        limit: usize,
+    ) -> Result<Page<String, String>> {
         let limit = check_list_limit(cid, "", limit)?;
         let inner = self.inner.borrow();
-        let coll = inner.colls.get(&cid).ok_or_else(|| error(StoreErrorKind::CollectionNotFound, cid, "", "no such collection"))?;
+        let coll = inner.colls.get(&cid).ok_or_else(|| {
+            error(
+                StoreErrorKind::CollectionNotFound,
+                cid,
+                "",
+                "no such collection",
+            )
+        })?;
         let lower = start_after.map_or(Bound::Unbounded, Bound::Excluded);
         let mut iter = coll.range::<str, _>((lower, Bound::Unbounded));
         let items: Vec<String> = iter.by_ref().take(limit).map(|(k, _)| k.clone()).collect();
-        let next = if iter.next().is_some() { items.last().cloned() } else { None };
+        let next = if iter.next().is_some() {
+            items.last().cloned()
+        } else {
+            None
+        };
         Ok(Page { items, next })
     }
 
@@ -592,7 +706,11 @@ impl ObjectStore for MemStore {
 
     fn statfs(&self) -> StoreStatfs {
         let inner = self.inner.borrow();
-        StoreStatfs { bytes_total: self.config.memory_limit_bytes, bytes_used: inner.used, objects: inner.objects }
+        StoreStatfs {
+            bytes_total: self.config.memory_limit_bytes,
+            bytes_used: inner.used,
+            objects: inner.objects,
+        }
     }
 }
 

@@ -23,10 +23,13 @@
 //!   `InvalidArgument`. `next` is the last returned key when more remain, else `None`.
 //! - The model has no space limit; `statfs` reports `bytes_total = u64::MAX`.
 
-use crate::{Op, ObjectStat, ObjectStore, Page, Result, StoreError, StoreErrorKind, StoreStatfs, Transaction};
+use crate::{
+    ObjectStat, ObjectStore, Op, Page, Result, StoreError, StoreErrorKind, StoreStatfs, Transaction,
+};
 use bytes::Bytes;
 use carmine_types::limits::{
-    ATTR_NAME_LEN_MAX, IO_LEN_MAX, LIST_LIMIT_MAX, OBJECT_NAME_LEN_MAX, OBJECT_SIZE_MAX, VALUE_LEN_MAX,
+    ATTR_NAME_LEN_MAX, IO_LEN_MAX, LIST_LIMIT_MAX, OBJECT_NAME_LEN_MAX, OBJECT_SIZE_MAX,
+    VALUE_LEN_MAX,
 };
 use carmine_types::CollectionId;
 use std::cell::RefCell;
@@ -83,7 +86,12 @@ fn extent_ok(cid: CollectionId, oid: &str, off: u64, len: u64) -> Result<()> {
 
 fn io_len_ok(cid: CollectionId, oid: &str, len: u64) -> Result<()> {
     if len > IO_LEN_MAX as u64 {
-        return fail(InvalidArgument, cid, oid, "too many bytes for one read or write");
+        return fail(
+            InvalidArgument,
+            cid,
+            oid,
+            "too many bytes for one read or write",
+        );
     }
     Ok(())
 }
@@ -95,7 +103,11 @@ fn limit_ok(cid: CollectionId, oid: &str, limit: usize) -> Result<usize> {
     Ok(limit.min(LIST_LIMIT_MAX as usize))
 }
 
-fn collection<'a>(state: &'a mut State, cid: CollectionId, oid: &str) -> Result<&'a mut BTreeMap<String, ModelObject>> {
+fn collection<'a>(
+    state: &'a mut State,
+    cid: CollectionId,
+    oid: &str,
+) -> Result<&'a mut BTreeMap<String, ModelObject>> {
     match state.get_mut(&cid) {
         Some(c) => Ok(c),
         None => fail(CollectionNotFound, cid, oid, "no collection"),
@@ -103,8 +115,14 @@ fn collection<'a>(state: &'a mut State, cid: CollectionId, oid: &str) -> Result<
 }
 
 /// The object, created empty if missing.
-fn object_or_new<'a>(state: &'a mut State, cid: CollectionId, oid: &str) -> Result<&'a mut ModelObject> {
-    Ok(collection(state, cid, oid)?.entry(oid.to_owned()).or_default())
+fn object_or_new<'a>(
+    state: &'a mut State,
+    cid: CollectionId,
+    oid: &str,
+) -> Result<&'a mut ModelObject> {
+    Ok(collection(state, cid, oid)?
+        .entry(oid.to_owned())
+        .or_default())
 }
 
 fn existing<'a>(state: &'a mut State, cid: CollectionId, oid: &str) -> Result<&'a mut ModelObject> {
@@ -144,7 +162,12 @@ fn apply(state: &mut State, op: &Op) -> Result<()> {
             name_ok(*cid, oid)?;
             object_or_new(state, *cid, oid)?;
         }
-        Op::Write { cid, oid, off, data } => {
+        Op::Write {
+            cid,
+            oid,
+            off,
+            data,
+        } => {
             name_ok(*cid, oid)?;
             io_len_ok(*cid, oid, data.len() as u64)?;
             extent_ok(*cid, oid, *off, data.len() as u64)?;
@@ -153,12 +176,18 @@ fn apply(state: &mut State, op: &Op) -> Result<()> {
         Op::Zero { cid, oid, off, len } => {
             name_ok(*cid, oid)?;
             extent_ok(*cid, oid, *off, *len)?;
-            write_bytes(object_or_new(state, *cid, oid)?, *off, &vec![0; *len as usize]);
+            write_bytes(
+                object_or_new(state, *cid, oid)?,
+                *off,
+                &vec![0; *len as usize],
+            );
         }
         Op::Truncate { cid, oid, size } => {
             name_ok(*cid, oid)?;
             extent_ok(*cid, oid, *size, 0)?;
-            object_or_new(state, *cid, oid)?.data.resize(*size as usize, 0);
+            object_or_new(state, *cid, oid)?
+                .data
+                .resize(*size as usize, 0);
         }
         Op::Remove { cid, oid } => {
             name_ok(*cid, oid)?;
@@ -217,14 +246,22 @@ fn apply(state: &mut State, op: &Op) -> Result<()> {
             let copy = existing(state, *cid, src)?.clone();
             collection(state, *cid, dst)?.insert(dst.clone(), copy);
         }
-        Op::CloneRange { cid, src, dst, src_off, len, dst_off } => {
+        Op::CloneRange {
+            cid,
+            src,
+            dst,
+            src_off,
+            len,
+            dst_off,
+        } => {
             name_ok(*cid, src)?;
             name_ok(*cid, dst)?;
             extent_ok(*cid, src, *src_off, *len)?;
             extent_ok(*cid, dst, *dst_off, *len)?;
             let source = &existing(state, *cid, src)?.data;
-            let bytes: Vec<u8> =
-                (*src_off..*src_off + *len).map(|i| source.get(i as usize).copied().unwrap_or(0)).collect();
+            let bytes: Vec<u8> = (*src_off..*src_off + *len)
+                .map(|i| source.get(i as usize).copied().unwrap_or(0))
+                .collect();
             write_bytes(object_or_new(state, *cid, dst)?, *dst_off, &bytes);
         }
     }
@@ -236,22 +273,43 @@ impl ModelStore {
         Self::default()
     }
 
-    fn with_object<T>(&self, cid: CollectionId, oid: &str, f: impl FnOnce(&ModelObject) -> Result<T>) -> Result<T> {
+    fn with_object<T>(
+        &self,
+        cid: CollectionId,
+        oid: &str,
+        f: impl FnOnce(&ModelObject) -> Result<T>,
+    ) -> Result<T> {
         let state = self.state.borrow();
-        let Some(coll) = state.get(&cid) else { return fail(CollectionNotFound, cid, oid, "no collection") };
-        let Some(obj) = coll.get(oid) else { return fail(ObjectNotFound, cid, oid, "no object") };
+        let Some(coll) = state.get(&cid) else {
+            return fail(CollectionNotFound, cid, oid, "no collection");
+        };
+        let Some(obj) = coll.get(oid) else {
+            return fail(ObjectNotFound, cid, oid, "no object");
+        };
         f(obj)
     }
 }
 
-fn read_extent(cid: CollectionId, oid: &str, obj: &ModelObject, off: u64, len: u64) -> Result<Bytes> {
+fn read_extent(
+    cid: CollectionId,
+    oid: &str,
+    obj: &ModelObject,
+    off: u64,
+    len: u64,
+) -> Result<Bytes> {
     let size = obj.data.len() as u64;
-    let end = if len == 0 { size } else { (off + len).min(size) };
+    let end = if len == 0 {
+        size
+    } else {
+        (off + len).min(size)
+    };
     if off >= end {
         return Ok(Bytes::new());
     }
     io_len_ok(cid, oid, end - off)?;
-    Ok(Bytes::copy_from_slice(&obj.data[off as usize..end as usize]))
+    Ok(Bytes::copy_from_slice(
+        &obj.data[off as usize..end as usize],
+    ))
 }
 
 impl ObjectStore for ModelStore {
@@ -271,18 +329,32 @@ impl ObjectStore for ModelStore {
         self.with_object(cid, oid, |obj| read_extent(cid, oid, obj, off, len))
     }
 
-    async fn readv(&self, cid: CollectionId, oid: &str, extents: &[(u64, u64)]) -> Result<Vec<Bytes>> {
+    async fn readv(
+        &self,
+        cid: CollectionId,
+        oid: &str,
+        extents: &[(u64, u64)],
+    ) -> Result<Vec<Bytes>> {
         name_ok(cid, oid)?;
         for &(off, len) in extents {
             extent_ok(cid, oid, off, len)?;
             io_len_ok(cid, oid, len)?;
         }
-        self.with_object(cid, oid, |obj| extents.iter().map(|&(o, l)| read_extent(cid, oid, obj, o, l)).collect())
+        self.with_object(cid, oid, |obj| {
+            extents
+                .iter()
+                .map(|&(o, l)| read_extent(cid, oid, obj, o, l))
+                .collect()
+        })
     }
 
     async fn stat(&self, cid: CollectionId, oid: &str) -> Result<ObjectStat> {
         name_ok(cid, oid)?;
-        self.with_object(cid, oid, |obj| Ok(ObjectStat { size: obj.data.len() as u64 }))
+        self.with_object(cid, oid, |obj| {
+            Ok(ObjectStat {
+                size: obj.data.len() as u64,
+            })
+        })
     }
 
     async fn getattr(&self, cid: CollectionId, oid: &str, name: &str) -> Result<Bytes> {
@@ -304,10 +376,19 @@ impl ObjectStore for ModelStore {
         self.with_object(cid, oid, |obj| Ok(obj.header.clone()))
     }
 
-    async fn omap_get_values(&self, cid: CollectionId, oid: &str, keys: &[Bytes]) -> Result<BTreeMap<Bytes, Bytes>> {
+    async fn omap_get_values(
+        &self,
+        cid: CollectionId,
+        oid: &str,
+        keys: &[Bytes],
+    ) -> Result<BTreeMap<Bytes, Bytes>> {
         name_ok(cid, oid)?;
         self.with_object(cid, oid, |obj| {
-            Ok(keys.iter().filter(|k| obj.omap.contains_key(*k)).map(|k| (k.clone(), obj.omap[k].clone())).collect())
+            Ok(keys
+                .iter()
+                .filter(|k| obj.omap.contains_key(*k))
+                .map(|k| (k.clone(), obj.omap[k].clone()))
+                .collect())
         })
     }
 
@@ -321,19 +402,36 @@ impl ObjectStore for ModelStore {
         name_ok(cid, oid)?;
         let limit = limit_ok(cid, oid, limit)?;
         self.with_object(cid, oid, |obj| {
-            let after: Vec<_> =
-                obj.omap.iter().filter(|(k, _)| start_after.is_none_or(|s| k[..] > *s)).collect();
-            let items: Vec<_> = after.iter().take(limit).map(|(k, v)| ((*k).clone(), (*v).clone())).collect();
+            let after: Vec<_> = obj
+                .omap
+                .iter()
+                .filter(|(k, _)| start_after.is_none_or(|s| k[..] > *s))
+                .collect();
+            let items: Vec<_> = after
+                .iter()
+                .take(limit)
+                .map(|(k, v)| ((*k).clone(), (*v).clone()))
+                .collect();
             let next = (after.len() > limit).then(|| items.last().unwrap().0.clone());
             Ok(Page { items, next })
         })
     }
 
-    async fn list_objects(&self, cid: CollectionId, start_after: Option<&str>, limit: usize) -> Result<Page<String, String>> {
+    async fn list_objects(
+        &self,
+        cid: CollectionId,
+        start_after: Option<&str>,
+        limit: usize,
+    ) -> Result<Page<String, String>> {
         let limit = limit_ok(cid, "", limit)?;
         let state = self.state.borrow();
-        let Some(coll) = state.get(&cid) else { return fail(CollectionNotFound, cid, "", "no collection") };
-        let after: Vec<&String> = coll.keys().filter(|k| start_after.is_none_or(|s| k.as_str() > s)).collect();
+        let Some(coll) = state.get(&cid) else {
+            return fail(CollectionNotFound, cid, "", "no collection");
+        };
+        let after: Vec<&String> = coll
+            .keys()
+            .filter(|k| start_after.is_none_or(|s| k.as_str() > s))
+            .collect();
         let items: Vec<String> = after.iter().take(limit).map(|k| (*k).clone()).collect();
         let next = (after.len() > limit).then(|| items.last().unwrap().clone());
         Ok(Page { items, next })
@@ -360,11 +458,18 @@ impl ObjectStore for ModelStore {
             .map(|o| {
                 o.data.len()
                     + o.header.len()
-                    + o.attrs.iter().map(|(k, v)| k.len() + v.len()).sum::<usize>()
+                    + o.attrs
+                        .iter()
+                        .map(|(k, v)| k.len() + v.len())
+                        .sum::<usize>()
                     + o.omap.iter().map(|(k, v)| k.len() + v.len()).sum::<usize>()
             })
             .sum::<usize>() as u64;
-        StoreStatfs { bytes_total: u64::MAX, bytes_used, objects }
+        StoreStatfs {
+            bytes_total: u64::MAX,
+            bytes_used,
+            objects,
+        }
     }
 }
 

@@ -10,25 +10,83 @@ use carmine_types::CollectionId;
 /// `RemoveCollection` of a non-empty one fail.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Op {
-    CreateCollection { cid: CollectionId },
-    RemoveCollection { cid: CollectionId },
-    Touch { cid: CollectionId, oid: String },
-    Write { cid: CollectionId, oid: String, off: u64, data: Bytes },
+    CreateCollection {
+        cid: CollectionId,
+    },
+    RemoveCollection {
+        cid: CollectionId,
+    },
+    Touch {
+        cid: CollectionId,
+        oid: String,
+    },
+    Write {
+        cid: CollectionId,
+        oid: String,
+        off: u64,
+        data: Bytes,
+    },
     /// Zeros `[off, off+len)`, extending the object if needed; backends may deallocate.
-    Zero { cid: CollectionId, oid: String, off: u64, len: u64 },
-    Truncate { cid: CollectionId, oid: String, size: u64 },
-    Remove { cid: CollectionId, oid: String },
-    SetAttrs { cid: CollectionId, oid: String, attrs: Vec<(String, Bytes)> },
-    RmAttr { cid: CollectionId, oid: String, name: String },
-    OmapSetKeys { cid: CollectionId, oid: String, kvs: Vec<(Bytes, Bytes)> },
-    OmapRmKeys { cid: CollectionId, oid: String, keys: Vec<Bytes> },
-    OmapClear { cid: CollectionId, oid: String },
-    OmapSetHeader { cid: CollectionId, oid: String, header: Bytes },
+    Zero {
+        cid: CollectionId,
+        oid: String,
+        off: u64,
+        len: u64,
+    },
+    Truncate {
+        cid: CollectionId,
+        oid: String,
+        size: u64,
+    },
+    Remove {
+        cid: CollectionId,
+        oid: String,
+    },
+    SetAttrs {
+        cid: CollectionId,
+        oid: String,
+        attrs: Vec<(String, Bytes)>,
+    },
+    RmAttr {
+        cid: CollectionId,
+        oid: String,
+        name: String,
+    },
+    OmapSetKeys {
+        cid: CollectionId,
+        oid: String,
+        kvs: Vec<(Bytes, Bytes)>,
+    },
+    OmapRmKeys {
+        cid: CollectionId,
+        oid: String,
+        keys: Vec<Bytes>,
+    },
+    OmapClear {
+        cid: CollectionId,
+        oid: String,
+    },
+    OmapSetHeader {
+        cid: CollectionId,
+        oid: String,
+        header: Bytes,
+    },
     /// Makes `dst` a full copy of `src`: data, size, xattrs, omap header and keys.
-    Clone { cid: CollectionId, src: String, dst: String },
+    Clone {
+        cid: CollectionId,
+        src: String,
+        dst: String,
+    },
     /// Copies `[src_off, src_off+len)` of `src` to `dst_off` in `dst` (created if missing).
     /// Bytes beyond the end of `src` copy as zeros; `dst` grows to at least `dst_off+len`.
-    CloneRange { cid: CollectionId, src: String, dst: String, src_off: u64, len: u64, dst_off: u64 },
+    CloneRange {
+        cid: CollectionId,
+        src: String,
+        dst: String,
+        src_off: u64,
+        len: u64,
+        dst_off: u64,
+    },
 }
 
 /// An ordered list of ops applied atomically by [`crate::ObjectStore::submit`].
@@ -42,7 +100,9 @@ impl Transaction {
         Self::default()
     }
     pub fn with_capacity(n: usize) -> Self {
-        Self { ops: Vec::with_capacity(n) }
+        Self {
+            ops: Vec::with_capacity(n),
+        }
     }
     pub fn is_empty(&self) -> bool {
         self.ops.is_empty()
@@ -58,40 +118,92 @@ impl Transaction {
         self.push(Op::RemoveCollection { cid })
     }
     pub fn touch(&mut self, cid: CollectionId, oid: &str) -> &mut Self {
-        self.push(Op::Touch { cid, oid: oid.into() })
+        self.push(Op::Touch {
+            cid,
+            oid: oid.into(),
+        })
     }
     pub fn write(&mut self, cid: CollectionId, oid: &str, off: u64, data: Bytes) -> &mut Self {
-        self.push(Op::Write { cid, oid: oid.into(), off, data })
+        self.push(Op::Write {
+            cid,
+            oid: oid.into(),
+            off,
+            data,
+        })
     }
     pub fn zero(&mut self, cid: CollectionId, oid: &str, off: u64, len: u64) -> &mut Self {
-        self.push(Op::Zero { cid, oid: oid.into(), off, len })
+        self.push(Op::Zero {
+            cid,
+            oid: oid.into(),
+            off,
+            len,
+        })
     }
     pub fn truncate(&mut self, cid: CollectionId, oid: &str, size: u64) -> &mut Self {
-        self.push(Op::Truncate { cid, oid: oid.into(), size })
+        self.push(Op::Truncate {
+            cid,
+            oid: oid.into(),
+            size,
+        })
     }
     pub fn remove(&mut self, cid: CollectionId, oid: &str) -> &mut Self {
-        self.push(Op::Remove { cid, oid: oid.into() })
+        self.push(Op::Remove {
+            cid,
+            oid: oid.into(),
+        })
     }
     pub fn setattr(&mut self, cid: CollectionId, oid: &str, name: &str, value: Bytes) -> &mut Self {
-        self.push(Op::SetAttrs { cid, oid: oid.into(), attrs: vec![(name.into(), value)] })
+        self.push(Op::SetAttrs {
+            cid,
+            oid: oid.into(),
+            attrs: vec![(name.into(), value)],
+        })
     }
     pub fn rmattr(&mut self, cid: CollectionId, oid: &str, name: &str) -> &mut Self {
-        self.push(Op::RmAttr { cid, oid: oid.into(), name: name.into() })
+        self.push(Op::RmAttr {
+            cid,
+            oid: oid.into(),
+            name: name.into(),
+        })
     }
-    pub fn omap_set(&mut self, cid: CollectionId, oid: &str, kvs: Vec<(Bytes, Bytes)>) -> &mut Self {
-        self.push(Op::OmapSetKeys { cid, oid: oid.into(), kvs })
+    pub fn omap_set(
+        &mut self,
+        cid: CollectionId,
+        oid: &str,
+        kvs: Vec<(Bytes, Bytes)>,
+    ) -> &mut Self {
+        self.push(Op::OmapSetKeys {
+            cid,
+            oid: oid.into(),
+            kvs,
+        })
     }
     pub fn omap_rm(&mut self, cid: CollectionId, oid: &str, keys: Vec<Bytes>) -> &mut Self {
-        self.push(Op::OmapRmKeys { cid, oid: oid.into(), keys })
+        self.push(Op::OmapRmKeys {
+            cid,
+            oid: oid.into(),
+            keys,
+        })
     }
     pub fn omap_clear(&mut self, cid: CollectionId, oid: &str) -> &mut Self {
-        self.push(Op::OmapClear { cid, oid: oid.into() })
+        self.push(Op::OmapClear {
+            cid,
+            oid: oid.into(),
+        })
     }
     pub fn omap_set_header(&mut self, cid: CollectionId, oid: &str, header: Bytes) -> &mut Self {
-        self.push(Op::OmapSetHeader { cid, oid: oid.into(), header })
+        self.push(Op::OmapSetHeader {
+            cid,
+            oid: oid.into(),
+            header,
+        })
     }
     pub fn clone_object(&mut self, cid: CollectionId, src: &str, dst: &str) -> &mut Self {
-        self.push(Op::Clone { cid, src: src.into(), dst: dst.into() })
+        self.push(Op::Clone {
+            cid,
+            src: src.into(),
+            dst: dst.into(),
+        })
     }
     pub fn clone_range(
         &mut self,
@@ -102,6 +214,13 @@ impl Transaction {
         len: u64,
         dst_off: u64,
     ) -> &mut Self {
-        self.push(Op::CloneRange { cid, src: src.into(), dst: dst.into(), src_off, len, dst_off })
+        self.push(Op::CloneRange {
+            cid,
+            src: src.into(),
+            dst: dst.into(),
+            src_off,
+            len,
+            dst_off,
+        })
     }
 }

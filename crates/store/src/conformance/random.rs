@@ -14,7 +14,9 @@ use super::{diff, dump};
 use crate::model::ModelStore;
 use crate::{ObjectStore, Op, StoreError, StoreErrorKind, Transaction};
 use bytes::Bytes;
-use carmine_types::limits::{ATTR_NAME_LEN_MAX, OBJECT_NAME_LEN_MAX, OBJECT_SIZE_MAX, VALUE_LEN_MAX};
+use carmine_types::limits::{
+    ATTR_NAME_LEN_MAX, OBJECT_NAME_LEN_MAX, OBJECT_SIZE_MAX, VALUE_LEN_MAX,
+};
 use carmine_types::{CollectionId, PgId};
 use proptest::prelude::*;
 use proptest::strategy::ValueTree;
@@ -25,12 +27,38 @@ use std::fmt;
 #[derive(Clone)]
 pub enum Step {
     Submit(Transaction),
-    Read { cid: CollectionId, oid: String, off: u64, len: u64 },
-    Readv { cid: CollectionId, oid: String, extents: Vec<(u64, u64)> },
-    GetAttr { cid: CollectionId, oid: String, name: String },
-    OmapGetValues { cid: CollectionId, oid: String, keys: Vec<Bytes> },
-    OmapIterate { cid: CollectionId, oid: String, start_after: Option<Bytes>, limit: usize },
-    ListObjects { cid: CollectionId, start_after: Option<String>, limit: usize },
+    Read {
+        cid: CollectionId,
+        oid: String,
+        off: u64,
+        len: u64,
+    },
+    Readv {
+        cid: CollectionId,
+        oid: String,
+        extents: Vec<(u64, u64)>,
+    },
+    GetAttr {
+        cid: CollectionId,
+        oid: String,
+        name: String,
+    },
+    OmapGetValues {
+        cid: CollectionId,
+        oid: String,
+        keys: Vec<Bytes>,
+    },
+    OmapIterate {
+        cid: CollectionId,
+        oid: String,
+        start_after: Option<Bytes>,
+        limit: usize,
+    },
+    ListObjects {
+        cid: CollectionId,
+        start_after: Option<String>,
+        limit: usize,
+    },
 }
 
 /// Payloads are shown by length only: shrunk failures stay readable.
@@ -57,11 +85,24 @@ struct BriefOp<'a>(&'a Op);
 impl fmt::Debug for BriefOp<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self.0 {
-            Op::Write { cid, oid, off, data } => {
-                write!(f, "Write({cid}/{}, off {off}, {:?})", brief_name(oid), Brief(data))
+            Op::Write {
+                cid,
+                oid,
+                off,
+                data,
+            } => {
+                write!(
+                    f,
+                    "Write({cid}/{}, off {off}, {:?})",
+                    brief_name(oid),
+                    Brief(data)
+                )
             }
             Op::SetAttrs { cid, oid, attrs } => {
-                let attrs: Vec<_> = attrs.iter().map(|(k, v)| (brief_name(k), Brief(v))).collect();
+                let attrs: Vec<_> = attrs
+                    .iter()
+                    .map(|(k, v)| (brief_name(k), Brief(v)))
+                    .collect();
                 write!(f, "SetAttrs({cid}/{}, {attrs:?})", brief_name(oid))
             }
             Op::OmapSetKeys { cid, oid, kvs } => {
@@ -69,12 +110,21 @@ impl fmt::Debug for BriefOp<'_> {
                 write!(f, "OmapSetKeys({cid}/{}, {kvs:?})", brief_name(oid))
             }
             Op::OmapSetHeader { cid, oid, header } => {
-                write!(f, "OmapSetHeader({cid}/{}, {:?})", brief_name(oid), Brief(header))
+                write!(
+                    f,
+                    "OmapSetHeader({cid}/{}, {:?})",
+                    brief_name(oid),
+                    Brief(header)
+                )
             }
             other => {
                 let text = format!("{other:?}");
                 if text.len() > 200 {
-                    write!(f, "{}…", &text[..text.char_indices().nth(200).map_or(text.len(), |(i, _)| i)])
+                    write!(
+                        f,
+                        "{}…",
+                        &text[..text.char_indices().nth(200).map_or(text.len(), |(i, _)| i)]
+                    )
                 } else {
                     f.write_str(&text)
                 }
@@ -87,17 +137,39 @@ impl fmt::Debug for Step {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Step::Submit(t) => f.debug_list().entries(t.ops.iter().map(BriefOp)).finish(),
-            Step::Read { cid, oid, off, len } => write!(f, "read({cid}/{}, {off}, {len})", brief_name(oid)),
-            Step::Readv { cid, oid, extents } => write!(f, "readv({cid}/{}, {extents:?})", brief_name(oid)),
-            Step::GetAttr { cid, oid, name } => write!(f, "getattr({cid}/{}, {})", brief_name(oid), brief_name(name)),
+            Step::Read { cid, oid, off, len } => {
+                write!(f, "read({cid}/{}, {off}, {len})", brief_name(oid))
+            }
+            Step::Readv { cid, oid, extents } => {
+                write!(f, "readv({cid}/{}, {extents:?})", brief_name(oid))
+            }
+            Step::GetAttr { cid, oid, name } => write!(
+                f,
+                "getattr({cid}/{}, {})",
+                brief_name(oid),
+                brief_name(name)
+            ),
             Step::OmapGetValues { cid, oid, keys } => {
                 let keys: Vec<_> = keys.iter().map(|k| Brief(k)).collect();
                 write!(f, "omap_get_values({cid}/{}, {keys:?})", brief_name(oid))
             }
-            Step::OmapIterate { cid, oid, start_after, limit } => {
-                write!(f, "omap_iterate({cid}/{}, {start_after:?}, {limit})", brief_name(oid))
+            Step::OmapIterate {
+                cid,
+                oid,
+                start_after,
+                limit,
+            } => {
+                write!(
+                    f,
+                    "omap_iterate({cid}/{}, {start_after:?}, {limit})",
+                    brief_name(oid)
+                )
             }
-            Step::ListObjects { cid, start_after, limit } => write!(f, "list_objects({cid}, {start_after:?}, {limit})"),
+            Step::ListObjects {
+                cid,
+                start_after,
+                limit,
+            } => write!(f, "list_objects({cid}, {start_after:?}, {limit})"),
         }
     }
 }
@@ -140,12 +212,15 @@ fn arb_len() -> impl Strategy<Value = u64> {
 /// Payload of `len` bytes: a cheap deterministic pattern rather than `len` random bytes,
 /// so generation and shrinking stay fast. Sometimes all zeros, like a hole.
 fn arb_data() -> impl Strategy<Value = Bytes> {
-    let len = prop_oneof![8 => 0usize..10_000, 3 => (1usize..4).prop_map(|p| p * 4096), 1 => 0usize..8];
+    let len =
+        prop_oneof![8 => 0usize..10_000, 3 => (1usize..4).prop_map(|p| p * 4096), 1 => 0usize..8];
     (len, any::<u8>(), prop::bool::weighted(0.1)).prop_map(|(len, seed, zeros)| {
         if zeros {
             Bytes::from(vec![0; len])
         } else {
-            (0..len).map(|i| (i as u8).wrapping_mul(seed | 1).wrapping_add(seed)).collect()
+            (0..len)
+                .map(|i| (i as u8).wrapping_mul(seed | 1).wrapping_add(seed))
+                .collect()
         }
     })
 }
@@ -166,7 +241,10 @@ fn arb_value() -> impl Strategy<Value = Bytes> {
 }
 
 fn arb_key() -> impl Strategy<Value = Bytes> {
-    prop_oneof![(0u8..6).prop_map(|i| Bytes::from(format!("k{i}"))), Just(Bytes::new())]
+    prop_oneof![
+        (0u8..6).prop_map(|i| Bytes::from(format!("k{i}"))),
+        Just(Bytes::new())
+    ]
 }
 
 fn arb_truncate_size() -> impl Strategy<Value = u64> {
@@ -228,62 +306,117 @@ fn kinds<T>(r: Result<T, StoreError>) -> Result<T, StoreErrorKind> {
 }
 
 /// Compares two results: values when both succeed, kinds when both fail.
-fn same<T: PartialEq + fmt::Debug>(what: &str, store: Result<T, StoreError>, model: Result<T, StoreError>) -> Result<(), String> {
+fn same<T: PartialEq + fmt::Debug>(
+    what: &str,
+    store: Result<T, StoreError>,
+    model: Result<T, StoreError>,
+) -> Result<(), String> {
     let (s, m) = (kinds(store), kinds(model));
     if s == m {
         Ok(())
     } else {
         let show = |r: &Result<T, StoreErrorKind>| {
             let text = format!("{r:?}");
-            if text.len() > 300 { format!("{}… ({} chars)", &text[..300], text.len()) } else { text }
+            if text.len() > 300 {
+                format!("{}… ({} chars)", &text[..300], text.len())
+            } else {
+                text
+            }
         };
-        Err(format!("{what}: store gave {}, model gave {}", show(&s), show(&m)))
+        Err(format!(
+            "{what}: store gave {}, model gave {}",
+            show(&s),
+            show(&m)
+        ))
     }
 }
 
 /// Runs `steps` on `store` (which must be empty) and on a fresh model, comparing every result
 /// and, after every transaction, the whole observable state. Returns the first divergence.
-pub async fn check_steps_against_model<S: ObjectStore>(store: &S, steps: &[Step]) -> Result<(), String> {
+pub async fn check_steps_against_model<S: ObjectStore>(
+    store: &S,
+    steps: &[Step],
+) -> Result<(), String> {
     let model = ModelStore::new();
-    if !store.list_collections().await.map_err(|e| e.to_string())?.is_empty() {
+    if !store
+        .list_collections()
+        .await
+        .map_err(|e| e.to_string())?
+        .is_empty()
+    {
         return Err("the store under test is not empty".into());
     }
     let mut setup = Transaction::new();
     for cid in INITIAL {
         setup.create_collection(cid);
     }
-    store.submit(setup.clone()).await.map_err(|e| format!("setup: {e}"))?;
-    model.submit(setup).await.map_err(|e| format!("setup: {e}"))?;
+    store
+        .submit(setup.clone())
+        .await
+        .map_err(|e| format!("setup: {e}"))?;
+    model
+        .submit(setup)
+        .await
+        .map_err(|e| format!("setup: {e}"))?;
     for (i, step) in steps.iter().enumerate() {
         let at = format!("step {i} {step:?}");
         match step {
             Step::Submit(txn) => {
-                same(&at, store.submit(txn.clone()).await, model.submit(txn.clone()).await)?;
+                same(
+                    &at,
+                    store.submit(txn.clone()).await,
+                    model.submit(txn.clone()).await,
+                )?;
                 if let Some(d) = diff(&dump(store).await, &dump(&model).await) {
                     return Err(format!("{at}: state differs (store vs model): {d}"));
                 }
             }
-            Step::Read { cid, oid, off, len } => {
-                same(&at, store.read(*cid, oid, *off, *len).await, model.read(*cid, oid, *off, *len).await)?
-            }
-            Step::Readv { cid, oid, extents } => {
-                same(&at, store.readv(*cid, oid, extents).await, model.readv(*cid, oid, extents).await)?
-            }
-            Step::GetAttr { cid, oid, name } => {
-                same(&at, store.getattr(*cid, oid, name).await, model.getattr(*cid, oid, name).await)?
-            }
-            Step::OmapGetValues { cid, oid, keys } => {
-                same(&at, store.omap_get_values(*cid, oid, keys).await, model.omap_get_values(*cid, oid, keys).await)?
-            }
-            Step::OmapIterate { cid, oid, start_after, limit } => same(
+            Step::Read { cid, oid, off, len } => same(
                 &at,
-                store.omap_iterate(*cid, oid, start_after.as_deref(), *limit).await,
-                model.omap_iterate(*cid, oid, start_after.as_deref(), *limit).await,
+                store.read(*cid, oid, *off, *len).await,
+                model.read(*cid, oid, *off, *len).await,
             )?,
-            Step::ListObjects { cid, start_after, limit } => same(
+            Step::Readv { cid, oid, extents } => same(
                 &at,
-                store.list_objects(*cid, start_after.as_deref(), *limit).await,
-                model.list_objects(*cid, start_after.as_deref(), *limit).await,
+                store.readv(*cid, oid, extents).await,
+                model.readv(*cid, oid, extents).await,
+            )?,
+            Step::GetAttr { cid, oid, name } => same(
+                &at,
+                store.getattr(*cid, oid, name).await,
+                model.getattr(*cid, oid, name).await,
+            )?,
+            Step::OmapGetValues { cid, oid, keys } => same(
+                &at,
+                store.omap_get_values(*cid, oid, keys).await,
+                model.omap_get_values(*cid, oid, keys).await,
+            )?,
+            Step::OmapIterate {
+                cid,
+                oid,
+                start_after,
+                limit,
+            } => same(
+                &at,
+                store
+                    .omap_iterate(*cid, oid, start_after.as_deref(), *limit)
+                    .await,
+                model
+                    .omap_iterate(*cid, oid, start_after.as_deref(), *limit)
+                    .await,
+            )?,
+            Step::ListObjects {
+                cid,
+                start_after,
+                limit,
+            } => same(
+                &at,
+                store
+                    .list_objects(*cid, start_after.as_deref(), *limit)
+                    .await,
+                model
+                    .list_objects(*cid, start_after.as_deref(), *limit)
+                    .await,
             )?,
         }
     }
@@ -294,11 +427,19 @@ pub async fn check_steps_against_model<S: ObjectStore>(store: &S, steps: &[Step]
 /// (test output is shown for failing tests).
 pub fn seed_from_env() -> u64 {
     let seed = match std::env::var("CARMINE_SEED") {
-        Ok(s) => s.trim().parse().unwrap_or_else(|_| panic!("CARMINE_SEED={s:?} is not a u64")),
+        Ok(s) => s
+            .trim()
+            .parse()
+            .unwrap_or_else(|_| panic!("CARMINE_SEED={s:?} is not a u64")),
         Err(_) => {
             use std::hash::{BuildHasher, Hasher};
             let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-            h.write_u128(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_nanos());
+            h.write_u128(
+                std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .unwrap_or_default()
+                    .as_nanos(),
+            );
             h.finish()
         }
     };
@@ -309,7 +450,9 @@ pub fn seed_from_env() -> u64 {
 fn rng_for(seed: u64) -> TestRng {
     let mut bytes = [0u8; 32];
     for (i, chunk) in bytes.chunks_mut(8).enumerate() {
-        chunk.copy_from_slice(&(seed ^ (i as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15)).to_le_bytes());
+        chunk.copy_from_slice(
+            &(seed ^ (i as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15)).to_le_bytes(),
+        );
     }
     TestRng::from_seed(RngAlgorithm::ChaCha, &bytes)
 }
@@ -317,28 +460,50 @@ fn rng_for(seed: u64) -> TestRng {
 /// Runs `cases` random step sequences of up to `max_steps` through `check` (typically
 /// `check_steps_against_model` on a fresh store under a `block_on`). On failure, shrinks to a
 /// minimal sequence and panics with it and the seed. `CARMINE_CASES` overrides `cases`.
-pub fn run_model_check(cases: u32, max_steps: usize, check: impl Fn(&[Step]) -> Result<(), String>) {
+pub fn run_model_check(
+    cases: u32,
+    max_steps: usize,
+    check: impl Fn(&[Step]) -> Result<(), String>,
+) {
     let seed = seed_from_env();
-    let cases = std::env::var("CARMINE_CASES").ok().and_then(|c| c.parse().ok()).unwrap_or(cases);
-    let config = Config { cases, failure_persistence: None, ..Config::default() };
+    let cases = std::env::var("CARMINE_CASES")
+        .ok()
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(cases);
+    let config = Config {
+        cases,
+        failure_persistence: None,
+        ..Config::default()
+    };
     let mut runner = TestRunner::new_with_rng(config, rng_for(seed));
     let strategy = prop::collection::vec(arb_step(), 1..=max_steps);
-    match runner.run(&strategy, |steps| check(&steps).map_err(TestCaseError::fail)) {
+    match runner.run(&strategy, |steps| {
+        check(&steps).map_err(TestCaseError::fail)
+    }) {
         Ok(()) => {}
         Err(TestError::Fail(reason, steps)) => {
             panic!("store diverged from the model (CARMINE_SEED={seed}): {reason}\nminimal steps: {steps:#?}")
         }
-        Err(TestError::Abort(reason)) => panic!("model check aborted (CARMINE_SEED={seed}): {reason}"),
+        Err(TestError::Abort(reason)) => {
+            panic!("model check aborted (CARMINE_SEED={seed}): {reason}")
+        }
     }
 }
 
 /// Generates `steps` random steps from `seed` and checks them on `store` (which must be
 /// empty) against the model, without shrinking: for long single runs, e.g. soak tests of a
 /// backend instance built by hand. Panics with the seed on divergence.
-pub async fn check_random_transactions_against_model<S: ObjectStore>(store: &S, seed: u64, steps: usize) {
+pub async fn check_random_transactions_against_model<S: ObjectStore>(
+    store: &S,
+    seed: u64,
+    steps: usize,
+) {
     let mut runner = TestRunner::new_with_rng(Config::default(), rng_for(seed));
     let strategy = prop::collection::vec(arb_step(), steps);
-    let steps = strategy.new_tree(&mut runner).expect("step strategy never rejects").current();
+    let steps = strategy
+        .new_tree(&mut runner)
+        .expect("step strategy never rejects")
+        .current();
     if let Err(e) = check_steps_against_model(store, &steps).await {
         panic!("store diverged from the model (seed {seed}): {e}");
     }

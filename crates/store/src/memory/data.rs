@@ -68,11 +68,17 @@ impl Data {
     pub fn snapshot(&self, off: u64, len: u64) -> Data {
         let end = (off + len).min(self.size);
         let pages = if off < end {
-            self.pages.range(off / P..=(end - 1) / P).map(|(&i, p)| (i, p.clone())).collect()
+            self.pages
+                .range(off / P..=(end - 1) / P)
+                .map(|(&i, p)| (i, p.clone()))
+                .collect()
         } else {
             BTreeMap::new()
         };
-        Data { size: self.size, pages }
+        Data {
+            size: self.size,
+            pages,
+        }
     }
 
     /// Writable page `idx`, recording its previous state. A hole becomes a fresh zero page; a
@@ -112,7 +118,9 @@ impl Data {
             let src = &data[src_start..src_start + range.len()];
             if range.len() == PAGE_SIZE {
                 let mut page = Rc::new([0; PAGE_SIZE]);
-                Rc::get_mut(&mut page).expect("fresh page is unshared").copy_from_slice(src);
+                Rc::get_mut(&mut page)
+                    .expect("fresh page is unshared")
+                    .copy_from_slice(src);
                 self.set_page(idx, Some(page), saved);
             } else {
                 self.page_mut(idx, saved)[range].copy_from_slice(src);
@@ -137,7 +145,11 @@ impl Data {
         if from >= to {
             return;
         }
-        let touched: Vec<u64> = self.pages.range(from / P..=(to - 1) / P).map(|(&i, _)| i).collect();
+        let touched: Vec<u64> = self
+            .pages
+            .range(from / P..=(to - 1) / P)
+            .map(|(&i, _)| i)
+            .collect();
         for idx in touched {
             let range = in_page(idx, from, to);
             let page = &self.pages[&idx];
@@ -166,16 +178,30 @@ impl Data {
     ///
     /// Only pages holding data on either side are visited; the rest of the range is a hole in
     /// both and stays one. Whole pages at matching alignment are shared, not copied.
-    pub fn copy_from(&mut self, src: &Data, src_off: u64, len: u64, dst_off: u64, saved: &mut SavedPages) {
+    pub fn copy_from(
+        &mut self,
+        src: &Data,
+        src_off: u64,
+        len: u64,
+        dst_off: u64,
+        saved: &mut SavedPages,
+    ) {
         if len == 0 {
             return;
         }
         let dst_end = dst_off + len;
-        let mut touched: BTreeSet<u64> =
-            self.pages.range(dst_off / P..=(dst_end - 1) / P).map(|(&i, _)| i).collect();
+        let mut touched: BTreeSet<u64> = self
+            .pages
+            .range(dst_off / P..=(dst_end - 1) / P)
+            .map(|(&i, _)| i)
+            .collect();
         let src_end = (src_off + len).min(src.size);
         if src_off < src_end {
-            for &sidx in src.pages.range(src_off / P..=(src_end - 1) / P).map(|(i, _)| i) {
+            for &sidx in src
+                .pages
+                .range(src_off / P..=(src_end - 1) / P)
+                .map(|(i, _)| i)
+            {
                 let from = src_off.max(sidx * P) - src_off + dst_off;
                 let to = src_end.min((sidx + 1) * P) - src_off + dst_off;
                 touched.insert(from / P);
@@ -185,8 +211,9 @@ impl Data {
         for idx in touched {
             let range = in_page(idx, dst_off, dst_end);
             let src_pos = idx * P + range.start as u64 - dst_off + src_off;
-            if range.len() == PAGE_SIZE && src_pos % P == 0 {
-                let shared = if src_pos < src.size { src.pages.get(&(src_pos / P)).cloned() } else { None };
+            if range.len() == PAGE_SIZE && src_pos.is_multiple_of(P) {
+                // No page lies past the source's end, so a miss here is a hole or EOF.
+                let shared = src.pages.get(&(src_pos / P)).cloned();
                 self.set_page(idx, shared, saved);
             } else {
                 let page = self.page_mut(idx, saved);
@@ -221,9 +248,16 @@ impl Data {
     #[cfg(test)]
     pub fn check_invariants(&self) {
         for (&idx, page) in &self.pages {
-            assert!(idx * P < self.size, "page {idx} lies past size {}", self.size);
+            assert!(
+                idx * P < self.size,
+                "page {idx} lies past size {}",
+                self.size
+            );
             if (idx + 1) * P > self.size {
-                assert!(is_zero(&page[(self.size - idx * P) as usize..]), "page {idx} has data past the end");
+                assert!(
+                    is_zero(&page[(self.size - idx * P) as usize..]),
+                    "page {idx} has data past the end"
+                );
             }
         }
     }
@@ -250,7 +284,11 @@ mod tests {
         let mut saved = Vec::new();
         d.write(8192, &[9; PAGE_SIZE], &mut saved);
         assert_eq!(saved.len(), 1, "one page touched");
-        assert_eq!(read(&before, 8192, 4)[..], [7; 4], "a clone keeps the old page");
+        assert_eq!(
+            read(&before, 8192, 4)[..],
+            [7; 4],
+            "a clone keeps the old page"
+        );
         assert_eq!(read(&d, 8192, 4)[..], [9; 4]);
     }
 
