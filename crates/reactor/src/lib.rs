@@ -27,16 +27,3 @@ pub fn block_on<F: std::future::Future>(fut: F) -> F::Output {
 pub fn new_runtime() -> std::io::Result<compio::runtime::Runtime> {
     compio::runtime::RuntimeBuilder::new().build()
 }
-
-#[doc(hidden)]
-pub fn pin_current_thread_tmp(cpu: u32) -> std::io::Result<()> {
-    // SAFETY: cpu_set_t is plain data; sched_setaffinity reads it.
-    unsafe {
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        libc::CPU_SET(cpu as usize, &mut set);
-        if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) != 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-    }
-    Ok(())
-}

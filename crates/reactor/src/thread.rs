@@ -42,7 +42,7 @@ where
         .name(name.clone())
         .spawn(move || {
             if let Some(cpu) = cpu {
-                if let Err(e) = crate::pin_current_thread_tmp(cpu) {
+                if let Err(e) = crate::cpu::pin_current_thread(cpu) {
                     tracing::warn!("cannot pin reactor to cpu {cpu}: {e}");
                 }
             }
