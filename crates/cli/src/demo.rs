@@ -3,7 +3,7 @@
 use crate::pattern;
 use crate::size::{format_size, parse_size};
 use crate::volume::progress;
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, Result};
 use bytes::{Bytes, BytesMut};
 use carmine_bench::workload::{run_on_image, Workload};
 use carmine_localcluster::{DirArg, UpArgs};
@@ -165,7 +165,7 @@ async fn verify(image: &Image, size: u64, seed: u64) -> Result<()> {
         pb.inc(data.len() as u64);
     }
     pb.finish_and_clear();
-    Ok(()).context("verify")
+    Ok(())
 }
 
 fn mib_s(bytes: u64, d: Duration) -> f64 {

@@ -9,7 +9,6 @@ use clap::{Args, Subcommand};
 use futures::stream::{self, StreamExt, TryStreamExt};
 use indicatif::{ProgressBar, ProgressStyle};
 use std::io::{Read, Write};
-use std::path::PathBuf;
 
 /// Bytes moved per request by `volume write|read`, and how many are in flight.
 const TRANSFER_CHUNK: u64 = 4 << 20;
