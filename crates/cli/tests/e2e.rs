@@ -206,13 +206,15 @@ fn volume_commands_manage_images_and_report_errors_clearly() {
     let out = c
         .cmd(&["volume", "write", "b", "--offset", "1048000"])
         .stdin(Stdio::piped())
+        .stderr(Stdio::piped())
         .spawn()
         .unwrap();
     let mut child = out;
     child.stdin.take().unwrap().write_all(&[1u8; 4096]).unwrap();
     let res = child.wait_with_output().unwrap();
     assert!(!res.status.success());
-    assert!(String::from_utf8_lossy(&res.stderr).contains("beyond the end"));
+    let stderr = String::from_utf8_lossy(&res.stderr);
+    assert!(stderr.contains("beyond the end"), "{stderr}");
 }
 
 #[test]
