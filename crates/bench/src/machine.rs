@@ -30,9 +30,9 @@ impl Machine {
             .unwrap_or(0.0);
         Machine {
             hostname: read("/proc/sys/kernel/hostname").trim().to_string(),
-            cpus: std::thread::available_parallelism()
-                .map(|n| n.get())
-                .unwrap_or(1),
+            // Online cpus of the machine, not this (possibly pinned) thread's affinity.
+            // SAFETY: sysconf has no preconditions.
+            cpus: unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) }.max(1) as usize,
             cpu_model,
             kernel: read("/proc/sys/kernel/osrelease").trim().to_string(),
             memory_gib: (mem_kib / (1 << 20) as f64 * 10.0).round() / 10.0,
