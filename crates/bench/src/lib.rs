@@ -97,7 +97,7 @@ pub fn run(mut a: BenchArgs) -> Result<()> {
     };
     let running = carmine_localcluster::up(&up)?;
     let result = bench_against(&a, &running);
-    carmine_localcluster::down(&cluster_dir)?;
+    running.down()?;
     let run = result?;
     let md = report::markdown(&run);
     std::fs::write(out_dir.join("report.md"), &md)?;

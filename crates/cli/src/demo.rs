@@ -58,7 +58,7 @@ pub fn run(a: DemoArgs) -> Result<()> {
     };
     let running = carmine_localcluster::up(&up)?;
     let result = carmine_reactor::block_on(demo(&running.dir, &a));
-    carmine_localcluster::down(&running.dir)?;
+    running.down()?;
     if temporary {
         let _ = std::fs::remove_dir_all(&dir);
     }

@@ -172,6 +172,19 @@ fn is_zombie(pid: i32) -> bool {
 pub struct Running {
     pub dir: PathBuf,
     pub map: OsdMap,
+    /// The OSD processes, in id order, when this process started them.
+    children: Vec<std::process::Child>,
+}
+
+impl Running {
+    /// Stops the cluster and reaps the OSD processes this process started.
+    pub fn down(mut self) -> Result<()> {
+        down(&self.dir)?;
+        for c in &mut self.children {
+            let _ = c.wait();
+        }
+        Ok(())
+    }
 }
 
 pub fn up(a: &UpArgs) -> Result<Running> {
@@ -212,6 +225,7 @@ pub fn up(a: &UpArgs) -> Result<Running> {
     };
     map.validate()?;
     std::fs::write(map_path(&dir), map.encode())?;
+    let mut children = Vec::with_capacity(a.osds as usize);
     let exe = match &a.exe {
         Some(e) => e.clone(),
         None => std::env::current_exe().context("locating the carmine binary")?,
@@ -242,13 +256,11 @@ pub fn up(a: &UpArgs) -> Result<Running> {
             .stderr(log);
         let child = cmd.spawn().with_context(|| format!("starting osd.{id}"))?;
         std::fs::write(pid_file(&dir, id), child.id().to_string())?;
+        children.push(child);
     }
-    let running = Running {
-        dir: dir.clone(),
-        map,
-    };
-    if let Err(e) = wait_ready(&running) {
-        let _ = down(&dir);
+    let mut running = Running { dir: dir.clone(), map, children };
+    if let Err(e) = wait_ready(&mut running) {
+        let _ = running.down();
         return Err(e);
     }
     println!(
@@ -267,7 +279,7 @@ pub fn up(a: &UpArgs) -> Result<Running> {
 }
 
 /// Waits until every reactor answers a ping, or reports the first OSD that died with its log.
-fn wait_ready(r: &Running) -> Result<()> {
+fn wait_ready(r: &mut Running) -> Result<()> {
     let deadline = Instant::now() + READY_TIMEOUT;
     let endpoints: Vec<(u32, SocketAddr)> = r
         .map
@@ -280,10 +292,9 @@ fn wait_ready(r: &Running) -> Result<()> {
             if ping(addr).is_ok() {
                 break;
             }
-            let pid: i32 = std::fs::read_to_string(pid_file(&r.dir, osd))?
-                .trim()
-                .parse()?;
-            if !is_our_osd(pid, &r.dir) || Instant::now() > deadline {
+            // The child handle, not /proc: right after fork the child still shows our cmdline.
+            let exited = r.children[osd as usize].try_wait()?.is_some();
+            if exited || Instant::now() > deadline {
                 let log = std::fs::read_to_string(r.dir.join(format!("osd.{osd}.log")))
                     .unwrap_or_default();
                 let tail: Vec<&str> = log
