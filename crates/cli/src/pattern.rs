@@ -2,7 +2,7 @@
 //! offset, so a block written to the wrong place, torn, or stale is detected on read.
 
 pub fn fill(buf: &mut [u8], image_off: u64, seed: u64) {
-    debug_assert!(image_off % 8 == 0 && buf.len() % 8 == 0);
+    debug_assert!(image_off.is_multiple_of(8) && buf.len().is_multiple_of(8));
     for (i, word) in buf.chunks_exact_mut(8).enumerate() {
         word.copy_from_slice(&value(seed, image_off + 8 * i as u64).to_le_bytes());
     }

@@ -10,7 +10,7 @@ pub fn format_size(n: u64) -> String {
         ("KiB", 1 << 10),
     ];
     for (u, m) in UNITS {
-        if n >= m && n % m == 0 {
+        if n >= m && n.is_multiple_of(m) {
             return format!("{} {u}", n / m);
         }
         if n >= m {

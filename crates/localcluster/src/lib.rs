@@ -258,7 +258,11 @@ pub fn up(a: &UpArgs) -> Result<Running> {
         std::fs::write(pid_file(&dir, id), child.id().to_string())?;
         children.push(child);
     }
-    let mut running = Running { dir: dir.clone(), map, children };
+    let mut running = Running {
+        dir: dir.clone(),
+        map,
+        children,
+    };
     if let Err(e) = wait_ready(&mut running) {
         let _ = running.down();
         return Err(e);

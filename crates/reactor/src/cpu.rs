@@ -28,7 +28,11 @@ pub enum CpuError {
     #[error("unknown cpu policy {0:?} (expected default, osd or socket)")]
     BadPolicy(String),
     #[error("not enough physical cores: {needed} needed {where_}, {available} available")]
-    NotEnoughCores { needed: usize, available: usize, where_: String },
+    NotEnoughCores {
+        needed: usize,
+        available: usize,
+        where_: String,
+    },
 }
 
 /// One logical CPU.
@@ -51,7 +55,10 @@ const CPU_ID_MAX: u32 = 1 << 16;
 
 /// Parses the kernel's cpulist format: `0-3,8,10-11`. Returns sorted, unique ids.
 pub fn parse_cpu_list(s: &str) -> Result<Vec<u32>, CpuError> {
-    let bad = |reason: &str| CpuError::BadList { input: s.to_string(), reason: reason.to_string() };
+    let bad = |reason: &str| CpuError::BadList {
+        input: s.to_string(),
+        reason: reason.to_string(),
+    };
     let mut out = Vec::new();
     for part in s.trim().split(',').map(str::trim) {
         if part.is_empty() {
@@ -85,7 +92,11 @@ pub fn format_cpu_list(cpus: &[u32]) -> String {
         while j + 1 < v.len() && v[j + 1] == v[j] + 1 {
             j += 1;
         }
-        parts.push(if i == j { v[i].to_string() } else { format!("{}-{}", v[i], v[j]) });
+        parts.push(if i == j {
+            v[i].to_string()
+        } else {
+            format!("{}-{}", v[i], v[j])
+        });
         i = j + 1;
     }
     parts.join(",")
@@ -94,7 +105,10 @@ pub fn format_cpu_list(cpus: &[u32]) -> String {
 fn read_trimmed(path: &Path) -> Result<String, CpuError> {
     std::fs::read_to_string(path)
         .map(|s| s.trim().to_string())
-        .map_err(|source| CpuError::Read { path: path.to_path_buf(), source })
+        .map_err(|source| CpuError::Read {
+            path: path.to_path_buf(),
+            source,
+        })
 }
 
 fn read_u32(path: &Path) -> Result<u32, CpuError> {
@@ -103,7 +117,10 @@ fn read_u32(path: &Path) -> Result<u32, CpuError> {
     if s == "-1" {
         return Ok(0);
     }
-    s.parse().map_err(|_| CpuError::BadSysfs { path: path.to_path_buf(), content: s })
+    s.parse().map_err(|_| CpuError::BadSysfs {
+        path: path.to_path_buf(),
+        content: s,
+    })
 }
 
 impl CpuTopology {
@@ -120,7 +137,12 @@ impl CpuTopology {
         if let Ok(entries) = std::fs::read_dir(root.join("devices/system/node")) {
             for e in entries.flatten() {
                 let name = e.file_name().to_string_lossy().into_owned();
-                let Some(n) = name.strip_prefix("node").and_then(|n| n.parse::<u32>().ok()) else { continue };
+                let Some(n) = name
+                    .strip_prefix("node")
+                    .and_then(|n| n.parse::<u32>().ok())
+                else {
+                    continue;
+                };
                 let list = read_trimmed(&e.path().join("cpulist"))?;
                 if list.is_empty() {
                     continue; // memory-only node
@@ -151,7 +173,12 @@ impl CpuTopology {
             for s in 0..sockets {
                 for c in 0..cores_per_socket {
                     let id = t * sockets * cores_per_socket + s * cores_per_socket + c;
-                    cpus.push(Cpu { id, socket: s, node: s, core: c });
+                    cpus.push(Cpu {
+                        id,
+                        socket: s,
+                        node: s,
+                        core: c,
+                    });
                 }
             }
         }
@@ -174,7 +201,11 @@ impl CpuTopology {
     /// allowed cpu id. Lists are in cpu id order.
     pub fn physical_cores(&self, allowed: Option<&[u32]>) -> BTreeMap<u32, Vec<u32>> {
         let mut by_core: BTreeMap<(u32, u32), u32> = BTreeMap::new();
-        for c in self.cpus.iter().filter(|c| allowed.is_none_or(|a| a.contains(&c.id))) {
+        for c in self
+            .cpus
+            .iter()
+            .filter(|c| allowed.is_none_or(|a| a.contains(&c.id)))
+        {
             let e = by_core.entry((c.socket, c.core)).or_insert(c.id);
             *e = (*e).min(c.id);
         }
@@ -251,13 +282,27 @@ impl Allocation {
                 owner.entry(*c).or_default().push(format!("{o}.{r}"));
             }
         }
-        let mut s = format!("cpu policy {}{}\n", self.policy, if self.oversubscribed { " (OVERSUBSCRIBED)" } else { "" });
+        let mut s = format!(
+            "cpu policy {}{}\n",
+            self.policy,
+            if self.oversubscribed {
+                " (OVERSUBSCRIBED)"
+            } else {
+                ""
+            }
+        );
         if self.policies_coincide() {
-            s.push_str("one NUMA socket: the default, osd and socket policies give the same placement\n");
+            s.push_str(
+                "one NUMA socket: the default, osd and socket policies give the same placement\n",
+            );
         }
         for (socket, cores) in topo.physical_cores(None) {
             for (i, row) in cores.chunks(CORES_PER_ROW).enumerate() {
-                let label = if i == 0 { format!("socket {socket}") } else { String::new() };
+                let label = if i == 0 {
+                    format!("socket {socket}")
+                } else {
+                    String::new()
+                };
                 s.push_str(&format!("{label:>9} |"));
                 for c in row {
                     let cell = owner.get(c).map_or(".".to_string(), |v| v.join("+"));
@@ -276,7 +321,14 @@ impl Allocation {
 }
 
 /// Takes `n` cores from `pool` starting at `*next`, wrapping around only when allowed.
-fn take(pool: &[u32], next: &mut usize, n: usize, over: bool, oversubscribed: &mut bool, where_: &str) -> Result<Vec<u32>, CpuError> {
+fn take(
+    pool: &[u32],
+    next: &mut usize,
+    n: usize,
+    over: bool,
+    oversubscribed: &mut bool,
+    where_: &str,
+) -> Result<Vec<u32>, CpuError> {
     if pool.is_empty() || (*next + n > pool.len() && !over) {
         return Err(CpuError::NotEnoughCores {
             needed: *next + n,
@@ -318,16 +370,33 @@ pub fn allocate(
         CpuPolicy::Default => {
             let mut next = 0;
             for _ in 0..osds {
-                per_osd.push(take(&all, &mut next, r, over, &mut oversubscribed, "in the allowed set")?);
+                per_osd.push(take(
+                    &all,
+                    &mut next,
+                    r,
+                    over,
+                    &mut oversubscribed,
+                    "in the allowed set",
+                )?);
             }
         }
         CpuPolicy::Osd => {
             let mut next = vec![0usize; sockets.len().max(1)];
             for o in 0..osds as usize {
                 let si = o % sockets.len().max(1);
-                let pool = sockets.get(si).and_then(|s| per_socket.get(s)).unwrap_or(&empty);
+                let pool = sockets
+                    .get(si)
+                    .and_then(|s| per_socket.get(s))
+                    .unwrap_or(&empty);
                 let where_ = format!("on socket {}", sockets.get(si).copied().unwrap_or(0));
-                per_osd.push(take(pool, &mut next[si], r, over, &mut oversubscribed, &where_)?);
+                per_osd.push(take(
+                    pool,
+                    &mut next[si],
+                    r,
+                    over,
+                    &mut oversubscribed,
+                    &where_,
+                )?);
             }
         }
         CpuPolicy::Socket => {
@@ -335,23 +404,41 @@ pub fn allocate(
             let mut next = vec![0usize; n];
             for _ in 0..osds {
                 let mut cpus = Vec::with_capacity(r);
-                for si in 0..n {
+                for (si, next_si) in next.iter_mut().enumerate() {
                     let share = r / n + usize::from(si < r % n);
-                    let pool = sockets.get(si).and_then(|s| per_socket.get(s)).unwrap_or(&empty);
+                    let pool = sockets
+                        .get(si)
+                        .and_then(|s| per_socket.get(s))
+                        .unwrap_or(&empty);
                     let where_ = format!("on socket {}", sockets.get(si).copied().unwrap_or(0));
-                    cpus.extend(take(pool, &mut next[si], share, over, &mut oversubscribed, &where_)?);
+                    cpus.extend(take(
+                        pool,
+                        next_si,
+                        share,
+                        over,
+                        &mut oversubscribed,
+                        &where_,
+                    )?);
                 }
                 per_osd.push(cpus);
             }
         }
     }
-    Ok(Allocation { policy, per_osd, oversubscribed, sockets: sockets.len() })
+    Ok(Allocation {
+        policy,
+        per_osd,
+        oversubscribed,
+        sockets: sockets.len(),
+    })
 }
 
 /// Pins the calling thread to one cpu.
 pub fn pin_current_thread(cpu: u32) -> io::Result<()> {
     if cpu as usize >= libc::CPU_SETSIZE as usize {
-        return Err(io::Error::new(io::ErrorKind::InvalidInput, format!("cpu {cpu} is out of range")));
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("cpu {cpu} is out of range"),
+        ));
     }
     // SAFETY: cpu_set_t is plain data, zeroed is its empty value; the index is in range.
     unsafe {
@@ -372,7 +459,10 @@ pub fn current_thread_affinity() -> io::Result<Vec<u32>> {
         if libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) != 0 {
             return Err(io::Error::last_os_error());
         }
-        Ok((0..libc::CPU_SETSIZE as usize).filter(|c| libc::CPU_ISSET(*c, &set)).map(|c| c as u32).collect())
+        Ok((0..libc::CPU_SETSIZE as usize)
+            .filter(|c| libc::CPU_ISSET(*c, &set))
+            .map(|c| c as u32)
+            .collect())
     }
 }
 

@@ -3,7 +3,10 @@ use std::collections::HashSet;
 
 #[test]
 fn cpu_lists_parse_ranges_and_singles() {
-    assert_eq!(parse_cpu_list("0-3,8,10-11").unwrap(), vec![0, 1, 2, 3, 8, 10, 11]);
+    assert_eq!(
+        parse_cpu_list("0-3,8,10-11").unwrap(),
+        vec![0, 1, 2, 3, 8, 10, 11]
+    );
     assert_eq!(parse_cpu_list(" 1 ").unwrap(), vec![1]);
     assert_eq!(parse_cpu_list("3,1,1-2").unwrap(), vec![1, 2, 3]);
 }
@@ -22,7 +25,12 @@ fn cpu_lists_format_compactly() {
 }
 
 fn assert_valid(topo: &CpuTopology, a: &Allocation, osds: u32, reactors: u32) {
-    let primaries: HashSet<u32> = topo.physical_cores(None).values().flatten().copied().collect();
+    let primaries: HashSet<u32> = topo
+        .physical_cores(None)
+        .values()
+        .flatten()
+        .copied()
+        .collect();
     let mut seen = HashSet::new();
     for o in 0..osds {
         assert_eq!(a.cpus(o).len(), reactors as usize, "osd {o}");
@@ -93,7 +101,10 @@ fn smt_siblings_are_never_used_even_if_allowed() {
 fn too_few_cores_is_a_clear_error_unless_oversubscribing() {
     let t = CpuTopology::synthetic(1, 2, 1);
     let err = allocate(&t, CpuPolicy::Default, None, 2, 2, false).unwrap_err();
-    assert!(err.to_string().contains("4 needed") && err.to_string().contains("2 available"), "{err}");
+    assert!(
+        err.to_string().contains("4 needed") && err.to_string().contains("2 available"),
+        "{err}"
+    );
     let a = allocate(&t, CpuPolicy::Default, None, 2, 2, true).unwrap();
     assert!(a.oversubscribed);
     assert_eq!(a.cpus(1), &[0, 1]);
@@ -111,8 +122,13 @@ fn one_socket_makes_all_policies_coincide() {
         })
         .collect();
     assert!(results.windows(2).all(|w| w[0] == w[1]), "{results:?}");
-    let grid = allocate(&t, CpuPolicy::Osd, None, 2, 2, false).unwrap().grid(&t);
-    assert!(grid.contains("same placement") && grid.contains("1.1"), "{grid}");
+    let grid = allocate(&t, CpuPolicy::Osd, None, 2, 2, false)
+        .unwrap()
+        .grid(&t);
+    assert!(
+        grid.contains("same placement") && grid.contains("1.1"),
+        "{grid}"
+    );
 }
 
 #[test]
@@ -158,8 +174,14 @@ fn broken_sysfs_content_is_an_error() {
     let root = std::env::temp_dir().join(format!("carmine-sysfs-bad-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&root);
     write(&root.join("devices/system/cpu/online"), "0\n");
-    write(&root.join("devices/system/cpu/cpu0/topology/physical_package_id"), "zero\n");
-    write(&root.join("devices/system/cpu/cpu0/topology/core_id"), "0\n");
+    write(
+        &root.join("devices/system/cpu/cpu0/topology/physical_package_id"),
+        "zero\n",
+    );
+    write(
+        &root.join("devices/system/cpu/cpu0/topology/core_id"),
+        "0\n",
+    );
     let err = CpuTopology::from_sys_root(&root).unwrap_err();
     std::fs::remove_dir_all(&root).unwrap();
     assert!(matches!(err, CpuError::BadSysfs { .. }), "{err}");
