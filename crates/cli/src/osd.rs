@@ -4,7 +4,7 @@ use crate::size::parse_size;
 use anyhow::{bail, Context, Result};
 use carmine_cluster::OsdMap;
 use carmine_osd::{Osd, OsdConfig, StoreConfig};
-use carmine_reactor::cpu::{allocate, parse_cpu_list, CpuPolicy, CpuTopology};
+use carmine_reactor::cpu::CpuPolicy;
 use clap::{Args, ValueEnum};
 use std::path::PathBuf;
 use std::time::Duration;
@@ -40,23 +40,15 @@ pub struct OsdArgs {
     pub no_pin: bool,
 }
 
-/// CPU for each reactor of `osd`, following the policy over the whole cluster's OSDs so that
-/// OSDs started separately still get disjoint cores.
-pub fn reactor_cpus(
+/// CPU for each reactor of `osd`, placed by the policy over the whole cluster's OSDs so that
+/// OSDs started as separate processes still get disjoint cores.
+fn reactor_cpus(
     map: &OsdMap,
     osd: u32,
     cpu_set: Option<&str>,
     policy: CpuPolicy,
 ) -> Result<(Vec<Option<u32>>, String)> {
-    let topo = CpuTopology::from_sys().context("reading CPU topology from /sys")?;
-    let allowed = cpu_set
-        .map(parse_cpu_list)
-        .transpose()
-        .context("parsing --cpu-set")?;
-    let reactors = map.osd(osd).map(|o| o.reactors.len()).unwrap_or(0) as u32;
-    let osds = map.osds.len() as u32;
-    let alloc = allocate(&topo, policy, allowed.as_deref(), osds, reactors, true)
-        .with_context(|| format!("placing {osds} OSDs x {reactors} reactors"))?;
+    let (topo, alloc) = carmine_localcluster::placement(map, cpu_set, policy)?;
     let index = map
         .osds
         .iter()

@@ -8,7 +8,7 @@ use anyhow::{bail, Context, Result};
 use carmine_client::{Client, ClientConfig};
 use carmine_cluster::{OsdInfo, OsdMap, Pool};
 use carmine_proto::{Request, Response};
-use carmine_reactor::cpu::CpuPolicy;
+use carmine_reactor::cpu::{allocate, parse_cpu_list, Allocation, CpuPolicy, CpuTopology};
 use clap::Args;
 use std::net::{SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
@@ -279,6 +279,10 @@ pub fn up(a: &UpArgs) -> Result<Running> {
         let eps: Vec<String> = o.reactors.iter().map(|r| r.to_string()).collect();
         println!("  osd.{}: {}", o.id, eps.join(" "));
     }
+    if !a.no_pin {
+        let (topo, alloc) = placement(&running.map, a.cpu_set.as_deref(), a.cpu_policy)?;
+        print!("{}", alloc.grid(&topo));
+    }
     Ok(running)
 }
 
@@ -449,4 +453,24 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
 /// Pids of the OSD processes running in `dir`, in OSD id order.
 pub fn osd_pids(dir: &Path) -> Result<Vec<i32>> {
     Ok(live_osds(dir)?.into_iter().map(|(_, pid)| pid).collect())
+}
+
+/// Where the reactors of every OSD in `map` go on this machine under `policy`, restricted to
+/// `cpu_set`. Too few cores oversubscribe (with a note in the grid) rather than fail, so a
+/// laptop can still run a multi-OSD cluster.
+pub fn placement(
+    map: &OsdMap,
+    cpu_set: Option<&str>,
+    policy: CpuPolicy,
+) -> Result<(CpuTopology, Allocation)> {
+    let topo = CpuTopology::from_sys().context("reading CPU topology from /sys")?;
+    let allowed = cpu_set
+        .map(parse_cpu_list)
+        .transpose()
+        .context("parsing --cpu-set")?;
+    let reactors = map.osds.iter().map(|o| o.reactors.len()).max().unwrap_or(0) as u32;
+    let osds = map.osds.len() as u32;
+    let alloc = allocate(&topo, policy, allowed.as_deref(), osds, reactors, true)
+        .with_context(|| format!("placing {osds} OSDs x {reactors} reactors"))?;
+    Ok((topo, alloc))
 }
