@@ -90,8 +90,13 @@ impl Image {
     /// Writes `data` at `off`. Returns once every object the range touches acknowledged.
     pub async fn write(&self, off: u64, data: Bytes) -> Result<(), VolumeError> {
         self.check_range(off, data.len() as u64)?;
-        let pieces = extents(off, data.len() as u64, self.info.object_size);
-        try_join_all(pieces.map(|e| {
+        let mut pieces = extents(off, data.len() as u64, self.info.object_size).peekable();
+        let first = pieces.next();
+        if let (Some(e), None) = (first, pieces.peek()) {
+            // The common small write: one object, no join machinery.
+            return Ok(self.client.write(self.pool, &self.oid(&e), e.obj_off, data).await?);
+        }
+        try_join_all(first.into_iter().chain(pieces).map(|e| {
             let slice = data.slice(e.buf_off as usize..(e.buf_off + e.len) as usize);
             let oid = self.oid(&e);
             async move { self.client.write(self.pool, &oid, e.obj_off, slice).await }
