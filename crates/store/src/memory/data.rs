@@ -56,7 +56,17 @@ impl Data {
         if off >= end {
             return;
         }
-        for (&idx, page) in self.pages.range(off / P..=(end - 1) / P) {
+        let (first, last) = (off / P, (end - 1) / P);
+        if first == last {
+            // One page (every aligned 4 KiB read): a point lookup walks the tree once where a
+            // range walks it twice, and with a large working set each walk is cache misses.
+            if let Some(page) = self.pages.get(&first) {
+                let src = in_page(first, off, end);
+                buf[..src.len()].copy_from_slice(&page[src]);
+            }
+            return;
+        }
+        for (&idx, page) in self.pages.range(first..=last) {
             let src = in_page(idx, off, end);
             let dst_start = (idx * P + src.start as u64 - off) as usize;
             buf[dst_start..dst_start + src.len()].copy_from_slice(&page[src]);
