@@ -38,6 +38,9 @@ pub struct OsdArgs {
     /// Do not pin reactors to cores.
     #[arg(long)]
     pub no_pin: bool,
+    /// Open client connections per reactor; more are refused.
+    #[arg(long, default_value_t = carmine_osd::CONNECTIONS_MAX_DEFAULT)]
+    pub connections_max: u32,
 }
 
 /// CPU for each reactor of `osd`, placed by the policy over the whole cluster's OSDs so that
@@ -89,6 +92,7 @@ pub fn run(a: OsdArgs) -> Result<()> {
         map,
         reactor_cpus: reactor_cpus.clone(),
         store,
+        connections_max: a.connections_max,
     })?;
     for (r, (addr, cpu)) in info.reactors.iter().zip(&reactor_cpus).enumerate() {
         let cpu = cpu.map_or("unpinned".to_string(), |c| format!("cpu {c}"));

@@ -21,7 +21,13 @@ pub struct OsdConfig {
     /// CPU for each reactor (`None` leaves it unpinned); its length must match the map.
     pub reactor_cpus: Vec<Option<u32>>,
     pub store: StoreConfig,
+    /// Open connections per reactor; more are refused. Each connection may hold a few MiB of
+    /// buffers, so this bounds a reactor's connection memory.
+    pub connections_max: u32,
 }
+
+/// Default for [`OsdConfig::connections_max`].
+pub const CONNECTIONS_MAX_DEFAULT: u32 = 1024;
 
 #[derive(Debug, Error)]
 #[non_exhaustive]
@@ -105,6 +111,7 @@ impl Osd {
                 store: cfg.store.clone(),
                 listener,
                 control: rx,
+                connections_max: cfg.connections_max as u64,
             };
             let name = format!("osd{}-r{}", cfg.id, index);
             let handle = spawn_reactor(name, cpu, move || run_reactor(setup))

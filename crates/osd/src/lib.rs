@@ -10,5 +10,5 @@ mod daemon;
 mod handler;
 mod reactor;
 
-pub use daemon::{Osd, OsdConfig, OsdError, StoreConfig};
+pub use daemon::{Osd, OsdConfig, OsdError, StoreConfig, CONNECTIONS_MAX_DEFAULT};
 pub use reactor::ControlMsg;

@@ -28,6 +28,7 @@ pub(crate) struct ReactorSetup {
     pub store: StoreConfig,
     pub listener: std::net::TcpListener,
     pub control: Mailbox<ControlMsg>,
+    pub connections_max: u64,
 }
 
 /// Everything one reactor owns.
@@ -63,6 +64,7 @@ async fn serve<S: ObjectStore + 'static>(setup: ReactorSetup, store: S) -> Resul
         map,
         listener,
         mut control,
+        connections_max,
         ..
     } = setup;
     let listener = TcpListener::from_std(listener).map_err(|e| format!("listener: {e}"))?;
@@ -90,6 +92,12 @@ async fn serve<S: ObjectStore + 'static>(setup: ReactorSetup, store: S) -> Resul
         let ctl = std::pin::pin!(control.recv());
         match select(accept, ctl).await {
             Either::Left((Ok((stream, peer)), _)) => {
+                if shard.connections.get() >= connections_max {
+                    // Each connection may hold a few MiB of buffers: refuse rather than grow.
+                    tracing::warn!(%peer, "refusing connection: {connections_max} already open");
+                    drop(stream);
+                    continue;
+                }
                 let _ = stream.set_nodelay(true);
                 let shard = shard.clone();
                 shard.connections.set(shard.connections.get() + 1);

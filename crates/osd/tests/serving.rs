@@ -3,7 +3,7 @@
 use bytes::{Bytes, BytesMut};
 use carmine_client::{Client, ClientConfig, Connection};
 use carmine_cluster::{OsdInfo, OsdMap, Pool};
-use carmine_osd::{Osd, OsdConfig, StoreConfig};
+use carmine_osd::{Osd, OsdConfig, StoreConfig, CONNECTIONS_MAX_DEFAULT};
 use carmine_proto::{
     encode_frame, FrameKind, ObjectRequest, Opcode, OsdOp, Request, Response, Status,
 };
@@ -20,6 +20,10 @@ fn free_addr() -> SocketAddr {
 }
 
 fn start(reactors: usize) -> (Osd, OsdMap) {
+    start_with(reactors, CONNECTIONS_MAX_DEFAULT)
+}
+
+fn start_with(reactors: usize, connections_max: u32) -> (Osd, OsdMap) {
     let map = OsdMap {
         epoch: 1,
         osds: vec![OsdInfo {
@@ -41,6 +45,7 @@ fn start(reactors: usize) -> (Osd, OsdMap) {
         store: StoreConfig::Memory {
             memory_limit_bytes: 64 << 20,
         },
+        connections_max,
     })
     .unwrap();
     (osd, map)
@@ -286,8 +291,42 @@ fn start_fails_clearly_when_the_endpoint_is_taken() {
         store: StoreConfig::Memory {
             memory_limit_bytes: 1 << 20,
         },
+        connections_max: CONNECTIONS_MAX_DEFAULT,
     })
     .err()
     .unwrap();
     assert!(err.to_string().contains("cannot listen"), "{err}");
+}
+
+#[test]
+fn connections_beyond_the_limit_are_refused_and_the_osd_keeps_serving() {
+    let (osd, map) = start_with(1, 8);
+    let addr = map.osds[0].reactors[0];
+    let held: Vec<TcpStream> = (0..12).map(|_| TcpStream::connect(addr).unwrap()).collect();
+    // Give the reactor time to accept them all; the surplus ones get closed.
+    std::thread::sleep(Duration::from_millis(300));
+    let closed: Vec<usize> = held
+        .iter()
+        .enumerate()
+        .filter(|(_, mut s)| {
+            s.set_read_timeout(Some(Duration::from_millis(100)))
+                .unwrap();
+            matches!(s.read(&mut [0u8; 1]), Ok(0))
+        })
+        .map(|(i, _)| i)
+        .collect();
+    assert_eq!(
+        closed,
+        vec![8, 9, 10, 11],
+        "exactly the connections past the limit are refused"
+    );
+    drop(held);
+    std::thread::sleep(Duration::from_millis(200));
+    carmine_reactor::block_on(async {
+        let c = client(&map).await;
+        c.write(1, "after-flood", 0, Bytes::from_static(b"ok"))
+            .await
+            .unwrap();
+    });
+    osd.shutdown().unwrap();
 }

@@ -32,7 +32,10 @@ pub fn block_on<F: std::future::Future>(fut: F) -> F::Output {
 /// than 6.1 lack DEFER_TASKRUN: the runtime then falls back to a default ring.
 pub fn new_runtime() -> std::io::Result<compio::runtime::Runtime> {
     let mut proactor = compio::driver::ProactorBuilder::new();
-    proactor.single_issuer(true).defer_taskrun(true).coop_taskrun(true);
+    proactor
+        .single_issuer(true)
+        .defer_taskrun(true)
+        .coop_taskrun(true);
     compio::runtime::RuntimeBuilder::new()
         .with_proactor(proactor)
         .build()

@@ -94,7 +94,10 @@ impl Image {
         let first = pieces.next();
         if let (Some(e), None) = (first, pieces.peek()) {
             // The common small write: one object, no join machinery.
-            return Ok(self.client.write(self.pool, &self.oid(&e), e.obj_off, data).await?);
+            return Ok(self
+                .client
+                .write(self.pool, &self.oid(&e), e.obj_off, data)
+                .await?);
         }
         try_join_all(first.into_iter().chain(pieces).map(|e| {
             let slice = data.slice(e.buf_off as usize..(e.buf_off + e.len) as usize);

@@ -41,6 +41,7 @@ where
         store: StoreConfig::Memory {
             memory_limit_bytes: 256 << 20,
         },
+        connections_max: carmine_osd::CONNECTIONS_MAX_DEFAULT,
     })
     .unwrap();
     carmine_reactor::block_on(async {
