@@ -4,8 +4,8 @@ use crate::reactor::Shard;
 use bytes::BytesMut;
 use carmine_cluster::object_to_pg_seed;
 use carmine_proto::{
-    encode_error, encode_response, ErrorReply, Frame, ObjectRequest, OpOutput, OsdOp, Request,
-    Response, Status,
+    begin_data_reply, encode_error, encode_response, ErrorReply, Frame, ObjectRequest, OpOutput,
+    OsdOp, Request, Response, Status,
 };
 use carmine_store::{ObjectStore, StoreError, StoreErrorKind, Transaction};
 use carmine_types::limits::LIST_LIMIT_MAX;
@@ -28,6 +28,12 @@ pub(crate) async fn handle_frame<S: ObjectStore>(
         Ok(Request::GetMap) => Ok(Response::Map {
             encoded: shard.encoded_map.clone(),
         }),
+        Ok(Request::Object(req)) if is_single_read(&req) => {
+            match read_straight_into_reply(shard, req, id, out).await {
+                Ok(()) => return,
+                Err(e) => Err(e),
+            }
+        }
         Ok(Request::Object(req)) => handle_object(shard, req)
             .await
             .map(|outputs| Response::Object { outputs }),
@@ -35,6 +41,39 @@ pub(crate) async fn handle_frame<S: ObjectStore>(
     match reply {
         Ok(resp) => encode_response(out, id, &resp),
         Err(err) => encode_error(out, id, opcode, &err),
+    }
+}
+
+fn is_single_read(req: &ObjectRequest) -> bool {
+    matches!(req.ops[..], [OsdOp::Read { .. }])
+}
+
+/// The hot read path: the store copies the data straight into the send buffer behind the reply
+/// header, instead of into a buffer that is then copied again by the encoder.
+async fn read_straight_into_reply<S: ObjectStore>(
+    shard: &Shard<S>,
+    req: ObjectRequest,
+    id: u64,
+    out: &mut BytesMut,
+) -> Result<(), ErrorReply> {
+    let pg = route(shard, &req)?;
+    let [OsdOp::Read { off, len }] = req.ops[..] else {
+        unreachable!("checked by is_single_read")
+    };
+    let reply = begin_data_reply(out, id);
+    match shard
+        .store
+        .read_into(pg, &req.oid, off, len as u64, out)
+        .await
+    {
+        Ok(_) => {
+            reply.finish(out);
+            Ok(())
+        }
+        Err(e) => {
+            reply.abandon(out);
+            Err(from_store(e, Some(0)))
+        }
     }
 }
 

@@ -186,28 +186,67 @@ pub fn encode_frame(
     status: u16,
     payload: impl FnOnce(&mut BytesMut),
 ) {
+    let frame = begin_frame(out, kind, opcode, request_id, status);
+    payload(out);
+    frame.finish(out);
+}
+
+/// A frame whose header is a placeholder at `start` in its buffer: the payload is appended
+/// after it (possibly across `await`s, e.g. by a store reading straight into the send buffer),
+/// then [`OpenFrame::finish`] fills in the length and checksums, or
+/// [`OpenFrame::abandon`] removes the frame.
+#[must_use = "an open frame must be finished or abandoned"]
+pub struct OpenFrame {
+    start: usize,
+}
+
+/// Starts a frame at the end of `out`; see [`OpenFrame`].
+pub fn begin_frame(
+    out: &mut BytesMut,
+    kind: FrameKind,
+    opcode: Opcode,
+    request_id: u64,
+    status: u16,
+) -> OpenFrame {
     let start = out.len();
     out.put_bytes(0, FRAME_HEADER_LEN);
-    payload(out);
-    let payload_len = out.len() - start - FRAME_HEADER_LEN;
-    let payload_len = u32::try_from(payload_len).expect("payload length fits u32");
-    debug_assert!(
-        payload_len <= FRAME_PAYLOAD_MAX,
-        "encoder produced an oversized frame"
-    );
-    let payload_crc = crc32c(&out[start + FRAME_HEADER_LEN..]);
     let h = &mut out[start..start + FRAME_HEADER_LEN];
     h[OFF_MAGIC..OFF_MAGIC + 4].copy_from_slice(&FRAME_MAGIC.to_le_bytes());
     h[OFF_VERSION] = PROTOCOL_VERSION;
     h[OFF_KIND] = kind as u8;
     h[OFF_OPCODE..OFF_OPCODE + 2].copy_from_slice(&(opcode as u16).to_le_bytes());
     h[OFF_REQUEST_ID..OFF_REQUEST_ID + 8].copy_from_slice(&request_id.to_le_bytes());
-    h[OFF_PAYLOAD_LEN..OFF_PAYLOAD_LEN + 4].copy_from_slice(&payload_len.to_le_bytes());
     h[OFF_STATUS..OFF_STATUS + 2].copy_from_slice(&status.to_le_bytes());
-    h[OFF_FLAGS..OFF_FLAGS + 2].copy_from_slice(&0u16.to_le_bytes());
-    h[OFF_PAYLOAD_CRC..OFF_PAYLOAD_CRC + 4].copy_from_slice(&payload_crc.to_le_bytes());
-    let header_crc = crc32c_append(0, &h[..OFF_HEADER_CRC]);
-    h[OFF_HEADER_CRC..].copy_from_slice(&header_crc.to_le_bytes());
+    OpenFrame { start }
+}
+
+impl OpenFrame {
+    /// Where this frame's payload begins in the buffer.
+    pub fn payload_start(&self) -> usize {
+        self.start + FRAME_HEADER_LEN
+    }
+
+    /// Seals the frame: everything appended to `out` since `begin_frame` is its payload.
+    pub fn finish(self, out: &mut BytesMut) {
+        let start = self.start;
+        let payload_len = out.len() - start - FRAME_HEADER_LEN;
+        let payload_len = u32::try_from(payload_len).expect("payload length fits u32");
+        debug_assert!(
+            payload_len <= FRAME_PAYLOAD_MAX,
+            "encoder produced an oversized frame"
+        );
+        let payload_crc = crc32c(&out[start + FRAME_HEADER_LEN..]);
+        let h = &mut out[start..start + FRAME_HEADER_LEN];
+        h[OFF_PAYLOAD_LEN..OFF_PAYLOAD_LEN + 4].copy_from_slice(&payload_len.to_le_bytes());
+        h[OFF_PAYLOAD_CRC..OFF_PAYLOAD_CRC + 4].copy_from_slice(&payload_crc.to_le_bytes());
+        let header_crc = crc32c_append(0, &h[..OFF_HEADER_CRC]);
+        h[OFF_HEADER_CRC..].copy_from_slice(&header_crc.to_le_bytes());
+    }
+
+    /// Removes the unfinished frame from `out`.
+    pub fn abandon(self, out: &mut BytesMut) {
+        out.truncate(self.start);
+    }
 }
 
 #[cfg(test)]
@@ -245,6 +284,16 @@ mod tests {
             );
             assert_eq!(buf.len(), cut);
         }
+    }
+
+    #[test]
+    fn abandoned_frame_leaves_the_buffer_as_before() {
+        let mut out = one_frame(b"kept");
+        let before = out.clone();
+        let f = begin_frame(&mut out, FrameKind::Response, Opcode::Object, 9, 0);
+        out.put_slice(b"partial payload");
+        f.abandon(&mut out);
+        assert_eq!(out, before);
     }
 
     #[test]

@@ -10,12 +10,12 @@
 mod frame;
 mod message;
 
+pub use frame::{begin_frame, try_decode_frame, Frame, OpenFrame};
 pub use frame::{
     encode_frame, FrameError, FrameHeader, FrameKind, Opcode, FRAME_HEADER_LEN, FRAME_MAGIC,
     FRAME_PAYLOAD_MAX, PROTOCOL_VERSION,
 };
-pub use frame::{try_decode_frame, Frame};
 pub use message::{
-    encode_error, encode_request, encode_response, ErrorReply, ObjectRequest, OpOutput, OsdOp,
-    ProtoError, Request, Response, Status,
+    begin_data_reply, encode_error, encode_request, encode_response, DataReply, ErrorReply,
+    ObjectRequest, OpOutput, OsdOp, ProtoError, Request, Response, Status,
 };

@@ -1,6 +1,7 @@
 //! Request and response messages carried in frame payloads.
 
-use crate::frame::{encode_frame, Frame, FrameKind, Opcode};
+use crate::frame::{begin_frame, encode_frame, Frame, FrameKind, Opcode, OpenFrame};
+use bytes::BufMut;
 use bytes::{Bytes, BytesMut};
 use carmine_types::limits::{
     ATTR_NAME_LEN_MAX, IO_LEN_MAX, LIST_LIMIT_MAX, OBJECT_NAME_LEN_MAX, OPS_PER_REQUEST_MAX,
@@ -498,6 +499,45 @@ pub fn encode_response(out: &mut BytesMut, request_id: u64, resp: &Response) {
             }
         },
     );
+}
+
+/// A successful reply to a single-read request whose data the caller appends straight into the
+/// send buffer: the wire bytes are exactly those of `Response::Object { outputs: vec![Data] }`,
+/// without the intermediate buffer.
+#[must_use = "a data reply must be finished or abandoned"]
+pub struct DataReply {
+    frame: OpenFrame,
+    len_at: usize,
+}
+
+/// Starts the reply; append the data to `out`, then call [`DataReply::finish`].
+pub fn begin_data_reply(out: &mut BytesMut, request_id: u64) -> DataReply {
+    let frame = begin_frame(
+        out,
+        FrameKind::Response,
+        Opcode::Object,
+        request_id,
+        Status::Ok as u16,
+    );
+    Encoder::new(out).count(1).u8(1);
+    let len_at = out.len();
+    out.put_u32_le(0);
+    DataReply { frame, len_at }
+}
+
+impl DataReply {
+    /// Seals the reply: the bytes appended since `begin_data_reply` are the data.
+    pub fn finish(self, out: &mut BytesMut) {
+        let data_len = out.len() - self.len_at - 4;
+        let data_len = u32::try_from(data_len).expect("read data fits u32");
+        out[self.len_at..self.len_at + 4].copy_from_slice(&data_len.to_le_bytes());
+        self.frame.finish(out);
+    }
+
+    /// Drops the unfinished reply, e.g. because the read failed.
+    pub fn abandon(self, out: &mut BytesMut) {
+        self.frame.abandon(out);
+    }
 }
 
 pub fn encode_error(out: &mut BytesMut, request_id: u64, opcode: Opcode, err: &ErrorReply) {

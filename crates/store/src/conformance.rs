@@ -86,6 +86,7 @@ macro_rules! __conformance_cases {
             read_at_end_of_object_is_short,
             read_past_end_returns_empty,
             readv_returns_each_extent,
+            read_into_appends_exactly_what_read_returns,
             read_of_missing_object_is_not_found,
             read_in_missing_collection_is_collection_not_found,
             oversized_read_is_rejected,

@@ -63,6 +63,21 @@ pub trait ObjectStore {
     async fn submit(&self, txn: Transaction) -> Result<()>;
 
     async fn read(&self, cid: CollectionId, oid: &str, off: u64, len: u64) -> Result<Bytes>;
+    /// `read`, appending the bytes to `out` instead of returning a buffer, so a server can read
+    /// straight into its send buffer. Returns the number of bytes appended; on error `out` is
+    /// unchanged.
+    async fn read_into(
+        &self,
+        cid: CollectionId,
+        oid: &str,
+        off: u64,
+        len: u64,
+        out: &mut bytes::BytesMut,
+    ) -> Result<usize> {
+        let data = self.read(cid, oid, off, len).await?;
+        out.extend_from_slice(&data);
+        Ok(data.len())
+    }
     /// Several extents of one object in one call; each follows `read`'s rules.
     async fn readv(
         &self,

@@ -18,7 +18,7 @@ mod object;
 use crate::{
     ObjectStat, ObjectStore, Op, Page, Result, StoreError, StoreErrorKind, StoreStatfs, Transaction,
 };
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use carmine_types::limits::{
     ATTR_NAME_LEN_MAX, IO_LEN_MAX, LIST_LIMIT_MAX, OBJECT_NAME_LEN_MAX, OBJECT_SIZE_MAX,
     VALUE_LEN_MAX,
@@ -536,6 +536,32 @@ impl MemStore {
         obj.data.read_into(off, &mut buf);
         Ok(Bytes::from(buf))
     }
+
+    /// `read_object` appending to `out`: same checks, same bytes, no intermediate buffer.
+    fn read_object_into(
+        cid: CollectionId,
+        oid: &str,
+        obj: &Object,
+        off: u64,
+        len: u64,
+        out: &mut BytesMut,
+    ) -> Result<usize> {
+        let size = obj.data.size();
+        let end = if len == 0 {
+            size
+        } else {
+            (off + len).min(size)
+        };
+        if off >= end {
+            return Ok(0);
+        }
+        check_io_len(cid, oid, end - off)?;
+        let n = (end - off) as usize;
+        let start = out.len();
+        out.resize(start + n, 0);
+        obj.data.read_into(off, &mut out[start..]);
+        Ok(n)
+    }
 }
 
 impl ObjectStore for MemStore {
@@ -569,6 +595,22 @@ impl ObjectStore for MemStore {
         check_extent(cid, oid, off, len)?;
         check_io_len(cid, oid, len)?;
         self.with_object(cid, oid, |obj| Self::read_object(cid, oid, obj, off, len))
+    }
+
+    async fn read_into(
+        &self,
+        cid: CollectionId,
+        oid: &str,
+        off: u64,
+        len: u64,
+        out: &mut BytesMut,
+    ) -> Result<usize> {
+        check_oid(cid, oid)?;
+        check_extent(cid, oid, off, len)?;
+        check_io_len(cid, oid, len)?;
+        self.with_object(cid, oid, |obj| {
+            Self::read_object_into(cid, oid, obj, off, len, out)
+        })
     }
 
     async fn readv(

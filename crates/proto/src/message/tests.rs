@@ -208,3 +208,21 @@ fn write_data_shares_the_receive_buffer() {
         "write data was copied"
     );
 }
+
+#[test]
+fn data_reply_is_byte_identical_to_an_object_response() {
+    let data = Bytes::from((0..5000u32).map(|i| i as u8).collect::<Vec<u8>>());
+    let mut a = BytesMut::new();
+    encode_response(
+        &mut a,
+        42,
+        &Response::Object {
+            outputs: vec![OpOutput::Data(data.clone())],
+        },
+    );
+    let mut b = BytesMut::from(&b"earlier bytes"[..]);
+    let reply = begin_data_reply(&mut b, 42);
+    b.extend_from_slice(&data);
+    reply.finish(&mut b);
+    assert_eq!(&b[13..], &a[..]);
+}

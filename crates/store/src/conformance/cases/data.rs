@@ -111,6 +111,36 @@ pub async fn readv_returns_each_extent<S: ObjectStore>(store: &S) {
     );
 }
 
+pub async fn read_into_appends_exactly_what_read_returns<S: ObjectStore>(store: &S) {
+    setup(store).await;
+    write(store, "obj", 5000, &pattern(10_000, 3)).await;
+    for (off, len) in [
+        (0, 4096),
+        (4096, 4096),
+        (5000, 10_000),
+        (4000, 0),
+        (14_000, 5000),
+        (20_000, 10),
+    ] {
+        let expect = store.read(C, "obj", off, len).await.unwrap();
+        let mut out = bytes::BytesMut::from(&b"prefix"[..]);
+        let n = store.read_into(C, "obj", off, len, &mut out).await.unwrap();
+        assert_eq!(n, expect.len(), "read_into({off}, {len}) length");
+        assert_eq!(&out[..6], b"prefix");
+        assert_eq!(&out[6..], &expect[..], "read_into({off}, {len}) bytes");
+    }
+    let mut out = bytes::BytesMut::from(&b"prefix"[..]);
+    assert_eq!(
+        kind(store.read_into(C, "nope", 0, 10, &mut out).await),
+        Some(ObjectNotFound)
+    );
+    assert_eq!(
+        &out[..],
+        b"prefix",
+        "a failed read_into must leave the buffer unchanged"
+    );
+}
+
 pub async fn read_of_missing_object_is_not_found<S: ObjectStore>(store: &S) {
     setup(store).await;
     let n = Some(ObjectNotFound);
