@@ -3,6 +3,7 @@
 
 mod cluster;
 mod demo;
+mod nbd;
 mod osd;
 mod pattern;
 mod size;
@@ -35,6 +36,9 @@ enum Command {
     /// Create, list, inspect, resize, remove, write and read block volumes.
     #[command(subcommand)]
     Volume(volume::VolumeCommand),
+    /// Export volumes to NBD clients (qemu, nbdinfo, nbdcopy, fio, nbdfuse).
+    #[command(subcommand)]
+    Nbd(nbd::NbdCommand),
     /// Start a throw-away cluster, write and verify a volume, report throughput and latency.
     Demo(demo::DemoArgs),
     /// Measure I/O through the client against a local cluster, next to the loopback RPC ceiling.
@@ -54,6 +58,7 @@ fn main() -> ExitCode {
         Command::Osd(a) => osd::run(a),
         Command::Cluster(c) => cluster::run(c),
         Command::Volume(c) => volume::run(c),
+        Command::Nbd(c) => nbd::run(c),
         Command::Demo(a) => demo::run(a),
         Command::Bench(a) => carmine_bench::run(a),
     };

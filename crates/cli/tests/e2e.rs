@@ -1,98 +1,11 @@
 //! End-to-end: the real `carmine` binary, real OSD processes, real sockets.
 
 use std::io::{Read, Write};
-use std::path::PathBuf;
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Stdio};
 
-const BIN: &str = env!("CARGO_BIN_EXE_carmine");
+mod common;
 
-struct Cluster {
-    dir: PathBuf,
-}
-
-impl Cluster {
-    fn up(name: &str, extra: &[&str]) -> Cluster {
-        let dir = std::env::temp_dir().join(format!("carmine-e2e-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        let c = Cluster { dir };
-        let out = c.run(
-            &[
-                &["cluster", "up", "--no-pin", "--memory-limit", "1536M"],
-                extra,
-            ]
-            .concat(),
-        );
-        assert!(
-            out.status.success(),
-            "cluster up failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        c
-    }
-
-    fn cmd(&self, args: &[&str]) -> Command {
-        let mut c = Command::new(BIN);
-        c.args(args)
-            .env("CARMINE_DIR", &self.dir)
-            .env_remove("CARMINE_LOG");
-        c
-    }
-
-    fn run(&self, args: &[&str]) -> Output {
-        self.cmd(args).output().expect("running carmine")
-    }
-
-    fn ok(&self, args: &[&str]) -> String {
-        let out = self.run(args);
-        assert!(
-            out.status.success(),
-            "carmine {args:?} failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout).into_owned()
-    }
-
-    fn fails(&self, args: &[&str]) -> String {
-        let out = self.run(args);
-        assert!(!out.status.success(), "carmine {args:?} should have failed");
-        String::from_utf8_lossy(&out.stderr).into_owned()
-    }
-
-    fn pids(&self) -> Vec<i32> {
-        std::fs::read_dir(&self.dir)
-            .unwrap()
-            .flatten()
-            .filter(|e| e.file_name().to_string_lossy().ends_with(".pid"))
-            .map(|e| {
-                std::fs::read_to_string(e.path())
-                    .unwrap()
-                    .trim()
-                    .parse()
-                    .unwrap()
-            })
-            .collect()
-    }
-}
-
-impl Drop for Cluster {
-    fn drop(&mut self) {
-        let _ = self.run(&["cluster", "down"]);
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
-
-fn alive(pid: i32) -> bool {
-    // A zombie is not alive: it has exited and waits to be reaped by its parent.
-    std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .map(|s| {
-            !s.rsplit(')')
-                .next()
-                .unwrap_or("")
-                .trim_start()
-                .starts_with('Z')
-        })
-        .unwrap_or(false)
-}
+use common::{alive, Cluster, BIN};
 
 fn pattern_block(off: u64, buf: &mut [u8]) {
     for (i, w) in buf.chunks_exact_mut(8).enumerate() {

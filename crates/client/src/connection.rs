@@ -1,10 +1,10 @@
 //! One pipelined connection to one OSD reactor endpoint.
 
 use crate::error::ClientError;
-use crate::notify::Doorbell;
 use bytes::BytesMut;
 use carmine_proto::{encode_request, try_decode_frame, Frame, Request, Response};
 use carmine_reactor::io::{read_some, write_all};
+use carmine_reactor::Doorbell;
 use carmine_reactor::TcpStream;
 use futures::channel::oneshot;
 use std::cell::{Cell, RefCell};

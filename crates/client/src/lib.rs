@@ -9,7 +9,6 @@
 
 mod connection;
 mod error;
-mod notify;
 
 pub use connection::Connection;
 pub use error::ClientError;

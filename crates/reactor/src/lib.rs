@@ -8,9 +8,11 @@
 pub mod cpu;
 pub mod io;
 mod mailbox;
+mod notify;
 mod thread;
 
 pub use mailbox::{mailbox, Mailbox, MailboxSender};
+pub use notify::Doorbell;
 pub use thread::{spawn_reactor, ReactorHandle};
 
 pub use compio::net::{TcpListener, TcpStream};

@@ -1,10 +1,11 @@
-//! A single-waiter wake-up flag for tasks on one thread.
+//! A single-waiter wake-up flag for tasks on one thread: a writer task waits on it, producers
+//! ring it after queueing work. No lock, no allocation per ring.
 
 use std::cell::Cell;
 use std::task::{Poll, Waker};
 
 #[derive(Default)]
-pub(crate) struct Doorbell {
+pub struct Doorbell {
     rung: Cell<bool>,
     waiter: Cell<Option<Waker>>,
 }

@@ -1,0 +1,406 @@
+//! Handshake and transmission over one TCP connection.
+
+use crate::protocol::*;
+use async_lock::Semaphore;
+use bytes::{BufMut, Bytes, BytesMut};
+use carmine_reactor::io::{read_some, shutdown_write, write_all};
+use carmine_reactor::{Doorbell, TcpListener, TcpStream};
+use carmine_volume::{Image, VolumeError};
+use std::cell::{Cell, RefCell};
+use std::io;
+use std::rc::Rc;
+use std::sync::Arc;
+
+/// A volume offered to NBD clients under `name`.
+#[derive(Clone)]
+pub struct Export {
+    pub name: String,
+    pub image: Image,
+    pub read_only: bool,
+}
+
+#[derive(Clone, Debug)]
+pub struct NbdConfig {
+    /// Requests of one connection executing at once; further requests wait to be read.
+    pub inflight_max: usize,
+}
+
+impl Default for NbdConfig {
+    fn default() -> Self {
+        Self { inflight_max: 256 }
+    }
+}
+
+const READ_SPARE_MIN: usize = 256 * 1024;
+/// Preferred block size advertised to clients: the store's page.
+const BLOCK_SIZE_PREFERRED: u32 = 4096;
+
+/// Accepts connections until the listener fails; each connection is served by its own task.
+pub async fn serve(
+    listener: TcpListener,
+    exports: Rc<Vec<Export>>,
+    cfg: NbdConfig,
+) -> io::Result<()> {
+    loop {
+        let (stream, peer) = listener.accept().await?;
+        let _ = stream.set_nodelay(true);
+        let (exports, cfg) = (exports.clone(), cfg.clone());
+        carmine_reactor::spawn(async move {
+            match serve_connection(stream, exports, cfg).await {
+                Ok(()) => tracing::info!(%peer, "nbd client disconnected"),
+                Err(e) => tracing::warn!(%peer, "nbd connection ended: {e}"),
+            }
+        })
+        .detach();
+    }
+}
+
+/// Buffered reads of exact sizes from the socket.
+struct Wire {
+    stream: TcpStream,
+    rbuf: BytesMut,
+}
+
+impl Wire {
+    async fn take(&mut self, n: usize) -> io::Result<Bytes> {
+        while self.rbuf.len() < n {
+            let spare = READ_SPARE_MIN.max(n - self.rbuf.len());
+            let (res, buf) =
+                read_some(&mut self.stream, std::mem::take(&mut self.rbuf), spare).await;
+            self.rbuf = buf;
+            if res? == 0 {
+                return Err(io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    "client closed the connection",
+                ));
+            }
+        }
+        Ok(self.rbuf.split_to(n).freeze())
+    }
+
+    async fn send(&mut self, out: &mut BytesMut) -> io::Result<()> {
+        let (res, buf) = write_all(&mut self.stream, std::mem::take(out)).await;
+        *out = buf;
+        res
+    }
+}
+
+fn transmission_flags(e: &Export) -> u16 {
+    let mut f = TFLAG_HAS_FLAGS
+        | TFLAG_SEND_FLUSH
+        | TFLAG_SEND_FUA
+        | TFLAG_SEND_TRIM
+        | TFLAG_SEND_WRITE_ZEROES
+        | TFLAG_SEND_CACHE
+        | TFLAG_CAN_MULTI_CONN;
+    if e.read_only {
+        f |= TFLAG_READ_ONLY;
+    }
+    f
+}
+
+fn protocol_err(e: ProtocolError) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidData, e.to_string())
+}
+
+/// Serves one client: option negotiation, then requests until it disconnects.
+pub async fn serve_connection(
+    stream: TcpStream,
+    exports: Rc<Vec<Export>>,
+    cfg: NbdConfig,
+) -> io::Result<()> {
+    let mut wire = Wire {
+        stream,
+        rbuf: BytesMut::with_capacity(READ_SPARE_MIN),
+    };
+    let export = match negotiate(&mut wire, &exports).await {
+        Ok(Some(export)) => export,
+        Ok(None) => return Ok(()),
+        // Probing clients (e.g. `qemu-img info`, `nbdinfo --list`) may just hang up.
+        Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(()),
+        Err(e) => return Err(e),
+    };
+    transmit(wire, export, cfg).await
+}
+
+/// Runs the fixed-newstyle handshake. Returns the export to serve, or `None` if the client
+/// ended the negotiation.
+async fn negotiate(wire: &mut Wire, exports: &[Export]) -> io::Result<Option<Export>> {
+    let mut out = BytesMut::with_capacity(256);
+    out.put_u64(NBDMAGIC);
+    out.put_u64(IHAVEOPT);
+    out.put_u16(FLAG_FIXED_NEWSTYLE | FLAG_NO_ZEROES);
+    wire.send(&mut out).await?;
+    let client_flags = u32::from_be_bytes(wire.take(4).await?[..].try_into().expect("4 bytes"));
+    if client_flags & FLAG_C_FIXED_NEWSTYLE == 0 {
+        return Err(protocol_err(ProtocolError::NotFixedNewstyle(client_flags)));
+    }
+    let no_zeroes = client_flags & FLAG_C_NO_ZEROES != 0;
+    loop {
+        let hdr =
+            parse_option_header(&wire.take(OPTION_HEADER_LEN).await?).map_err(protocol_err)?;
+        let data = wire.take(hdr.len as usize).await?;
+        let find = |name: &str| exports.iter().find(|e| e.name == name).cloned();
+        match hdr.option {
+            OPT_EXPORT_NAME => {
+                let name = String::from_utf8_lossy(&data).into_owned();
+                // The old-style option has no way to report an error: the spec says close.
+                let Some(export) = find(&name) else {
+                    return Err(io::Error::new(
+                        io::ErrorKind::NotFound,
+                        format!("no export named {name:?}"),
+                    ));
+                };
+                out.put_u64(export.image.size());
+                out.put_u16(transmission_flags(&export));
+                if !no_zeroes {
+                    out.put_bytes(0, 124);
+                }
+                wire.send(&mut out).await?;
+                return Ok(Some(export));
+            }
+            OPT_ABORT => {
+                put_option_reply(&mut out, hdr.option, REP_ACK, &[]);
+                let _ = wire.send(&mut out).await;
+                return Ok(None);
+            }
+            OPT_LIST if data.is_empty() => {
+                for e in exports {
+                    let mut d = BytesMut::new();
+                    d.put_u32(e.name.len() as u32);
+                    d.put_slice(e.name.as_bytes());
+                    put_option_reply(&mut out, hdr.option, REP_SERVER, &d);
+                }
+                put_option_reply(&mut out, hdr.option, REP_ACK, &[]);
+            }
+            OPT_INFO | OPT_GO => match parse_info_request(hdr.option, data) {
+                Err(e) => put_option_reply(
+                    &mut out,
+                    hdr.option,
+                    REP_ERR_INVALID,
+                    e.to_string().as_bytes(),
+                ),
+                Ok((name, infos)) => match find(&name) {
+                    None => {
+                        let msg = format!("no export named {name:?}");
+                        put_option_reply(&mut out, hdr.option, REP_ERR_UNKNOWN, msg.as_bytes());
+                    }
+                    Some(export) => {
+                        put_export_info(&mut out, hdr.option, &export, &infos);
+                        put_option_reply(&mut out, hdr.option, REP_ACK, &[]);
+                        if hdr.option == OPT_GO {
+                            wire.send(&mut out).await?;
+                            return Ok(Some(export));
+                        }
+                    }
+                },
+            },
+            OPT_LIST => {
+                put_option_reply(&mut out, hdr.option, REP_ERR_INVALID, b"LIST takes no data")
+            }
+            // STARTTLS, STRUCTURED_REPLY, meta contexts…: not offered; clients fall back.
+            other => {
+                let msg = format!("option {other} is not supported");
+                put_option_reply(&mut out, hdr.option, REP_ERR_UNSUP, msg.as_bytes());
+            }
+        }
+        wire.send(&mut out).await?;
+    }
+}
+
+fn put_export_info(out: &mut BytesMut, option: u32, export: &Export, infos: &[u16]) {
+    let mut d = BytesMut::new();
+    d.put_u16(INFO_EXPORT);
+    d.put_u64(export.image.size());
+    d.put_u16(transmission_flags(export));
+    put_option_reply(out, option, REP_INFO, &d);
+    if infos.contains(&INFO_NAME) {
+        let mut d = BytesMut::new();
+        d.put_u16(INFO_NAME);
+        d.put_slice(export.name.as_bytes());
+        put_option_reply(out, option, REP_INFO, &d);
+    }
+    if infos.contains(&INFO_BLOCK_SIZE) {
+        let mut d = BytesMut::new();
+        d.put_u16(INFO_BLOCK_SIZE);
+        d.put_u32(1);
+        d.put_u32(BLOCK_SIZE_PREFERRED);
+        d.put_u32(PAYLOAD_LEN_MAX);
+        put_option_reply(out, option, REP_INFO, &d);
+    }
+}
+
+/// Replies waiting to be sent, shared by the request tasks and the writer task.
+struct Replies {
+    buf: RefCell<BytesMut>,
+    bell: Doorbell,
+    /// The reader is done and every request finished: the writer flushes and closes.
+    closing: Cell<bool>,
+    failed: Cell<bool>,
+}
+
+impl Replies {
+    fn push(&self, cookie: u64, error: u32, data: Option<&[u8]>) {
+        if self.failed.get() {
+            return;
+        }
+        let mut buf = self.buf.borrow_mut();
+        put_simple_reply(&mut buf, error, cookie);
+        if let Some(d) = data {
+            buf.put_slice(d);
+        }
+        drop(buf);
+        self.bell.ring();
+    }
+}
+
+async fn write_replies(replies: Rc<Replies>, mut stream: TcpStream) {
+    loop {
+        replies.bell.wait().await;
+        loop {
+            let batch = std::mem::take(&mut *replies.buf.borrow_mut());
+            if batch.is_empty() {
+                break;
+            }
+            let (res, spare) = write_all(&mut stream, batch).await;
+            if res.is_err() {
+                replies.failed.set(true);
+                return;
+            }
+            let mut buf = replies.buf.borrow_mut();
+            if buf.is_empty() {
+                *buf = spare;
+            }
+        }
+        if replies.closing.get() || replies.failed.get() {
+            let _ = shutdown_write(&mut stream).await;
+            return;
+        }
+    }
+}
+
+fn errno(e: &VolumeError) -> u32 {
+    match e {
+        VolumeError::OutOfRange { .. } | VolumeError::InvalidArgument(_) => EINVAL,
+        VolumeError::Client(c) if c.status() == Some(carmine_proto::Status::NoSpace) => ENOSPC,
+        _ => EIO,
+    }
+}
+
+/// Executes one request and queues its reply.
+async fn execute(export: &Export, req: Request, payload: Bytes, replies: &Replies) {
+    let image = &export.image;
+    let (off, len) = (req.offset, req.len as u64);
+    let in_range = off.checked_add(len).is_some_and(|end| end <= image.size());
+    let writes = matches!(req.cmd, CMD_WRITE | CMD_TRIM | CMD_WRITE_ZEROES);
+    let result: Result<Option<Bytes>, u32> = if writes && export.read_only {
+        Err(EPERM)
+    } else if !in_range && req.cmd != CMD_FLUSH {
+        Err(EINVAL)
+    } else {
+        match req.cmd {
+            CMD_READ => image.read(off, len).await.map(Some).map_err(|e| errno(&e)),
+            CMD_WRITE => image
+                .write(off, payload)
+                .await
+                .map(|_| None)
+                .map_err(|e| errno(&e)),
+            CMD_TRIM => image
+                .discard(off, len)
+                .await
+                .map(|_| None)
+                .map_err(|e| errno(&e)),
+            CMD_WRITE_ZEROES => image
+                .write_zeroes(off, len)
+                .await
+                .map(|_| None)
+                .map_err(|e| errno(&e)),
+            CMD_FLUSH => image.flush().await.map(|_| None).map_err(|e| errno(&e)),
+            // Nothing to prefetch: every read goes to the OSD's memory anyway.
+            CMD_CACHE => Ok(None),
+            _ => Err(EINVAL),
+        }
+    };
+    // FUA: the write above was acknowledged by the store, which acknowledges only durable
+    // writes; a flush barrier adds nothing, but is issued so the intent survives a cache.
+    let result = match result {
+        Ok(v) if req.flags & CMD_FLAG_FUA != 0 && writes => {
+            image.flush().await.map(|_| v).map_err(|e| errno(&e))
+        }
+        other => other,
+    };
+    match result {
+        Ok(data) => replies.push(req.cookie, 0, data.as_deref()),
+        Err(e) => replies.push(req.cookie, e, None),
+    }
+}
+
+/// The transmission phase: read requests, run each as a task, stop on DISC or EOF.
+async fn transmit(wire: Wire, export: Export, cfg: NbdConfig) -> io::Result<()> {
+    let Wire { stream, mut rbuf } = wire;
+    let (rd, wr) = stream.into_split();
+    let mut wire = Wire {
+        stream: rd,
+        rbuf: std::mem::take(&mut rbuf),
+    };
+    let replies = Rc::new(Replies {
+        buf: RefCell::new(BytesMut::with_capacity(READ_SPARE_MIN)),
+        bell: Doorbell::default(),
+        closing: Cell::new(false),
+        failed: Cell::new(false),
+    });
+    let writer = carmine_reactor::spawn(write_replies(replies.clone(), wr));
+    let export = Rc::new(export);
+    let permits = Arc::new(Semaphore::new(cfg.inflight_max));
+    let outcome = loop {
+        let header = match wire.take(REQUEST_HEADER_LEN).await {
+            Ok(h) => h,
+            Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => break Ok(()),
+            Err(e) => break Err(e),
+        };
+        let req = match parse_request(&header) {
+            Ok(r) => r,
+            Err(e) => break Err(protocol_err(e)),
+        };
+        if req.cmd == CMD_DISC {
+            break Ok(());
+        }
+        if req.cmd == CMD_WRITE && req.len > PAYLOAD_LEN_MAX {
+            // The payload cannot be skipped safely: end the connection, as the spec allows.
+            break Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("write of {} bytes is too large", req.len),
+            ));
+        }
+        if req.cmd == CMD_READ && req.len > PAYLOAD_LEN_MAX {
+            replies.push(req.cookie, EOVERFLOW, None);
+            continue;
+        }
+        // A write whose payload never fully arrives is never started.
+        let payload = if req.cmd == CMD_WRITE {
+            match wire.take(req.len as usize).await {
+                Ok(p) => p,
+                Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => break Ok(()),
+                Err(e) => break Err(e),
+            }
+        } else {
+            Bytes::new()
+        };
+        let permit = permits.acquire_arc().await;
+        let (export, replies) = (export.clone(), replies.clone());
+        carmine_reactor::spawn(async move {
+            execute(&export, req, payload, &replies).await;
+            drop(permit);
+        })
+        .detach();
+    };
+    // Let every started request finish and queue its reply before closing.
+    let mut all = Vec::with_capacity(cfg.inflight_max);
+    for _ in 0..cfg.inflight_max {
+        all.push(permits.acquire_arc().await);
+    }
+    replies.closing.set(true);
+    replies.bell.ring();
+    let _ = writer.await;
+    outcome
+}
