@@ -233,3 +233,170 @@ fn a_serve_of_a_missing_volume_fails_clearly() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("no image named \"ghost\""));
 }
+
+#[test]
+fn nbdinfo_lists_exports_and_nbdcopy_round_trips_a_file() {
+    let c = Cluster::up("nbd-libnbd", &["--reactors", "2"]);
+    c.ok(&["volume", "create", "disk", "--size", "32M"]);
+    c.ok(&["volume", "create", "spare", "--size", "4M"]);
+    let g = serve(&c, "disk,spare", &[]);
+    let info = ok("nbdinfo", &[&url(&g, "disk")]);
+    assert!(
+        info.contains("export-size: 33554432") && info.contains("can_multi_conn: true"),
+        "{info}"
+    );
+    let list = ok(
+        "nbdinfo",
+        &["--list", &format!("nbd://127.0.0.1:{}", g.port)],
+    );
+    assert!(
+        list.contains("export=\"disk\"") && list.contains("export=\"spare\""),
+        "{list}"
+    );
+
+    let dir = std::env::temp_dir().join(format!("carmine-nbdcopy-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (src, back) = (dir.join("src"), dir.join("back"));
+    let data: Vec<u8> = (0..(32u32 << 20))
+        .map(|i| (i.wrapping_mul(0x9e37_79b9) >> 11) as u8)
+        .collect();
+    std::fs::write(&src, &data).unwrap();
+    // nbdcopy uses several connections at once (multi-conn) and many requests in flight.
+    ok("nbdcopy", &[src.to_str().unwrap(), &url(&g, "disk")]);
+    ok("nbdcopy", &[&url(&g, "disk"), back.to_str().unwrap()]);
+    assert!(
+        std::fs::read(&back).unwrap() == data,
+        "nbdcopy out differs from nbdcopy in"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn fio_nbd_engine_verifies_crc32c_over_random_writes() {
+    let c = Cluster::up("nbd-fio", &[]);
+    c.ok(&["volume", "create", "disk", "--size", "64M"]);
+    let g = serve(&c, "disk", &[]);
+    let u = url(&g, "disk");
+    let uri = format!("--uri={u}");
+    let out = ok(
+        "fio",
+        &[
+            "--name=verify",
+            "--ioengine=nbd",
+            &uri,
+            "--rw=randwrite",
+            "--bs=4k",
+            "--iodepth=32",
+            "--size=32M",
+            "--verify=crc32c",
+            "--do_verify=1",
+            "--verify_fatal=1",
+            "--output-format=json",
+        ],
+    );
+    let json_start = out.find('{').expect("fio printed JSON");
+    let report = &out[json_start..];
+    assert!(
+        report.contains("\"error\" : 0"),
+        "fio reported an error:\n{report}"
+    );
+    assert!(!report.contains("verify failed"), "{report}");
+}
+
+/// Removes what the filesystem test set up, even when it fails halfway.
+struct FsCleanup {
+    fuse_dir: std::path::PathBuf,
+    fs_dir: std::path::PathBuf,
+    loop_dev: Option<String>,
+    nbdfuse: Option<Child>,
+}
+
+impl Drop for FsCleanup {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.fs_dir).output();
+        if let Some(l) = &self.loop_dev {
+            let _ = Command::new("losetup").args(["-d", l]).output();
+        }
+        // Unmounting the FUSE directory makes nbdfuse exit; kill it if it does not.
+        let _ = Command::new("umount").arg(&self.fuse_dir).output();
+        if let Some(mut c) = self.nbdfuse.take() {
+            let deadline = Instant::now() + Duration::from_secs(5);
+            while c.try_wait().ok().flatten().is_none() && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        let _ = Command::new("umount")
+            .arg("-l")
+            .arg(&self.fuse_dir)
+            .output();
+        let _ = std::fs::remove_dir_all(&self.fuse_dir);
+        let _ = std::fs::remove_dir_all(&self.fs_dir);
+    }
+}
+
+/// mkfs.ext4 on the volume through nbdfuse and a loop device, mount, write, remount, read,
+/// fsck. Needs root (loop devices and mounts); CI runs as root.
+#[test]
+fn a_real_ext4_filesystem_lives_on_a_volume() {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("SKIPPED a_real_ext4_filesystem_lives_on_a_volume: needs root for loop devices and mount");
+        return;
+    }
+    let c = Cluster::up("nbd-ext4", &["--reactors", "2"]);
+    c.ok(&["volume", "create", "fs", "--size", "256M"]);
+    let g = serve(&c, "fs", &[]);
+    let base = std::env::temp_dir().join(format!("carmine-ext4-{}", std::process::id()));
+    let mut cleanup = FsCleanup {
+        fuse_dir: base.join("fuse"),
+        fs_dir: base.join("mnt"),
+        loop_dev: None,
+        nbdfuse: None,
+    };
+    std::fs::create_dir_all(&cleanup.fuse_dir).unwrap();
+    std::fs::create_dir_all(&cleanup.fs_dir).unwrap();
+    cleanup.nbdfuse = Some(
+        Command::new("nbdfuse")
+            .arg(&cleanup.fuse_dir)
+            .arg(url(&g, "fs"))
+            .spawn()
+            .expect("nbdfuse (Debian package nbdfuse)"),
+    );
+    let image = cleanup.fuse_dir.join("nbd");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while std::fs::metadata(&image).map(|m| m.len()).unwrap_or(0) != 256 << 20 {
+        assert!(
+            Instant::now() < deadline,
+            "nbdfuse did not expose the volume"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let l = ok("losetup", &["-f", "--show", image.to_str().unwrap()])
+        .trim()
+        .to_string();
+    cleanup.loop_dev = Some(l.clone());
+    let mnt = cleanup.fs_dir.to_str().unwrap().to_string();
+    ok("mkfs.ext4", &["-q", "-F", &l]);
+    ok("mount", &[&l, &mnt]);
+    let payload: Vec<u8> = (0..(8u32 << 20))
+        .map(|i| (i.wrapping_mul(2_246_822_519) >> 7) as u8)
+        .collect();
+    std::fs::write(cleanup.fs_dir.join("data.bin"), &payload).unwrap();
+    std::fs::create_dir(cleanup.fs_dir.join("dir")).unwrap();
+    std::fs::write(cleanup.fs_dir.join("dir/hello.txt"), b"hello carmine\n").unwrap();
+    ok("umount", &[&mnt]);
+    ok("mount", &[&l, &mnt]);
+    assert!(
+        std::fs::read(cleanup.fs_dir.join("data.bin")).unwrap() == payload,
+        "file changed across remount"
+    );
+    assert_eq!(
+        std::fs::read(cleanup.fs_dir.join("dir/hello.txt")).unwrap(),
+        b"hello carmine\n"
+    );
+    ok("umount", &[&mnt]);
+    let fsck = ok("fsck.ext4", &["-f", "-n", &l]);
+    assert!(fsck.contains("Pass 5"), "{fsck}");
+}
