@@ -1,0 +1,282 @@
+//! The NBD server against a hand-driven client over a raw socket: handshake edge cases, bad
+//! requests, pipelining, and a client that vanishes mid-write.
+
+use carmine_client::{Client, ClientConfig};
+use carmine_cluster::{OsdInfo, OsdMap, Pool};
+use carmine_nbd::{Export, NbdConfig};
+use carmine_osd::{Osd, OsdConfig, StoreConfig, CONNECTIONS_MAX_DEFAULT};
+use carmine_volume::Volumes;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::rc::Rc;
+use std::time::Duration;
+
+const IHAVEOPT: u64 = 0x4948_4156_454F_5054;
+const REPLY_MAGIC: u64 = 0x0003_e889_0455_65a9;
+const SIZE: u64 = 8 << 20;
+
+/// An OSD and an NBD server (on their own threads) exporting one 8 MiB volume named "vol".
+fn start() -> (Osd, SocketAddr) {
+    let osd_addr = TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let map = OsdMap {
+        epoch: 1,
+        osds: vec![OsdInfo {
+            id: 0,
+            up: true,
+            reactors: vec![osd_addr],
+        }],
+        pools: vec![Pool {
+            id: 1,
+            name: "rbd".into(),
+            pg_num: 8,
+            size: 1,
+        }],
+    };
+    let osd = Osd::start(OsdConfig {
+        id: 0,
+        map,
+        reactor_cpus: vec![None],
+        store: StoreConfig::Memory {
+            memory_limit_bytes: 64 << 20,
+        },
+        connections_max: CONNECTIONS_MAX_DEFAULT,
+    })
+    .unwrap();
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.set_nonblocking(true).unwrap();
+    let addr = listener.local_addr().unwrap();
+    std::thread::spawn(move || {
+        carmine_reactor::block_on(async move {
+            let client = Client::connect(&[osd_addr], ClientConfig::default())
+                .await
+                .unwrap();
+            let volumes = Volumes::new(client, 1);
+            volumes.create("vol", SIZE, Some(1 << 20)).await.unwrap();
+            let image = volumes.open("vol").await.unwrap();
+            let exports = Rc::new(vec![Export {
+                name: "vol".into(),
+                image,
+                read_only: false,
+            }]);
+            let l = carmine_reactor::TcpListener::from_std(listener).unwrap();
+            let _ = carmine_nbd::serve(l, exports, NbdConfig::default()).await;
+        })
+    });
+    (osd, addr)
+}
+
+fn connect(addr: SocketAddr) -> TcpStream {
+    for _ in 0..200 {
+        if let Ok(s) = TcpStream::connect(addr) {
+            s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+            return s;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    panic!("nbd server did not start");
+}
+
+fn read_n(s: &mut TcpStream, n: usize) -> Vec<u8> {
+    let mut b = vec![0u8; n];
+    s.read_exact(&mut b).unwrap();
+    b
+}
+
+fn u32_at(b: &[u8], at: usize) -> u32 {
+    u32::from_be_bytes(b[at..at + 4].try_into().unwrap())
+}
+
+/// Greeting + client flags; returns the stream ready for options.
+fn hello(addr: SocketAddr) -> TcpStream {
+    let mut s = connect(addr);
+    let greeting = read_n(&mut s, 18);
+    assert_eq!(&greeting[..8], b"NBDMAGIC");
+    s.write_all(&3u32.to_be_bytes()).unwrap(); // FIXED_NEWSTYLE | NO_ZEROES
+    s
+}
+
+fn send_option(s: &mut TcpStream, option: u32, data: &[u8]) {
+    let mut b = Vec::new();
+    b.extend_from_slice(&IHAVEOPT.to_be_bytes());
+    b.extend_from_slice(&option.to_be_bytes());
+    b.extend_from_slice(&(data.len() as u32).to_be_bytes());
+    b.extend_from_slice(data);
+    s.write_all(&b).unwrap();
+}
+
+/// Reads one option reply: (reply type, data).
+fn option_reply(s: &mut TcpStream) -> (u32, Vec<u8>) {
+    let h = read_n(s, 20);
+    assert_eq!(u64::from_be_bytes(h[..8].try_into().unwrap()), REPLY_MAGIC);
+    let len = u32_at(&h, 16) as usize;
+    (u32_at(&h, 12), read_n(s, len))
+}
+
+fn go(s: &mut TcpStream, name: &str) -> u32 {
+    let mut d = (name.len() as u32).to_be_bytes().to_vec();
+    d.extend_from_slice(name.as_bytes());
+    d.extend_from_slice(&0u16.to_be_bytes());
+    send_option(s, 7, &d);
+    loop {
+        let (kind, _) = option_reply(s);
+        if kind != 3 {
+            return kind; // ACK (1) or an error
+        }
+    }
+}
+
+fn request(s: &mut TcpStream, cmd: u16, cookie: u64, offset: u64, len: u32, data: &[u8]) {
+    let mut b = Vec::with_capacity(28 + data.len());
+    b.extend_from_slice(&0x2560_9513u32.to_be_bytes());
+    b.extend_from_slice(&0u16.to_be_bytes());
+    b.extend_from_slice(&cmd.to_be_bytes());
+    b.extend_from_slice(&cookie.to_be_bytes());
+    b.extend_from_slice(&offset.to_be_bytes());
+    b.extend_from_slice(&len.to_be_bytes());
+    b.extend_from_slice(data);
+    s.write_all(&b).unwrap();
+}
+
+/// (error, cookie) of one simple reply, then `data_len` bytes of data if it succeeded.
+fn reply(s: &mut TcpStream, data_len: usize) -> (u32, u64, Vec<u8>) {
+    let h = read_n(s, 16);
+    assert_eq!(u32_at(&h, 0), 0x6744_6698);
+    let (err, cookie) = (
+        u32_at(&h, 4),
+        u64::from_be_bytes(h[8..16].try_into().unwrap()),
+    );
+    let data = if err == 0 {
+        read_n(s, data_len)
+    } else {
+        vec![]
+    };
+    (err, cookie, data)
+}
+
+fn closed(s: &mut TcpStream) -> bool {
+    matches!(s.read(&mut [0u8; 1]), Ok(0) | Err(_))
+}
+
+#[test]
+fn unknown_options_are_refused_and_negotiation_continues() {
+    let (osd, addr) = start();
+    let mut s = hello(addr);
+    send_option(&mut s, 8, &[]); // STRUCTURED_REPLY: not offered
+    assert_eq!(option_reply(&mut s).0, (1 << 31) | 1);
+    send_option(&mut s, 3, b"junk"); // LIST with data is invalid
+    assert_eq!(option_reply(&mut s).0, (1 << 31) | 3);
+    assert_eq!(go(&mut s, "nope"), (1 << 31) | 6);
+    assert_eq!(go(&mut s, "vol"), 1);
+    request(&mut s, 0, 1, 0, 4096, &[]);
+    assert_eq!(reply(&mut s, 4096), (0, 1, vec![0u8; 4096]));
+    drop(s);
+    osd.shutdown().unwrap();
+}
+
+#[test]
+fn a_client_without_fixed_newstyle_is_disconnected() {
+    let (osd, addr) = start();
+    let mut s = connect(addr);
+    read_n(&mut s, 18);
+    s.write_all(&0u32.to_be_bytes()).unwrap();
+    assert!(closed(&mut s));
+    osd.shutdown().unwrap();
+}
+
+#[test]
+fn out_of_range_requests_get_einval_and_the_connection_lives_on() {
+    let (osd, addr) = start();
+    let mut s = hello(addr);
+    assert_eq!(go(&mut s, "vol"), 1);
+    request(&mut s, 1, 7, SIZE - 100, 4096, &[1u8; 4096]);
+    assert_eq!(reply(&mut s, 0).0, 22);
+    request(&mut s, 0, 8, SIZE, 1, &[]);
+    assert_eq!(reply(&mut s, 0).0, 22);
+    request(&mut s, 4, 9, u64::MAX - 10, 4096, &[]);
+    assert_eq!(reply(&mut s, 0).0, 22);
+    request(&mut s, 0, 10, SIZE - 4096, 4096, &[]);
+    assert_eq!(reply(&mut s, 4096).0, 0);
+    osd.shutdown().unwrap();
+}
+
+#[test]
+fn pipelined_requests_all_complete_with_their_own_data() {
+    let (osd, addr) = start();
+    let mut s = hello(addr);
+    assert_eq!(go(&mut s, "vol"), 1);
+    for i in 0..64u64 {
+        request(&mut s, 1, i, i * 65536 + 512, 4096, &[i as u8; 4096]);
+    }
+    let mut done: Vec<u64> = (0..64)
+        .map(|_| reply(&mut s, 0))
+        .map(|(e, c, _)| {
+            assert_eq!(e, 0);
+            c
+        })
+        .collect();
+    done.sort();
+    assert_eq!(done, (0..64).collect::<Vec<_>>());
+    for i in 0..64u64 {
+        request(&mut s, 0, 1000 + i, i * 65536 + 512, 4096, &[]);
+    }
+    for _ in 0..64 {
+        let (e, c, data) = reply(&mut s, 4096);
+        assert_eq!(e, 0);
+        assert_eq!(
+            data,
+            vec![(c - 1000) as u8; 4096],
+            "read {c} returned another request's data"
+        );
+    }
+    request(&mut s, 2, 0, 0, 0, &[]); // DISC
+    assert!(closed(&mut s));
+    osd.shutdown().unwrap();
+}
+
+#[test]
+fn a_write_cut_off_mid_payload_is_never_applied() {
+    let (osd, addr) = start();
+    let mut s = hello(addr);
+    assert_eq!(go(&mut s, "vol"), 1);
+    // Header promises 64 KiB; only 1000 bytes arrive before the client vanishes.
+    let mut b = Vec::new();
+    b.extend_from_slice(&0x2560_9513u32.to_be_bytes());
+    b.extend_from_slice(&[0, 0, 0, 1]);
+    b.extend_from_slice(&5u64.to_be_bytes());
+    b.extend_from_slice(&0u64.to_be_bytes());
+    b.extend_from_slice(&65536u32.to_be_bytes());
+    b.extend_from_slice(&[0xee; 1000]);
+    s.write_all(&b).unwrap();
+    drop(s);
+    std::thread::sleep(Duration::from_millis(100));
+    let mut s = hello(addr);
+    assert_eq!(go(&mut s, "vol"), 1);
+    request(&mut s, 0, 1, 0, 65536, &[]);
+    assert_eq!(
+        reply(&mut s, 65536),
+        (0, 1, vec![0u8; 65536]),
+        "a partial write was applied"
+    );
+    osd.shutdown().unwrap();
+}
+
+#[test]
+fn bad_request_magic_and_oversized_writes_end_only_that_connection() {
+    let (osd, addr) = start();
+    let mut s = hello(addr);
+    assert_eq!(go(&mut s, "vol"), 1);
+    s.write_all(&[0u8; 28]).unwrap();
+    assert!(closed(&mut s));
+    let mut s = hello(addr);
+    assert_eq!(go(&mut s, "vol"), 1);
+    request(&mut s, 1, 1, 0, u32::MAX, &[]);
+    assert!(closed(&mut s));
+    let mut s = hello(addr);
+    assert_eq!(go(&mut s, "vol"), 1);
+    request(&mut s, 0, 2, 0, 512, &[]);
+    assert_eq!(reply(&mut s, 512).0, 0);
+    osd.shutdown().unwrap();
+}
