@@ -9,6 +9,11 @@ pub const IHAVEOPT: u64 = 0x4948_4156_454F_5054;
 pub const REPLY_MAGIC: u64 = 0x0003_e889_0455_65a9;
 pub const REQUEST_MAGIC: u32 = 0x2560_9513;
 pub const SIMPLE_REPLY_MAGIC: u32 = 0x6744_6698;
+pub const STRUCTURED_REPLY_MAGIC: u32 = 0x668e_33ef;
+
+pub const REPLY_FLAG_DONE: u16 = 1 << 0;
+pub const REPLY_TYPE_OFFSET_DATA: u16 = 1;
+pub const REPLY_TYPE_ERROR: u16 = (1 << 15) | 1;
 
 pub const FLAG_FIXED_NEWSTYLE: u16 = 1 << 0;
 pub const FLAG_NO_ZEROES: u16 = 1 << 1;
@@ -20,6 +25,7 @@ pub const OPT_ABORT: u32 = 2;
 pub const OPT_LIST: u32 = 3;
 pub const OPT_INFO: u32 = 6;
 pub const OPT_GO: u32 = 7;
+pub const OPT_STRUCTURED_REPLY: u32 = 8;
 
 pub const REP_ACK: u32 = 1;
 pub const REP_SERVER: u32 = 2;
@@ -161,6 +167,35 @@ pub fn put_simple_reply(out: &mut BytesMut, error: u32, cookie: u64) {
     out.put_u64(cookie);
 }
 
+/// A structured reply chunk header; `len` bytes of chunk payload follow.
+pub fn put_chunk_header(out: &mut BytesMut, flags: u16, kind: u16, cookie: u64, len: u32) {
+    out.put_u32(STRUCTURED_REPLY_MAGIC);
+    out.put_u16(flags);
+    out.put_u16(kind);
+    out.put_u64(cookie);
+    out.put_u32(len);
+}
+
+/// The final chunk of a READ that succeeded: the data at `offset`, in one piece.
+pub fn put_read_chunk(out: &mut BytesMut, cookie: u64, offset: u64, data: &[u8]) {
+    put_chunk_header(
+        out,
+        REPLY_FLAG_DONE,
+        REPLY_TYPE_OFFSET_DATA,
+        cookie,
+        8 + data.len() as u32,
+    );
+    out.put_u64(offset);
+    out.put_slice(data);
+}
+
+/// The final chunk of a request that failed with `error` (no message).
+pub fn put_error_chunk(out: &mut BytesMut, cookie: u64, error: u32) {
+    put_chunk_header(out, REPLY_FLAG_DONE, REPLY_TYPE_ERROR, cookie, 6);
+    out.put_u32(error);
+    out.put_u16(0);
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -185,6 +220,18 @@ mod tests {
                 len: 512
             }
         );
+    }
+
+    #[test]
+    fn read_chunk_has_the_done_flag_offset_and_data() {
+        let mut b = BytesMut::new();
+        put_read_chunk(&mut b, 7, 4096, b"abcd");
+        assert_eq!(&b[..4], &STRUCTURED_REPLY_MAGIC.to_be_bytes());
+        assert_eq!(u16::from_be_bytes([b[4], b[5]]), REPLY_FLAG_DONE);
+        assert_eq!(u16::from_be_bytes([b[6], b[7]]), REPLY_TYPE_OFFSET_DATA);
+        assert_eq!(u32::from_be_bytes(b[16..20].try_into().unwrap()), 12);
+        assert_eq!(u64::from_be_bytes(b[20..28].try_into().unwrap()), 4096);
+        assert_eq!(&b[28..], b"abcd");
     }
 
     #[test]

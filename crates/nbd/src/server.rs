@@ -113,19 +113,26 @@ pub async fn serve_connection(
         stream,
         rbuf: BytesMut::with_capacity(READ_SPARE_MIN),
     };
-    let export = match negotiate(&mut wire, &exports).await {
-        Ok(Some(export)) => export,
+    let session = match negotiate(&mut wire, &exports).await {
+        Ok(Some(session)) => session,
         Ok(None) => return Ok(()),
         // Probing clients (e.g. `qemu-img info`, `nbdinfo --list`) may just hang up.
         Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(()),
         Err(e) => return Err(e),
     };
-    transmit(wire, export, cfg).await
+    transmit(wire, session, cfg).await
+}
+
+/// What the client and server agreed on during negotiation.
+struct Session {
+    export: Export,
+    /// Structured replies negotiated: READ replies are chunks, as the protocol then requires.
+    structured: bool,
 }
 
 /// Runs the fixed-newstyle handshake. Returns the export to serve, or `None` if the client
 /// ended the negotiation.
-async fn negotiate(wire: &mut Wire, exports: &[Export]) -> io::Result<Option<Export>> {
+async fn negotiate(wire: &mut Wire, exports: &[Export]) -> io::Result<Option<Session>> {
     let mut out = BytesMut::with_capacity(256);
     out.put_u64(NBDMAGIC);
     out.put_u64(IHAVEOPT);
@@ -136,6 +143,7 @@ async fn negotiate(wire: &mut Wire, exports: &[Export]) -> io::Result<Option<Exp
         return Err(protocol_err(ProtocolError::NotFixedNewstyle(client_flags)));
     }
     let no_zeroes = client_flags & FLAG_C_NO_ZEROES != 0;
+    let mut structured = false;
     loop {
         let hdr =
             parse_option_header(&wire.take(OPTION_HEADER_LEN).await?).map_err(protocol_err)?;
@@ -157,8 +165,18 @@ async fn negotiate(wire: &mut Wire, exports: &[Export]) -> io::Result<Option<Exp
                     out.put_bytes(0, 124);
                 }
                 wire.send(&mut out).await?;
-                return Ok(Some(export));
+                return Ok(Some(Session { export, structured }));
             }
+            OPT_STRUCTURED_REPLY if data.is_empty() => {
+                structured = true;
+                put_option_reply(&mut out, hdr.option, REP_ACK, &[]);
+            }
+            OPT_STRUCTURED_REPLY => put_option_reply(
+                &mut out,
+                hdr.option,
+                REP_ERR_INVALID,
+                b"STRUCTURED_REPLY takes no data",
+            ),
             OPT_ABORT => {
                 put_option_reply(&mut out, hdr.option, REP_ACK, &[]);
                 let _ = wire.send(&mut out).await;
@@ -190,7 +208,7 @@ async fn negotiate(wire: &mut Wire, exports: &[Export]) -> io::Result<Option<Exp
                         put_option_reply(&mut out, hdr.option, REP_ACK, &[]);
                         if hdr.option == OPT_GO {
                             wire.send(&mut out).await?;
-                            return Ok(Some(export));
+                            return Ok(Some(Session { export, structured }));
                         }
                     }
                 },
@@ -198,7 +216,7 @@ async fn negotiate(wire: &mut Wire, exports: &[Export]) -> io::Result<Option<Exp
             OPT_LIST => {
                 put_option_reply(&mut out, hdr.option, REP_ERR_INVALID, b"LIST takes no data")
             }
-            // STARTTLS, STRUCTURED_REPLY, meta contexts…: not offered; clients fall back.
+            // STARTTLS, meta contexts (block status)…: not offered; clients fall back.
             other => {
                 let msg = format!("option {other} is not supported");
                 put_option_reply(&mut out, hdr.option, REP_ERR_UNSUP, msg.as_bytes());
@@ -237,17 +255,27 @@ struct Replies {
     /// The reader is done and every request finished: the writer flushes and closes.
     closing: Cell<bool>,
     failed: Cell<bool>,
+    structured: bool,
 }
 
 impl Replies {
-    fn push(&self, cookie: u64, error: u32, data: Option<&[u8]>) {
+    /// Queues the reply to `req`: READ data travels in it when `data` is `Some`.
+    fn push(&self, req: &Request, error: u32, data: Option<&[u8]>) {
         if self.failed.get() {
             return;
         }
         let mut buf = self.buf.borrow_mut();
-        put_simple_reply(&mut buf, error, cookie);
-        if let Some(d) = data {
-            buf.put_slice(d);
+        // With structured replies a READ must be answered in chunks; other commands may keep
+        // simple replies.
+        match (self.structured && req.cmd == CMD_READ, error, data) {
+            (true, 0, d) => put_read_chunk(&mut buf, req.cookie, req.offset, d.unwrap_or(&[])),
+            (true, e, _) => put_error_chunk(&mut buf, req.cookie, e),
+            (false, e, d) => {
+                put_simple_reply(&mut buf, e, req.cookie);
+                if let (0, Some(d)) = (e, d) {
+                    buf.put_slice(d);
+                }
+            }
         }
         drop(buf);
         self.bell.ring();
@@ -330,13 +358,14 @@ async fn execute(export: &Export, req: Request, payload: Bytes, replies: &Replie
         other => other,
     };
     match result {
-        Ok(data) => replies.push(req.cookie, 0, data.as_deref()),
-        Err(e) => replies.push(req.cookie, e, None),
+        Ok(data) => replies.push(&req, 0, data.as_deref()),
+        Err(e) => replies.push(&req, e, None),
     }
 }
 
 /// The transmission phase: read requests, run each as a task, stop on DISC or EOF.
-async fn transmit(wire: Wire, export: Export, cfg: NbdConfig) -> io::Result<()> {
+async fn transmit(wire: Wire, session: Session, cfg: NbdConfig) -> io::Result<()> {
+    let Session { export, structured } = session;
     let Wire { stream, mut rbuf } = wire;
     let (rd, wr) = stream.into_split();
     let mut wire = Wire {
@@ -348,6 +377,7 @@ async fn transmit(wire: Wire, export: Export, cfg: NbdConfig) -> io::Result<()> 
         bell: Doorbell::default(),
         closing: Cell::new(false),
         failed: Cell::new(false),
+        structured,
     });
     let writer = carmine_reactor::spawn(write_replies(replies.clone(), wr));
     let export = Rc::new(export);
@@ -373,7 +403,7 @@ async fn transmit(wire: Wire, export: Export, cfg: NbdConfig) -> io::Result<()> 
             ));
         }
         if req.cmd == CMD_READ && req.len > PAYLOAD_LEN_MAX {
-            replies.push(req.cookie, EOVERFLOW, None);
+            replies.push(&req, EOVERFLOW, None);
             continue;
         }
         // A write whose payload never fully arrives is never started.

@@ -164,7 +164,7 @@ fn closed(s: &mut TcpStream) -> bool {
 fn unknown_options_are_refused_and_negotiation_continues() {
     let (osd, addr) = start();
     let mut s = hello(addr);
-    send_option(&mut s, 8, &[]); // STRUCTURED_REPLY: not offered
+    send_option(&mut s, 5, &[]); // STARTTLS: not offered
     assert_eq!(option_reply(&mut s).0, (1 << 31) | 1);
     send_option(&mut s, 3, b"junk"); // LIST with data is invalid
     assert_eq!(option_reply(&mut s).0, (1 << 31) | 3);
@@ -278,5 +278,36 @@ fn bad_request_magic_and_oversized_writes_end_only_that_connection() {
     assert_eq!(go(&mut s, "vol"), 1);
     request(&mut s, 0, 2, 0, 512, &[]);
     assert_eq!(reply(&mut s, 512).0, 0);
+    osd.shutdown().unwrap();
+}
+
+#[test]
+fn with_structured_replies_reads_come_back_as_data_and_error_chunks() {
+    let (osd, addr) = start();
+    let mut s = hello(addr);
+    send_option(&mut s, 8, &[]);
+    assert_eq!(option_reply(&mut s).0, 1);
+    assert_eq!(go(&mut s, "vol"), 1);
+    request(&mut s, 1, 1, 8192, 4, b"wxyz");
+    assert_eq!(
+        reply(&mut s, 0),
+        (0, 1, vec![]),
+        "writes keep simple replies"
+    );
+    request(&mut s, 0, 2, 8190, 8, &[]);
+    let h = read_n(&mut s, 20);
+    assert_eq!(u32_at(&h, 0), 0x668e_33ef);
+    assert_eq!(&h[4..8], &[0, 1, 0, 1], "flags DONE, type OFFSET_DATA");
+    assert_eq!(u64::from_be_bytes(h[8..16].try_into().unwrap()), 2);
+    assert_eq!(u32_at(&h, 16), 16);
+    let body = read_n(&mut s, 16);
+    assert_eq!(u64::from_be_bytes(body[..8].try_into().unwrap()), 8190);
+    assert_eq!(&body[8..], &[0, 0, b'w', b'x', b'y', b'z', 0, 0]);
+    request(&mut s, 0, 3, SIZE, 8, &[]);
+    let h = read_n(&mut s, 20);
+    assert_eq!(&h[4..8], &[0, 1, 0x80, 1], "flags DONE, type ERROR");
+    assert_eq!(u32_at(&h, 16), 6);
+    let body = read_n(&mut s, 6);
+    assert_eq!(u32_at(&body, 0), 22);
     osd.shutdown().unwrap();
 }
