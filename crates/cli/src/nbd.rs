@@ -24,6 +24,9 @@ pub struct ServeArgs {
     /// Address to listen on.
     #[arg(long, default_value = "127.0.0.1:10809")]
     pub listen: SocketAddr,
+    /// Also listen on this Unix-domain socket (clients: nbd+unix:///NAME?socket=PATH).
+    #[arg(long)]
+    pub unix: Option<std::path::PathBuf>,
     /// Refuse writes, trims and zeroing on every export.
     #[arg(long)]
     pub read_only: bool,
@@ -56,24 +59,46 @@ pub fn run(cmd: NbdCommand) -> Result<()> {
             .with_context(|| format!("listening on {}", a.listen))?;
         std_listener.set_nonblocking(true)?;
         let listener = carmine_reactor::TcpListener::from_std(std_listener)?;
+        let exports = Rc::new(exports);
+        let cfg = NbdConfig {
+            inflight_max: a.inflight_max,
+        };
+        let mode = if a.read_only {
+            "read-only"
+        } else {
+            "read-write"
+        };
         println!(
-            "nbd: serving {} on nbd://{}/ ({})",
+            "nbd: serving {} on nbd://{}/ ({mode})",
             a.exports.join(", "),
-            a.listen,
-            if a.read_only {
-                "read-only"
-            } else {
-                "read-write"
-            }
+            a.listen
         );
-        carmine_nbd::serve(
-            listener,
-            Rc::new(exports),
-            NbdConfig {
-                inflight_max: a.inflight_max,
-            },
-        )
-        .await?;
+        if let Some(path) = &a.unix {
+            remove_stale_socket(path)?;
+            let unix = carmine_reactor::UnixListener::bind(path)
+                .await
+                .with_context(|| format!("listening on {}", path.display()))?;
+            println!("nbd: serving on nbd+unix:///?socket={}", path.display());
+            let (exports, cfg) = (exports.clone(), cfg.clone());
+            carmine_reactor::spawn(async move {
+                if let Err(e) = carmine_nbd::serve_unix(unix, exports, cfg).await {
+                    eprintln!("nbd: unix socket listener failed: {e}");
+                }
+            })
+            .detach();
+        }
+        carmine_nbd::serve(listener, exports, cfg).await?;
         Ok(())
     })
+}
+
+/// A socket file left by an earlier gateway would make bind fail; anything else at that path
+/// is not ours to remove.
+fn remove_stale_socket(path: &std::path::Path) -> Result<()> {
+    use std::os::unix::fs::FileTypeExt;
+    match std::fs::symlink_metadata(path) {
+        Ok(m) if m.file_type().is_socket() => Ok(std::fs::remove_file(path)?),
+        Ok(_) => anyhow::bail!("{} exists and is not a socket", path.display()),
+        Err(_) => Ok(()),
+    }
 }

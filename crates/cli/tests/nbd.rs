@@ -400,3 +400,31 @@ fn a_real_ext4_filesystem_lives_on_a_volume() {
     let fsck = ok("fsck.ext4", &["-f", "-n", &l]);
     assert!(fsck.contains("Pass 5"), "{fsck}");
 }
+
+#[test]
+fn exports_are_reachable_over_a_unix_socket_too() {
+    let c = Cluster::up("nbd-unix", &[]);
+    c.ok(&["volume", "create", "disk", "--size", "16M"]);
+    let sock = c.dir.join("nbd.sock");
+    let sock_s = sock.to_str().unwrap().to_string();
+    let g = serve(&c, "disk", &["--unix", &sock_s]);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !sock.exists() {
+        assert!(Instant::now() < deadline, "unix socket not created");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let unix_url = format!("nbd+unix:///disk?socket={sock_s}");
+    let info = ok("nbdinfo", &[&unix_url]);
+    assert!(info.contains("export-size: 16777216"), "{info}");
+    let out = ok(
+        "qemu-io",
+        &["-f", "raw", "-c", "write -P 0x5c 64k 64k", &unix_url],
+    );
+    assert!(out.contains("wrote 65536/65536"), "{out}");
+    // The same data through TCP: both listeners serve the same volume.
+    let out = ok(
+        "qemu-io",
+        &["-f", "raw", "-c", "read -P 0x5c 64k 64k", &url(&g, "disk")],
+    );
+    assert!(!out.contains("failed"), "{out}");
+}

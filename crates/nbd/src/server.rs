@@ -4,7 +4,7 @@ use crate::protocol::*;
 use async_lock::Semaphore;
 use bytes::{BufMut, Bytes, BytesMut};
 use carmine_reactor::io::{read_some, shutdown_write, write_all};
-use carmine_reactor::{Doorbell, TcpListener, TcpStream};
+use carmine_reactor::{Doorbell, Socket, TcpListener, UnixListener};
 use carmine_volume::{Image, VolumeError};
 use std::cell::{Cell, RefCell};
 use std::io;
@@ -35,7 +35,7 @@ const READ_SPARE_MIN: usize = 256 * 1024;
 /// Preferred block size advertised to clients: the store's page.
 const BLOCK_SIZE_PREFERRED: u32 = 4096;
 
-/// Accepts connections until the listener fails; each connection is served by its own task.
+/// Accepts TCP connections until the listener fails; each connection is served by its own task.
 pub async fn serve(
     listener: TcpListener,
     exports: Rc<Vec<Export>>,
@@ -44,24 +44,44 @@ pub async fn serve(
     loop {
         let (stream, peer) = listener.accept().await?;
         let _ = stream.set_nodelay(true);
-        let (exports, cfg) = (exports.clone(), cfg.clone());
-        carmine_reactor::spawn(async move {
-            match serve_connection(stream, exports, cfg).await {
-                Ok(()) => tracing::info!(%peer, "nbd client disconnected"),
-                Err(e) => tracing::warn!(%peer, "nbd connection ended: {e}"),
-            }
-        })
-        .detach();
+        spawn_connection(stream, peer.to_string(), exports.clone(), cfg.clone());
     }
 }
 
+/// Accepts Unix-domain socket connections until the listener fails.
+pub async fn serve_unix(
+    listener: UnixListener,
+    exports: Rc<Vec<Export>>,
+    cfg: NbdConfig,
+) -> io::Result<()> {
+    loop {
+        let (stream, _) = listener.accept().await?;
+        spawn_connection(
+            stream,
+            "unix socket".to_string(),
+            exports.clone(),
+            cfg.clone(),
+        );
+    }
+}
+
+fn spawn_connection<S: Socket>(stream: S, peer: String, exports: Rc<Vec<Export>>, cfg: NbdConfig) {
+    carmine_reactor::spawn(async move {
+        match serve_connection(stream, exports, cfg).await {
+            Ok(()) => tracing::info!(peer, "nbd client disconnected"),
+            Err(e) => tracing::warn!(peer, "nbd connection ended: {e}"),
+        }
+    })
+    .detach();
+}
+
 /// Buffered reads of exact sizes from the socket.
-struct Wire {
-    stream: TcpStream,
+struct Wire<S> {
+    stream: S,
     rbuf: BytesMut,
 }
 
-impl Wire {
+impl<S: Socket> Wire<S> {
     async fn take(&mut self, n: usize) -> io::Result<Bytes> {
         while self.rbuf.len() < n {
             let spare = READ_SPARE_MIN.max(n - self.rbuf.len());
@@ -104,8 +124,8 @@ fn protocol_err(e: ProtocolError) -> io::Error {
 }
 
 /// Serves one client: option negotiation, then requests until it disconnects.
-pub async fn serve_connection(
-    stream: TcpStream,
+pub async fn serve_connection<S: Socket>(
+    stream: S,
     exports: Rc<Vec<Export>>,
     cfg: NbdConfig,
 ) -> io::Result<()> {
@@ -132,7 +152,10 @@ struct Session {
 
 /// Runs the fixed-newstyle handshake. Returns the export to serve, or `None` if the client
 /// ended the negotiation.
-async fn negotiate(wire: &mut Wire, exports: &[Export]) -> io::Result<Option<Session>> {
+async fn negotiate<S: Socket>(
+    wire: &mut Wire<S>,
+    exports: &[Export],
+) -> io::Result<Option<Session>> {
     let mut out = BytesMut::with_capacity(256);
     out.put_u64(NBDMAGIC);
     out.put_u64(IHAVEOPT);
@@ -282,7 +305,7 @@ impl Replies {
     }
 }
 
-async fn write_replies(replies: Rc<Replies>, mut stream: TcpStream) {
+async fn write_replies<S: Socket>(replies: Rc<Replies>, mut stream: S) {
     loop {
         replies.bell.wait().await;
         loop {
@@ -364,7 +387,7 @@ async fn execute(export: &Export, req: Request, payload: Bytes, replies: &Replie
 }
 
 /// The transmission phase: read requests, run each as a task, stop on DISC or EOF.
-async fn transmit(wire: Wire, session: Session, cfg: NbdConfig) -> io::Result<()> {
+async fn transmit<S: Socket>(wire: Wire<S>, session: Session, cfg: NbdConfig) -> io::Result<()> {
     let Session { export, structured } = session;
     let Wire { stream, mut rbuf } = wire;
     let (rd, wr) = stream.into_split();

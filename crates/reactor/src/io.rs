@@ -2,14 +2,32 @@
 
 use bytes::BytesMut;
 use compio::buf::{BufResult, IntoInner, IoBufMut};
-use compio::io::{AsyncRead, AsyncWriteExt};
-use compio::net::TcpStream;
+use compio::io::AsyncWriteExt;
+use compio::net::{TcpStream, UnixStream};
 use std::io;
+
+/// A connected byte stream the reactor can serve: TCP or a Unix-domain socket.
+pub trait Socket: compio::io::AsyncRead + compio::io::AsyncWrite + Sized + 'static {
+    /// Two handles on the same socket, so one task can read while another writes.
+    fn into_split(self) -> (Self, Self);
+}
+
+impl Socket for TcpStream {
+    fn into_split(self) -> (Self, Self) {
+        TcpStream::into_split(self)
+    }
+}
+
+impl Socket for UnixStream {
+    fn into_split(self) -> (Self, Self) {
+        UnixStream::into_split(self)
+    }
+}
 
 /// Reads whatever is available into the spare capacity of `buf` (reserving `min_spare` first),
 /// appending to its contents. Returns the number of bytes read; 0 means the peer closed.
-pub async fn read_some(
-    stream: &mut TcpStream,
+pub async fn read_some<S: Socket>(
+    stream: &mut S,
     mut buf: BytesMut,
     min_spare: usize,
 ) -> (io::Result<usize>, BytesMut) {
@@ -21,13 +39,13 @@ pub async fn read_some(
 }
 
 /// Writes all of `buf`, then hands it back cleared for reuse.
-pub async fn write_all(stream: &mut TcpStream, buf: BytesMut) -> (io::Result<()>, BytesMut) {
+pub async fn write_all<S: Socket>(stream: &mut S, buf: BytesMut) -> (io::Result<()>, BytesMut) {
     let BufResult(res, mut buf) = stream.write_all(buf).await;
     buf.clear();
     (res, buf)
 }
 
 /// Half-closes the stream: the peer reads end-of-stream once pending data is consumed.
-pub async fn shutdown_write(stream: &mut TcpStream) -> io::Result<()> {
+pub async fn shutdown_write<S: Socket>(stream: &mut S) -> io::Result<()> {
     compio::io::AsyncWrite::shutdown(stream).await
 }

@@ -15,9 +15,10 @@ pub use mailbox::{mailbox, Mailbox, MailboxSender};
 pub use notify::Doorbell;
 pub use thread::{spawn_reactor, ReactorHandle};
 
-pub use compio::net::{TcpListener, TcpStream};
+pub use compio::net::{TcpListener, TcpStream, UnixListener, UnixStream};
 pub use compio::runtime::spawn;
 pub use compio::time::{sleep, timeout};
+pub use io::Socket;
 
 /// Runs `fut` to completion on a fresh runtime on the current thread (for tools and tests).
 pub fn block_on<F: std::future::Future>(fut: F) -> F::Output {
