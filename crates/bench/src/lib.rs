@@ -3,6 +3,7 @@
 //! in the same run, and OSD CPU time per I/O sampled from /proc.
 
 mod ceiling;
+mod fio;
 mod machine;
 mod procstat;
 mod report;
@@ -20,8 +21,21 @@ use std::path::PathBuf;
 use std::time::Duration;
 use workload::{run_on_image, Workload};
 
+/// What generates the load.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Target {
+    /// The built-in load generator through Carmine's own client.
+    Carmine,
+    /// fio's nbd engine against `carmine nbd serve` exporting the benchmark volume.
+    FioNbd,
+}
+
 #[derive(Args, Debug, Clone)]
 pub struct BenchArgs {
+    /// Load generator: the built-in client, or fio through the NBD gateway.
+    #[arg(long, value_enum, default_value = "carmine")]
+    pub target: Target,
     /// Workloads to run, in order.
     #[arg(
         long,
@@ -118,7 +132,7 @@ fn bench_against(a: &BenchArgs, running: &carmine_localcluster::Running) -> Resu
     let osd_cpu = carmine_reactor::cpu::parse_cpu_list(&a.osd_cpu)?
         .first()
         .copied();
-    let ceiling_addr = if a.no_ceiling {
+    let ceiling_addr = if a.no_ceiling || a.target != Target::Carmine {
         None
     } else {
         Some(ceiling::start_server(osd_cpu)?)
@@ -140,6 +154,10 @@ fn bench_against(a: &BenchArgs, running: &carmine_localcluster::Running) -> Resu
         let info = volumes.create("bench", a.volume_size, None).await?;
         let image = volumes.open(&info.name).await?;
         prefill(&image).await?;
+        let gateway = match a.target {
+            Target::FioNbd => Some(NbdGateway::start(&dir)?),
+            Target::Carmine => None,
+        };
         let mut rows = Vec::new();
         for &wl in &a.workloads {
             let bs = if wl.is_random() {
@@ -150,7 +168,11 @@ fn bench_against(a: &BenchArgs, running: &carmine_localcluster::Running) -> Resu
             for &depth in &a.depths {
                 let cpu_before = procstat::cpu_ticks(&osd_pids);
                 let t0 = std::time::Instant::now();
-                let stats = run_on_image(&image, wl, bs, depth, ramp, step).await;
+                let stats = match &gateway {
+                    None => run_on_image(&image, wl, bs, depth, ramp, step).await,
+                    // fio is a separate process; this thread just waits for it.
+                    Some(g) => fio::run_nbd(&g.uri, a.volume_size, wl, bs, depth, ramp, step)?,
+                };
                 let window = t0.elapsed().as_secs_f64();
                 let osd_cpu_secs = procstat::cpu_seconds_since(&osd_pids, &cpu_before);
                 let ceiling = match ceiling_addr {
@@ -201,4 +223,48 @@ async fn prefill(image: &carmine_volume::Image) -> Result<()> {
         .try_collect::<Vec<()>>()
         .await?;
     Ok(())
+}
+
+/// `carmine nbd serve` for the benchmark volume, as a child process that inherits this
+/// thread's cpu pinning (the client cpu).
+struct NbdGateway {
+    child: std::process::Child,
+    uri: String,
+}
+
+impl NbdGateway {
+    fn start(cluster_dir: &std::path::Path) -> Result<Self> {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")?
+            .local_addr()?
+            .port();
+        let listen = format!("127.0.0.1:{port}");
+        let exe = std::env::current_exe()?;
+        let child = std::process::Command::new(exe)
+            .args([
+                "nbd", "serve", "--export", "bench", "--listen", &listen, "--dir",
+            ])
+            .arg(cluster_dir)
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .context("starting the NBD gateway")?;
+        let mut g = NbdGateway {
+            child,
+            uri: format!("nbd://{listen}/bench"),
+        };
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while std::net::TcpStream::connect(&listen).is_err() {
+            if g.child.try_wait()?.is_some() || std::time::Instant::now() > deadline {
+                anyhow::bail!("the NBD gateway did not start on {listen}");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Ok(g)
+    }
+}
+
+impl Drop for NbdGateway {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
 }

@@ -50,6 +50,7 @@ impl Row {
 #[derive(Clone, Debug, Serialize)]
 pub struct Run {
     pub carmine_version: &'static str,
+    pub target: crate::Target,
     pub machine: Machine,
     pub step_secs: f64,
     pub ramp_secs: f64,
@@ -64,6 +65,7 @@ impl Run {
     pub fn new(a: &BenchArgs, rows: Vec<Row>) -> Self {
         Run {
             carmine_version: env!("CARGO_PKG_VERSION"),
+            target: a.target,
             machine: Machine::read(),
             step_secs: a.step_secs,
             ramp_secs: a.ramp_secs,
@@ -80,6 +82,7 @@ pub fn markdown(run: &Run) -> String {
     let m = &run.machine;
     let mut s = format!(
         "# carmine bench\n\nmachine: {} ({} cpus, {}, kernel {}, {} GiB)  \n\
+         load: {}  \n\
          cluster: 1 OSD, {} reactor(s) on cpu {}, memory store; client pinned to cpu {}  \n\
          steps: {} s measured after {} s ramp; volume {} MiB, prefilled\n\n",
         m.hostname,
@@ -87,6 +90,11 @@ pub fn markdown(run: &Run) -> String {
         m.cpu_model,
         m.kernel,
         m.memory_gib,
+        match run.target {
+            crate::Target::Carmine => "built-in load generator through the Carmine client",
+            crate::Target::FioNbd =>
+                "fio (nbd engine, one job) through `carmine nbd serve`, both on the client cpu",
+        },
         run.reactors,
         run.osd_cpu,
         run.client_cpu,
