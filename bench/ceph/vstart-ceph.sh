@@ -1,0 +1,85 @@
+#!/usr/bin/env bash
+# A throw-away single-node Ceph from Debian's packages on 127.0.0.1, for side-by-side runs:
+# 1 mon, 1 mgr, 1 classic OSD (BlueStore on a sparse file, or MemStore), pool size 1, no auth.
+#
+#   bench/ceph/vstart-ceph.sh up   DIR [bluestore|memstore] [OSD_CPUS]   # prints CEPH_CONF=...
+#   bench/ceph/vstart-ceph.sh down DIR                                  # stops exactly those pids
+#
+# Needs: apt-get install ceph-mon ceph-osd ceph-mgr ceph-common (run as root).
+set -euo pipefail
+cmd=${1:?up|down}; dir=${2:?directory}
+store=${3:-bluestore}; osd_cpus=${4:-}
+
+down() {
+  for p in "$dir"/*.pid; do
+    [ -f "$p" ] || continue
+    pid=$(cat "$p")
+    if grep -qa -- "$dir" "/proc/$pid/cmdline" 2>/dev/null; then kill "$pid" 2>/dev/null || true; fi
+  done
+  for p in "$dir"/*.pid; do
+    [ -f "$p" ] || continue
+    pid=$(cat "$p")
+    for _ in $(seq 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+    kill -9 "$pid" 2>/dev/null || true
+    rm -f "$p"
+  done
+}
+
+if [ "$cmd" = down ]; then down; exit 0; fi
+
+mkdir -p "$dir"; dir=$(cd "$dir" && pwd)
+down
+rm -rf "${dir:?}"/{mon.a,osd.0,osd.0.block,mgr.x,run,*.log,ceph.conf,monmap,keyring}
+mkdir -p "$dir"/{mon.a,osd.0,mgr.x,run}
+fsid=$(cat /proc/sys/kernel/random/uuid)
+port=$((6800 + RANDOM % 1000))
+conf="$dir/ceph.conf"
+cat > "$conf" <<CONF
+[global]
+fsid = $fsid
+mon host = v1:127.0.0.1:$port
+public addr = 127.0.0.1
+auth cluster required = none
+auth service required = none
+auth client required = none
+auth supported = none
+osd pool default size = 1
+osd pool default min size = 1
+mon allow pool size one = true
+mon allow pool delete = true
+osd crush chooseleaf type = 0
+run dir = $dir/run
+admin socket = $dir/run/\$name.asok
+log file = $dir/\$name.log
+pid file = $dir/\$name.pid
+ms bind msgr2 = false
+keyring = $dir/keyring
+[mon.a]
+mon data = $dir/mon.a
+[mgr.x]
+mgr data = $dir/mgr.x
+[osd.0]
+osd data = $dir/osd.0
+osd objectstore = $store
+bluestore block path = $dir/osd.0.block
+bluestore block create = true
+bluestore block size = 8589934592
+bluestore fsck on mkfs = false
+memstore device bytes = 4294967296
+CONF
+
+ceph-authtool --create-keyring "$dir/keyring" --gen-key -n mon. --cap mon 'allow *' > /dev/null
+monmaptool --create --fsid "$fsid" --addv a "[v1:127.0.0.1:$port]" "$dir/monmap" > /dev/null
+ceph-mon -c "$conf" --mkfs -i a --monmap "$dir/monmap" --keyring "$dir/keyring"
+ceph-mon -c "$conf" -i a
+for _ in $(seq 50); do ceph -c "$conf" -s > /dev/null 2>&1 && break; sleep 0.2; done
+ceph-mgr -c "$conf" -i x
+uuid=$(cat /proc/sys/kernel/random/uuid)
+id=$(ceph -c "$conf" osd new "$uuid")
+ceph-osd -c "$conf" -i "$id" --mkfs --osd-uuid "$uuid" > "$dir/osd-mkfs.log" 2>&1
+if [ -n "$osd_cpus" ]; then taskset -c "$osd_cpus" ceph-osd -c "$conf" -i "$id"; else ceph-osd -c "$conf" -i "$id"; fi
+for _ in $(seq 100); do ceph -c "$conf" osd stat 2>/dev/null | grep -q "1 up" && break; sleep 0.2; done
+ceph -c "$conf" osd pool create rbd 32 32 > /dev/null 2>&1
+ceph -c "$conf" osd pool set rbd size 1 --yes-i-really-mean-it > /dev/null 2>&1
+rbd -c "$conf" pool init rbd
+echo "CEPH_CONF=$conf"
