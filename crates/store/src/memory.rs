@@ -514,7 +514,7 @@ impl MemStore {
         f(self.inner.borrow().object(cid, oid)?)
     }
 
-    /// `read`'s rules on an object already found: one zeroed buffer, then the pages copied in.
+    /// `read`'s rules on an object already found, into a buffer of its own.
     fn read_object(
         cid: CollectionId,
         oid: &str,
@@ -522,22 +522,13 @@ impl MemStore {
         off: u64,
         len: u64,
     ) -> Result<Bytes> {
-        let size = obj.data.size();
-        let end = if len == 0 {
-            size
-        } else {
-            (off + len).min(size)
-        };
-        if off >= end {
-            return Ok(Bytes::new());
-        }
-        check_io_len(cid, oid, end - off)?;
-        let mut buf = vec![0; (end - off) as usize];
-        obj.data.read_into(off, &mut buf);
-        Ok(Bytes::from(buf))
+        let mut out = BytesMut::new();
+        Self::read_object_into(cid, oid, obj, off, len, &mut out)?;
+        Ok(out.freeze())
     }
 
-    /// `read_object` appending to `out`: same checks, same bytes, no intermediate buffer.
+    /// `read`'s rules on an object already found, appending to `out`: holes are zeros, the
+    /// pages are copied in, nothing is allocated beyond `out`'s growth.
     fn read_object_into(
         cid: CollectionId,
         oid: &str,
