@@ -4,6 +4,7 @@
 
 mod ceiling;
 mod fio;
+mod heuristics;
 mod machine;
 mod procstat;
 mod report;
@@ -43,9 +44,34 @@ pub struct BenchArgs {
         default_value = "randread,randwrite,seqread,seqwrite"
     )]
     pub workloads: Vec<Workload>,
-    /// Queue depths (I/Os in flight) to step through.
-    #[arg(long, value_delimiter = ',', default_value = "1,16,64")]
-    pub depths: Vec<usize>,
+    /// Queue depths (I/Os in flight) for every workload; overrides the two lists below.
+    #[arg(long, value_delimiter = ',')]
+    pub depths: Option<Vec<usize>>,
+    /// Queue depths of the random workloads (the seeds' sweep).
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "1,2,4,8,16,24,32,40,52,64"
+    )]
+    pub random_depths: Vec<usize>,
+    /// Queue depths of the sequential workloads.
+    #[arg(long, value_delimiter = ',', default_value = "1,2,4,8,16")]
+    pub seq_depths: Vec<usize>,
+    /// Stop a workload's sweep once clat stdev/mean reaches this.
+    #[arg(long, default_value_t = 0.5)]
+    pub max_cv: f64,
+    /// Stop a workload's sweep once mean clat exceeds this many milliseconds.
+    #[arg(long, default_value_t = 20.0)]
+    pub max_latency_ms: f64,
+    /// The stdev/mean test applies only to steps whose mean clat is at least this (ms).
+    #[arg(long, default_value_t = 1.0)]
+    pub cv_min_latency_ms: f64,
+    /// Run every depth even when a step crossed the early-exit limits.
+    #[arg(long)]
+    pub no_early_exit: bool,
+    /// Report the deepest queue whose p99.9 latency stays under this many milliseconds.
+    #[arg(long, default_value_t = 10.0)]
+    pub latency_target_ms: f64,
     /// Block size of the random workloads.
     #[arg(long, default_value = "4K", value_parser = parse_size)]
     pub random_bs: u64,
@@ -53,7 +79,7 @@ pub struct BenchArgs {
     #[arg(long, default_value = "64K", value_parser = parse_size)]
     pub seq_bs: u64,
     /// Measured seconds per step.
-    #[arg(long, default_value_t = 5.0)]
+    #[arg(long, default_value_t = 3.0)]
     pub step_secs: f64,
     /// Unmeasured warm-up seconds before each step.
     #[arg(long, default_value_t = 1.0)]
@@ -73,7 +99,7 @@ pub struct BenchArgs {
     /// Skip the loopback RPC ceiling steps.
     #[arg(long)]
     pub no_ceiling: bool,
-    /// Seconds-long smoke run: 1 s steps, 0.2 s ramp, 64 MiB volume.
+    /// Half-minute smoke run: 1 s steps, 0.2 s ramp, 64 MiB volume, depths 1, 16, 64.
     #[arg(long)]
     pub quick: bool,
     /// Report directory (default: carmine-bench/<date>-<time>).
@@ -86,6 +112,7 @@ pub fn run(mut a: BenchArgs) -> Result<()> {
         a.step_secs = 1.0;
         a.ramp_secs = 0.2;
         a.volume_size = a.volume_size.min(64 << 20);
+        a.depths.get_or_insert_with(|| vec![1, 16, 64]);
     }
     let out_dir = a
         .output
@@ -165,7 +192,17 @@ fn bench_against(a: &BenchArgs, running: &carmine_localcluster::Running) -> Resu
             } else {
                 a.seq_bs
             };
-            for &depth in &a.depths {
+            let depths = match (&a.depths, wl.is_random()) {
+                (Some(d), _) => d.clone(),
+                (None, true) => a.random_depths.clone(),
+                (None, false) => a.seq_depths.clone(),
+            };
+            let early_exit = heuristics::EarlyExit {
+                max_cv: a.max_cv,
+                max_mean_ms: a.max_latency_ms,
+                cv_min_mean_ms: a.cv_min_latency_ms,
+            };
+            for depth in depths {
                 let cpu_before = procstat::cpu_ticks(&osd_pids);
                 let t0 = std::time::Instant::now();
                 let stats = match &gateway {
@@ -194,15 +231,15 @@ fn bench_against(a: &BenchArgs, running: &carmine_localcluster::Running) -> Resu
                     stats.iops,
                     stats.lat_mean_us
                 );
-                rows.push(Row::new(
-                    wl,
-                    bs,
-                    depth,
-                    stats,
-                    ceiling,
-                    osd_cpu_secs,
-                    window,
-                ));
+                let stop = early_exit.reason(&stats);
+                let mut row = Row::new(wl, bs, depth, stats, ceiling, osd_cpu_secs, window);
+                if let Some(why) = stop.filter(|_| !a.no_early_exit) {
+                    eprintln!("{:>9}: early exit after qd{depth}: {why}", wl.name());
+                    row.early_exit = Some(why);
+                    rows.push(row);
+                    break;
+                }
+                rows.push(row);
             }
         }
         Ok(Run::new(&a, rows))

@@ -15,6 +15,8 @@ pub struct Row {
     /// OSD process CPU seconds per wall second over the step (ramp included).
     pub osd_cpu_cores: f64,
     pub osd_cpu_us_per_io: f64,
+    /// Set on the step after which the sweep stopped, with the reason.
+    pub early_exit: Option<String>,
 }
 
 impl Row {
@@ -36,6 +38,7 @@ impl Row {
             0.0
         };
         Row {
+            early_exit: None,
             workload,
             bs,
             depth,
@@ -58,6 +61,7 @@ pub struct Run {
     pub osd_cpu: String,
     pub client_cpu: u32,
     pub reactors: u32,
+    pub latency_target_ms: f64,
     pub rows: Vec<Row>,
 }
 
@@ -73,6 +77,7 @@ impl Run {
             osd_cpu: a.osd_cpu.clone(),
             client_cpu: a.client_cpu,
             reactors: a.reactors,
+            latency_target_ms: a.latency_target_ms,
             rows,
         }
     }
@@ -120,6 +125,40 @@ pub fn markdown(run: &Run) -> String {
             r.workload.name(), r.bs >> 10, r.depth, c.iops, c.mib_s, c.lat_mean_us, c.lat_stdev_us, c.lat_p50_us,
             c.lat_p99_us, c.lat_p999_us, r.osd_cpu_cores * 100.0, r.osd_cpu_us_per_io, ci, pct, cl, lr, c.errors
         ));
+    }
+    let exits: Vec<&Row> = run.rows.iter().filter(|r| r.early_exit.is_some()).collect();
+    if !exits.is_empty() {
+        s.push_str("\nEarly exits (`--no-early-exit` runs every depth):\n\n");
+        for r in exits {
+            let why = r.early_exit.as_deref().unwrap_or_default();
+            s.push_str(&format!(
+                "- {} stopped after qd {}: {why}\n",
+                r.workload.name(),
+                r.depth
+            ));
+        }
+    }
+    let target_us = run.latency_target_ms * 1000.0;
+    s.push_str(&format!(
+        "\nLatency target: deepest queue with p99.9 <= {} ms\n\n| workload | qd | IOPS | p99.9 us |\n|---|---|---|---|\n",
+        run.latency_target_ms
+    ));
+    let mut seen = Vec::new();
+    for r in &run.rows {
+        if seen.contains(&r.workload) {
+            continue;
+        }
+        seen.push(r.workload);
+        match crate::heuristics::deepest_within(&run.rows, r.workload, target_us) {
+            Some(best) => s.push_str(&format!(
+                "| {} | {} | {:.0} | {:.1} |\n",
+                best.workload.name(),
+                best.depth,
+                best.carmine.iops,
+                best.carmine.lat_p999_us
+            )),
+            None => s.push_str(&format!("| {} | none | - | - |\n", r.workload.name())),
+        }
     }
     s
 }

@@ -9,7 +9,7 @@ fn bench(name: &str, args: &[&str]) -> serde_json::Value {
     let out_dir = std::env::temp_dir().join(format!("carmine-bench-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&out_dir);
     let out = Command::new(BIN)
-        .args(["bench", "--quick", "--step-secs", "0.5", "--output"])
+        .args(["bench", "--quick", "--no-early-exit", "--output"])
         .arg(&out_dir)
         .args(args)
         .output()
