@@ -3,6 +3,7 @@
 //! in the same run, and OSD CPU time per I/O sampled from /proc.
 
 mod ceiling;
+pub mod compare;
 mod fio;
 mod heuristics;
 mod machine;
@@ -32,8 +33,33 @@ pub enum Target {
     FioNbd,
 }
 
+/// Work on finished runs instead of measuring.
+#[derive(clap::Subcommand, Debug, Clone)]
+pub enum BenchAction {
+    /// Put runs side by side: IOPS and mean latency per step, ratios to the first run.
+    Compare {
+        /// Run directories (or their results.json).
+        #[arg(required = true)]
+        runs: Vec<PathBuf>,
+    },
+    /// Exit non-zero when a run lost IOPS or gained latency beyond a tolerance.
+    Check {
+        /// The reference run.
+        #[arg(long)]
+        baseline: PathBuf,
+        /// The run to check.
+        run: PathBuf,
+        /// Allowed change, in percent.
+        #[arg(long, default_value_t = 5.0)]
+        tolerance_pct: f64,
+    },
+}
+
 #[derive(Args, Debug, Clone)]
+#[command(args_conflicts_with_subcommands = true)]
 pub struct BenchArgs {
+    #[command(subcommand)]
+    pub action: Option<BenchAction>,
     /// Load generator: the built-in client, or fio through the NBD gateway.
     #[arg(long, value_enum, default_value = "carmine")]
     pub target: Target,
@@ -108,6 +134,34 @@ pub struct BenchArgs {
 }
 
 pub fn run(mut a: BenchArgs) -> Result<()> {
+    match a.action.take() {
+        Some(BenchAction::Compare { runs }) => {
+            print!("{}", compare::compare(&runs)?);
+            return Ok(());
+        }
+        Some(BenchAction::Check {
+            baseline,
+            run,
+            tolerance_pct,
+        }) => {
+            let problems = compare::check(&baseline, &run, tolerance_pct)?;
+            if problems.is_empty() {
+                println!(
+                    "ok: every step within {tolerance_pct}% of {}",
+                    baseline.display()
+                );
+                return Ok(());
+            }
+            for p in &problems {
+                println!("REGRESSION {p}");
+            }
+            anyhow::bail!(
+                "{} step(s) regressed beyond {tolerance_pct}%",
+                problems.len()
+            );
+        }
+        None => {}
+    }
     if a.quick {
         a.step_secs = 1.0;
         a.ramp_secs = 0.2;
