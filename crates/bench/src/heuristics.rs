@@ -87,8 +87,7 @@ mod tests {
                 depth,
                 stats(100.0, 10.0, p999),
                 None,
-                0.1,
-                1.0,
+                Default::default(),
             )
         };
         let rows = vec![

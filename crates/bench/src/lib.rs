@@ -257,15 +257,13 @@ fn bench_against(a: &BenchArgs, running: &carmine_localcluster::Running) -> Resu
                 cv_min_mean_ms: a.cv_min_latency_ms,
             };
             for depth in depths {
-                let cpu_before = procstat::cpu_ticks(&osd_pids);
-                let t0 = std::time::Instant::now();
+                let before = procstat::snapshot(&osd_pids);
                 let stats = match &gateway {
                     None => run_on_image(&image, wl, bs, depth, ramp, step).await,
                     // fio is a separate process; this thread just waits for it.
                     Some(g) => fio::run_nbd(&g.uri, a.volume_size, wl, bs, depth, ramp, step)?,
                 };
-                let window = t0.elapsed().as_secs_f64();
-                let osd_cpu_secs = procstat::cpu_seconds_since(&osd_pids, &cpu_before);
+                let usage = procstat::usage(&before, &procstat::snapshot(&osd_pids), &osd_pids);
                 let ceiling = match ceiling_addr {
                     Some(addr) => {
                         let (req, rep) = if wl.is_write() {
@@ -286,7 +284,7 @@ fn bench_against(a: &BenchArgs, running: &carmine_localcluster::Running) -> Resu
                     stats.lat_mean_us
                 );
                 let stop = early_exit.reason(&stats);
-                let mut row = Row::new(wl, bs, depth, stats, ceiling, osd_cpu_secs, window);
+                let mut row = Row::new(wl, bs, depth, stats, ceiling, usage);
                 if let Some(why) = stop.filter(|_| !a.no_early_exit) {
                     eprintln!("{:>9}: early exit after qd{depth}: {why}", wl.name());
                     row.early_exit = Some(why);

@@ -1,27 +1,157 @@
-//! CPU time of processes from /proc/PID/stat (utime + stime).
+//! CPU and memory of the OSD processes (per thread, so per reactor) and of this client process,
+//! sampled from /proc before and after each step.
 
-/// Clock ticks (utime + stime) per pid; missing processes count as zero.
-pub fn cpu_ticks(pids: &[i32]) -> Vec<u64> {
-    pids.iter().map(|p| ticks(*p).unwrap_or(0)).collect()
+use serde::Serialize;
+use std::collections::BTreeMap;
+use std::time::Instant;
+
+/// Per-thread clock ticks of the OSDs and of this process at one instant.
+pub struct Snapshot {
+    at: Instant,
+    /// (pid, tid) → (thread name, utime, stime)
+    osd_threads: BTreeMap<(i32, i32), (String, u64, u64)>,
+    client: (u64, u64),
 }
 
-fn ticks(pid: i32) -> Option<u64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // Fields after the parenthesised command name; utime and stime are fields 14 and 15.
-    let rest = stat.rsplit_once(')')?.1;
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct ThreadUsage {
+    pub pid: i32,
+    pub name: String,
+    /// Percent of one core over the step.
+    pub cpu_pct: f64,
+}
+
+/// What the OSDs and the client used between two snapshots.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Usage {
+    pub wall_secs: f64,
+    pub osd_usr_pct: f64,
+    pub osd_sys_pct: f64,
+    /// Busiest-first OSD threads (reactors are named `osd<id>-r<n>`).
+    pub osd_threads: Vec<ThreadUsage>,
+    pub osd_rss_mib: f64,
+    pub client_usr_pct: f64,
+    pub client_sys_pct: f64,
+}
+
+/// (utime, stime) and the thread name from a `stat` file's contents.
+fn parse_stat(stat: &str) -> Option<(String, u64, u64)> {
+    let open = stat.find('(')?;
+    let (name, rest) = stat[open + 1..].rsplit_once(')')?;
     let f: Vec<&str> = rest.split_whitespace().collect();
-    Some(f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?)
+    Some((
+        name.to_string(),
+        f.get(11)?.parse().ok()?,
+        f.get(12)?.parse().ok()?,
+    ))
 }
 
-/// CPU seconds used by `pids` since `before` was sampled.
-pub fn cpu_seconds_since(pids: &[i32], before: &[u64]) -> f64 {
+pub fn snapshot(osd_pids: &[i32]) -> Snapshot {
+    let mut osd_threads = BTreeMap::new();
+    for &pid in osd_pids {
+        let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+            continue;
+        };
+        for t in tasks.flatten() {
+            let Ok(tid) = t.file_name().to_string_lossy().parse::<i32>() else {
+                continue;
+            };
+            if let Some(s) = std::fs::read_to_string(t.path().join("stat"))
+                .ok()
+                .and_then(|s| parse_stat(&s))
+            {
+                osd_threads.insert((pid, tid), s);
+            }
+        }
+    }
+    let client = std::fs::read_to_string("/proc/self/stat")
+        .ok()
+        .and_then(|s| parse_stat(&s))
+        .map_or((0, 0), |(_, u, s)| (u, s));
+    Snapshot {
+        at: Instant::now(),
+        osd_threads,
+        client,
+    }
+}
+
+fn rss_mib(pid: i32) -> f64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmRSS:"))
+                .map(str::to_owned)
+        })
+        .and_then(|l| {
+            l.split_whitespace()
+                .nth(1)
+                .and_then(|kib| kib.parse::<f64>().ok())
+        })
+        .map_or(0.0, |kib| kib / 1024.0)
+}
+
+/// The usage between `before` and `after`; RSS is read now.
+pub fn usage(before: &Snapshot, after: &Snapshot, osd_pids: &[i32]) -> Usage {
     // SAFETY: sysconf has no preconditions.
     let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
-    let after = cpu_ticks(pids);
-    after
-        .iter()
-        .zip(before)
-        .map(|(a, b)| a.saturating_sub(*b))
-        .sum::<u64>() as f64
-        / hz
+    let wall = (after.at - before.at).as_secs_f64().max(1e-9);
+    let pct = |ticks: u64| ticks as f64 / hz / wall * 100.0;
+    let (mut usr, mut sys) = (0u64, 0u64);
+    let mut threads = Vec::new();
+    for (key, (name, u1, s1)) in &after.osd_threads {
+        let (u0, s0) = before
+            .osd_threads
+            .get(key)
+            .map_or((0, 0), |(_, u, s)| (*u, *s));
+        let (du, ds) = (u1.saturating_sub(u0), s1.saturating_sub(s0));
+        usr += du;
+        sys += ds;
+        threads.push(ThreadUsage {
+            pid: key.0,
+            name: name.clone(),
+            cpu_pct: pct(du + ds),
+        });
+    }
+    threads.sort_by(|a, b| b.cpu_pct.total_cmp(&a.cpu_pct));
+    threads.truncate(16);
+    Usage {
+        wall_secs: wall,
+        osd_usr_pct: pct(usr),
+        osd_sys_pct: pct(sys),
+        osd_threads: threads,
+        osd_rss_mib: osd_pids.iter().map(|p| rss_mib(*p)).sum(),
+        client_usr_pct: pct(after.client.0.saturating_sub(before.client.0)),
+        client_sys_pct: pct(after.client.1.saturating_sub(before.client.1)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stat_lines_with_odd_thread_names_parse() {
+        let line = "123 (osd0-r0 (x)) S 1 2 3 4 5 6 7 8 9 10 250 40 0 0";
+        assert_eq!(parse_stat(line), Some(("osd0-r0 (x)".to_string(), 250, 40)));
+        assert_eq!(parse_stat("garbage"), None);
+    }
+
+    #[test]
+    fn this_process_cpu_is_seen() {
+        let before = snapshot(&[std::process::id() as i32]);
+        let t = Instant::now();
+        let mut x = 0u64;
+        while t.elapsed().as_millis() < 200 {
+            x = x.wrapping_mul(31).wrapping_add(7);
+        }
+        std::hint::black_box(x);
+        let u = usage(
+            &before,
+            &snapshot(&[std::process::id() as i32]),
+            &[std::process::id() as i32],
+        );
+        assert!(u.osd_usr_pct + u.osd_sys_pct > 10.0, "{u:?}");
+        assert!(u.osd_rss_mib > 0.0);
+    }
 }

@@ -1,6 +1,7 @@
 //! Run records and the markdown report.
 
 use crate::machine::Machine;
+use crate::procstat::Usage;
 use crate::workload::{StepStats, Workload};
 use crate::BenchArgs;
 use serde::Serialize;
@@ -17,21 +18,22 @@ pub struct Row {
     pub osd_cpu_us_per_io: f64,
     /// Set on the step after which the sweep stopped, with the reason.
     pub early_exit: Option<String>,
+    /// CPU (per OSD thread too), OSD memory and client CPU over the step.
+    pub usage: Usage,
 }
 
 impl Row {
-    /// `osd_cpu_secs` was sampled over `window_secs` of wall time (ramp + step); the I/O rate
-    /// is taken as steady over that window.
+    /// `usage` was sampled over the whole step, ramp included; the I/O rate is taken as steady
+    /// over that window.
     pub fn new(
         workload: Workload,
         bs: u64,
         depth: usize,
         carmine: StepStats,
         ceiling: Option<StepStats>,
-        osd_cpu_secs: f64,
-        window_secs: f64,
+        usage: Usage,
     ) -> Self {
-        let osd_cpu_cores = osd_cpu_secs / window_secs.max(1e-9);
+        let osd_cpu_cores = (usage.osd_usr_pct + usage.osd_sys_pct) / 100.0;
         let osd_cpu_us_per_io = if carmine.iops > 0.0 {
             osd_cpu_cores * 1e6 / carmine.iops
         } else {
@@ -46,6 +48,7 @@ impl Row {
             ceiling,
             osd_cpu_cores,
             osd_cpu_us_per_io,
+            usage,
         }
     }
 }
@@ -107,8 +110,8 @@ pub fn markdown(run: &Run) -> String {
         run.ramp_secs,
         run.volume_size >> 20
     );
-    s.push_str("| workload | bs | qd | IOPS | MiB/s | mean us | stdev us | p50 us | p99 us | p99.9 us | OSD cpu | OSD us/IO | ceiling IOPS | % of ceiling | ceiling mean us | latency / ceiling | errors |\n");
-    s.push_str("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+    s.push_str("| workload | bs | qd | IOPS | MiB/s | total_ios | mean us | stdev us | p50 us | p99 us | p99.9 us | usr_cpu | sys_cpu | OSD cpu | OSD us/IO | OSD MiB | busiest reactor | ceiling IOPS | % of ceiling | ceiling mean us | latency / ceiling | errors |\n");
+    s.push_str("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     for r in &run.rows {
         let c = &r.carmine;
         let (ci, pct, cl, lr) = match &r.ceiling {
@@ -120,10 +123,17 @@ pub fn markdown(run: &Run) -> String {
             ),
             None => ("-".into(), "-".into(), "-".into(), "-".into()),
         };
+        let u = &r.usage;
+        let busiest = u
+            .osd_threads
+            .iter()
+            .find(|t| t.name.contains("-r"))
+            .map_or("-".to_string(), |t| format!("{} {:.0}%", t.name, t.cpu_pct));
         s.push_str(&format!(
-            "| {} | {}K | {} | {:.0} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.0}% | {:.1} | {} | {} | {} | {} | {} |\n",
-            r.workload.name(), r.bs >> 10, r.depth, c.iops, c.mib_s, c.lat_mean_us, c.lat_stdev_us, c.lat_p50_us,
-            c.lat_p99_us, c.lat_p999_us, r.osd_cpu_cores * 100.0, r.osd_cpu_us_per_io, ci, pct, cl, lr, c.errors
+            "| {} | {}K | {} | {:.0} | {:.1} | {} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.0}% | {:.0}% | {:.0}% | {:.1} | {:.0} | {} | {} | {} | {} | {} | {} |\n",
+            r.workload.name(), r.bs >> 10, r.depth, c.iops, c.mib_s, c.ios, c.lat_mean_us, c.lat_stdev_us, c.lat_p50_us,
+            c.lat_p99_us, c.lat_p999_us, u.client_usr_pct, u.client_sys_pct, r.osd_cpu_cores * 100.0,
+            r.osd_cpu_us_per_io, u.osd_rss_mib, busiest, ci, pct, cl, lr, c.errors
         ));
     }
     let exits: Vec<&Row> = run.rows.iter().filter(|r| r.early_exit.is_some()).collect();
