@@ -21,7 +21,7 @@ use futures::stream::{self, StreamExt, TryStreamExt};
 use report::{Row, Run};
 use std::path::PathBuf;
 use std::time::Duration;
-use workload::{run_on_image, Workload};
+use workload::{run_on_image_observed, Workload};
 
 /// What generates the load.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
@@ -259,7 +259,13 @@ fn bench_against(a: &BenchArgs, running: &carmine_localcluster::Running) -> Resu
             for depth in depths {
                 let before = procstat::snapshot(&osd_pids);
                 let stats = match &gateway {
-                    None => run_on_image(&image, wl, bs, depth, ramp, step).await,
+                    None => {
+                        let bar = step_progress(&format!("{} {}K qd{depth}", wl.name(), bs >> 10));
+                        let s =
+                            run_on_image_observed(&image, wl, bs, depth, ramp, step, &bar).await;
+                        bar.finish_and_clear();
+                        s
+                    }
                     // fio is a separate process; this thread just waits for it.
                     Some(g) => fio::run_nbd(&g.uri, a.volume_size, wl, bs, depth, ramp, step)?,
                 };
@@ -356,4 +362,16 @@ impl Drop for NbdGateway {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// A bar for one step: fills over ramp + step, with live IOPS in its message. Drawn only when
+/// stderr is a terminal.
+fn step_progress(label: &str) -> indicatif::ProgressBar {
+    let bar = indicatif::ProgressBar::new(1000).with_style(
+        indicatif::ProgressStyle::with_template("{msg:>36} [{bar:30}] {elapsed}")
+            .expect("valid template")
+            .progress_chars("=> "),
+    );
+    bar.set_message(label.to_string());
+    bar
 }

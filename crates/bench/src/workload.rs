@@ -5,6 +5,7 @@ use bytes::Bytes;
 use carmine_volume::Image;
 use futures::future::join_all;
 use hdrhistogram::Histogram;
+use indicatif::ProgressBar;
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
 use std::cell::{Cell, RefCell};
@@ -65,6 +66,22 @@ where
     F: Fn(usize, u64) -> Fut,
     Fut: Future<Output = bool>,
 {
+    closed_loop_observed(depth, ramp, run, bytes_per_io, op, &ProgressBar::hidden()).await
+}
+
+/// `closed_loop`, showing live IOPS and the step's progress on `progress` four times a second.
+pub async fn closed_loop_observed<F, Fut>(
+    depth: usize,
+    ramp: Duration,
+    run: Duration,
+    bytes_per_io: u64,
+    op: F,
+    progress: &ProgressBar,
+) -> StepStats
+where
+    F: Fn(usize, u64) -> Fut,
+    Fut: Future<Output = bool>,
+{
     let hist = RefCell::new(
         Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3).expect("valid bounds"),
     );
@@ -95,7 +112,32 @@ where
             }
         }
     };
-    join_all((0..depth).map(worker)).await;
+    let total = (ramp + run).as_secs_f64().max(1e-9);
+    progress.set_length(1000);
+    let ticker = async {
+        let label = progress.message();
+        loop {
+            let now = Instant::now();
+            if now >= end {
+                break;
+            }
+            carmine_reactor::sleep(Duration::from_millis(250).min(end - now)).await;
+            let measured = Instant::now()
+                .saturating_duration_since(measure_from)
+                .as_secs_f64();
+            let iops = if measured > 0.0 {
+                hist.borrow().len() as f64 / measured
+            } else {
+                0.0
+            };
+            progress.set_position(
+                ((start.elapsed().as_secs_f64() / total) * 1000.0).min(1000.0) as u64,
+            );
+            progress.set_message(format!("{label}: {iops:.0} IOPS"));
+        }
+        progress.set_message(label);
+    };
+    futures::future::join(join_all((0..depth).map(worker)), ticker).await;
     let seconds = (Instant::now() - measure_from).as_secs_f64().max(1e-9);
     let h = hist.into_inner();
     let us = |ns: f64| ns / 1000.0;
@@ -124,29 +166,49 @@ pub async fn run_on_image(
     ramp: Duration,
     run: Duration,
 ) -> StepStats {
+    run_on_image_observed(image, wl, bs, depth, ramp, run, &ProgressBar::hidden()).await
+}
+
+/// `run_on_image` with live progress on `progress`.
+pub async fn run_on_image_observed(
+    image: &Image,
+    wl: Workload,
+    bs: u64,
+    depth: usize,
+    ramp: Duration,
+    run: Duration,
+    progress: &ProgressBar,
+) -> StepStats {
     let blocks = (image.size() / bs).max(1);
     let data = Bytes::from(vec![0xa5u8; bs as usize]);
     let cursor = Cell::new(0u64);
     let rngs: Vec<RefCell<rand::rngs::SmallRng>> = (0..depth)
         .map(|w| RefCell::new(rand::rngs::SmallRng::seed_from_u64(w as u64 + 1)))
         .collect();
-    closed_loop(depth, ramp, run, bs, |w, _| {
-        let block = if wl.is_random() {
-            rngs[w].borrow_mut().random_range(0..blocks)
-        } else {
-            let b = cursor.get();
-            cursor.set((b + 1) % blocks);
-            b
-        };
-        let off = block * bs;
-        let data = data.clone();
-        async move {
-            if wl.is_write() {
-                image.write(off, data).await.is_ok()
+    closed_loop_observed(
+        depth,
+        ramp,
+        run,
+        bs,
+        |w, _| {
+            let block = if wl.is_random() {
+                rngs[w].borrow_mut().random_range(0..blocks)
             } else {
-                image.read(off, bs).await.is_ok()
+                let b = cursor.get();
+                cursor.set((b + 1) % blocks);
+                b
+            };
+            let off = block * bs;
+            let data = data.clone();
+            async move {
+                if wl.is_write() {
+                    image.write(off, data).await.is_ok()
+                } else {
+                    image.read(off, bs).await.is_ok()
+                }
             }
-        }
-    })
+        },
+        progress,
+    )
     .await
 }
