@@ -7,6 +7,7 @@
 //!
 //! Transactions apply wholly or not at all: a failing op leaves the store exactly as before.
 
+pub mod checks;
 mod error;
 mod memory;
 mod txn;

@@ -15,14 +15,11 @@
 mod data;
 mod object;
 
-use crate::{
-    ObjectStat, ObjectStore, Op, Page, Result, StoreError, StoreErrorKind, StoreStatfs, Transaction,
+use crate::checks::{
+    check_attr_name, check_extent, check_io_len, check_list_limit, check_oid, check_value, error,
 };
+use crate::{ObjectStat, ObjectStore, Op, Page, Result, StoreErrorKind, StoreStatfs, Transaction};
 use bytes::{Bytes, BytesMut};
-use carmine_types::limits::{
-    ATTR_NAME_LEN_MAX, IO_LEN_MAX, LIST_LIMIT_MAX, OBJECT_NAME_LEN_MAX, OBJECT_SIZE_MAX,
-    VALUE_LEN_MAX,
-};
 use carmine_types::CollectionId;
 use data::{Data, SavedPages};
 use object::{fixed_charge, Object, ObjectUndo};
@@ -70,91 +67,6 @@ enum Undo {
     /// The object was removed or replaced: put this back.
     Reinsert(CollectionId, String, Object),
     Object(CollectionId, String, ObjectUndo),
-}
-
-fn error(
-    kind: StoreErrorKind,
-    cid: CollectionId,
-    oid: &str,
-    detail: impl Into<String>,
-) -> StoreError {
-    StoreError::new(kind, cid, oid, detail)
-}
-
-fn invalid(cid: CollectionId, oid: &str, detail: impl Into<String>) -> StoreError {
-    error(StoreErrorKind::InvalidArgument, cid, oid, detail)
-}
-
-fn check_oid(cid: CollectionId, oid: &str) -> Result<()> {
-    if oid.is_empty() {
-        return Err(invalid(cid, oid, "empty object name"));
-    }
-    if oid.len() > OBJECT_NAME_LEN_MAX {
-        // The error carries a prefix only: the name may be arbitrarily long.
-        let prefix: String = oid.chars().take(32).collect();
-        let detail = format!(
-            "object name of {} bytes exceeds {OBJECT_NAME_LEN_MAX}",
-            oid.len()
-        );
-        return Err(invalid(cid, &prefix, detail));
-    }
-    Ok(())
-}
-
-fn check_attr_name(cid: CollectionId, oid: &str, name: &str) -> Result<()> {
-    if name.is_empty() || name.len() > ATTR_NAME_LEN_MAX {
-        return Err(invalid(
-            cid,
-            oid,
-            format!(
-                "xattr name of {} bytes, must be 1..={ATTR_NAME_LEN_MAX}",
-                name.len()
-            ),
-        ));
-    }
-    Ok(())
-}
-
-fn check_value(cid: CollectionId, oid: &str, what: &str, len: usize) -> Result<()> {
-    if len > VALUE_LEN_MAX {
-        return Err(invalid(
-            cid,
-            oid,
-            format!("{what} of {len} bytes exceeds {VALUE_LEN_MAX}"),
-        ));
-    }
-    Ok(())
-}
-
-/// `[off, off + len)` must end within the object size limit. Checked with `checked_add` so a
-/// hostile offset cannot wrap around into range.
-fn check_extent(cid: CollectionId, oid: &str, off: u64, len: u64) -> Result<()> {
-    match off.checked_add(len) {
-        Some(end) if end <= OBJECT_SIZE_MAX => Ok(()),
-        _ => Err(invalid(
-            cid,
-            oid,
-            format!("extent {off}+{len} ends past the object size limit {OBJECT_SIZE_MAX}"),
-        )),
-    }
-}
-
-fn check_io_len(cid: CollectionId, oid: &str, len: u64) -> Result<()> {
-    if len > IO_LEN_MAX as u64 {
-        return Err(invalid(
-            cid,
-            oid,
-            format!("{len} bytes in one read or write, more than {IO_LEN_MAX}"),
-        ));
-    }
-    Ok(())
-}
-
-fn check_list_limit(cid: CollectionId, oid: &str, limit: usize) -> Result<usize> {
-    if limit == 0 {
-        return Err(invalid(cid, oid, "listing limit of 0"));
-    }
-    Ok(limit.min(LIST_LIMIT_MAX as usize))
 }
 
 /// The collection and object an op is about, for error context.

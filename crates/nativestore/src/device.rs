@@ -1,0 +1,248 @@
+//! The block device under a store: a trait, the aligned buffer O_DIRECT needs, and the
+//! io_uring-backed file device.
+//!
+//! Every offset and length is a multiple of [`BLOCK`]; the device never sees anything else.
+//! Why a trait: the crash tests run the very same store code on [`crate::SimDevice`], which
+//! can lose unflushed writes, tear them, or flip bits.
+
+use compio::buf::{IoBuf, IoBufMut, SetLen};
+use compio::io::{AsyncReadAt, AsyncWriteAt};
+use std::alloc::{alloc_zeroed, dealloc, Layout};
+use std::io;
+use std::mem::MaybeUninit;
+use std::path::Path;
+
+/// The unit of every device I/O and of data placement.
+pub const BLOCK: usize = 4096;
+
+/// A device the store writes blocks to. Futures are not `Send`: a device handle belongs to one
+/// reactor.
+#[allow(async_fn_in_trait)]
+pub trait BlockDevice {
+    /// Fills `buf` (all of its capacity) from `off`. The buffer comes back in every case.
+    async fn read_at(&self, buf: AlignedBuf, off: u64) -> (io::Result<()>, AlignedBuf);
+    /// Writes `buf` (its initialised length) at `off`.
+    async fn write_at(&self, buf: AlignedBuf, off: u64) -> (io::Result<()>, AlignedBuf);
+    /// Makes every completed write durable.
+    async fn sync(&self) -> io::Result<()>;
+    /// Usable size in bytes.
+    fn size(&self) -> u64;
+}
+
+/// A heap buffer aligned to [`BLOCK`], zero-initialised, with a length (the bytes that count)
+/// up to a fixed capacity.
+pub struct AlignedBuf {
+    ptr: *mut u8,
+    cap: usize,
+    len: usize,
+}
+
+impl AlignedBuf {
+    /// A zeroed buffer of `cap` bytes (rounded up to a block) and length 0.
+    pub fn new(cap: usize) -> Self {
+        let cap = cap.max(BLOCK).div_ceil(BLOCK) * BLOCK;
+        let layout = Layout::from_size_align(cap, BLOCK).expect("valid layout");
+        // SAFETY: the layout has a non-zero size.
+        let ptr = unsafe { alloc_zeroed(layout) };
+        if ptr.is_null() {
+            std::alloc::handle_alloc_error(layout);
+        }
+        Self { ptr, cap, len: 0 }
+    }
+    /// A zeroed buffer whose length is its full capacity.
+    pub fn zeroed(len: usize) -> Self {
+        let mut b = Self::new(len);
+        b.len = b.cap;
+        b
+    }
+    pub fn capacity(&self) -> usize {
+        self.cap
+    }
+    pub fn len(&self) -> usize {
+        self.len
+    }
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+    /// Sets the length; the bytes up to `len` are whatever the buffer holds (always
+    /// initialised: the allocation was zeroed).
+    pub fn set_len(&mut self, len: usize) {
+        assert!(len <= self.cap, "length {len} beyond capacity {}", self.cap);
+        self.len = len;
+    }
+    pub fn clear(&mut self) {
+        self.len = 0;
+    }
+    /// Appends `data`; panics past the capacity (callers size buffers from their layout).
+    pub fn extend_from_slice(&mut self, data: &[u8]) {
+        let end = self.len + data.len();
+        assert!(end <= self.cap, "append of {} past capacity", data.len());
+        let start = self.len;
+        self.full_mut()[start..end].copy_from_slice(data);
+        self.len = end;
+    }
+    /// Pads with zeros up to the next block boundary.
+    pub fn pad_to_block(&mut self) {
+        let end = self.len.div_ceil(BLOCK) * BLOCK;
+        assert!(end <= self.cap);
+        let start = self.len;
+        self.full_mut()[start..end].fill(0);
+        self.len = end;
+    }
+    pub fn as_slice(&self) -> &[u8] {
+        // SAFETY: the allocation is initialised (zeroed) and at least `len` long.
+        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
+    }
+    /// The whole capacity, regardless of length.
+    pub fn full(&self) -> &[u8] {
+        // SAFETY: as above, for the capacity.
+        unsafe { std::slice::from_raw_parts(self.ptr, self.cap) }
+    }
+    pub fn full_mut(&mut self) -> &mut [u8] {
+        // SAFETY: as above; `&mut self` makes the access exclusive.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.cap) }
+    }
+}
+
+impl Drop for AlignedBuf {
+    fn drop(&mut self) {
+        let layout = Layout::from_size_align(self.cap, BLOCK).expect("valid layout");
+        // SAFETY: allocated in `new` with this very layout.
+        unsafe { dealloc(self.ptr, layout) }
+    }
+}
+
+impl std::fmt::Debug for AlignedBuf {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "AlignedBuf({}/{})", self.len, self.cap)
+    }
+}
+
+impl IoBuf for AlignedBuf {
+    fn as_init(&self) -> &[u8] {
+        self.as_slice()
+    }
+}
+
+impl SetLen for AlignedBuf {
+    unsafe fn set_len(&mut self, len: usize) {
+        AlignedBuf::set_len(self, len)
+    }
+}
+
+impl IoBufMut for AlignedBuf {
+    fn as_uninit(&mut self) -> &mut [MaybeUninit<u8>] {
+        // SAFETY: u8 and MaybeUninit<u8> have the same layout; the memory is initialised.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr as *mut MaybeUninit<u8>, self.cap) }
+    }
+}
+
+/// How writes are made durable before a transaction is acknowledged.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SyncMode {
+    /// `fdatasync` after each group-commit write: survives power loss.
+    Fdatasync,
+    /// Rely on O_DIRECT completion only: survives a crash of the process, not of the machine.
+    /// For benchmarks that want to see the store rather than the device's cache flush.
+    ProcessCrashOnly,
+}
+
+/// A regular file or block device opened with O_DIRECT; all I/O through the reactor's
+/// io_uring (compio).
+pub struct FileDevice {
+    file: compio::fs::File,
+    size: u64,
+    sync: SyncMode,
+}
+
+impl FileDevice {
+    /// Opens `path` (which must exist and be at least `BLOCK` long) for direct I/O. Must be
+    /// called on a compio runtime.
+    pub async fn open(path: &Path, sync: SyncMode) -> io::Result<Self> {
+        let mut opts = compio::fs::OpenOptions::new();
+        opts.read(true).write(true).custom_flags(libc::O_DIRECT);
+        let file = opts.open(path).await?;
+        let meta = file.metadata().await?;
+        let size = if meta.file_type().is_block_device() {
+            block_device_size(path)?
+        } else {
+            meta.len()
+        };
+        let size = size / BLOCK as u64 * BLOCK as u64;
+        if size < BLOCK as u64 {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("{} is only {size} bytes", path.display()),
+            ));
+        }
+        Ok(Self { file, size, sync })
+    }
+}
+
+fn block_device_size(path: &Path) -> io::Result<u64> {
+    use std::io::{Seek, SeekFrom};
+    std::fs::File::open(path)?.seek(SeekFrom::End(0))
+}
+
+pub(crate) fn check_io(off: u64, len: usize, size: u64) -> io::Result<()> {
+    if off % BLOCK as u64 != 0 || len % BLOCK != 0 || off + len as u64 > size {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("I/O {off}+{len} unaligned or past the device end {size}"),
+        ));
+    }
+    Ok(())
+}
+
+impl BlockDevice for FileDevice {
+    async fn read_at(&self, mut buf: AlignedBuf, off: u64) -> (io::Result<()>, AlignedBuf) {
+        let want = buf.capacity();
+        if let Err(e) = check_io(off, want, self.size) {
+            return (Err(e), buf);
+        }
+        buf.clear();
+        let compio::BufResult(res, buf) = self.file.read_at(buf, off).await;
+        match res {
+            Ok(n) if n == want => (Ok(()), buf),
+            Ok(n) => (
+                Err(io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    format!("short read of {n}/{want} bytes at {off}"),
+                )),
+                buf,
+            ),
+            Err(e) => (Err(e), buf),
+        }
+    }
+
+    async fn write_at(&self, buf: AlignedBuf, off: u64) -> (io::Result<()>, AlignedBuf) {
+        let want = buf.len();
+        if let Err(e) = check_io(off, want, self.size) {
+            return (Err(e), buf);
+        }
+        let compio::BufResult(res, buf) = (&self.file).write_at(buf, off).await;
+        match res {
+            Ok(n) if n == want => (Ok(()), buf),
+            Ok(n) => (
+                Err(io::Error::other(format!(
+                    "short write of {n}/{want} bytes at {off}"
+                ))),
+                buf,
+            ),
+            Err(e) => (Err(e), buf),
+        }
+    }
+
+    async fn sync(&self) -> io::Result<()> {
+        match self.sync {
+            SyncMode::Fdatasync => self.file.sync_data().await,
+            SyncMode::ProcessCrashOnly => Ok(()),
+        }
+    }
+
+    fn size(&self) -> u64 {
+        self.size
+    }
+}
+
+use std::os::unix::fs::FileTypeExt;

@@ -1,0 +1,327 @@
+//! The in-memory metadata of one shard: collections, onodes with their block maps, xattrs and
+//! omap, plus per-segment live-block counts for the cleaner. Rebuilt at mount from the newest
+//! checkpoint and the journal; changed only through [`Index::apply`].
+
+use crate::delta::Delta;
+use bytes::{Bytes, BytesMut};
+use carmine_types::limits::{ATTR_NAME_LEN_MAX, OBJECT_NAME_LEN_MAX, VALUE_LEN_MAX};
+use carmine_types::{CollectionId, DecodeError, Decoder, Encoder, PgId};
+use std::collections::BTreeMap;
+
+/// Where one logical block lives and the checksum its data must match.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BlockRef {
+    pub paddr: u64,
+    pub crc: u32,
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct Onode {
+    pub size: u64,
+    pub blocks: BTreeMap<u64, BlockRef>,
+    pub attrs: BTreeMap<String, Bytes>,
+    pub omap_header: Bytes,
+    pub omap: BTreeMap<Bytes, Bytes>,
+}
+
+pub type Collection = BTreeMap<String, Onode>;
+
+/// Maps device blocks to segments.
+#[derive(Clone, Copy, Debug)]
+pub struct Geometry {
+    /// Blocks before segment 0 in the shard.
+    pub first_block: u64,
+    pub segment_blocks: u64,
+    pub segments: u32,
+}
+
+impl Geometry {
+    pub fn segment_of(&self, paddr: u64) -> Option<u32> {
+        let rel = paddr.checked_sub(self.first_block)?;
+        let seg = rel / self.segment_blocks;
+        (seg < self.segments as u64).then_some(seg as u32)
+    }
+    pub fn segment_start(&self, seg: u32) -> u64 {
+        self.first_block + seg as u64 * self.segment_blocks
+    }
+}
+
+pub struct Index {
+    pub colls: BTreeMap<CollectionId, Collection>,
+    pub objects: u64,
+    pub live_blocks: u64,
+    pub segment_live: Vec<u32>,
+    geometry: Geometry,
+    /// Device blocks unmapped by `apply` since the last `take_freed`, for cache invalidation.
+    freed: Vec<u64>,
+}
+
+fn missing(what: &str, cid: CollectionId, oid: &str) -> String {
+    format!("{what} missing for delta on {cid}/{oid:?}")
+}
+
+impl Index {
+    pub fn new(geometry: Geometry) -> Self {
+        Self {
+            colls: BTreeMap::new(),
+            objects: 0,
+            live_blocks: 0,
+            segment_live: vec![0; geometry.segments as usize],
+            geometry,
+            freed: Vec::new(),
+        }
+    }
+
+    pub fn object(&self, cid: CollectionId, oid: &str) -> Option<&Onode> {
+        self.colls.get(&cid)?.get(oid)
+    }
+
+    fn object_mut(&mut self, cid: CollectionId, oid: &str) -> Result<&mut Onode, String> {
+        self.colls
+            .get_mut(&cid)
+            .ok_or_else(|| missing("collection", cid, oid))?
+            .get_mut(oid)
+            .ok_or_else(|| missing("object", cid, oid))
+    }
+
+    fn take_block(&mut self, b: BlockRef) -> Result<(), String> {
+        let seg = self
+            .geometry
+            .segment_of(b.paddr)
+            .ok_or_else(|| format!("block {} outside every segment", b.paddr))?;
+        let live = &mut self.segment_live[seg as usize];
+        *live = live
+            .checked_add(1)
+            .ok_or_else(|| format!("segment {seg} live count overflow"))?;
+        self.live_blocks += 1;
+        Ok(())
+    }
+
+    fn release_block(
+        segment_live: &mut [u32],
+        live_blocks: &mut u64,
+        freed: &mut Vec<u64>,
+        geometry: &Geometry,
+        b: BlockRef,
+    ) {
+        if let Some(seg) = geometry.segment_of(b.paddr) {
+            let live = &mut segment_live[seg as usize];
+            *live = live.saturating_sub(1);
+        }
+        *live_blocks = live_blocks.saturating_sub(1);
+        freed.push(b.paddr);
+    }
+
+    fn release_all(&mut self, blocks: impl IntoIterator<Item = BlockRef>) {
+        for b in blocks {
+            Self::release_block(
+                &mut self.segment_live,
+                &mut self.live_blocks,
+                &mut self.freed,
+                &self.geometry,
+                b,
+            );
+        }
+    }
+
+    /// Device blocks that went out of use since the last call.
+    pub fn take_freed(&mut self) -> std::vec::Drain<'_, u64> {
+        self.freed.drain(..)
+    }
+
+    /// Applies one delta. Fails (without a partial change) only on a delta that does not fit
+    /// the state: a bug at runtime, a damaged journal at replay.
+    pub fn apply(&mut self, delta: &Delta) -> Result<(), String> {
+        match delta {
+            Delta::CreateCollection(cid) => {
+                self.colls.entry(*cid).or_default();
+            }
+            Delta::RemoveCollection(cid) => match self.colls.get(cid) {
+                Some(c) if c.is_empty() => {
+                    self.colls.remove(cid);
+                }
+                Some(_) => return Err(format!("removing non-empty collection {cid}")),
+                None => return Err(missing("collection", *cid, "")),
+            },
+            Delta::Touch(cid, oid) => {
+                let coll = self
+                    .colls
+                    .get_mut(cid)
+                    .ok_or_else(|| missing("collection", *cid, oid))?;
+                if !coll.contains_key(oid.as_str()) {
+                    coll.insert(oid.clone(), Onode::default());
+                    self.objects += 1;
+                }
+            }
+            Delta::Remove(cid, oid) => {
+                let onode = self
+                    .colls
+                    .get_mut(cid)
+                    .ok_or_else(|| missing("collection", *cid, oid))?
+                    .remove(oid.as_str())
+                    .ok_or_else(|| missing("object", *cid, oid))?;
+                self.objects -= 1;
+                self.release_all(onode.blocks.into_values());
+            }
+            Delta::SetSize(cid, oid, size) => self.object_mut(*cid, oid)?.size = *size,
+            Delta::SetBlock {
+                cid,
+                oid,
+                lblock,
+                paddr,
+                crc,
+            } => {
+                let new = BlockRef {
+                    paddr: *paddr,
+                    crc: *crc,
+                };
+                self.object_mut(*cid, oid)?;
+                self.take_block(new)?;
+                let old = self.object_mut(*cid, oid)?.blocks.insert(*lblock, new);
+                self.release_all(old);
+            }
+            Delta::Punch(cid, oid, from, to) => {
+                let onode = self.object_mut(*cid, oid)?;
+                if from >= to {
+                    return Ok(());
+                }
+                let tail = onode.blocks.split_off(from);
+                let mut tail = tail;
+                let mut rest = tail.split_off(to);
+                onode.blocks.append(&mut rest);
+                self.release_all(tail.into_values());
+            }
+            Delta::SetAttr(cid, oid, name, value) => {
+                self.object_mut(*cid, oid)?
+                    .attrs
+                    .insert(name.clone(), value.clone());
+            }
+            Delta::RmAttr(cid, oid, name) => {
+                self.object_mut(*cid, oid)?.attrs.remove(name);
+            }
+            Delta::OmapSet(cid, oid, kvs) => {
+                let o = self.object_mut(*cid, oid)?;
+                for (k, v) in kvs {
+                    o.omap.insert(k.clone(), v.clone());
+                }
+            }
+            Delta::OmapRm(cid, oid, keys) => {
+                let o = self.object_mut(*cid, oid)?;
+                for k in keys {
+                    o.omap.remove(k);
+                }
+            }
+            Delta::OmapClear(cid, oid) => {
+                let o = self.object_mut(*cid, oid)?;
+                o.omap.clear();
+                o.omap_header = Bytes::new();
+            }
+            Delta::OmapHeader(cid, oid, h) => self.object_mut(*cid, oid)?.omap_header = h.clone(),
+            Delta::CopyMeta(cid, src, dst) => {
+                let s = self
+                    .object(*cid, src)
+                    .ok_or_else(|| missing("source object", *cid, src))?;
+                let (size, attrs, header, omap) = (
+                    s.size,
+                    s.attrs.clone(),
+                    s.omap_header.clone(),
+                    s.omap.clone(),
+                );
+                let d = self.object_mut(*cid, dst)?;
+                d.size = size;
+                d.attrs = attrs;
+                d.omap_header = header;
+                d.omap = omap;
+            }
+        }
+        Ok(())
+    }
+
+    /// The whole metadata as one blob, for a checkpoint.
+    pub fn encode(&self) -> BytesMut {
+        let mut out = BytesMut::with_capacity(64 + self.live_blocks as usize * 20);
+        let mut e = Encoder::new(&mut out);
+        e.u32(CHECKPOINT_VERSION).count(self.colls.len());
+        for (cid, coll) in &self.colls {
+            e.u32(cid.pool).u32(cid.seed).count(coll.len());
+            for (oid, o) in coll {
+                e.str(oid).u64(o.size).u64(o.blocks.len() as u64);
+                for (l, b) in &o.blocks {
+                    e.u64(*l).u64(b.paddr).u32(b.crc);
+                }
+                e.count(o.attrs.len());
+                for (k, v) in &o.attrs {
+                    e.str(k).bytes(v);
+                }
+                e.bytes(&o.omap_header).u64(o.omap.len() as u64);
+                for (k, v) in &o.omap {
+                    e.bytes(k).bytes(v);
+                }
+            }
+        }
+        out
+    }
+
+    /// Rebuilds the index from a checkpoint blob, recomputing the live counts.
+    pub fn decode(blob: Bytes, geometry: Geometry) -> Result<Self, DecodeError> {
+        let mut d = Decoder::new(blob);
+        let version = d.u32("checkpoint version")?;
+        if version != CHECKPOINT_VERSION {
+            return Err(DecodeError::Invalid {
+                what: "checkpoint version",
+                found: version as u64,
+            });
+        }
+        let mut index = Index::new(geometry);
+        let big = usize::MAX >> 1;
+        for _ in 0..d.count("collections", big)? {
+            let cid = PgId {
+                pool: d.u32("pool")?,
+                seed: d.u32("seed")?,
+            };
+            let mut coll = Collection::new();
+            for _ in 0..d.count("objects", big)? {
+                let oid = d.string("object name", OBJECT_NAME_LEN_MAX)?;
+                let mut o = Onode {
+                    size: d.u64("size")?,
+                    ..Onode::default()
+                };
+                for _ in 0..d.u64("blocks")? {
+                    let l = d.u64("lblock")?;
+                    let b = BlockRef {
+                        paddr: d.u64("paddr")?,
+                        crc: d.u32("crc")?,
+                    };
+                    if index.take_block(b).is_err() {
+                        return Err(DecodeError::Invalid {
+                            what: "block address",
+                            found: b.paddr,
+                        });
+                    }
+                    o.blocks.insert(l, b);
+                }
+                for _ in 0..d.count("xattrs", big)? {
+                    let k = d.string("xattr name", ATTR_NAME_LEN_MAX)?;
+                    o.attrs.insert(k, d.bytes("xattr", VALUE_LEN_MAX)?);
+                }
+                o.omap_header = d.bytes("omap header", VALUE_LEN_MAX)?;
+                for _ in 0..d.u64("omap entries")? {
+                    let k = d.bytes("omap key", VALUE_LEN_MAX)?;
+                    o.omap.insert(k, d.bytes("omap value", VALUE_LEN_MAX)?);
+                }
+                coll.insert(oid, o);
+                index.objects += 1;
+            }
+            index.colls.insert(cid, coll);
+        }
+        d.finish("checkpoint")?;
+        Ok(index)
+    }
+
+    /// Metadata bytes held, roughly: for reporting and the checkpoint reserve.
+    pub fn approx_bytes(&self) -> u64 {
+        self.live_blocks * 48 + self.objects * 256
+    }
+}
+
+const CHECKPOINT_VERSION: u32 = 1;

@@ -1,0 +1,146 @@
+//! Group commit. Transactions append their data blocks and metadata deltas to the open batch;
+//! a batch becomes one journal record, written with one device write. Whoever waits for
+//! durability while no write is in flight becomes the writer ("leader") and writes every
+//! batch gathered so far, then syncs once; the others wait and are all woken. So the batch
+//! grows exactly while the device is busy — no timer, no background task, any executor.
+
+use crate::device::{AlignedBuf, BLOCK};
+use crate::format::{RecordHeader, SegmentHeader, INLINE_META, RECORD_HEADER_LEN};
+use bytes::{Bytes, BytesMut};
+use carmine_types::crc32c_append;
+use std::cell::{Cell, RefCell};
+use std::task::{Poll, Waker};
+
+/// Wakes every task waiting for "something changed" (a write completed, space was freed).
+#[derive(Default)]
+pub struct Notify {
+    generation: Cell<u64>,
+    wakers: RefCell<Vec<Waker>>,
+}
+
+impl Notify {
+    pub fn generation(&self) -> u64 {
+        self.generation.get()
+    }
+    pub fn notify_all(&self) {
+        self.generation.set(self.generation.get() + 1);
+        let wakers = std::mem::take(&mut *self.wakers.borrow_mut());
+        for w in wakers {
+            w.wake();
+        }
+    }
+    /// Waits until `notify_all` is called after `seen` was read.
+    pub async fn wait(&self, seen: u64) {
+        std::future::poll_fn(|cx| {
+            if self.generation.get() != seen {
+                Poll::Ready(())
+            } else {
+                self.wakers.borrow_mut().push(cx.waker().clone());
+                Poll::Pending
+            }
+        })
+        .await
+    }
+}
+
+/// One future journal record being filled.
+pub struct Batch {
+    pub id: u64,
+    /// Device block (shard-relative) of the record header.
+    pub start: u64,
+    /// Set when this record opens its segment: the header is written in the same I/O.
+    pub segment_header: Option<SegmentHeader>,
+    pub record_seq: u64,
+    pub nonce: u64,
+    pub meta: BytesMut,
+    pub data: Vec<Bytes>,
+    /// Blocks the record may grow to without leaving its segment.
+    pub room: u64,
+}
+
+impl Batch {
+    pub fn blocks(&self) -> u64 {
+        RecordHeader::blocks_for(self.meta.len(), self.data.len()) as u64
+    }
+    pub fn fits(&self, extra_meta: usize, extra_data: usize) -> bool {
+        RecordHeader::blocks_for(self.meta.len() + extra_meta, self.data.len() + extra_data) as u64
+            <= self.room
+    }
+    /// Device block the next data block will land on.
+    pub fn next_data_block(&self) -> u64 {
+        self.start + 1 + self.data.len() as u64
+    }
+    pub fn data_bytes(&self) -> u64 {
+        (self.data.len() * BLOCK) as u64
+    }
+
+    /// The bytes to write and the device block to write them at.
+    pub fn serialize(&self) -> (AlignedBuf, u64) {
+        let blocks = self.blocks() as usize;
+        let lead = usize::from(self.segment_header.is_some());
+        let mut buf = AlignedBuf::zeroed((blocks + lead) * BLOCK);
+        let out = buf.full_mut();
+        if let Some(h) = &self.segment_header {
+            let enc = h.encode();
+            out[..enc.len()].copy_from_slice(&enc);
+        }
+        let rec = &mut out[lead * BLOCK..];
+        let inline = self.meta.len().min(INLINE_META);
+        rec[RECORD_HEADER_LEN..RECORD_HEADER_LEN + inline].copy_from_slice(&self.meta[..inline]);
+        for (i, d) in self.data.iter().enumerate() {
+            rec[(1 + i) * BLOCK..(2 + i) * BLOCK].copy_from_slice(d);
+        }
+        let overflow = &self.meta[inline..];
+        let ostart = (1 + self.data.len()) * BLOCK;
+        rec[ostart..ostart + overflow.len()].copy_from_slice(overflow);
+        let mut crc = crc32c_append(0, &self.meta);
+        for d in &self.data {
+            crc = crc32c_append(crc, d);
+        }
+        RecordHeader {
+            seq: self.record_seq,
+            nonce: self.nonce,
+            meta_len: self.meta.len() as u32,
+            data_blocks: self.data.len() as u32,
+            total_blocks: blocks as u32,
+            payload_crc: crc,
+        }
+        .encode_into(rec);
+        let at = self.start - lead as u64;
+        (buf, at)
+    }
+}
+
+/// A record read back from the device.
+pub struct ParsedRecord<'a> {
+    pub header: RecordHeader,
+    pub meta: Vec<u8>,
+    /// The data blocks, in order, as stored.
+    pub data: &'a [u8],
+}
+
+/// Parses the record at the start of `area` (block-aligned bytes read from a segment), or
+/// `None` when there is no valid record with this sequence number and nonce there.
+pub fn parse_record(area: &[u8], seq: u64, nonce: u64) -> Option<ParsedRecord<'_>> {
+    if area.len() < BLOCK {
+        return None;
+    }
+    let header = RecordHeader::decode(&area[..BLOCK])?;
+    if header.seq != seq || header.nonce != nonce {
+        return None;
+    }
+    let total = header.total_blocks as usize * BLOCK;
+    if total > area.len() {
+        return None;
+    }
+    let meta_len = header.meta_len as usize;
+    let inline = meta_len.min(INLINE_META);
+    let data_len = header.data_blocks as usize * BLOCK;
+    let mut meta = Vec::with_capacity(meta_len);
+    meta.extend_from_slice(&area[RECORD_HEADER_LEN..RECORD_HEADER_LEN + inline]);
+    let ostart = BLOCK + data_len;
+    meta.extend_from_slice(&area[ostart..ostart + (meta_len - inline)]);
+    let data = &area[BLOCK..BLOCK + data_len];
+    let crc = crc32c_append(crc32c_append(0, &meta), data);
+    (crc == header.payload_crc).then_some(ParsedRecord { header, meta, data })
+}

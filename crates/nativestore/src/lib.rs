@@ -1,0 +1,30 @@
+//! Carmine's native object store: log-structured, crash-safe, on io_uring and O_DIRECT.
+//!
+//! A device is split into one partition per reactor shard; each shard is independent. Within
+//! a shard everything — data blocks and metadata deltas — is appended to a journal of
+//! segments as checksummed records, many transactions per record (group commit). The
+//! metadata index lives in memory and is checkpointed now and then; mount loads the newest
+//! checkpoint and replays the records after it. A cleaner moves live blocks out of mostly-dead
+//! segments. `ARCHITECTURE.md` and `docs/format/native-store.md` give the full design.
+
+mod apply;
+mod delta;
+mod device;
+mod format;
+mod fsck;
+mod index;
+mod journal;
+mod mount;
+mod simdev;
+mod space;
+mod store;
+
+pub use device::{AlignedBuf, BlockDevice, FileDevice, SyncMode, BLOCK};
+pub use format::{FormatError, Superblock, FORMAT_VERSION};
+pub use fsck::{fsck, FsckReport};
+pub use mount::{mkfs, read_superblock, MountReport};
+pub use simdev::{CrashImage, SimDevice};
+pub use store::{NativeConfig, NativeStats, NativeStore};
+
+/// Default segment size: large enough for the biggest single write (16 MiB) with its record.
+pub const DEFAULT_SEGMENT_SIZE: u32 = 32 << 20;

@@ -1,0 +1,357 @@
+//! mkfs, mount (checkpoint load + journal replay) and fsck.
+
+use crate::delta::Delta;
+use crate::device::{AlignedBuf, BlockDevice, BLOCK};
+use crate::format::{
+    CheckpointSlot, JournalPos, SegmentHeader, SegmentKind, Superblock, SHARD_HEADER_BLOCKS,
+};
+use crate::index::{Geometry, Index};
+use crate::journal::{parse_record, Notify};
+use crate::store::{NativeConfig, NativeStats, NativeStore, Seg, SegKind, State};
+use bytes::Bytes;
+use carmine_types::{crc32c, Decoder};
+use std::cell::RefCell;
+use std::collections::{BTreeSet, HashMap, VecDeque};
+
+/// What mount found.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct MountReport {
+    pub checkpoint_generation: u64,
+    pub records_replayed: u64,
+    pub journal_segments_replayed: u32,
+    pub objects: u64,
+    pub live_blocks: u64,
+}
+
+async fn read_block<D: BlockDevice>(dev: &D, off: u64) -> Result<AlignedBuf, String> {
+    let (res, buf) = dev.read_at(AlignedBuf::new(BLOCK), off).await;
+    res.map_err(|e| format!("reading block at byte {off}: {e}"))?;
+    Ok(buf)
+}
+
+async fn write_block<D: BlockDevice>(dev: &D, off: u64, data: &[u8]) -> Result<(), String> {
+    let mut buf = AlignedBuf::new(BLOCK);
+    buf.extend_from_slice(data);
+    buf.pad_to_block();
+    let (res, _) = dev.write_at(buf, off).await;
+    res.map_err(|e| format!("writing block at byte {off}: {e}"))
+}
+
+pub async fn read_superblock<D: BlockDevice>(dev: &D) -> Result<Superblock, String> {
+    let block = read_block(dev, 0).await?;
+    let sb = Superblock::decode(block.full()).map_err(|e| format!("superblock: {e}"))?;
+    for (i, s) in sb.shards.iter().enumerate() {
+        let end = s.base
+            + SHARD_HEADER_BLOCKS * BLOCK as u64
+            + s.segments as u64 * sb.segment_size as u64;
+        if end > dev.size() {
+            return Err(format!(
+                "shard {i} ends at byte {end}, past the device's {} bytes",
+                dev.size()
+            ));
+        }
+    }
+    Ok(sb)
+}
+
+/// Formats `dev` with `shards` shards of `segment_size`-byte segments, each with an empty
+/// checkpoint. Everything of an earlier format is ignored from then on (new uuid).
+pub async fn mkfs<D: BlockDevice>(
+    dev: &D,
+    shards: u32,
+    segment_size: u32,
+) -> Result<Superblock, String> {
+    let sb = Superblock::layout(dev.size(), shards, segment_size, rand::random())?;
+    // Invalidate the old superblock first, so a crash mid-mkfs leaves no half-new store.
+    write_block(dev, 0, &[0u8; BLOCK]).await?;
+    for (i, layout) in sb.shards.iter().enumerate() {
+        let geo = Geometry {
+            first_block: SHARD_HEADER_BLOCKS,
+            segment_blocks: segment_size as u64 / BLOCK as u64,
+            segments: layout.segments,
+        };
+        let blob = Index::new(geo).encode();
+        let header = SegmentHeader {
+            uuid: sb.uuid,
+            shard: i as u32,
+            kind: SegmentKind::Checkpoint,
+            seq: 1,
+            nonce: rand::random(),
+        };
+        let mut buf = AlignedBuf::new(BLOCK + blob.len());
+        buf.extend_from_slice(&header.encode());
+        buf.pad_to_block();
+        buf.extend_from_slice(&blob);
+        buf.pad_to_block();
+        let seg0 = layout.base + geo.segment_start(0) * BLOCK as u64;
+        let (res, _) = dev.write_at(buf, seg0).await;
+        res.map_err(|e| format!("writing the initial checkpoint: {e}"))?;
+        let slot = CheckpointSlot {
+            shard: i as u32,
+            uuid: sb.uuid,
+            generation: 1,
+            journal: JournalPos {
+                segment: 1,
+                segment_seq: 2,
+                block: 1,
+                record_seq: 1,
+            },
+            segment_seq_max: 2,
+            blob_len: blob.len() as u64,
+            blob_crc: crc32c(&blob),
+            segments: vec![0],
+        };
+        write_block(dev, layout.base + BLOCK as u64, &slot.encode()).await?;
+        write_block(dev, layout.base, &[0u8; BLOCK]).await?;
+    }
+    dev.sync().await.map_err(|e| format!("sync: {e}"))?;
+    write_block(dev, 0, &sb.encode()).await?;
+    dev.sync().await.map_err(|e| format!("sync: {e}"))?;
+    Ok(sb)
+}
+
+impl<D: BlockDevice> NativeStore<D> {
+    /// Mounts shard `shard` of a formatted device: loads the newest checkpoint, replays the
+    /// journal after it, then writes a fresh checkpoint so the next mount starts from here.
+    pub async fn mount(dev: D, shard: u32, config: NativeConfig) -> Result<Self, String> {
+        Ok(Self::open(dev, shard, config, true).await?.0)
+    }
+
+    pub(crate) async fn open(
+        dev: D,
+        shard: u32,
+        config: NativeConfig,
+        writable: bool,
+    ) -> Result<(Self, MountReport), String> {
+        let sb = read_superblock(&dev).await?;
+        let layout = *sb.shards.get(shard as usize).ok_or_else(|| {
+            format!(
+                "shard {shard} requested, the store was made with {}",
+                sb.shards.len()
+            )
+        })?;
+        let geo = Geometry {
+            first_block: SHARD_HEADER_BLOCKS,
+            segment_blocks: sb.segment_size as u64 / BLOCK as u64,
+            segments: layout.segments,
+        };
+        let base = layout.base;
+        let seg_off = |s: u32| base + geo.segment_start(s) * BLOCK as u64;
+
+        let mut slot: Option<CheckpointSlot> = None;
+        for i in 0..2 {
+            let block = read_block(&dev, base + i * BLOCK as u64).await?;
+            if let Ok(s) = CheckpointSlot::decode(block.full()) {
+                if s.uuid == sb.uuid
+                    && s.shard == shard
+                    && slot.as_ref().is_none_or(|b| s.generation > b.generation)
+                {
+                    slot = Some(s);
+                }
+            }
+        }
+        let slot = slot.ok_or_else(|| format!("shard {shard}: no valid checkpoint slot"))?;
+
+        let per_seg = (geo.segment_blocks as usize - 1) * BLOCK;
+        let mut blob = Vec::with_capacity(slot.blob_len as usize);
+        for &s in &slot.segments {
+            let chunk = (slot.blob_len as usize - blob.len()).min(per_seg);
+            let (res, buf) = dev
+                .read_at(AlignedBuf::new(BLOCK + chunk), seg_off(s))
+                .await;
+            res.map_err(|e| format!("reading checkpoint segment {s}: {e}"))?;
+            let h = SegmentHeader::decode(&buf.full()[..BLOCK])
+                .map_err(|e| format!("checkpoint segment {s}: {e}"))?;
+            if h.kind != SegmentKind::Checkpoint || h.uuid != sb.uuid {
+                return Err(format!("segment {s} is not a checkpoint of this store"));
+            }
+            blob.extend_from_slice(&buf.full()[BLOCK..BLOCK + chunk]);
+        }
+        if blob.len() as u64 != slot.blob_len || crc32c(&blob) != slot.blob_crc {
+            return Err(format!(
+                "checkpoint generation {} fails its checksum",
+                slot.generation
+            ));
+        }
+        let mut index = Index::decode(Bytes::from(blob), geo)
+            .map_err(|e| format!("checkpoint generation {}: {e}", slot.generation))?;
+
+        let mut headers: Vec<Option<SegmentHeader>> = Vec::with_capacity(geo.segments as usize);
+        for s in 0..geo.segments {
+            let block = read_block(&dev, seg_off(s)).await?;
+            headers.push(
+                SegmentHeader::decode(block.full())
+                    .ok()
+                    .filter(|h| h.uuid == sb.uuid && h.shard == shard),
+            );
+        }
+        let seq_max = headers
+            .iter()
+            .flatten()
+            .map(|h| h.seq)
+            .max()
+            .unwrap_or(0)
+            .max(slot.segment_seq_max);
+
+        // Journal segments from the checkpoint's on, in the order they were written.
+        let mut journal: Vec<(u64, u32, u64)> = headers
+            .iter()
+            .enumerate()
+            .filter_map(|(s, h)| match h {
+                Some(h) if h.kind == SegmentKind::Journal && h.seq >= slot.journal.segment_seq => {
+                    Some((h.seq, s as u32, h.nonce))
+                }
+                _ => None,
+            })
+            .collect();
+        journal.sort_unstable();
+        let mut report = MountReport {
+            checkpoint_generation: slot.generation,
+            ..MountReport::default()
+        };
+        let mut expected = slot.journal.record_seq;
+        let mut replayed: BTreeSet<u32> = BTreeSet::new();
+        for (k, &(seq, s, nonce)) in journal.iter().enumerate() {
+            let first_block = if k == 0 {
+                if seq != slot.journal.segment_seq || s != slot.journal.segment {
+                    break;
+                }
+                slot.journal.block as u64
+            } else {
+                1
+            };
+            let len = (geo.segment_blocks - first_block) as usize * BLOCK;
+            let (res, buf) = dev
+                .read_at(
+                    AlignedBuf::new(len),
+                    seg_off(s) + first_block * BLOCK as u64,
+                )
+                .await;
+            res.map_err(|e| format!("reading journal segment {s}: {e}"))?;
+            let area = buf.full();
+            let mut at = 0;
+            let mut any = false;
+            while let Some(rec) = parse_record(&area[at..], expected, nonce) {
+                let mut d = Decoder::new(Bytes::from(rec.meta));
+                while d.remaining() > 0 {
+                    let delta = Delta::decode(&mut d)
+                        .map_err(|e| format!("journal record {expected}: {e}"))?;
+                    index
+                        .apply(&delta)
+                        .map_err(|e| format!("journal record {expected}: {e}"))?;
+                }
+                index.take_freed().for_each(drop);
+                at += rec.header.total_blocks as usize * BLOCK;
+                expected += 1;
+                report.records_replayed += 1;
+                any = true;
+            }
+            if any || k == 0 {
+                replayed.insert(s);
+            }
+            if !any && k > 0 {
+                // The next segment does not continue the journal: the tail ends here.
+                break;
+            }
+        }
+        report.journal_segments_replayed = replayed.len() as u32;
+        report.objects = index.objects;
+        report.live_blocks = index.live_blocks;
+
+        let mut segs = Vec::with_capacity(geo.segments as usize);
+        let mut free = BTreeSet::new();
+        for s in 0..geo.segments {
+            let live = index.segment_live[s as usize];
+            let h = headers[s as usize];
+            let kind = if slot.segments.contains(&s) {
+                SegKind::Checkpoint
+            } else if live > 0 || replayed.contains(&s) {
+                if live > 0 && h.is_none_or(|h| h.kind != SegmentKind::Journal) {
+                    return Err(format!(
+                        "segment {s} holds {live} live blocks but no journal header"
+                    ));
+                }
+                SegKind::Journal
+            } else {
+                free.insert(s);
+                SegKind::Free
+            };
+            segs.push(Seg {
+                kind,
+                seq: h.map_or(0, |h| h.seq),
+            });
+        }
+        let reserve_segments = reserve_for(geo.segments, config.throttle_pct);
+        let store = NativeStore {
+            dev,
+            shard,
+            uuid: sb.uuid,
+            base,
+            geo,
+            config,
+            reserve_segments,
+            apply_lock: async_lock::Mutex::new(()),
+            st: RefCell::new(State {
+                index,
+                segs,
+                free,
+                seg: slot.journal.segment,
+                seg_seq: slot.journal.segment_seq,
+                nonce: 0,
+                seg_header_pending: false,
+                wp: 0,
+                next_record_seq: expected,
+                seg_seq_max: seq_max,
+                open: None,
+                sealed: VecDeque::new(),
+                next_batch: 0,
+                durable_batch: 0,
+                writing: false,
+                failed: None,
+                dirty: HashMap::new(),
+                dirty_bytes: 0,
+                cache: HashMap::new(),
+                fifo: VecDeque::new(),
+                slot,
+                blocks_since_checkpoint: 0,
+                stats: NativeStats::default(),
+            }),
+            changed: Notify::default(),
+        };
+        if writable {
+            {
+                let mut st = store.st.borrow_mut();
+                store
+                    .roll_segment(&mut st)
+                    .map_err(|e| format!("opening the journal: {e}"))?;
+            }
+            store
+                .checkpoint()
+                .await
+                .map_err(|e| format!("post-mount checkpoint: {e}"))?;
+        }
+        tracing::info!(shard, ?report, "native store shard mounted");
+        Ok((store, report))
+    }
+
+    /// Checkpoints and waits for everything; the shard can then be dropped and remounted
+    /// without replay.
+    pub async fn close(&self) -> carmine_store::Result<()> {
+        self.check_failed()?;
+        let _guard = self.apply_lock.lock().await;
+        self.checkpoint().await
+    }
+
+    /// Forces a checkpoint now (normally the journal length triggers one).
+    pub async fn checkpoint_now(&self) -> carmine_store::Result<()> {
+        self.check_failed()?;
+        let _guard = self.apply_lock.lock().await;
+        self.checkpoint().await
+    }
+}
+
+/// Segments held back from user data: the throttle share, and at least four.
+pub(crate) fn reserve_for(segments: u32, throttle_pct: u32) -> u32 {
+    let pct = (segments as u64 * throttle_pct as u64).div_ceil(100) as u32;
+    (pct + segments.div_ceil(100) + 2).max(4).min(segments - 1)
+}

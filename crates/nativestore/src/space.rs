@@ -1,0 +1,390 @@
+//! Space: checkpoints (which retire journal segments) and the segment cleaner (which moves
+//! the live blocks out of mostly-dead segments). Both run inline, under the apply lock, in
+//! the submit path of whichever transaction finds space short — so writers slow down as the
+//! store fills instead of failing, and no background task is needed.
+
+use crate::delta::Delta;
+use crate::device::{AlignedBuf, BlockDevice, BLOCK};
+use crate::format::{CheckpointSlot, SegmentHeader, SegmentKind, CKPT_SEGMENTS_MAX};
+use crate::journal::parse_record;
+use crate::store::{io_error, NativeStore, Seg, SegKind};
+use bytes::{Bytes, BytesMut};
+use carmine_store::Result;
+use carmine_types::{crc32c, Decoder};
+
+impl<D: BlockDevice> NativeStore<D> {
+    fn free_below(&self, pct: u32) -> bool {
+        let free = self.st.borrow().free.len() as u64;
+        free * 100 < self.geo.segments as u64 * pct as u64 || free < self.reserve_floor()
+    }
+
+    /// The fewest free segments user writes may leave: room for a checkpoint and a cleaning.
+    fn reserve_floor(&self) -> u64 {
+        self.checkpoint_segments_needed() + 2
+    }
+
+    fn checkpoint_segments_needed(&self) -> u64 {
+        let bytes = self.st.borrow().index.approx_bytes() + BLOCK as u64;
+        bytes.div_ceil((self.geo.segment_blocks - 1) * BLOCK as u64) + 1
+    }
+
+    /// Called with the apply lock held, before a transaction is planned.
+    pub(crate) async fn make_room(&self) -> Result<()> {
+        // Back-pressure on memory: data not yet on the device is bounded.
+        loop {
+            let (dirty, seen) = (self.st.borrow().dirty_bytes, self.changed.generation());
+            if dirty <= self.config.dirty_bytes_max {
+                break;
+            }
+            let id = self.st.borrow().next_batch;
+            if self.st.borrow().writing {
+                self.changed.wait(seen).await;
+            } else {
+                self.wait_durable(id).await?;
+            }
+        }
+        if self.st.borrow().blocks_since_checkpoint >= self.checkpoint_interval() {
+            self.checkpoint().await?;
+        }
+        if self.free_below(self.config.clean_start_pct) {
+            self.clean_one().await?;
+        }
+        // Below the throttle line writers wait for the cleaner; give up only when it can
+        // free nothing more (the capacity check then answers NoSpace where it must).
+        let mut rounds = 0;
+        while self.free_below(self.config.throttle_pct) && rounds < self.geo.segments {
+            if !self.clean_one().await? {
+                break;
+            }
+            rounds += 1;
+        }
+        Ok(())
+    }
+
+    /// Writes a checkpoint of the whole index and retires the journal before it.
+    pub(crate) async fn checkpoint(&self) -> Result<()> {
+        self.drain().await?;
+        let (blob, pos) = {
+            let st = self.st.borrow();
+            let blob = st.index.encode();
+            let pos = crate::format::JournalPos {
+                segment: st.seg,
+                segment_seq: st.seg_seq,
+                block: (st.wp - self.geo.segment_start(st.seg)) as u32,
+                record_seq: st.next_record_seq,
+            };
+            (blob, pos)
+        };
+        let per_seg = (self.geo.segment_blocks as usize - 1) * BLOCK;
+        let nsegs = blob.len().div_ceil(per_seg).max(1);
+        if nsegs > CKPT_SEGMENTS_MAX {
+            return Err(io_error(format!(
+                "checkpoint of {} bytes needs {nsegs} segments, more than {CKPT_SEGMENTS_MAX}",
+                blob.len()
+            )));
+        }
+        let segs: Vec<u32> = {
+            let mut st = self.st.borrow_mut();
+            if st.free.len() < nsegs {
+                return Err(io_error(format!(
+                    "no room for a checkpoint: {nsegs} segments needed, {} free",
+                    st.free.len()
+                )));
+            }
+            (0..nsegs)
+                .map(|_| {
+                    let s = st.free.pop_first().expect("counted");
+                    st.seg_seq_max += 1;
+                    st.segs[s as usize] = Seg {
+                        kind: SegKind::Checkpoint,
+                        seq: st.seg_seq_max,
+                    };
+                    s
+                })
+                .collect()
+        };
+        let result = self.write_checkpoint(&blob, &segs, pos).await;
+        let mut st = self.st.borrow_mut();
+        match result {
+            Err(e) => {
+                st.failed = Some(format!("checkpoint: {e}"));
+                return Err(io_error(format!("checkpoint: {e}")));
+            }
+            Ok(slot) => {
+                let old = std::mem::replace(&mut st.slot, slot);
+                for s in old.segments {
+                    self.release_segment(&mut st, s);
+                }
+                // Journal segments wholly before the checkpoint hold nothing replay needs;
+                // those without live data are free now, the rest wait for the cleaner.
+                for s in 0..self.geo.segments {
+                    let seg = st.segs[s as usize];
+                    if seg.kind == SegKind::Journal
+                        && seg.seq < pos.segment_seq
+                        && st.index.segment_live[s as usize] == 0
+                    {
+                        self.release_segment(&mut st, s);
+                    }
+                }
+                st.blocks_since_checkpoint = 0;
+                st.stats.checkpoints += 1;
+            }
+        }
+        drop(st);
+        self.changed.notify_all();
+        Ok(())
+    }
+
+    pub(crate) fn release_segment(&self, st: &mut crate::store::State, s: u32) {
+        st.segs[s as usize] = Seg {
+            kind: SegKind::Free,
+            seq: 0,
+        };
+        st.free.insert(s);
+    }
+
+    async fn write_checkpoint(
+        &self,
+        blob: &BytesMut,
+        segs: &[u32],
+        pos: crate::format::JournalPos,
+    ) -> std::io::Result<CheckpointSlot> {
+        let per_seg = (self.geo.segment_blocks as usize - 1) * BLOCK;
+        for (i, &s) in segs.iter().enumerate() {
+            let chunk = &blob[(i * per_seg).min(blob.len())..((i + 1) * per_seg).min(blob.len())];
+            let mut buf = AlignedBuf::new(BLOCK + chunk.len());
+            let seq = self.st.borrow().segs[s as usize].seq;
+            let header = SegmentHeader {
+                uuid: self.uuid,
+                shard: self.shard,
+                kind: SegmentKind::Checkpoint,
+                seq,
+                nonce: rand::random(),
+            }
+            .encode();
+            buf.extend_from_slice(&header);
+            buf.pad_to_block();
+            buf.extend_from_slice(chunk);
+            buf.pad_to_block();
+            let (res, _) = self
+                .dev
+                .write_at(buf, self.byte_offset(self.geo.segment_start(s)))
+                .await;
+            res?;
+        }
+        self.dev.sync().await?;
+        let slot = {
+            let st = self.st.borrow();
+            CheckpointSlot {
+                shard: self.shard,
+                uuid: self.uuid,
+                generation: st.slot.generation + 1,
+                journal: pos,
+                segment_seq_max: st.seg_seq_max,
+                blob_len: blob.len() as u64,
+                blob_crc: crc32c(blob),
+                segments: segs.to_vec(),
+            }
+        };
+        let mut buf = AlignedBuf::new(BLOCK);
+        buf.extend_from_slice(&slot.encode());
+        buf.pad_to_block();
+        let at = self.byte_offset(slot.generation % 2);
+        let (res, _) = self.dev.write_at(buf, at).await;
+        res?;
+        self.dev.sync().await?;
+        Ok(slot)
+    }
+
+    /// Picks a victim segment and moves its live blocks to the journal head. Returns whether
+    /// a segment was freed.
+    pub(crate) async fn clean_one(&self) -> Result<bool> {
+        let victim = match self.pick_victim() {
+            Some(v) => v,
+            None => {
+                // Segments written since the last checkpoint cannot be cleaned yet (replay
+                // still needs their records): a checkpoint makes them eligible.
+                if !self.has_journal_after_checkpoint() {
+                    return Ok(false);
+                }
+                self.checkpoint().await?;
+                match self.pick_victim() {
+                    Some(v) => v,
+                    None => return Ok(true),
+                }
+            }
+        };
+        if self.st.borrow().index.segment_live[victim as usize] == 0 {
+            let mut st = self.st.borrow_mut();
+            self.release_segment(&mut st, victim);
+            st.stats.segments_cleaned += 1;
+            return Ok(true);
+        }
+        let start = self.geo.segment_start(victim);
+        let buf = AlignedBuf::new(self.geo.segment_blocks as usize * BLOCK);
+        let (res, buf) = self.dev.read_at(buf, self.byte_offset(start)).await;
+        res.map_err(|e| io_error(format!("cleaner reading segment {victim}: {e}")))?;
+        let Ok(header) = SegmentHeader::decode(&buf.full()[..BLOCK]) else {
+            return Err(io_error(format!(
+                "segment {victim} holds live data but its header is unreadable"
+            )));
+        };
+        // Walk its records; every data block was placed by a SetBlock in its own record.
+        let mut live: Vec<(Delta, Bytes)> = Vec::new();
+        let area = buf.full();
+        let mut at = BLOCK;
+        let mut seq = None;
+        while at + BLOCK <= area.len() {
+            let Some(h) = crate::format::RecordHeader::decode(&area[at..at + BLOCK]) else {
+                break;
+            };
+            let want = *seq.get_or_insert(h.seq);
+            let Some(rec) = parse_record(&area[at..], want, header.nonce) else {
+                break;
+            };
+            let rec_start = start + (at / BLOCK) as u64;
+            let mut d = Decoder::new(Bytes::from(rec.meta));
+            let st = self.st.borrow();
+            while d.remaining() > 0 {
+                let Ok(delta) = Delta::decode(&mut d) else {
+                    break;
+                };
+                if let Delta::SetBlock {
+                    cid,
+                    ref oid,
+                    lblock,
+                    paddr,
+                    crc,
+                } = delta
+                {
+                    let i = paddr.wrapping_sub(rec_start + 1);
+                    let still = st
+                        .index
+                        .object(cid, oid)
+                        .and_then(|o| o.blocks.get(&lblock))
+                        .is_some_and(|b| b.paddr == paddr);
+                    if i < rec.header.data_blocks as u64 && still {
+                        let data = &rec.data[i as usize * BLOCK..(i as usize + 1) * BLOCK];
+                        if crc32c(data) != crc {
+                            drop(st);
+                            self.st.borrow_mut().stats.checksum_errors += 1;
+                            return Err(io_error(format!(
+                                "cleaner: checksum mismatch in block {paddr} of segment {victim}"
+                            )));
+                        }
+                        live.push((delta.clone(), Bytes::copy_from_slice(data)));
+                    }
+                }
+            }
+            drop(st);
+            at += rec.header.total_blocks as usize * BLOCK;
+            seq = Some(want + 1);
+        }
+        let expected = self.st.borrow().index.segment_live[victim as usize] as usize;
+        if live.len() != expected {
+            // Never free a segment whose live blocks we cannot all account for.
+            tracing::error!(
+                shard = self.shard,
+                victim,
+                found = live.len(),
+                expected,
+                "cleaner could not find every live block; segment kept"
+            );
+            self.st.borrow_mut().segs[victim as usize].seq = u64::MAX;
+            return Ok(false);
+        }
+        let moved = live.len();
+        let batch = {
+            let mut st = self.st.borrow_mut();
+            let meta_est = live
+                .iter()
+                .map(|(d, _)| match d {
+                    Delta::SetBlock { oid, .. } => 40 + oid.len(),
+                    _ => 0,
+                })
+                .sum();
+            self.batch_for(&mut st, meta_est, moved)?;
+            let mut meta = BytesMut::new();
+            for (delta, data) in live {
+                let Delta::SetBlock {
+                    cid,
+                    oid,
+                    lblock,
+                    crc,
+                    ..
+                } = delta
+                else {
+                    unreachable!("only SetBlock collected")
+                };
+                let b = st.open.as_mut().expect("opened");
+                let paddr = b.next_data_block();
+                b.data.push(data.clone());
+                st.dirty.insert(paddr, data);
+                st.dirty_bytes += BLOCK as u64;
+                let d = Delta::SetBlock {
+                    cid,
+                    oid,
+                    lblock,
+                    paddr,
+                    crc,
+                };
+                st.index
+                    .apply(&d)
+                    .map_err(|e| io_error(format!("internal: relocation: {e}")))?;
+                Self::invalidate_freed(&mut st);
+                d.encode(&mut meta);
+            }
+            let b = st.open.as_mut().expect("opened");
+            b.meta.extend_from_slice(&meta);
+            b.id
+        };
+        self.wait_durable(batch).await?;
+        let mut st = self.st.borrow_mut();
+        if st.index.segment_live[victim as usize] == 0 {
+            self.release_segment(&mut st, victim);
+        }
+        st.stats.segments_cleaned += 1;
+        st.stats.blocks_relocated += moved as u64;
+        Ok(true)
+    }
+
+    fn has_journal_after_checkpoint(&self) -> bool {
+        let st = self.st.borrow();
+        st.segs.iter().enumerate().any(|(i, s)| {
+            s.kind == SegKind::Journal && s.seq >= st.slot.journal.segment_seq && i as u32 != st.seg
+        })
+    }
+
+    /// Cost-benefit choice among segments the journal no longer needs: the most free space
+    /// for the least copying, favouring older segments; greedy (least live) on ties.
+    fn pick_victim(&self) -> Option<u32> {
+        let st = self.st.borrow();
+        let cap = (self.geo.segment_blocks - 1) as f64;
+        let mut best: Option<(f64, u32, u32)> = None;
+        for (i, s) in st.segs.iter().enumerate() {
+            let i = i as u32;
+            if s.kind != SegKind::Journal
+                || s.seq >= st.slot.journal.segment_seq
+                || i == st.seg
+                || s.seq == u64::MAX
+            {
+                continue;
+            }
+            let live = st.index.segment_live[i as usize];
+            let u = (live as f64 / cap).min(1.0);
+            if u >= 1.0 {
+                continue;
+            }
+            let age = (st.seg_seq_max - s.seq) as f64 + 1.0;
+            let score = (1.0 - u) * age / (1.0 + u);
+            let better = match best {
+                None => true,
+                Some((bs, _, bl)) => score > bs || (score == bs && live < bl),
+            };
+            if better {
+                best = Some((score, i, live));
+            }
+        }
+        best.map(|(_, i, _)| i)
+    }
+}

@@ -1,0 +1,737 @@
+//! `NativeStore`: one shard of the log-structured store, and its `ObjectStore` face.
+//!
+//! State lives in one `RefCell` owned by the shard's reactor; it is never borrowed across an
+//! await. Transactions are serialised by `apply_lock` only while they are translated into
+//! deltas (which may need old blocks read for a partial overwrite); they wait for durability
+//! outside it, which is what lets many of them share one journal write.
+
+use crate::device::{AlignedBuf, BlockDevice, BLOCK};
+use crate::format::{CheckpointSlot, SegmentHeader, SegmentKind};
+use crate::index::{BlockRef, Geometry, Index};
+use crate::journal::{Batch, Notify};
+use bytes::{Bytes, BytesMut};
+use carmine_store::checks::{
+    check_attr_name, check_extent, check_io_len, check_list_limit, check_oid, error,
+};
+use carmine_store::{
+    ObjectStat, ObjectStore, Page, Result, StoreError, StoreErrorKind, StoreStatfs, Transaction,
+};
+use carmine_types::{crc32c, CollectionId};
+use std::cell::RefCell;
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::ops::Bound;
+
+/// Tunables of one shard.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct NativeConfig {
+    /// Clean data blocks kept in memory for reads and partial overwrites.
+    pub cache_bytes: u64,
+    /// Data accepted but not yet on the device; beyond it new transactions wait.
+    pub dirty_bytes_max: u64,
+    /// Journal blocks between checkpoints; 0 picks a quarter of the cleaner's reserve.
+    pub checkpoint_interval_blocks: u64,
+    /// The cleaner starts when free segments fall below this share of all segments.
+    pub clean_start_pct: u32,
+    /// Writers wait for the cleaner below this share.
+    pub throttle_pct: u32,
+}
+
+impl Default for NativeConfig {
+    fn default() -> Self {
+        Self {
+            cache_bytes: 64 << 20,
+            dirty_bytes_max: 32 << 20,
+            checkpoint_interval_blocks: 0,
+            clean_start_pct: 15,
+            throttle_pct: 10,
+        }
+    }
+}
+
+/// Counters a shard keeps about itself.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct NativeStats {
+    pub records: u64,
+    pub device_writes: u64,
+    pub device_bytes_written: u64,
+    pub user_bytes_written: u64,
+    pub checkpoints: u64,
+    pub segments_cleaned: u64,
+    pub blocks_relocated: u64,
+    pub checksum_errors: u64,
+    pub cache_hits: u64,
+    pub cache_misses: u64,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum SegKind {
+    Free,
+    Journal,
+    Checkpoint,
+}
+
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Seg {
+    pub kind: SegKind,
+    pub seq: u64,
+}
+
+pub(crate) struct State {
+    pub index: Index,
+    pub segs: Vec<Seg>,
+    pub free: BTreeSet<u32>,
+    /// The segment the journal appends to, its sequence and nonce.
+    pub seg: u32,
+    pub seg_seq: u64,
+    pub nonce: u64,
+    /// Its header still has to go out with the first record.
+    pub seg_header_pending: bool,
+    /// Next free block of the journal (shard-relative).
+    pub wp: u64,
+    pub next_record_seq: u64,
+    pub seg_seq_max: u64,
+    pub open: Option<Batch>,
+    pub sealed: VecDeque<Batch>,
+    pub next_batch: u64,
+    pub durable_batch: u64,
+    pub writing: bool,
+    pub failed: Option<String>,
+    pub dirty: HashMap<u64, Bytes>,
+    pub dirty_bytes: u64,
+    pub cache: HashMap<u64, Bytes>,
+    pub fifo: VecDeque<u64>,
+    pub slot: CheckpointSlot,
+    pub blocks_since_checkpoint: u64,
+    pub stats: NativeStats,
+}
+
+/// One shard of the native store on device `D`.
+pub struct NativeStore<D: BlockDevice> {
+    pub(crate) dev: D,
+    pub(crate) shard: u32,
+    pub(crate) uuid: u128,
+    /// Byte offset of the shard on the device.
+    pub(crate) base: u64,
+    pub(crate) geo: Geometry,
+    pub(crate) config: NativeConfig,
+    /// Segments kept back from user data for the cleaner and checkpoints.
+    pub(crate) reserve_segments: u32,
+    pub(crate) apply_lock: async_lock::Mutex<()>,
+    pub(crate) st: RefCell<State>,
+    pub(crate) changed: Notify,
+}
+
+/// Errors that concern no collection in particular.
+pub(crate) const NO_CID: CollectionId = carmine_types::PgId { pool: 0, seed: 0 };
+
+pub(crate) fn io_error(detail: impl Into<String>) -> StoreError {
+    error(StoreErrorKind::Io, NO_CID, "", detail)
+}
+
+impl<D: BlockDevice> NativeStore<D> {
+    pub fn stats(&self) -> NativeStats {
+        self.st.borrow().stats
+    }
+
+    pub fn shard(&self) -> u32 {
+        self.shard
+    }
+
+    /// Segments free, and in total.
+    pub fn segments_free(&self) -> (u32, u32) {
+        (self.st.borrow().free.len() as u32, self.geo.segments)
+    }
+
+    pub(crate) fn byte_offset(&self, block: u64) -> u64 {
+        self.base + block * BLOCK as u64
+    }
+
+    pub(crate) fn check_failed(&self) -> Result<()> {
+        match &self.st.borrow().failed {
+            Some(why) => Err(io_error(format!("store shard failed earlier: {why}"))),
+            None => Ok(()),
+        }
+    }
+
+    /// Blocks user data may occupy: everything but the reserve, less one header block per
+    /// segment.
+    pub(crate) fn capacity_blocks(&self) -> u64 {
+        (self.geo.segments - self.reserve_segments) as u64 * (self.geo.segment_blocks - 1)
+    }
+
+    pub(crate) fn checkpoint_interval(&self) -> u64 {
+        match self.config.checkpoint_interval_blocks {
+            0 => (self.reserve_segments as u64 * self.geo.segment_blocks / 4).max(16),
+            n => n,
+        }
+    }
+
+    /// Starts writing into a fresh segment (its header goes out with the first record).
+    pub(crate) fn roll_segment(&self, st: &mut State) -> Result<()> {
+        let seg = st.free.pop_first().ok_or_else(|| {
+            error(
+                StoreErrorKind::NoSpace,
+                NO_CID,
+                "",
+                "no free segment for the journal",
+            )
+        })?;
+        st.seg_seq_max += 1;
+        st.segs[seg as usize] = Seg {
+            kind: SegKind::Journal,
+            seq: st.seg_seq_max,
+        };
+        st.seg = seg;
+        st.seg_seq = st.seg_seq_max;
+        st.nonce = rand::random();
+        st.seg_header_pending = true;
+        st.wp = self.geo.segment_start(seg) + 1;
+        Ok(())
+    }
+
+    /// Makes sure the open batch can take `meta` more metadata bytes and `data` more blocks,
+    /// sealing it and opening another (in a new segment if need be) when it cannot.
+    pub(crate) fn batch_for(&self, st: &mut State, meta: usize, data: usize) -> Result<()> {
+        if let Some(b) = &st.open {
+            if b.fits(meta, data) {
+                return Ok(());
+            }
+            let b = st.open.take().expect("checked");
+            st.wp = b.start + b.blocks();
+            st.sealed.push_back(b);
+        }
+        let seg_end = self.geo.segment_start(st.seg) + self.geo.segment_blocks;
+        let need = crate::format::RecordHeader::blocks_for(meta, data) as u64;
+        if st.wp + need > seg_end {
+            self.roll_segment(st)?;
+        }
+        let seg_end = self.geo.segment_start(st.seg) + self.geo.segment_blocks;
+        if st.wp + need > seg_end {
+            return Err(error(
+                StoreErrorKind::InvalidArgument,
+                NO_CID,
+                "",
+                format!(
+                    "a transaction of {need} blocks does not fit in a segment of {}",
+                    self.geo.segment_blocks
+                ),
+            ));
+        }
+        let segment_header = std::mem::take(&mut st.seg_header_pending).then(|| SegmentHeader {
+            uuid: self.uuid,
+            shard: self.shard,
+            kind: SegmentKind::Journal,
+            seq: st.seg_seq,
+            nonce: st.nonce,
+        });
+        st.next_batch += 1;
+        st.next_record_seq += 1;
+        st.open = Some(Batch {
+            id: st.next_batch,
+            start: st.wp,
+            segment_header,
+            record_seq: st.next_record_seq - 1,
+            nonce: st.nonce,
+            meta: BytesMut::new(),
+            data: Vec::new(),
+            room: seg_end - st.wp,
+        });
+        Ok(())
+    }
+
+    /// Waits until batch `id` is durable, writing batches itself when nobody else is.
+    pub(crate) async fn wait_durable(&self, id: u64) -> Result<()> {
+        loop {
+            let seen = self.changed.generation();
+            {
+                let st = self.st.borrow();
+                if st.durable_batch >= id {
+                    return Ok(());
+                }
+                if let Some(why) = &st.failed {
+                    return Err(io_error(format!("journal write failed: {why}")));
+                }
+                if st.writing {
+                    drop(st);
+                    self.changed.wait(seen).await;
+                    continue;
+                }
+            }
+            self.write_out().await;
+        }
+    }
+
+    /// Everything submitted so far is durable when this returns.
+    pub(crate) async fn drain(&self) -> Result<()> {
+        let last = {
+            let st = self.st.borrow();
+            st.open.as_ref().map_or(st.next_batch, |b| b.id)
+        };
+        self.wait_durable(last).await
+    }
+
+    /// The leader's job: write every gathered batch, sync once, publish.
+    async fn write_out(&self) {
+        let batches: Vec<Batch> = {
+            let mut st = self.st.borrow_mut();
+            st.writing = true;
+            if let Some(b) = st.open.take() {
+                st.wp = b.start + b.blocks();
+                st.sealed.push_back(b);
+            }
+            st.sealed.drain(..).collect()
+        };
+        let mut result = Ok(());
+        let mut bytes = 0;
+        for b in &batches {
+            let (buf, at) = b.serialize();
+            bytes += buf.len() as u64;
+            let (res, _) = self.dev.write_at(buf, self.byte_offset(at)).await;
+            if let Err(e) = res {
+                result = Err(format!("writing record {}: {e}", b.record_seq));
+                break;
+            }
+        }
+        if result.is_ok() && !batches.is_empty() {
+            if let Err(e) = self.dev.sync().await {
+                result = Err(format!("sync: {e}"));
+            }
+        }
+        {
+            let mut st = self.st.borrow_mut();
+            st.writing = false;
+            match result {
+                Err(why) => {
+                    tracing::error!(shard = self.shard, "native store failed: {why}");
+                    st.failed = Some(why);
+                }
+                Ok(()) => {
+                    for b in &batches {
+                        st.durable_batch = st.durable_batch.max(b.id);
+                        st.dirty_bytes -= b.data_bytes();
+                        st.blocks_since_checkpoint += b.blocks();
+                        st.stats.records += 1;
+                        for i in 0..b.data.len() as u64 {
+                            let paddr = b.start + 1 + i;
+                            if let Some(data) = st.dirty.remove(&paddr) {
+                                self.cache_insert(&mut st, paddr, data);
+                            }
+                        }
+                    }
+                    if let Some(last) = batches.last() {
+                        st.durable_batch = st.durable_batch.max(last.id);
+                    }
+                    st.stats.device_writes += batches.len() as u64;
+                    st.stats.device_bytes_written += bytes;
+                }
+            }
+        }
+        self.changed.notify_all();
+    }
+
+    pub(crate) fn cache_insert(&self, st: &mut State, paddr: u64, data: Bytes) {
+        let limit = (self.config.cache_bytes / BLOCK as u64) as usize;
+        if limit == 0 {
+            return;
+        }
+        if st.cache.insert(paddr, data).is_none() {
+            st.fifo.push_back(paddr);
+        }
+        while st.cache.len() > limit {
+            match st.fifo.pop_front() {
+                Some(p) => {
+                    st.cache.remove(&p);
+                }
+                None => break,
+            }
+        }
+        // Keys of entries dropped by invalidation linger in the FIFO: trim them now and then.
+        if st.fifo.len() > 2 * limit + 1024 {
+            let cache = &st.cache;
+            st.fifo.retain(|p| cache.contains_key(p));
+        }
+    }
+
+    /// Forgets blocks the index no longer maps.
+    pub(crate) fn invalidate_freed(st: &mut State) {
+        let State {
+            index,
+            dirty,
+            cache,
+            ..
+        } = st;
+        for p in index.take_freed() {
+            dirty.remove(&p);
+            cache.remove(&p);
+        }
+    }
+
+    /// Reads device blocks `paddrs` (any order), verifying each against its checksum.
+    pub(crate) async fn read_blocks(
+        &self,
+        wanted: &[BlockRef],
+    ) -> std::result::Result<HashMap<u64, Bytes>, BlockReadError> {
+        let mut out = HashMap::with_capacity(wanted.len());
+        let mut sorted: Vec<BlockRef> = wanted.to_vec();
+        sorted.sort_by_key(|b| b.paddr);
+        sorted.dedup_by_key(|b| b.paddr);
+        let mut i = 0;
+        while i < sorted.len() {
+            let mut j = i + 1;
+            while j < sorted.len() && sorted[j].paddr == sorted[j - 1].paddr + 1 && j - i < 256 {
+                j += 1;
+            }
+            let run = &sorted[i..j];
+            let buf = AlignedBuf::new(run.len() * BLOCK);
+            let (res, buf) = self.dev.read_at(buf, self.byte_offset(run[0].paddr)).await;
+            res.map_err(|e| BlockReadError::Io(e.to_string()))?;
+            for (k, b) in run.iter().enumerate() {
+                let data = &buf.full()[k * BLOCK..(k + 1) * BLOCK];
+                if crc32c(data) != b.crc {
+                    return Err(BlockReadError::Checksum(b.paddr));
+                }
+                out.insert(b.paddr, Bytes::copy_from_slice(data));
+            }
+            i = j;
+        }
+        Ok(out)
+    }
+
+    /// The current block map of `[first, last]` of an object, or its lookup error.
+    fn object_blocks(
+        &self,
+        cid: CollectionId,
+        oid: &str,
+        off: u64,
+        len: u64,
+    ) -> Result<(u64, Vec<(u64, BlockRef)>)> {
+        let st = self.st.borrow();
+        let obj = lookup(&st.index, cid, oid)?;
+        let size = obj.size;
+        let end = if len == 0 {
+            size
+        } else {
+            (off + len).min(size)
+        };
+        if off >= end {
+            return Ok((0, Vec::new()));
+        }
+        check_io_len(cid, oid, end - off)?;
+        let first = off / BLOCK as u64;
+        let last = (end - 1) / BLOCK as u64;
+        let blocks = obj
+            .blocks
+            .range(first..=last)
+            .map(|(l, b)| (*l, *b))
+            .collect();
+        Ok((end - off, blocks))
+    }
+
+    /// `read` into `out`: holes are zeros; cached and unwritten blocks come from memory, the
+    /// rest from the device, checksums verified.
+    async fn read_object_into(
+        &self,
+        cid: CollectionId,
+        oid: &str,
+        off: u64,
+        len: u64,
+        out: &mut BytesMut,
+    ) -> Result<usize> {
+        check_oid(cid, oid)?;
+        check_extent(cid, oid, off, len)?;
+        check_io_len(cid, oid, len)?;
+        self.check_failed()?;
+        for attempt in 0.. {
+            let (n, blocks) = self.object_blocks(cid, oid, off, len)?;
+            if n == 0 {
+                return Ok(0);
+            }
+            let n = n as usize;
+            let start = out.len();
+            out.resize(start + n, 0);
+            let dst = &mut out[start..];
+            let mut missing = Vec::new();
+            {
+                let mut st = self.st.borrow_mut();
+                for (l, b) in &blocks {
+                    let hit = st
+                        .dirty
+                        .get(&b.paddr)
+                        .or_else(|| st.cache.get(&b.paddr))
+                        .cloned();
+                    match hit {
+                        Some(data) => {
+                            st.stats.cache_hits += 1;
+                            copy_block_part(dst, off, *l, &data);
+                        }
+                        None => {
+                            st.stats.cache_misses += 1;
+                            missing.push(*b);
+                        }
+                    }
+                }
+            }
+            if missing.is_empty() {
+                return Ok(n);
+            }
+            match self.read_blocks(&missing).await {
+                Ok(found) => {
+                    let mut st = self.st.borrow_mut();
+                    for (l, b) in &blocks {
+                        if let Some(data) = found.get(&b.paddr) {
+                            copy_block_part(dst, off, *l, data);
+                            self.cache_insert(&mut st, b.paddr, data.clone());
+                        }
+                    }
+                    return Ok(n);
+                }
+                Err(e) => {
+                    out.truncate(start);
+                    // A block moved (overwritten, or relocated by the cleaner) while we read
+                    // it: read again from the new map. Otherwise the device really is wrong.
+                    let (_, now) = self.object_blocks(cid, oid, off, len)?;
+                    if now != blocks && attempt < 8 {
+                        continue;
+                    }
+                    return Err(self.block_read_failed(cid, oid, e));
+                }
+            }
+        }
+        unreachable!("the loop returns")
+    }
+
+    pub(crate) fn block_read_failed(
+        &self,
+        cid: CollectionId,
+        oid: &str,
+        e: BlockReadError,
+    ) -> StoreError {
+        match e {
+            BlockReadError::Io(why) => error(StoreErrorKind::Io, cid, oid, why),
+            BlockReadError::Checksum(paddr) => {
+                self.st.borrow_mut().stats.checksum_errors += 1;
+                tracing::error!(
+                    shard = self.shard,
+                    %cid,
+                    oid,
+                    paddr,
+                    "checksum mismatch reading block: data not returned"
+                );
+                error(
+                    StoreErrorKind::Corrupt,
+                    cid,
+                    oid,
+                    format!(
+                        "checksum mismatch in device block {paddr} of shard {}",
+                        self.shard
+                    ),
+                )
+            }
+        }
+    }
+}
+
+#[derive(Debug)]
+pub(crate) enum BlockReadError {
+    Io(String),
+    Checksum(u64),
+}
+
+/// Copies the part of logical block `l` that falls in the read starting at `off` into `dst`.
+fn copy_block_part(dst: &mut [u8], off: u64, l: u64, data: &[u8]) {
+    let bstart = l * BLOCK as u64;
+    let from = off.max(bstart);
+    let to = (off + dst.len() as u64).min(bstart + BLOCK as u64);
+    if from >= to {
+        return;
+    }
+    let src = &data[(from - bstart) as usize..(to - bstart) as usize];
+    dst[(from - off) as usize..(to - off) as usize].copy_from_slice(src);
+}
+
+pub(crate) fn lookup<'a>(
+    index: &'a Index,
+    cid: CollectionId,
+    oid: &str,
+) -> Result<&'a crate::index::Onode> {
+    let coll = index.colls.get(&cid).ok_or_else(|| {
+        error(
+            StoreErrorKind::CollectionNotFound,
+            cid,
+            oid,
+            "no such collection",
+        )
+    })?;
+    coll.get(oid)
+        .ok_or_else(|| error(StoreErrorKind::ObjectNotFound, cid, oid, "no such object"))
+}
+
+impl<D: BlockDevice> ObjectStore for NativeStore<D> {
+    async fn submit(&self, txn: Transaction) -> Result<()> {
+        self.submit_txn(txn).await
+    }
+
+    async fn read(&self, cid: CollectionId, oid: &str, off: u64, len: u64) -> Result<Bytes> {
+        let mut out = BytesMut::new();
+        self.read_object_into(cid, oid, off, len, &mut out).await?;
+        Ok(out.freeze())
+    }
+
+    async fn read_into(
+        &self,
+        cid: CollectionId,
+        oid: &str,
+        off: u64,
+        len: u64,
+        out: &mut BytesMut,
+    ) -> Result<usize> {
+        self.read_object_into(cid, oid, off, len, out).await
+    }
+
+    async fn readv(
+        &self,
+        cid: CollectionId,
+        oid: &str,
+        extents: &[(u64, u64)],
+    ) -> Result<Vec<Bytes>> {
+        check_oid(cid, oid)?;
+        for &(off, len) in extents {
+            check_extent(cid, oid, off, len)?;
+            check_io_len(cid, oid, len)?;
+        }
+        lookup(&self.st.borrow().index, cid, oid)?;
+        let mut out = Vec::with_capacity(extents.len());
+        for &(off, len) in extents {
+            out.push(self.read(cid, oid, off, len).await?);
+        }
+        Ok(out)
+    }
+
+    async fn stat(&self, cid: CollectionId, oid: &str) -> Result<ObjectStat> {
+        check_oid(cid, oid)?;
+        let st = self.st.borrow();
+        Ok(ObjectStat {
+            size: lookup(&st.index, cid, oid)?.size,
+        })
+    }
+
+    async fn getattr(&self, cid: CollectionId, oid: &str, name: &str) -> Result<Bytes> {
+        check_oid(cid, oid)?;
+        check_attr_name(cid, oid, name)?;
+        let st = self.st.borrow();
+        lookup(&st.index, cid, oid)?
+            .attrs
+            .get(name)
+            .cloned()
+            .ok_or_else(|| {
+                error(
+                    StoreErrorKind::AttrNotFound,
+                    cid,
+                    oid,
+                    format!("no xattr {name:?}"),
+                )
+            })
+    }
+
+    async fn getattrs(&self, cid: CollectionId, oid: &str) -> Result<BTreeMap<String, Bytes>> {
+        check_oid(cid, oid)?;
+        let st = self.st.borrow();
+        Ok(lookup(&st.index, cid, oid)?.attrs.clone())
+    }
+
+    async fn omap_get_header(&self, cid: CollectionId, oid: &str) -> Result<Bytes> {
+        check_oid(cid, oid)?;
+        let st = self.st.borrow();
+        Ok(lookup(&st.index, cid, oid)?.omap_header.clone())
+    }
+
+    async fn omap_get_values(
+        &self,
+        cid: CollectionId,
+        oid: &str,
+        keys: &[Bytes],
+    ) -> Result<BTreeMap<Bytes, Bytes>> {
+        check_oid(cid, oid)?;
+        let st = self.st.borrow();
+        let o = lookup(&st.index, cid, oid)?;
+        Ok(keys
+            .iter()
+            .filter_map(|k| o.omap.get(k).map(|v| (k.clone(), v.clone())))
+            .collect())
+    }
+
+    async fn omap_iterate(
+        &self,
+        cid: CollectionId,
+        oid: &str,
+        start_after: Option<&[u8]>,
+        limit: usize,
+    ) -> Result<Page<(Bytes, Bytes), Bytes>> {
+        check_oid(cid, oid)?;
+        let limit = check_list_limit(cid, oid, limit)?;
+        let st = self.st.borrow();
+        let o = lookup(&st.index, cid, oid)?;
+        let lower = start_after.map_or(Bound::Unbounded, Bound::Excluded);
+        let mut iter = o.omap.range::<[u8], _>((lower, Bound::Unbounded));
+        let items: Vec<(Bytes, Bytes)> = iter
+            .by_ref()
+            .take(limit)
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        let next = if iter.next().is_some() {
+            items.last().map(|(k, _)| k.clone())
+        } else {
+            None
+        };
+        Ok(Page { items, next })
+    }
+
+    async fn list_objects(
+        &self,
+        cid: CollectionId,
+        start_after: Option<&str>,
+        limit: usize,
+    ) -> Result<Page<String, String>> {
+        let limit = check_list_limit(cid, "", limit)?;
+        let st = self.st.borrow();
+        let coll = st.index.colls.get(&cid).ok_or_else(|| {
+            error(
+                StoreErrorKind::CollectionNotFound,
+                cid,
+                "",
+                "no such collection",
+            )
+        })?;
+        let lower = start_after.map_or(Bound::Unbounded, Bound::Excluded);
+        let mut iter = coll.range::<str, _>((lower, Bound::Unbounded));
+        let items: Vec<String> = iter.by_ref().take(limit).map(|(k, _)| k.clone()).collect();
+        let next = if iter.next().is_some() {
+            items.last().cloned()
+        } else {
+            None
+        };
+        Ok(Page { items, next })
+    }
+
+    async fn list_collections(&self) -> Result<Vec<CollectionId>> {
+        Ok(self.st.borrow().index.colls.keys().copied().collect())
+    }
+
+    async fn collection_exists(&self, cid: CollectionId) -> Result<bool> {
+        Ok(self.st.borrow().index.colls.contains_key(&cid))
+    }
+
+    async fn flush(&self) -> Result<()> {
+        self.check_failed()?;
+        self.drain().await
+    }
+
+    fn statfs(&self) -> StoreStatfs {
+        let st = self.st.borrow();
+        StoreStatfs {
+            bytes_total: self.capacity_blocks() * BLOCK as u64,
+            bytes_used: st.index.live_blocks * BLOCK as u64,
+            objects: st.index.objects,
+        }
+    }
+}
