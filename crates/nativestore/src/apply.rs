@@ -619,7 +619,13 @@ impl<D: BlockDevice> NativeStore<D> {
             return Ok(());
         }
         let guard = self.apply_lock.lock().await;
-        self.make_room().await?;
+        let grows = txn.ops.iter().any(|op| {
+            matches!(
+                op,
+                Op::Write { .. } | Op::Clone { .. } | Op::CloneRange { .. }
+            )
+        });
+        self.make_room(grows).await?;
         let plan = plan(&self.st.borrow().index, &txn)?;
         {
             let st = self.st.borrow();

@@ -94,6 +94,22 @@ impl SimDevice {
     }
 }
 
+/// Suspends once, like a real device completing later: lets concurrent transactions pile
+/// up behind a write in flight, as they do on io_uring.
+async fn device_latency() {
+    let mut yielded = false;
+    std::future::poll_fn(|cx| {
+        if yielded {
+            std::task::Poll::Ready(())
+        } else {
+            yielded = true;
+            cx.waker().wake_by_ref();
+            std::task::Poll::Pending
+        }
+    })
+    .await
+}
+
 fn dead() -> io::Error {
     io::Error::other("simulated device failure")
 }
@@ -115,6 +131,7 @@ impl BlockDevice for SimDevice {
     }
 
     async fn write_at(&self, buf: AlignedBuf, off: u64) -> (io::Result<()>, AlignedBuf) {
+        device_latency().await;
         let mut s = self.state.borrow_mut();
         if s.dead {
             return (Err(dead()), buf);
@@ -141,6 +158,7 @@ impl BlockDevice for SimDevice {
     }
 
     async fn sync(&self) -> io::Result<()> {
+        device_latency().await;
         let mut s = self.state.borrow_mut();
         if s.dead {
             return Err(dead());

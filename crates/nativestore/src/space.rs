@@ -28,8 +28,9 @@ impl<D: BlockDevice> NativeStore<D> {
         bytes.div_ceil((self.geo.segment_blocks - 1) * BLOCK as u64) + 1
     }
 
-    /// Called with the apply lock held, before a transaction is planned.
-    pub(crate) async fn make_room(&self) -> Result<()> {
+    /// Called with the apply lock held, before a transaction is planned. `grows`: the
+    /// transaction may add data; one that only removes or shrinks may use the last reserve.
+    pub(crate) async fn make_room(&self, grows: bool) -> Result<()> {
         // Back-pressure on memory: data not yet on the device is bounded.
         loop {
             let (dirty, seen) = (self.st.borrow().dirty_bytes, self.changed.generation());
@@ -57,6 +58,24 @@ impl<D: BlockDevice> NativeStore<D> {
                 break;
             }
             rounds += 1;
+        }
+        // Never let user data take the segments a checkpoint and a cleaning pass need.
+        let free = self.st.borrow().free.len() as u64;
+        let floor = if grows {
+            self.reserve_floor()
+        } else {
+            self.checkpoint_segments_needed() + 1
+        };
+        if free < floor {
+            return Err(carmine_store::StoreError::new(
+                carmine_store::StoreErrorKind::NoSpace,
+                crate::store::NO_CID,
+                "",
+                format!(
+                    "store full: {free} free segments, {floor} kept for checkpoints and the \
+                     cleaner, and nothing left to clean"
+                ),
+            ));
         }
         Ok(())
     }

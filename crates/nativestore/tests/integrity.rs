@@ -1,0 +1,270 @@
+//! Format checks at mount, checksum errors on read and in fsck, the cleaner at high fill,
+//! and a full store.
+
+use bytes::Bytes;
+use carmine_nativestore::{
+    fsck, mkfs, read_superblock, NativeConfig, NativeStore, SimDevice, BLOCK,
+};
+use carmine_store::{ObjectStore, StoreErrorKind, Transaction};
+use carmine_types::{CollectionId, PgId};
+use futures::executor::block_on;
+use rand::{Rng, SeedableRng};
+
+const C: CollectionId = PgId { pool: 1, seed: 0 };
+
+fn formatted(size: usize, segment: u32) -> SimDevice {
+    let dev = SimDevice::new(size);
+    block_on(mkfs(&dev, 1, segment)).unwrap();
+    dev
+}
+
+fn mount(dev: &SimDevice, config: NativeConfig) -> NativeStore<SimDevice> {
+    block_on(NativeStore::mount(dev.clone(), 0, config)).unwrap()
+}
+
+fn submit(
+    store: &NativeStore<SimDevice>,
+    build: impl FnOnce(&mut Transaction),
+) -> Result<(), StoreErrorKind> {
+    let mut t = Transaction::new();
+    build(&mut t);
+    block_on(store.submit(t)).map_err(|e| {
+        if e.kind == StoreErrorKind::Io {
+            panic!("unexpected I/O error: {e}");
+        }
+        e.kind
+    })
+}
+
+fn block(byte: u8) -> Bytes {
+    Bytes::from(vec![byte; BLOCK])
+}
+
+#[test]
+fn mount_refuses_a_device_that_is_not_a_store() {
+    let blank = SimDevice::new(8 << 20);
+    let err = block_on(NativeStore::mount(blank, 0, NativeConfig::default()))
+        .err()
+        .unwrap();
+    assert!(err.contains("bad magic"), "{err}");
+}
+
+#[test]
+fn mount_refuses_a_damaged_superblock_and_a_missing_shard() {
+    let dev = formatted(16 << 20, 1 << 20);
+    let err = block_on(NativeStore::mount(dev.clone(), 1, NativeConfig::default()))
+        .err()
+        .unwrap();
+    assert!(err.contains("shard 1 requested"), "{err}");
+    dev.flip_bit(20, 3);
+    let err = block_on(NativeStore::mount(dev, 0, NativeConfig::default()))
+        .err()
+        .unwrap();
+    assert!(err.contains("checksum mismatch in superblock"), "{err}");
+}
+
+#[test]
+fn mkfs_splits_the_device_into_independent_shards() {
+    let dev = SimDevice::new(64 << 20);
+    let sb = block_on(mkfs(&dev, 3, 1 << 20)).unwrap();
+    assert_eq!(sb.shards.len(), 3);
+    assert_eq!(block_on(read_superblock(&dev)).unwrap(), sb);
+    let shards: Vec<_> = (0..3)
+        .map(|i| block_on(NativeStore::mount(dev.clone(), i, NativeConfig::default())).unwrap())
+        .collect();
+    for (i, s) in shards.iter().enumerate() {
+        let mut t = Transaction::new();
+        t.create_collection(C).write(C, "o", 0, block(i as u8 + 1));
+        block_on(s.submit(t)).unwrap();
+    }
+    drop(shards);
+    for i in 0..3u8 {
+        let s = block_on(NativeStore::mount(
+            dev.clone(),
+            i as u32,
+            NativeConfig::default(),
+        ))
+        .unwrap();
+        assert_eq!(block_on(s.read(C, "o", 0, 0)).unwrap(), block(i + 1));
+    }
+}
+
+#[test]
+fn a_flipped_bit_is_an_error_on_read_and_in_fsck_never_data() {
+    let dev = formatted(16 << 20, 1 << 20);
+    let no_cache = NativeConfig {
+        cache_bytes: 0,
+        ..NativeConfig::default()
+    };
+    let store = mount(&dev, no_cache);
+    submit(&store, |t| {
+        t.create_collection(C)
+            .write(C, "victim", 0, block(0xab))
+            .write(C, "other", 0, block(1));
+    })
+    .unwrap();
+    block_on(store.close()).unwrap();
+    drop(store);
+    // Find the victim's block on the device by its content.
+    let image = dev.image();
+    let at = image
+        .chunks(BLOCK)
+        .position(|b| b.iter().all(|&x| x == 0xab))
+        .expect("data block on the device");
+    dev.flip_bit((at * BLOCK + 100) as u64, 0);
+    let report = block_on(fsck(dev.clone(), 0)).unwrap();
+    assert_eq!(report.errors.len(), 1, "{:?}", report.errors);
+    assert!(report.errors[0].contains("victim"), "{:?}", report.errors);
+    let store = mount(&dev, no_cache);
+    let err = block_on(store.read(C, "victim", 0, 0)).unwrap_err();
+    assert_eq!(err.kind, StoreErrorKind::Corrupt);
+    assert_eq!(store.stats().checksum_errors, 1);
+    assert_eq!(block_on(store.read(C, "other", 0, 0)).unwrap(), block(1));
+    // Overwriting the damaged block heals the object.
+    submit(&store, |t| {
+        t.write(C, "victim", 0, block(2));
+    })
+    .unwrap();
+    assert_eq!(block_on(store.read(C, "victim", 0, 0)).unwrap(), block(2));
+}
+
+#[test]
+fn random_overwrites_at_ninety_percent_fill_keep_working_across_remounts() {
+    // 24 segments of 256 KiB: the cleaner must run many times over.
+    let dev = formatted(7 << 20, 256 << 10);
+    let config = NativeConfig {
+        cache_bytes: 256 << 10,
+        ..NativeConfig::default()
+    };
+    let store = mount(&dev, config);
+    submit(&store, |t| {
+        t.create_collection(C);
+    })
+    .unwrap();
+    let capacity = store.statfs().bytes_total / BLOCK as u64;
+    let blocks = capacity * 9 / 10;
+    let mut model = vec![0u8; blocks as usize];
+    for l in 0..blocks {
+        submit(&store, |t| {
+            t.write(C, "vol", l * BLOCK as u64, block(1));
+        })
+        .unwrap();
+        model[l as usize] = 1;
+    }
+    let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+    let mut store = store;
+    let rounds = 4;
+    let (mut cleaned, mut relocated, mut device, mut user) = (0, 0, 0, 0);
+    for round in 0..rounds {
+        for _ in 0..blocks * 3 {
+            let l = rng.random_range(0..blocks);
+            let v = rng.random_range(1..=255u8);
+            submit(&store, |t| {
+                t.write(C, "vol", l * BLOCK as u64, block(v));
+            })
+            .unwrap_or_else(|e| panic!("overwrite failed at 90% fill: {e:?}"));
+            model[l as usize] = v;
+        }
+        let s = store.stats();
+        cleaned += s.segments_cleaned;
+        relocated += s.blocks_relocated;
+        device += s.device_bytes_written;
+        user += s.user_bytes_written;
+        if round % 2 == 1 {
+            // A clean remount, then a crash-style remount without close.
+            block_on(store.close()).unwrap();
+        }
+        drop(store);
+        store = mount(&dev, config);
+        let data = block_on(store.read(C, "vol", 0, 0)).unwrap();
+        for (l, v) in model.iter().enumerate() {
+            assert!(
+                data[l * BLOCK..(l + 1) * BLOCK].iter().all(|x| x == v),
+                "block {l} lost its last write in round {round}"
+            );
+        }
+    }
+    let report = block_on(fsck(dev.clone(), 0)).unwrap();
+    assert!(report.errors.is_empty(), "{:?}", report.errors);
+    let (free, total) = store.segments_free();
+    eprintln!(
+        "90% fill: {cleaned} segments cleaned, {relocated} blocks relocated, journal write \
+         amplification {:.2}, {free}/{total} segments free",
+        device as f64 / user as f64
+    );
+    assert!(cleaned > 20 && relocated > 0, "the cleaner did not run");
+}
+
+#[test]
+fn a_full_store_says_no_space_and_keeps_serving_reads_and_deletes() {
+    let dev = formatted(7 << 20, 256 << 10);
+    let store = mount(&dev, NativeConfig::default());
+    submit(&store, |t| {
+        t.create_collection(C);
+    })
+    .unwrap();
+    let mut n = 0u64;
+    let chunk = Bytes::from(vec![5u8; 16 * BLOCK]);
+    loop {
+        match submit(&store, |t| {
+            t.write(C, &format!("o{n}"), 0, chunk.clone());
+        }) {
+            Ok(()) => n += 1,
+            Err(StoreErrorKind::NoSpace) => break,
+            Err(e) => panic!("{e:?}"),
+        }
+        assert!(n < 10_000, "never filled");
+    }
+    assert!(n > 10);
+    let used = store.statfs().bytes_used;
+    assert!(used <= store.statfs().bytes_total);
+    assert_eq!(block_on(store.read(C, "o0", 0, 0)).unwrap(), chunk);
+    for i in 0..n / 2 {
+        submit(&store, |t| {
+            t.remove(C, &format!("o{i}"));
+        })
+        .unwrap();
+    }
+    // The freed space is usable again (the cleaner reclaims the dead blocks).
+    for i in 0..n / 3 {
+        submit(&store, |t| {
+            t.write(C, &format!("again{i}"), 0, chunk.clone());
+        })
+        .unwrap_or_else(|e| panic!("write {i} after deletes: {e:?}"));
+    }
+    drop(store);
+    let store = mount(&dev, NativeConfig::default());
+    assert_eq!(
+        block_on(store.read(C, &format!("o{}", n - 1), 0, 0)).unwrap(),
+        chunk
+    );
+    assert_eq!(block_on(store.read(C, "again0", 0, 0)).unwrap(), chunk);
+}
+
+#[test]
+fn concurrent_transactions_share_journal_writes() {
+    let dev = formatted(16 << 20, 1 << 20);
+    let store = mount(&dev, NativeConfig::default());
+    submit(&store, |t| {
+        t.create_collection(C);
+    })
+    .unwrap();
+    let before = store.stats();
+    let txns: Vec<_> = (0..64u64)
+        .map(|i| {
+            let mut t = Transaction::new();
+            t.write(C, "o", i * BLOCK as u64, block(i as u8));
+            store.submit(t)
+        })
+        .collect();
+    for r in block_on(futures::future::join_all(txns)) {
+        r.unwrap();
+    }
+    let after = store.stats();
+    let records = after.records - before.records;
+    assert!(records <= 3, "64 concurrent writes took {records} records");
+    assert_eq!(
+        after.user_bytes_written - before.user_bytes_written,
+        64 * BLOCK as u64
+    );
+}
