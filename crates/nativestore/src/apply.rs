@@ -20,6 +20,7 @@ use carmine_store::checks::{
     check_attr_name, check_extent, check_io_len, check_oid, check_value, error,
 };
 use carmine_store::{Op, Result, StoreErrorKind, Transaction};
+use carmine_types::limits::OBJECT_NAME_LEN_MAX;
 use carmine_types::{crc32c, CollectionId};
 use std::collections::HashMap;
 
@@ -121,8 +122,8 @@ fn span(off: u64, len: u64) -> usize {
 /// The edge blocks of `[off, off+len)` that are only partly covered.
 fn partial_edges(off: u64, len: u64) -> impl Iterator<Item = u64> {
     let end = off + len;
-    let head = (len > 0 && off % B != 0).then_some(off / B);
-    let tail = (len > 0 && end % B != 0).then(|| (end - 1) / B);
+    let head = (len > 0 && !off.is_multiple_of(B)).then_some(off / B);
+    let tail = (len > 0 && !end.is_multiple_of(B)).then(|| (end - 1) / B);
     head.into_iter()
         .chain(tail.filter(move |t| Some(*t) != head))
 }
@@ -325,7 +326,9 @@ pub(crate) fn plan(index: &Index, txn: &Transaction) -> Result<Plan> {
                     }
                 }
                 sh.create(*cid, dst)?;
-                let n = span(*dst_off, *len).min(2 * src_blocks + 2);
+                // Edges zeroed (two blocks), then each source block lands on at most two
+                // destination blocks; a block may be rewritten more than once.
+                let n = (2 * src_blocks + 2).min(2 * span(*dst_off, *len) + 4);
                 p.data_blocks += n;
                 p.growth_blocks += n;
                 p.meta_bytes += n * (SET_BLOCK_BYTES + dst.len()) + 6 * (DELTA_SLACK + dst.len());
@@ -354,24 +357,31 @@ impl<D: BlockDevice> Exec<'_, D> {
         Ok(())
     }
 
-    /// Puts a full block of data in the open batch; returns where it will live.
-    fn place(&mut self, data: Bytes) -> BlockRef {
+    /// Puts a full block of data in the open batch; returns where it will live. Refuses to
+    /// let the record outgrow its segment should the plan's bound ever be wrong.
+    fn place(&mut self, data: Bytes) -> Result<BlockRef> {
         debug_assert_eq!(data.len(), BLOCK);
         let crc = crc32c(&data);
+        let pending_meta = self.meta.len() + SET_BLOCK_BYTES + 4 + OBJECT_NAME_LEN_MAX;
         let b = self
             .st
             .open
             .as_mut()
             .expect("batch opened before execution");
+        if !b.fits(pending_meta, 1) {
+            return Err(io_error(
+                "internal: transaction outgrew its record estimate",
+            ));
+        }
         let paddr = b.next_data_block();
         b.data.push(data.clone());
         self.st.dirty.insert(paddr, data);
         self.st.dirty_bytes += B;
-        BlockRef { paddr, crc }
+        Ok(BlockRef { paddr, crc })
     }
 
     fn set_block(&mut self, cid: CollectionId, oid: &str, lblock: u64, data: Bytes) -> Result<()> {
-        let r = self.place(data);
+        let r = self.place(data)?;
         self.emit(Delta::SetBlock {
             cid,
             oid: oid.to_owned(),
@@ -616,7 +626,7 @@ impl<D: BlockDevice> NativeStore<D> {
     pub(crate) async fn submit_txn(&self, txn: Transaction) -> Result<()> {
         self.check_failed()?;
         if txn.is_empty() {
-            return Ok(());
+            return self.drain().await;
         }
         let guard = self.apply_lock.lock().await;
         let grows = txn.ops.iter().any(|op| {
@@ -668,14 +678,21 @@ impl<D: BlockDevice> NativeStore<D> {
             }
             let meta = exec.meta;
             let b = st.open.as_mut().expect("opened above");
-            if meta.is_empty() && b.data.len() == data_before {
-                // Nothing to record (e.g. cloning an object onto itself).
-                return Ok(());
+            if !b.fits(meta.len(), 0) {
+                let why = "internal: transaction metadata outgrew its record estimate";
+                st.failed = Some(why.into());
+                return Err(io_error(why));
             }
-            b.meta.extend_from_slice(&meta);
-            let (id, added) = (b.id, b.data.len() - data_before);
-            st.stats.user_bytes_written += (added * BLOCK) as u64;
-            id
+            if meta.is_empty() && b.data.len() == data_before {
+                // Nothing to record (e.g. cloning an object onto itself); still acknowledged
+                // only after everything before it, like any other transaction.
+                b.id
+            } else {
+                b.meta.extend_from_slice(&meta);
+                let (id, added) = (b.id, b.data.len() - data_before);
+                st.stats.user_bytes_written += (added * BLOCK) as u64;
+                id
+            }
         };
         drop(guard);
         self.wait_durable(batch).await

@@ -185,7 +185,7 @@ fn block_device_size(path: &Path) -> io::Result<u64> {
 }
 
 pub(crate) fn check_io(off: u64, len: usize, size: u64) -> io::Result<()> {
-    if off % BLOCK as u64 != 0 || len % BLOCK != 0 || off + len as u64 > size {
+    if !off.is_multiple_of(BLOCK as u64) || !len.is_multiple_of(BLOCK) || off + len as u64 > size {
         return Err(io::Error::new(
             io::ErrorKind::InvalidInput,
             format!("I/O {off}+{len} unaligned or past the device end {size}"),

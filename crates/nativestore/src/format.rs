@@ -95,7 +95,7 @@ impl Superblock {
         if shards == 0 || shards > SHARDS_MAX {
             return Err(format!("{shards} shards: must be 1..={SHARDS_MAX}"));
         }
-        if segment_size as usize % BLOCK != 0 || (segment_size as usize) < 16 * BLOCK {
+        if !(segment_size as usize).is_multiple_of(BLOCK) || (segment_size as usize) < 16 * BLOCK {
             return Err(format!(
                 "segment size {segment_size} must be a multiple of {BLOCK} and at least {}",
                 16 * BLOCK
@@ -172,7 +172,7 @@ impl Superblock {
                 segments: d.u32("shard segments").map_err(&err)?,
             });
         }
-        if segment_size as usize % BLOCK != 0 || segment_size == 0 {
+        if !(segment_size as usize).is_multiple_of(BLOCK) || segment_size == 0 {
             return Err(FormatError::Malformed(
                 WHAT,
                 format!("segment size {segment_size}"),

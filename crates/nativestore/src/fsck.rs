@@ -21,7 +21,8 @@ pub async fn fsck<D: BlockDevice>(dev: D, shard: u32) -> Result<FsckReport, Stri
         mount,
         ..FsckReport::default()
     };
-    let objects: Vec<(carmine_types::CollectionId, String, Vec<(u64, BlockRef)>)> = {
+    type ObjectBlocks = (carmine_types::CollectionId, String, Vec<(u64, BlockRef)>);
+    let objects: Vec<ObjectBlocks> = {
         let st = store.st.borrow();
         st.index
             .colls

@@ -10,6 +10,7 @@
 mod apply;
 mod delta;
 mod device;
+mod fifo;
 mod format;
 mod fsck;
 mod index;

@@ -268,7 +268,9 @@ impl<D: BlockDevice> NativeStore<D> {
             } else if live > 0 || replayed.contains(&s) {
                 if live > 0 && h.is_none_or(|h| h.kind != SegmentKind::Journal) {
                     return Err(format!(
-                        "segment {s} holds {live} live blocks but no journal header"
+                        "segment {s} holds {live} live blocks but no journal header \
+                         (header {h:?}, checkpoint {:?}, journal {journal:?})",
+                        slot
                     ));
                 }
                 SegKind::Journal
@@ -290,7 +292,7 @@ impl<D: BlockDevice> NativeStore<D> {
             geo,
             config,
             reserve_segments,
-            apply_lock: async_lock::Mutex::new(()),
+            apply_lock: crate::fifo::FifoLock::default(),
             st: RefCell::new(State {
                 index,
                 segs,

@@ -234,6 +234,9 @@ impl<D: BlockDevice> NativeStore<D> {
             }
         };
         if self.st.borrow().index.segment_live[victim as usize] == 0 {
+            // Its blocks died in transactions that may not be durable yet: were the segment
+            // reused before they are, a crash would bring back a map into overwritten data.
+            self.drain().await?;
             let mut st = self.st.borrow_mut();
             self.release_segment(&mut st, victim);
             st.stats.segments_cleaned += 1;

@@ -116,7 +116,7 @@ pub struct NativeStore<D: BlockDevice> {
     pub(crate) config: NativeConfig,
     /// Segments kept back from user data for the cleaner and checkpoints.
     pub(crate) reserve_segments: u32,
-    pub(crate) apply_lock: async_lock::Mutex<()>,
+    pub(crate) apply_lock: crate::fifo::FifoLock,
     pub(crate) st: RefCell<State>,
     pub(crate) changed: Notify,
 }
@@ -217,7 +217,7 @@ impl<D: BlockDevice> NativeStore<D> {
                 ),
             ));
         }
-        let segment_header = std::mem::take(&mut st.seg_header_pending).then(|| SegmentHeader {
+        let segment_header = std::mem::take(&mut st.seg_header_pending).then_some(SegmentHeader {
             uuid: self.uuid,
             shard: self.shard,
             kind: SegmentKind::Journal,
@@ -243,7 +243,7 @@ impl<D: BlockDevice> NativeStore<D> {
     pub(crate) async fn wait_durable(&self, id: u64) -> Result<()> {
         loop {
             let seen = self.changed.generation();
-            {
+            let writing = {
                 let st = self.st.borrow();
                 if st.durable_batch >= id {
                     return Ok(());
@@ -251,13 +251,13 @@ impl<D: BlockDevice> NativeStore<D> {
                 if let Some(why) = &st.failed {
                     return Err(io_error(format!("journal write failed: {why}")));
                 }
-                if st.writing {
-                    drop(st);
-                    self.changed.wait(seen).await;
-                    continue;
-                }
+                st.writing
+            };
+            if writing {
+                self.changed.wait(seen).await;
+            } else {
+                self.write_out().await;
             }
-            self.write_out().await;
         }
     }
 
@@ -480,7 +480,16 @@ impl<D: BlockDevice> NativeStore<D> {
                     for (l, b) in &blocks {
                         if let Some(data) = found.get(&b.paddr) {
                             copy_block_part(dst, off, *l, data);
-                            self.cache_insert(&mut st, b.paddr, data.clone());
+                            // Cache only what is still mapped: the block may have died (and
+                            // its segment been reused) while we read it.
+                            let current = st
+                                .index
+                                .object(cid, oid)
+                                .and_then(|o| o.blocks.get(l))
+                                .is_some_and(|now| now == b);
+                            if current {
+                                self.cache_insert(&mut st, b.paddr, data.clone());
+                            }
                         }
                     }
                     return Ok(n);
