@@ -122,6 +122,15 @@ pub struct BenchArgs {
     /// Reactors in the OSD.
     #[arg(long, default_value_t = 1)]
     pub reactors: u32,
+    /// The OSD's object store: memory, or native (a backing file in the run directory).
+    #[arg(long, default_value = "memory")]
+    pub store: String,
+    /// Native store: backing file size (default: twice the volume, at least 2 GiB).
+    #[arg(long, value_parser = parse_size)]
+    pub device_size: Option<u64>,
+    /// Native store: acknowledge on O_DIRECT completion, without fdatasync.
+    #[arg(long)]
+    pub no_fsync: bool,
     /// Skip the loopback RPC ceiling steps.
     #[arg(long)]
     pub no_ceiling: bool,
@@ -180,8 +189,10 @@ pub fn run(mut a: BenchArgs) -> Result<()> {
         },
         osds: 1,
         reactors: a.reactors,
-        store: "memory".into(),
+        store: a.store.clone(),
         memory_limit: (a.volume_size * 2).max(1 << 30),
+        device_size: a.device_size.unwrap_or((a.volume_size * 2).max(2 << 30)),
+        no_fsync: a.no_fsync,
         exe: None,
         cpu_policy: CpuPolicy::Default,
         cpu_set: Some(a.osd_cpu.clone()),

@@ -48,6 +48,8 @@ pub fn run(a: DemoArgs) -> Result<()> {
         reactors: a.reactors,
         store: "memory".into(),
         memory_limit: a.size.max(256 << 20) * 2 / a.reactors.max(1) as u64 + (256 << 20),
+        device_size: 0,
+        no_fsync: false,
         exe: None,
         cpu_policy: CpuPolicy::Default,
         cpu_set: None,

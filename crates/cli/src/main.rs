@@ -7,6 +7,7 @@ mod nbd;
 mod osd;
 mod pattern;
 mod size;
+mod store;
 mod volume;
 
 use clap::{Parser, Subcommand};
@@ -30,6 +31,9 @@ struct Cli {
 enum Command {
     /// Run one OSD daemon in the foreground (normally started by `cluster up`).
     Osd(osd::OsdArgs),
+    /// Format, check and inspect native-store devices offline.
+    #[command(subcommand)]
+    Store(store::StoreCommand),
     /// Start, stop and inspect a local cluster of OSD processes.
     #[command(subcommand)]
     Cluster(cluster::ClusterCommand),
@@ -56,6 +60,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Osd(a) => osd::run(a),
+        Command::Store(c) => store::run(c),
         Command::Cluster(c) => cluster::run(c),
         Command::Volume(c) => volume::run(c),
         Command::Nbd(c) => nbd::run(c),

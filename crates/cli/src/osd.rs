@@ -13,6 +13,16 @@ use std::time::Duration;
 pub enum StoreKind {
     /// In-memory store (like Crimson's CyanStore): nothing survives a restart.
     Memory,
+    /// The native log-structured store on `--device` (like SeaStore): persistent.
+    Native,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+pub enum Durability {
+    /// fdatasync before acknowledging: survives power loss.
+    PowerLoss,
+    /// Acknowledge once O_DIRECT writes complete: survives a crash of the process only.
+    ProcessCrash,
 }
 
 #[derive(Args, Debug)]
@@ -29,6 +39,22 @@ pub struct OsdArgs {
     /// Memory budget of each reactor's memory-store shard (e.g. 2G).
     #[arg(long, default_value = "2G", value_parser = parse_size)]
     pub memory_limit: u64,
+    /// Native store: its file or block device.
+    #[arg(long, required_if_eq("store", "native"))]
+    pub device: Option<PathBuf>,
+    /// Native store: format the device first if it holds no store (with --device-size, create
+    /// the file).
+    #[arg(long)]
+    pub mkfs: bool,
+    /// Native store: size of the file `--mkfs` creates.
+    #[arg(long, value_parser = parse_size)]
+    pub device_size: Option<u64>,
+    /// Native store: data cache per reactor shard.
+    #[arg(long, default_value = "64M", value_parser = parse_size)]
+    pub cache: u64,
+    /// Native store: when a write is acknowledged.
+    #[arg(long, value_enum, default_value = "power-loss")]
+    pub durability: Durability,
     /// Cores the OSDs may use (e.g. "1" or "0-3,8"); other cores stay free for clients.
     #[arg(long)]
     pub cpu_set: Option<String>,
@@ -81,6 +107,7 @@ pub fn run(a: OsdArgs) -> Result<()> {
         StoreKind::Memory => StoreConfig::Memory {
             memory_limit_bytes: a.memory_limit,
         },
+        StoreKind::Native => native_store(&a, info.reactors.len() as u32)?,
     };
     let signals = signal_hook::iterator::Signals::new([
         signal_hook::consts::SIGTERM,
@@ -104,6 +131,48 @@ pub fn run(a: OsdArgs) -> Result<()> {
     osd.shutdown()?;
     println!("osd.{} stopped", a.id);
     Ok(())
+}
+
+/// Checks (or with `--mkfs`, creates) the native store: one shard per reactor.
+fn native_store(a: &OsdArgs, reactors: u32) -> Result<StoreConfig> {
+    let device = a
+        .device
+        .clone()
+        .context("--device is required with --store native")?;
+    let formatted = device.exists() && crate::store::shard_count(&device).is_ok();
+    if !formatted {
+        if !a.mkfs {
+            bail!(
+                "{} holds no native store; pass --mkfs to create one",
+                device.display()
+            );
+        }
+        crate::store::format(&crate::store::MkfsArgs {
+            device: device.clone(),
+            shards: reactors,
+            size: a.device_size,
+            segment_size: carmine_nativestore::DEFAULT_SEGMENT_SIZE as u64,
+        })?;
+    }
+    let shards = crate::store::shard_count(&device)?;
+    if shards != reactors {
+        bail!(
+            "the store on {} has {shards} shards but osd.{} runs {reactors} reactors",
+            device.display(),
+            a.id
+        );
+    }
+    Ok(StoreConfig::Native {
+        device,
+        config: carmine_nativestore::NativeConfig {
+            cache_bytes: a.cache,
+            ..Default::default()
+        },
+        sync: match a.durability {
+            Durability::PowerLoss => carmine_nativestore::SyncMode::Fdatasync,
+            Durability::ProcessCrash => carmine_nativestore::SyncMode::ProcessCrashOnly,
+        },
+    })
 }
 
 /// Blocks the control thread (never a reactor) until a stop signal arrives. Checks reactor

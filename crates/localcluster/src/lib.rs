@@ -40,9 +40,17 @@ pub struct UpArgs {
     /// Reactors (pinned threads, each with its own store shard) per OSD.
     #[arg(long, default_value_t = 1)]
     pub reactors: u32,
-    /// Object store backend: memory.
+    /// Object store backend: memory, or native (one backing file per OSD in the cluster
+    /// directory, kept across `down`/`up`).
     #[arg(long, default_value = "memory")]
     pub store: String,
+    /// Native store: size of each OSD's backing file when it is created (sparse).
+    #[arg(long, default_value = "4G", value_parser = parse_size)]
+    pub device_size: u64,
+    /// Native store: acknowledge after O_DIRECT completion only (no fdatasync): survives a
+    /// process crash, not power loss.
+    #[arg(long)]
+    pub no_fsync: bool,
     /// Memory budget per reactor shard.
     #[arg(long, default_value = "2G", value_parser = parse_size)]
     pub memory_limit: u64,
@@ -187,9 +195,17 @@ impl Running {
     }
 }
 
+/// The native store's backing file of OSD `id`.
+pub fn store_path(dir: &Path, id: u32) -> PathBuf {
+    dir.join(format!("osd.{id}.store"))
+}
+
 pub fn up(a: &UpArgs) -> Result<Running> {
-    if a.store != "memory" {
-        bail!("unknown store {:?}: this build supports `memory`", a.store);
+    if a.store != "memory" && a.store != "native" {
+        bail!(
+            "unknown store {:?}: this build supports `memory` and `native`",
+            a.store
+        );
     }
     if a.osds == 0 || a.reactors == 0 {
         bail!("--osds and --reactors must be at least 1");
@@ -238,6 +254,18 @@ pub fn up(a: &UpArgs) -> Result<Running> {
             .arg(id.to_string())
             .arg("--map")
             .arg(map_path(&dir));
+        if a.store == "native" {
+            cmd.arg("--store")
+                .arg("native")
+                .arg("--device")
+                .arg(store_path(&dir, id))
+                .arg("--mkfs")
+                .arg("--device-size")
+                .arg(a.device_size.to_string());
+            if a.no_fsync {
+                cmd.arg("--durability").arg("process-crash");
+            }
+        }
         cmd.arg("--memory-limit")
             .arg(a.memory_limit.to_string())
             .arg("--cpu-policy")

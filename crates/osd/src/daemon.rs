@@ -12,6 +12,12 @@ use thiserror::Error;
 pub enum StoreConfig {
     /// In-memory shards, each limited to `memory_limit_bytes`.
     Memory { memory_limit_bytes: u64 },
+    /// The native store on a formatted device; reactor `i` mounts shard `i`.
+    Native {
+        device: std::path::PathBuf,
+        config: carmine_nativestore::NativeConfig,
+        sync: carmine_nativestore::SyncMode,
+    },
 }
 
 #[derive(Clone, Debug)]

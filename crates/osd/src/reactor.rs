@@ -5,12 +5,15 @@ use crate::daemon::StoreConfig;
 use crate::handler::handle_frame;
 use bytes::BytesMut;
 use carmine_cluster::OsdMap;
+use carmine_nativestore::{FileDevice, NativeStore};
 use carmine_proto::try_decode_frame;
 use carmine_reactor::io::{read_some, write_all};
 use carmine_reactor::{Mailbox, TcpListener, TcpStream};
 use carmine_store::{MemStore, MemStoreConfig, ObjectStore, Transaction};
 use carmine_types::{OsdId, PgId};
+use futures::future::LocalBoxFuture;
 use futures::future::{select, Either};
+use futures::stream::{FuturesUnordered, StreamExt};
 use std::cell::Cell;
 use std::collections::HashSet;
 use std::rc::Rc;
@@ -54,6 +57,25 @@ pub(crate) async fn run_reactor(setup: ReactorSetup) -> Result<(), String> {
             let store = MemStore::new(MemStoreConfig { memory_limit_bytes });
             serve(setup, store).await
         }
+        StoreConfig::Native {
+            device,
+            config,
+            sync,
+        } => {
+            let dev = FileDevice::open(&device, sync)
+                .await
+                .map_err(|e| format!("opening {}: {e}", device.display()))?;
+            let store = NativeStore::mount(dev, setup.index, config)
+                .await
+                .map_err(|e| {
+                    format!(
+                        "mounting shard {} of {}: {e}",
+                        setup.index,
+                        device.display()
+                    )
+                })?;
+            serve(setup, store).await
+        }
     }
 }
 
@@ -69,8 +91,13 @@ async fn serve<S: ObjectStore + 'static>(setup: ReactorSetup, store: S) -> Resul
     } = setup;
     let listener = TcpListener::from_std(listener).map_err(|e| format!("listener: {e}"))?;
     let pgs = map.pgs_of_reactor(osd, index);
+    // A persistent store already holds the PGs it served before a restart.
+    let existing = store
+        .list_collections()
+        .await
+        .map_err(|e| format!("listing PG collections: {e}"))?;
     let mut txn = Transaction::with_capacity(pgs.len());
-    for pg in &pgs {
+    for pg in pgs.iter().filter(|pg| !existing.contains(pg)) {
         txn.create_collection(*pg);
     }
     store
@@ -102,7 +129,12 @@ async fn serve<S: ObjectStore + 'static>(setup: ReactorSetup, store: S) -> Resul
                 let shard = shard.clone();
                 shard.connections.set(shard.connections.get() + 1);
                 carmine_reactor::spawn(async move {
-                    if let Err(e) = serve_connection(&shard, stream).await {
+                    let served = if S::NEVER_SUSPENDS {
+                        serve_connection(&shard, stream).await
+                    } else {
+                        serve_connection_concurrently(&shard, stream).await
+                    };
+                    if let Err(e) = served {
                         tracing::info!(%peer, "connection closed: {e}");
                     }
                     shard.connections.set(shard.connections.get() - 1);
@@ -158,6 +190,116 @@ async fn serve_connection<S: ObjectStore>(
             }
             Ok(_) => {}
             Err(e) => return Err(format!("read: {e}")),
+        }
+    }
+}
+
+/// Requests of one connection in progress at once, for stores that suspend; beyond it the
+/// connection stops reading (back-pressure on the client).
+const CONNECTION_INFLIGHT_MAX: usize = 256;
+
+type ReadDone = ((std::io::Result<usize>, BytesMut), TcpStream);
+
+/// Serves one connection whose requests may suspend (device I/O): each request runs as its
+/// own future, so one connection keeps many in flight — which is what lets the native store
+/// gather them into one journal write. Replies go out as they complete; the client matches
+/// them by request id. A request that completes on its first poll costs no more than a box.
+async fn serve_connection_concurrently<S: ObjectStore + 'static>(
+    shard: &Rc<Shard<S>>,
+    stream: TcpStream,
+) -> Result<(), String> {
+    let (reader, mut writer) = stream.into_split();
+    let mut rbuf = BytesMut::with_capacity(READ_SPARE_MIN);
+    let mut wbuf = BytesMut::with_capacity(READ_SPARE_MIN);
+    let mut inflight: FuturesUnordered<LocalBoxFuture<'static, BytesMut>> = FuturesUnordered::new();
+    let mut reader = Some(reader);
+    let mut reading: Option<LocalBoxFuture<'static, ReadDone>> = None;
+    let mut closed = false;
+    loop {
+        // Decode what was read, as far as the in-flight bound allows.
+        while inflight.len() < CONNECTION_INFLIGHT_MAX {
+            let frame = match try_decode_frame(&mut rbuf) {
+                Ok(Some(frame)) => frame,
+                Ok(None) => break,
+                Err(e) => {
+                    flush(&mut writer, &mut wbuf).await?;
+                    return Err(format!("bad frame: {e}"));
+                }
+            };
+            let shard = shard.clone();
+            let mut request: LocalBoxFuture<'static, BytesMut> = Box::pin(async move {
+                let mut out = BytesMut::new();
+                handle_frame(&shard, frame, &mut out).await;
+                out
+            });
+            match futures::poll!(request.as_mut()) {
+                std::task::Poll::Ready(out) => wbuf.extend_from_slice(&out),
+                std::task::Poll::Pending => inflight.push(request),
+            }
+        }
+        while let std::task::Poll::Ready(Some(out)) = futures::poll!(inflight.next()) {
+            wbuf.extend_from_slice(&out);
+        }
+        if !wbuf.is_empty() {
+            flush(&mut writer, &mut wbuf).await?;
+        }
+        if closed && inflight.is_empty() {
+            return if rbuf.is_empty() {
+                Ok(())
+            } else {
+                Err(format!(
+                    "peer closed mid-frame with {} bytes pending",
+                    rbuf.len()
+                ))
+            };
+        }
+        if reading.is_none() && !closed && inflight.len() < CONNECTION_INFLIGHT_MAX {
+            let mut r = reader
+                .take()
+                .expect("reader is home when no read is in flight");
+            let buf = std::mem::take(&mut rbuf);
+            reading = Some(Box::pin(async move {
+                let res = read_some(&mut r, buf, READ_SPARE_MIN).await;
+                (res, r)
+            }));
+        }
+        if inflight.is_empty() {
+            // Only the read can make progress (an empty set would be ready at once).
+            let read = reading
+                .as_mut()
+                .expect("a read is in flight when nothing else is");
+            let ((res, buf), r) = read.await;
+            reading = None;
+            reader = Some(r);
+            rbuf = buf;
+            match res {
+                Ok(0) => closed = true,
+                Ok(_) => {}
+                Err(e) => return Err(format!("read: {e}")),
+            }
+            continue;
+        }
+        let next_done = inflight.next();
+        match reading.as_mut() {
+            Some(read) => match select(read, next_done).await {
+                Either::Left((((res, buf), r), _)) => {
+                    reading = None;
+                    reader = Some(r);
+                    rbuf = buf;
+                    match res {
+                        Ok(0) => closed = true,
+                        Ok(_) => {}
+                        Err(e) => return Err(format!("read: {e}")),
+                    }
+                }
+                Either::Right((Some(out), _)) => wbuf.extend_from_slice(&out),
+                Either::Right((None, _)) => {}
+            },
+            None => {
+                if let Some(out) = next_done.await {
+                    wbuf.extend_from_slice(&out);
+                }
+            }
         }
     }
 }

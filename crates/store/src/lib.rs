@@ -59,6 +59,10 @@ pub struct Page<T, K> {
 ///   xattr `AttrNotFound`; omap reads of missing keys simply omit them.
 #[allow(async_fn_in_trait)]
 pub trait ObjectStore {
+    /// True when no call ever suspends (the memory store): a server may then run requests
+    /// one after another inline, with no per-request task or buffer.
+    const NEVER_SUSPENDS: bool = false;
+
     /// Applies `txn` atomically. Returns once the transaction is visible to reads and, for a
     /// persistent store, durable.
     async fn submit(&self, txn: Transaction) -> Result<()>;

@@ -468,6 +468,8 @@ impl MemStore {
 }
 
 impl ObjectStore for MemStore {
+    const NEVER_SUSPENDS: bool = true;
+
     async fn submit(&self, txn: Transaction) -> Result<()> {
         let mut inner = self.inner.borrow_mut();
         let (used, objects) = (inner.used, inner.objects);
