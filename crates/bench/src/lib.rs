@@ -221,6 +221,7 @@ pub fn run(mut a: BenchArgs) -> Result<()> {
 
 fn bench_against(a: &BenchArgs, running: &carmine_localcluster::Running) -> Result<Run> {
     let osd_pids = carmine_localcluster::osd_pids(&running.dir)?;
+    let disk = procstat::disk_of(&running.dir);
     let osd_cpu = carmine_reactor::cpu::parse_cpu_list(&a.osd_cpu)?
         .first()
         .copied();
@@ -268,7 +269,7 @@ fn bench_against(a: &BenchArgs, running: &carmine_localcluster::Running) -> Resu
                 cv_min_mean_ms: a.cv_min_latency_ms,
             };
             for depth in depths {
-                let before = procstat::snapshot(&osd_pids);
+                let before = procstat::snapshot(&osd_pids, disk);
                 let stats = match &gateway {
                     None => {
                         let bar = step_progress(&format!("{} {}K qd{depth}", wl.name(), bs >> 10));
@@ -280,7 +281,8 @@ fn bench_against(a: &BenchArgs, running: &carmine_localcluster::Running) -> Resu
                     // fio is a separate process; this thread just waits for it.
                     Some(g) => fio::run_nbd(&g.uri, a.volume_size, wl, bs, depth, ramp, step)?,
                 };
-                let usage = procstat::usage(&before, &procstat::snapshot(&osd_pids), &osd_pids);
+                let usage =
+                    procstat::usage(&before, &procstat::snapshot(&osd_pids, disk), &osd_pids);
                 let ceiling = match ceiling_addr {
                     Some(addr) => {
                         let (req, rep) = if wl.is_write() {

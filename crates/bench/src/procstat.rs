@@ -8,6 +8,8 @@ use std::time::Instant;
 /// Per-thread clock ticks of the OSDs and of this process at one instant.
 pub struct Snapshot {
     at: Instant,
+    /// Sectors read and written on the disk backing the store, from /proc/diskstats.
+    disk: Option<(u64, u64)>,
     /// (pid, tid) → (thread name, utime, stime)
     osd_threads: BTreeMap<(i32, i32), (String, u64, u64)>,
     client: (u64, u64),
@@ -32,6 +34,30 @@ pub struct Usage {
     pub osd_rss_mib: f64,
     pub client_usr_pct: f64,
     pub client_sys_pct: f64,
+    /// Bytes the disk under the cluster directory read and wrote over the step (all of the
+    /// machine's traffic to that disk, which on this box is the store's).
+    pub disk_read_bytes: u64,
+    pub disk_written_bytes: u64,
+}
+
+/// The (major, minor) of the block device holding `path`.
+pub fn disk_of(path: &std::path::Path) -> Option<(u32, u32)> {
+    use std::os::unix::fs::MetadataExt;
+    let dev = std::fs::metadata(path).ok()?.dev();
+    Some((libc::major(dev), libc::minor(dev)))
+}
+
+/// Sectors read and written of one disk, from /proc/diskstats.
+fn disk_sectors(disk: (u32, u32)) -> Option<(u64, u64)> {
+    let stats = std::fs::read_to_string("/proc/diskstats").ok()?;
+    stats.lines().find_map(|l| {
+        let f: Vec<&str> = l.split_whitespace().collect();
+        let (maj, min) = (
+            f.first()?.parse::<u32>().ok()?,
+            f.get(1)?.parse::<u32>().ok()?,
+        );
+        ((maj, min) == disk).then(|| Some((f.get(5)?.parse().ok()?, f.get(9)?.parse().ok()?)))?
+    })
 }
 
 /// (utime, stime) and the thread name from a `stat` file's contents.
@@ -46,7 +72,7 @@ fn parse_stat(stat: &str) -> Option<(String, u64, u64)> {
     ))
 }
 
-pub fn snapshot(osd_pids: &[i32]) -> Snapshot {
+pub fn snapshot(osd_pids: &[i32], disk: Option<(u32, u32)>) -> Snapshot {
     let mut osd_threads = BTreeMap::new();
     for &pid in osd_pids {
         let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
@@ -70,6 +96,7 @@ pub fn snapshot(osd_pids: &[i32]) -> Snapshot {
         .map_or((0, 0), |(_, u, s)| (u, s));
     Snapshot {
         at: Instant::now(),
+        disk: disk.and_then(disk_sectors),
         osd_threads,
         client,
     }
@@ -123,6 +150,14 @@ pub fn usage(before: &Snapshot, after: &Snapshot, osd_pids: &[i32]) -> Usage {
         osd_rss_mib: osd_pids.iter().map(|p| rss_mib(*p)).sum(),
         client_usr_pct: pct(after.client.0.saturating_sub(before.client.0)),
         client_sys_pct: pct(after.client.1.saturating_sub(before.client.1)),
+        disk_read_bytes: match (before.disk, after.disk) {
+            (Some(b), Some(a)) => a.0.saturating_sub(b.0) * 512,
+            _ => 0,
+        },
+        disk_written_bytes: match (before.disk, after.disk) {
+            (Some(b), Some(a)) => a.1.saturating_sub(b.1) * 512,
+            _ => 0,
+        },
     }
 }
 
@@ -139,7 +174,7 @@ mod tests {
 
     #[test]
     fn this_process_cpu_is_seen() {
-        let before = snapshot(&[std::process::id() as i32]);
+        let before = snapshot(&[std::process::id() as i32], None);
         let t = Instant::now();
         let mut x = 0u64;
         while t.elapsed().as_millis() < 200 {
@@ -148,7 +183,7 @@ mod tests {
         std::hint::black_box(x);
         let u = usage(
             &before,
-            &snapshot(&[std::process::id() as i32]),
+            &snapshot(&[std::process::id() as i32], None),
             &[std::process::id() as i32],
         );
         assert!(u.osd_usr_pct + u.osd_sys_pct > 10.0, "{u:?}");

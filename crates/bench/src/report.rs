@@ -64,6 +64,9 @@ pub struct Run {
     pub osd_cpu: String,
     pub client_cpu: u32,
     pub reactors: u32,
+    /// `memory`, or `native` (with `fsync` false when acknowledged without fdatasync).
+    pub store: String,
+    pub fsync: bool,
     pub latency_target_ms: f64,
     pub rows: Vec<Row>,
 }
@@ -80,6 +83,8 @@ impl Run {
             osd_cpu: a.osd_cpu.clone(),
             client_cpu: a.client_cpu,
             reactors: a.reactors,
+            store: a.store.clone(),
+            fsync: !a.no_fsync,
             latency_target_ms: a.latency_target_ms,
             rows,
         }
@@ -91,7 +96,7 @@ pub fn markdown(run: &Run) -> String {
     let mut s = format!(
         "# carmine bench\n\nmachine: {} ({} cpus, {}, kernel {}, {} GiB)  \n\
          load: {}  \n\
-         cluster: 1 OSD, {} reactor(s) on cpu {}, memory store; client pinned to cpu {}  \n\
+         cluster: 1 OSD, {} reactor(s) on cpu {}, {} store; client pinned to cpu {}  \n\
          steps: {} s measured after {} s ramp; volume {} MiB, prefilled\n\n",
         m.hostname,
         m.cpus,
@@ -105,13 +110,19 @@ pub fn markdown(run: &Run) -> String {
         },
         run.reactors,
         run.osd_cpu,
+        match (run.store.as_str(), run.fsync) {
+            ("native", true) => "native (fdatasync per group commit)",
+            ("native", false) => "native (no fdatasync: process-crash durability)",
+            ("", _) => "memory",
+            (other, _) => other,
+        },
         run.client_cpu,
         run.step_secs,
         run.ramp_secs,
         run.volume_size >> 20
     );
-    s.push_str("| workload | bs | qd | IOPS | MiB/s | total_ios | mean us | stdev us | p50 us | p99 us | p99.9 us | usr_cpu | sys_cpu | OSD cpu | OSD us/IO | OSD MiB | busiest reactor | ceiling IOPS | % of ceiling | ceiling mean us | latency / ceiling | errors |\n");
-    s.push_str("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+    s.push_str("| workload | bs | qd | IOPS | MiB/s | total_ios | mean us | stdev us | p50 us | p99 us | p99.9 us | usr_cpu | sys_cpu | OSD cpu | OSD us/IO | OSD MiB | busiest reactor | ceiling IOPS | % of ceiling | ceiling mean us | latency / ceiling | disk MiB read | disk MiB written | write amp | errors |\n");
+    s.push_str("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     for r in &run.rows {
         let c = &r.carmine;
         let (ci, pct, cl, lr) = match &r.ceiling {
@@ -129,11 +140,19 @@ pub fn markdown(run: &Run) -> String {
             .iter()
             .find(|t| t.name.contains("-r"))
             .map_or("-".to_string(), |t| format!("{} {:.0}%", t.name, t.cpu_pct));
+        // Device bytes written per byte the client wrote, over the same window.
+        let user_bytes = c.iops * r.bs as f64 * u.wall_secs;
+        let wa = if r.workload.is_write() && user_bytes > 0.0 && u.disk_written_bytes > 0 {
+            format!("{:.2}", u.disk_written_bytes as f64 / user_bytes)
+        } else {
+            "-".into()
+        };
         s.push_str(&format!(
-            "| {} | {}K | {} | {:.0} | {:.1} | {} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.0}% | {:.0}% | {:.0}% | {:.1} | {:.0} | {} | {} | {} | {} | {} | {} |\n",
+            "| {} | {}K | {} | {:.0} | {:.1} | {} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.0}% | {:.0}% | {:.0}% | {:.1} | {:.0} | {} | {} | {} | {} | {} | {:.1} | {:.1} | {} | {} |\n",
             r.workload.name(), r.bs >> 10, r.depth, c.iops, c.mib_s, c.ios, c.lat_mean_us, c.lat_stdev_us, c.lat_p50_us,
             c.lat_p99_us, c.lat_p999_us, u.client_usr_pct, u.client_sys_pct, r.osd_cpu_cores * 100.0,
-            r.osd_cpu_us_per_io, u.osd_rss_mib, busiest, ci, pct, cl, lr, c.errors
+            r.osd_cpu_us_per_io, u.osd_rss_mib, busiest, ci, pct, cl, lr,
+            u.disk_read_bytes as f64 / 1048576.0, u.disk_written_bytes as f64 / 1048576.0, wa, c.errors
         ));
     }
     let exits: Vec<&Row> = run.rows.iter().filter(|r| r.early_exit.is_some()).collect();

@@ -44,15 +44,7 @@ pub struct MkfsArgs {
 /// Formats `a.device`, creating the file when a size is given.
 pub fn format(a: &MkfsArgs) -> Result<()> {
     if let Some(size) = a.size {
-        let f = std::fs::OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(&a.device)
-            .with_context(|| format!("creating {}", a.device.display()))?;
-        if f.metadata()?.len() < size {
-            f.set_len(size)?;
-        }
+        allocate_file(&a.device, size)?;
     }
     let segment = u32::try_from(a.segment_size).context("segment size too large")?;
     let sb = carmine_reactor::block_on(async {
@@ -70,6 +62,38 @@ pub fn format(a: &MkfsArgs) -> Result<()> {
         sb.segment_size >> 20,
         sb.uuid
     );
+    Ok(())
+}
+
+/// Creates (or grows) a regular file of `size` bytes and writes zeros over the new part.
+/// Why write rather than `set_len` or `fallocate`: a first write into a hole or an unwritten
+/// extent makes ext4/xfs allocate or convert extents, and the `fdatasync` of every group
+/// commit then waits for a filesystem journal commit. Written-once files behave like the
+/// block device the store is designed for.
+fn allocate_file(path: &Path, size: u64) -> Result<()> {
+    use std::io::{Seek, SeekFrom, Write};
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut f = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .custom_flags(libc::O_DIRECT)
+        .open(path)
+        .with_context(|| format!("creating {}", path.display()))?;
+    let have = f.metadata()?.len() / 4096 * 4096;
+    if have >= size {
+        return Ok(());
+    }
+    let chunk = carmine_nativestore::AlignedBuf::zeroed(8 << 20);
+    f.seek(SeekFrom::Start(have))?;
+    let mut at = have;
+    while at < size {
+        let n = ((size - at) as usize).min(chunk.len()).div_ceil(4096) * 4096;
+        f.write_all(&chunk.as_slice()[..n])
+            .with_context(|| format!("writing zeros to {}", path.display()))?;
+        at += n as u64;
+    }
+    f.sync_all()?;
     Ok(())
 }
 

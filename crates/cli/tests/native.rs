@@ -18,7 +18,7 @@ const BLOCKS: u64 = 256 * 1024; // a 1 GiB volume
 fn block_data(l: u64) -> Bytes {
     let mut b = vec![0u8; BLOCK as usize];
     for (i, w) in b.chunks_exact_mut(8).enumerate() {
-        w.copy_from_slice(&(l * 4096 + i as u64 * 8 ^ 0xc0ffee).to_le_bytes());
+        w.copy_from_slice(&((l * 4096 + i as u64 * 8) ^ 0xc0ffee).to_le_bytes());
     }
     Bytes::from(b)
 }

@@ -20,7 +20,6 @@ use carmine_store::checks::{
     check_attr_name, check_extent, check_io_len, check_oid, check_value, error,
 };
 use carmine_store::{Op, Result, StoreErrorKind, Transaction};
-use carmine_types::limits::OBJECT_NAME_LEN_MAX;
 use carmine_types::{crc32c, CollectionId};
 use std::collections::HashMap;
 
@@ -359,10 +358,11 @@ impl<D: BlockDevice> Exec<'_, D> {
 
     /// Puts a full block of data in the open batch; returns where it will live. Refuses to
     /// let the record outgrow its segment should the plan's bound ever be wrong.
-    fn place(&mut self, data: Bytes) -> Result<BlockRef> {
+    fn place(&mut self, data: Bytes, oid: &str) -> Result<BlockRef> {
         debug_assert_eq!(data.len(), BLOCK);
         let crc = crc32c(&data);
-        let pending_meta = self.meta.len() + SET_BLOCK_BYTES + 4 + OBJECT_NAME_LEN_MAX;
+        // This transaction's deltas so far and the SetBlock about to follow.
+        let pending_meta = self.meta.len() + SET_BLOCK_BYTES + oid.len();
         let b = self
             .st
             .open
@@ -381,7 +381,7 @@ impl<D: BlockDevice> Exec<'_, D> {
     }
 
     fn set_block(&mut self, cid: CollectionId, oid: &str, lblock: u64, data: Bytes) -> Result<()> {
-        let r = self.place(data)?;
+        let r = self.place(data, oid)?;
         self.emit(Delta::SetBlock {
             cid,
             oid: oid.to_owned(),

@@ -44,17 +44,16 @@ impl<D: BlockDevice> NativeStore<D> {
                 self.wait_durable(id).await?;
             }
         }
-        if self.st.borrow().blocks_since_checkpoint >= self.checkpoint_interval() {
+        // Checkpoints and cleaning normally happen in `run_background`; a store without it
+        // (or one that fell behind) does them here, in the writer's time.
+        if self.st.borrow().blocks_since_checkpoint >= 2 * self.checkpoint_interval() {
             self.checkpoint().await?;
-        }
-        if self.free_below(self.config.clean_start_pct) {
-            self.clean_one().await?;
         }
         // Below the throttle line writers wait for the cleaner; give up only when it can
         // free nothing more (the capacity check then answers NoSpace where it must).
         let mut rounds = 0;
         while self.free_below(self.config.throttle_pct) && rounds < self.geo.segments {
-            if !self.clean_one().await? {
+            if !self.clean_one(true).await? {
                 break;
             }
             rounds += 1;
@@ -216,8 +215,10 @@ impl<D: BlockDevice> NativeStore<D> {
     }
 
     /// Picks a victim segment and moves its live blocks to the journal head. Returns whether
-    /// a segment was freed.
-    pub(crate) async fn clean_one(&self) -> Result<bool> {
+    /// a segment was freed. `locked`: the caller holds the apply lock (the throttled submit
+    /// path); otherwise (the background task) the victim is read without it, so user I/O goes
+    /// on meanwhile, and the lock is taken only to move what is still live.
+    pub(crate) async fn clean_one(&self, locked: bool) -> Result<bool> {
         let victim = match self.pick_victim() {
             Some(v) => v,
             None => {
@@ -226,26 +227,48 @@ impl<D: BlockDevice> NativeStore<D> {
                 if !self.has_journal_after_checkpoint() {
                     return Ok(false);
                 }
+                let _guard = match locked {
+                    true => None,
+                    false => Some(self.apply_lock.lock().await),
+                };
                 self.checkpoint().await?;
-                match self.pick_victim() {
-                    Some(v) => v,
-                    None => return Ok(true),
-                }
+                return Ok(true);
             }
         };
+        let picked_seq = self.st.borrow().segs[victim as usize].seq;
+        let still_victim = |st: &crate::store::State| {
+            let s = st.segs[victim as usize];
+            s.kind == SegKind::Journal
+                && s.seq == picked_seq
+                && s.seq < st.slot.journal.segment_seq
+                && victim != st.seg
+        };
         if self.st.borrow().index.segment_live[victim as usize] == 0 {
+            let _guard = match locked {
+                true => None,
+                false => Some(self.apply_lock.lock().await),
+            };
             // Its blocks died in transactions that may not be durable yet: were the segment
             // reused before they are, a crash would bring back a map into overwritten data.
             self.drain().await?;
             let mut st = self.st.borrow_mut();
-            self.release_segment(&mut st, victim);
-            st.stats.segments_cleaned += 1;
+            if still_victim(&st) && st.index.segment_live[victim as usize] == 0 {
+                self.release_segment(&mut st, victim);
+                st.stats.segments_cleaned += 1;
+            }
             return Ok(true);
         }
         let start = self.geo.segment_start(victim);
         let buf = AlignedBuf::new(self.geo.segment_blocks as usize * BLOCK);
         let (res, buf) = self.dev.read_at(buf, self.byte_offset(start)).await;
         res.map_err(|e| io_error(format!("cleaner reading segment {victim}: {e}")))?;
+        let _guard = match locked {
+            true => None,
+            false => Some(self.apply_lock.lock().await),
+        };
+        if !still_victim(&self.st.borrow()) {
+            return Ok(false);
+        }
         let Ok(header) = SegmentHeader::decode(&buf.full()[..BLOCK]) else {
             return Err(io_error(format!(
                 "segment {victim} holds live data but its header is unreadable"
@@ -368,6 +391,34 @@ impl<D: BlockDevice> NativeStore<D> {
         st.stats.segments_cleaned += 1;
         st.stats.blocks_relocated += moved as u64;
         Ok(true)
+    }
+
+    /// The shard's housekeeping: checkpoints when the journal has grown, cleaning when free
+    /// segments run low — off the submit path, so writers wait only when it falls behind.
+    /// Runs until the shard fails; spawn it on the shard's reactor.
+    pub async fn run_background(&self) {
+        loop {
+            let seen = self.changed.generation();
+            if self.st.borrow().failed.is_some() {
+                return;
+            }
+            let result = if self.st.borrow().blocks_since_checkpoint >= self.checkpoint_interval() {
+                let _guard = self.apply_lock.lock().await;
+                self.checkpoint().await.map(|_| true)
+            } else if self.free_below(self.config.clean_start_pct) {
+                self.clean_one(false).await
+            } else {
+                Ok(false)
+            };
+            match result {
+                Ok(true) => continue,
+                Ok(false) => self.changed.wait(seen).await,
+                Err(e) => {
+                    tracing::error!(shard = self.shard, "background housekeeping: {e}");
+                    self.changed.wait(seen).await;
+                }
+            }
+        }
     }
 
     fn has_journal_after_checkpoint(&self) -> bool {

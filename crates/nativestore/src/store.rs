@@ -28,7 +28,7 @@ pub struct NativeConfig {
     pub cache_bytes: u64,
     /// Data accepted but not yet on the device; beyond it new transactions wait.
     pub dirty_bytes_max: u64,
-    /// Journal blocks between checkpoints; 0 picks a quarter of the cleaner's reserve.
+    /// Journal blocks between checkpoints; 0 picks a quarter of the shard.
     pub checkpoint_interval_blocks: u64,
     /// The cleaner starts when free segments fall below this share of all segments.
     pub clean_start_pct: u32,
@@ -161,7 +161,9 @@ impl<D: BlockDevice> NativeStore<D> {
 
     pub(crate) fn checkpoint_interval(&self) -> u64 {
         match self.config.checkpoint_interval_blocks {
-            0 => (self.reserve_segments as u64 * self.geo.segment_blocks / 4).max(16),
+            // A quarter of the shard: rare enough that writing the whole index costs little
+            // per I/O; the cleaner forces an earlier one when the space is needed.
+            0 => (self.geo.segments as u64 * self.geo.segment_blocks / 4).max(16),
             n => n,
         }
     }
@@ -733,6 +735,10 @@ impl<D: BlockDevice> ObjectStore for NativeStore<D> {
     async fn flush(&self) -> Result<()> {
         self.check_failed()?;
         self.drain().await
+    }
+
+    async fn background(&self) {
+        self.run_background().await
     }
 
     fn statfs(&self) -> StoreStatfs {

@@ -114,6 +114,8 @@ async fn serve<S: ObjectStore + 'static>(setup: ReactorSetup, store: S) -> Resul
         store,
         connections: Cell::new(0),
     });
+    let housekeeping = shard.clone();
+    carmine_reactor::spawn(async move { housekeeping.store.background().await }).detach();
     loop {
         let accept = std::pin::pin!(listener.accept());
         let ctl = std::pin::pin!(control.recv());

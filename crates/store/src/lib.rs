@@ -118,6 +118,9 @@ pub trait ObjectStore {
     ) -> Result<Page<String, String>>;
     async fn list_collections(&self) -> Result<Vec<CollectionId>>;
     async fn collection_exists(&self, cid: CollectionId) -> Result<bool>;
+    /// Housekeeping a store wants to run beside the requests (checkpoints, space reclamation),
+    /// spawned once per shard on its reactor. Returns when there is nothing (more) to do.
+    async fn background(&self) {}
     /// Waits until everything submitted before is durable. A no-op for the memory store.
     async fn flush(&self) -> Result<()>;
     fn statfs(&self) -> StoreStatfs;

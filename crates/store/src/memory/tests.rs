@@ -4,6 +4,7 @@
 use super::data::PAGE_SIZE;
 use super::*;
 use crate::conformance::{arb_step, seed_from_env, Step};
+use carmine_types::limits::OBJECT_SIZE_MAX;
 use carmine_types::PgId;
 use futures::executor::block_on;
 use proptest::strategy::{Strategy, ValueTree};
