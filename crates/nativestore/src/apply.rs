@@ -25,7 +25,7 @@ use std::collections::HashMap;
 
 const B: u64 = BLOCK as u64;
 /// Encoded size of a `SetBlock` delta, less the object name.
-const SET_BLOCK_BYTES: usize = 1 + 8 + 4 + 8 + 8 + 4;
+pub(crate) const SET_BLOCK_BYTES: usize = 1 + 8 + 4 + 8 + 8 + 4;
 const DELTA_SLACK: usize = 64;
 
 pub(crate) struct Plan {

@@ -142,6 +142,9 @@ impl IoBufMut for AlignedBuf {
 pub enum SyncMode {
     /// `fdatasync` after each group-commit write: survives power loss.
     Fdatasync,
+    /// The device is opened `O_DSYNC`: each write is durable when it completes (FUA where the
+    /// device has it), so no separate sync is issued. Survives power loss.
+    Dsync,
     /// Rely on O_DIRECT completion only: survives a crash of the process, not of the machine.
     /// For benchmarks that want to see the store rather than the device's cache flush.
     ProcessCrashOnly,
@@ -160,7 +163,14 @@ impl FileDevice {
     /// called on a compio runtime.
     pub async fn open(path: &Path, sync: SyncMode) -> io::Result<Self> {
         let mut opts = compio::fs::OpenOptions::new();
-        opts.read(true).write(true).custom_flags(libc::O_DIRECT);
+        let dsync = if sync == SyncMode::Dsync {
+            libc::O_DSYNC
+        } else {
+            0
+        };
+        opts.read(true)
+            .write(true)
+            .custom_flags(libc::O_DIRECT | dsync);
         let file = opts.open(path).await?;
         let meta = file.metadata().await?;
         let size = if meta.file_type().is_block_device() {
@@ -236,7 +246,7 @@ impl BlockDevice for FileDevice {
     async fn sync(&self) -> io::Result<()> {
         match self.sync {
             SyncMode::Fdatasync => self.file.sync_data().await,
-            SyncMode::ProcessCrashOnly => Ok(()),
+            SyncMode::Dsync | SyncMode::ProcessCrashOnly => Ok(()),
         }
     }
 

@@ -3,6 +3,7 @@
 //! the submit path of whichever transaction finds space short — so writers slow down as the
 //! store fills instead of failing, and no background task is needed.
 
+use crate::apply::SET_BLOCK_BYTES;
 use crate::delta::Delta;
 use crate::device::{AlignedBuf, BlockDevice, BLOCK};
 use crate::format::{CheckpointSlot, SegmentHeader, SegmentKind, CKPT_SEGMENTS_MAX};
@@ -33,16 +34,12 @@ impl<D: BlockDevice> NativeStore<D> {
     pub(crate) async fn make_room(&self, grows: bool) -> Result<()> {
         // Back-pressure on memory: data not yet on the device is bounded.
         loop {
-            let (dirty, seen) = (self.st.borrow().dirty_bytes, self.changed.generation());
+            let dirty = self.st.borrow().dirty_bytes;
             if dirty <= self.config.dirty_bytes_max {
                 break;
             }
             let id = self.st.borrow().next_batch;
-            if self.st.borrow().writing {
-                self.changed.wait(seen).await;
-            } else {
-                self.wait_durable(id).await?;
-            }
+            self.wait_durable(id).await?;
         }
         // Checkpoints and cleaning normally happen in `run_background`; a store without it
         // (or one that fell behind) does them here, in the writer's time.
@@ -51,30 +48,40 @@ impl<D: BlockDevice> NativeStore<D> {
         }
         // Below the throttle line writers wait for the cleaner; give up only when it can
         // free nothing more (the capacity check then answers NoSpace where it must).
+        // A couple of victims per transaction: writers slow down in proportion instead of
+        // stalling for a whole catch-up.
         let mut rounds = 0;
-        while self.free_below(self.config.throttle_pct) && rounds < self.geo.segments {
+        while self.free_below(self.config.throttle_pct) && rounds < 2 {
             if !self.clean_one(true).await? {
                 break;
             }
             rounds += 1;
         }
-        // Never let user data take the segments a checkpoint and a cleaning pass need.
-        let free = self.st.borrow().free.len() as u64;
+        // Never let user data take the segments a checkpoint and a cleaning pass need: below
+        // that floor, clean until above it; only when nothing more can be freed is it NoSpace.
         let floor = if grows {
             self.reserve_floor()
         } else {
             self.checkpoint_segments_needed() + 1
         };
-        if free < floor {
-            return Err(carmine_store::StoreError::new(
-                carmine_store::StoreErrorKind::NoSpace,
-                crate::store::NO_CID,
-                "",
-                format!(
-                    "store full: {free} free segments, {floor} kept for checkpoints and the \
-                     cleaner, and nothing left to clean"
-                ),
-            ));
+        let mut tries = 0;
+        loop {
+            let free = self.st.borrow().free.len() as u64;
+            if free >= floor {
+                break;
+            }
+            if tries > 4 * self.geo.segments || !self.clean_one(true).await? {
+                return Err(carmine_store::StoreError::new(
+                    carmine_store::StoreErrorKind::NoSpace,
+                    crate::store::NO_CID,
+                    "",
+                    format!(
+                        "store full: {free} free segments, {floor} kept for checkpoints and \
+                         the cleaner, and nothing left to clean"
+                    ),
+                ));
+            }
+            tries += 1;
         }
         Ok(())
     }
@@ -339,50 +346,42 @@ impl<D: BlockDevice> NativeStore<D> {
             return Ok(false);
         }
         let moved = live.len();
-        let batch = {
+        // Block by block, so the moved blocks fill what is left of the journal's segment and
+        // flow on into the next: one record per victim would need a whole fresh segment, and at
+        // high fill cleaning would then free no more than it takes.
+        let mut batch = 0;
+        for (delta, data) in live {
+            let Delta::SetBlock {
+                cid,
+                oid,
+                lblock,
+                crc,
+                ..
+            } = delta
+            else {
+                unreachable!("only SetBlock collected")
+            };
             let mut st = self.st.borrow_mut();
-            let meta_est = live
-                .iter()
-                .map(|(d, _)| match d {
-                    Delta::SetBlock { oid, .. } => 40 + oid.len(),
-                    _ => 0,
-                })
-                .sum();
-            self.batch_for(&mut st, meta_est, moved)?;
-            let mut meta = BytesMut::new();
-            for (delta, data) in live {
-                let Delta::SetBlock {
-                    cid,
-                    oid,
-                    lblock,
-                    crc,
-                    ..
-                } = delta
-                else {
-                    unreachable!("only SetBlock collected")
-                };
-                let b = st.open.as_mut().expect("opened");
-                let paddr = b.next_data_block();
-                b.data.push(data.clone());
-                st.dirty.insert(paddr, data);
-                st.dirty_bytes += BLOCK as u64;
-                let d = Delta::SetBlock {
-                    cid,
-                    oid,
-                    lblock,
-                    paddr,
-                    crc,
-                };
-                st.index
-                    .apply(&d)
-                    .map_err(|e| io_error(format!("internal: relocation: {e}")))?;
-                Self::invalidate_freed(&mut st);
-                d.encode(&mut meta);
-            }
+            self.batch_for(&mut st, SET_BLOCK_BYTES + oid.len(), 1)?;
             let b = st.open.as_mut().expect("opened");
-            b.meta.extend_from_slice(&meta);
-            b.id
-        };
+            let paddr = b.next_data_block();
+            b.data.push(data.clone());
+            let d = Delta::SetBlock {
+                cid,
+                oid,
+                lblock,
+                paddr,
+                crc,
+            };
+            d.encode(&mut b.meta);
+            batch = b.id;
+            st.dirty.insert(paddr, data);
+            st.dirty_bytes += BLOCK as u64;
+            st.index
+                .apply(&d)
+                .map_err(|e| io_error(format!("internal: relocation: {e}")))?;
+            Self::invalidate_freed(&mut st);
+        }
         self.wait_durable(batch).await?;
         let mut st = self.st.borrow_mut();
         if st.index.segment_live[victim as usize] == 0 {

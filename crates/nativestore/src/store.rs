@@ -34,6 +34,8 @@ pub struct NativeConfig {
     pub clean_start_pct: u32,
     /// Writers wait for the cleaner below this share.
     pub throttle_pct: u32,
+    /// Journal writes (each a write of one or more records and a sync) in flight at once.
+    pub journal_writes_max: u32,
 }
 
 impl Default for NativeConfig {
@@ -44,6 +46,7 @@ impl Default for NativeConfig {
             checkpoint_interval_blocks: 0,
             clean_start_pct: 15,
             throttle_pct: 10,
+            journal_writes_max: 1,
         }
     }
 }
@@ -94,7 +97,11 @@ pub(crate) struct State {
     pub sealed: VecDeque<Batch>,
     pub next_batch: u64,
     pub durable_batch: u64,
-    pub writing: bool,
+    /// Highest batch handed to a writer.
+    pub taken_batch: u64,
+    pub writes_in_flight: u32,
+    /// Batch ranges written and synced but not yet contiguous with `durable_batch`.
+    pub written: Vec<(u64, u64)>,
     pub failed: Option<String>,
     pub dirty: HashMap<u64, Bytes>,
     pub dirty_bytes: u64,
@@ -241,11 +248,12 @@ impl<D: BlockDevice> NativeStore<D> {
         Ok(())
     }
 
-    /// Waits until batch `id` is durable, writing batches itself when nobody else is.
+    /// Waits until batch `id` is durable, writing batches itself when its batch has not been
+    /// taken by a writer yet and fewer than `journal_writes_max` writes are in flight.
     pub(crate) async fn wait_durable(&self, id: u64) -> Result<()> {
         loop {
             let seen = self.changed.generation();
-            let writing = {
+            let write = {
                 let st = self.st.borrow();
                 if st.durable_batch >= id {
                     return Ok(());
@@ -253,12 +261,12 @@ impl<D: BlockDevice> NativeStore<D> {
                 if let Some(why) = &st.failed {
                     return Err(io_error(format!("journal write failed: {why}")));
                 }
-                st.writing
+                id > st.taken_batch && st.writes_in_flight < self.config.journal_writes_max.max(1)
             };
-            if writing {
-                self.changed.wait(seen).await;
-            } else {
+            if write {
                 self.write_out().await;
+            } else {
+                self.changed.wait(seen).await;
             }
         }
     }
@@ -272,16 +280,23 @@ impl<D: BlockDevice> NativeStore<D> {
         self.wait_durable(last).await
     }
 
-    /// The leader's job: write every gathered batch, sync once, publish.
+    /// The leader's job: write every gathered batch, sync once, publish. Several leaders may
+    /// be in flight; a batch counts as durable only once every batch before it is, so the
+    /// acknowledged transactions are always a prefix of the journal — which is what replay,
+    /// stopping at the first missing record, recovers.
     async fn write_out(&self) {
         let batches: Vec<Batch> = {
             let mut st = self.st.borrow_mut();
-            st.writing = true;
+            st.writes_in_flight += 1;
             if let Some(b) = st.open.take() {
                 st.wp = b.start + b.blocks();
                 st.sealed.push_back(b);
             }
-            st.sealed.drain(..).collect()
+            let batches: Vec<Batch> = st.sealed.drain(..).collect();
+            if let Some(last) = batches.last() {
+                st.taken_batch = last.id;
+            }
+            batches
         };
         let mut result = Ok(());
         let mut bytes = 0;
@@ -301,7 +316,7 @@ impl<D: BlockDevice> NativeStore<D> {
         }
         {
             let mut st = self.st.borrow_mut();
-            st.writing = false;
+            st.writes_in_flight -= 1;
             match result {
                 Err(why) => {
                     tracing::error!(shard = self.shard, "native store failed: {why}");
@@ -309,7 +324,6 @@ impl<D: BlockDevice> NativeStore<D> {
                 }
                 Ok(()) => {
                     for b in &batches {
-                        st.durable_batch = st.durable_batch.max(b.id);
                         st.dirty_bytes -= b.data_bytes();
                         st.blocks_since_checkpoint += b.blocks();
                         st.stats.records += 1;
@@ -320,8 +334,16 @@ impl<D: BlockDevice> NativeStore<D> {
                             }
                         }
                     }
-                    if let Some(last) = batches.last() {
-                        st.durable_batch = st.durable_batch.max(last.id);
+                    if let (Some(first), Some(last)) = (batches.first(), batches.last()) {
+                        st.written.push((first.id, last.id));
+                    }
+                    // Advance the durable mark over every contiguous written range.
+                    while let Some(i) = st
+                        .written
+                        .iter()
+                        .position(|&(first, _)| first == st.durable_batch + 1)
+                    {
+                        st.durable_batch = st.written.swap_remove(i).1;
                     }
                     st.stats.device_writes += batches.len() as u64;
                     st.stats.device_bytes_written += bytes;
