@@ -64,6 +64,10 @@ pub struct NativeStats {
     pub checksum_errors: u64,
     pub cache_hits: u64,
     pub cache_misses: u64,
+    /// Time spent in journal writes and in their syncs, as the shard saw it (submission to
+    /// completion), in nanoseconds.
+    pub journal_write_ns: u64,
+    pub journal_sync_ns: u64,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -300,6 +304,7 @@ impl<D: BlockDevice> NativeStore<D> {
         };
         let mut result = Ok(());
         let mut bytes = 0;
+        let started = std::time::Instant::now();
         for b in &batches {
             let (buf, at) = b.serialize();
             bytes += buf.len() as u64;
@@ -309,10 +314,16 @@ impl<D: BlockDevice> NativeStore<D> {
                 break;
             }
         }
+        let written = std::time::Instant::now();
         if result.is_ok() && !batches.is_empty() {
             if let Err(e) = self.dev.sync().await {
                 result = Err(format!("sync: {e}"));
             }
+        }
+        {
+            let mut st = self.st.borrow_mut();
+            st.stats.journal_write_ns += (written - started).as_nanos() as u64;
+            st.stats.journal_sync_ns += written.elapsed().as_nanos() as u64;
         }
         {
             let mut st = self.st.borrow_mut();
@@ -784,6 +795,19 @@ impl<D: BlockDevice> ObjectStore for NativeStore<D> {
 
     async fn background(&self) {
         self.run_background().await
+    }
+
+    fn report(&self) {
+        let s = self.stats();
+        let per = |ns: u64| ns as f64 / s.device_writes.max(1) as f64 / 1000.0;
+        tracing::warn!(
+            shard = self.shard,
+            records = s.records,
+            device_writes = s.device_writes,
+            write_us = per(s.journal_write_ns),
+            sync_us = per(s.journal_sync_ns),
+            "native store shard: {s:?}"
+        );
     }
 
     fn statfs(&self) -> StoreStatfs {

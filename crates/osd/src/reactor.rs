@@ -152,6 +152,7 @@ async fn serve<S: ObjectStore + 'static>(setup: ReactorSetup, store: S) -> Resul
         }
     }
     tracing::info!(osd, reactor = index, "reactor stopping");
+    shard.store.report();
     Ok(())
 }
 

@@ -121,6 +121,8 @@ pub trait ObjectStore {
     /// Housekeeping a store wants to run beside the requests (checkpoints, space reclamation),
     /// spawned once per shard on its reactor. Returns when there is nothing (more) to do.
     async fn background(&self) {}
+    /// Logs what the store counted about itself (at shutdown).
+    fn report(&self) {}
     /// Waits until everything submitted before is durable. A no-op for the memory store.
     async fn flush(&self) -> Result<()>;
     fn statfs(&self) -> StoreStatfs;
