@@ -21,6 +21,9 @@ pub enum StoreKind {
 pub enum Durability {
     /// fdatasync before acknowledging: survives power loss.
     PowerLoss,
+    /// O_DSYNC writes (FUA where the device has it) instead of a separate fdatasync: survives
+    /// power loss.
+    PowerLossDsync,
     /// Acknowledge once O_DIRECT writes complete: survives a crash of the process only.
     ProcessCrash,
 }
@@ -170,6 +173,7 @@ fn native_store(a: &OsdArgs, reactors: u32) -> Result<StoreConfig> {
         },
         sync: match a.durability {
             Durability::PowerLoss => carmine_nativestore::SyncMode::Fdatasync,
+            Durability::PowerLossDsync => carmine_nativestore::SyncMode::Dsync,
             Durability::ProcessCrash => carmine_nativestore::SyncMode::ProcessCrashOnly,
         },
     })

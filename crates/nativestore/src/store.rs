@@ -800,7 +800,7 @@ impl<D: BlockDevice> ObjectStore for NativeStore<D> {
     fn report(&self) {
         let s = self.stats();
         let per = |ns: u64| ns as f64 / s.device_writes.max(1) as f64 / 1000.0;
-        tracing::warn!(
+        tracing::info!(
             shard = self.shard,
             records = s.records,
             device_writes = s.device_writes,
