@@ -7,6 +7,7 @@ pub mod compare;
 mod fio;
 mod heuristics;
 mod machine;
+mod plan;
 mod procstat;
 mod report;
 pub mod workload;
@@ -41,6 +42,15 @@ pub enum BenchAction {
         /// Run directories (or their results.json).
         #[arg(required = true)]
         runs: Vec<PathBuf>,
+    },
+    /// Run a test plan: every combination of stores × CPU policies × OSD counts × reactor
+    /// counts from a TOML file, each on a fresh cluster, then one side-by-side report.
+    Plan {
+        /// The plan (see bench/plans/policies.toml).
+        file: PathBuf,
+        /// Directory for the runs and plan.md (default: carmine-bench/plan-TIMESTAMP).
+        #[arg(long)]
+        output: Option<PathBuf>,
     },
     /// Exit non-zero when a run lost IOPS or gained latency beyond a tolerance.
     Check {
@@ -119,9 +129,15 @@ pub struct BenchArgs {
     /// Core for the load generator.
     #[arg(long, default_value_t = 0)]
     pub client_cpu: u32,
-    /// Reactors in the OSD.
+    /// Reactors per OSD.
     #[arg(long, default_value_t = 1)]
     pub reactors: u32,
+    /// OSD processes.
+    #[arg(long, default_value_t = 1)]
+    pub osds: u32,
+    /// Reactor placement policy over the OSD cpu set: default, osd or socket.
+    #[arg(long, default_value = "default")]
+    pub cpu_policy: CpuPolicy,
     /// The OSD's object store: memory, or native (a backing file in the run directory).
     #[arg(long, default_value = "memory")]
     pub store: String,
@@ -144,6 +160,7 @@ pub struct BenchArgs {
 
 pub fn run(mut a: BenchArgs) -> Result<()> {
     match a.action.take() {
+        Some(BenchAction::Plan { file, output }) => return plan::run_plan(&file, output),
         Some(BenchAction::Compare { runs }) => {
             print!("{}", compare::compare(&runs)?);
             return Ok(());
@@ -187,14 +204,14 @@ pub fn run(mut a: BenchArgs) -> Result<()> {
         dir: DirArg {
             dir: cluster_dir.clone(),
         },
-        osds: 1,
+        osds: a.osds,
         reactors: a.reactors,
         store: a.store.clone(),
         memory_limit: (a.volume_size * 2).max(1 << 30),
         device_size: a.device_size.unwrap_or((a.volume_size * 2).max(2 << 30)),
         no_fsync: a.no_fsync,
         exe: None,
-        cpu_policy: CpuPolicy::Default,
+        cpu_policy: a.cpu_policy,
         cpu_set: Some(a.osd_cpu.clone()),
         no_pin: false,
         pool: "rbd".into(),

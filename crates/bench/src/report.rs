@@ -64,6 +64,8 @@ pub struct Run {
     pub osd_cpu: String,
     pub client_cpu: u32,
     pub reactors: u32,
+    pub osds: u32,
+    pub cpu_policy: String,
     /// `memory`, or `native` (with `fsync` false when acknowledged without fdatasync).
     pub store: String,
     pub fsync: bool,
@@ -83,6 +85,8 @@ impl Run {
             osd_cpu: a.osd_cpu.clone(),
             client_cpu: a.client_cpu,
             reactors: a.reactors,
+            osds: a.osds,
+            cpu_policy: a.cpu_policy.to_string(),
             store: a.store.clone(),
             fsync: !a.no_fsync,
             latency_target_ms: a.latency_target_ms,
@@ -96,7 +100,7 @@ pub fn markdown(run: &Run) -> String {
     let mut s = format!(
         "# carmine bench\n\nmachine: {} ({} cpus, {}, kernel {}, {} GiB)  \n\
          load: {}  \n\
-         cluster: 1 OSD, {} reactor(s) on cpu {}, {} store; client pinned to cpu {}  \n\
+         cluster: {} OSD(s) x {} reactor(s) on cpu {} (cpu policy {}), {} store; client pinned to cpu {}  \n\
          steps: {} s measured after {} s ramp; volume {} MiB, prefilled\n\n",
         m.hostname,
         m.cpus,
@@ -108,8 +112,10 @@ pub fn markdown(run: &Run) -> String {
             crate::Target::FioNbd =>
                 "fio (nbd engine, one job) through `carmine nbd serve`, both on the client cpu",
         },
+        run.osds,
         run.reactors,
         run.osd_cpu,
+        run.cpu_policy,
         match (run.store.as_str(), run.fsync) {
             ("native", true) => "native (fdatasync per group commit)",
             ("native", false) => "native (no fdatasync: process-crash durability)",
