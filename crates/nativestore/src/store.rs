@@ -739,18 +739,11 @@ impl<D: BlockDevice> ObjectStore for NativeStore<D> {
         let st = self.st.borrow();
         let o = lookup(&st.index, cid, oid)?;
         let lower = start_after.map_or(Bound::Unbounded, Bound::Excluded);
-        let mut iter = o.omap.range::<[u8], _>((lower, Bound::Unbounded));
-        let items: Vec<(Bytes, Bytes)> = iter
-            .by_ref()
-            .take(limit)
-            .map(|(k, v)| (k.clone(), v.clone()))
-            .collect();
-        let next = if iter.next().is_some() {
-            items.last().map(|(k, _)| k.clone())
-        } else {
-            None
-        };
-        Ok(Page { items, next })
+        let iter = o
+            .omap
+            .range::<[u8], _>((lower, Bound::Unbounded))
+            .map(|(k, v)| (k.clone(), v.clone()));
+        Ok(Page::take_from(iter, limit, |(k, _)| k.clone()))
     }
 
     async fn list_objects(
@@ -770,14 +763,10 @@ impl<D: BlockDevice> ObjectStore for NativeStore<D> {
             )
         })?;
         let lower = start_after.map_or(Bound::Unbounded, Bound::Excluded);
-        let mut iter = coll.range::<str, _>((lower, Bound::Unbounded));
-        let items: Vec<String> = iter.by_ref().take(limit).map(|(k, _)| k.clone()).collect();
-        let next = if iter.next().is_some() {
-            items.last().cloned()
-        } else {
-            None
-        };
-        Ok(Page { items, next })
+        let iter = coll
+            .range::<str, _>((lower, Bound::Unbounded))
+            .map(|(k, _)| k.clone());
+        Ok(Page::take_from(iter, limit, String::clone))
     }
 
     async fn list_collections(&self) -> Result<Vec<CollectionId>> {

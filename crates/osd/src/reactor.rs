@@ -266,45 +266,37 @@ async fn serve_connection_concurrently<S: ObjectStore + 'static>(
                 (res, r)
             }));
         }
-        if inflight.is_empty() {
-            // Only the read can make progress (an empty set would be ready at once).
-            let read = reading
-                .as_mut()
-                .expect("a read is in flight when nothing else is");
-            let ((res, buf), r) = read.await;
-            reading = None;
-            reader = Some(r);
-            rbuf = buf;
-            match res {
-                Ok(0) => closed = true,
-                Ok(_) => {}
-                Err(e) => return Err(format!("read: {e}")),
-            }
-            continue;
-        }
-        let next_done = inflight.next();
-        match reading.as_mut() {
-            Some(read) => match select(read, next_done).await {
-                Either::Left((((res, buf), r), _)) => {
-                    reading = None;
-                    reader = Some(r);
-                    rbuf = buf;
-                    match res {
-                        Ok(0) => closed = true,
-                        Ok(_) => {}
-                        Err(e) => return Err(format!("read: {e}")),
-                    }
-                }
-                Either::Right((Some(out), _)) => wbuf.extend_from_slice(&out),
-                Either::Right((None, _)) => {}
+        // Wait for the read or a reply, whichever comes first (with nothing in flight, only
+        // the read: an empty set would be ready at once).
+        let event = match (reading.as_mut(), inflight.is_empty()) {
+            (Some(read), true) => Event::Read(read.await),
+            (Some(read), false) => match select(read, inflight.next()).await {
+                Either::Left((done, _)) => Event::Read(done),
+                Either::Right((out, _)) => Event::Reply(out),
             },
-            None => {
-                if let Some(out) = next_done.await {
-                    wbuf.extend_from_slice(&out);
+            (None, _) => Event::Reply(inflight.next().await),
+        };
+        match event {
+            Event::Read(((res, buf), r)) => {
+                reading = None;
+                reader = Some(r);
+                rbuf = buf;
+                match res {
+                    Ok(0) => closed = true,
+                    Ok(_) => {}
+                    Err(e) => return Err(format!("read: {e}")),
                 }
             }
+            Event::Reply(Some(out)) => wbuf.extend_from_slice(&out),
+            Event::Reply(None) => {}
         }
     }
+}
+
+/// What woke a connection serving concurrent requests.
+enum Event {
+    Read(ReadDone),
+    Reply(Option<BytesMut>),
 }
 
 async fn flush(stream: &mut TcpStream, wbuf: &mut BytesMut) -> Result<(), String> {

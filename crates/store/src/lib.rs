@@ -50,6 +50,23 @@ pub struct Page<T, K> {
     pub next: Option<K>,
 }
 
+impl<T, K> Page<T, K> {
+    /// The first `limit` items of `iter` (an ordered range that starts after the cursor), with
+    /// `next` set to the key of the last one when more remain.
+    pub fn take_from(
+        mut iter: impl Iterator<Item = T>,
+        limit: usize,
+        key: impl Fn(&T) -> K,
+    ) -> Self {
+        let items: Vec<T> = iter.by_ref().take(limit).collect();
+        let next = match iter.next() {
+            Some(_) => items.last().map(key),
+            None => None,
+        };
+        Page { items, next }
+    }
+}
+
 /// A store shard. Object names are UTF-8 strings ordered bytewise; omap keys are byte strings.
 ///
 /// Read semantics shared by every backend:

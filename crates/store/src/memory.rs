@@ -597,18 +597,11 @@ impl ObjectStore for MemStore {
         let limit = check_list_limit(cid, oid, limit)?;
         self.with_object(cid, oid, |obj| {
             let lower = start_after.map_or(Bound::Unbounded, Bound::Excluded);
-            let mut iter = obj.omap.range::<[u8], _>((lower, Bound::Unbounded));
-            let items: Vec<_> = iter
-                .by_ref()
-                .take(limit)
-                .map(|(k, v)| (k.clone(), v.clone()))
-                .collect();
-            let next = if iter.next().is_some() {
-                items.last().map(|(k, _)| k.clone())
-            } else {
-                None
-            };
-            Ok(Page { items, next })
+            let iter = obj
+                .omap
+                .range::<[u8], _>((lower, Bound::Unbounded))
+                .map(|(k, v)| (k.clone(), v.clone()));
+            Ok(Page::take_from(iter, limit, |(k, _)| k.clone()))
         })
     }
 
@@ -629,14 +622,10 @@ impl ObjectStore for MemStore {
             )
         })?;
         let lower = start_after.map_or(Bound::Unbounded, Bound::Excluded);
-        let mut iter = coll.range::<str, _>((lower, Bound::Unbounded));
-        let items: Vec<String> = iter.by_ref().take(limit).map(|(k, _)| k.clone()).collect();
-        let next = if iter.next().is_some() {
-            items.last().cloned()
-        } else {
-            None
-        };
-        Ok(Page { items, next })
+        let iter = coll
+            .range::<str, _>((lower, Bound::Unbounded))
+            .map(|(k, _)| k.clone());
+        Ok(Page::take_from(iter, limit, String::clone))
     }
 
     async fn list_collections(&self) -> Result<Vec<CollectionId>> {
