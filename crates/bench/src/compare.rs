@@ -8,7 +8,8 @@ use std::path::Path;
 /// (workload, block size, queue depth) → (IOPS, mean latency µs, p99 µs).
 type Steps = BTreeMap<(String, u64, u64), (f64, f64, f64)>;
 
-fn load(run: &Path) -> Result<Steps> {
+/// A run's results.json (given the run directory or the file itself).
+pub fn load_json(run: &Path) -> Result<Value> {
     let file = if run.is_dir() {
         run.join("results.json")
     } else {
@@ -16,11 +17,43 @@ fn load(run: &Path) -> Result<Steps> {
     };
     let text =
         std::fs::read_to_string(&file).with_context(|| format!("reading {}", file.display()))?;
-    let v: Value =
-        serde_json::from_str(&text).with_context(|| format!("parsing {}", file.display()))?;
+    serde_json::from_str(&text).with_context(|| format!("parsing {}", file.display()))
+}
+
+/// How a run is named in tables and legends: its directory's name.
+pub fn run_label(run: &Path) -> String {
+    let dir = if run.is_dir() {
+        run
+    } else {
+        run.parent().unwrap_or(run)
+    };
+    dir.file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| run.display().to_string())
+}
+
+/// The overlaid IOPS-vs-latency charts of `runs` (one curve per run) in `dir`, and a
+/// markdown section linking them.
+pub fn compare_charts(dir: &Path, runs: &[impl AsRef<Path>]) -> Result<String> {
+    let loaded: Vec<(String, Value)> = runs
+        .iter()
+        .map(|r| Ok((run_label(r.as_ref()), load_json(r.as_ref())?)))
+        .collect::<Result<_>>()?;
+    std::fs::create_dir_all(dir)?;
+    let pngs = crate::charts::latency_charts(dir, &loaded)?;
+    Ok(crate::charts::markdown_links(
+        dir,
+        &pngs,
+        "One curve per run; SVG beside each PNG.",
+    ))
+}
+
+fn load(run: &Path) -> Result<Steps> {
+    let file = run.display();
+    let v = load_json(run)?;
     let rows = v["rows"]
         .as_array()
-        .with_context(|| format!("{} has no rows", file.display()))?;
+        .with_context(|| format!("{file} has no rows"))?;
     let mut out = Steps::new();
     for r in rows {
         let key = (
@@ -49,11 +82,7 @@ pub fn compare(runs: &[impl AsRef<Path>]) -> Result<String> {
     keys.dedup();
     let mut s = String::from("| workload | bs | qd |");
     for (i, r) in runs.iter().enumerate() {
-        let name = r
-            .as_ref()
-            .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_default();
+        let name = run_label(r.as_ref());
         s.push_str(&format!(" #{} {name} IOPS | mean us |", i + 1));
         if i > 0 {
             s.push_str(&format!(" #{} / #1 |", i + 1));

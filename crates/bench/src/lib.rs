@@ -3,6 +3,7 @@
 //! in the same run, and OSD CPU time per I/O sampled from /proc.
 
 mod ceiling;
+pub mod charts;
 pub mod compare;
 mod fio;
 mod heuristics;
@@ -42,6 +43,9 @@ pub enum BenchAction {
         /// Run directories (or their results.json).
         #[arg(required = true)]
         runs: Vec<PathBuf>,
+        /// Also write compare.md and the overlaid charts (SVG and PNG) into this directory.
+        #[arg(long)]
+        output: Option<PathBuf>,
     },
     /// Run a test plan: every combination of stores × CPU policies × OSD counts × reactor
     /// counts from a TOML file, each on a fresh cluster, then one side-by-side report.
@@ -161,8 +165,14 @@ pub struct BenchArgs {
 pub fn run(mut a: BenchArgs) -> Result<()> {
     match a.action.take() {
         Some(BenchAction::Plan { file, output }) => return plan::run_plan(&file, output),
-        Some(BenchAction::Compare { runs }) => {
-            print!("{}", compare::compare(&runs)?);
+        Some(BenchAction::Compare { runs, output }) => {
+            let mut md = compare::compare(&runs)?;
+            if let Some(dir) = output {
+                md += &compare::compare_charts(&dir, &runs)?;
+                std::fs::write(dir.join("compare.md"), &md)?;
+                eprintln!("comparison: {}", dir.join("compare.md").display());
+            }
+            print!("{md}");
             return Ok(());
         }
         Some(BenchAction::Check {
@@ -222,12 +232,11 @@ pub fn run(mut a: BenchArgs) -> Result<()> {
     let result = bench_against(&a, &running);
     running.down()?;
     let run = result?;
-    let md = report::markdown(&run);
+    let json = serde_json::to_string_pretty(&run)?;
+    std::fs::write(out_dir.join("results.json"), &json)?;
+    let charts = write_charts(&out_dir, &serde_json::from_str(&json)?);
+    let md = report::markdown(&run) + &charts;
     std::fs::write(out_dir.join("report.md"), &md)?;
-    std::fs::write(
-        out_dir.join("results.json"),
-        serde_json::to_string_pretty(&run)?,
-    )?;
     println!("{md}");
     println!("report: {}", out_dir.join("report.md").display());
     if run.rows.iter().any(|r| r.carmine.errors > 0) {
@@ -256,8 +265,8 @@ fn bench_against(a: &BenchArgs, running: &carmine_localcluster::Running) -> Resu
     let ramp = Duration::from_secs_f64(a.ramp_secs);
     let step = Duration::from_secs_f64(a.step_secs);
     let dir = running.dir.clone();
-    let a = a.clone();
-    carmine_reactor::block_on(async move {
+    let sampler = procstat::Sampler::start(osd_pids.clone(), Duration::from_millis(500));
+    let run = carmine_reactor::block_on(async {
         let client = carmine_localcluster::connect(&dir).await?;
         let pool = client.pool_id("rbd")?;
         let volumes = Volumes::new(client, pool);
@@ -286,6 +295,8 @@ fn bench_against(a: &BenchArgs, running: &carmine_localcluster::Running) -> Resu
                 cv_min_mean_ms: a.cv_min_latency_ms,
             };
             for depth in depths {
+                sampler.set_step(Some(rows.len()));
+                let started_s = sampler.elapsed();
                 let before = procstat::snapshot(&osd_pids, disk);
                 let stats = match &gateway {
                     None => {
@@ -319,8 +330,11 @@ fn bench_against(a: &BenchArgs, running: &carmine_localcluster::Running) -> Resu
                     stats.iops,
                     stats.lat_mean_us
                 );
+                sampler.set_step(None);
                 let stop = early_exit.reason(&stats);
                 let mut row = Row::new(wl, bs, depth, stats, ceiling, usage);
+                row.started_s = started_s;
+                row.ended_s = sampler.elapsed();
                 if let Some(why) = stop.filter(|_| !a.no_early_exit) {
                     eprintln!("{:>9}: early exit after qd{depth}: {why}", wl.name());
                     row.early_exit = Some(why);
@@ -331,7 +345,32 @@ fn bench_against(a: &BenchArgs, running: &carmine_localcluster::Running) -> Resu
             }
         }
         Ok(Run::new(&a, rows))
+    });
+    let timeline = sampler.finish();
+    run.map(|mut r: Run| {
+        r.timeline = timeline;
+        r
     })
+}
+
+/// The run's charts next to its report, as a markdown section linking them. A chart that
+/// cannot be drawn is reported, not fatal: the numbers are already saved.
+fn write_charts(dir: &std::path::Path, run: &serde_json::Value) -> String {
+    let label = run["store"].as_str().unwrap_or("run").to_string();
+    let mut pngs = match charts::latency_charts(dir, &[(label, run.clone())]) {
+        Ok(p) => p,
+        Err(e) => return format!("\nCharts not drawn: {e:#}\n"),
+    };
+    match charts::usage_chart(dir, run) {
+        Ok(p) => pngs.extend(p),
+        Err(e) => return format!("\nUsage chart not drawn: {e:#}\n"),
+    }
+    charts_section(dir, &pngs)
+}
+
+/// Markdown image links to `pngs`, relative to `dir` (SVG beside each).
+fn charts_section(dir: &std::path::Path, pngs: &[PathBuf]) -> String {
+    charts::markdown_links(dir, pngs, "SVG beside each PNG.")
 }
 
 /// Writes the whole volume once so reads measure real data, not holes.

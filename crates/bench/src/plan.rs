@@ -161,6 +161,10 @@ pub fn run_plan(file: &Path, output: Option<PathBuf>) -> Result<()> {
     md.push_str(&policy_note(common, &osds, &reactors));
     if !runs.is_empty() {
         md.push_str(&compare::compare(&runs)?);
+        match compare::compare_charts(&out, &runs) {
+            Ok(links) => md.push_str(&links),
+            Err(e) => md.push_str(&format!("\nCharts not drawn: {e:#}\n")),
+        }
     }
     if !failed.is_empty() {
         md.push_str("\n**Failed runs:**\n\n");

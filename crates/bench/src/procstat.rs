@@ -1,9 +1,12 @@
 //! CPU and memory of the OSD processes (per thread, so per reactor) and of this client process,
-//! sampled from /proc before and after each step.
+//! from /proc: before and after each step, and as a time series over the whole run (a sampler
+//! thread, so the load generator's reactor never reads /proc).
 
 use serde::Serialize;
 use std::collections::BTreeMap;
-use std::time::Instant;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 /// Per-thread clock ticks of the OSDs and of this process at one instant.
 pub struct Snapshot {
@@ -161,6 +164,80 @@ pub fn usage(before: &Snapshot, after: &Snapshot, osd_pids: &[i32]) -> Usage {
     }
 }
 
+/// One point of the run's timeline: usage over the interval ending at `t`.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Sample {
+    /// Seconds since the run started.
+    pub t: f64,
+    /// Index of the step running then (into the run's rows), if any.
+    pub step: Option<usize>,
+    pub osd_cpu_pct: f64,
+    pub osd_rss_mib: f64,
+    pub client_cpu_pct: f64,
+    /// Busiest OSD thread's percent of one core.
+    pub busiest_thread_pct: f64,
+}
+
+/// Samples the OSDs and this process every `every` until stopped.
+pub struct Sampler {
+    started: Instant,
+    step: Arc<AtomicUsize>,
+    stop: Arc<AtomicBool>,
+    join: std::thread::JoinHandle<Vec<Sample>>,
+}
+
+const NO_STEP: usize = usize::MAX;
+
+impl Sampler {
+    pub fn start(osd_pids: Vec<i32>, every: Duration) -> Self {
+        let started = Instant::now();
+        let step = Arc::new(AtomicUsize::new(NO_STEP));
+        let stop = Arc::new(AtomicBool::new(false));
+        let (step2, stop2) = (step.clone(), stop.clone());
+        let join = std::thread::spawn(move || {
+            let mut out = Vec::new();
+            let mut prev = snapshot(&osd_pids, None);
+            while !stop2.load(Ordering::Relaxed) {
+                std::thread::sleep(every);
+                let now = snapshot(&osd_pids, None);
+                let u = usage(&prev, &now, &osd_pids);
+                let s = step2.load(Ordering::Relaxed);
+                out.push(Sample {
+                    t: (now.at - started).as_secs_f64(),
+                    step: (s != NO_STEP).then_some(s),
+                    osd_cpu_pct: u.osd_usr_pct + u.osd_sys_pct,
+                    osd_rss_mib: u.osd_rss_mib,
+                    client_cpu_pct: u.client_usr_pct + u.client_sys_pct,
+                    busiest_thread_pct: u.osd_threads.first().map_or(0.0, |t| t.cpu_pct),
+                });
+                prev = now;
+            }
+            out
+        });
+        Sampler {
+            started,
+            step,
+            stop,
+            join,
+        }
+    }
+
+    /// Seconds since the sampler started (the run's clock).
+    pub fn elapsed(&self) -> f64 {
+        self.started.elapsed().as_secs_f64()
+    }
+
+    /// Marks the samples from now on as belonging to step `index` (or to none).
+    pub fn set_step(&self, index: Option<usize>) {
+        self.step.store(index.unwrap_or(NO_STEP), Ordering::Relaxed);
+    }
+
+    pub fn finish(self) -> Vec<Sample> {
+        self.stop.store(true, Ordering::Relaxed);
+        self.join.join().unwrap_or_default()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -188,5 +265,26 @@ mod tests {
         );
         assert!(u.osd_usr_pct + u.osd_sys_pct > 10.0, "{u:?}");
         assert!(u.osd_rss_mib > 0.0);
+    }
+
+    #[test]
+    fn the_sampler_sees_a_busy_step() {
+        let sampler = Sampler::start(vec![std::process::id() as i32], Duration::from_millis(50));
+        sampler.set_step(Some(3));
+        let t = Instant::now();
+        let mut x = 0u64;
+        while t.elapsed().as_millis() < 300 {
+            x = x.wrapping_mul(31).wrapping_add(7);
+        }
+        std::hint::black_box(x);
+        sampler.set_step(None);
+        std::thread::sleep(Duration::from_millis(120));
+        let samples = sampler.finish();
+        assert!(samples.len() >= 4, "{samples:?}");
+        assert!(samples.windows(2).all(|w| w[0].t < w[1].t));
+        let busy: Vec<_> = samples.iter().filter(|s| s.step == Some(3)).collect();
+        assert!(!busy.is_empty());
+        assert!(busy.iter().any(|s| s.osd_cpu_pct > 50.0), "{busy:?}");
+        assert!(samples.last().unwrap().step.is_none());
     }
 }

@@ -20,6 +20,10 @@ pub struct Row {
     pub early_exit: Option<String>,
     /// CPU (per OSD thread too), OSD memory and client CPU over the step.
     pub usage: Usage,
+    /// When the step (ramp included) began and ended, in seconds on the run's clock (the
+    /// timeline's).
+    pub started_s: f64,
+    pub ended_s: f64,
 }
 
 impl Row {
@@ -49,6 +53,8 @@ impl Row {
             osd_cpu_cores,
             osd_cpu_us_per_io,
             usage,
+            started_s: 0.0,
+            ended_s: 0.0,
         }
     }
 }
@@ -71,6 +77,8 @@ pub struct Run {
     pub fsync: bool,
     pub latency_target_ms: f64,
     pub rows: Vec<Row>,
+    /// OSD and client usage sampled every half second over the whole run (prefill included).
+    pub timeline: Vec<crate::procstat::Sample>,
 }
 
 impl Run {
@@ -91,6 +99,7 @@ impl Run {
             fsync: !a.no_fsync,
             latency_target_ms: a.latency_target_ms,
             rows,
+            timeline: Vec::new(),
         }
     }
 }
