@@ -59,6 +59,7 @@ mod tests {
             lat_p99_us: p999_us,
             lat_p999_us: p999_us,
             lat_max_us: p999_us,
+            verify_errors: 0,
         }
     }
 

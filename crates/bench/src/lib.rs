@@ -3,6 +3,7 @@
 //! in the same run, and OSD CPU time per I/O sampled from /proc.
 
 mod ceiling;
+mod ceph;
 pub mod charts;
 pub mod compare;
 mod fio;
@@ -10,6 +11,8 @@ mod heuristics;
 mod machine;
 mod plan;
 mod procstat;
+mod sweep;
+pub mod verify;
 mod report;
 pub mod workload;
 
@@ -20,10 +23,10 @@ use carmine_reactor::cpu::{pin_current_thread, CpuPolicy};
 use carmine_volume::Volumes;
 use clap::Args;
 use futures::stream::{self, StreamExt, TryStreamExt};
-use report::{Row, Run};
+use report::Run;
 use std::path::PathBuf;
 use std::time::Duration;
-use workload::{run_on_image_observed, Workload};
+use workload::{run_load, Distribution, Load, Mix, Workload};
 
 /// What generates the load.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
@@ -33,6 +36,9 @@ pub enum Target {
     Carmine,
     /// fio's nbd engine against `carmine nbd serve` exporting the benchmark volume.
     FioNbd,
+    /// fio's rbd engine (librbd) against Ceph: a throw-away single-node cluster from Debian's
+    /// packages (bench/ceph/vstart-ceph.sh, built in), or an existing one (`--ceph-conf`).
+    FioRbd,
 }
 
 /// Work on finished runs instead of measuring.
@@ -124,9 +130,26 @@ pub struct BenchArgs {
     /// Unmeasured warm-up seconds before each step.
     #[arg(long, default_value_t = 1.0)]
     pub ramp_secs: f64,
-    /// Size of the benchmark volume (prefilled before reads).
+    /// Size of each benchmark volume (prefilled before the steps).
     #[arg(long, default_value = "1G", value_parser = parse_size)]
     pub volume_size: u64,
+    /// Volumes, each driven by its own jobs (built-in generator).
+    #[arg(long, default_value_t = 1)]
+    pub volumes: u32,
+    /// Jobs per volume, each keeping the step's queue depth in flight (fio's numjobs).
+    #[arg(long, default_value_t = 1)]
+    pub jobs_per_volume: usize,
+    /// Read share of the randrw workload, in percent.
+    #[arg(long, default_value_t = 70, value_parser = clap::value_parser!(u32).range(0..=100))]
+    pub rwmix_read: u32,
+    /// Where random I/O lands: uniform, zipf[:THETA] (default 1.2), normal[:STDEV_PCT]
+    /// (default 10).
+    #[arg(long, default_value = "uniform")]
+    pub distribution: Distribution,
+    /// Check every read against the last acknowledged write (built-in generator only; costs
+    /// client CPU, so not for peak numbers). Any mismatch fails the run.
+    #[arg(long)]
+    pub verify: bool,
     /// Core(s) for the OSD reactor(s).
     #[arg(long, default_value = "1")]
     pub osd_cpu: String,
@@ -151,6 +174,16 @@ pub struct BenchArgs {
     /// Native store: acknowledge on O_DIRECT completion, without fdatasync.
     #[arg(long)]
     pub no_fsync: bool,
+    /// fio-rbd: the Ceph OSD's object store for the throw-away cluster.
+    #[arg(long, default_value = "bluestore", value_parser = ["bluestore", "memstore"])]
+    pub ceph_store: String,
+    /// fio-rbd: use the existing Ceph cluster this ceph.conf describes instead of a throw-away
+    /// one (its local ceph-osd processes are sampled).
+    #[arg(long)]
+    pub ceph_conf: Option<PathBuf>,
+    /// fio-rbd: the pool of the benchmark images.
+    #[arg(long, default_value = "rbd")]
+    pub ceph_pool: String,
     /// Skip the loopback RPC ceiling steps.
     #[arg(long)]
     pub no_ceiling: bool,
@@ -208,11 +241,65 @@ pub fn run(mut a: BenchArgs) -> Result<()> {
         .output
         .clone()
         .unwrap_or_else(|| PathBuf::from("carmine-bench").join(machine::timestamp()));
+    a.validate()?;
     std::fs::create_dir_all(&out_dir).with_context(|| format!("creating {}", out_dir.display()))?;
-    let cluster_dir = out_dir.join("cluster");
+    let run = if a.target == Target::FioRbd {
+        ceph::bench(&a, &out_dir.join("ceph"))?
+    } else {
+        bench_carmine(&a, &out_dir.join("cluster"))?
+    };
+    let json = serde_json::to_string_pretty(&run)?;
+    std::fs::write(out_dir.join("results.json"), &json)?;
+    let charts = write_charts(&out_dir, &serde_json::from_str(&json)?);
+    let md = report::markdown(&run) + &charts;
+    std::fs::write(out_dir.join("report.md"), &md)?;
+    println!("{md}");
+    println!("report: {}", out_dir.join("report.md").display());
+    let errors: u64 = run.rows.iter().map(|r| r.carmine.errors).sum();
+    let wrong: u64 = run.rows.iter().map(|r| r.carmine.verify_errors).sum();
+    if wrong > 0 {
+        anyhow::bail!("{wrong} read(s) returned data other than the last acknowledged write");
+    }
+    if errors > 0 {
+        anyhow::bail!("{errors} I/O(s) failed; see the errors column");
+    }
+    Ok(())
+}
+
+impl BenchArgs {
+    pub fn mix(&self) -> Mix {
+        Mix {
+            read_pct: self.rwmix_read,
+            distribution: self.distribution,
+        }
+    }
+
+    /// Combinations that cannot be measured honestly are refused up front.
+    fn validate(&self) -> Result<()> {
+        if self.target != Target::Carmine {
+            if self.verify {
+                anyhow::bail!("--verify needs the built-in generator (--target carmine)");
+            }
+            if self.volumes != 1 {
+                anyhow::bail!("fio targets drive one volume (use --jobs-per-volume)");
+            }
+        }
+        if self.volumes == 0 || self.jobs_per_volume == 0 {
+            anyhow::bail!("--volumes and --jobs-per-volume must be at least 1");
+        }
+        if self.verify && (self.random_bs % verify::BLOCK != 0 || self.seq_bs % verify::BLOCK != 0)
+        {
+            anyhow::bail!("--verify needs block sizes in multiples of 4K");
+        }
+        Ok(())
+    }
+}
+
+/// A fresh local Carmine cluster in `cluster_dir`, benchmarked, then taken down.
+fn bench_carmine(a: &BenchArgs, cluster_dir: &std::path::Path) -> Result<Run> {
     let up = UpArgs {
         dir: DirArg {
-            dir: cluster_dir.clone(),
+            dir: cluster_dir.to_path_buf(),
         },
         osds: a.osds,
         reactors: a.reactors,
@@ -229,25 +316,13 @@ pub fn run(mut a: BenchArgs) -> Result<()> {
         host: [127, 0, 0, 1].into(),
     };
     let running = carmine_localcluster::up(&up)?;
-    let result = bench_against(&a, &running);
+    let result = bench_against(a, &running);
     running.down()?;
-    let run = result?;
-    let json = serde_json::to_string_pretty(&run)?;
-    std::fs::write(out_dir.join("results.json"), &json)?;
-    let charts = write_charts(&out_dir, &serde_json::from_str(&json)?);
-    let md = report::markdown(&run) + &charts;
-    std::fs::write(out_dir.join("report.md"), &md)?;
-    println!("{md}");
-    println!("report: {}", out_dir.join("report.md").display());
-    if run.rows.iter().any(|r| r.carmine.errors > 0) {
-        anyhow::bail!("some I/Os failed; see the errors column");
-    }
-    Ok(())
+    result
 }
 
 fn bench_against(a: &BenchArgs, running: &carmine_localcluster::Running) -> Result<Run> {
     let osd_pids = carmine_localcluster::osd_pids(&running.dir)?;
-    let disk = procstat::disk_of(&running.dir);
     let osd_cpu = carmine_reactor::cpu::parse_cpu_list(&a.osd_cpu)?
         .first()
         .copied();
@@ -256,101 +331,96 @@ fn bench_against(a: &BenchArgs, running: &carmine_localcluster::Running) -> Resu
     } else {
         Some(ceiling::start_server(osd_cpu)?)
     };
+    pin_client(a);
+    let (ramp, step) = (
+        Duration::from_secs_f64(a.ramp_secs),
+        Duration::from_secs_f64(a.step_secs),
+    );
+    let dir = running.dir.clone();
+    let sampler = procstat::Sampler::start(osd_pids.clone(), Duration::from_millis(500));
+    let rows = carmine_reactor::block_on(async {
+        let client = carmine_localcluster::connect(&dir).await?;
+        let pool = client.pool_id("rbd")?;
+        let volumes = Volumes::new(client, pool);
+        let mut images = Vec::new();
+        for v in 0..a.volumes {
+            let name = volume_name(v);
+            volumes.create(&name, a.volume_size, None).await?;
+            images.push(volumes.open(&name).await?);
+        }
+        for image in &images {
+            prefill(image, a.verify).await?;
+        }
+        let verifiers: Option<Vec<verify::Verifier>> = a.verify.then(|| {
+            images
+                .iter()
+                .map(|i| verify::Verifier::new(i.size()))
+                .collect()
+        });
+        let gateway = match a.target {
+            Target::FioNbd => Some(NbdGateway::start(&dir)?),
+            _ => None,
+        };
+        let obs = sweep::Observe {
+            osd_pids: &osd_pids,
+            disk: procstat::disk_of(&dir),
+            sampler: &sampler,
+            ceiling: ceiling_addr,
+        };
+        sweep::sweep(a, &obs, async |wl, bs, depth| match &gateway {
+            None => {
+                let bar = step_progress(&format!("{} {}K qd{depth}", wl.name(), bs >> 10));
+                let load = Load {
+                    images: &images,
+                    jobs: a.jobs_per_volume,
+                    wl,
+                    mix: a.mix(),
+                    bs,
+                    depth,
+                    verifiers: verifiers.as_deref(),
+                };
+                let s = run_load(&load, ramp, step, &bar).await;
+                bar.finish_and_clear();
+                Ok(s)
+            }
+            // fio is a separate process; this thread just waits for it.
+            Some(g) => fio::Fio::nbd(&g.uri).step(
+                a.volume_size,
+                wl,
+                &a.mix(),
+                bs,
+                depth,
+                a.jobs_per_volume,
+                ramp,
+                step,
+            ),
+        })
+        .await
+    });
+    let timeline = sampler.finish();
+    let mut run = Run::new(a, rows?);
+    run.timeline = timeline;
+    Ok(run)
+}
+
+/// The load generator (and fio, its child) run on the client cpu, away from the OSDs.
+fn pin_client(a: &BenchArgs) {
     if let Err(e) = pin_current_thread(a.client_cpu) {
         eprintln!(
             "warning: cannot pin the client to cpu {}: {e}",
             a.client_cpu
         );
     }
-    let ramp = Duration::from_secs_f64(a.ramp_secs);
-    let step = Duration::from_secs_f64(a.step_secs);
-    let dir = running.dir.clone();
-    let sampler = procstat::Sampler::start(osd_pids.clone(), Duration::from_millis(500));
-    let run = carmine_reactor::block_on(async {
-        let client = carmine_localcluster::connect(&dir).await?;
-        let pool = client.pool_id("rbd")?;
-        let volumes = Volumes::new(client, pool);
-        let info = volumes.create("bench", a.volume_size, None).await?;
-        let image = volumes.open(&info.name).await?;
-        prefill(&image).await?;
-        let gateway = match a.target {
-            Target::FioNbd => Some(NbdGateway::start(&dir)?),
-            Target::Carmine => None,
-        };
-        let mut rows = Vec::new();
-        for &wl in &a.workloads {
-            let bs = if wl.is_random() {
-                a.random_bs
-            } else {
-                a.seq_bs
-            };
-            let depths = match (&a.depths, wl.is_random()) {
-                (Some(d), _) => d.clone(),
-                (None, true) => a.random_depths.clone(),
-                (None, false) => a.seq_depths.clone(),
-            };
-            let early_exit = heuristics::EarlyExit {
-                max_cv: a.max_cv,
-                max_mean_ms: a.max_latency_ms,
-                cv_min_mean_ms: a.cv_min_latency_ms,
-            };
-            for depth in depths {
-                sampler.set_step(Some(rows.len()));
-                let started_s = sampler.elapsed();
-                let before = procstat::snapshot(&osd_pids, disk);
-                let stats = match &gateway {
-                    None => {
-                        let bar = step_progress(&format!("{} {}K qd{depth}", wl.name(), bs >> 10));
-                        let s =
-                            run_on_image_observed(&image, wl, bs, depth, ramp, step, &bar).await;
-                        bar.finish_and_clear();
-                        s
-                    }
-                    // fio is a separate process; this thread just waits for it.
-                    Some(g) => fio::run_nbd(&g.uri, a.volume_size, wl, bs, depth, ramp, step)?,
-                };
-                let usage =
-                    procstat::usage(&before, &procstat::snapshot(&osd_pids, disk), &osd_pids);
-                let ceiling = match ceiling_addr {
-                    Some(addr) => {
-                        let (req, rep) = if wl.is_write() {
-                            (bs as usize, 0)
-                        } else {
-                            (0, bs as usize)
-                        };
-                        Some(ceiling::measure(addr, req, rep, depth, ramp, step).await?)
-                    }
-                    None => None,
-                };
-                eprintln!(
-                    "{:>9} {:>5} qd{:<3} {:>9.0} IOPS  mean {:>7.1} us",
-                    wl.name(),
-                    bs,
-                    depth,
-                    stats.iops,
-                    stats.lat_mean_us
-                );
-                sampler.set_step(None);
-                let stop = early_exit.reason(&stats);
-                let mut row = Row::new(wl, bs, depth, stats, ceiling, usage);
-                row.started_s = started_s;
-                row.ended_s = sampler.elapsed();
-                if let Some(why) = stop.filter(|_| !a.no_early_exit) {
-                    eprintln!("{:>9}: early exit after qd{depth}: {why}", wl.name());
-                    row.early_exit = Some(why);
-                    rows.push(row);
-                    break;
-                }
-                rows.push(row);
-            }
-        }
-        Ok(Run::new(&a, rows))
-    });
-    let timeline = sampler.finish();
-    run.map(|mut r: Run| {
-        r.timeline = timeline;
-        r
-    })
+}
+
+/// The benchmark volumes: `bench`, then `bench-1`, `bench-2`, ... (the NBD target exports
+/// `bench`).
+fn volume_name(index: u32) -> String {
+    if index == 0 {
+        "bench".into()
+    } else {
+        format!("bench-{index}")
+    }
 }
 
 /// The run's charts next to its report, as a markdown section linking them. A chart that
@@ -373,14 +443,21 @@ fn charts_section(dir: &std::path::Path, pngs: &[PathBuf]) -> String {
     charts::markdown_links(dir, pngs, "SVG beside each PNG.")
 }
 
-/// Writes the whole volume once so reads measure real data, not holes.
-async fn prefill(image: &carmine_volume::Image) -> Result<()> {
+/// Writes the whole volume once so reads measure real data, not holes; in verify mode, with
+/// every block's generation-0 pattern.
+async fn prefill(image: &carmine_volume::Image, verify: bool) -> Result<()> {
     const CHUNK: u64 = 4 << 20;
     let data = Bytes::from(vec![0x5au8; CHUNK as usize]);
     let size = image.size();
     stream::iter((0..size).step_by(CHUNK as usize))
         .map(|off| {
-            let data = data.slice(..CHUNK.min(size - off) as usize);
+            let len = CHUNK.min(size - off);
+            let data = if verify {
+                verify::blocks_at(off / verify::BLOCK, len.div_ceil(verify::BLOCK), 0)
+                    .slice(..len as usize)
+            } else {
+                data.slice(..len as usize)
+            };
             async move { image.write(off, data).await }
         })
         .buffer_unordered(8)

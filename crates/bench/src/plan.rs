@@ -41,6 +41,27 @@ fn flag(key: &str, v: &toml::Value) -> Result<Option<String>> {
     })
 }
 
+/// One run's flags: the common ones plus the store. A `ceph-<objectstore>` store is a run
+/// against a throw-away Ceph through fio-rbd, whatever target the Carmine runs use.
+fn run_flags(base: &[String], store: &str) -> Vec<String> {
+    match store.strip_prefix("ceph-") {
+        Some(objectstore) => base
+            .iter()
+            .filter(|f| !f.starts_with("--target="))
+            .cloned()
+            .chain([
+                "--target=fio-rbd".to_string(),
+                format!("--ceph-store={objectstore}"),
+            ])
+            .collect(),
+        None => base
+            .iter()
+            .cloned()
+            .chain([format!("--store={store}")])
+            .collect(),
+    }
+}
+
 /// The values of one matrix axis as strings (a missing axis is its default).
 fn axis(matrix: &toml::Table, key: &str, default: &str) -> Result<Vec<String>> {
     match matrix
@@ -119,12 +140,22 @@ pub fn run_plan(file: &Path, output: Option<PathBuf>) -> Result<()> {
         for policy in &policies {
             for n in &osds {
                 for r in &reactors {
-                    let name = format!("{store}-{policy}-{n}osd-{r}r");
+                    // Ceph's shape is fixed (one classic OSD): one run, not one per
+                    // Carmine cluster shape.
+                    let ceph = store.starts_with("ceph-");
+                    if ceph && (policy != &policies[0] || n != &osds[0] || r != &reactors[0]) {
+                        continue;
+                    }
+                    let name = if ceph {
+                        store.clone()
+                    } else {
+                        format!("{store}-{policy}-{n}osd-{r}r")
+                    };
                     let dir = out.join(&name);
                     let mut argv = vec!["bench".to_string()];
-                    argv.extend(base.iter().cloned());
+                    argv.extend(run_flags(&base, store));
                     argv.extend([
-                        format!("--store={store}"),
+
                         format!("--cpu-policy={policy}"),
                         format!("--osds={n}"),
                         format!("--reactors={r}"),
@@ -267,6 +298,29 @@ mod tests {
         assert_eq!(args.step_secs, 3.0);
         assert_eq!(args.depths, Some(vec![1, 16, 64]));
         assert!(args.no_early_exit);
+    }
+
+    #[test]
+    fn ceph_stores_run_through_fio_rbd() {
+        let base = vec!["--target=fio-nbd".to_string(), "--depths=1".to_string()];
+        assert_eq!(
+            run_flags(&base, "ceph-memstore"),
+            ["--depths=1", "--target=fio-rbd", "--ceph-store=memstore"]
+        );
+        assert_eq!(
+            run_flags(&base, "native"),
+            ["--target=fio-nbd", "--depths=1", "--store=native"]
+        );
+        let text = include_str!("../../../bench/plans/carmine-vs-ceph.toml");
+        let plan = table(text);
+        let mut argv = vec!["bench".to_string()];
+        for (k, v) in plan["bench"].as_table().unwrap() {
+            argv.extend(flag(k, v).unwrap());
+        }
+        let argv: Vec<String> = run_flags(&argv, "ceph-bluestore");
+        let args = PlanRun::try_parse_from(&argv).unwrap().args;
+        assert_eq!(args.target, crate::Target::FioRbd);
+        assert_eq!(args.ceph_store, "bluestore");
     }
 
     #[test]

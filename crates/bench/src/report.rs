@@ -79,6 +79,25 @@ pub struct Run {
     pub rows: Vec<Row>,
     /// OSD and client usage sampled every half second over the whole run (prefill included).
     pub timeline: Vec<crate::procstat::Sample>,
+    /// The command line that made this run.
+    pub command: Vec<String>,
+    pub fio_version: Option<String>,
+    /// The random-access shape (randrw read share, distribution) and load shape.
+    pub mix: crate::workload::Mix,
+    pub volumes: u32,
+    pub jobs_per_volume: usize,
+    pub verify: bool,
+    /// Set when the target was Ceph (fio-rbd).
+    pub ceph: Option<CephInfo>,
+}
+
+/// The Ceph cluster a fio-rbd run measured.
+#[derive(Clone, Debug, Serialize)]
+pub struct CephInfo {
+    /// bluestore or memstore (throw-away cluster), or "existing cluster".
+    pub store: String,
+    pub version: String,
+    pub throwaway: bool,
 }
 
 impl Run {
@@ -100,27 +119,36 @@ impl Run {
             latency_target_ms: a.latency_target_ms,
             rows,
             timeline: Vec::new(),
+            command: std::env::args().collect(),
+            fio_version: (a.target != crate::Target::Carmine)
+                .then(crate::fio::version)
+                .flatten(),
+            mix: a.mix(),
+            volumes: a.volumes,
+            jobs_per_volume: a.jobs_per_volume,
+            verify: a.verify,
+            ceph: None,
         }
     }
 }
 
-pub fn markdown(run: &Run) -> String {
-    let m = &run.machine;
-    let mut s = format!(
-        "# carmine bench\n\nmachine: {} ({} cpus, {}, kernel {}, {} GiB)  \n\
-         load: {}  \n\
-         cluster: {} OSD(s) x {} reactor(s) on cpu {} (cpu policy {}), {} store; client pinned to cpu {}  \n\
-         steps: {} s measured after {} s ramp; volume {} MiB, prefilled\n\n",
-        m.hostname,
-        m.cpus,
-        m.cpu_model,
-        m.kernel,
-        m.memory_gib,
-        match run.target {
-            crate::Target::Carmine => "built-in load generator through the Carmine client",
-            crate::Target::FioNbd =>
-                "fio (nbd engine, one job) through `carmine nbd serve`, both on the client cpu",
-        },
+/// Who served the I/O, in words.
+fn system(run: &Run) -> String {
+    if let Some(c) = &run.ceph {
+        return format!(
+            "Ceph ({}), 1 classic OSD with {} on cpu {}{}",
+            c.version,
+            c.store,
+            run.osd_cpu,
+            if c.throwaway {
+                ", throw-away single-node cluster (bench/ceph/vstart-ceph.sh), pool size 1"
+            } else {
+                ""
+            }
+        );
+    }
+    format!(
+        "Carmine, {} OSD(s) x {} reactor(s) on cpu {} (cpu policy {}), {} store",
         run.osds,
         run.reactors,
         run.osd_cpu,
@@ -130,11 +158,55 @@ pub fn markdown(run: &Run) -> String {
             ("native", false) => "native (no fdatasync: process-crash durability)",
             ("", _) => "memory",
             (other, _) => other,
+        }
+    )
+}
+
+pub fn markdown(run: &Run) -> String {
+    let m = &run.machine;
+    let mut s = format!(
+        "# carmine bench\n\nmachine: {} ({} cpus, {}, kernel {}, {} GiB)  \n\
+         load: {}; client pinned to cpu {}  \n\
+         system: {}  \n\
+         shape: {} volume(s) of {} MiB, prefilled{}; {} job(s) per volume, qd is per job; \
+         random I/O {}{}  \n\
+         steps: {} s measured after {} s ramp  \n\
+         command: `{}`\n\n",
+        m.hostname,
+        m.cpus,
+        m.cpu_model,
+        m.kernel,
+        m.memory_gib,
+        match run.target {
+            crate::Target::Carmine => "built-in load generator through the Carmine client".into(),
+            crate::Target::FioNbd => format!(
+                "{} (nbd engine) through `carmine nbd serve`, both on the client cpu",
+                run.fio_version.as_deref().unwrap_or("fio")
+            ),
+            crate::Target::FioRbd => format!(
+                "{} (rbd engine, librbd)",
+                run.fio_version.as_deref().unwrap_or("fio")
+            ),
         },
         run.client_cpu,
+        system(run),
+        run.volumes,
+        run.volume_size >> 20,
+        if run.verify {
+            ", every read verified against the last acknowledged write"
+        } else {
+            ""
+        },
+        run.jobs_per_volume,
+        run.mix.distribution,
+        if run.rows.iter().any(|r| r.workload == crate::workload::Workload::Randrw) {
+            format!(", randrw {}% reads", run.mix.read_pct)
+        } else {
+            String::new()
+        },
         run.step_secs,
         run.ramp_secs,
-        run.volume_size >> 20
+        run.command.join(" ")
     );
     s.push_str("| workload | bs | qd | IOPS | MiB/s | total_ios | mean us | stdev us | p50 us | p99 us | p99.9 us | usr_cpu | sys_cpu | OSD cpu | OSD us/IO | OSD MiB | busiest reactor | ceiling IOPS | % of ceiling | ceiling mean us | latency / ceiling | disk MiB read | disk MiB written | write amp | errors |\n");
     s.push_str("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
@@ -156,8 +228,13 @@ pub fn markdown(run: &Run) -> String {
             .find(|t| t.name.contains("-r"))
             .map_or("-".to_string(), |t| format!("{} {:.0}%", t.name, t.cpu_pct));
         // Device bytes written per byte the client wrote, over the same window.
-        let user_bytes = c.iops * r.bs as f64 * u.wall_secs;
-        let wa = if r.workload.is_write() && user_bytes > 0.0 && u.disk_written_bytes > 0 {
+        let write_share = match r.workload {
+            crate::workload::Workload::Randrw => 1.0 - run.mix.read_pct as f64 / 100.0,
+            wl if wl.is_write() => 1.0,
+            _ => 0.0,
+        };
+        let user_bytes = c.iops * r.bs as f64 * u.wall_secs * write_share;
+        let wa = if user_bytes > 0.0 && u.disk_written_bytes > 0 {
             format!("{:.2}", u.disk_written_bytes as f64 / user_bytes)
         } else {
             "-".into()
@@ -167,7 +244,8 @@ pub fn markdown(run: &Run) -> String {
             r.workload.name(), r.bs >> 10, r.depth, c.iops, c.mib_s, c.ios, c.lat_mean_us, c.lat_stdev_us, c.lat_p50_us,
             c.lat_p99_us, c.lat_p999_us, u.client_usr_pct, u.client_sys_pct, r.osd_cpu_cores * 100.0,
             r.osd_cpu_us_per_io, u.osd_rss_mib, busiest, ci, pct, cl, lr,
-            u.disk_read_bytes as f64 / 1048576.0, u.disk_written_bytes as f64 / 1048576.0, wa, c.errors
+            u.disk_read_bytes as f64 / 1048576.0, u.disk_written_bytes as f64 / 1048576.0, wa,
+            if c.verify_errors > 0 { format!("{} + {} WRONG DATA", c.errors, c.verify_errors) } else { c.errors.to_string() }
         ));
     }
     let exits: Vec<&Row> = run.rows.iter().filter(|r| r.early_exit.is_some()).collect();

@@ -1,12 +1,14 @@
 //! Closed-loop load generation: `depth` workers each keep one I/O in flight until the step
 //! ends, recording completion latency after the ramp.
 
+use crate::verify::{Verifier, BLOCK};
 use bytes::Bytes;
 use carmine_volume::Image;
 use futures::future::join_all;
 use hdrhistogram::Histogram;
 use indicatif::ProgressBar;
 use rand::{Rng, SeedableRng};
+use rand_distr::Distribution as _;
 use serde::Serialize;
 use std::cell::{Cell, RefCell};
 use std::future::Future;
@@ -17,21 +19,32 @@ use std::time::{Duration, Instant};
 pub enum Workload {
     Randread,
     Randwrite,
+    /// Random reads and writes mixed (`--rwmix-read` percent reads).
+    Randrw,
     Seqread,
     Seqwrite,
 }
 
 impl Workload {
+    /// Only writes.
     pub fn is_write(self) -> bool {
         matches!(self, Workload::Randwrite | Workload::Seqwrite)
     }
+    /// Writes at least some of the time.
+    pub fn writes(self) -> bool {
+        self.is_write() || self == Workload::Randrw
+    }
     pub fn is_random(self) -> bool {
-        matches!(self, Workload::Randread | Workload::Randwrite)
+        matches!(
+            self,
+            Workload::Randread | Workload::Randwrite | Workload::Randrw
+        )
     }
     pub fn name(self) -> &'static str {
         match self {
             Workload::Randread => "randread",
             Workload::Randwrite => "randwrite",
+            Workload::Randrw => "randrw",
             Workload::Seqread => "seqread",
             Workload::Seqwrite => "seqwrite",
         }
@@ -52,6 +65,9 @@ pub struct StepStats {
     pub lat_p99_us: f64,
     pub lat_p999_us: f64,
     pub lat_max_us: f64,
+    /// Reads whose data was not what the volume last acknowledged (verify mode only).
+    #[serde(default)]
+    pub verify_errors: u64,
 }
 
 /// Runs `depth` workers calling `op(worker, i)` until `ramp + run` has passed.
@@ -153,11 +169,158 @@ where
         lat_p99_us: us(h.value_at_quantile(0.99) as f64),
         lat_p999_us: us(h.value_at_quantile(0.999) as f64),
         lat_max_us: us(h.max() as f64),
+        verify_errors: 0,
     }
 }
 
-/// One workload step against a volume. Sequential workers share one cursor, so together they
-/// stream through the volume like a single sequential reader with a deep queue.
+/// Where random I/O lands: uniformly, or skewed (fio's `random_distribution`).
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Distribution {
+    Uniform,
+    /// Zipf with exponent θ: a few blocks take most of the I/O.
+    Zipf(f64),
+    /// Normal around the middle of the volume, with this stdev in percent of it.
+    Normal(f64),
+}
+
+impl std::str::FromStr for Distribution {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        let (kind, arg) = s.split_once(':').unwrap_or((s, ""));
+        let num = |default: f64| -> Result<f64, String> {
+            if arg.is_empty() {
+                return Ok(default);
+            }
+            arg.parse::<f64>()
+                .ok()
+                .filter(|v| v.is_finite() && *v > 0.0)
+                .ok_or_else(|| format!("{kind}: {arg:?} is not a positive number"))
+        };
+        match kind {
+            "uniform" if arg.is_empty() => Ok(Distribution::Uniform),
+            "zipf" => Ok(Distribution::Zipf(num(1.2)?)),
+            "normal" => Ok(Distribution::Normal(num(10.0)?.min(100.0))),
+            _ => Err(format!(
+                "unknown distribution {s:?} (uniform, zipf[:THETA], normal[:STDEV_PCT])"
+            )),
+        }
+    }
+}
+
+impl std::fmt::Display for Distribution {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Distribution::Uniform => write!(f, "uniform"),
+            Distribution::Zipf(t) => write!(f, "zipf:{t}"),
+            Distribution::Normal(p) => write!(f, "normal:{p}"),
+        }
+    }
+}
+
+impl Distribution {
+    /// The same distribution as fio's `--random_distribution`, if not uniform.
+    pub fn fio_arg(&self) -> Option<String> {
+        (*self != Distribution::Uniform).then(|| self.to_string())
+    }
+}
+
+/// The random-access shape of a run: the read share of `randrw` and where I/O lands.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct Mix {
+    pub read_pct: u32,
+    pub distribution: Distribution,
+}
+
+impl Default for Mix {
+    fn default() -> Self {
+        Mix {
+            read_pct: 70,
+            distribution: Distribution::Uniform,
+        }
+    }
+}
+
+impl Mix {
+    /// The read percentage fio needs for `wl` (only mixed workloads have one).
+    pub fn read_pct_of(&self, wl: Workload) -> Option<u32> {
+        (wl == Workload::Randrw).then_some(self.read_pct)
+    }
+}
+
+/// Draws block numbers in `0..blocks` from a distribution. Skewed draws are ranks; a fixed
+/// bijection scatters them over the volume (as fio hashes them), so the hot blocks are not
+/// all at the front.
+pub struct BlockPicker {
+    blocks: u64,
+    zipf: Option<rand_distr::Zipf<f64>>,
+    normal: Option<rand_distr::Normal<f64>>,
+    stride: u64,
+}
+
+fn gcd(a: u64, b: u64) -> u64 {
+    if b == 0 {
+        a
+    } else {
+        gcd(b, a % b)
+    }
+}
+
+impl BlockPicker {
+    pub fn new(blocks: u64, dist: Distribution) -> Self {
+        let blocks = blocks.max(1);
+        // Any stride coprime with `blocks` makes rank → rank * stride mod blocks a bijection.
+        let mut stride = 0x9E37_79B9_7F4A_7C15 % blocks;
+        while stride == 0 || gcd(stride, blocks) != 1 {
+            stride += 1;
+        }
+        let n = blocks as f64;
+        BlockPicker {
+            blocks,
+            zipf: match dist {
+                Distribution::Zipf(theta) => rand_distr::Zipf::new(n, theta).ok(),
+                _ => None,
+            },
+            normal: match dist {
+                Distribution::Normal(pct) => {
+                    rand_distr::Normal::new(n / 2.0, (n * pct / 100.0).max(1.0)).ok()
+                }
+                _ => None,
+            },
+            stride,
+        }
+    }
+
+    pub fn pick(&self, rng: &mut impl Rng) -> u64 {
+        let rank = if let Some(z) = &self.zipf {
+            // Zipf yields 1..=n.
+            (z.sample(rng) as u64).saturating_sub(1)
+        } else if let Some(nd) = &self.normal {
+            // Out-of-range draws are clamped to the edges, as fio does.
+            nd.sample(rng).clamp(0.0, (self.blocks - 1) as f64) as u64
+        } else {
+            return rng.random_range(0..self.blocks);
+        };
+        // Shifted too, so rank 0 (the hottest) is not block 0.
+        let rank = rank.min(self.blocks - 1) as u128;
+        ((rank * self.stride as u128 + self.blocks as u128 / 3) % self.blocks as u128) as u64
+    }
+}
+
+/// What one step drives: `jobs` independent jobs per volume, each keeping `depth` I/Os in
+/// flight (fio's numjobs and iodepth), so `images × jobs × depth` in flight in all.
+pub struct Load<'a> {
+    pub images: &'a [Image],
+    pub jobs: usize,
+    pub wl: Workload,
+    pub mix: Mix,
+    pub bs: u64,
+    pub depth: usize,
+    /// Verify mode: writes carry checkable patterns and reads are checked against them.
+    pub verifiers: Option<&'a [Verifier]>,
+}
+
+/// One workload step against a volume, uniform and unverified (the demo's and tests' form).
 pub async fn run_on_image(
     image: &Image,
     wl: Workload,
@@ -166,49 +329,189 @@ pub async fn run_on_image(
     ramp: Duration,
     run: Duration,
 ) -> StepStats {
-    run_on_image_observed(image, wl, bs, depth, ramp, run, &ProgressBar::hidden()).await
+    let images = std::slice::from_ref(image).to_vec();
+    let load = Load {
+        images: &images,
+        jobs: 1,
+        wl,
+        mix: Mix::default(),
+        bs,
+        depth,
+        verifiers: None,
+    };
+    run_load(&load, ramp, run, &ProgressBar::hidden()).await
 }
 
-/// `run_on_image` with live progress on `progress`.
-pub async fn run_on_image_observed(
-    image: &Image,
-    wl: Workload,
-    bs: u64,
-    depth: usize,
+/// Runs one step of `load`, with live progress on `progress`. Sequential jobs each stream
+/// through their volume from their own starting point (job k of n starts k/n of the way in),
+/// their `depth` workers sharing the job's cursor like one reader with a deep queue.
+pub async fn run_load(
+    load: &Load<'_>,
     ramp: Duration,
     run: Duration,
     progress: &ProgressBar,
 ) -> StepStats {
-    let blocks = (image.size() / bs).max(1);
+    let bs = load.bs;
+    let per_volume = load.jobs.max(1) * load.depth;
+    let workers = load.images.len() * per_volume;
+    let blocks: Vec<u64> = load
+        .images
+        .iter()
+        .map(|i| (i.size() / bs).max(1))
+        .collect();
+    let pickers: Vec<BlockPicker> = blocks
+        .iter()
+        .map(|&b| BlockPicker::new(b, load.mix.distribution))
+        .collect();
     let data = Bytes::from(vec![0xa5u8; bs as usize]);
-    let cursor = Cell::new(0u64);
-    let rngs: Vec<RefCell<rand::rngs::SmallRng>> = (0..depth)
+    // One cursor per (volume, job).
+    let cursors: Vec<Cell<u64>> = (0..load.images.len() * load.jobs.max(1))
+        .map(|c| {
+            let job = (c % load.jobs.max(1)) as u64;
+            Cell::new(job * blocks[c / load.jobs.max(1)] / load.jobs.max(1) as u64)
+        })
+        .collect();
+    let rngs: Vec<RefCell<rand::rngs::SmallRng>> = (0..workers)
         .map(|w| RefCell::new(rand::rngs::SmallRng::seed_from_u64(w as u64 + 1)))
         .collect();
-    closed_loop_observed(
-        depth,
+    let verify_errors = Cell::new(0u64);
+    let blocks = &blocks;
+    let mut stats = closed_loop_observed(
+        workers,
         ramp,
         run,
         bs,
         |w, _| {
-            let block = if wl.is_random() {
-                rngs[w].borrow_mut().random_range(0..blocks)
-            } else {
-                let b = cursor.get();
-                cursor.set((b + 1) % blocks);
-                b
-            };
-            let off = block * bs;
+            let vol = w / per_volume;
+            let cursor = &cursors[w / load.depth];
+            let (image, picker, rng) = (&load.images[vol], &pickers[vol], &rngs[w]);
+            let verifier = load.verifiers.map(|v| &v[vol]);
             let data = data.clone();
+            let verify_errors = &verify_errors;
             async move {
-                if wl.is_write() {
-                    image.write(off, data).await.is_ok()
+                let write = match load.wl {
+                    Workload::Randrw => {
+                        rng.borrow_mut().random_range(0..100) >= load.mix.read_pct
+                    }
+                    wl => wl.is_write(),
+                };
+                let next_block = || {
+                    if load.wl.is_random() {
+                        picker.pick(&mut *rng.borrow_mut())
+                    } else {
+                        let b = cursor.get();
+                        cursor.set((b + 1) % blocks[vol]);
+                        b
+                    }
+                };
+                let Some(v) = verifier else {
+                    let off = next_block() * bs;
+                    return if write {
+                        image.write(off, data).await.is_ok()
+                    } else {
+                        image.read(off, bs).await.is_ok()
+                    };
+                };
+                let count = bs / BLOCK;
+                // Blocks another worker is writing (or reading, for a write) are off limits
+                // until it finishes, so every read has exactly one expected content.
+                let first = loop {
+                    if let Some(first) = (0..64)
+                        .map(|_| next_block() * bs / BLOCK)
+                        .find(|&first| v.try_claim(first, count, write))
+                    {
+                        break first;
+                    }
+                    carmine_reactor::sleep(Duration::from_micros(20)).await;
+                };
+                if write {
+                    let (payload, gens) = v.payload(first, count);
+                    let ok = image.write(first * BLOCK, payload).await.is_ok();
+                    v.finish_write(first, &gens, ok);
+                    ok
                 } else {
-                    image.read(off, bs).await.is_ok()
+                    let got = image.read(first * BLOCK, bs).await;
+                    v.finish_read(first, count);
+                    match got {
+                        Ok(buf) => {
+                            if let Err(e) = v.check(first, &buf) {
+                                if verify_errors.get() == 0 {
+                                    eprintln!("verify: {e}");
+                                }
+                                verify_errors.set(verify_errors.get() + 1);
+                            }
+                            true
+                        }
+                        Err(_) => false,
+                    }
                 }
             }
         },
         progress,
     )
-    .await
+    .await;
+    stats.verify_errors = verify_errors.get();
+    stats
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn histogram(dist: Distribution, blocks: u64, draws: usize) -> Vec<u64> {
+        let picker = BlockPicker::new(blocks, dist);
+        let mut rng = rand::rngs::SmallRng::seed_from_u64(7);
+        let mut hits = vec![0u64; blocks as usize];
+        for _ in 0..draws {
+            let b = picker.pick(&mut rng);
+            assert!(b < blocks);
+            hits[b as usize] += 1;
+        }
+        hits
+    }
+
+    /// Share of all draws that land on the hottest `frac` of blocks.
+    fn top_share(mut hits: Vec<u64>, frac: f64) -> f64 {
+        let total: u64 = hits.iter().sum();
+        hits.sort_unstable_by(|a, b| b.cmp(a));
+        let top = (hits.len() as f64 * frac) as usize;
+        hits[..top].iter().sum::<u64>() as f64 / total as f64
+    }
+
+    #[test]
+    fn distributions_skew_as_named() {
+        let uniform = top_share(histogram(Distribution::Uniform, 1000, 100_000), 0.1);
+        let zipf = top_share(histogram(Distribution::Zipf(1.2), 1000, 100_000), 0.1);
+        let normal = top_share(histogram(Distribution::Normal(5.0), 1000, 100_000), 0.1);
+        assert!(uniform < 0.15, "uniform: top 10% of blocks got {uniform}");
+        assert!(zipf > 0.7, "zipf 1.2: top 10% of blocks got {zipf}");
+        assert!(normal > 0.5, "normal 5%: top 10% of blocks got {normal}");
+        // The hot blocks are scattered, not the first ones.
+        let hits = histogram(Distribution::Zipf(1.2), 1000, 10_000);
+        assert!(hits[0] < hits.iter().copied().max().unwrap());
+    }
+
+    #[test]
+    fn distribution_names_parse_and_print_as_fio_spells_them() {
+        let d: Distribution = "zipf:0.9".parse().unwrap();
+        assert_eq!(d, Distribution::Zipf(0.9));
+        assert_eq!(d.fio_arg().as_deref(), Some("zipf:0.9"));
+        assert_eq!("zipf".parse(), Ok(Distribution::Zipf(1.2)));
+        assert_eq!("normal".parse(), Ok(Distribution::Normal(10.0)));
+        assert_eq!(Distribution::Uniform.fio_arg(), None);
+        assert!("zipf:-1".parse::<Distribution>().is_err());
+        assert!("pareto".parse::<Distribution>().is_err());
+        assert!("uniform:3".parse::<Distribution>().is_err());
+    }
+
+    #[test]
+    fn a_picker_over_one_block_always_picks_it() {
+        for d in [
+            Distribution::Uniform,
+            Distribution::Zipf(1.1),
+            Distribution::Normal(50.0),
+        ] {
+            assert!(histogram(d, 1, 100).iter().sum::<u64>() == 100);
+        }
+    }
 }
