@@ -16,8 +16,7 @@ const SIZE: (u32, u32) = (960, 600);
 fn register_font() {
     static ONCE: std::sync::Once = std::sync::Once::new();
     ONCE.call_once(|| {
-        if plotters::style::register_font(FONT, FontStyle::Normal, dejavu::sans::regular())
-            .is_err()
+        if plotters::style::register_font(FONT, FontStyle::Normal, dejavu::sans::regular()).is_err()
         {
             eprintln!("warning: the embedded chart font did not load; charts will lack text");
         }
@@ -121,10 +120,7 @@ fn latency_chart<DB: DrawingBackend>(
     root.fill(&WHITE).map_err(err)?;
     let points = lines.iter().flat_map(|(_, p)| p.iter());
     let max_x = points.clone().map(|p| p.iops).fold(1.0, f64::max) * 1.1;
-    let max_y = points
-        .map(|p| p.mean_ms + p.stdev_ms)
-        .fold(0.001, f64::max)
-        * 1.1;
+    let max_y = points.map(|p| p.mean_ms + p.stdev_ms).fold(0.001, f64::max) * 1.1;
     let mut chart = ChartBuilder::on(root)
         .caption(
             format!("{title}: IOPS vs mean completion latency (bars: ±1 stdev)"),
@@ -281,17 +277,23 @@ fn usage_panels<DB: DrawingBackend>(
         .axis_desc_style((FONT, 14))
         .draw()
         .map_err(err)?;
-    let series: [(&str, fn(&TimePoint) -> f64); 3] = [
+    type Line = (&'static str, fn(&TimePoint) -> f64);
+    let series: [Line; 3] = [
         ("OSD, all threads", |s| s.osd_cpu),
         ("OSD, busiest thread", |s| s.busiest),
-        ("bench process (load generator, ceiling server)", |s| s.client_cpu),
+        ("bench process (load generator, ceiling server)", |s| {
+            s.client_cpu
+        }),
     ];
     for (i, (label, get)) in series.iter().enumerate() {
         let style = ShapeStyle::from(Palette99::pick(i).to_rgba()).stroke_width(2);
-        cpu.draw_series(LineSeries::new(samples.iter().map(|s| (s.t, get(s))), style))
-            .map_err(err)?
-            .label(*label)
-            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], style));
+        cpu.draw_series(LineSeries::new(
+            samples.iter().map(|s| (s.t, get(s))),
+            style,
+        ))
+        .map_err(err)?
+        .label(*label)
+        .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], style));
     }
     for (t, name) in marks {
         cpu.draw_series(std::iter::once(PathElement::new(
@@ -322,7 +324,7 @@ fn usage_panels<DB: DrawingBackend>(
         .build_cartesian_2d(0.0..max_t, 0.0..max_rss)
         .map_err(err)?;
     mem.configure_mesh()
-        .x_desc("seconds since the run started")
+        .x_desc("seconds since the sweep started")
         .y_desc("MiB")
         .x_label_formatter(&|v| format!("{v:.0}"))
         .y_label_formatter(&|v| format!("{v:.0}"))
@@ -363,7 +365,10 @@ mod tests {
     #[test]
     fn rows_group_into_one_curve_per_workload_and_size() {
         let c = curves(&run());
-        assert_eq!(c.keys().collect::<Vec<_>>(), ["randread-4k", "seqwrite-64k"]);
+        assert_eq!(
+            c.keys().collect::<Vec<_>>(),
+            ["randread-4k", "seqwrite-64k"]
+        );
         assert_eq!(
             c["randread-4k"][1],
             Point {
@@ -385,7 +390,10 @@ mod tests {
             let bytes = std::fs::read(png).unwrap();
             assert_eq!(&bytes[1..4], b"PNG");
             let svg = std::fs::read_to_string(png.with_extension("svg")).unwrap();
-            assert!(svg.contains("qd16") || svg.contains("qd1"), "point labels drawn");
+            assert!(
+                svg.contains("qd16") || svg.contains("qd1"),
+                "point labels drawn"
+            );
         }
         let svg = std::fs::read_to_string(dir.join("randread-4k.svg")).unwrap();
         let texts: Vec<&str> = svg.lines().map(str::trim).collect();

@@ -166,7 +166,11 @@ fn side(v: &Value, bs: u64) -> StepStats {
 fn combine(sides: &[StepStats]) -> StepStats {
     let n: f64 = sides.iter().map(|s| s.ios as f64).sum();
     let mean = if n > 0.0 {
-        sides.iter().map(|s| s.ios as f64 * s.lat_mean_us).sum::<f64>() / n
+        sides
+            .iter()
+            .map(|s| s.ios as f64 * s.lat_mean_us)
+            .sum::<f64>()
+            / n
     } else {
         0.0
     };

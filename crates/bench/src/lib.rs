@@ -11,9 +11,9 @@ mod heuristics;
 mod machine;
 mod plan;
 mod procstat;
+mod report;
 mod sweep;
 pub mod verify;
-mod report;
 pub mod workload;
 
 use anyhow::{Context, Result};
@@ -287,7 +287,9 @@ impl BenchArgs {
         if self.volumes == 0 || self.jobs_per_volume == 0 {
             anyhow::bail!("--volumes and --jobs-per-volume must be at least 1");
         }
-        if self.verify && (self.random_bs % verify::BLOCK != 0 || self.seq_bs % verify::BLOCK != 0)
+        if self.verify
+            && !(self.random_bs.is_multiple_of(verify::BLOCK)
+                && self.seq_bs.is_multiple_of(verify::BLOCK))
         {
             anyhow::bail!("--verify needs block sizes in multiples of 4K");
         }
@@ -337,8 +339,7 @@ fn bench_against(a: &BenchArgs, running: &carmine_localcluster::Running) -> Resu
         Duration::from_secs_f64(a.step_secs),
     );
     let dir = running.dir.clone();
-    let sampler = procstat::Sampler::start(osd_pids.clone(), Duration::from_millis(500));
-    let rows = carmine_reactor::block_on(async {
+    let result = carmine_reactor::block_on(async {
         let client = carmine_localcluster::connect(&dir).await?;
         let pool = client.pool_id("rbd")?;
         let volumes = Volumes::new(client, pool);
@@ -361,13 +362,20 @@ fn bench_against(a: &BenchArgs, running: &carmine_localcluster::Running) -> Resu
             Target::FioNbd => Some(NbdGateway::start(&dir)?),
             _ => None,
         };
+        let helpers: Vec<i32> = gateway.iter().map(|g| g.child.id() as i32).collect();
+        let sampler = procstat::Sampler::start(
+            osd_pids.clone(),
+            helpers.clone(),
+            Duration::from_millis(500),
+        );
         let obs = sweep::Observe {
             osd_pids: &osd_pids,
+            client_helpers: &helpers,
             disk: procstat::disk_of(&dir),
             sampler: &sampler,
             ceiling: ceiling_addr,
         };
-        sweep::sweep(a, &obs, async |wl, bs, depth| match &gateway {
+        let rows = sweep::sweep(a, &obs, async |wl, bs, depth| match &gateway {
             None => {
                 let bar = step_progress(&format!("{} {}K qd{depth}", wl.name(), bs >> 10));
                 let load = Load {
@@ -395,9 +403,10 @@ fn bench_against(a: &BenchArgs, running: &carmine_localcluster::Running) -> Resu
                 step,
             ),
         })
-        .await
+        .await;
+        Ok::<_, anyhow::Error>((rows, sampler.finish()))
     });
-    let timeline = sampler.finish();
+    let (rows, timeline) = result?;
     let mut run = Run::new(a, rows?);
     run.timeline = timeline;
     Ok(run)

@@ -155,7 +155,6 @@ pub fn run_plan(file: &Path, output: Option<PathBuf>) -> Result<()> {
                     let mut argv = vec!["bench".to_string()];
                     argv.extend(run_flags(&base, store));
                     argv.extend([
-
                         format!("--cpu-policy={policy}"),
                         format!("--osds={n}"),
                         format!("--reactors={r}"),

@@ -35,6 +35,7 @@ pub struct Usage {
     /// Busiest-first OSD threads (reactors are named `osd<id>-r<n>`).
     pub osd_threads: Vec<ThreadUsage>,
     pub osd_rss_mib: f64,
+    /// This process (the load generator), fio when it is the load, and the NBD gateway.
     pub client_usr_pct: f64,
     pub client_sys_pct: f64,
     /// Bytes the disk under the cluster directory read and wrote over the step (all of the
@@ -75,7 +76,37 @@ fn parse_stat(stat: &str) -> Option<(String, u64, u64)> {
     ))
 }
 
-pub fn snapshot(osd_pids: &[i32], disk: Option<(u32, u32)>) -> Snapshot {
+/// User and system ticks of process `pid` (`self` for this one), with those of its children
+/// that were waited for (fio runs as a child, one per step).
+fn process_ticks(pid: &str) -> (u64, u64) {
+    let Some(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok() else {
+        return (0, 0);
+    };
+    let Some((_, rest)) = stat.rsplit_once(')') else {
+        return (0, 0);
+    };
+    let f: Vec<u64> = rest
+        .split_whitespace()
+        .skip(11)
+        .take(4)
+        .map(|x| x.parse().unwrap_or(0))
+        .collect();
+    match f[..] {
+        [u, s, cu, cs] => (u + cu, s + cs),
+        _ => (0, 0),
+    }
+}
+
+/// The client side: this process, its waited-for children, and `helpers` (such as the NBD
+/// gateway, a long-running child).
+fn client_ticks(helpers: &[i32]) -> (u64, u64) {
+    std::iter::once("self".to_string())
+        .chain(helpers.iter().map(|p| p.to_string()))
+        .map(|p| process_ticks(&p))
+        .fold((0, 0), |a, b| (a.0 + b.0, a.1 + b.1))
+}
+
+pub fn snapshot(osd_pids: &[i32], client_helpers: &[i32], disk: Option<(u32, u32)>) -> Snapshot {
     let mut osd_threads = BTreeMap::new();
     for &pid in osd_pids {
         let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
@@ -93,10 +124,7 @@ pub fn snapshot(osd_pids: &[i32], disk: Option<(u32, u32)>) -> Snapshot {
             }
         }
     }
-    let client = std::fs::read_to_string("/proc/self/stat")
-        .ok()
-        .and_then(|s| parse_stat(&s))
-        .map_or((0, 0), |(_, u, s)| (u, s));
+    let client = client_ticks(client_helpers);
     Snapshot {
         at: Instant::now(),
         disk: disk.and_then(disk_sectors),
@@ -189,17 +217,17 @@ pub struct Sampler {
 const NO_STEP: usize = usize::MAX;
 
 impl Sampler {
-    pub fn start(osd_pids: Vec<i32>, every: Duration) -> Self {
+    pub fn start(osd_pids: Vec<i32>, client_helpers: Vec<i32>, every: Duration) -> Self {
         let started = Instant::now();
         let step = Arc::new(AtomicUsize::new(NO_STEP));
         let stop = Arc::new(AtomicBool::new(false));
         let (step2, stop2) = (step.clone(), stop.clone());
         let join = std::thread::spawn(move || {
             let mut out = Vec::new();
-            let mut prev = snapshot(&osd_pids, None);
+            let mut prev = snapshot(&osd_pids, &client_helpers, None);
             while !stop2.load(Ordering::Relaxed) {
                 std::thread::sleep(every);
-                let now = snapshot(&osd_pids, None);
+                let now = snapshot(&osd_pids, &client_helpers, None);
                 let u = usage(&prev, &now, &osd_pids);
                 let s = step2.load(Ordering::Relaxed);
                 out.push(Sample {
@@ -251,7 +279,7 @@ mod tests {
 
     #[test]
     fn this_process_cpu_is_seen() {
-        let before = snapshot(&[std::process::id() as i32], None);
+        let before = snapshot(&[std::process::id() as i32], &[], None);
         let t = Instant::now();
         let mut x = 0u64;
         while t.elapsed().as_millis() < 200 {
@@ -260,7 +288,7 @@ mod tests {
         std::hint::black_box(x);
         let u = usage(
             &before,
-            &snapshot(&[std::process::id() as i32], None),
+            &snapshot(&[std::process::id() as i32], &[], None),
             &[std::process::id() as i32],
         );
         assert!(u.osd_usr_pct + u.osd_sys_pct > 10.0, "{u:?}");
@@ -269,7 +297,11 @@ mod tests {
 
     #[test]
     fn the_sampler_sees_a_busy_step() {
-        let sampler = Sampler::start(vec![std::process::id() as i32], Duration::from_millis(50));
+        let sampler = Sampler::start(
+            vec![std::process::id() as i32],
+            Vec::new(),
+            Duration::from_millis(50),
+        );
         sampler.set_step(Some(3));
         let t = Instant::now();
         let mut x = 0u64;

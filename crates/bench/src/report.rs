@@ -77,7 +77,7 @@ pub struct Run {
     pub fsync: bool,
     pub latency_target_ms: f64,
     pub rows: Vec<Row>,
-    /// OSD and client usage sampled every half second over the whole run (prefill included).
+    /// OSD and client usage sampled every half second over the sweep (after the prefill).
     pub timeline: Vec<crate::procstat::Sample>,
     /// The command line that made this run.
     pub command: Vec<String>,
@@ -199,7 +199,11 @@ pub fn markdown(run: &Run) -> String {
         },
         run.jobs_per_volume,
         run.mix.distribution,
-        if run.rows.iter().any(|r| r.workload == crate::workload::Workload::Randrw) {
+        if run
+            .rows
+            .iter()
+            .any(|r| r.workload == crate::workload::Workload::Randrw)
+        {
             format!(", randrw {}% reads", run.mix.read_pct)
         } else {
             String::new()
@@ -208,7 +212,7 @@ pub fn markdown(run: &Run) -> String {
         run.ramp_secs,
         run.command.join(" ")
     );
-    s.push_str("| workload | bs | qd | IOPS | MiB/s | total_ios | mean us | stdev us | p50 us | p99 us | p99.9 us | usr_cpu | sys_cpu | OSD cpu | OSD us/IO | OSD MiB | busiest reactor | ceiling IOPS | % of ceiling | ceiling mean us | latency / ceiling | disk MiB read | disk MiB written | write amp | errors |\n");
+    s.push_str("| workload | bs | qd | IOPS | MiB/s | total_ios | mean us | stdev us | p50 us | p99 us | p99.9 us | usr_cpu | sys_cpu | OSD cpu | OSD us/IO | OSD MiB | busiest reactor / thread | ceiling IOPS | % of ceiling | ceiling mean us | latency / ceiling | disk MiB read | disk MiB written | write amp | errors |\n");
     s.push_str("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     for r in &run.rows {
         let c = &r.carmine;
@@ -222,10 +226,12 @@ pub fn markdown(run: &Run) -> String {
             None => ("-".into(), "-".into(), "-".into(), "-".into()),
         };
         let u = &r.usage;
+        // Carmine's reactors are named osd<id>-r<n>; for Ceph, its busiest thread.
         let busiest = u
             .osd_threads
             .iter()
             .find(|t| t.name.contains("-r"))
+            .or(u.osd_threads.first())
             .map_or("-".to_string(), |t| format!("{} {:.0}%", t.name, t.cpu_pct));
         // Device bytes written per byte the client wrote, over the same window.
         let write_share = match r.workload {

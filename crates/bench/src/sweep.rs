@@ -14,6 +14,8 @@ use std::time::Duration;
 /// What the sweep observes besides the target.
 pub struct Observe<'a> {
     pub osd_pids: &'a [i32],
+    /// Client-side processes besides this one (the NBD gateway).
+    pub client_helpers: &'a [i32],
     /// The disk under the store, for /proc/diskstats deltas.
     pub disk: Option<(u32, u32)>,
     pub sampler: &'a Sampler,
@@ -51,11 +53,11 @@ pub async fn sweep(
         for depth in depths {
             obs.sampler.set_step(Some(rows.len()));
             let started_s = obs.sampler.elapsed();
-            let before = procstat::snapshot(obs.osd_pids, obs.disk);
+            let before = procstat::snapshot(obs.osd_pids, obs.client_helpers, obs.disk);
             let stats = step(wl, bs, depth).await?;
             let usage = procstat::usage(
                 &before,
-                &procstat::snapshot(obs.osd_pids, obs.disk),
+                &procstat::snapshot(obs.osd_pids, obs.client_helpers, obs.disk),
                 obs.osd_pids,
             );
             let ceiling = match obs.ceiling {

@@ -79,7 +79,13 @@ impl Verifier {
     pub fn payload(&self, first: u64, count: u64) -> (Bytes, Vec<u32>) {
         let gens: Vec<u32> = self.gens.borrow()[first as usize..(first + count) as usize]
             .iter()
-            .map(|g| if *g == UNKNOWN { 1 } else { g.wrapping_add(1) % UNKNOWN })
+            .map(|g| {
+                if *g == UNKNOWN {
+                    1
+                } else {
+                    g.wrapping_add(1) % UNKNOWN
+                }
+            })
             .collect();
         let mut buf = BytesMut::zeroed((count * BLOCK) as usize);
         for (i, b) in buf.chunks_exact_mut(BLOCK as usize).enumerate() {
@@ -140,9 +146,15 @@ mod tests {
     #[test]
     fn reads_match_the_last_acknowledged_write_only() {
         let v = Verifier::new(16 * BLOCK);
-        assert!(v.check(3, &blocks_at(3, 2, 0)).is_ok(), "prefill is generation 0");
+        assert!(
+            v.check(3, &blocks_at(3, 2, 0)).is_ok(),
+            "prefill is generation 0"
+        );
         assert!(v.try_claim(3, 2, true));
-        assert!(!v.try_claim(4, 1, false), "no read of a block being written");
+        assert!(
+            !v.try_claim(4, 1, false),
+            "no read of a block being written"
+        );
         assert!(!v.try_claim(2, 2, true));
         let (data, gens) = v.payload(3, 2);
         assert_eq!(gens, [1, 1]);

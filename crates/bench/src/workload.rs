@@ -354,11 +354,7 @@ pub async fn run_load(
     let bs = load.bs;
     let per_volume = load.jobs.max(1) * load.depth;
     let workers = load.images.len() * per_volume;
-    let blocks: Vec<u64> = load
-        .images
-        .iter()
-        .map(|i| (i.size() / bs).max(1))
-        .collect();
+    let blocks: Vec<u64> = load.images.iter().map(|i| (i.size() / bs).max(1)).collect();
     let pickers: Vec<BlockPicker> = blocks
         .iter()
         .map(|&b| BlockPicker::new(b, load.mix.distribution))
@@ -390,9 +386,7 @@ pub async fn run_load(
             let verify_errors = &verify_errors;
             async move {
                 let write = match load.wl {
-                    Workload::Randrw => {
-                        rng.borrow_mut().random_range(0..100) >= load.mix.read_pct
-                    }
+                    Workload::Randrw => rng.borrow_mut().random_range(0..100) >= load.mix.read_pct,
                     wl => wl.is_write(),
                 };
                 let next_block = || {
