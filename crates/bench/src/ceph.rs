@@ -185,11 +185,16 @@ pub fn bench(a: &BenchArgs, dir: &Path) -> Result<Run> {
         Duration::from_secs_f64(a.ramp_secs),
         Duration::from_secs_f64(a.step_secs),
     );
-    let sampler =
-        procstat::Sampler::start(osd_pids.clone(), Vec::new(), Duration::from_millis(500));
+    let sampler = procstat::Sampler::start(
+        osd_pids.clone(),
+        Vec::new(),
+        Vec::new(),
+        Duration::from_millis(500),
+    );
     let obs = sweep::Observe {
         osd_pids: &osd_pids,
         client_helpers: &[],
+        perf_sockets: &[],
         disk: cluster.owned.as_deref().and_then(procstat::disk_of),
         sampler: &sampler,
         ceiling: None,

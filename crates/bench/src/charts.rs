@@ -197,6 +197,7 @@ struct TimePoint {
     osd_cpu: f64,
     client_cpu: f64,
     busiest: f64,
+    reactor_busy: f64,
     rss: f64,
 }
 
@@ -213,6 +214,7 @@ fn timeline(run: &Value) -> Vec<TimePoint> {
                 osd_cpu: num("osd_cpu_pct"),
                 client_cpu: num("client_cpu_pct"),
                 busiest: num("busiest_thread_pct"),
+                reactor_busy: num("reactor_busy_pct"),
                 rss: num("osd_rss_mib"),
             }
         })
@@ -278,9 +280,10 @@ fn usage_panels<DB: DrawingBackend>(
         .draw()
         .map_err(err)?;
     type Line = (&'static str, fn(&TimePoint) -> f64);
-    let series: [Line; 3] = [
+    let series: [Line; 4] = [
         ("OSD, all threads", |s| s.osd_cpu),
         ("OSD, busiest thread", |s| s.busiest),
+        ("busiest reactor, busy by its own loop", |s| s.reactor_busy),
         ("bench process (load generator, ceiling server)", |s| {
             s.client_cpu
         }),
@@ -334,7 +337,7 @@ fn usage_panels<DB: DrawingBackend>(
         .map_err(err)?;
     mem.draw_series(LineSeries::new(
         samples.iter().map(|s| (s.t, s.rss)),
-        ShapeStyle::from(Palette99::pick(3).to_rgba()).stroke_width(2),
+        ShapeStyle::from(Palette99::pick(4).to_rgba()).stroke_width(2),
     ))
     .map_err(err)?;
     Ok(())

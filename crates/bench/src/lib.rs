@@ -363,14 +363,19 @@ fn bench_against(a: &BenchArgs, running: &carmine_localcluster::Running) -> Resu
             _ => None,
         };
         let helpers: Vec<i32> = gateway.iter().map(|g| g.child.id() as i32).collect();
+        let perf_sockets: Vec<PathBuf> = (0..a.osds)
+            .map(|id| carmine_localcluster::perf_socket_path(&dir, id))
+            .collect();
         let sampler = procstat::Sampler::start(
             osd_pids.clone(),
             helpers.clone(),
+            perf_sockets.clone(),
             Duration::from_millis(500),
         );
         let obs = sweep::Observe {
             osd_pids: &osd_pids,
             client_helpers: &helpers,
+            perf_sockets: &perf_sockets,
             disk: procstat::disk_of(&dir),
             sampler: &sampler,
             ceiling: ceiling_addr,

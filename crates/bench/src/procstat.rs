@@ -204,6 +204,54 @@ pub struct Sample {
     pub client_cpu_pct: f64,
     /// Busiest OSD thread's percent of one core.
     pub busiest_thread_pct: f64,
+    /// Busiest reactor's busy share by its own loop's account (Carmine OSDs only).
+    pub reactor_busy_pct: Option<f64>,
+}
+
+/// The reactors' own busy/idle counters, from the OSDs' perf sockets.
+#[derive(Clone, Debug, Default)]
+pub struct ReactorCounters(Vec<carmine_reactor::perf::ReactorPerf>);
+
+/// One reactor's busy share over a step, as its own loop measured it.
+#[derive(Clone, Debug, Serialize)]
+pub struct ReactorBusy {
+    pub name: String,
+    /// On CPU, of the wall time.
+    pub busy_pct: f64,
+    /// Of which running tasks; the rest is io_uring's completion work in the kernel wait.
+    pub tasks_pct: f64,
+    /// Times per second the reactor went to sleep in the kernel and woke.
+    pub wakeups_per_s: f64,
+}
+
+impl ReactorCounters {
+    /// Every socket that answers (an OSD without one is simply not counted).
+    pub fn read(sockets: &[std::path::PathBuf]) -> Self {
+        ReactorCounters(
+            sockets
+                .iter()
+                .filter_map(|p| carmine_reactor::perf::read_perf_socket(p).ok())
+                .flat_map(|d| d.reactors)
+                .collect(),
+        )
+    }
+
+    pub fn busy_since(&self, earlier: &ReactorCounters, secs: f64) -> Vec<ReactorBusy> {
+        self.0
+            .iter()
+            .filter_map(|now| {
+                let before = earlier.0.iter().find(|r| r.name == now.name)?;
+                let share = now.load.share_since(&before.load);
+                Some(ReactorBusy {
+                    name: now.name.clone(),
+                    busy_pct: share.busy_pct,
+                    tasks_pct: share.tasks_pct,
+                    wakeups_per_s: now.load.sleeps.saturating_sub(before.load.sleeps) as f64
+                        / secs.max(1e-9),
+                })
+            })
+            .collect()
+    }
 }
 
 /// Samples the OSDs and this process every `every` until stopped.
@@ -217,7 +265,12 @@ pub struct Sampler {
 const NO_STEP: usize = usize::MAX;
 
 impl Sampler {
-    pub fn start(osd_pids: Vec<i32>, client_helpers: Vec<i32>, every: Duration) -> Self {
+    pub fn start(
+        osd_pids: Vec<i32>,
+        client_helpers: Vec<i32>,
+        perf_sockets: Vec<std::path::PathBuf>,
+        every: Duration,
+    ) -> Self {
         let started = Instant::now();
         let step = Arc::new(AtomicUsize::new(NO_STEP));
         let stop = Arc::new(AtomicBool::new(false));
@@ -225,10 +278,13 @@ impl Sampler {
         let join = std::thread::spawn(move || {
             let mut out = Vec::new();
             let mut prev = snapshot(&osd_pids, &client_helpers, None);
+            let mut prev_reactors = ReactorCounters::read(&perf_sockets);
             while !stop2.load(Ordering::Relaxed) {
                 std::thread::sleep(every);
                 let now = snapshot(&osd_pids, &client_helpers, None);
+                let reactors = ReactorCounters::read(&perf_sockets);
                 let u = usage(&prev, &now, &osd_pids);
+                let busy = reactors.busy_since(&prev_reactors, (now.at - prev.at).as_secs_f64());
                 let s = step2.load(Ordering::Relaxed);
                 out.push(Sample {
                     t: (now.at - started).as_secs_f64(),
@@ -237,8 +293,10 @@ impl Sampler {
                     osd_rss_mib: u.osd_rss_mib,
                     client_cpu_pct: u.client_usr_pct + u.client_sys_pct,
                     busiest_thread_pct: u.osd_threads.first().map_or(0.0, |t| t.cpu_pct),
+                    reactor_busy_pct: busy.iter().map(|r| r.busy_pct).reduce(f64::max),
                 });
                 prev = now;
+                prev_reactors = reactors;
             }
             out
         });
@@ -299,6 +357,7 @@ mod tests {
     fn the_sampler_sees_a_busy_step() {
         let sampler = Sampler::start(
             vec![std::process::id() as i32],
+            Vec::new(),
             Vec::new(),
             Duration::from_millis(50),
         );

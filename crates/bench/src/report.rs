@@ -24,6 +24,8 @@ pub struct Row {
     /// timeline's).
     pub started_s: f64,
     pub ended_s: f64,
+    /// Each reactor's busy share over the step (ramp included), by its own loop's account.
+    pub reactor_busy: Vec<crate::procstat::ReactorBusy>,
 }
 
 impl Row {
@@ -55,6 +57,7 @@ impl Row {
             usage,
             started_s: 0.0,
             ended_s: 0.0,
+            reactor_busy: Vec::new(),
         }
     }
 }
@@ -212,8 +215,8 @@ pub fn markdown(run: &Run) -> String {
         run.ramp_secs,
         run.command.join(" ")
     );
-    s.push_str("| workload | bs | qd | IOPS | MiB/s | total_ios | mean us | stdev us | p50 us | p99 us | p99.9 us | usr_cpu | sys_cpu | OSD cpu | OSD us/IO | OSD MiB | busiest reactor / thread | ceiling IOPS | % of ceiling | ceiling mean us | latency / ceiling | disk MiB read | disk MiB written | write amp | errors |\n");
-    s.push_str("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+    s.push_str("| workload | bs | qd | IOPS | MiB/s | total_ios | mean us | stdev us | p50 us | p99 us | p99.9 us | usr_cpu | sys_cpu | OSD cpu | OSD us/IO | OSD MiB | busiest reactor / thread | reactor busy (own) | ceiling IOPS | % of ceiling | ceiling mean us | latency / ceiling | disk MiB read | disk MiB written | write amp | errors |\n");
+    s.push_str("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     for r in &run.rows {
         let c = &r.carmine;
         let (ci, pct, cl, lr) = match &r.ceiling {
@@ -233,6 +236,19 @@ pub fn markdown(run: &Run) -> String {
             .find(|t| t.name.contains("-r"))
             .or(u.osd_threads.first())
             .map_or("-".to_string(), |t| format!("{} {:.0}%", t.name, t.cpu_pct));
+        let own = r
+            .reactor_busy
+            .iter()
+            .max_by(|a, b| a.busy_pct.total_cmp(&b.busy_pct))
+            .map_or("-".to_string(), |b| {
+                format!(
+                    "{} {:.0}% (tasks {:.0}%), {:.0}k wake/s",
+                    b.name,
+                    b.busy_pct,
+                    b.tasks_pct,
+                    b.wakeups_per_s / 1e3
+                )
+            });
         // Device bytes written per byte the client wrote, over the same window.
         let write_share = match r.workload {
             crate::workload::Workload::Randrw => 1.0 - run.mix.read_pct as f64 / 100.0,
@@ -246,10 +262,10 @@ pub fn markdown(run: &Run) -> String {
             "-".into()
         };
         s.push_str(&format!(
-            "| {} | {}K | {} | {:.0} | {:.1} | {} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.0}% | {:.0}% | {:.0}% | {:.1} | {:.0} | {} | {} | {} | {} | {} | {:.1} | {:.1} | {} | {} |\n",
+            "| {} | {}K | {} | {:.0} | {:.1} | {} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.0}% | {:.0}% | {:.0}% | {:.1} | {:.0} | {} | {} | {} | {} | {} | {} | {:.1} | {:.1} | {} | {} |\n",
             r.workload.name(), r.bs >> 10, r.depth, c.iops, c.mib_s, c.ios, c.lat_mean_us, c.lat_stdev_us, c.lat_p50_us,
             c.lat_p99_us, c.lat_p999_us, u.client_usr_pct, u.client_sys_pct, r.osd_cpu_cores * 100.0,
-            r.osd_cpu_us_per_io, u.osd_rss_mib, busiest, ci, pct, cl, lr,
+            r.osd_cpu_us_per_io, u.osd_rss_mib, busiest, own, ci, pct, cl, lr,
             u.disk_read_bytes as f64 / 1048576.0, u.disk_written_bytes as f64 / 1048576.0, wa,
             if c.verify_errors > 0 { format!("{} + {} WRONG DATA", c.errors, c.verify_errors) } else { c.errors.to_string() }
         ));

@@ -16,6 +16,8 @@ pub struct Observe<'a> {
     pub osd_pids: &'a [i32],
     /// Client-side processes besides this one (the NBD gateway).
     pub client_helpers: &'a [i32],
+    /// The OSDs' perf sockets (reactor busy/idle by their own account).
+    pub perf_sockets: &'a [std::path::PathBuf],
     /// The disk under the store, for /proc/diskstats deltas.
     pub disk: Option<(u32, u32)>,
     pub sampler: &'a Sampler,
@@ -54,12 +56,15 @@ pub async fn sweep(
             obs.sampler.set_step(Some(rows.len()));
             let started_s = obs.sampler.elapsed();
             let before = procstat::snapshot(obs.osd_pids, obs.client_helpers, obs.disk);
+            let reactors_before = procstat::ReactorCounters::read(obs.perf_sockets);
             let stats = step(wl, bs, depth).await?;
+            let reactors = procstat::ReactorCounters::read(obs.perf_sockets);
             let usage = procstat::usage(
                 &before,
                 &procstat::snapshot(obs.osd_pids, obs.client_helpers, obs.disk),
                 obs.osd_pids,
             );
+            let reactor_busy = reactors.busy_since(&reactors_before, usage.wall_secs);
             let ceiling = match obs.ceiling {
                 Some(addr) => {
                     // The ceiling moves the same payload the step's I/O moves.
@@ -88,6 +93,7 @@ pub async fn sweep(
             );
             let stop = early_exit.reason(&stats);
             let mut row = Row::new(wl, bs, depth, stats, ceiling, usage);
+            row.reactor_busy = reactor_busy;
             row.started_s = started_s;
             row.ended_s = obs.sampler.elapsed();
             rows.push(row);

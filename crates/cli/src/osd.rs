@@ -70,6 +70,10 @@ pub struct OsdArgs {
     /// Open client connections per reactor; more are refused.
     #[arg(long, default_value_t = carmine_osd::CONNECTIONS_MAX_DEFAULT)]
     pub connections_max: u32,
+    /// Serve the reactors' busy/idle counters as JSON on this Unix socket
+    /// (`carmine cluster perf` and `carmine bench` read it).
+    #[arg(long)]
+    pub perf_socket: Option<PathBuf>,
 }
 
 /// CPU for each reactor of `osd`, placed by the policy over the whole cluster's OSDs so that
@@ -128,6 +132,12 @@ pub fn run(a: OsdArgs) -> Result<()> {
         let cpu = cpu.map_or("unpinned".to_string(), |c| format!("cpu {c}"));
         println!("osd.{} reactor {r} listening on {addr} ({cpu})", a.id);
     }
+    // Metrics are not worth failing the daemon for (a socket path can be too long, say).
+    let _perf = a.perf_socket.as_ref().and_then(|p| {
+        carmine_reactor::perf::serve_perf_socket(p, osd.reactor_loads())
+            .inspect_err(|e| eprintln!("warning: no perf socket at {}: {e}", p.display()))
+            .ok()
+    });
     println!("osd.{} ready (pid {})", a.id, std::process::id());
     wait_for_stop(signals, &osd)?;
     println!("osd.{} shutting down", a.id);

@@ -195,6 +195,11 @@ impl Running {
     }
 }
 
+/// The perf socket of OSD `id` (reactor busy/idle counters).
+pub fn perf_socket_path(dir: &Path, id: u32) -> PathBuf {
+    dir.join(format!("osd.{id}.perf"))
+}
+
 /// The native store's backing file of OSD `id`.
 pub fn store_path(dir: &Path, id: u32) -> PathBuf {
     dir.join(format!("osd.{id}.store"))
@@ -253,7 +258,9 @@ pub fn up(a: &UpArgs) -> Result<Running> {
             .arg("--id")
             .arg(id.to_string())
             .arg("--map")
-            .arg(map_path(&dir));
+            .arg(map_path(&dir))
+            .arg("--perf-socket")
+            .arg(perf_socket_path(&dir, id));
         if a.store == "native" {
             cmd.arg("--store")
                 .arg("native")

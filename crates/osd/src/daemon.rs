@@ -152,6 +152,14 @@ impl Osd {
         first_err.map_or(Ok(()), Err)
     }
 
+    /// Each reactor's name and load counters (for the perf socket).
+    pub fn reactor_loads(&self) -> Vec<(String, std::sync::Arc<carmine_reactor::ReactorLoad>)> {
+        self.reactors
+            .iter()
+            .map(|(_, h)| (h.name.clone(), h.load.clone()))
+            .collect()
+    }
+
     /// True once any reactor has stopped on its own (a failure: reactors run until shutdown).
     pub fn any_reactor_exited(&self) -> bool {
         self.reactors.iter().any(|(_, h)| h.is_finished())

@@ -7,10 +7,13 @@
 
 pub mod cpu;
 pub mod io;
+mod load;
 mod mailbox;
 mod notify;
+pub mod perf;
 mod thread;
 
+pub use load::{block_on_measured, LoadShare, LoadSnapshot, ReactorLoad};
 pub use mailbox::{mailbox, Mailbox, MailboxSender};
 pub use notify::Doorbell;
 pub use thread::{spawn_reactor, ReactorHandle};

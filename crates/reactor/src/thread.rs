@@ -1,14 +1,18 @@
 //! Reactor threads: one OS thread per reactor, pinned before its runtime is created so the
 //! io_uring instance and every allocation start on the right core.
 
+use crate::ReactorLoad;
 use std::future::Future;
 use std::io;
+use std::sync::Arc;
 use std::thread::JoinHandle;
 
 /// A running reactor thread.
 pub struct ReactorHandle<T> {
     pub name: String,
     pub cpu: Option<u32>,
+    /// The reactor's busy and idle time, as its own loop measures it.
+    pub load: Arc<ReactorLoad>,
     join: JoinHandle<T>,
 }
 
@@ -38,6 +42,8 @@ where
     F: FnOnce() -> Fut + Send + 'static,
     Fut: Future<Output = T> + 'static,
 {
+    let load = Arc::new(ReactorLoad::default());
+    let thread_load = load.clone();
     let join = std::thread::Builder::new()
         .name(name.clone())
         .spawn(move || {
@@ -47,7 +53,18 @@ where
                 }
             }
             let rt = crate::new_runtime().expect("cannot create an io_uring runtime");
-            rt.block_on(make())
+            // Like compio's own block_on: a panicking task's siblings are dropped only once
+            // the unwind is over, then the panic carries on to `join`.
+            let out = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                crate::block_on_measured(&rt, make(), &thread_load)
+            }));
+            drop(rt);
+            out.unwrap_or_else(|p| std::panic::resume_unwind(p))
         })?;
-    Ok(ReactorHandle { name, cpu, join })
+    Ok(ReactorHandle {
+        name,
+        cpu,
+        load,
+        join,
+    })
 }

@@ -1,0 +1,220 @@
+//! How busy a reactor is, from its own loop. The loop splits its wall time in two: running
+//! tasks (outside the kernel wait) and inside io_uring's wait. The wait is not all idle: with
+//! DEFER_TASKRUN the kernel does the ring's completion work (socket and file I/O processing)
+//! inside that call, on this thread. So a snapshot also reads the thread's on-CPU time from
+//! /proc/self/task/TID/schedstat (off the reactor: whoever asks pays), and
+//! busy = on-CPU time, idle = wall − on-CPU, tasks = time outside the wait, kernel = the rest
+//! of busy. Two monotonic clock reads per sleep, none per task: no extra syscall on the
+//! reactor.
+
+use std::future::Future;
+use std::sync::atomic::{AtomicI32, AtomicU64, Ordering};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+/// Counters one reactor publishes and anyone may read (relaxed: each is a running total).
+#[derive(Debug, Default)]
+pub struct ReactorLoad {
+    busy_ns: AtomicU64,
+    idle_ns: AtomicU64,
+    sleeps: AtomicU64,
+    /// The reactor thread's kernel id, for its schedstat (0 until the loop starts).
+    tid: AtomicI32,
+    /// When the current stretch began (ns since `epoch()`, shifted left by one) and whether
+    /// it is asleep (low bit), so a snapshot taken mid-stretch counts it: a reactor asleep
+    /// for seconds is idle now, not only once it wakes.
+    stretch: AtomicU64,
+}
+
+/// The clock origin of every reactor's `stretch`.
+fn epoch() -> Instant {
+    static EPOCH: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+    *EPOCH.get_or_init(Instant::now)
+}
+
+fn stretch_word(since: Instant, asleep: bool) -> u64 {
+    ((since.saturating_duration_since(epoch()).as_nanos() as u64) << 1) | asleep as u64
+}
+
+/// A reading of [`ReactorLoad`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct LoadSnapshot {
+    /// Wall time running tasks (outside the kernel wait).
+    pub busy_ns: u64,
+    /// Wall time inside the kernel wait (sleeping, or doing the ring's completion work).
+    pub idle_ns: u64,
+    /// Times the reactor went to sleep in the kernel.
+    pub sleeps: u64,
+    /// The reactor thread's on-CPU time, user and kernel (0 if unreadable).
+    #[serde(default)]
+    pub cpu_ns: u64,
+}
+
+/// A reactor's time between two snapshots, in percent of the wall time.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct LoadShare {
+    /// On CPU (tasks and kernel work).
+    pub busy_pct: f64,
+    /// Running tasks.
+    pub tasks_pct: f64,
+    /// On CPU inside the kernel wait: the ring's completion work.
+    pub kernel_pct: f64,
+    /// Off CPU.
+    pub idle_pct: f64,
+}
+
+impl LoadSnapshot {
+    /// How the time between `earlier` and `self` was spent.
+    pub fn share_since(&self, earlier: &LoadSnapshot) -> LoadShare {
+        let tasks = self.busy_ns.saturating_sub(earlier.busy_ns) as f64;
+        let wait = self.idle_ns.saturating_sub(earlier.idle_ns) as f64;
+        let wall = (tasks + wait).max(1.0);
+        let cpu = self.cpu_ns.saturating_sub(earlier.cpu_ns) as f64;
+        // Without schedstat, the loop's own split is all there is.
+        let busy = if self.cpu_ns > 0 {
+            cpu.min(wall)
+        } else {
+            tasks
+        };
+        let tasks = tasks.min(busy);
+        LoadShare {
+            busy_pct: 100.0 * busy / wall,
+            tasks_pct: 100.0 * tasks / wall,
+            kernel_pct: 100.0 * (busy - tasks) / wall,
+            idle_pct: 100.0 * (wall - busy) / wall,
+        }
+    }
+}
+
+/// On-CPU nanoseconds of thread `tid` of this process.
+fn thread_cpu_ns(tid: i32) -> u64 {
+    std::fs::read_to_string(format!("/proc/self/task/{tid}/schedstat"))
+        .ok()
+        .and_then(|s| s.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0)
+}
+
+impl ReactorLoad {
+    /// The counters now; reads /proc for the thread's CPU time, so call it off the reactor.
+    pub fn snapshot(&self) -> LoadSnapshot {
+        let tid = self.tid.load(Ordering::Relaxed);
+        let mut snap = LoadSnapshot {
+            busy_ns: self.busy_ns.load(Ordering::Relaxed),
+            idle_ns: self.idle_ns.load(Ordering::Relaxed),
+            sleeps: self.sleeps.load(Ordering::Relaxed),
+            cpu_ns: if tid > 0 { thread_cpu_ns(tid) } else { 0 },
+        };
+        let word = self.stretch.load(Ordering::Relaxed);
+        if tid > 0 {
+            // The stretch in progress, not yet added by the loop.
+            let since = epoch() + Duration::from_nanos(word >> 1);
+            let ns = Instant::now().saturating_duration_since(since).as_nanos() as u64;
+            if word & 1 == 1 {
+                snap.idle_ns += ns;
+            } else {
+                snap.busy_ns += ns;
+            }
+        }
+        snap
+    }
+
+    /// The loop (the only writer) goes to sleep at `at` after being awake for `busy`.
+    fn going_to_sleep(&self, busy: Duration, at: Instant) {
+        add(&self.busy_ns, busy);
+        self.stretch
+            .store(stretch_word(at, true), Ordering::Relaxed);
+    }
+
+    /// The loop woke at `at` after sleeping for `idle`.
+    fn woke(&self, idle: Duration, at: Instant) {
+        add(&self.idle_ns, idle);
+        add(&self.sleeps, Duration::from_nanos(1));
+        self.stretch
+            .store(stretch_word(at, false), Ordering::Relaxed);
+    }
+}
+
+/// A single writer's add (`d` in nanoseconds, or a count of 1 ns): a plain load and store,
+/// no locked read-modify-write.
+fn add(counter: &AtomicU64, d: Duration) {
+    counter.store(
+        counter.load(Ordering::Relaxed) + d.as_nanos() as u64,
+        Ordering::Relaxed,
+    );
+}
+
+/// compio's `block_on` loop, with the time asleep in the kernel measured: run the ready tasks;
+/// if some are still runnable, reap completions without waiting; otherwise sleep until a
+/// completion, a timer or a wake-up. Two clock reads per sleep, none per task.
+pub fn block_on_measured<F: Future>(
+    rt: &compio::runtime::Runtime,
+    fut: F,
+    load: &ReactorLoad,
+) -> F::Output {
+    // SAFETY: gettid has no preconditions.
+    load.tid.store(unsafe { libc::gettid() }, Ordering::Relaxed);
+    rt.enter(|| {
+        let waker = rt.waker();
+        let mut cx = Context::from_waker(&waker);
+        let mut fut = std::pin::pin!(fut);
+        let mut awake_since = Instant::now();
+        load.stretch
+            .store(stretch_word(awake_since, false), Ordering::Relaxed);
+        loop {
+            if let Poll::Ready(out) = fut.as_mut().poll(&mut cx) {
+                rt.run();
+                return out;
+            }
+            if rt.run() {
+                rt.poll_with(Some(Duration::ZERO));
+            } else {
+                let asleep = Instant::now();
+                load.going_to_sleep(asleep - awake_since, asleep);
+                rt.poll();
+                let woke = Instant::now();
+                load.woke(woke - asleep, woke);
+                awake_since = woke;
+            }
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sleeping_counts_as_idle_and_spinning_as_busy() {
+        let rt = crate::new_runtime().unwrap();
+        let load = ReactorLoad::default();
+        block_on_measured(
+            &rt,
+            async {
+                compio::time::sleep(Duration::from_millis(100)).await;
+                let t = Instant::now();
+                while t.elapsed() < Duration::from_millis(100) {
+                    std::hint::spin_loop();
+                }
+                // A snapshot in the middle of a stretch counts it.
+                let mid = load.snapshot();
+                assert!(mid.busy_ns >= 95_000_000, "{mid:?}");
+                compio::time::sleep(Duration::from_millis(1)).await;
+            },
+            &load,
+        );
+        let s = load.snapshot();
+        let ms = |ns: u64| ns / 1_000_000;
+        assert!(ms(s.idle_ns) >= 95, "{s:?}");
+        assert!(ms(s.busy_ns) >= 95 && ms(s.busy_ns) < 150, "{s:?}");
+        assert!(s.sleeps >= 2);
+        assert!(s.cpu_ns >= 90_000_000, "spinning is on-CPU time: {s:?}");
+        let zero = LoadSnapshot {
+            cpu_ns: 0,
+            ..Default::default()
+        };
+        let share = s.share_since(&zero);
+        assert!((35.0..65.0).contains(&share.busy_pct), "{share:?}");
+        assert!((35.0..65.0).contains(&share.idle_pct), "{share:?}");
+        assert!(share.kernel_pct < 15.0, "{share:?}");
+    }
+}
