@@ -46,7 +46,7 @@ enum Command {
     /// Start a throw-away cluster, write and verify a volume, report throughput and latency.
     Demo(demo::DemoArgs),
     /// Measure I/O through the client against a local cluster, next to the loopback RPC ceiling.
-    Bench(carmine_bench::BenchArgs),
+    Bench(Box<carmine_bench::BenchArgs>),
 }
 
 fn main() -> ExitCode {
@@ -65,7 +65,7 @@ fn main() -> ExitCode {
         Command::Volume(c) => volume::run(c),
         Command::Nbd(c) => nbd::run(c),
         Command::Demo(a) => demo::run(a),
-        Command::Bench(a) => carmine_bench::run(a),
+        Command::Bench(a) => carmine_bench::run(*a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
