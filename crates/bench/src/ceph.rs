@@ -70,9 +70,15 @@ impl Cluster {
         let dir = dir.canonicalize()?;
         let d = dir.to_string_lossy().into_owned();
         eprintln!("starting a throw-away Ceph ({store}) in {d}");
-        if let Err(e) = vstart(&["up", &d, store, osd_cpu]) {
+        // One retry: a throw-away cluster occasionally fails to come up (seen once: its OSD
+        // refused by the mon at boot); a fresh one with a new fsid and port does.
+        if let Err(first) = vstart(&["up", &d, store, osd_cpu]) {
+            eprintln!("the throw-away Ceph did not come up, retrying once: {first:#}");
             let _ = vstart(&["down", &d]);
-            return Err(e);
+            if let Err(e) = vstart(&["up", &d, store, osd_cpu]) {
+                let _ = vstart(&["down", &d]);
+                return Err(e.context(format!("first attempt: {first:#}")));
+            }
         }
         Ok(Cluster {
             conf: dir.join("ceph.conf"),
@@ -146,11 +152,12 @@ impl Cluster {
 impl Drop for Cluster {
     fn drop(&mut self) {
         match &self.owned {
-            Some(dir) => {
-                if let Err(e) = vstart(&["down", &dir.to_string_lossy()]) {
-                    eprintln!("warning: tearing down the throw-away Ceph: {e:#}");
-                }
-            }
+            Some(dir) => match vstart(&["down", &dir.to_string_lossy()]) {
+                // The cluster's data (an 8 GiB sparse BlueStore file among it) goes; its
+                // configuration and logs stay for diagnosis.
+                Ok(_) => remove_data(dir),
+                Err(e) => eprintln!("warning: tearing down the throw-away Ceph: {e:#}"),
+            },
             None => {
                 if let Some(image) = &self.image {
                     let spec = format!("{}/{image}", self.pool);
@@ -159,6 +166,25 @@ impl Drop for Cluster {
                     }
                 }
             }
+        }
+    }
+}
+
+/// Everything in a stopped throw-away cluster's directory but `ceph.conf` and the logs.
+fn remove_data(dir: &Path) {
+    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let path = entry.path();
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if name == "ceph.conf" || name.ends_with(".log") {
+            continue;
+        }
+        let gone = if path.is_dir() {
+            std::fs::remove_dir_all(&path)
+        } else {
+            std::fs::remove_file(&path)
+        };
+        if let Err(e) = gone {
+            eprintln!("warning: removing {}: {e}", path.display());
         }
     }
 }
@@ -185,15 +211,10 @@ pub fn bench(a: &BenchArgs, dir: &Path) -> Result<Run> {
         Duration::from_secs_f64(a.ramp_secs),
         Duration::from_secs_f64(a.step_secs),
     );
-    let sampler = procstat::Sampler::start(
-        osd_pids.clone(),
-        Vec::new(),
-        Vec::new(),
-        Duration::from_millis(500),
-    );
+    let sampler =
+        procstat::Sampler::start(osd_pids.clone(), Vec::new(), Duration::from_millis(500));
     let obs = sweep::Observe {
         osd_pids: &osd_pids,
-        client_helpers: &[],
         perf_sockets: &[],
         disk: cluster.owned.as_deref().and_then(procstat::disk_of),
         sampler: &sampler,

@@ -289,6 +289,10 @@ fn usage_panels<DB: DrawingBackend>(
         }),
     ];
     for (i, (label, get)) in series.iter().enumerate() {
+        // A line that is zero throughout (no perf socket: Ceph) would only clutter.
+        if samples.iter().all(|s| get(s) == 0.0) {
+            continue;
+        }
         let style = ShapeStyle::from(Palette99::pick(i).to_rgba()).stroke_width(2);
         cpu.draw_series(LineSeries::new(
             samples.iter().map(|s| (s.t, get(s))),

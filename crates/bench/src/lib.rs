@@ -320,6 +320,11 @@ fn bench_carmine(a: &BenchArgs, cluster_dir: &std::path::Path) -> Result<Run> {
     let running = carmine_localcluster::up(&up)?;
     let result = bench_against(a, &running);
     running.down()?;
+    // The cluster was made for this run: its (sparse, device-sized) native store files go, its
+    // map and logs stay.
+    for id in 0..a.osds {
+        let _ = std::fs::remove_file(carmine_localcluster::store_path(cluster_dir, id));
+    }
     result
 }
 
@@ -362,19 +367,16 @@ fn bench_against(a: &BenchArgs, running: &carmine_localcluster::Running) -> Resu
             Target::FioNbd => Some(NbdGateway::start(&dir)?),
             _ => None,
         };
-        let helpers: Vec<i32> = gateway.iter().map(|g| g.child.id() as i32).collect();
         let perf_sockets: Vec<PathBuf> = (0..a.osds)
             .map(|id| carmine_localcluster::perf_socket_path(&dir, id))
             .collect();
         let sampler = procstat::Sampler::start(
             osd_pids.clone(),
-            helpers.clone(),
             perf_sockets.clone(),
             Duration::from_millis(500),
         );
         let obs = sweep::Observe {
             osd_pids: &osd_pids,
-            client_helpers: &helpers,
             perf_sockets: &perf_sockets,
             disk: procstat::disk_of(&dir),
             sampler: &sampler,

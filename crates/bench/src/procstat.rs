@@ -76,37 +76,51 @@ fn parse_stat(stat: &str) -> Option<(String, u64, u64)> {
     ))
 }
 
-/// User and system ticks of process `pid` (`self` for this one), with those of its children
-/// that were waited for (fio runs as a child, one per step).
-fn process_ticks(pid: &str) -> (u64, u64) {
-    let Some(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok() else {
-        return (0, 0);
-    };
-    let Some((_, rest)) = stat.rsplit_once(')') else {
-        return (0, 0);
-    };
-    let f: Vec<u64> = rest
-        .split_whitespace()
-        .skip(11)
-        .take(4)
-        .map(|x| x.parse().unwrap_or(0))
+/// (pid, ppid, user ticks, system ticks) of one process, its reaped children's included.
+fn process_ticks(stat: &str) -> Option<(i32, i32, u64, u64)> {
+    let pid = stat.split_whitespace().next()?.parse().ok()?;
+    let (_, rest) = stat.rsplit_once(')')?;
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let num = |i: usize| f.get(i).and_then(|x| x.parse::<u64>().ok()).unwrap_or(0);
+    // After the name: state, ppid, ..., utime (11), stime, cutime, cstime (14).
+    let ppid = f.get(1)?.parse().ok()?;
+    Some((pid, ppid, num(11) + num(13), num(12) + num(14)))
+}
+
+/// The client side's CPU ticks: this process and every live descendant (fio and its job
+/// processes, the NBD gateway) but the OSDs (`servers`, which `cluster up` started as children)
+/// and theirs, each with the children it has reaped. The sum stays continuous as processes
+/// exit: a reaped child's time moves into its parent's `cutime`.
+fn client_ticks(servers: &[i32]) -> (u64, u64) {
+    let all: Vec<(i32, i32, u64, u64)> = std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|e| {
+            e.file_name()
+                .to_str()
+                .is_some_and(|n| n.bytes().all(|b| b.is_ascii_digit()))
+        })
+        .filter_map(|e| std::fs::read_to_string(e.path().join("stat")).ok())
+        .filter_map(|s| process_ticks(&s))
         .collect();
-    match f[..] {
-        [u, s, cu, cs] => (u + cu, s + cs),
-        _ => (0, 0),
+    let mut family = vec![std::process::id() as i32];
+    let mut i = 0;
+    while i < family.len() {
+        let parent = family[i];
+        family.extend(
+            all.iter()
+                .filter(|p| p.1 == parent && !servers.contains(&p.0))
+                .map(|p| p.0),
+        );
+        i += 1;
     }
+    all.iter()
+        .filter(|p| family.contains(&p.0))
+        .fold((0, 0), |acc, p| (acc.0 + p.2, acc.1 + p.3))
 }
 
-/// The client side: this process, its waited-for children, and `helpers` (such as the NBD
-/// gateway, a long-running child).
-fn client_ticks(helpers: &[i32]) -> (u64, u64) {
-    std::iter::once("self".to_string())
-        .chain(helpers.iter().map(|p| p.to_string()))
-        .map(|p| process_ticks(&p))
-        .fold((0, 0), |a, b| (a.0 + b.0, a.1 + b.1))
-}
-
-pub fn snapshot(osd_pids: &[i32], client_helpers: &[i32], disk: Option<(u32, u32)>) -> Snapshot {
+pub fn snapshot(osd_pids: &[i32], disk: Option<(u32, u32)>) -> Snapshot {
     let mut osd_threads = BTreeMap::new();
     for &pid in osd_pids {
         let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
@@ -124,7 +138,7 @@ pub fn snapshot(osd_pids: &[i32], client_helpers: &[i32], disk: Option<(u32, u32
             }
         }
     }
-    let client = client_ticks(client_helpers);
+    let client = client_ticks(osd_pids);
     Snapshot {
         at: Instant::now(),
         disk: disk.and_then(disk_sectors),
@@ -267,7 +281,6 @@ const NO_STEP: usize = usize::MAX;
 impl Sampler {
     pub fn start(
         osd_pids: Vec<i32>,
-        client_helpers: Vec<i32>,
         perf_sockets: Vec<std::path::PathBuf>,
         every: Duration,
     ) -> Self {
@@ -277,11 +290,11 @@ impl Sampler {
         let (step2, stop2) = (step.clone(), stop.clone());
         let join = std::thread::spawn(move || {
             let mut out = Vec::new();
-            let mut prev = snapshot(&osd_pids, &client_helpers, None);
+            let mut prev = snapshot(&osd_pids, None);
             let mut prev_reactors = ReactorCounters::read(&perf_sockets);
             while !stop2.load(Ordering::Relaxed) {
                 std::thread::sleep(every);
-                let now = snapshot(&osd_pids, &client_helpers, None);
+                let now = snapshot(&osd_pids, None);
                 let reactors = ReactorCounters::read(&perf_sockets);
                 let u = usage(&prev, &now, &osd_pids);
                 let busy = reactors.busy_since(&prev_reactors, (now.at - prev.at).as_secs_f64());
@@ -337,7 +350,7 @@ mod tests {
 
     #[test]
     fn this_process_cpu_is_seen() {
-        let before = snapshot(&[std::process::id() as i32], &[], None);
+        let before = snapshot(&[std::process::id() as i32], None);
         let t = Instant::now();
         let mut x = 0u64;
         while t.elapsed().as_millis() < 200 {
@@ -346,7 +359,7 @@ mod tests {
         std::hint::black_box(x);
         let u = usage(
             &before,
-            &snapshot(&[std::process::id() as i32], &[], None),
+            &snapshot(&[std::process::id() as i32], None),
             &[std::process::id() as i32],
         );
         assert!(u.osd_usr_pct + u.osd_sys_pct > 10.0, "{u:?}");
@@ -354,10 +367,39 @@ mod tests {
     }
 
     #[test]
+    fn a_live_child_counts_as_client_cpu_before_it_exits() {
+        let before = client_ticks(&[]);
+        let mut child = std::process::Command::new("sh")
+            .args([
+                "-c",
+                "i=0; while [ $i -lt 300000 ]; do i=$((i+1)); done; sleep 5",
+            ])
+            .spawn()
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(1500));
+        let during = client_ticks(&[]);
+        // A server child (an OSD) is not client CPU.
+        let without = client_ticks(&[child.id() as i32]);
+        child.kill().unwrap();
+        child.wait().unwrap();
+        let after = client_ticks(&[]);
+        assert!(without.0 + without.1 + 10 < during.0 + during.1, "{without:?} {during:?}");
+        // The child burned CPU and is still alive (sleeping): its ticks already count.
+        assert!(
+            during.0 + during.1 > before.0 + before.1 + 10,
+            "{before:?} {during:?}"
+        );
+        // Reaping moves them into cutime without losing them.
+        assert!(
+            after.0 + after.1 >= during.0 + during.1,
+            "{during:?} {after:?}"
+        );
+    }
+
+    #[test]
     fn the_sampler_sees_a_busy_step() {
         let sampler = Sampler::start(
             vec![std::process::id() as i32],
-            Vec::new(),
             Vec::new(),
             Duration::from_millis(50),
         );

@@ -14,8 +14,6 @@ use std::time::Duration;
 /// What the sweep observes besides the target.
 pub struct Observe<'a> {
     pub osd_pids: &'a [i32],
-    /// Client-side processes besides this one (the NBD gateway).
-    pub client_helpers: &'a [i32],
     /// The OSDs' perf sockets (reactor busy/idle by their own account).
     pub perf_sockets: &'a [std::path::PathBuf],
     /// The disk under the store, for /proc/diskstats deltas.
@@ -55,13 +53,13 @@ pub async fn sweep(
         for depth in depths {
             obs.sampler.set_step(Some(rows.len()));
             let started_s = obs.sampler.elapsed();
-            let before = procstat::snapshot(obs.osd_pids, obs.client_helpers, obs.disk);
+            let before = procstat::snapshot(obs.osd_pids, obs.disk);
             let reactors_before = procstat::ReactorCounters::read(obs.perf_sockets);
             let stats = step(wl, bs, depth).await?;
             let reactors = procstat::ReactorCounters::read(obs.perf_sockets);
             let usage = procstat::usage(
                 &before,
-                &procstat::snapshot(obs.osd_pids, obs.client_helpers, obs.disk),
+                &procstat::snapshot(obs.osd_pids, obs.disk),
                 obs.osd_pids,
             );
             let reactor_busy = reactors.busy_since(&reactors_before, usage.wall_secs);
