@@ -383,7 +383,10 @@ mod tests {
         child.kill().unwrap();
         child.wait().unwrap();
         let after = client_ticks(&[]);
-        assert!(without.0 + without.1 + 10 < during.0 + during.1, "{without:?} {during:?}");
+        assert!(
+            without.0 + without.1 + 10 < during.0 + during.1,
+            "{without:?} {during:?}"
+        );
         // The child burned CPU and is still alive (sleeping): its ticks already count.
         assert!(
             during.0 + during.1 > before.0 + before.1 + 10,
