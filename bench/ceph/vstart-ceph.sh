@@ -32,7 +32,9 @@ down
 rm -rf "${dir:?}"/{mon.a,osd.0,osd.0.block,mgr.x,run,*.log,ceph.conf,monmap,keyring}
 mkdir -p "$dir"/{mon.a,osd.0,mgr.x,run}
 fsid=$(cat /proc/sys/kernel/random/uuid)
-port=$((6800 + RANDOM % 1000))
+# The mon's port: outside the 6800-7300 range the OSD and mgr bind, and free now.
+port=$((40000 + RANDOM % 20000))
+while ss -ltn 2>/dev/null | grep -q ":$port "; do port=$((40000 + RANDOM % 20000)); done
 conf="$dir/ceph.conf"
 cat > "$conf" <<CONF
 [global]
