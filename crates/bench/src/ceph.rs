@@ -207,34 +207,15 @@ pub fn bench(a: &BenchArgs, dir: &Path) -> Result<Run> {
     if osd_pids.is_empty() {
         eprintln!("warning: no local ceph-osd process found; OSD CPU and memory will read 0");
     }
-    let (ramp, step) = (
-        Duration::from_secs_f64(a.ramp_secs),
-        Duration::from_secs_f64(a.step_secs),
+    let obs = sweep::Observe::start(
+        osd_pids,
+        Vec::new(),
+        cluster.owned.as_deref().and_then(procstat::disk_of),
+        None,
     );
-    let sampler =
-        procstat::Sampler::start(osd_pids.clone(), Vec::new(), Duration::from_millis(500));
-    let obs = sweep::Observe {
-        osd_pids: &osd_pids,
-        perf_sockets: &[],
-        disk: cluster.owned.as_deref().and_then(procstat::disk_of),
-        sampler: &sampler,
-        ceiling: None,
-    };
-    let rows = carmine_reactor::block_on(sweep::sweep(a, &obs, async |wl, bs, depth| {
-        fio.step(
-            a.volume_size,
-            wl,
-            &a.mix(),
-            bs,
-            depth,
-            a.jobs_per_volume,
-            ramp,
-            step,
-        )
-    }));
-    let timeline = sampler.finish();
-    let mut run = Run::new(a, rows?);
-    run.timeline = timeline;
+    let mut run = carmine_reactor::block_on(sweep::run(a, obs, async |wl, bs, depth| {
+        fio.step(a, wl, bs, depth)
+    }))?;
     run.ceph = Some(CephInfo {
         store: match &a.ceph_conf {
             Some(_) => "existing cluster".into(),

@@ -3,6 +3,7 @@
 //! the run. They are drawn from results.json, so `compare` can overlay runs of any age.
 
 use anyhow::{anyhow, Result};
+use plotters::coord::types::RangedCoordf64;
 use plotters::coord::Shift;
 use plotters::prelude::*;
 use serde_json::Value;
@@ -251,6 +252,37 @@ pub fn usage_chart(dir: &Path, run: &Value) -> Result<Option<PathBuf>> {
     Ok(Some(png))
 }
 
+type TimeChart<'a, DB> = ChartContext<'a, DB, Cartesian2d<RangedCoordf64, RangedCoordf64>>;
+
+/// One timeline panel: seconds on x from 0 to `max_t`, `y_desc` from 0 to `max_y`.
+fn time_panel<'a, DB: DrawingBackend>(
+    area: &DrawingArea<DB, Shift>,
+    caption: &str,
+    x_desc: &str,
+    y_desc: &str,
+    max_t: f64,
+    max_y: f64,
+) -> Result<TimeChart<'a, DB>> {
+    let mut chart = ChartBuilder::on(area)
+        .caption(caption, (FONT, 20))
+        .margin(12)
+        .x_label_area_size(40)
+        .y_label_area_size(60)
+        .build_cartesian_2d(0.0..max_t, 0.0..max_y)
+        .map_err(err)?;
+    chart
+        .configure_mesh()
+        .x_desc(x_desc)
+        .y_desc(y_desc)
+        .x_label_formatter(&|v| format!("{v:.0}"))
+        .y_label_formatter(&|v| format!("{v:.0}"))
+        .label_style((FONT, 13))
+        .axis_desc_style((FONT, 14))
+        .draw()
+        .map_err(err)?;
+    Ok(chart)
+}
+
 fn usage_panels<DB: DrawingBackend>(
     root: &DrawingArea<DB, Shift>,
     samples: &[TimePoint],
@@ -264,21 +296,14 @@ fn usage_panels<DB: DrawingBackend>(
         .map(|s| s.osd_cpu.max(s.client_cpu))
         .fold(100.0, f64::max)
         * 1.1;
-    let mut cpu = ChartBuilder::on(&top)
-        .caption("CPU over the run (percent of one core)", (FONT, 20))
-        .margin(12)
-        .x_label_area_size(30)
-        .y_label_area_size(60)
-        .build_cartesian_2d(0.0..max_t, 0.0..max_cpu)
-        .map_err(err)?;
-    cpu.configure_mesh()
-        .y_desc("% of a core")
-        .x_label_formatter(&|v| format!("{v:.0}"))
-        .y_label_formatter(&|v| format!("{v:.0}"))
-        .label_style((FONT, 13))
-        .axis_desc_style((FONT, 14))
-        .draw()
-        .map_err(err)?;
+    let mut cpu = time_panel(
+        &top,
+        "CPU over the run (percent of one core)",
+        "",
+        "% of a core",
+        max_t,
+        max_cpu,
+    )?;
     type Line = (&'static str, fn(&TimePoint) -> f64);
     let series: [Line; 4] = [
         ("OSD, all threads", |s| s.osd_cpu),
@@ -323,22 +348,14 @@ fn usage_panels<DB: DrawingBackend>(
         .draw()
         .map_err(err)?;
     let max_rss = samples.iter().map(|s| s.rss).fold(1.0, f64::max) * 1.2;
-    let mut mem = ChartBuilder::on(&bottom)
-        .caption("OSD resident memory (MiB)", (FONT, 20))
-        .margin(12)
-        .x_label_area_size(40)
-        .y_label_area_size(60)
-        .build_cartesian_2d(0.0..max_t, 0.0..max_rss)
-        .map_err(err)?;
-    mem.configure_mesh()
-        .x_desc("seconds since the sweep started")
-        .y_desc("MiB")
-        .x_label_formatter(&|v| format!("{v:.0}"))
-        .y_label_formatter(&|v| format!("{v:.0}"))
-        .label_style((FONT, 13))
-        .axis_desc_style((FONT, 14))
-        .draw()
-        .map_err(err)?;
+    let mut mem = time_panel(
+        &bottom,
+        "OSD resident memory (MiB)",
+        "seconds since the sweep started",
+        "MiB",
+        max_t,
+        max_rss,
+    )?;
     mem.draw_series(LineSeries::new(
         samples.iter().map(|s| (s.t, s.rss)),
         ShapeStyle::from(Palette99::pick(4).to_rgba()).stroke_width(2),

@@ -1,7 +1,8 @@
 //! Driving the real `fio` (Debian package) and reading its JSON into the same step records the
 //! built-in load generator produces.
 
-use crate::workload::{Mix, StepStats, Workload};
+use crate::workload::{StepStats, Workload};
+use crate::BenchArgs;
 use anyhow::{bail, Context, Result};
 use serde_json::Value;
 use std::process::Command;
@@ -74,19 +75,12 @@ impl Fio {
         Ok(())
     }
 
-    /// One measured step, converted to the built-in generator's records.
-    #[allow(clippy::too_many_arguments)]
-    pub fn step(
-        &self,
-        size: u64,
-        wl: Workload,
-        mix: &Mix,
-        bs: u64,
-        depth: usize,
-        jobs: usize,
-        ramp: Duration,
-        step: Duration,
-    ) -> Result<StepStats> {
+    /// One measured step of the run `a` describes, converted to the built-in generator's
+    /// records.
+    pub fn step(&self, a: &BenchArgs, wl: Workload, bs: u64, depth: usize) -> Result<StepStats> {
+        let (size, mix, jobs) = (a.volume_size, a.mix(), a.jobs_per_volume);
+        let ramp = Duration::from_secs_f64(a.ramp_secs);
+        let step = Duration::from_secs_f64(a.step_secs);
         let mut args = vec![
             format!("--numjobs={jobs}"),
             "--group_reporting".into(),

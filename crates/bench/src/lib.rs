@@ -344,7 +344,7 @@ fn bench_against(a: &BenchArgs, running: &carmine_localcluster::Running) -> Resu
         Duration::from_secs_f64(a.step_secs),
     );
     let dir = running.dir.clone();
-    let result = carmine_reactor::block_on(async {
+    carmine_reactor::block_on(async {
         let client = carmine_localcluster::connect(&dir).await?;
         let pool = client.pool_id("rbd")?;
         let volumes = Volumes::new(client, pool);
@@ -370,19 +370,13 @@ fn bench_against(a: &BenchArgs, running: &carmine_localcluster::Running) -> Resu
         let perf_sockets: Vec<PathBuf> = (0..a.osds)
             .map(|id| carmine_localcluster::perf_socket_path(&dir, id))
             .collect();
-        let sampler = procstat::Sampler::start(
-            osd_pids.clone(),
-            perf_sockets.clone(),
-            Duration::from_millis(500),
+        let obs = sweep::Observe::start(
+            osd_pids,
+            perf_sockets,
+            procstat::disk_of(&dir),
+            ceiling_addr,
         );
-        let obs = sweep::Observe {
-            osd_pids: &osd_pids,
-            perf_sockets: &perf_sockets,
-            disk: procstat::disk_of(&dir),
-            sampler: &sampler,
-            ceiling: ceiling_addr,
-        };
-        let rows = sweep::sweep(a, &obs, async |wl, bs, depth| match &gateway {
+        sweep::run(a, obs, async |wl, bs, depth| match &gateway {
             None => {
                 let bar = step_progress(&format!("{} {}K qd{depth}", wl.name(), bs >> 10));
                 let load = Load {
@@ -399,24 +393,10 @@ fn bench_against(a: &BenchArgs, running: &carmine_localcluster::Running) -> Resu
                 Ok(s)
             }
             // fio is a separate process; this thread just waits for it.
-            Some(g) => fio::Fio::nbd(&g.uri).step(
-                a.volume_size,
-                wl,
-                &a.mix(),
-                bs,
-                depth,
-                a.jobs_per_volume,
-                ramp,
-                step,
-            ),
+            Some(g) => fio::Fio::nbd(&g.uri).step(a, wl, bs, depth),
         })
-        .await;
-        Ok::<_, anyhow::Error>((rows, sampler.finish()))
-    });
-    let (rows, timeline) = result?;
-    let mut run = Run::new(a, rows?);
-    run.timeline = timeline;
-    Ok(run)
+        .await
+    })
 }
 
 /// The load generator (and fio, its child) run on the client cpu, away from the OSDs.
@@ -451,12 +431,7 @@ fn write_charts(dir: &std::path::Path, run: &serde_json::Value) -> String {
         Ok(p) => pngs.extend(p),
         Err(e) => return format!("\nUsage chart not drawn: {e:#}\n"),
     }
-    charts_section(dir, &pngs)
-}
-
-/// Markdown image links to `pngs`, relative to `dir` (SVG beside each).
-fn charts_section(dir: &std::path::Path, pngs: &[PathBuf]) -> String {
-    charts::markdown_links(dir, pngs, "SVG beside each PNG.")
+    charts::markdown_links(dir, &pngs, "SVG beside each PNG.")
 }
 
 /// Writes the whole volume once so reads measure real data, not holes; in verify mode, with

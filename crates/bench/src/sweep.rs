@@ -3,30 +3,71 @@
 //! latency is out of control.
 
 use crate::heuristics::EarlyExit;
-use crate::procstat::{self, Sampler};
-use crate::report::Row;
+use crate::procstat::{self, Sample, Sampler};
+use crate::report::{Row, Run};
 use crate::workload::{StepStats, Workload};
 use crate::{ceiling, BenchArgs};
 use anyhow::Result;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-/// What the sweep observes besides the target.
-pub struct Observe<'a> {
-    pub osd_pids: &'a [i32],
+/// What the sweep observes besides the target, and the timeline sampler running over it.
+pub struct Observe {
+    osd_pids: Vec<i32>,
     /// The OSDs' perf sockets (reactor busy/idle by their own account).
-    pub perf_sockets: &'a [std::path::PathBuf],
+    perf_sockets: Vec<std::path::PathBuf>,
     /// The disk under the store, for /proc/diskstats deltas.
-    pub disk: Option<(u32, u32)>,
-    pub sampler: &'a Sampler,
+    disk: Option<(u32, u32)>,
     /// The loopback RPC ceiling server, measured after each step when present.
-    pub ceiling: Option<SocketAddr>,
+    ceiling: Option<SocketAddr>,
+    sampler: Sampler,
+}
+
+impl Observe {
+    /// Starts the half-second timeline sampler.
+    pub fn start(
+        osd_pids: Vec<i32>,
+        perf_sockets: Vec<std::path::PathBuf>,
+        disk: Option<(u32, u32)>,
+        ceiling: Option<SocketAddr>,
+    ) -> Self {
+        let sampler = Sampler::start(
+            osd_pids.clone(),
+            perf_sockets.clone(),
+            Duration::from_millis(500),
+        );
+        Observe {
+            osd_pids,
+            perf_sockets,
+            disk,
+            ceiling,
+            sampler,
+        }
+    }
+
+    fn finish(self) -> Vec<Sample> {
+        self.sampler.finish()
+    }
+}
+
+/// The whole run: the sweep, then the timeline, as the run's record (the sampler is stopped
+/// whether or not the sweep succeeded).
+pub async fn run(
+    a: &BenchArgs,
+    obs: Observe,
+    step: impl AsyncFnMut(Workload, u64, usize) -> Result<StepStats>,
+) -> Result<Run> {
+    let rows = sweep(a, &obs, step).await;
+    let timeline = obs.finish();
+    let mut run = Run::new(a, rows?);
+    run.timeline = timeline;
+    Ok(run)
 }
 
 /// Runs every workload's depth sweep; `step(workload, block size, depth)` measures one step.
-pub async fn sweep(
+async fn sweep(
     a: &BenchArgs,
-    obs: &Observe<'_>,
+    obs: &Observe,
     mut step: impl AsyncFnMut(Workload, u64, usize) -> Result<StepStats>,
 ) -> Result<Vec<Row>> {
     let (ramp, run) = (
@@ -53,14 +94,14 @@ pub async fn sweep(
         for depth in depths {
             obs.sampler.set_step(Some(rows.len()));
             let started_s = obs.sampler.elapsed();
-            let before = procstat::snapshot(obs.osd_pids, obs.disk);
-            let reactors_before = procstat::ReactorCounters::read(obs.perf_sockets);
+            let before = procstat::snapshot(&obs.osd_pids, obs.disk);
+            let reactors_before = procstat::ReactorCounters::read(&obs.perf_sockets);
             let stats = step(wl, bs, depth).await?;
-            let reactors = procstat::ReactorCounters::read(obs.perf_sockets);
+            let reactors = procstat::ReactorCounters::read(&obs.perf_sockets);
             let usage = procstat::usage(
                 &before,
-                &procstat::snapshot(obs.osd_pids, obs.disk),
-                obs.osd_pids,
+                &procstat::snapshot(&obs.osd_pids, obs.disk),
+                &obs.osd_pids,
             );
             let reactor_busy = reactors.busy_since(&reactors_before, usage.wall_secs);
             let ceiling = match obs.ceiling {
