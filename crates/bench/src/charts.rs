@@ -309,7 +309,7 @@ fn usage_panels<DB: DrawingBackend>(
         ("OSD, all threads", |s| s.osd_cpu),
         ("OSD, busiest thread", |s| s.busiest),
         ("busiest reactor, busy by its own loop", |s| s.reactor_busy),
-        ("bench process (load generator, ceiling server)", |s| {
+        ("client side (load generator or fio, gateway)", |s| {
             s.client_cpu
         }),
     ];
