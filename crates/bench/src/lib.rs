@@ -303,23 +303,28 @@ fn bench_carmine(a: &BenchArgs, cluster_dir: &std::path::Path) -> Result<Run> {
         dir: DirArg {
             dir: cluster_dir.to_path_buf(),
         },
-        osds: a.osds,
-        reactors: a.reactors,
-        store: a.store.clone(),
+        osds: Some(a.osds),
+        reactors: Some(a.reactors),
+        store: Some(a.store.clone()),
         memory_limit: (a.volume_size * 2).max(1 << 30),
-        device_size: a.device_size.unwrap_or((a.volume_size * 2).max(2 << 30)),
+        device_size: Some(a.device_size.unwrap_or((a.volume_size * 2).max(2 << 30))),
         no_fsync: a.no_fsync,
         exe: None,
         cpu_policy: a.cpu_policy,
         cpu_set: Some(a.osd_cpu.clone()),
         no_pin: false,
-        pool: "rbd".into(),
-        pg_num: 64,
+        pool: Some("rbd".into()),
+        pg_num: Some(64),
         host: [127, 0, 0, 1].into(),
     };
+    // Each run gets a new cluster: one left in this directory by an earlier run goes.
+    carmine_localcluster::forget(cluster_dir)?;
     let running = carmine_localcluster::up(&up)?;
+    for line in &running.notes {
+        println!("{line}");
+    }
     let result = bench_against(a, &running);
-    running.down()?;
+    println!("{}", running.down()?);
     // The cluster was made for this run: its (sparse, device-sized) native store files go, its
     // map and logs stay.
     for id in 0..a.osds {

@@ -29,9 +29,25 @@ pub enum ClusterCommand {
 
 pub fn run(cmd: ClusterCommand) -> Result<()> {
     match cmd {
-        ClusterCommand::Up(a) => up(&a).map(drop),
-        ClusterCommand::Down(d) => down(&d.dir),
-        ClusterCommand::Status(d) => status(&d.dir),
+        ClusterCommand::Up(a) => {
+            let running = up(&a)?;
+            for line in &running.notes {
+                println!("{line}");
+            }
+            Ok(())
+        }
+        ClusterCommand::Down(d) => {
+            println!("{}", down(&d.dir)?);
+            Ok(())
+        }
+        ClusterCommand::Status(d) => {
+            let s = status(&d.dir)?;
+            print!("{}", s.text);
+            if !s.healthy {
+                anyhow::bail!("some reactors do not answer");
+            }
+            Ok(())
+        }
         ClusterCommand::Perf {
             dir,
             interval,

@@ -44,23 +44,26 @@ pub fn run(a: DemoArgs) -> Result<()> {
     };
     let up = UpArgs {
         dir: DirArg { dir: dir.clone() },
-        osds: 1,
-        reactors: a.reactors,
-        store: "memory".into(),
+        osds: Some(1),
+        reactors: Some(a.reactors),
+        store: Some("memory".into()),
         memory_limit: a.size.max(256 << 20) * 2 / a.reactors.max(1) as u64 + (256 << 20),
-        device_size: 0,
+        device_size: None,
         no_fsync: false,
         exe: None,
         cpu_policy: CpuPolicy::Default,
         cpu_set: None,
         no_pin: false,
-        pool: "rbd".into(),
-        pg_num: 64,
+        pool: Some("rbd".into()),
+        pg_num: Some(64),
         host: [127, 0, 0, 1].into(),
     };
     let running = carmine_localcluster::up(&up)?;
+    for line in &running.notes {
+        println!("{line}");
+    }
     let result = carmine_reactor::block_on(demo(&running.dir, &a));
-    running.down()?;
+    println!("{}", running.down()?);
     if temporary {
         let _ = std::fs::remove_dir_all(&dir);
     }

@@ -49,6 +49,19 @@ enum Command {
     Bench(Box<carmine_bench::BenchArgs>),
 }
 
+/// Output to a closed pipe (`carmine cluster status | head`) ends the process quietly, as in
+/// every Unix tool, instead of a panic in `println!`. Rust ignores SIGPIPE by default; the
+/// default action is restored only for commands that just print and exit. Daemons and
+/// commands that own a cluster (osd, nbd, demo, bench) keep ignoring it, so a vanished
+/// terminal never takes them down before they clean up. Sockets are unaffected either way:
+/// they are written with MSG_NOSIGNAL.
+fn quiet_on_closed_stdout() {
+    // SAFETY: sets a signal disposition to its default; no handler runs.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
+}
+
 fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(
@@ -58,6 +71,12 @@ fn main() -> ExitCode {
         .with_writer(std::io::stderr)
         .init();
     let cli = Cli::parse();
+    if !matches!(
+        cli.command,
+        Command::Osd(_) | Command::Nbd(_) | Command::Demo(_) | Command::Bench(_)
+    ) {
+        quiet_on_closed_stdout();
+    }
     let result = match cli.command {
         Command::Osd(a) => osd::run(a),
         Command::Store(c) => store::run(c),

@@ -45,8 +45,9 @@ pub struct OsdArgs {
     /// Native store: its file or block device.
     #[arg(long, required_if_eq("store", "native"))]
     pub device: Option<PathBuf>,
-    /// Native store: format the device first if it holds no store (with --device-size, create
-    /// the file).
+    /// Native store: format the device if it is blank (missing, empty, or all zeros; with
+    /// --device-size, create the file). A device holding anything else is never formatted
+    /// here: use `carmine store mkfs --force` for that.
     #[arg(long)]
     pub mkfs: bool,
     /// Native store: size of the file `--mkfs` creates.
@@ -152,8 +153,12 @@ fn native_store(a: &OsdArgs, reactors: u32) -> Result<StoreConfig> {
         .device
         .clone()
         .context("--device is required with --store native")?;
-    let formatted = device.exists() && crate::store::shard_count(&device).is_ok();
-    if !formatted {
+    // Format only what holds nothing: a missing or empty file, or one of zeros. Anything
+    // else without a readable store (a damaged superblock, another program's data) is
+    // refused, and left exactly as it is.
+    let blank = crate::store::is_blank(&device)
+        .with_context(|| format!("inspecting {}", device.display()))?;
+    if blank {
         if !a.mkfs {
             bail!(
                 "{} holds no native store; pass --mkfs to create one",
@@ -165,6 +170,7 @@ fn native_store(a: &OsdArgs, reactors: u32) -> Result<StoreConfig> {
             shards: reactors,
             size: a.device_size,
             segment_size: carmine_nativestore::DEFAULT_SEGMENT_SIZE as u64,
+            force: false,
         })?;
     }
     let shards = crate::store::shard_count(&device)?;

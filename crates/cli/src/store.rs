@@ -3,7 +3,8 @@
 use crate::size::parse_size;
 use anyhow::{bail, Context, Result};
 use carmine_nativestore::{
-    fsck, mkfs, read_superblock, FileDevice, SyncMode, DEFAULT_SEGMENT_SIZE,
+    fsck, mkfs, read_superblock, read_superblock_copies, DeviceLock, FileDevice, SyncMode,
+    DEFAULT_SEGMENT_SIZE,
 };
 use clap::{Args, Subcommand};
 use std::path::{Path, PathBuf};
@@ -39,13 +40,33 @@ pub struct MkfsArgs {
     /// Segment size: the unit of log writing and cleaning.
     #[arg(long, default_value_t = DEFAULT_SEGMENT_SIZE as u64, value_parser = parse_size)]
     pub segment_size: u64,
+    /// Format even when the device holds data (a store, or anything else): destroys it.
+    #[arg(long)]
+    pub force: bool,
 }
 
-/// Formats `a.device`, creating the file when a size is given.
+/// Formats `a.device`, creating the file when a size is given. A device that holds
+/// anything but zeros is formatted only with `force`.
 pub fn format(a: &MkfsArgs) -> Result<()> {
+    if a.device.exists() {
+        let _lock = DeviceLock::acquire(&a.device)
+            .with_context(|| format!("locking {}", a.device.display()))?;
+        if !a.force && !is_blank(&a.device)? {
+            let what = match shard_count(&a.device) {
+                Ok(n) => format!("a Carmine native store with {n} shards"),
+                Err(_) => "data (not a readable Carmine store)".to_string(),
+            };
+            bail!(
+                "{} holds {what}; refusing to format it. Pass --force to destroy it",
+                a.device.display()
+            );
+        }
+    }
     if let Some(size) = a.size {
         allocate_file(&a.device, size)?;
     }
+    let _lock = DeviceLock::acquire(&a.device)
+        .with_context(|| format!("locking {}", a.device.display()))?;
     let segment = u32::try_from(a.segment_size).context("segment size too large")?;
     let sb = carmine_reactor::block_on(async {
         let dev = FileDevice::open(&a.device, SyncMode::Fdatasync).await?;
@@ -97,6 +118,52 @@ fn allocate_file(path: &Path, size: u64) -> Result<()> {
     Ok(())
 }
 
+/// True when `path` holds nothing: missing, empty, or zeros only. Holes of sparse files
+/// are skipped (`SEEK_DATA`), so a fresh sparse file is checked at once.
+pub fn is_blank(path: &Path) -> Result<bool> {
+    use std::io::Read;
+    use std::os::fd::AsRawFd;
+    let mut f = match std::fs::File::open(path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(true),
+        Err(e) => return Err(e).with_context(|| format!("opening {}", path.display())),
+    };
+    let len = {
+        use std::io::Seek;
+        f.seek(std::io::SeekFrom::End(0))?
+    };
+    let mut buf = vec![0u8; 1 << 20];
+    let mut at: u64 = 0;
+    while at < len {
+        // SAFETY: plain syscall on an fd we own.
+        let data = unsafe { libc::lseek(f.as_raw_fd(), at as libc::off_t, libc::SEEK_DATA) };
+        if data < 0 {
+            let e = std::io::Error::last_os_error();
+            if e.raw_os_error() == Some(libc::ENXIO) {
+                return Ok(true); // only holes from here on
+            }
+            // No SEEK_DATA (a block device, some filesystems): read everything.
+            if at == 0 {
+                use std::io::Seek;
+                f.seek(std::io::SeekFrom::Start(0))?;
+            }
+        } else {
+            at = data as u64;
+            use std::io::Seek;
+            f.seek(std::io::SeekFrom::Start(at))?;
+        }
+        let n = f.read(&mut buf)?;
+        if n == 0 {
+            break;
+        }
+        if buf[..n].iter().any(|b| *b != 0) {
+            return Ok(false);
+        }
+        at += n as u64;
+    }
+    Ok(true)
+}
+
 /// Shards of an existing store, or an error naming what is wrong with it.
 pub fn shard_count(device: &Path) -> Result<u32> {
     let sb = carmine_reactor::block_on(async {
@@ -129,8 +196,24 @@ pub fn run(c: StoreCommand) -> Result<()> {
             Ok(())
         }
         StoreCommand::Fsck(a) => {
-            let shards = shard_count(&a.device)?;
+            let _lock = DeviceLock::acquire(&a.device)
+                .with_context(|| format!("locking {}", a.device.display()))?;
+            let copies = carmine_reactor::block_on(async {
+                let dev = FileDevice::open(&a.device, SyncMode::Fdatasync).await?;
+                read_superblock_copies(&dev)
+                    .await
+                    .map_err(std::io::Error::other)
+            })
+            .with_context(|| format!("reading the store on {}", a.device.display()))?;
+            let shards = copies.superblock.shards.len() as u32;
             let mut bad = 0;
+            if let Some(why) = &copies.primary_damaged {
+                println!("  error: primary superblock damaged ({why}); the backup copy is good");
+                bad += 1;
+            }
+            if let Some(why) = &copies.backup_problem {
+                println!("  warning: {why}");
+            }
             for shard in 0..shards {
                 let report = carmine_reactor::block_on(async {
                     let dev = FileDevice::open(&a.device, SyncMode::Fdatasync).await?;
@@ -146,6 +229,12 @@ pub fn run(c: StoreCommand) -> Result<()> {
                     report.blocks_checked,
                     report.errors.len()
                 );
+                if report.mount.damaged_blocks > 0 {
+                    println!(
+                        "  {} damaged data blocks found in the journal (they read as corrupt)",
+                        report.mount.damaged_blocks
+                    );
+                }
                 for e in &report.errors {
                     println!("  error: {e}");
                 }

@@ -34,19 +34,19 @@ pub struct DirArg {
 pub struct UpArgs {
     #[command(flatten)]
     pub dir: DirArg,
-    /// Number of OSD processes.
-    #[arg(long, default_value_t = 1)]
-    pub osds: u32,
-    /// Reactors (pinned threads, each with its own store shard) per OSD.
-    #[arg(long, default_value_t = 1)]
-    pub reactors: u32,
+    /// Number of OSD processes [new cluster: 1]. On an existing cluster it must match.
+    #[arg(long)]
+    pub osds: Option<u32>,
+    /// Reactors (pinned threads, each with its own store shard) per OSD [new cluster: 1].
+    #[arg(long)]
+    pub reactors: Option<u32>,
     /// Object store backend: memory, or native (one backing file per OSD in the cluster
-    /// directory, kept across `down`/`up`).
-    #[arg(long, default_value = "memory")]
-    pub store: String,
-    /// Native store: size of each OSD's backing file when it is created (sparse).
-    #[arg(long, default_value = "4G", value_parser = parse_size)]
-    pub device_size: u64,
+    /// directory, kept across `down`/`up`) [new cluster: memory].
+    #[arg(long)]
+    pub store: Option<String>,
+    /// Native store: size of each OSD's backing file when it is created [4G].
+    #[arg(long, value_parser = parse_size)]
+    pub device_size: Option<u64>,
     /// Native store: acknowledge after O_DIRECT completion only (no fdatasync): survives a
     /// process crash, not power loss.
     #[arg(long)]
@@ -66,12 +66,12 @@ pub struct UpArgs {
     /// Do not pin reactors.
     #[arg(long)]
     pub no_pin: bool,
-    /// Name of the pool created with the cluster.
-    #[arg(long, default_value = "rbd")]
-    pub pool: String,
-    /// Placement groups in that pool.
-    #[arg(long, default_value_t = 64)]
-    pub pg_num: u32,
+    /// Name of the pool created with the cluster [rbd].
+    #[arg(long)]
+    pub pool: Option<String>,
+    /// Placement groups in that pool [64].
+    #[arg(long)]
+    pub pg_num: Option<u32>,
     /// Address the OSDs listen on.
     #[arg(long, default_value = "127.0.0.1")]
     pub host: std::net::IpAddr,
@@ -180,18 +180,21 @@ fn is_zombie(pid: i32) -> bool {
 pub struct Running {
     pub dir: PathBuf,
     pub map: OsdMap,
-    /// The OSD processes, in id order, when this process started them.
-    children: Vec<std::process::Child>,
+    /// The OSD processes this process started, by id.
+    children: Vec<(u32, std::process::Child)>,
+    /// What `up` did, line by line, for the caller to show.
+    pub notes: Vec<String>,
 }
 
 impl Running {
-    /// Stops the cluster and reaps the OSD processes this process started.
-    pub fn down(mut self) -> Result<()> {
-        down(&self.dir)?;
-        for c in &mut self.children {
+    /// Stops the cluster and reaps the OSD processes this process started; returns what
+    /// `down` says.
+    pub fn down(mut self) -> Result<String> {
+        let said = down(&self.dir)?;
+        for (_, c) in &mut self.children {
             let _ = c.wait();
         }
-        Ok(())
+        Ok(said)
     }
 }
 
@@ -205,129 +208,352 @@ pub fn store_path(dir: &Path, id: u32) -> PathBuf {
     dir.join(format!("osd.{id}.store"))
 }
 
+/// What a cluster directory says about the cluster beyond its map: fixed at creation.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+struct ClusterFile {
+    store: String,
+}
+
+const CLUSTER_FILE: &str = "cluster.json";
+
+fn read_cluster_file(dir: &Path) -> Result<Option<ClusterFile>> {
+    match std::fs::read(dir.join(CLUSTER_FILE)) {
+        Ok(raw) => Ok(Some(serde_json::from_slice(&raw).with_context(|| {
+            format!("parsing {}", dir.join(CLUSTER_FILE).display())
+        })?)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(e).with_context(|| format!("reading {}", dir.join(CLUSTER_FILE).display())),
+    }
+}
+
+/// Writes `bytes` to `path` so that a crash leaves the old or the new content, never a mix.
+fn write_atomically(path: &Path, bytes: &[u8]) -> Result<()> {
+    use std::io::Write;
+    let tmp = path.with_extension("tmp");
+    let mut f =
+        std::fs::File::create(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
+    f.write_all(bytes)?;
+    f.sync_all()?;
+    std::fs::rename(&tmp, path).with_context(|| format!("replacing {}", path.display()))?;
+    if let Some(parent) = path.parent() {
+        std::fs::File::open(parent)?.sync_all()?;
+    }
+    Ok(())
+}
+
+/// Forgets the cluster in `dir` (map, settings, native store files) so that the next `up`
+/// makes a new one. For throw-away clusters (benchmarks); destroys their data.
+pub fn forget(dir: &Path) -> Result<()> {
+    if !live_osds(dir)?.is_empty() {
+        bail!("a cluster is running in {}; stop it first", dir.display());
+    }
+    let Ok(map) = read_map(dir) else {
+        return Ok(());
+    };
+    for o in &map.osds {
+        let _ = std::fs::remove_file(store_path(dir, o.id));
+    }
+    let _ = std::fs::remove_file(dir.join(CLUSTER_FILE));
+    std::fs::remove_file(map_path(dir))
+        .with_context(|| format!("removing the map in {}", dir.display()))?;
+    Ok(())
+}
+
+/// Starts the cluster in `a.dir`: a new one when the directory holds none, otherwise exactly
+/// the cluster it holds — its map, OSD ids and stores — restarting the OSDs that are not
+/// running. A flag that contradicts the existing cluster is refused; nothing is formatted
+/// or remapped behind the operator's back.
 pub fn up(a: &UpArgs) -> Result<Running> {
-    if a.store != "memory" && a.store != "native" {
-        bail!(
-            "unknown store {:?}: this build supports `memory` and `native`",
-            a.store
-        );
-    }
-    if a.osds == 0 || a.reactors == 0 {
-        bail!("--osds and --reactors must be at least 1");
-    }
     let dir = &a.dir.dir;
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     let dir = std::fs::canonicalize(dir)?;
+    let restart = map_path(&dir).exists();
+    let (map, store, notes) = if restart {
+        existing_cluster(&dir, a)?
+    } else {
+        new_cluster(&dir, a)?
+    };
     let live = live_osds(&dir)?;
-    if !live.is_empty() {
+    let to_start: Vec<u32> = map
+        .osds
+        .iter()
+        .map(|o| o.id)
+        .filter(|id| !live.iter().any(|(l, _)| l == id))
+        .collect();
+    if to_start.is_empty() {
         bail!(
-            "a cluster is already running in {} ({} OSDs); run `carmine cluster down` first",
+            "the cluster in {} is already running ({} OSDs); run `carmine cluster down` first",
             dir.display(),
             live.len()
         );
     }
-    let addrs = free_addrs(a.host, (a.osds * a.reactors) as usize)?;
-    let map = OsdMap {
-        epoch: 1,
-        osds: (0..a.osds)
-            .map(|id| OsdInfo {
-                id,
-                up: true,
-                reactors: addrs[(id * a.reactors) as usize..((id + 1) * a.reactors) as usize]
-                    .to_vec(),
-            })
-            .collect(),
-        pools: vec![Pool {
-            id: 1,
-            name: a.pool.clone(),
-            pg_num: a.pg_num,
-            size: 1,
-        }],
-    };
-    map.validate()?;
-    std::fs::write(map_path(&dir), map.encode())?;
-    let mut children = Vec::with_capacity(a.osds as usize);
+    let mut notes = notes;
+    if restart {
+        let names: Vec<String> = to_start.iter().map(|id| format!("osd.{id}")).collect();
+        let mut line = format!("restarting {} from {}", names.join(", "), dir.display());
+        if !live.is_empty() {
+            let running: Vec<String> = live
+                .iter()
+                .map(|(id, pid)| format!("osd.{id} (pid {pid})"))
+                .collect();
+            line.push_str(&format!("; already running: {}", running.join(", ")));
+        }
+        notes.insert(0, line);
+    }
+    let mut children = Vec::with_capacity(to_start.len());
     let exe = match &a.exe {
         Some(e) => e.clone(),
         None => std::env::current_exe().context("locating the carmine binary")?,
     };
-    for id in 0..a.osds {
-        let log = std::fs::File::create(dir.join(format!("osd.{id}.log")))?;
-        let mut cmd = Command::new(&exe);
-        cmd.arg("osd")
-            .arg("--id")
-            .arg(id.to_string())
-            .arg("--map")
-            .arg(map_path(&dir))
-            .arg("--perf-socket")
-            .arg(perf_socket_path(&dir, id));
-        if a.store == "native" {
-            cmd.arg("--store")
-                .arg("native")
-                .arg("--device")
-                .arg(store_path(&dir, id))
-                .arg("--mkfs")
-                .arg("--device-size")
-                .arg(a.device_size.to_string());
-            if a.no_fsync {
-                cmd.arg("--durability").arg("process-crash");
-            }
-        }
-        cmd.arg("--memory-limit")
-            .arg(a.memory_limit.to_string())
-            .arg("--cpu-policy")
-            .arg(a.cpu_policy.to_string());
-        if let Some(s) = &a.cpu_set {
-            cmd.arg("--cpu-set").arg(s);
-        }
-        if a.no_pin {
-            cmd.arg("--no-pin");
-        }
-        // Own process group: a Ctrl-C aimed at the shell does not take the cluster down.
-        use std::os::unix::process::CommandExt;
-        cmd.process_group(0)
-            .stdin(Stdio::null())
-            .stdout(log.try_clone()?)
-            .stderr(log);
-        let child = cmd.spawn().with_context(|| format!("starting osd.{id}"))?;
+    for &id in &to_start {
+        let child = start_osd(&exe, &dir, id, &store, a)?;
         std::fs::write(pid_file(&dir, id), child.id().to_string())?;
-        children.push(child);
+        children.push((id, child));
     }
     let mut running = Running {
         dir: dir.clone(),
         map,
         children,
+        notes,
     };
-    if let Err(e) = wait_ready(&mut running) {
+    if let Err(e) = wait_ready(&mut running, &to_start) {
         let _ = running.down();
         return Err(e);
     }
-    println!(
-        "cluster up in {}: {} OSD(s) x {} reactor(s), pool {:?} with {} PGs",
+    let reactors = running.map.osds.first().map_or(0, |o| o.reactors.len());
+    let pool = &running.map.pools[0];
+    running.notes.push(format!(
+        "cluster up in {}: {} OSD(s) x {} reactor(s), {} store, pool {:?} with {} PGs, map epoch {}",
         dir.display(),
-        a.osds,
-        a.reactors,
-        a.pool,
-        a.pg_num
-    );
+        running.map.osds.len(),
+        reactors,
+        store,
+        pool.name,
+        pool.pg_num,
+        running.map.epoch
+    ));
     for o in &running.map.osds {
         let eps: Vec<String> = o.reactors.iter().map(|r| r.to_string()).collect();
-        println!("  osd.{}: {}", o.id, eps.join(" "));
+        running
+            .notes
+            .push(format!("  osd.{}: {}", o.id, eps.join(" ")));
     }
     if !a.no_pin {
         let (topo, alloc) = placement(&running.map, a.cpu_set.as_deref(), a.cpu_policy)?;
-        print!("{}", alloc.grid(&topo));
+        running.notes.push(alloc.grid(&topo).trim_end().to_string());
     }
     Ok(running)
 }
 
-/// Waits until every reactor answers a ping, or reports the first OSD that died with its log.
-fn wait_ready(r: &mut Running) -> Result<()> {
+/// A new cluster's map and settings, written to `dir`.
+fn new_cluster(dir: &Path, a: &UpArgs) -> Result<(OsdMap, String, Vec<String>)> {
+    let store = a.store.clone().unwrap_or_else(|| "memory".into());
+    if store != "memory" && store != "native" {
+        bail!("unknown store {store:?}: this build supports `memory` and `native`");
+    }
+    let (osds, reactors) = (a.osds.unwrap_or(1), a.reactors.unwrap_or(1));
+    if osds == 0 || reactors == 0 {
+        bail!("--osds and --reactors must be at least 1");
+    }
+    if store == "native" {
+        // Stranded stores of an earlier cluster whose map is gone: never format over them.
+        for id in 0..osds {
+            let p = store_path(dir, id);
+            if p.exists() && std::fs::metadata(&p)?.len() > 0 {
+                bail!(
+                    "{} exists but {} holds no cluster map: it may hold another cluster's \
+                     data. Move it away (or remove it) to create a new cluster here",
+                    p.display(),
+                    dir.display()
+                );
+            }
+        }
+    }
+    let addrs = free_addrs(a.host, (osds * reactors) as usize)?;
+    let map = OsdMap {
+        epoch: 1,
+        osds: (0..osds)
+            .map(|id| OsdInfo {
+                id,
+                up: true,
+                reactors: addrs[(id * reactors) as usize..((id + 1) * reactors) as usize].to_vec(),
+            })
+            .collect(),
+        pools: vec![Pool {
+            id: 1,
+            name: a.pool.clone().unwrap_or_else(|| "rbd".into()),
+            pg_num: a.pg_num.unwrap_or(64),
+            size: 1,
+        }],
+    };
+    map.validate()?;
+    write_atomically(
+        &dir.join(CLUSTER_FILE),
+        &serde_json::to_vec_pretty(&ClusterFile {
+            store: store.clone(),
+        })?,
+    )?;
+    write_atomically(&map_path(dir), &map.encode())?;
+    Ok((map, store, Vec::new()))
+}
+
+/// The cluster `dir` holds, checked against the flags; endpoints whose ports were taken
+/// meanwhile move, in a new map epoch.
+fn existing_cluster(dir: &Path, a: &UpArgs) -> Result<(OsdMap, String, Vec<String>)> {
+    let mut map = read_map(dir)?;
+    let mut notes = Vec::new();
+    // Clusters made before the settings file existed: native if any store file is there.
+    let store = match read_cluster_file(dir)? {
+        Some(f) => f.store,
+        None if map.osds.iter().any(|o| store_path(dir, o.id).exists()) => "native".into(),
+        None => "memory".into(),
+    };
+    let reactors = map.osds.first().map_or(0, |o| o.reactors.len() as u32);
+    let pool = map.pools.first().context("the map has no pool")?.clone();
+    let mut conflicts = Vec::new();
+    let mut check = |flag: &str, given: Option<String>, have: String| {
+        if let Some(g) = given {
+            if g != have {
+                conflicts.push(format!("--{flag} {g} (the cluster has {have})"));
+            }
+        }
+    };
+    check(
+        "osds",
+        a.osds.map(|v| v.to_string()),
+        map.osds.len().to_string(),
+    );
+    check(
+        "reactors",
+        a.reactors.map(|v| v.to_string()),
+        reactors.to_string(),
+    );
+    check("store", a.store.clone(), store.clone());
+    check("pool", a.pool.clone(), pool.name.clone());
+    check(
+        "pg-num",
+        a.pg_num.map(|v| v.to_string()),
+        pool.pg_num.to_string(),
+    );
+    if !conflicts.is_empty() {
+        bail!(
+            "{} already holds a cluster; `up` restarts it as it is, and these flags contradict \
+             it: {}. Membership changes are explicit commands; to make a new cluster, use \
+             another directory",
+            dir.display(),
+            conflicts.join(", ")
+        );
+    }
+    if a.device_size.is_some() && store == "native" {
+        notes.push(
+            "note: --device-size applies to new stores only; the existing ones keep their size"
+                .into(),
+        );
+    }
+    if store == "native" {
+        for o in &map.osds {
+            let p = store_path(dir, o.id);
+            if !p.exists() {
+                bail!(
+                    "osd.{}'s store {} is missing: refusing to start it empty (its data would \
+                     be gone while the map still gives it PGs)",
+                    o.id,
+                    p.display()
+                );
+            }
+        }
+    } else {
+        notes.push("note: memory store: data written before the restart is gone".into());
+    }
+    // Endpoints of OSDs that are not running must be free to bind again.
+    let live = live_osds(dir)?;
+    let mut moved = 0;
+    for o in map
+        .osds
+        .iter_mut()
+        .filter(|o| !live.iter().any(|(id, _)| *id == o.id))
+    {
+        for r in o.reactors.iter_mut() {
+            if TcpListener::bind(*r).is_err() {
+                let new = free_addrs(r.ip(), 1)?[0];
+                notes.push(format!("osd.{}: {} is taken; moving to {}", o.id, r, new));
+                *r = new;
+                moved += 1;
+            }
+        }
+    }
+    if moved > 0 {
+        map.epoch += 1;
+        map.validate()?;
+        write_atomically(&map_path(dir), &map.encode())?;
+    }
+    Ok((map, store, notes))
+}
+
+fn start_osd(
+    exe: &Path,
+    dir: &Path,
+    id: u32,
+    store: &str,
+    a: &UpArgs,
+) -> Result<std::process::Child> {
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(dir.join(format!("osd.{id}.log")))?;
+    let mut cmd = Command::new(exe);
+    cmd.arg("osd")
+        .arg("--id")
+        .arg(id.to_string())
+        .arg("--map")
+        .arg(map_path(dir))
+        .arg("--perf-socket")
+        .arg(perf_socket_path(dir, id));
+    if store == "native" {
+        let device = store_path(dir, id);
+        cmd.arg("--store")
+            .arg("native")
+            .arg("--device")
+            .arg(&device);
+        // Only a store file that does not exist yet is created and formatted; an existing
+        // one is mounted as it is (the OSD refuses to format anything but a blank device).
+        if !device.exists() {
+            cmd.arg("--mkfs")
+                .arg("--device-size")
+                .arg(a.device_size.unwrap_or(4 << 30).to_string());
+        }
+        if a.no_fsync {
+            cmd.arg("--durability").arg("process-crash");
+        }
+    }
+    cmd.arg("--memory-limit")
+        .arg(a.memory_limit.to_string())
+        .arg("--cpu-policy")
+        .arg(a.cpu_policy.to_string());
+    if let Some(s) = &a.cpu_set {
+        cmd.arg("--cpu-set").arg(s);
+    }
+    if a.no_pin {
+        cmd.arg("--no-pin");
+    }
+    // Own process group: a Ctrl-C aimed at the shell does not take the cluster down.
+    use std::os::unix::process::CommandExt;
+    cmd.process_group(0)
+        .stdin(Stdio::null())
+        .stdout(log.try_clone()?)
+        .stderr(log);
+    cmd.spawn().with_context(|| format!("starting osd.{id}"))
+}
+
+/// Waits until every reactor of `osds` answers a ping, or reports the first OSD that died
+/// with its log.
+fn wait_ready(r: &mut Running, osds: &[u32]) -> Result<()> {
     let deadline = Instant::now() + READY_TIMEOUT;
     let endpoints: Vec<(u32, SocketAddr)> = r
         .map
         .osds
         .iter()
+        .filter(|o| osds.contains(&o.id))
         .flat_map(|o| o.reactors.iter().map(move |a| (o.id, *a)))
         .collect();
     for (osd, addr) in endpoints {
@@ -336,7 +562,10 @@ fn wait_ready(r: &mut Running) -> Result<()> {
                 break;
             }
             // The child handle, not /proc: right after fork the child still shows our cmdline.
-            let exited = r.children[osd as usize].try_wait()?.is_some();
+            let exited = match r.children.iter_mut().find(|(id, _)| *id == osd) {
+                Some((_, c)) => c.try_wait()?.is_some(),
+                None => false,
+            };
             if exited || Instant::now() > deadline {
                 let log = std::fs::read_to_string(r.dir.join(format!("osd.{osd}.log")))
                     .unwrap_or_default();
@@ -376,7 +605,8 @@ pub fn ping(addr: SocketAddr) -> Result<Duration> {
     })
 }
 
-pub fn down(dir: &Path) -> Result<()> {
+/// Stops the OSDs running in `dir`; returns a one-line summary.
+pub fn down(dir: &Path) -> Result<String> {
     let dir = std::fs::canonicalize(dir)
         .with_context(|| format!("no cluster directory {}", dir.display()))?;
     let live = live_osds(&dir)?;
@@ -407,7 +637,7 @@ pub fn down(dir: &Path) -> Result<()> {
             std::fs::remove_file(e.path())?;
         }
     }
-    println!(
+    Ok(format!(
         "cluster down in {}: stopped {} OSD(s){}",
         dir.display(),
         live.len(),
@@ -416,48 +646,56 @@ pub fn down(dir: &Path) -> Result<()> {
         } else {
             String::new()
         }
-    );
-    Ok(())
+    ))
 }
 
-pub fn status(dir: &Path) -> Result<()> {
+/// The cluster's state as text: the map, and whether each OSD process runs and each
+/// reactor answers. `healthy` is false when any reactor does not.
+pub struct Status {
+    pub text: String,
+    pub healthy: bool,
+}
+
+pub fn status(dir: &Path) -> Result<Status> {
+    use std::fmt::Write;
     let dir = std::fs::canonicalize(dir)
         .with_context(|| format!("no cluster directory {}", dir.display()))?;
     let map = read_map(&dir)?;
     let live = live_osds(&dir)?;
-    println!("cluster {}  map epoch {}", dir.display(), map.epoch);
+    let mut t = String::new();
+    writeln!(t, "cluster {}  map epoch {}", dir.display(), map.epoch)?;
     for p in &map.pools {
-        println!(
+        writeln!(
+            t,
             "  pool {} {:?}: pg_num {}, size {}",
             p.id, p.name, p.pg_num, p.size
-        );
+        )?;
     }
     let mut healthy = true;
     for o in &map.osds {
         let pid = live.iter().find(|(id, _)| *id == o.id).map(|(_, p)| *p);
-        println!(
+        writeln!(
+            t,
             "  osd.{}: {}",
             o.id,
             pid.map_or("NOT RUNNING".to_string(), |p| format!("running, pid {p}"))
-        );
+        )?;
         for (r, addr) in o.reactors.iter().enumerate() {
             let pgs = map.pgs_of_reactor(o.id, r as u32).len();
             match ping(*addr) {
-                Ok(rtt) => println!(
+                Ok(rtt) => writeln!(
+                    t,
                     "    reactor {r} {addr}: up, {pgs} PGs, ping {} us",
                     rtt.as_micros()
-                ),
+                )?,
                 Err(e) => {
                     healthy = false;
-                    println!("    reactor {r} {addr}: DOWN ({e:#})");
+                    writeln!(t, "    reactor {r} {addr}: DOWN ({e:#})")?;
                 }
             }
         }
     }
-    if !healthy {
-        bail!("some reactors do not answer");
-    }
-    Ok(())
+    Ok(Status { text: t, healthy })
 }
 
 /// Parses sizes like `4096`, `64K`, `256M`, `4G`, `1T` (binary multiples).

@@ -6,13 +6,21 @@ use crate::device::BLOCK;
 use bytes::{Bytes, BytesMut};
 use carmine_types::{crc32c, Decoder, Encoder};
 
-pub const FORMAT_VERSION: u32 = 1;
+/// Version 2: a backup superblock at [`SUPER_BACKUP_OFFSET`]; records carry the durable mark
+/// and their checksum covers the metadata only (each data block is checked by the checksum
+/// its `SetBlock` delta holds). Version 1 stores are still read.
+pub const FORMAT_VERSION: u32 = 2;
+/// The oldest version this build still reads.
+pub const FORMAT_VERSION_MIN: u32 = 1;
 pub const SUPER_MAGIC: &[u8; 8] = b"CRMNSTOR";
 pub const SLOT_MAGIC: &[u8; 8] = b"CRMNCKPT";
 pub const SEGMENT_MAGIC: &[u8; 8] = b"CRMNSEGH";
 pub const RECORD_MAGIC: u32 = u32::from_le_bytes(*b"CREC");
 /// Shards start on this boundary; the first one after the superblock area.
 pub const SHARD_ALIGN: u64 = 1 << 20;
+/// The backup copy of the superblock: the last block of the superblock area, as far from
+/// block 0 as the area allows, so one damaged region rarely takes both.
+pub const SUPER_BACKUP_OFFSET: u64 = SHARD_ALIGN - BLOCK as u64;
 /// Blocks at the start of a shard before its first segment: checkpoint slots A and B.
 pub const SHARD_HEADER_BLOCKS: u64 = 2;
 pub const SHARDS_MAX: u32 = 64;
@@ -28,7 +36,10 @@ pub const CKPT_SEGMENTS_MAX: usize = 900;
 pub enum FormatError {
     #[error("bad magic: not a Carmine native store ({0})")]
     Magic(&'static str),
-    #[error("unsupported format version {found} (this build reads {FORMAT_VERSION})")]
+    #[error(
+        "unsupported format version {found} (this build reads {FORMAT_VERSION_MIN} to \
+         {FORMAT_VERSION}); use a newer carmine"
+    )]
     Version { found: u32 },
     #[error("checksum mismatch in {0}")]
     Checksum(&'static str),
@@ -63,7 +74,7 @@ fn open_block(
     }
     let mut d = Decoder::new(Bytes::copy_from_slice(&block[8..body_len]));
     let version = d.u32("version").map_err(decode_err(what))?;
-    if version != FORMAT_VERSION {
+    if !(FORMAT_VERSION_MIN..=FORMAT_VERSION).contains(&version) {
         return Err(FormatError::Version { found: version });
     }
     Ok(d)
@@ -346,8 +357,15 @@ pub struct RecordHeader {
     pub meta_len: u32,
     pub data_blocks: u32,
     pub total_blocks: u32,
-    /// crc32c over the metadata bytes, then every data block.
+    /// Version 2: crc32c over the metadata bytes. Version 1: over the metadata, then every
+    /// data block.
     pub payload_crc: u32,
+    /// Format version the record was written with.
+    pub version: u32,
+    /// Version 2: the highest record sequence known durable when this record was built
+    /// (0: none). A damaged record at or below a later record's mark was acknowledged, so
+    /// replay must not end there.
+    pub durable_seq: u64,
 }
 
 impl RecordHeader {
@@ -359,13 +377,14 @@ impl RecordHeader {
         let mut b = BytesMut::with_capacity(RECORD_HEADER_LEN);
         Encoder::new(&mut b)
             .u32(RECORD_MAGIC)
-            .u32(FORMAT_VERSION)
+            .u32(self.version)
             .u64(self.seq)
             .u64(self.nonce)
             .u32(self.meta_len)
             .u32(self.data_blocks)
             .u32(self.total_blocks)
-            .u32(self.payload_crc);
+            .u32(self.payload_crc)
+            .u64(self.durable_seq);
         b.resize(RECORD_HEADER_LEN - 4, 0);
         seal(&mut b);
         out[..RECORD_HEADER_LEN].copy_from_slice(&b);
@@ -373,6 +392,9 @@ impl RecordHeader {
 
     /// `None` when the block does not hold a valid record header (end of the journal).
     pub fn decode(block: &[u8]) -> Option<Self> {
+        if block.len() < RECORD_HEADER_LEN || block[..4] != RECORD_MAGIC.to_le_bytes() {
+            return None;
+        }
         let body = &block[..RECORD_HEADER_LEN - 4];
         let stored = u32::from_le_bytes(
             block[RECORD_HEADER_LEN - 4..RECORD_HEADER_LEN]
@@ -383,17 +405,26 @@ impl RecordHeader {
             return None;
         }
         let mut d = Decoder::new(Bytes::copy_from_slice(body));
-        if d.u32("magic").ok()? != RECORD_MAGIC || d.u32("version").ok()? != FORMAT_VERSION {
+        if d.u32("magic").ok()? != RECORD_MAGIC {
             return None;
         }
-        let h = Self {
+        let version = d.u32("version").ok()?;
+        if !(FORMAT_VERSION_MIN..=FORMAT_VERSION).contains(&version) {
+            return None;
+        }
+        let mut h = Self {
             seq: d.u64("seq").ok()?,
             nonce: d.u64("nonce").ok()?,
             meta_len: d.u32("meta len").ok()?,
             data_blocks: d.u32("data blocks").ok()?,
             total_blocks: d.u32("total blocks").ok()?,
             payload_crc: d.u32("payload crc").ok()?,
+            version,
+            durable_seq: 0,
         };
+        if version >= 2 {
+            h.durable_seq = d.u64("durable seq").ok()?;
+        }
         let expect = Self::blocks_for(h.meta_len as usize, h.data_blocks as usize);
         (expect == h.total_blocks as usize).then_some(h)
     }
@@ -430,13 +461,15 @@ mod tests {
     fn superblock_with_a_future_version_is_refused() {
         let sb = Superblock::layout(1 << 30, 1, 1 << 20, 7).unwrap();
         let mut enc = sb.encode().to_vec();
-        enc[8] = 2;
+        enc[8] = FORMAT_VERSION as u8 + 1;
         let body = enc.len() - 4;
         let crc = crc32c(&enc[..body]);
         enc[body..].copy_from_slice(&crc.to_le_bytes());
         assert_eq!(
             Superblock::decode(&enc),
-            Err(FormatError::Version { found: 2 })
+            Err(FormatError::Version {
+                found: FORMAT_VERSION + 1
+            })
         );
     }
 
@@ -473,6 +506,8 @@ mod tests {
             data_blocks: 3,
             total_blocks: RecordHeader::blocks_for(5000, 3) as u32,
             payload_crc: 1,
+            version: FORMAT_VERSION,
+            durable_seq: 7,
         };
         let mut block = vec![0u8; BLOCK];
         rh.encode_into(&mut block);

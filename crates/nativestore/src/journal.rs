@@ -5,7 +5,7 @@
 //! grows exactly while the device is busy — no timer, no background task, any executor.
 
 use crate::device::{AlignedBuf, BLOCK};
-use crate::format::{RecordHeader, SegmentHeader, INLINE_META, RECORD_HEADER_LEN};
+use crate::format::{RecordHeader, SegmentHeader, FORMAT_VERSION, INLINE_META, RECORD_HEADER_LEN};
 use bytes::{Bytes, BytesMut};
 use carmine_types::crc32c_append;
 use std::cell::{Cell, RefCell};
@@ -74,8 +74,9 @@ impl Batch {
         (self.data.len() * BLOCK) as u64
     }
 
-    /// The bytes to write and the device block to write them at.
-    pub fn serialize(&self) -> (AlignedBuf, u64) {
+    /// The bytes to write and the device block to write them at. `durable_seq` is the
+    /// highest record known durable now: replay uses it to tell a torn tail from damage.
+    pub fn serialize(&self, durable_seq: u64) -> (AlignedBuf, u64) {
         let blocks = self.blocks() as usize;
         let lead = usize::from(self.segment_header.is_some());
         let mut buf = AlignedBuf::zeroed((blocks + lead) * BLOCK);
@@ -93,17 +94,17 @@ impl Batch {
         let overflow = &self.meta[inline..];
         let ostart = (1 + self.data.len()) * BLOCK;
         rec[ostart..ostart + overflow.len()].copy_from_slice(overflow);
-        let mut crc = crc32c_append(0, &self.meta);
-        for d in &self.data {
-            crc = crc32c_append(crc, d);
-        }
+        // The metadata only: every data block has its own checksum in its SetBlock delta,
+        // so one bad data block costs that block, not the record and all after it.
         RecordHeader {
             seq: self.record_seq,
             nonce: self.nonce,
             meta_len: self.meta.len() as u32,
             data_blocks: self.data.len() as u32,
             total_blocks: blocks as u32,
-            payload_crc: crc,
+            payload_crc: crc32c_append(0, &self.meta),
+            version: FORMAT_VERSION,
+            durable_seq,
         }
         .encode_into(rec);
         let at = self.start - lead as u64;
@@ -120,13 +121,11 @@ pub struct ParsedRecord<'a> {
 }
 
 /// Parses the record at the start of `area` (block-aligned bytes read from a segment), or
-/// `None` when there is no valid record with this sequence number and nonce there.
+/// `None` when there is no valid record with this sequence number and nonce there. A valid
+/// record's metadata is intact; its data blocks are for the caller to check one by one.
 pub fn parse_record(area: &[u8], seq: u64, nonce: u64) -> Option<ParsedRecord<'_>> {
-    if area.len() < BLOCK {
-        return None;
-    }
-    let header = RecordHeader::decode(&area[..BLOCK])?;
-    if header.seq != seq || header.nonce != nonce {
+    let header = parse_header(area, nonce)?;
+    if header.seq != seq {
         return None;
     }
     let total = header.total_blocks as usize * BLOCK;
@@ -141,6 +140,18 @@ pub fn parse_record(area: &[u8], seq: u64, nonce: u64) -> Option<ParsedRecord<'_
     let ostart = BLOCK + data_len;
     meta.extend_from_slice(&area[ostart..ostart + (meta_len - inline)]);
     let data = &area[BLOCK..BLOCK + data_len];
-    let crc = crc32c_append(crc32c_append(0, &meta), data);
+    let crc = match header.version {
+        1 => crc32c_append(crc32c_append(0, &meta), data),
+        _ => crc32c_append(0, &meta),
+    };
     (crc == header.payload_crc).then_some(ParsedRecord { header, meta, data })
+}
+
+/// The record header at the start of `area` if there is a valid one of this segment opening
+/// (`nonce`), whatever its sequence.
+pub fn parse_header(area: &[u8], nonce: u64) -> Option<RecordHeader> {
+    if area.len() < BLOCK {
+        return None;
+    }
+    RecordHeader::decode(&area[..BLOCK]).filter(|h| h.nonce == nonce)
 }

@@ -20,10 +20,10 @@ mod simdev;
 mod space;
 mod store;
 
-pub use device::{AlignedBuf, BlockDevice, FileDevice, SyncMode, BLOCK};
-pub use format::{FormatError, Superblock, FORMAT_VERSION};
+pub use device::{AlignedBuf, BlockDevice, DeviceLock, FileDevice, SyncMode, BLOCK};
+pub use format::{FormatError, Superblock, FORMAT_VERSION, SUPER_BACKUP_OFFSET};
 pub use fsck::{fsck, FsckReport};
-pub use mount::{mkfs, read_superblock, MountReport};
+pub use mount::{mkfs, read_superblock, read_superblock_copies, MountReport, SuperblockCopies};
 pub use simdev::{CrashImage, SimDevice};
 pub use store::{NativeConfig, NativeStats, NativeStore};
 

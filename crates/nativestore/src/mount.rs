@@ -3,10 +3,11 @@
 use crate::delta::Delta;
 use crate::device::{AlignedBuf, BlockDevice, BLOCK};
 use crate::format::{
-    CheckpointSlot, JournalPos, SegmentHeader, SegmentKind, Superblock, SHARD_HEADER_BLOCKS,
+    CheckpointSlot, FormatError, JournalPos, SegmentHeader, SegmentKind, Superblock, SHARD_ALIGN,
+    SHARD_HEADER_BLOCKS, SUPER_BACKUP_OFFSET,
 };
 use crate::index::{Geometry, Index};
-use crate::journal::{parse_record, Notify};
+use crate::journal::{self, parse_record, Notify};
 use crate::store::{NativeConfig, NativeStats, NativeStore, Seg, SegKind, State};
 use bytes::Bytes;
 use carmine_types::{crc32c, Decoder};
@@ -21,6 +22,9 @@ pub struct MountReport {
     pub journal_segments_replayed: u32,
     pub objects: u64,
     pub live_blocks: u64,
+    /// Data blocks of acknowledged records found damaged during replay (they read as
+    /// corrupt; everything else is intact).
+    pub damaged_blocks: u64,
 }
 
 async fn read_block<D: BlockDevice>(dev: &D, off: u64) -> Result<AlignedBuf, String> {
@@ -37,21 +41,83 @@ async fn write_block<D: BlockDevice>(dev: &D, off: u64, data: &[u8]) -> Result<(
     res.map_err(|e| format!("writing block at byte {off}: {e}"))
 }
 
+/// The superblock, from the primary copy or, when that one is damaged, from the backup
+/// (with a warning). A superblock of a newer format is refused, never bypassed.
 pub async fn read_superblock<D: BlockDevice>(dev: &D) -> Result<Superblock, String> {
-    let block = read_block(dev, 0).await?;
-    let sb = Superblock::decode(block.full()).map_err(|e| format!("superblock: {e}"))?;
-    for (i, s) in sb.shards.iter().enumerate() {
-        let end = s.base
-            + SHARD_HEADER_BLOCKS * BLOCK as u64
-            + s.segments as u64 * sb.segment_size as u64;
-        if end > dev.size() {
+    Ok(read_superblock_copies(dev).await?.superblock)
+}
+
+/// What the two superblock copies hold.
+#[derive(Clone, Debug)]
+pub struct SuperblockCopies {
+    pub superblock: Superblock,
+    /// Why the primary copy could not be used (the backup was), if it could not.
+    pub primary_damaged: Option<String>,
+    /// Why the backup does not match the primary, if it does not (version 1 stores have
+    /// none).
+    pub backup_problem: Option<String>,
+}
+
+pub async fn read_superblock_copies<D: BlockDevice>(dev: &D) -> Result<SuperblockCopies, String> {
+    if dev.size() < SHARD_ALIGN {
+        return Err(format!(
+            "the device has {} bytes, less than a store's superblock area",
+            dev.size()
+        ));
+    }
+    let primary = Superblock::decode(read_block(dev, 0).await?.full());
+    let backup = Superblock::decode(read_block(dev, SUPER_BACKUP_OFFSET).await?.full());
+    let copies = match (primary, backup) {
+        // A newer format is a reason to stop, not to look elsewhere.
+        (Err(e @ FormatError::Version { .. }), _) => return Err(format!("superblock: {e}")),
+        (Ok(sb), backup) => {
+            let backup_problem = match backup {
+                Ok(b) if b == sb => None,
+                Ok(_) => Some("the backup superblock differs from the primary".to_string()),
+                Err(e) => Some(format!("backup superblock: {e}")),
+            };
+            SuperblockCopies {
+                superblock: sb,
+                primary_damaged: None,
+                backup_problem,
+            }
+        }
+        (Err(e), Ok(sb)) => {
+            tracing::warn!("primary superblock unusable ({e}); mounting from the backup copy");
+            SuperblockCopies {
+                superblock: sb,
+                primary_damaged: Some(e.to_string()),
+                backup_problem: None,
+            }
+        }
+        (Err(FormatError::Magic(_)), Err(FormatError::Magic(_))) => {
+            return Err("no Carmine native store here (no superblock, no backup)".into())
+        }
+        (Err(e), Err(b)) => {
             return Err(format!(
-                "shard {i} ends at byte {end}, past the device's {} bytes",
+                "superblock damaged ({e}) and its backup too ({b}); refusing to touch the device"
+            ))
+        }
+    };
+    let sb = &copies.superblock;
+    for (i, s) in sb.shards.iter().enumerate() {
+        let end = (s.segments as u64)
+            .checked_mul(sb.segment_size as u64)
+            .and_then(|b| b.checked_add(SHARD_HEADER_BLOCKS * BLOCK as u64))
+            .and_then(|b| b.checked_add(s.base));
+        if s.base < SHARD_ALIGN || end.is_none_or(|end| end > dev.size()) {
+            return Err(format!(
+                "shard {i} (at byte {}, {} segments) does not fit the device's {} bytes",
+                s.base,
+                s.segments,
                 dev.size()
             ));
         }
+        if s.segments < crate::format::SEGMENTS_MIN {
+            return Err(format!("shard {i} has only {} segments", s.segments));
+        }
     }
-    Ok(sb)
+    Ok(copies)
 }
 
 /// Formats `dev` with `shards` shards of `segment_size`-byte segments, each with an empty
@@ -62,8 +128,11 @@ pub async fn mkfs<D: BlockDevice>(
     segment_size: u32,
 ) -> Result<Superblock, String> {
     let sb = Superblock::layout(dev.size(), shards, segment_size, rand::random())?;
-    // Invalidate the old superblock first, so a crash mid-mkfs leaves no half-new store.
+    // Invalidate both old superblock copies first, so a crash mid-mkfs leaves no half-new
+    // store (and no old backup that would describe overwritten shards).
     write_block(dev, 0, &[0u8; BLOCK]).await?;
+    write_block(dev, SUPER_BACKUP_OFFSET, &[0u8; BLOCK]).await?;
+    dev.sync().await.map_err(|e| format!("sync: {e}"))?;
     for (i, layout) in sb.shards.iter().enumerate() {
         let geo = Geometry {
             first_block: SHARD_HEADER_BLOCKS,
@@ -105,6 +174,7 @@ pub async fn mkfs<D: BlockDevice>(
         write_block(dev, layout.base, &[0u8; BLOCK]).await?;
     }
     dev.sync().await.map_err(|e| format!("sync: {e}"))?;
+    write_block(dev, SUPER_BACKUP_OFFSET, &sb.encode()).await?;
     write_block(dev, 0, &sb.encode()).await?;
     dev.sync().await.map_err(|e| format!("sync: {e}"))?;
     Ok(sb)
@@ -153,6 +223,31 @@ impl<D: BlockDevice> NativeStore<D> {
         let slot = slot.ok_or_else(|| format!("shard {shard}: no valid checkpoint slot"))?;
 
         let per_seg = (geo.segment_blocks as usize - 1) * BLOCK;
+        // Validate before allocating or indexing: the slot is checksummed, not trusted.
+        if let Some(&s) = slot.segments.iter().find(|&&s| s >= geo.segments) {
+            return Err(format!(
+                "checkpoint generation {} names segment {s}; the shard has {}",
+                slot.generation, geo.segments
+            ));
+        }
+        if slot.blob_len > (slot.segments.len() * per_seg) as u64 {
+            return Err(format!(
+                "checkpoint generation {} claims {} bytes in {} segments",
+                slot.generation,
+                slot.blob_len,
+                slot.segments.len()
+            ));
+        }
+        if slot.journal.segment >= geo.segments
+            || slot.journal.block == 0
+            || slot.journal.block as u64 > geo.segment_blocks
+            || slot.journal.record_seq == 0
+        {
+            return Err(format!(
+                "checkpoint generation {} has an impossible journal position {:?}",
+                slot.generation, slot.journal
+            ));
+        }
         let mut blob = Vec::with_capacity(slot.blob_len as usize);
         for &s in &slot.segments {
             let chunk = (slot.blob_len as usize - blob.len()).min(per_seg);
@@ -209,8 +304,8 @@ impl<D: BlockDevice> NativeStore<D> {
             checkpoint_generation: slot.generation,
             ..MountReport::default()
         };
-        let mut expected = slot.journal.record_seq;
-        let mut replayed: BTreeSet<u32> = BTreeSet::new();
+        // Read the journal from the checkpoint's position on, segment by segment.
+        let mut areas: Vec<(u32, u64, AlignedBuf)> = Vec::with_capacity(journal.len());
         for (k, &(seq, s, nonce)) in journal.iter().enumerate() {
             let first_block = if k == 0 {
                 if seq != slot.journal.segment_seq || s != slot.journal.segment {
@@ -228,16 +323,62 @@ impl<D: BlockDevice> NativeStore<D> {
                 )
                 .await;
             res.map_err(|e| format!("reading journal segment {s}: {e}"))?;
+            areas.push((s, nonce, buf));
+        }
+        // The durable mark: every record up to it was acknowledged, as later records say.
+        // A damaged record at or below it is corruption, not the torn tail of a crash.
+        let durable_mark = areas
+            .iter()
+            .flat_map(|(_, nonce, buf)| {
+                buf.full()
+                    .chunks_exact(BLOCK)
+                    .filter_map(move |b| journal::parse_header(b, *nonce))
+            })
+            .filter(|h| h.seq >= slot.journal.record_seq)
+            .map(|h| h.durable_seq)
+            .max()
+            .unwrap_or(0);
+        let mut expected = slot.journal.record_seq;
+        let mut replayed: BTreeSet<u32> = BTreeSet::new();
+        'segments: for (k, (s, nonce, buf)) in areas.iter().enumerate() {
+            let (s, nonce) = (*s, *nonce);
             let area = buf.full();
+            let first_block = if k == 0 { slot.journal.block as u64 } else { 1 };
             let mut at = 0;
             let mut any = false;
-            while let Some(rec) = parse_record(&area[at..], expected, nonce) {
+            loop {
+                let Some(rec) = parse_record(&area[at..], expected, nonce) else {
+                    break;
+                };
+                let mut deltas = Vec::new();
                 let mut d = Decoder::new(Bytes::from(rec.meta));
                 while d.remaining() > 0 {
-                    let delta = Delta::decode(&mut d)
-                        .map_err(|e| format!("journal record {expected}: {e}"))?;
+                    deltas.push(
+                        Delta::decode(&mut d)
+                            .map_err(|e| format!("journal record {expected}: {e}"))?,
+                    );
+                }
+                let rec_block = first_block + (at / BLOCK) as u64;
+                let rec_paddr = geo.segment_start(s) + rec_block;
+                let bad = bad_data_blocks(&deltas, rec_paddr, rec.data);
+                if !bad.is_empty() {
+                    if expected > durable_mark {
+                        // Never acknowledged: a write torn by the crash. The tail ends here.
+                        break 'segments;
+                    }
+                    // Acknowledged, and one of its blocks went bad since: keep the record;
+                    // reads of those blocks fail their checksum, the rest is intact.
+                    tracing::error!(
+                        shard,
+                        record = expected,
+                        ?bad,
+                        "journal record has damaged data blocks; they will read as corrupt"
+                    );
+                    report.damaged_blocks += bad.len() as u64;
+                }
+                for delta in &deltas {
                     index
-                        .apply(&delta)
+                        .apply(delta)
                         .map_err(|e| format!("journal record {expected}: {e}"))?;
                 }
                 index.take_freed().for_each(drop);
@@ -253,6 +394,13 @@ impl<D: BlockDevice> NativeStore<D> {
                 // The next segment does not continue the journal: the tail ends here.
                 break;
             }
+        }
+        if expected <= durable_mark {
+            return Err(format!(
+                "journal record {expected} is missing or damaged, but later records show \
+                 records up to {durable_mark} were acknowledged: mounting would silently drop \
+                 them; refusing (the device is left as it is)"
+            ));
         }
         report.journal_segments_replayed = replayed.len() as u32;
         report.objects = index.objects;
@@ -311,6 +459,10 @@ impl<D: BlockDevice> NativeStore<D> {
                 taken_batch: 0,
                 writes_in_flight: 0,
                 written: Vec::new(),
+                // Everything replayed is on the device.
+                durable_record_seq: expected - 1,
+                wanted_batch: 0,
+                committer: false,
                 failed: None,
                 dirty: HashMap::new(),
                 dirty_bytes: 0,
@@ -321,6 +473,7 @@ impl<D: BlockDevice> NativeStore<D> {
                 stats: NativeStats::default(),
             }),
             changed: Notify::default(),
+            commit_wanted: Notify::default(),
         };
         if writable {
             {
@@ -352,6 +505,25 @@ impl<D: BlockDevice> NativeStore<D> {
         let _guard = self.apply_lock.lock().await;
         self.checkpoint().await
     }
+}
+
+/// The data blocks of the record at `rec_paddr` whose contents fail the checksum their
+/// `SetBlock` delta carries, by device block.
+fn bad_data_blocks(deltas: &[Delta], rec_paddr: u64, data: &[u8]) -> Vec<u64> {
+    let blocks = (data.len() / BLOCK) as u64;
+    deltas
+        .iter()
+        .filter_map(|d| match d {
+            Delta::SetBlock { paddr, crc, .. } => Some((*paddr, *crc)),
+            _ => None,
+        })
+        .filter(|(paddr, _)| paddr.wrapping_sub(rec_paddr + 1) < blocks)
+        .filter(|(paddr, crc)| {
+            let i = (paddr - rec_paddr - 1) as usize;
+            crc32c(&data[i * BLOCK..(i + 1) * BLOCK]) != *crc
+        })
+        .map(|(paddr, _)| paddr)
+        .collect()
 }
 
 /// Segments held back from user data: the throttle share, and at least four.

@@ -283,6 +283,7 @@ impl<D: BlockDevice> NativeStore<D> {
         };
         // Walk its records; every data block was placed by a SetBlock in its own record.
         let mut live: Vec<(Delta, Bytes)> = Vec::new();
+        let mut bad_blocks = 0;
         let area = buf.full();
         let mut at = BLOCK;
         let mut seq = None;
@@ -318,11 +319,15 @@ impl<D: BlockDevice> NativeStore<D> {
                     if i < rec.header.data_blocks as u64 && still {
                         let data = &rec.data[i as usize * BLOCK..(i as usize + 1) * BLOCK];
                         if crc32c(data) != crc {
-                            drop(st);
-                            self.st.borrow_mut().stats.checksum_errors += 1;
-                            return Err(io_error(format!(
-                                "cleaner: checksum mismatch in block {paddr} of segment {victim}"
-                            )));
+                            // Moved as it is, with its original checksum: it keeps reading
+                            // as corrupt, and the segment can still be reclaimed.
+                            bad_blocks += 1;
+                            tracing::error!(
+                                shard = self.shard,
+                                paddr,
+                                victim,
+                                "cleaner moves a block that fails its checksum"
+                            );
                         }
                         live.push((delta.clone(), Bytes::copy_from_slice(data)));
                     }
@@ -345,6 +350,7 @@ impl<D: BlockDevice> NativeStore<D> {
             self.st.borrow_mut().segs[victim as usize].seq = u64::MAX;
             return Ok(false);
         }
+        self.st.borrow_mut().stats.checksum_errors += bad_blocks;
         let moved = live.len();
         // Block by block, so the moved blocks fill what is left of the journal's segment and
         // flow on into the next: one record per victim would need a whole fresh segment, and at
@@ -392,10 +398,15 @@ impl<D: BlockDevice> NativeStore<D> {
         Ok(true)
     }
 
-    /// The shard's housekeeping: checkpoints when the journal has grown, cleaning when free
-    /// segments run low — off the submit path, so writers wait only when it falls behind.
-    /// Runs until the shard fails; spawn it on the shard's reactor.
+    /// The shard's own work: the committer (every journal write) and housekeeping
+    /// (checkpoints when the journal has grown, cleaning when free segments run low), off
+    /// the submit path, so writers wait only when it falls behind. Runs until the shard
+    /// fails; spawn it on the shard's reactor.
     pub async fn run_background(&self) {
+        futures::future::join(self.run_committer(), self.run_housekeeping()).await;
+    }
+
+    async fn run_housekeeping(&self) {
         loop {
             let seen = self.changed.generation();
             if self.st.borrow().failed.is_some() {

@@ -104,8 +104,16 @@ pub(crate) struct State {
     /// Highest batch handed to a writer.
     pub taken_batch: u64,
     pub writes_in_flight: u32,
-    /// Batch ranges written and synced but not yet contiguous with `durable_batch`.
-    pub written: Vec<(u64, u64)>,
+    /// Batch ranges written and synced but not yet contiguous with `durable_batch`, with the
+    /// record sequence of the last batch of each.
+    pub written: Vec<(u64, u64, u64)>,
+    /// The record sequence of `durable_batch` (0: none yet).
+    pub durable_record_seq: u64,
+    /// The highest batch anyone waits for; the committer writes up to it.
+    pub wanted_batch: u64,
+    /// A shard-owned committer task is running (`background`): waiters leave journal
+    /// writes to it instead of writing themselves.
+    pub committer: bool,
     pub failed: Option<String>,
     pub dirty: HashMap<u64, Bytes>,
     pub dirty_bytes: u64,
@@ -130,6 +138,8 @@ pub struct NativeStore<D: BlockDevice> {
     pub(crate) apply_lock: crate::fifo::FifoLock,
     pub(crate) st: RefCell<State>,
     pub(crate) changed: Notify,
+    /// Wakes the committer: a waiter wants a batch no writer has taken.
+    pub(crate) commit_wanted: Notify,
 }
 
 /// Errors that concern no collection in particular.
@@ -252,20 +262,34 @@ impl<D: BlockDevice> NativeStore<D> {
         Ok(())
     }
 
-    /// Waits until batch `id` is durable, writing batches itself when its batch has not been
-    /// taken by a writer yet and fewer than `journal_writes_max` writes are in flight.
+    /// Waits until batch `id` is durable. With a committer running (the OSD's case) the
+    /// journal writes are its job, so no client's future ever owns a write other clients
+    /// wait for. Without one (offline tools, tests driving the store directly) the waiter
+    /// writes itself, and a waiter dropped mid-write hands its batches back.
     pub(crate) async fn wait_durable(&self, id: u64) -> Result<()> {
         loop {
             let seen = self.changed.generation();
             let write = {
-                let st = self.st.borrow();
+                let mut st = self.st.borrow_mut();
                 if st.durable_batch >= id {
                     return Ok(());
                 }
                 if let Some(why) = &st.failed {
                     return Err(io_error(format!("journal write failed: {why}")));
                 }
-                id > st.taken_batch && st.writes_in_flight < self.config.journal_writes_max.max(1)
+                let writable = id > st.taken_batch
+                    && st.writes_in_flight < self.config.journal_writes_max.max(1);
+                if st.committer {
+                    if id > st.wanted_batch {
+                        st.wanted_batch = id;
+                        if writable {
+                            self.commit_wanted.notify_all();
+                        }
+                    }
+                    false
+                } else {
+                    writable
+                }
             };
             if write {
                 self.write_out().await;
@@ -273,6 +297,47 @@ impl<D: BlockDevice> NativeStore<D> {
                 self.changed.wait(seen).await;
             }
         }
+    }
+
+    /// The shard's committer: writes the batches waiters want, `journal_writes_max` writes
+    /// at a time, until the shard fails. Run only from the shard's own task (`background`).
+    pub(crate) async fn run_committer(&self) {
+        use futures::stream::{FuturesUnordered, StreamExt};
+        struct Running<'a>(&'a RefCell<State>);
+        impl Drop for Running<'_> {
+            fn drop(&mut self) {
+                self.0.borrow_mut().committer = false;
+            }
+        }
+        self.st.borrow_mut().committer = true;
+        let _running = Running(&self.st);
+        let mut writes = FuturesUnordered::new();
+        loop {
+            let seen = self.commit_wanted.generation();
+            let start = {
+                let st = self.st.borrow();
+                if st.failed.is_some() && writes.is_empty() {
+                    break;
+                }
+                st.failed.is_none()
+                    && st.wanted_batch > st.taken_batch
+                    && st.writes_in_flight < self.config.journal_writes_max.max(1)
+            };
+            if start {
+                // Counted in flight before the first await, so the next check sees it.
+                writes.push(self.write_out());
+                continue;
+            }
+            if writes.is_empty() {
+                self.commit_wanted.wait(seen).await;
+            } else {
+                let wanted = std::pin::pin!(self.commit_wanted.wait(seen));
+                futures::future::select(wanted, writes.next()).await;
+            }
+        }
+        drop(_running);
+        // Waiters that were leaving the work to us must see the failure.
+        self.changed.notify_all();
     }
 
     /// Everything submitted so far is durable when this returns.
@@ -284,29 +349,43 @@ impl<D: BlockDevice> NativeStore<D> {
         self.wait_durable(last).await
     }
 
+    /// Takes every gathered batch for one journal write, counted in flight from here on.
+    /// The returned guard owns them until the write is published; dropped before that (its
+    /// future cancelled), it hands them back so the next writer writes them again.
+    fn take_batches(&self) -> TakenWrite<'_, D> {
+        let mut st = self.st.borrow_mut();
+        st.writes_in_flight += 1;
+        if let Some(b) = st.open.take() {
+            st.wp = b.start + b.blocks();
+            st.sealed.push_back(b);
+        }
+        let batches: Vec<Batch> = st.sealed.drain(..).collect();
+        if let Some(last) = batches.last() {
+            st.taken_batch = last.id;
+        }
+        TakenWrite {
+            store: self,
+            durable_seq: st.durable_record_seq,
+            batches,
+            done: false,
+        }
+    }
+
     /// The leader's job: write every gathered batch, sync once, publish. Several leaders may
     /// be in flight; a batch counts as durable only once every batch before it is, so the
     /// acknowledged transactions are always a prefix of the journal — which is what replay,
     /// stopping at the first missing record, recovers.
-    async fn write_out(&self) {
-        let batches: Vec<Batch> = {
-            let mut st = self.st.borrow_mut();
-            st.writes_in_flight += 1;
-            if let Some(b) = st.open.take() {
-                st.wp = b.start + b.blocks();
-                st.sealed.push_back(b);
-            }
-            let batches: Vec<Batch> = st.sealed.drain(..).collect();
-            if let Some(last) = batches.last() {
-                st.taken_batch = last.id;
-            }
-            batches
-        };
+    fn write_out(&self) -> impl std::future::Future<Output = ()> + '_ {
+        let taken = self.take_batches();
+        self.write_taken(taken)
+    }
+
+    async fn write_taken(&self, mut taken: TakenWrite<'_, D>) {
         let mut result = Ok(());
         let mut bytes = 0;
         let started = std::time::Instant::now();
-        for b in &batches {
-            let (buf, at) = b.serialize();
+        for b in &taken.batches {
+            let (buf, at) = b.serialize(taken.durable_seq);
             bytes += buf.len() as u64;
             let (res, _) = self.dev.write_at(buf, self.byte_offset(at)).await;
             if let Err(e) = res {
@@ -315,18 +394,17 @@ impl<D: BlockDevice> NativeStore<D> {
             }
         }
         let written = std::time::Instant::now();
-        if result.is_ok() && !batches.is_empty() {
+        if result.is_ok() && !taken.batches.is_empty() {
             if let Err(e) = self.dev.sync().await {
                 result = Err(format!("sync: {e}"));
             }
         }
+        taken.done = true;
+        let batches = std::mem::take(&mut taken.batches);
         {
             let mut st = self.st.borrow_mut();
             st.stats.journal_write_ns += (written - started).as_nanos() as u64;
             st.stats.journal_sync_ns += written.elapsed().as_nanos() as u64;
-        }
-        {
-            let mut st = self.st.borrow_mut();
             st.writes_in_flight -= 1;
             match result {
                 Err(why) => {
@@ -346,15 +424,17 @@ impl<D: BlockDevice> NativeStore<D> {
                         }
                     }
                     if let (Some(first), Some(last)) = (batches.first(), batches.last()) {
-                        st.written.push((first.id, last.id));
+                        st.written.push((first.id, last.id, last.record_seq));
                     }
                     // Advance the durable mark over every contiguous written range.
                     while let Some(i) = st
                         .written
                         .iter()
-                        .position(|&(first, _)| first == st.durable_batch + 1)
+                        .position(|&(first, _, _)| first == st.durable_batch + 1)
                     {
-                        st.durable_batch = st.written.swap_remove(i).1;
+                        let (_, last, seq) = st.written.swap_remove(i);
+                        st.durable_batch = last;
+                        st.durable_record_seq = seq;
                     }
                     st.stats.device_writes += batches.len() as u64;
                     st.stats.device_bytes_written += bytes;
@@ -595,6 +675,37 @@ impl<D: BlockDevice> NativeStore<D> {
                 )
             }
         }
+    }
+}
+
+/// Batches taken by one journal write. See [`NativeStore::take_batches`].
+struct TakenWrite<'a, D: BlockDevice> {
+    store: &'a NativeStore<D>,
+    durable_seq: u64,
+    batches: Vec<Batch>,
+    done: bool,
+}
+
+impl<D: BlockDevice> Drop for TakenWrite<'_, D> {
+    fn drop(&mut self) {
+        if self.done {
+            return;
+        }
+        // Cancelled mid-write: the batches go back to the front of the queue, unchanged, so
+        // the next writer puts the same bytes at the same place (a write of ours still in
+        // the kernel, if any, writes those same bytes).
+        let store = self.store;
+        let mut st = store.st.borrow_mut();
+        st.writes_in_flight -= 1;
+        if let Some(first) = self.batches.first() {
+            st.taken_batch = st.taken_batch.min(first.id - 1);
+        }
+        for b in self.batches.drain(..).rev() {
+            st.sealed.push_front(b);
+        }
+        drop(st);
+        store.commit_wanted.notify_all();
+        store.changed.notify_all();
     }
 }
 

@@ -46,7 +46,7 @@ fn mount_refuses_a_device_that_is_not_a_store() {
     let err = block_on(NativeStore::mount(blank, 0, NativeConfig::default()))
         .err()
         .unwrap();
-    assert!(err.contains("bad magic"), "{err}");
+    assert!(err.contains("no Carmine native store here"), "{err}");
 }
 
 #[test]
@@ -57,6 +57,7 @@ fn mount_refuses_a_damaged_superblock_and_a_missing_shard() {
         .unwrap();
     assert!(err.contains("shard 1 requested"), "{err}");
     dev.flip_bit(20, 3);
+    dev.flip_bit(carmine_nativestore::SUPER_BACKUP_OFFSET + 20, 3);
     let err = block_on(NativeStore::mount(dev, 0, NativeConfig::default()))
         .err()
         .unwrap();

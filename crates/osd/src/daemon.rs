@@ -53,6 +53,12 @@ pub enum OsdError {
         addr: std::net::SocketAddr,
         source: std::io::Error,
     },
+    #[error("osd.{id}: cannot use the store device {}: {source}", device.display())]
+    Device {
+        id: OsdId,
+        device: std::path::PathBuf,
+        source: std::io::Error,
+    },
     #[error("osd.{id}: cannot start reactor thread: {source}")]
     Spawn { id: OsdId, source: std::io::Error },
     #[error("osd.{id}: reactor {reactor} failed: {detail}")]
@@ -69,6 +75,8 @@ type ReactorResult = Result<(), String>;
 /// A running OSD. Dropping it without `shutdown` leaves the reactors running.
 pub struct Osd {
     id: OsdId,
+    /// The native store's device lock, held for the daemon's life.
+    _device_lock: Option<carmine_nativestore::DeviceLock>,
     reactors: Vec<(MailboxSender<ControlMsg>, ReactorHandle<ReactorResult>)>,
 }
 
@@ -91,6 +99,18 @@ impl Osd {
                 configured: cfg.reactor_cpus.len(),
             });
         }
+        let device_lock = match &cfg.store {
+            StoreConfig::Native { device, .. } => Some(
+                carmine_nativestore::DeviceLock::acquire(device).map_err(|source| {
+                    OsdError::Device {
+                        id: cfg.id,
+                        device: device.clone(),
+                        source,
+                    }
+                })?,
+            ),
+            StoreConfig::Memory { .. } => None,
+        };
         let mut listeners = Vec::with_capacity(info.reactors.len());
         for (reactor, addr) in info.reactors.iter().enumerate() {
             let l = StdTcpListener::bind(addr)
@@ -126,6 +146,7 @@ impl Osd {
         }
         Ok(Osd {
             id: cfg.id,
+            _device_lock: device_lock,
             reactors,
         })
     }

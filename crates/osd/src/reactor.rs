@@ -200,33 +200,56 @@ async fn serve_connection<S: ObjectStore>(
 /// Requests of one connection in progress at once, for stores that suspend; beyond it the
 /// connection stops reading (back-pressure on the client).
 const CONNECTION_INFLIGHT_MAX: usize = 256;
+/// Reply bytes a connection may hold for a peer that is slow to read them; beyond it the
+/// connection stops reading requests (the replies of those in flight still complete).
+const CONNECTION_BACKLOG_BYTES: usize = 8 << 20;
 
 type ReadDone = ((std::io::Result<usize>, BytesMut), TcpStream);
+type WriteDone = ((std::io::Result<()>, BytesMut), TcpStream);
 
 /// Serves one connection whose requests may suspend (device I/O): each request runs as its
 /// own future, so one connection keeps many in flight — which is what lets the native store
 /// gather them into one journal write. Replies go out as they complete; the client matches
 /// them by request id. A request that completes on its first poll costs no more than a box.
+///
+/// Reading, writing and the requests progress independently: a peer that stops reading its
+/// replies stops this connection from taking new requests, but the ones it has in flight
+/// still run to completion (other clients may be waiting on them), and a connection that
+/// ends — a bad frame, a reset — first finishes what it accepted. No request future is
+/// dropped half way while the daemon runs.
 async fn serve_connection_concurrently<S: ObjectStore + 'static>(
     shard: &Rc<Shard<S>>,
     stream: TcpStream,
 ) -> Result<(), String> {
-    let (reader, mut writer) = stream.into_split();
+    let (reader, writer) = stream.into_split();
     let mut rbuf = BytesMut::with_capacity(READ_SPARE_MIN);
     let mut wbuf = BytesMut::with_capacity(READ_SPARE_MIN);
+    let mut spare = BytesMut::with_capacity(READ_SPARE_MIN);
     let mut inflight: FuturesUnordered<LocalBoxFuture<'static, BytesMut>> = FuturesUnordered::new();
     let mut reader = Some(reader);
+    let mut writer = Some(writer);
     let mut reading: Option<LocalBoxFuture<'static, ReadDone>> = None;
+    let mut writing: Option<LocalBoxFuture<'static, WriteDone>> = None;
+    // No more requests are read: the peer closed, or the stream can no longer be trusted.
     let mut closed = false;
+    // Why the connection ends in error, once it does.
+    let mut failure: Option<String> = None;
+    // Replies are dropped, not sent, once a write failed.
+    let mut write_failed = false;
     loop {
-        // Decode what was read, as far as the in-flight bound allows.
-        while inflight.len() < CONNECTION_INFLIGHT_MAX {
+        // Decode what was read, as far as the in-flight and backlog bounds allow.
+        while !closed
+            && inflight.len() < CONNECTION_INFLIGHT_MAX
+            && wbuf.len() < CONNECTION_BACKLOG_BYTES
+        {
             let frame = match try_decode_frame(&mut rbuf) {
                 Ok(Some(frame)) => frame,
                 Ok(None) => break,
                 Err(e) => {
-                    flush(&mut writer, &mut wbuf).await?;
-                    return Err(format!("bad frame: {e}"));
+                    failure = Some(format!("bad frame: {e}"));
+                    closed = true;
+                    rbuf.clear();
+                    break;
                 }
             };
             let shard = shard.clone();
@@ -243,20 +266,31 @@ async fn serve_connection_concurrently<S: ObjectStore + 'static>(
         while let std::task::Poll::Ready(Some(out)) = futures::poll!(inflight.next()) {
             wbuf.extend_from_slice(&out);
         }
-        if !wbuf.is_empty() {
-            flush(&mut writer, &mut wbuf).await?;
+        if write_failed {
+            wbuf.clear();
         }
-        if closed && inflight.is_empty() {
-            return if rbuf.is_empty() {
-                Ok(())
-            } else {
-                Err(format!(
+        if writing.is_none() && !wbuf.is_empty() {
+            let mut w = writer
+                .take()
+                .expect("writer is home when no write is in flight");
+            let buf = std::mem::replace(&mut wbuf, std::mem::take(&mut spare));
+            writing = Some(Box::pin(async move { (write_all(&mut w, buf).await, w) }));
+        }
+        if closed && inflight.is_empty() && writing.is_none() {
+            return match failure {
+                Some(why) => Err(why),
+                None if rbuf.is_empty() => Ok(()),
+                None => Err(format!(
                     "peer closed mid-frame with {} bytes pending",
                     rbuf.len()
-                ))
+                )),
             };
         }
-        if reading.is_none() && !closed && inflight.len() < CONNECTION_INFLIGHT_MAX {
+        if reading.is_none()
+            && !closed
+            && inflight.len() < CONNECTION_INFLIGHT_MAX
+            && wbuf.len() < CONNECTION_BACKLOG_BYTES
+        {
             let mut r = reader
                 .take()
                 .expect("reader is home when no read is in flight");
@@ -266,17 +300,7 @@ async fn serve_connection_concurrently<S: ObjectStore + 'static>(
                 (res, r)
             }));
         }
-        // Wait for the read or a reply, whichever comes first (with nothing in flight, only
-        // the read: an empty set would be ready at once).
-        let event = match (reading.as_mut(), inflight.is_empty()) {
-            (Some(read), true) => Event::Read(read.await),
-            (Some(read), false) => match select(read, inflight.next()).await {
-                Either::Left((done, _)) => Event::Read(done),
-                Either::Right((out, _)) => Event::Reply(out),
-            },
-            (None, _) => Event::Reply(inflight.next().await),
-        };
-        match event {
+        match next_event(&mut reading, &mut writing, &mut inflight).await {
             Event::Read(((res, buf), r)) => {
                 reading = None;
                 reader = Some(r);
@@ -284,11 +308,24 @@ async fn serve_connection_concurrently<S: ObjectStore + 'static>(
                 match res {
                     Ok(0) => closed = true,
                     Ok(_) => {}
-                    Err(e) => return Err(format!("read: {e}")),
+                    Err(e) => {
+                        closed = true;
+                        failure.get_or_insert(format!("read: {e}"));
+                    }
                 }
             }
-            Event::Reply(Some(out)) => wbuf.extend_from_slice(&out),
-            Event::Reply(None) => {}
+            Event::Written(((res, mut buf), w)) => {
+                writing = None;
+                writer = Some(w);
+                buf.clear();
+                spare = buf;
+                if let Err(e) = res {
+                    closed = true;
+                    write_failed = true;
+                    failure.get_or_insert(format!("write: {e}"));
+                }
+            }
+            Event::Reply(out) => wbuf.extend_from_slice(&out),
         }
     }
 }
@@ -296,7 +333,32 @@ async fn serve_connection_concurrently<S: ObjectStore + 'static>(
 /// What woke a connection serving concurrent requests.
 enum Event {
     Read(ReadDone),
-    Reply(Option<BytesMut>),
+    Written(WriteDone),
+    Reply(BytesMut),
+}
+
+/// The first of: the read, the write, a request's reply. At least one must be in progress.
+async fn next_event(
+    reading: &mut Option<LocalBoxFuture<'static, ReadDone>>,
+    writing: &mut Option<LocalBoxFuture<'static, WriteDone>>,
+    inflight: &mut FuturesUnordered<LocalBoxFuture<'static, BytesMut>>,
+) -> Event {
+    use std::task::Poll;
+    std::future::poll_fn(|cx| {
+        if let Some(Poll::Ready(done)) = reading.as_mut().map(|r| r.as_mut().poll(cx)) {
+            return Poll::Ready(Event::Read(done));
+        }
+        if let Some(Poll::Ready(done)) = writing.as_mut().map(|w| w.as_mut().poll(cx)) {
+            return Poll::Ready(Event::Written(done));
+        }
+        if !inflight.is_empty() {
+            if let Poll::Ready(Some(out)) = inflight.poll_next_unpin(cx) {
+                return Poll::Ready(Event::Reply(out));
+            }
+        }
+        Poll::Pending
+    })
+    .await
 }
 
 async fn flush(stream: &mut TcpStream, wbuf: &mut BytesMut) -> Result<(), String> {

@@ -1,0 +1,238 @@
+//! Data safety (issue #10): superblock copies, damage in the journal, and commits that do not
+//! depend on any one caller's future running to the end.
+
+use bytes::Bytes;
+use carmine_nativestore::{
+    fsck, mkfs, read_superblock_copies, NativeConfig, NativeStore, SimDevice, BLOCK,
+    FORMAT_VERSION, SUPER_BACKUP_OFFSET,
+};
+use carmine_store::{ObjectStore, StoreErrorKind, Transaction};
+use carmine_types::{CollectionId, PgId};
+use futures::executor::block_on;
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+const C: CollectionId = PgId { pool: 1, seed: 0 };
+
+fn formatted() -> SimDevice {
+    let dev = SimDevice::new(16 << 20);
+    block_on(mkfs(&dev, 1, 1 << 20)).unwrap();
+    dev
+}
+
+fn mount(dev: &SimDevice) -> NativeStore<SimDevice> {
+    block_on(NativeStore::mount(dev.clone(), 0, NativeConfig::default())).unwrap()
+}
+
+fn pattern(byte: u8) -> Bytes {
+    Bytes::from(vec![byte; BLOCK])
+}
+
+fn write_txn(oid: &str, byte: u8) -> Transaction {
+    let mut t = Transaction::new();
+    t.write(C, oid, 0, pattern(byte));
+    t
+}
+
+/// Polls `f` until it is ready, at most `polls` times (the simulated device completes on the
+/// next poll, so a healthy store needs a handful); `None` means it never completed.
+fn poll_bounded<F: Future>(f: F, polls: usize) -> Option<F::Output> {
+    let mut f = std::pin::pin!(f);
+    let waker = futures::task::noop_waker();
+    let mut cx = Context::from_waker(&waker);
+    for _ in 0..polls {
+        if let Poll::Ready(v) = f.as_mut().poll(&mut cx) {
+            return Some(v);
+        }
+    }
+    None
+}
+
+fn poll_once<F: Future>(f: &mut Pin<Box<F>>) -> Poll<F::Output> {
+    let waker = futures::task::noop_waker();
+    f.as_mut().poll(&mut Context::from_waker(&waker))
+}
+
+/// Byte offset of the only block holding `byte` repeated.
+fn find_block(dev: &SimDevice, byte: u8) -> u64 {
+    let image = dev.image();
+    let hits: Vec<u64> = image
+        .chunks_exact(BLOCK)
+        .enumerate()
+        .filter(|(_, b)| b.iter().all(|x| *x == byte))
+        .map(|(i, _)| (i * BLOCK) as u64)
+        .collect();
+    assert_eq!(hits.len(), 1, "pattern {byte:#x} found at {hits:?}");
+    hits[0]
+}
+
+/// Four acknowledged transactions, each in its own journal record, then a crash (no close,
+/// so mount must replay them).
+fn four_records() -> SimDevice {
+    let dev = formatted();
+    let store = mount(&dev);
+    let mut t = Transaction::new();
+    t.create_collection(C);
+    block_on(store.submit(t)).unwrap();
+    for (oid, byte) in [("a", 0xa1), ("b", 0xb2), ("c", 0xc3), ("d", 0xd4)] {
+        block_on(store.submit(write_txn(oid, byte))).unwrap();
+    }
+    drop(store);
+    dev
+}
+
+#[test]
+fn mount_uses_the_backup_superblock_when_the_primary_is_damaged() {
+    let dev = four_records();
+    dev.flip_bit(20, 3);
+    let copies = block_on(read_superblock_copies(&dev)).unwrap();
+    assert!(copies.primary_damaged.is_some());
+    let store = mount(&dev);
+    assert_eq!(block_on(store.read(C, "d", 0, 0)).unwrap(), pattern(0xd4));
+}
+
+#[test]
+fn mount_refuses_when_both_superblocks_are_damaged_and_writes_nothing() {
+    let dev = four_records();
+    dev.flip_bit(20, 3);
+    dev.flip_bit(SUPER_BACKUP_OFFSET + 20, 3);
+    let before = dev.image();
+    let err = block_on(NativeStore::mount(dev.clone(), 0, NativeConfig::default()))
+        .err()
+        .expect("mounted without a superblock");
+    assert!(err.contains("refusing to touch the device"), "{err}");
+    assert!(before == dev.image(), "a refused mount changed the device");
+}
+
+#[test]
+fn a_superblock_of_a_newer_version_is_refused_not_bypassed_through_the_backup() {
+    let dev = four_records();
+    let mut block = dev.image()[..BLOCK].to_vec();
+    // Re-seal the primary with a future version: a valid superblock this build cannot read.
+    block[8..12].copy_from_slice(&(FORMAT_VERSION + 1).to_le_bytes());
+    let shards = u32::from_le_bytes(block[36..40].try_into().unwrap()) as usize;
+    let body = 40 + shards * 12;
+    let crc = carmine_types::crc32c(&block[..body]);
+    block[body..body + 4].copy_from_slice(&crc.to_le_bytes());
+    let image = dev.image();
+    for (i, b) in block.iter().enumerate() {
+        for bit in 0..8 {
+            if (b ^ image[i]) & (1 << bit) != 0 {
+                dev.flip_bit(i as u64, bit);
+            }
+        }
+    }
+    let err = block_on(NativeStore::mount(dev.clone(), 0, NativeConfig::default()))
+        .err()
+        .expect("mounted a newer format");
+    assert!(err.contains("unsupported format version"), "{err}");
+}
+
+#[test]
+fn replay_refuses_to_drop_acknowledged_records_after_a_damaged_one() {
+    let dev = four_records();
+    // Record "b": its header block sits just before its data block. Damage its metadata.
+    let header = find_block(&dev, 0xb2) - BLOCK as u64;
+    dev.flip_bit(header + 100, 0);
+    let err = block_on(NativeStore::mount(dev.clone(), 0, NativeConfig::default()))
+        .err()
+        .expect("mount silently dropped acknowledged records");
+    assert!(err.contains("refusing"), "{err}");
+    let err = block_on(fsck(dev, 0)).err().expect("fsck called it clean");
+    assert!(err.contains("were acknowledged"), "{err}");
+}
+
+#[test]
+fn a_damaged_data_block_of_an_acknowledged_record_costs_that_block_only() {
+    let dev = four_records();
+    dev.flip_bit(find_block(&dev, 0xb2) + 7, 1);
+    let report = block_on(fsck(dev.clone(), 0)).unwrap();
+    assert_eq!(report.mount.damaged_blocks, 1);
+    assert_eq!(report.errors.len(), 1, "{:?}", report.errors);
+    let store = mount(&dev);
+    let err = block_on(store.read(C, "b", 0, 0)).unwrap_err();
+    assert_eq!(err.kind, StoreErrorKind::Corrupt);
+    for (oid, byte) in [("a", 0xa1), ("c", 0xc3), ("d", 0xd4)] {
+        assert_eq!(block_on(store.read(C, oid, 0, 0)).unwrap(), pattern(byte));
+    }
+}
+
+#[test]
+fn a_commit_dropped_mid_write_hands_its_batch_to_the_next_writer() {
+    let dev = formatted();
+    let store = mount(&dev);
+    let mut t = Transaction::new();
+    t.create_collection(C);
+    block_on(store.submit(t)).unwrap();
+    // The first submitter becomes the journal writer and is cancelled mid-write.
+    let mut first = Box::pin(store.submit(write_txn("a", 0xa1)));
+    assert!(poll_once(&mut first).is_pending());
+    drop(first);
+    let done = poll_bounded(store.submit(write_txn("b", 0xb2)), 1000);
+    assert_eq!(
+        done,
+        Some(Ok(())),
+        "the shard is wedged after a dropped commit"
+    );
+    drop(store);
+    // "b" was acknowledged after "a" entered the journal: "a" must be there too.
+    let store = mount(&dev);
+    assert_eq!(block_on(store.read(C, "a", 0, 0)).unwrap(), pattern(0xa1));
+    assert_eq!(block_on(store.read(C, "b", 0, 0)).unwrap(), pattern(0xb2));
+}
+
+#[test]
+fn a_caller_that_stops_polling_does_not_stall_other_writers() {
+    let dev = formatted();
+    let store = mount(&dev);
+    let mut t = Transaction::new();
+    t.create_collection(C);
+    block_on(store.submit(t)).unwrap();
+    let outcome = block_on(async {
+        let background = std::pin::pin!(store.background());
+        let work = std::pin::pin!(async {
+            // Polled once, then never again (its connection is stuck writing replies).
+            let mut stuck = Box::pin(store.submit(write_txn("a", 0xa1)));
+            assert!(poll_once(&mut stuck).is_pending());
+            let r = store.submit(write_txn("b", 0xb2)).await;
+            (r, stuck)
+        });
+        // The shard's task first, as the OSD starts it before it serves anyone.
+        match poll_bounded(futures::future::select(background, work), 1000) {
+            Some(futures::future::Either::Right(((r, _stuck), _))) => Some(r),
+            _ => None,
+        }
+    });
+    assert_eq!(
+        outcome,
+        Some(Ok(())),
+        "a stalled caller blocked another writer"
+    );
+}
+
+#[test]
+fn a_crafted_checkpoint_slot_is_an_error_not_a_crash() {
+    let dev = formatted();
+    // Slot A of shard 0 (at 1 MiB), rewritten with an absurd blob length and a fresh CRC.
+    let at = (1 << 20) + BLOCK as u64;
+    let image = dev.image();
+    let mut slot = image[at as usize..at as usize + BLOCK].to_vec();
+    let n = u32::from_le_bytes(slot[12..16].try_into().unwrap()) as usize;
+    let body = 8 + 4 + 4 + 4 + 16 + 8 + 4 + 8 + 4 + 8 + 8 + 8 + 4 + 4 * n;
+    let blob_len_at = body - 4 * n - 4 - 8;
+    slot[blob_len_at..blob_len_at + 8].copy_from_slice(&u64::MAX.to_le_bytes());
+    let crc = carmine_types::crc32c(&slot[..body]);
+    slot[body..body + 4].copy_from_slice(&crc.to_le_bytes());
+    for (i, b) in slot.iter().enumerate() {
+        for bit in 0..8 {
+            if (b ^ image[at as usize + i]) & (1 << bit) != 0 {
+                dev.flip_bit(at + i as u64, bit);
+            }
+        }
+    }
+    let err = block_on(NativeStore::mount(dev, 0, NativeConfig::default()))
+        .err()
+        .expect("mounted a crafted slot");
+    assert!(err.contains("claims"), "{err}");
+}
