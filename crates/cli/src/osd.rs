@@ -173,7 +173,15 @@ fn native_store(a: &OsdArgs, reactors: u32) -> Result<StoreConfig> {
             force: false,
         })?;
     }
-    let shards = crate::store::shard_count(&device)?;
+    let shards = match crate::store::shard_count(&device) {
+        Ok(n) => n,
+        Err(e) if !blank => bail!(
+            "{e:#}. {} holds data but no readable native store: refusing to format it \
+             (`carmine store mkfs --force` destroys what it holds)",
+            device.display()
+        ),
+        Err(e) => return Err(e),
+    };
     if shards != reactors {
         bail!(
             "the store on {} has {shards} shards but osd.{} runs {reactors} reactors",

@@ -474,7 +474,7 @@ fn existing_cluster(dir: &Path, a: &UpArgs) -> Result<(OsdMap, String, Vec<Strin
         .filter(|o| !live.iter().any(|(id, _)| *id == o.id))
     {
         for r in o.reactors.iter_mut() {
-            if TcpListener::bind(*r).is_err() {
+            if !bindable_soon(*r) {
                 let new = free_addrs(r.ip(), 1)?[0];
                 notes.push(format!("osd.{}: {} is taken; moving to {}", o.id, r, new));
                 *r = new;
@@ -488,6 +488,24 @@ fn existing_cluster(dir: &Path, a: &UpArgs) -> Result<(OsdMap, String, Vec<Strin
         write_atomically(&map_path(dir), &map.encode())?;
     }
     Ok((map, store, notes))
+}
+
+/// How long a restart waits for a dead OSD's port: a process killed with io_uring
+/// operations pending releases its sockets only when the kernel tears the ring down, a
+/// moment after the process is gone.
+const PORT_RELEASE_WAIT: Duration = Duration::from_secs(5);
+
+fn bindable_soon(addr: SocketAddr) -> bool {
+    let deadline = Instant::now() + PORT_RELEASE_WAIT;
+    loop {
+        if TcpListener::bind(addr).is_ok() {
+            return true;
+        }
+        if Instant::now() > deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
 }
 
 fn start_osd(

@@ -69,6 +69,26 @@ pub enum OsdError {
     },
 }
 
+/// How long a starting OSD waits for its port to be released: an OSD killed a moment ago
+/// with io_uring operations pending (an accept) keeps its listening socket until the kernel
+/// tears its ring down, shortly after the process is gone.
+const PORT_RELEASE_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+
+fn bind_when_released(addr: std::net::SocketAddr) -> std::io::Result<StdTcpListener> {
+    let deadline = std::time::Instant::now() + PORT_RELEASE_WAIT;
+    loop {
+        match StdTcpListener::bind(addr) {
+            Err(e)
+                if e.kind() == std::io::ErrorKind::AddrInUse
+                    && std::time::Instant::now() < deadline =>
+            {
+                std::thread::sleep(std::time::Duration::from_millis(50));
+            }
+            result => return result,
+        }
+    }
+}
+
 /// A reactor thread's result: `Err` carries why it stopped serving.
 type ReactorResult = Result<(), String>;
 
@@ -113,7 +133,7 @@ impl Osd {
         };
         let mut listeners = Vec::with_capacity(info.reactors.len());
         for (reactor, addr) in info.reactors.iter().enumerate() {
-            let l = StdTcpListener::bind(addr)
+            let l = bind_when_released(*addr)
                 .and_then(|l| l.set_nonblocking(true).map(|_| l))
                 .map_err(|source| OsdError::Bind {
                     id: cfg.id,
