@@ -677,6 +677,7 @@ impl<D: BlockDevice> NativeStore<D> {
                 }
             }
             let meta = exec.meta;
+            st.stats.transactions += 1;
             let b = st.open.as_mut().expect("opened above");
             if !b.fits(meta.len(), 0) {
                 let why = "internal: transaction metadata outgrew its record estimate";

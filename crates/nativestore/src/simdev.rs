@@ -24,6 +24,8 @@ struct State {
     unsynced: Vec<(u64, Vec<u8>)>,
     /// Writes still allowed before the device dies; `None` for never.
     writes_left: Option<u64>,
+    /// Syncs still allowed before one fails (once, without the device dying); `None`: never.
+    syncs_left: Option<u64>,
     dead: bool,
     writes: u64,
     syncs: u64,
@@ -55,6 +57,11 @@ impl SimDevice {
     /// The device dies when it receives its `n`th write from now (0: the very next one).
     pub fn die_at_write(&self, n: u64) {
         self.state.borrow_mut().writes_left = Some(n);
+    }
+    /// The `n`th sync from now fails with EIO, once; the device lives on, and the writes it
+    /// should have made durable stay volatile (as Linux may drop them after a failed fsync).
+    pub fn fail_sync_at(&self, n: u64) {
+        self.state.borrow_mut().syncs_left = Some(n);
     }
     pub fn is_dead(&self) -> bool {
         self.state.borrow().dead
@@ -162,6 +169,13 @@ impl BlockDevice for SimDevice {
         let mut s = self.state.borrow_mut();
         if s.dead {
             return Err(dead());
+        }
+        if let Some(left) = s.syncs_left.as_mut() {
+            if *left == 0 {
+                s.syncs_left = None;
+                return Err(io::Error::other("simulated fdatasync failure"));
+            }
+            *left -= 1;
         }
         let State {
             durable, unsynced, ..

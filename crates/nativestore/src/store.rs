@@ -58,6 +58,9 @@ pub struct NativeStats {
     pub device_writes: u64,
     pub device_bytes_written: u64,
     pub user_bytes_written: u64,
+    /// Transactions applied to the index and queued for the journal (acknowledged once
+    /// their batch is durable).
+    pub transactions: u64,
     pub checkpoints: u64,
     pub segments_cleaned: u64,
     pub blocks_relocated: u64,
@@ -152,6 +155,13 @@ pub(crate) fn io_error(detail: impl Into<String>) -> StoreError {
 impl<D: BlockDevice> NativeStore<D> {
     pub fn stats(&self) -> NativeStats {
         self.st.borrow().stats
+    }
+
+    /// Why the shard stopped accepting work (a failed journal write or sync, a failed
+    /// checkpoint), or `None` while it is healthy. A failed shard answers every request with
+    /// an I/O error until it is remounted.
+    pub fn failure(&self) -> Option<String> {
+        self.st.borrow().failed.clone()
     }
 
     pub fn shard(&self) -> u32 {

@@ -17,12 +17,16 @@ use futures::future::join_all;
 use proptest::strategy::{Strategy, ValueTree};
 use proptest::test_runner::{Config, RngAlgorithm, TestRng, TestRunner};
 use rand::{Rng, SeedableRng};
+use std::future::Future;
 
 const DEVICE: usize = 20 << 20;
 const SEGMENT: u32 = 1 << 20;
 
+/// Crash points to run: `CARMINE_CRASH_POINTS` (the long mode: 100000), or the older name
+/// `CARMINE_CRASH_ITERATIONS`.
 fn iterations() -> u64 {
-    std::env::var("CARMINE_CRASH_ITERATIONS")
+    std::env::var("CARMINE_CRASH_POINTS")
+        .or_else(|_| std::env::var("CARMINE_CRASH_ITERATIONS"))
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(if cfg!(debug_assertions) { 150 } else { 1500 })
@@ -41,6 +45,53 @@ fn config() -> NativeConfig {
         cache_bytes: 64 << 10,
         checkpoint_interval_blocks: 300,
         ..NativeConfig::default()
+    }
+}
+
+fn failed<D: carmine_nativestore::BlockDevice>(store: &NativeStore<D>) -> bool {
+    store.failure().is_some()
+}
+
+/// What the store said of a transaction that is not known durable yet.
+enum Said {
+    /// Applied and queued (its submitter was cancelled): durable once anything after it is.
+    Queued,
+    /// Refused with this error, judged against a state that included what came before.
+    Refused(StoreErrorKind),
+    /// Failed with an I/O error: the shard failed, nothing after it is acknowledged.
+    Failed,
+}
+
+/// Checks one store result against the model. `unacked` holds, in order, what the store
+/// applied or judged since the last acknowledgement: an acknowledgement makes all of it
+/// durable (the journal is a prefix), so it goes to the model first, each with the outcome
+/// the store gave.
+async fn judge(
+    model: &ModelStore,
+    unacked: &mut Vec<(Transaction, Said)>,
+    t: Transaction,
+    r: carmine_store::Result<()>,
+    context: &str,
+) {
+    match r {
+        Ok(()) => {
+            for (u, said) in unacked.drain(..) {
+                let m = model.submit(u).await.map_err(|e| e.kind);
+                match said {
+                    Said::Queued => assert_eq!(m, Ok(()), "store queued what the model refused"),
+                    Said::Refused(kind) => assert_eq!(m, Err(kind), "store and model disagree"),
+                    Said::Failed => panic!("a transaction was acknowledged after {context}"),
+                }
+            }
+            let m = model.submit(t).await;
+            assert_eq!(m, Ok(()), "store accepted what the model refused");
+        }
+        Err(e) if e.kind == StoreErrorKind::Io => unacked.push((t, Said::Failed)),
+        Err(e) if !unacked.is_empty() => unacked.push((t, Said::Refused(e.kind))),
+        Err(e) => {
+            let m = model.submit(t).await.map_err(|e| e.kind);
+            assert_eq!(m, Err(e.kind), "store and model disagree: {e}");
+        }
     }
 }
 
@@ -72,6 +123,7 @@ fn recovery_after_random_crashes_matches_the_model() {
     });
     let mut image = dev.image();
     let (mut acked_total, mut lost_total, mut crashes_in_mount) = (0u64, 0u64, 0u64);
+    let mut dropped_total = 0u64;
     for iteration in 0..iterations() {
         let dev = SimDevice::from_image(std::mem::take(&mut image));
         dev.die_at_write(rng.random_range(0..60));
@@ -86,39 +138,66 @@ fn recovery_after_random_crashes_matches_the_model() {
             }
         };
         // The state after mount is what the model says: checked on the recovered image below.
-        let mut in_doubt: Vec<Transaction> = Vec::new();
-        while !dev.is_dead() {
-            let group: Vec<Transaction> = (0..rng.random_range(1..8))
-                .map(|_| strategy.new_tree(&mut runner).unwrap().current())
-                .collect();
-            let results = block_on(join_all(group.iter().map(|t| store.submit(t.clone()))));
-            let errs: Vec<String> = results
-                .iter()
-                .filter_map(|r| r.as_ref().err().map(|e| e.to_string()))
-                .collect();
-            for (t, r) in group.into_iter().zip(results) {
-                match r {
-                    Ok(()) => {
-                        assert!(
-                            in_doubt.is_empty(),
-                            "a later transaction was acknowledged after {:?}",
-                            errs
-                        );
-                        let m = block_on(model.submit(t));
-                        assert_eq!(m, Ok(()), "store accepted what the model refused");
+        // Faults besides device death: now and then one fdatasync fails (the device lives
+        // on), and now and then a submitter is cancelled after its first poll.
+        if rng.random_range(0..4) == 0 {
+            dev.fail_sync_at(rng.random_range(0..20));
+        }
+        // Half the iterations run the shard's committer task, as the OSD does; the others
+        // let submitters write the journal themselves, as offline tools do.
+        let with_committer = rng.random_bool(0.5);
+        let mut in_doubt: Vec<(Transaction, Said)> = Vec::new();
+        let workload = async {
+            while !dev.is_dead() && !failed(&store) {
+                if rng.random_range(0..5) == 0 {
+                    let t = strategy.new_tree(&mut runner).unwrap().current();
+                    let applied_before = store.stats().transactions;
+                    let mut f = Box::pin(store.submit(t.clone()));
+                    let waker = futures::task::noop_waker();
+                    let polled = f.as_mut().poll(&mut std::task::Context::from_waker(&waker));
+                    drop(f);
+                    dropped_total += 1;
+                    match polled {
+                        // Done at once (refused, say): judge it like any other.
+                        std::task::Poll::Ready(r) => judge(&model, &mut in_doubt, t, r, "").await,
+                        // Cancelled: if it reached the journal queue it will be written
+                        // with whatever comes next, in order, though nobody hears of it.
+                        std::task::Poll::Pending => {
+                            if store.stats().transactions > applied_before {
+                                in_doubt.push((t, Said::Queued));
+                            }
+                        }
+                    }
+                    continue;
+                }
+                let group: Vec<Transaction> = (0..rng.random_range(1..8))
+                    .map(|_| strategy.new_tree(&mut runner).unwrap().current())
+                    .collect();
+                let results = join_all(group.iter().map(|t| store.submit(t.clone()))).await;
+                let errs: Vec<String> = results
+                    .iter()
+                    .filter_map(|r| r.as_ref().err().map(|e| e.to_string()))
+                    .collect();
+                let errs = format!("{errs:?}");
+                for (t, r) in group.into_iter().zip(results) {
+                    if r.is_ok() {
                         acked_total += 1;
                     }
-                    // Refused or failed after an earlier one failed: it was judged against a
-                    // state that included the in-doubt ones, so it belongs with them.
-                    Err(e) if e.kind == StoreErrorKind::Io || !in_doubt.is_empty() => {
-                        in_doubt.push(t)
-                    }
-                    Err(e) => {
-                        let m = block_on(model.submit(t)).map_err(|e| e.kind);
-                        assert_eq!(m, Err(e.kind), "store and model disagree: {e}");
-                    }
+                    judge(&model, &mut in_doubt, t, r, &errs).await;
                 }
             }
+        };
+        if with_committer {
+            let background = std::pin::pin!(store.background());
+            let workload = std::pin::pin!(workload);
+            // The shard's task ends when the shard fails; the submitters still get answers.
+            if let futures::future::Either::Left((_, rest)) =
+                block_on(futures::future::select(background, workload))
+            {
+                block_on(rest);
+            }
+        } else {
+            block_on(workload);
         }
         drop(store);
         let crashed = dev.crash(&mut rng).0;
@@ -129,7 +208,7 @@ fn recovery_after_random_crashes_matches_the_model() {
         // Acknowledged transactions must all be there; in-doubt ones as a prefix of wholes.
         let mut matched = diff(&got, &block_on(dump(&model))).is_none();
         let mut applied = 0;
-        for t in &in_doubt {
+        for (t, _) in &in_doubt {
             if matched {
                 break;
             }
@@ -154,7 +233,8 @@ fn recovery_after_random_crashes_matches_the_model() {
     }
     eprintln!(
         "{} crash points ({crashes_in_mount} during mount), {acked_total} acknowledged \
-         transactions all recovered, {lost_total} in-flight ones lost as wholes",
+         transactions all recovered, {lost_total} in-flight ones lost as wholes, \
+         {dropped_total} submitters cancelled mid-way",
         iterations()
     );
 }
