@@ -2,12 +2,14 @@
 
 use crate::volume::Target;
 use anyhow::{Context, Result};
-use carmine_localcluster::connect;
+use carmine_client::ClientConfig;
+use carmine_localcluster::connect_with;
 use carmine_nbd::{Export, NbdConfig};
 use carmine_volume::Volumes;
 use clap::{Args, Subcommand};
 use std::net::SocketAddr;
 use std::rc::Rc;
+use std::time::Duration;
 
 #[derive(Subcommand)]
 pub enum NbdCommand {
@@ -33,6 +35,10 @@ pub struct ServeArgs {
     /// Requests per connection executing at once.
     #[arg(long, default_value_t = 256)]
     pub inflight_max: usize,
+    /// How long a request waits for an unreachable OSD (e.g. one restarting) before the NBD
+    /// client gets EIO: "30s", "500ms", or seconds. Until then the client sees a stall.
+    #[arg(long, default_value = "30s", value_parser = parse_duration)]
+    pub retry_timeout: Duration,
     #[command(flatten)]
     pub target: Target,
 }
@@ -40,7 +46,11 @@ pub struct ServeArgs {
 pub fn run(cmd: NbdCommand) -> Result<()> {
     let NbdCommand::Serve(a) = cmd;
     carmine_reactor::block_on(async move {
-        let client = connect(&a.target.dir.dir).await?;
+        let cfg = ClientConfig {
+            retry_timeout: a.retry_timeout,
+            ..ClientConfig::default()
+        };
+        let client = connect_with(&a.target.dir.dir, cfg).await?;
         let pool = client.pool_id(&a.target.pool)?;
         let volumes = Volumes::new(client, pool);
         let mut exports = Vec::with_capacity(a.exports.len());
@@ -100,5 +110,40 @@ fn remove_stale_socket(path: &std::path::Path) -> Result<()> {
         Ok(m) if m.file_type().is_socket() => Ok(std::fs::remove_file(path)?),
         Ok(_) => anyhow::bail!("{} exists and is not a socket", path.display()),
         Err(_) => Ok(()),
+    }
+}
+
+/// Parses "30s", "500ms", "2m" or plain seconds ("1.5").
+fn parse_duration(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    let (num, unit) = match s.find(|c: char| !(c.is_ascii_digit() || c == '.')) {
+        Some(i) => s.split_at(i),
+        None => (s, "s"),
+    };
+    let n: f64 = num
+        .parse()
+        .map_err(|_| format!("invalid duration {s:?} (e.g. 30s, 500ms)"))?;
+    let secs = match unit.trim() {
+        "ms" => n / 1000.0,
+        "s" => n,
+        "m" => n * 60.0,
+        _ => return Err(format!("unknown unit in {s:?} (use ms, s or m)")),
+    };
+    Duration::try_from_secs_f64(secs).map_err(|e| format!("invalid duration {s:?}: {e}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_duration;
+    use std::time::Duration;
+
+    #[test]
+    fn durations_parse_with_and_without_units() {
+        assert_eq!(parse_duration("30s"), Ok(Duration::from_secs(30)));
+        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
+        assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
+        assert_eq!(parse_duration("1.5"), Ok(Duration::from_millis(1500)));
+        assert!(parse_duration("5 parsecs").is_err());
+        assert!(parse_duration("-1s").is_err());
     }
 }

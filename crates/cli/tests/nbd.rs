@@ -428,3 +428,161 @@ fn exports_are_reachable_over_a_unix_socket_too() {
     );
     assert!(!out.contains("failed"), "{out}");
 }
+
+/// An OSD of a cluster directory killed with SIGKILL and started again with the command line it
+/// ran with, as an operator (or a supervisor) would after a crash. Dropping it stops the new
+/// process.
+struct RestartedOsd {
+    child: Child,
+}
+
+impl Drop for RestartedOsd {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn kill_and_restart_osd(c: &Cluster, id: u32) -> RestartedOsd {
+    use std::os::unix::process::CommandExt;
+    let pid_file = c.dir.join(format!("osd.{id}.pid"));
+    let pid: i32 = std::fs::read_to_string(&pid_file)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    let argv: Vec<String> = std::fs::read(format!("/proc/{pid}/cmdline"))
+        .unwrap()
+        .split(|b| *b == 0)
+        .filter(|a| !a.is_empty())
+        .map(|a| String::from_utf8(a.to_vec()).unwrap())
+        .collect();
+    assert!(
+        argv.iter().any(|a| a == "osd"),
+        "pid {pid} is not an OSD: {argv:?}"
+    );
+    // SAFETY: plain syscall on a pid just checked to be the cluster's OSD.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGKILL) }, 0);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while common::alive(pid) {
+        assert!(Instant::now() < deadline, "osd.{id} survived SIGKILL");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let log_path = c.dir.join(format!("osd.{id}.log"));
+    loop {
+        let log = std::fs::OpenOptions::new()
+            .append(true)
+            .open(&log_path)
+            .unwrap();
+        let mut child = Command::new(&argv[0])
+            .args(&argv[1..])
+            .process_group(0)
+            .stdin(std::process::Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        std::fs::write(&pid_file, child.id().to_string()).unwrap();
+        let ready = format!("osd.{id} ready (pid {})", child.id());
+        loop {
+            if std::fs::read_to_string(&log_path).unwrap().contains(&ready) {
+                return RestartedOsd { child };
+            }
+            if child.try_wait().unwrap().is_some() {
+                break;
+            }
+            assert!(Instant::now() < deadline, "osd.{id} did not come back");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        // The port the OSD listens on is in the ephemeral range, so an outgoing connection can
+        // hold it for a moment while the OSD is down; try again until the deadline.
+        let log = std::fs::read_to_string(&log_path).unwrap();
+        assert!(
+            log.contains("Address already in use") && Instant::now() < deadline,
+            "osd.{id} failed to restart:\n{log}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Issue #10: a guest writing through the gateway sees a stall, not an error, while the OSD
+/// is killed and restarted, and every block it wrote verifies afterwards. Writes in flight when
+/// the OSD died are in doubt and resent, which is safe: the same data at the same offset.
+#[test]
+fn fio_verifies_across_an_osd_killed_and_restarted_mid_run() {
+    let c = Cluster::up(
+        "nbd-osd-restart",
+        &["--store", "native", "--device-size", "512M"],
+    );
+    c.ok(&["volume", "create", "disk", "--size", "64M"]);
+    let g = serve(&c, "disk", &["--retry-timeout", "20s"]);
+    // The store file is written in full when it is formatted; a new modification time means
+    // new writes reached it.
+    let store = c.dir.join("osd.0.store");
+    let modified = || std::fs::metadata(&store).unwrap().modified().unwrap();
+    let before = modified();
+    let uri = format!("--uri={}", url(&g, "disk"));
+    // Rate-limited so the write phase lasts a few seconds and the kill lands inside it.
+    let mut fio = Command::new("fio")
+        .args([
+            "--name=restart",
+            "--ioengine=nbd",
+            &uri,
+            "--rw=randwrite",
+            "--bs=4k",
+            "--size=16M",
+            "--iodepth=8",
+            "--rate_iops=1500",
+            "--verify=crc32c",
+            "--do_verify=1",
+            "--verify_fatal=1",
+            // No verify state file left in the working directory.
+            "--verify_state_save=0",
+            "--output-format=json",
+        ])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("fio (Debian package fio)");
+    struct Reap<'a>(&'a mut Child);
+    impl Drop for Reap<'_> {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let fio = Reap(&mut fio);
+    // Mid-run: once some of fio's writes reached the store.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while modified() == before {
+        assert!(
+            fio.0.try_wait().unwrap().is_none(),
+            "fio ended before any write reached the store"
+        );
+        assert!(
+            Instant::now() < deadline,
+            "fio's writes never reached the store"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let _osd = kill_and_restart_osd(&c, 0);
+    assert!(
+        fio.0.try_wait().unwrap().is_none(),
+        "fio finished before the OSD came back: nothing was tested"
+    );
+    while fio.0.try_wait().unwrap().is_none() {
+        assert!(Instant::now() < deadline, "fio did not finish");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let mut out = String::new();
+    std::io::Read::read_to_string(fio.0.stdout.as_mut().unwrap(), &mut out).unwrap();
+    let mut err = String::new();
+    std::io::Read::read_to_string(fio.0.stderr.as_mut().unwrap(), &mut err).unwrap();
+    let status = fio.0.wait().unwrap();
+    assert!(status.success(), "fio failed:\n{err}\n{out}");
+    let report = &out[out.find('{').expect("fio printed JSON")..];
+    assert!(
+        report.contains("\"error\" : 0") && !report.contains("verify failed"),
+        "fio reported an error:\n{err}\n{report}"
+    );
+}

@@ -2,7 +2,7 @@
 
 use crate::error::ClientError;
 use bytes::BytesMut;
-use carmine_proto::{encode_request, try_decode_frame, Frame, Request, Response};
+use carmine_proto::{encode_request, try_decode_frame, Frame, FrameKind, Request, Response};
 use carmine_reactor::io::{read_some, write_all};
 use carmine_reactor::Doorbell;
 use carmine_reactor::TcpStream;
@@ -33,6 +33,18 @@ impl Connection {
         let stream = TcpStream::connect(addr)
             .await
             .map_err(|source| ClientError::Connect { addr, source })?;
+        // Connecting to a local port nobody listens on can pick that very port as the source
+        // and connect the socket to itself (TCP simultaneous open). Such a "connection" echoes
+        // requests back and holds the port the OSD needs to come back on: refuse it.
+        if stream.local_addr().ok() == Some(addr) {
+            return Err(ClientError::Connect {
+                addr,
+                source: std::io::Error::new(
+                    std::io::ErrorKind::ConnectionRefused,
+                    "connected to itself: nothing listens there",
+                ),
+            });
+        }
         let _ = stream.set_nodelay(true);
         let (rd, wr) = stream.into_split();
         let conn = Rc::new(Connection {
@@ -67,16 +79,19 @@ impl Connection {
             return;
         }
         *self.failed.borrow_mut() = Some(reason.clone());
+        // These requests were handed to the connection: whether the server applied them is
+        // unknown.
         for (_, tx) in self.pending.borrow_mut().drain() {
             let _ = tx.send(Err(ClientError::Disconnected {
                 addr: self.addr,
                 reason: reason.clone(),
+                in_doubt: true,
             }));
         }
         self.doorbell.ring();
     }
 
-    fn disconnected(&self) -> ClientError {
+    fn disconnected(&self, in_doubt: bool) -> ClientError {
         let reason = self
             .failed
             .borrow()
@@ -85,6 +100,7 @@ impl Connection {
         ClientError::Disconnected {
             addr: self.addr,
             reason,
+            in_doubt,
         }
     }
 
@@ -92,7 +108,7 @@ impl Connection {
     pub async fn call(&self, req: &Request) -> Result<Response, ClientError> {
         let _permit = self.permits.acquire().await;
         if !self.is_usable() {
-            return Err(self.disconnected());
+            return Err(self.disconnected(false));
         }
         let id = self.next_id.get();
         self.next_id.set(id.wrapping_add(1));
@@ -100,7 +116,7 @@ impl Connection {
         self.pending.borrow_mut().insert(id, tx);
         encode_request(&mut self.out.borrow_mut(), id, req);
         self.doorbell.ring();
-        let frame = rx.await.map_err(|_| self.disconnected())??;
+        let frame = rx.await.map_err(|_| self.disconnected(true))??;
         match Response::decode(&frame) {
             Ok(Ok(resp)) => Ok(resp),
             Ok(Err(reply)) => Err(ClientError::Server(reply)),
@@ -143,6 +159,13 @@ async fn read_loop(conn: Rc<Connection>, mut stream: TcpStream) {
     loop {
         loop {
             match try_decode_frame(&mut buf) {
+                Ok(Some(frame)) if frame.header.kind != FrameKind::Response => {
+                    conn.fail(format!(
+                        "a {:?} frame instead of a reply",
+                        frame.header.kind
+                    ));
+                    return;
+                }
                 Ok(Some(frame)) => {
                     let Some(tx) = conn.pending.borrow_mut().remove(&frame.header.request_id)
                     else {

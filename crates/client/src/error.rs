@@ -2,6 +2,7 @@ use carmine_cluster::MapError;
 use carmine_proto::{ErrorReply, Response, Status};
 use carmine_types::PgId;
 use std::net::SocketAddr;
+use std::time::Duration;
 use thiserror::Error;
 
 #[derive(Debug, Error)]
@@ -12,8 +13,21 @@ pub enum ClientError {
         addr: SocketAddr,
         source: std::io::Error,
     },
+    /// The connection failed. With `in_doubt`, the request had been handed to it and may or
+    /// may not have been applied; without, it was never sent.
     #[error("connection to {addr} lost: {reason}")]
-    Disconnected { addr: SocketAddr, reason: String },
+    Disconnected {
+        addr: SocketAddr,
+        reason: String,
+        in_doubt: bool,
+    },
+    /// The OSD serving the request stayed unreachable for `waited` (`ClientConfig::retry_timeout`);
+    /// `last` is the failure of the last attempt.
+    #[error("gave up after {waited:?} without a usable connection: {last}")]
+    Unavailable {
+        waited: Duration,
+        last: Box<ClientError>,
+    },
     #[error("protocol error from {addr}: {detail}")]
     Protocol { addr: SocketAddr, detail: String },
     #[error("server error: {0}")]
@@ -35,6 +49,21 @@ impl ClientError {
             ClientError::Server(r) => Some(r.status),
             _ => None,
         }
+    }
+
+    /// True if the request failed because no connection to its OSD could be used: the OSD may
+    /// be restarting, so the request can be tried again (see [`ClientError::in_doubt`]).
+    pub fn is_connection_failure(&self) -> bool {
+        matches!(
+            self,
+            ClientError::Connect { .. } | ClientError::Disconnected { .. }
+        )
+    }
+
+    /// True if the request may have been applied although it failed: it was sent, then the
+    /// connection broke before the reply came back.
+    pub fn in_doubt(&self) -> bool {
+        matches!(self, ClientError::Disconnected { in_doubt: true, .. })
     }
 
     pub(crate) fn unexpected(addr: SocketAddr, resp: &Response) -> Self {

@@ -6,6 +6,16 @@
 //! into a shared send buffer and a single writer task flushes everything queued with one
 //! write, while a reader task matches replies to callers by request id. A `WrongTarget` reply
 //! makes the client refetch the map and retry.
+//!
+//! Connection failures (an OSD restarting) are retried too, so that a caller sees a stall
+//! rather than an error: the client reconnects with exponential backoff, re-reads the map, and
+//! resends the request, until `ClientConfig::retry_timeout` has passed since the first failure.
+//! A request that never reached the socket is always resent. One that was sent before the
+//! connection broke is *in doubt*, and is resent only if all its ops are idempotent
+//! (`OsdOp::is_idempotent`: reads, and writes that set bytes at an offset, a size, attributes
+//! or keys); otherwise the failure goes to the caller, who knows what the op meant. This
+//! relies on the in-doubt attempt not being applied after the resent one, which holds when the
+//! connection broke because the OSD process died.
 
 mod connection;
 mod error;
@@ -21,6 +31,11 @@ use std::cell::RefCell;
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::rc::Rc;
+use std::time::{Duration, Instant};
+
+/// How long one attempt to open a connection may take. Refused connections (the OSD process is
+/// gone) fail at once; this bounds a connect to an address that does not answer at all.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
 #[derive(Clone, Debug)]
 pub struct ClientConfig {
@@ -28,13 +43,27 @@ pub struct ClientConfig {
     pub inflight_max: usize,
     /// How often a `WrongTarget` reply triggers a map refresh and retry before giving up.
     pub retries_max: u32,
+    /// How long a request keeps retrying after its OSD became unreachable (connection refused
+    /// or lost) before the error goes to the caller (as `ClientError::Unavailable`). Zero: no
+    /// retries.
+    pub retry_timeout: Duration,
+    /// The first pause between attempts while an OSD is unreachable; it doubles after each
+    /// failed attempt up to `retry_backoff_max`.
+    pub retry_backoff_min: Duration,
+    pub retry_backoff_max: Duration,
 }
+
+/// Default for [`ClientConfig::retry_timeout`]: longer than an OSD takes to restart.
+pub const RETRY_TIMEOUT_DEFAULT: Duration = Duration::from_secs(30);
 
 impl Default for ClientConfig {
     fn default() -> Self {
         Self {
             inflight_max: 1024,
             retries_max: 3,
+            retry_timeout: RETRY_TIMEOUT_DEFAULT,
+            retry_backoff_min: Duration::from_millis(10),
+            retry_backoff_max: Duration::from_secs(1),
         }
     }
 }
@@ -49,12 +78,34 @@ struct Inner {
     cfg: ClientConfig,
     bootstrap: Vec<SocketAddr>,
     map: RefCell<Rc<OsdMap>>,
-    conns: RefCell<HashMap<SocketAddr, Rc<Connection>>>,
+    conns: RefCell<HashMap<SocketAddr, Endpoint>>,
+}
+
+/// What the client knows about one OSD reactor endpoint.
+#[derive(Default)]
+struct Endpoint {
+    conn: Option<Rc<Connection>>,
+    /// Held while a connection is being opened, so that the many requests that find the
+    /// connection broken open one new connection, not one each.
+    opening: Rc<async_lock::Mutex<()>>,
+    /// Failed attempts to open a connection so far, and why the last one failed: requests that
+    /// waited behind a failed attempt take its result instead of trying again at once.
+    open_failures: u64,
+    last_open_error: Option<(std::io::ErrorKind, String)>,
+    /// When opening a connection first failed, until one opens again: the outage is logged
+    /// once per endpoint, not once per waiting request.
+    down_since: Option<Instant>,
+}
+
+impl Endpoint {
+    fn usable(&self) -> Option<Rc<Connection>> {
+        self.conn.as_ref().filter(|c| c.is_usable()).cloned()
+    }
 }
 
 impl Drop for Inner {
     fn drop(&mut self) {
-        for c in self.conns.borrow().values() {
+        for c in self.conns.borrow().values().filter_map(|e| e.conn.as_ref()) {
             c.close();
         }
     }
@@ -121,16 +172,72 @@ impl Client {
             .map_err(ClientError::Map)
     }
 
-    /// The connection to `addr`, opened on first use and reopened after a failure.
+    /// The connection to `addr`, opened on first use and reopened after a failure. Callers that
+    /// find it broken at the same time share one attempt to reopen it.
     pub async fn connection(&self, addr: SocketAddr) -> Result<Rc<Connection>, ClientError> {
-        if let Some(c) = self.inner.conns.borrow().get(&addr) {
-            if c.is_usable() {
-                return Ok(c.clone());
+        let (opening, failures_before) = {
+            let mut conns = self.inner.conns.borrow_mut();
+            let ep = conns.entry(addr).or_default();
+            if let Some(c) = ep.usable() {
+                return Ok(c);
+            }
+            (ep.opening.clone(), ep.open_failures)
+        };
+        let _opening = opening.lock().await;
+        {
+            let conns = self.inner.conns.borrow();
+            let ep = conns.get(&addr).expect("endpoints are never removed");
+            if let Some(c) = ep.usable() {
+                return Ok(c);
+            }
+            if ep.open_failures != failures_before {
+                let (kind, msg) = ep.last_open_error.clone().expect("set with open_failures");
+                return Err(ClientError::Connect {
+                    addr,
+                    source: std::io::Error::new(kind, msg),
+                });
             }
         }
-        let conn = Connection::open(addr, self.inner.cfg.inflight_max).await?;
-        self.inner.conns.borrow_mut().insert(addr, conn.clone());
-        Ok(conn)
+        let opened = carmine_reactor::timeout(
+            CONNECT_TIMEOUT,
+            Connection::open(addr, self.inner.cfg.inflight_max),
+        )
+        .await
+        .unwrap_or_else(|_| {
+            Err(ClientError::Connect {
+                addr,
+                source: std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    format!("no answer within {CONNECT_TIMEOUT:?}"),
+                ),
+            })
+        });
+        let mut conns = self.inner.conns.borrow_mut();
+        let ep = conns.get_mut(&addr).expect("endpoints are never removed");
+        match opened {
+            Ok(conn) => {
+                if let Some(t) = ep.down_since.take() {
+                    tracing::warn!("{addr} is reachable again after {:?}", t.elapsed());
+                }
+                ep.conn = Some(conn.clone());
+                Ok(conn)
+            }
+            Err(e) => {
+                if ep.down_since.is_none() {
+                    ep.down_since = Some(Instant::now());
+                    tracing::warn!(
+                        "{e}; requests wait for it up to {:?}",
+                        self.inner.cfg.retry_timeout
+                    );
+                }
+                ep.open_failures += 1;
+                ep.last_open_error = Some(match &e {
+                    ClientError::Connect { source, .. } => (source.kind(), source.to_string()),
+                    other => (std::io::ErrorKind::Other, other.to_string()),
+                });
+                Err(e)
+            }
+        }
     }
 
     /// Sends one request to `addr` and waits for its reply.
@@ -139,7 +246,8 @@ impl Client {
     }
 
     /// Runs `ops` on object `oid` of `pool` at the PG's primary. All ops are reads, or all
-    /// are writes applied atomically.
+    /// are writes applied atomically. While the primary is unreachable the request waits and
+    /// is retried as the crate documentation describes, for up to `retry_timeout`.
     pub async fn execute(
         &self,
         pool: PoolId,
@@ -153,7 +261,9 @@ impl Client {
             oid: oid.to_owned(),
             ops,
         };
+        let idempotent = req.ops.iter().all(OsdOp::is_idempotent);
         let mut attempt = 0;
+        let mut outage: Option<Outage> = None;
         loop {
             let addr = self.route(&mut req)?;
             let req_msg = Request::Object(req);
@@ -174,6 +284,32 @@ impl Client {
                     attempt += 1;
                     tracing::debug!("{e}; refreshing the map (attempt {attempt})");
                     self.refresh_map().await?;
+                }
+                Err(e) if e.is_connection_failure() && (idempotent || !e.in_doubt()) => {
+                    let cfg = &self.inner.cfg;
+                    let o = outage.get_or_insert_with(|| {
+                        tracing::debug!("{e}; retrying for up to {:?}", cfg.retry_timeout);
+                        Outage {
+                            since: Instant::now(),
+                            backoff: cfg.retry_backoff_min,
+                        }
+                    });
+                    let waited = o.since.elapsed();
+                    if waited >= cfg.retry_timeout {
+                        tracing::warn!("{e}; giving up after {waited:?}");
+                        return Err(ClientError::Unavailable {
+                            waited,
+                            last: Box::new(e),
+                        });
+                    }
+                    tracing::debug!("{e}; next attempt in {:?}", o.backoff);
+                    carmine_reactor::sleep(o.backoff.min(cfg.retry_timeout - waited)).await;
+                    o.backoff = (o.backoff * 2).min(cfg.retry_backoff_max);
+                    // The OSD may come back elsewhere: route the next attempt by the newest map.
+                    // Failing to fetch one is expected while the OSD is still down.
+                    if let Err(e) = self.refresh_map().await {
+                        tracing::debug!("map refresh during an outage: {e}");
+                    }
                 }
                 Err(e) => return Err(e),
             }
@@ -235,4 +371,11 @@ impl Client {
     pub async fn remove(&self, pool: PoolId, oid: &str) -> Result<(), ClientError> {
         self.execute(pool, oid, vec![OsdOp::Remove]).await.map(drop)
     }
+}
+
+/// A request's wait for an unreachable OSD.
+struct Outage {
+    since: Instant,
+    /// The pause before the next attempt.
+    backoff: Duration,
 }

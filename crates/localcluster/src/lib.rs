@@ -99,13 +99,18 @@ pub fn read_map(dir: &Path) -> Result<OsdMap> {
 
 /// Connects a client using the map in `dir` for bootstrap addresses.
 pub async fn connect(dir: &Path) -> Result<Client> {
+    connect_with(dir, ClientConfig::default()).await
+}
+
+/// [`connect`] with a client configuration (e.g. a retry timeout).
+pub async fn connect_with(dir: &Path, cfg: ClientConfig) -> Result<Client> {
     let map = read_map(dir)?;
     let addrs: Vec<SocketAddr> = map
         .osds
         .iter()
         .flat_map(|o| o.reactors.iter().copied())
         .collect();
-    Client::connect(&addrs, ClientConfig::default())
+    Client::connect(&addrs, cfg)
         .await
         .context("connecting to the cluster")
 }

@@ -176,6 +176,44 @@ impl OsdOp {
         self.code() >= WRITE_OP_FIRST
     }
 
+    /// True if applying this op a second time, right after it was applied once, leaves the
+    /// object as the first application did and gets the same reply. A client may then resend
+    /// a request whose outcome it does not know (the connection failed after it was sent).
+    ///
+    /// The rule: reads are idempotent; a write op is idempotent when it *sets* state to values
+    /// carried in the op (bytes at an offset, a size, an attribute, omap keys), because setting
+    /// again changes nothing. A request of only such ops is idempotent as a whole too: every op
+    /// of the second pass sets what the first pass set, in the same order. Not idempotent:
+    /// - `Create { exclusive: true }`: the second pass fails with `Exists`, though the first
+    ///   created the object.
+    /// - `Remove`: the second pass fails with `ObjectNotFound`, though the first removed it.
+    ///
+    /// The match is exhaustive on purpose: a new op must decide here.
+    pub fn is_idempotent(&self) -> bool {
+        use OsdOp::*;
+        match self {
+            Read { .. }
+            | Stat
+            | GetXattr { .. }
+            | GetXattrs
+            | OmapGetHeader
+            | OmapGetVals { .. }
+            | OmapList { .. } => true,
+            Create { exclusive } => !exclusive,
+            Write { .. }
+            | WriteFull { .. }
+            | Zero { .. }
+            | Truncate { .. }
+            | SetXattr { .. }
+            | RmXattr { .. }
+            | OmapSet { .. }
+            | OmapRm { .. }
+            | OmapClear
+            | OmapSetHeader { .. } => true,
+            Remove => false,
+        }
+    }
+
     fn encode(&self, e: &mut Encoder<'_, BytesMut>) {
         use OsdOp::*;
         e.u8(self.code());
