@@ -57,7 +57,12 @@ fn kill_nine_mid_write_load_loses_no_acknowledged_write() {
     let dir = c.dir.clone();
     let acked_w = acked.clone();
     let cut_by_kill = carmine_reactor::block_on(async move {
-        let client = carmine_localcluster::connect(&dir).await.unwrap();
+        // No retrying across the kill: the load must see the OSD die (it stays dead).
+        let cfg = carmine_client::ClientConfig {
+            retry_timeout: Duration::ZERO,
+            ..Default::default()
+        };
+        let client = carmine_localcluster::connect_with(&dir, cfg).await.unwrap();
         let pool = client.pool_id("rbd").unwrap();
         let image = Volumes::new(client, pool).open("vol").await.unwrap();
         let image = &image;
