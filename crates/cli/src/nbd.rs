@@ -35,6 +35,13 @@ pub struct ServeArgs {
     /// Requests per connection executing at once.
     #[arg(long, default_value_t = 256)]
     pub inflight_max: usize,
+    /// Bytes one connection may hold in requests executing and replies unsent (e.g. 64M);
+    /// beyond it the gateway stops reading that client's requests.
+    #[arg(long, default_value = "64M", value_parser = crate::size::parse_size)]
+    pub connection_bytes_max: u64,
+    /// Open NBD connections at once; more are refused.
+    #[arg(long, default_value_t = 1024)]
+    pub connections_max: usize,
     /// How long a request waits for an unreachable OSD (e.g. one restarting) before the NBD
     /// client gets EIO: "30s", "500ms", or seconds. Until then the client sees a stall.
     #[arg(long, default_value = "30s", value_parser = parse_duration)]
@@ -72,6 +79,10 @@ pub fn run(cmd: NbdCommand) -> Result<()> {
         let exports = Rc::new(exports);
         let cfg = NbdConfig {
             inflight_max: a.inflight_max,
+            connection_bytes_max: usize::try_from(a.connection_bytes_max)
+                .context("--connection-bytes-max")?,
+            connections_max: a.connections_max,
+            ..NbdConfig::default()
         };
         let mode = if a.read_only {
             "read-only"
@@ -83,6 +94,12 @@ pub fn run(cmd: NbdCommand) -> Result<()> {
             a.exports.join(", "),
             a.listen
         );
+        if carmine_localcluster::store_kind(&a.target.dir.dir).as_deref() == Some("memory") {
+            println!(
+                "nbd: WARNING: this cluster keeps its data in memory (store `memory`): \
+                 flush and FUA complete, but nothing survives an OSD restart"
+            );
+        }
         if let Some(path) = &a.unix {
             remove_stale_socket(path)?;
             let unix = carmine_reactor::UnixListener::bind(path)

@@ -231,6 +231,11 @@ fn read_cluster_file(dir: &Path) -> Result<Option<ClusterFile>> {
     }
 }
 
+/// The object store the cluster in `dir` was made with (`memory` or `native`), if known.
+pub fn store_kind(dir: &Path) -> Option<String> {
+    read_cluster_file(dir).ok().flatten().map(|f| f.store)
+}
+
 /// Writes `bytes` to `path` so that a crash leaves the old or the new content, never a mix.
 fn write_atomically(path: &Path, bytes: &[u8]) -> Result<()> {
     use std::io::Write;

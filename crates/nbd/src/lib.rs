@@ -14,4 +14,4 @@ mod protocol;
 mod server;
 
 pub use protocol::ProtocolError;
-pub use server::{serve, serve_connection, serve_unix, Export, NbdConfig};
+pub use server::{serve, serve_connection, serve_unix, Export, NbdConfig, NbdStats};

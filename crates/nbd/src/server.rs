@@ -9,6 +9,7 @@ use carmine_volume::{Image, VolumeError};
 use std::cell::{Cell, RefCell};
 use std::io;
 use std::rc::Rc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 /// A volume offered to NBD clients under `name`.
@@ -23,54 +24,127 @@ pub struct Export {
 pub struct NbdConfig {
     /// Requests of one connection executing at once; further requests wait to be read.
     pub inflight_max: usize,
+    /// Bytes one connection may hold: payloads and read replies of requests executing, plus
+    /// replies not yet sent. Beyond it the connection stops reading requests, so a client
+    /// that never reads its replies costs a bounded amount of memory.
+    pub connection_bytes_max: usize,
+    /// Open connections at once; more are closed at accept.
+    pub connections_max: usize,
+    /// A client must finish the handshake within this time.
+    pub handshake_timeout: std::time::Duration,
+    /// Counters, shared with whoever wants to watch the server.
+    pub stats: Arc<NbdStats>,
 }
 
 impl Default for NbdConfig {
     fn default() -> Self {
-        Self { inflight_max: 256 }
+        Self {
+            inflight_max: 256,
+            connection_bytes_max: 64 << 20,
+            connections_max: 1024,
+            handshake_timeout: std::time::Duration::from_secs(30),
+            stats: Arc::default(),
+        }
     }
 }
 
+/// What the server has done so far (readable from any thread).
+#[derive(Debug, Default)]
+pub struct NbdStats {
+    pub connections_accepted: AtomicU64,
+    pub connections_refused: AtomicU64,
+    pub connections_closed: AtomicU64,
+    pub accept_errors: AtomicU64,
+    /// The most bytes any one connection held at once (requests executing plus replies
+    /// unsent): stays within `connection_bytes_max` plus one request.
+    pub held_bytes_max: AtomicU64,
+}
+
 const READ_SPARE_MIN: usize = 256 * 1024;
+/// Bytes a reply costs beyond its data (header, chunk framing), rounded up.
+const REPLY_OVERHEAD: usize = 64;
 /// Preferred block size advertised to clients: the store's page.
 const BLOCK_SIZE_PREFERRED: u32 = 4096;
 
-/// Accepts TCP connections until the listener fails; each connection is served by its own task.
+/// Accepts TCP connections until the listener fails for good; each connection is served by
+/// its own task.
 pub async fn serve(
     listener: TcpListener,
     exports: Rc<Vec<Export>>,
     cfg: NbdConfig,
 ) -> io::Result<()> {
+    let open = Rc::new(Cell::new(0usize));
     loop {
-        let (stream, peer) = listener.accept().await?;
-        let _ = stream.set_nodelay(true);
-        spawn_connection(stream, peer.to_string(), exports.clone(), cfg.clone());
+        match listener.accept().await {
+            Ok((stream, peer)) => {
+                let _ = stream.set_nodelay(true);
+                admit(stream, peer.to_string(), &exports, &cfg, &open);
+            }
+            Err(e) => accept_failed(e, &cfg).await?,
+        }
     }
 }
 
-/// Accepts Unix-domain socket connections until the listener fails.
+/// Accepts Unix-domain socket connections until the listener fails for good.
 pub async fn serve_unix(
     listener: UnixListener,
     exports: Rc<Vec<Export>>,
     cfg: NbdConfig,
 ) -> io::Result<()> {
+    let open = Rc::new(Cell::new(0usize));
     loop {
-        let (stream, _) = listener.accept().await?;
-        spawn_connection(
-            stream,
-            "unix socket".to_string(),
-            exports.clone(),
-            cfg.clone(),
-        );
+        match listener.accept().await {
+            Ok((stream, _)) => admit(stream, "unix socket".into(), &exports, &cfg, &open),
+            Err(e) => accept_failed(e, &cfg).await?,
+        }
     }
 }
 
-fn spawn_connection<S: Socket>(stream: S, peer: String, exports: Rc<Vec<Export>>, cfg: NbdConfig) {
+/// Out of descriptors, memory or buffers, or a connection that died in the queue: those pass,
+/// so the gateway keeps serving the clients it has. Anything else ends it.
+async fn accept_failed(e: io::Error, cfg: &NbdConfig) -> io::Result<()> {
+    let transient = matches!(
+        e.raw_os_error(),
+        Some(libc::EMFILE | libc::ENFILE | libc::ENOBUFS | libc::ENOMEM | libc::ECONNABORTED)
+            | Some(libc::EPERM | libc::EPROTO | libc::EINTR | libc::EAGAIN)
+    );
+    if !transient {
+        return Err(e);
+    }
+    cfg.stats.accept_errors.fetch_add(1, Ordering::Relaxed);
+    tracing::warn!("accept failed ({e}); still serving the open connections");
+    // Give descriptors time to come back instead of spinning on the error.
+    carmine_reactor::sleep(std::time::Duration::from_millis(20)).await;
+    Ok(())
+}
+
+fn admit<S: Socket>(
+    stream: S,
+    peer: String,
+    exports: &Rc<Vec<Export>>,
+    cfg: &NbdConfig,
+    open: &Rc<Cell<usize>>,
+) {
+    if open.get() >= cfg.connections_max {
+        cfg.stats
+            .connections_refused
+            .fetch_add(1, Ordering::Relaxed);
+        tracing::warn!(peer, "refusing connection: {} open", open.get());
+        return;
+    }
+    cfg.stats
+        .connections_accepted
+        .fetch_add(1, Ordering::Relaxed);
+    open.set(open.get() + 1);
+    let (exports, cfg, open) = (exports.clone(), cfg.clone(), open.clone());
     carmine_reactor::spawn(async move {
+        let stats = cfg.stats.clone();
         match serve_connection(stream, exports, cfg).await {
             Ok(()) => tracing::info!(peer, "nbd client disconnected"),
             Err(e) => tracing::warn!(peer, "nbd connection ended: {e}"),
         }
+        open.set(open.get() - 1);
+        stats.connections_closed.fetch_add(1, Ordering::Relaxed);
     })
     .detach();
 }
@@ -133,7 +207,16 @@ pub async fn serve_connection<S: Socket>(
         stream,
         rbuf: BytesMut::with_capacity(READ_SPARE_MIN),
     };
-    let session = match negotiate(&mut wire, &exports).await {
+    let negotiated =
+        carmine_reactor::timeout(cfg.handshake_timeout, negotiate(&mut wire, &exports))
+            .await
+            .unwrap_or_else(|_| {
+                Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    format!("no handshake within {:?}", cfg.handshake_timeout),
+                ))
+            });
+    let session = match negotiated {
         Ok(Some(session)) => session,
         Ok(None) => return Ok(()),
         // Probing clients (e.g. `qemu-img info`, `nbdinfo --list`) may just hang up.
@@ -279,6 +362,18 @@ struct Replies {
     closing: Cell<bool>,
     failed: Cell<bool>,
     structured: bool,
+    /// Bytes admitted for requests still executing (payloads, read replies to come).
+    executing: Cell<usize>,
+    /// Reply bytes queued or being written.
+    unsent: Cell<usize>,
+    /// Rung when either count drops: the reader may admit more.
+    room: Doorbell,
+}
+
+impl Replies {
+    fn held(&self) -> usize {
+        self.executing.get() + self.unsent.get()
+    }
 }
 
 impl Replies {
@@ -288,6 +383,7 @@ impl Replies {
             return;
         }
         let mut buf = self.buf.borrow_mut();
+        let before = buf.len();
         // With structured replies a READ must be answered in chunks; other commands may keep
         // simple replies.
         match (self.structured && req.cmd == CMD_READ, error, data) {
@@ -300,6 +396,7 @@ impl Replies {
                 }
             }
         }
+        self.unsent.set(self.unsent.get() + buf.len() - before);
         drop(buf);
         self.bell.ring();
     }
@@ -313,7 +410,10 @@ async fn write_replies<S: Socket>(replies: Rc<Replies>, mut stream: S) {
             if batch.is_empty() {
                 break;
             }
+            let sent = batch.len();
             let (res, spare) = write_all(&mut stream, batch).await;
+            replies.unsent.set(replies.unsent.get() - sent);
+            replies.room.ring();
             if res.is_err() {
                 replies.failed.set(true);
                 return;
@@ -401,6 +501,9 @@ async fn transmit<S: Socket>(wire: Wire<S>, session: Session, cfg: NbdConfig) ->
         closing: Cell::new(false),
         failed: Cell::new(false),
         structured,
+        executing: Cell::new(0),
+        unsent: Cell::new(0),
+        room: Doorbell::default(),
     });
     let writer = carmine_reactor::spawn(write_replies(replies.clone(), wr));
     let export = Rc::new(export);
@@ -429,12 +532,40 @@ async fn transmit<S: Socket>(wire: Wire<S>, session: Session, cfg: NbdConfig) ->
             replies.push(&req, EOVERFLOW, None);
             continue;
         }
+        // The byte budget: a request is admitted when what the connection holds leaves room
+        // for it (or holds nothing, so any legal request gets through alone). The payload is
+        // read only after that, so it counts before it is in memory.
+        let cost = match req.cmd {
+            CMD_READ | CMD_WRITE => req.len as usize,
+            _ => 0,
+        } + REPLY_OVERHEAD;
+        while replies.held() > 0 && replies.held() + cost > cfg.connection_bytes_max {
+            if replies.failed.get() {
+                break;
+            }
+            replies.room.wait().await;
+        }
+        if replies.failed.get() {
+            break Err(io::Error::new(
+                io::ErrorKind::BrokenPipe,
+                "replies can no longer be sent",
+            ));
+        }
+        replies.executing.set(replies.executing.get() + cost);
+        cfg.stats
+            .held_bytes_max
+            .fetch_max(replies.held() as u64, Ordering::Relaxed);
         // A write whose payload never fully arrives is never started.
         let payload = if req.cmd == CMD_WRITE {
             match wire.take(req.len as usize).await {
                 Ok(p) => p,
-                Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => break Ok(()),
-                Err(e) => break Err(e),
+                Err(e) => {
+                    replies.executing.set(replies.executing.get() - cost);
+                    match e.kind() {
+                        io::ErrorKind::UnexpectedEof => break Ok(()),
+                        _ => break Err(e),
+                    }
+                }
             }
         } else {
             Bytes::new()
@@ -443,6 +574,8 @@ async fn transmit<S: Socket>(wire: Wire<S>, session: Session, cfg: NbdConfig) ->
         let (export, replies) = (export.clone(), replies.clone());
         carmine_reactor::spawn(async move {
             execute(&export, req, payload, &replies).await;
+            replies.executing.set(replies.executing.get() - cost);
+            replies.room.ring();
             drop(permit);
         })
         .detach();

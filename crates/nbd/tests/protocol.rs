@@ -3,12 +3,14 @@
 
 use carmine_client::{Client, ClientConfig};
 use carmine_cluster::{OsdInfo, OsdMap, Pool};
-use carmine_nbd::{Export, NbdConfig};
+use carmine_nbd::{Export, NbdConfig, NbdStats};
 use carmine_osd::{Osd, OsdConfig, StoreConfig, CONNECTIONS_MAX_DEFAULT};
 use carmine_volume::Volumes;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::rc::Rc;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::time::Duration;
 
 const IHAVEOPT: u64 = 0x4948_4156_454F_5054;
@@ -17,6 +19,12 @@ const SIZE: u64 = 8 << 20;
 
 /// An OSD and an NBD server (on their own threads) exporting one 8 MiB volume named "vol".
 fn start() -> (Osd, SocketAddr) {
+    let (osd, addr, _) = start_with(NbdConfig::default());
+    (osd, addr)
+}
+
+fn start_with(cfg: NbdConfig) -> (Osd, SocketAddr, Arc<NbdStats>) {
+    let stats = cfg.stats.clone();
     let osd_addr = TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
@@ -62,10 +70,22 @@ fn start() -> (Osd, SocketAddr) {
                 read_only: false,
             }]);
             let l = carmine_reactor::TcpListener::from_std(listener).unwrap();
-            let _ = carmine_nbd::serve(l, exports, NbdConfig::default()).await;
+            let _ = carmine_nbd::serve(l, exports, cfg).await;
         })
     });
-    (osd, addr)
+    (osd, addr, stats)
+}
+
+/// Waits until `cond` holds, failing the test after 10 s.
+fn wait_for(what: &str, cond: impl Fn() -> bool) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !cond() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "timed out waiting for {what}"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
 }
 
 fn connect(addr: SocketAddr) -> TcpStream {
@@ -238,7 +258,7 @@ fn pipelined_requests_all_complete_with_their_own_data() {
 
 #[test]
 fn a_write_cut_off_mid_payload_is_never_applied() {
-    let (osd, addr) = start();
+    let (osd, addr, stats) = start_with(NbdConfig::default());
     let mut s = hello(addr);
     assert_eq!(go(&mut s, "vol"), 1);
     // Header promises 64 KiB; only 1000 bytes arrive before the client vanishes.
@@ -251,7 +271,10 @@ fn a_write_cut_off_mid_payload_is_never_applied() {
     b.extend_from_slice(&[0xee; 1000]);
     s.write_all(&b).unwrap();
     drop(s);
-    std::thread::sleep(Duration::from_millis(100));
+    // The server is done with that connection (it saw the cut), however long that takes.
+    wait_for("the cut-off connection to close", || {
+        stats.connections_closed.load(Ordering::Relaxed) >= 1
+    });
     let mut s = hello(addr);
     assert_eq!(go(&mut s, "vol"), 1);
     request(&mut s, 0, 1, 0, 65536, &[]);
@@ -309,5 +332,97 @@ fn with_structured_replies_reads_come_back_as_data_and_error_chunks() {
     assert_eq!(u32_at(&h, 16), 6);
     let body = read_n(&mut s, 6);
     assert_eq!(u32_at(&body, 0), 22);
+    osd.shutdown().unwrap();
+}
+
+/// Sends `n` READ requests of `len` bytes at offset 0 (cookies from 1), without reading.
+fn send_reads(s: &mut TcpStream, n: u64, len: u32) {
+    let mut b = Vec::new();
+    for cookie in 1..=n {
+        b.extend_from_slice(&0x2560_9513u32.to_be_bytes());
+        b.extend_from_slice(&[0, 0, 0, 0]);
+        b.extend_from_slice(&cookie.to_be_bytes());
+        b.extend_from_slice(&0u64.to_be_bytes());
+        b.extend_from_slice(&len.to_be_bytes());
+    }
+    s.write_all(&b).unwrap();
+}
+
+#[test]
+fn a_client_that_never_reads_replies_holds_a_bounded_amount_and_others_go_on() {
+    let cfg = NbdConfig {
+        connection_bytes_max: 4 << 20,
+        ..NbdConfig::default()
+    };
+    let (osd, addr, stats) = start_with(cfg);
+    let mut greedy = hello(addr);
+    assert_eq!(go(&mut greedy, "vol"), 1);
+    // 2000 reads of 1 MiB (2 GiB of replies) in 56 KB of requests, never read.
+    send_reads(&mut greedy, 2000, 1 << 20);
+    // Another client is served meanwhile, and its replies are right.
+    let mut other = hello(addr);
+    assert_eq!(go(&mut other, "vol"), 1);
+    for cookie in 0..20 {
+        request(&mut other, 0, cookie, 0, 4096, &[]);
+        assert_eq!(reply(&mut other, 4096).0, 0);
+    }
+    // Once the greedy client reads, it gets every reply, in full: back-pressure delayed
+    // them, it lost nothing. The gateway never held more than the budget meanwhile: its
+    // replies come out only as fast as they are read.
+    let mut seen = std::collections::BTreeSet::new();
+    for _ in 0..2000 {
+        let (e, cookie, data) = reply(&mut greedy, 1 << 20);
+        assert_eq!((e, data.len()), (0, 1 << 20));
+        seen.insert(cookie);
+    }
+    assert_eq!(seen.len(), 2000);
+    let held = stats.held_bytes_max.load(Ordering::Relaxed);
+    assert!(
+        held <= (4 << 20) + (1 << 20) + 64,
+        "a connection held {held} bytes with a 4 MiB budget"
+    );
+    osd.shutdown().unwrap();
+}
+
+#[test]
+fn connections_beyond_the_limit_are_refused_and_the_rest_are_served() {
+    let cfg = NbdConfig {
+        connections_max: 4,
+        ..NbdConfig::default()
+    };
+    let (osd, addr, stats) = start_with(cfg);
+    let mut open: Vec<TcpStream> = (0..4)
+        .map(|_| {
+            let mut s = hello(addr);
+            assert_eq!(go(&mut s, "vol"), 1);
+            s
+        })
+        .collect();
+    let mut extra = connect(addr);
+    assert!(closed(&mut extra), "a fifth connection was served");
+    assert_eq!(stats.connections_refused.load(Ordering::Relaxed), 1);
+    request(&mut open[0], 0, 7, 0, 4096, &[]);
+    assert_eq!(reply(&mut open[0], 4096).0, 0);
+    drop(open.pop());
+    wait_for("the dropped connection to close", || {
+        stats.connections_closed.load(Ordering::Relaxed) >= 1
+    });
+    let mut again = hello(addr);
+    assert_eq!(go(&mut again, "vol"), 1);
+    osd.shutdown().unwrap();
+}
+
+#[test]
+fn a_client_that_never_finishes_the_handshake_is_dropped() {
+    let cfg = NbdConfig {
+        handshake_timeout: Duration::from_millis(200),
+        ..NbdConfig::default()
+    };
+    let (osd, addr, _stats) = start_with(cfg);
+    let mut s = connect(addr);
+    // Read the greeting, then say nothing.
+    let mut greeting = [0u8; 18];
+    s.read_exact(&mut greeting).unwrap();
+    assert!(closed(&mut s), "a silent client kept its connection");
     osd.shutdown().unwrap();
 }

@@ -38,9 +38,30 @@ pub(crate) async fn handle_frame<S: ObjectStore>(
             .await
             .map(|outputs| Response::Object { outputs }),
     };
+    let start = out.len();
     match reply {
         Ok(resp) => encode_response(out, id, &resp),
         Err(err) => encode_error(out, id, opcode, &err),
+    }
+    // A reply no frame can carry (many large reads, a huge xattr set) would make the client
+    // drop the connection: answer with an error it can act on instead.
+    let payload = out.len() - start - carmine_proto::FRAME_HEADER_LEN;
+    if payload > carmine_proto::FRAME_PAYLOAD_MAX as usize {
+        out.truncate(start);
+        encode_error(
+            out,
+            id,
+            opcode,
+            &ErrorReply {
+                status: Status::InvalidArgument,
+                op_index: None,
+                message: format!(
+                    "the reply would be {payload} bytes, more than a frame carries ({}): \
+                     ask for less per request",
+                    carmine_proto::FRAME_PAYLOAD_MAX
+                ),
+            },
+        );
     }
 }
 

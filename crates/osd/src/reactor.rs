@@ -203,6 +203,9 @@ const CONNECTION_INFLIGHT_MAX: usize = 256;
 /// Reply bytes a connection may hold for a peer that is slow to read them; beyond it the
 /// connection stops reading requests (the replies of those in flight still complete).
 const CONNECTION_BACKLOG_BYTES: usize = 8 << 20;
+/// Request bytes (frames) one connection may have in flight: past it, no more are decoded
+/// until some complete. One request of any legal size always gets through alone.
+const CONNECTION_INFLIGHT_BYTES: usize = 32 << 20;
 
 type ReadDone = ((std::io::Result<usize>, BytesMut), TcpStream);
 type WriteDone = ((std::io::Result<()>, BytesMut), TcpStream);
@@ -225,7 +228,10 @@ async fn serve_connection_concurrently<S: ObjectStore + 'static>(
     let mut rbuf = BytesMut::with_capacity(READ_SPARE_MIN);
     let mut wbuf = BytesMut::with_capacity(READ_SPARE_MIN);
     let mut spare = BytesMut::with_capacity(READ_SPARE_MIN);
-    let mut inflight: FuturesUnordered<LocalBoxFuture<'static, BytesMut>> = FuturesUnordered::new();
+    let mut inflight: FuturesUnordered<LocalBoxFuture<'static, Done>> = FuturesUnordered::new();
+    // Bytes of the requests in flight (their frames; a read's reply is bounded by the
+    // backlog): with the backlog, what one connection can make the reactor hold.
+    let mut inflight_bytes = 0usize;
     let mut reader = Some(reader);
     let mut writer = Some(writer);
     let mut reading: Option<LocalBoxFuture<'static, ReadDone>> = None;
@@ -253,17 +259,22 @@ async fn serve_connection_concurrently<S: ObjectStore + 'static>(
                 }
             };
             let shard = shard.clone();
-            let mut request: LocalBoxFuture<'static, BytesMut> = Box::pin(async move {
+            let cost = carmine_proto::FRAME_HEADER_LEN + frame.payload.len();
+            let mut request: LocalBoxFuture<'static, Done> = Box::pin(async move {
                 let mut out = BytesMut::new();
                 handle_frame(&shard, frame, &mut out).await;
-                out
+                (out, cost)
             });
             match futures::poll!(request.as_mut()) {
-                std::task::Poll::Ready(out) => wbuf.extend_from_slice(&out),
-                std::task::Poll::Pending => inflight.push(request),
+                std::task::Poll::Ready((out, _)) => wbuf.extend_from_slice(&out),
+                std::task::Poll::Pending => {
+                    inflight_bytes += cost;
+                    inflight.push(request);
+                }
             }
         }
-        while let std::task::Poll::Ready(Some(out)) = futures::poll!(inflight.next()) {
+        while let std::task::Poll::Ready(Some((out, cost))) = futures::poll!(inflight.next()) {
+            inflight_bytes -= cost;
             wbuf.extend_from_slice(&out);
         }
         if write_failed {
@@ -290,6 +301,7 @@ async fn serve_connection_concurrently<S: ObjectStore + 'static>(
             && !closed
             && inflight.len() < CONNECTION_INFLIGHT_MAX
             && wbuf.len() < CONNECTION_BACKLOG_BYTES
+            && inflight_bytes < CONNECTION_INFLIGHT_BYTES
         {
             let mut r = reader
                 .take()
@@ -325,7 +337,10 @@ async fn serve_connection_concurrently<S: ObjectStore + 'static>(
                     failure.get_or_insert(format!("write: {e}"));
                 }
             }
-            Event::Reply(out) => wbuf.extend_from_slice(&out),
+            Event::Reply((out, cost)) => {
+                inflight_bytes -= cost;
+                wbuf.extend_from_slice(&out);
+            }
         }
     }
 }
@@ -334,14 +349,17 @@ async fn serve_connection_concurrently<S: ObjectStore + 'static>(
 enum Event {
     Read(ReadDone),
     Written(WriteDone),
-    Reply(BytesMut),
+    Reply(Done),
 }
+
+/// A finished request: its reply, and the bytes its frame counted against the connection.
+type Done = (BytesMut, usize);
 
 /// The first of: the read, the write, a request's reply. At least one must be in progress.
 async fn next_event(
     reading: &mut Option<LocalBoxFuture<'static, ReadDone>>,
     writing: &mut Option<LocalBoxFuture<'static, WriteDone>>,
-    inflight: &mut FuturesUnordered<LocalBoxFuture<'static, BytesMut>>,
+    inflight: &mut FuturesUnordered<LocalBoxFuture<'static, Done>>,
 ) -> Event {
     use std::task::Poll;
     std::future::poll_fn(|cx| {

@@ -332,3 +332,49 @@ fn connections_beyond_the_limit_are_refused_and_the_osd_keeps_serving() {
     });
     osd.shutdown().unwrap();
 }
+
+#[test]
+fn a_reply_too_large_for_a_frame_is_a_clear_error_and_the_connection_lives_on() {
+    let (osd, map) = start(1);
+    carmine_reactor::block_on(async {
+        let c = client(&map).await;
+        let data = Bytes::from(vec![7u8; 4 << 20]);
+        c.write(1, "big", 0, data.clone()).await.unwrap();
+        let addr = map.osds[0].reactors[0];
+        let conn = Connection::open(addr, 4).await.unwrap();
+        let pg = map.object_pg(map.pool(1).unwrap(), "big");
+        // Eight 4 MiB reads in one request: 32 MiB, twice what a frame may carry.
+        let req = Request::Object(ObjectRequest {
+            pool: 1,
+            pg_seed: pg.seed,
+            epoch: 1,
+            oid: "big".into(),
+            ops: vec![
+                OsdOp::Read {
+                    off: 0,
+                    len: 4 << 20
+                };
+                8
+            ],
+        });
+        let err = conn.call(&req).await.unwrap_err();
+        assert_eq!(err.status(), Some(Status::InvalidArgument), "{err}");
+        assert!(
+            err.to_string().contains("more than a frame carries"),
+            "{err}"
+        );
+        // Same connection, a reasonable request: answered.
+        let req = Request::Object(ObjectRequest {
+            pool: 1,
+            pg_seed: pg.seed,
+            epoch: 1,
+            oid: "big".into(),
+            ops: vec![OsdOp::Read { off: 0, len: 4096 }],
+        });
+        match conn.call(&req).await.unwrap() {
+            Response::Object { outputs } => assert_eq!(outputs.len(), 1),
+            other => panic!("unexpected {other:?}"),
+        }
+    });
+    osd.shutdown().unwrap();
+}
