@@ -718,7 +718,13 @@ pub fn status(dir: &Path) -> Result<Status> {
                 )?,
                 Err(e) => {
                     healthy = false;
-                    writeln!(t, "    reactor {r} {addr}: DOWN ({e:#})")?;
+                    let e = format!("{e:#}");
+                    let state = if e.contains("store shard failed") {
+                        "UNHEALTHY"
+                    } else {
+                        "DOWN"
+                    };
+                    writeln!(t, "    reactor {r} {addr}: {state} ({e})")?;
                 }
             }
         }

@@ -459,6 +459,10 @@ impl<D: BlockDevice> NativeStore<D> {
         if limit == 0 {
             return;
         }
+        // Blocks written by clients are slices of the network receive buffers they came in;
+        // kept as they are, one cached 4 KiB block would keep its whole (256 KiB or larger)
+        // buffer alive, and the cache budget would bound nothing. Cache a copy of its own.
+        let data = Bytes::copy_from_slice(&data);
         if st.cache.insert(paddr, data).is_none() {
             st.fifo.push_back(paddr);
         }
@@ -905,6 +909,10 @@ impl<D: BlockDevice> ObjectStore for NativeStore<D> {
 
     async fn background(&self) {
         self.run_background().await
+    }
+
+    fn failure(&self) -> Option<String> {
+        NativeStore::failure(self)
     }
 
     fn report(&self) {

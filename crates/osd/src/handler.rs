@@ -24,6 +24,15 @@ pub(crate) async fn handle_frame<S: ObjectStore>(
             op_index: None,
             message: e.to_string(),
         }),
+        // A shard whose store failed is not healthy, and says so to whoever checks.
+        Ok(Request::Ping { .. }) if shard.store.failure().is_some() => Err(ErrorReply {
+            status: Status::Io,
+            op_index: None,
+            message: format!(
+                "store shard failed: {}",
+                shard.store.failure().unwrap_or_default()
+            ),
+        }),
         Ok(Request::Ping { payload }) => Ok(Response::Pong { payload }),
         Ok(Request::GetMap) => Ok(Response::Map {
             encoded: shard.encoded_map.clone(),
@@ -307,4 +316,71 @@ async fn write_ops<S: ObjectStore>(
     }
     store.submit(txn).await.map_err(|e| from_store(e, None))?;
     Ok(vec![OpOutput::None; n])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use carmine_nativestore::{mkfs, NativeConfig, NativeStore, SimDevice};
+    use carmine_proto::{encode_request, try_decode_frame};
+    use std::cell::Cell;
+    use std::collections::HashSet;
+
+    fn frame(req: &Request) -> Frame {
+        let mut b = BytesMut::new();
+        encode_request(&mut b, 1, req);
+        try_decode_frame(&mut b).unwrap().unwrap()
+    }
+
+    #[test]
+    fn a_shard_whose_store_failed_answers_pings_with_the_failure() {
+        futures::executor::block_on(async {
+            let dev = SimDevice::new(16 << 20);
+            mkfs(&dev, 1, 1 << 20).await.unwrap();
+            let store = NativeStore::mount(dev.clone(), 0, NativeConfig::default())
+                .await
+                .unwrap();
+            let pg = PgId { pool: 1, seed: 0 };
+            let map = carmine_cluster::OsdMap {
+                epoch: 1,
+                osds: vec![],
+                pools: vec![],
+            };
+            let shard = Shard {
+                osd: 0,
+                index: 0,
+                encoded_map: map.encode(),
+                map,
+                owned: HashSet::from([pg]),
+                store,
+                connections: Cell::new(0),
+            };
+            let ping = Request::Ping {
+                payload: bytes::Bytes::new(),
+            };
+            let mut out = BytesMut::new();
+            handle_frame(&shard, frame(&ping), &mut out).await;
+            let reply = try_decode_frame(&mut out).unwrap().unwrap();
+            assert!(matches!(
+                Response::decode(&reply),
+                Ok(Ok(Response::Pong { .. }))
+            ));
+
+            // The next fdatasync fails: the shard stops, and its pings say so.
+            dev.fail_sync_at(0);
+            let mut t = Transaction::new();
+            t.create_collection(pg);
+            assert!(shard.store.submit(t).await.is_err());
+            let mut out = BytesMut::new();
+            handle_frame(&shard, frame(&ping), &mut out).await;
+            let reply = try_decode_frame(&mut out).unwrap().unwrap();
+            let err = Response::decode(&reply).unwrap().unwrap_err();
+            assert_eq!(err.status, Status::Io);
+            assert!(
+                err.message.contains("store shard failed"),
+                "{}",
+                err.message
+            );
+        });
+    }
 }

@@ -140,6 +140,12 @@ pub trait ObjectStore {
     async fn background(&self) {}
     /// Logs what the store counted about itself (at shutdown).
     fn report(&self) {}
+    /// Why the store stopped serving (a failed device write or sync), or `None` while it is
+    /// healthy. A failed store must not look healthy to anyone: the OSD answers pings with
+    /// this error, and every request fails.
+    fn failure(&self) -> Option<String> {
+        None
+    }
     /// Waits until everything submitted before is durable. A no-op for the memory store.
     async fn flush(&self) -> Result<()>;
     fn statfs(&self) -> StoreStatfs;
