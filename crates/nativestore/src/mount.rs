@@ -346,10 +346,7 @@ impl<D: BlockDevice> NativeStore<D> {
             let first_block = if k == 0 { slot.journal.block as u64 } else { 1 };
             let mut at = 0;
             let mut any = false;
-            loop {
-                let Some(rec) = parse_record(&area[at..], expected, nonce) else {
-                    break;
-                };
+            while let Some(rec) = parse_record(&area[at..], expected, nonce) {
                 let mut deltas = Vec::new();
                 let mut d = Decoder::new(Bytes::from(rec.meta));
                 while d.remaining() > 0 {

@@ -139,7 +139,7 @@ fn replay_refuses_to_drop_acknowledged_records_after_a_damaged_one() {
         .err()
         .expect("mount silently dropped acknowledged records");
     assert!(err.contains("refusing"), "{err}");
-    let err = block_on(fsck(dev, 0)).err().expect("fsck called it clean");
+    let err = block_on(fsck(dev, 0)).expect_err("fsck called it clean");
     assert!(err.contains("were acknowledged"), "{err}");
 }
 
