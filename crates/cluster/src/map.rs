@@ -65,6 +65,25 @@ pub struct OsdMap {
 }
 
 impl OsdMap {
+    /// The smallest cluster: epoch 1, osd.0 with one endpoint per reactor, and pool 1 "rbd"
+    /// of `pg_num` PGs, one copy. For tests and tools that run one OSD in-process.
+    pub fn single_osd(reactors: Vec<std::net::SocketAddr>, pg_num: u32) -> Self {
+        OsdMap {
+            epoch: 1,
+            osds: vec![OsdInfo {
+                id: 0,
+                up: true,
+                reactors,
+            }],
+            pools: vec![Pool {
+                id: 1,
+                name: "rbd".into(),
+                pg_num,
+                size: 1,
+            }],
+        }
+    }
+
     /// Checks the invariants placement relies on. Called on every decoded map.
     pub fn validate(&self) -> Result<(), MapError> {
         let invalid = |s: String| Err(MapError::Invalid(s));

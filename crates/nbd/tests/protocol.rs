@@ -2,7 +2,7 @@
 //! requests, pipelining, and a client that vanishes mid-write.
 
 use carmine_client::{Client, ClientConfig};
-use carmine_cluster::{OsdInfo, OsdMap, Pool};
+use carmine_cluster::OsdMap;
 use carmine_nbd::{Export, NbdConfig, NbdStats};
 use carmine_osd::{Osd, OsdConfig, StoreConfig, CONNECTIONS_MAX_DEFAULT};
 use carmine_volume::Volumes;
@@ -29,20 +29,7 @@ fn start_with(cfg: NbdConfig) -> (Osd, SocketAddr, Arc<NbdStats>) {
         .unwrap()
         .local_addr()
         .unwrap();
-    let map = OsdMap {
-        epoch: 1,
-        osds: vec![OsdInfo {
-            id: 0,
-            up: true,
-            reactors: vec![osd_addr],
-        }],
-        pools: vec![Pool {
-            id: 1,
-            name: "rbd".into(),
-            pg_num: 8,
-            size: 1,
-        }],
-    };
+    let map = OsdMap::single_osd(vec![osd_addr], 8);
     let osd = Osd::start(OsdConfig {
         id: 0,
         map,

@@ -4,7 +4,7 @@
 
 use bytes::{Bytes, BytesMut};
 use carmine_client::{Client, ClientConfig};
-use carmine_cluster::{OsdInfo, OsdMap, Pool};
+use carmine_cluster::OsdMap;
 use carmine_nativestore::{FileDevice, NativeConfig, SyncMode};
 use carmine_osd::{Osd, OsdConfig, StoreConfig, CONNECTIONS_MAX_DEFAULT};
 use carmine_proto::{encode_request, ObjectRequest, OsdOp, Request};
@@ -44,20 +44,7 @@ fn start_native(name: &str) -> Native {
         .unwrap()
         .local_addr()
         .unwrap();
-    let map = OsdMap {
-        epoch: 1,
-        osds: vec![OsdInfo {
-            id: 0,
-            up: true,
-            reactors: vec![addr],
-        }],
-        pools: vec![Pool {
-            id: 1,
-            name: "rbd".into(),
-            pg_num: 8,
-            size: 1,
-        }],
-    };
+    let map = OsdMap::single_osd(vec![addr], 8);
     let osd = Osd::start(OsdConfig {
         id: 0,
         map: map.clone(),

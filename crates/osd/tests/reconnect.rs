@@ -4,7 +4,7 @@
 
 use bytes::Bytes;
 use carmine_client::{Client, ClientConfig, ClientError};
-use carmine_cluster::{OsdInfo, OsdMap, Pool};
+use carmine_cluster::OsdMap;
 use carmine_osd::{Osd, OsdConfig, StoreConfig, CONNECTIONS_MAX_DEFAULT};
 use carmine_proto::OsdOp;
 use std::io::Read;
@@ -39,21 +39,7 @@ fn free_addr() -> SocketAddr {
 }
 
 fn map() -> OsdMap {
-    let addr = free_addr();
-    OsdMap {
-        epoch: 1,
-        osds: vec![OsdInfo {
-            id: 0,
-            up: true,
-            reactors: vec![addr],
-        }],
-        pools: vec![Pool {
-            id: 1,
-            name: "rbd".into(),
-            pg_num: 8,
-            size: 1,
-        }],
-    }
+    OsdMap::single_osd(vec![free_addr()], 8)
 }
 
 fn start(map: &OsdMap) -> Osd {
