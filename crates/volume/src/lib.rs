@@ -28,6 +28,8 @@ use futures::stream::{self, StreamExt, TryStreamExt};
 pub const DIRECTORY_OID: &str = "carmine_directory";
 const DIRECTORY_KEY_PREFIX: &str = "name_";
 const HEADER_XATTR: &str = "image";
+/// Directory keys of removals under way: `trash_<id>` → name. See [`Volumes::remove`].
+const TRASH_KEY_PREFIX: &str = "trash_";
 /// Objects removed concurrently when an image shrinks or is deleted.
 const REMOVE_CONCURRENCY: usize = 32;
 pub const IMAGE_NAME_LEN_MAX: usize = 96;
@@ -142,7 +144,17 @@ impl Volumes {
 
     /// Image names in order.
     pub async fn list(&self) -> Result<Vec<String>, VolumeError> {
-        let mut names = Vec::new();
+        Ok(self
+            .directory_keys()
+            .await?
+            .into_iter()
+            .filter_map(|k| k.strip_prefix(DIRECTORY_KEY_PREFIX).map(str::to_owned))
+            .collect())
+    }
+
+    /// Every key of the directory object, in order.
+    async fn directory_keys(&self) -> Result<Vec<String>, VolumeError> {
+        let mut keys = Vec::new();
         let mut start_after: Option<Bytes> = None;
         loop {
             let op = OsdOp::OmapList {
@@ -154,7 +166,7 @@ impl Volumes {
                 .execute(self.pool, DIRECTORY_OID, vec![op])
                 .await
             {
-                Err(e) if e.status() == Some(Status::ObjectNotFound) => return Ok(names),
+                Err(e) if e.status() == Some(Status::ObjectNotFound) => return Ok(keys),
                 other => other?,
             };
             let Some(OpOutput::Omap { entries, more }) = outputs.into_iter().next() else {
@@ -165,16 +177,13 @@ impl Volumes {
                 ));
             };
             start_after = entries.last().map(|(k, _)| k.clone());
-            for (k, _) in entries {
-                if let Some(n) = std::str::from_utf8(&k)
-                    .ok()
-                    .and_then(|k| k.strip_prefix(DIRECTORY_KEY_PREFIX))
-                {
-                    names.push(n.to_owned());
-                }
-            }
+            keys.extend(
+                entries
+                    .into_iter()
+                    .filter_map(|(k, _)| String::from_utf8(k.to_vec()).ok()),
+            );
             if !more || start_after.is_none() {
-                return Ok(names);
+                return Ok(keys);
             }
         }
     }
@@ -248,13 +257,77 @@ impl Volumes {
         Ok(new)
     }
 
-    /// Removes an image and all its data.
+    /// Removes an image and all its data, crash-safely: one directory transaction swaps the
+    /// name's entry for a trash entry (the image disappears whole: never a listed image with
+    /// data missing), then the data objects go, then the header (it says how many objects to
+    /// look for, so it goes last), then the trash entry. A removal cut short by a crash is
+    /// finished by the next `remove` or by [`Volumes::purge_trash`]; until then its objects
+    /// only take space.
     pub async fn remove(&self, name: &str) -> Result<(), VolumeError> {
         let info = self.info(name).await?;
-        self.remove_objects(&info.id, 0..info.object_count())
-            .await?;
-        ignore_missing(self.client.remove(self.pool, &header_oid(&info.id)).await)?;
+        self.begin_remove(name, &info.id).await?;
+        self.purge(&info.id).await?;
+        // Removals an earlier crash cut short: finished now, best effort.
+        if let Err(e) = self.purge_trash().await {
+            tracing::warn!("finishing earlier removals: {e}");
+        }
+        Ok(())
+    }
+
+    /// The first, atomic step of [`Volumes::remove`]: the name goes, a trash entry comes.
+    #[doc(hidden)]
+    pub async fn begin_remove(&self, name: &str, id: &str) -> Result<(), VolumeError> {
         let key = Bytes::from(format!("{DIRECTORY_KEY_PREFIX}{name}"));
+        let trash = (
+            Bytes::from(format!("{TRASH_KEY_PREFIX}{id}")),
+            Bytes::from(name.to_owned()),
+        );
+        self.client
+            .execute(
+                self.pool,
+                DIRECTORY_OID,
+                vec![
+                    OsdOp::OmapRm { keys: vec![key] },
+                    OsdOp::OmapSet { kvs: vec![trash] },
+                ],
+            )
+            .await?;
+        Ok(())
+    }
+
+    /// Removes what is left of image `id` (data, header), then its trash entry.
+    async fn purge(&self, id: &str) -> Result<(), VolumeError> {
+        let header = self
+            .client
+            .execute(
+                self.pool,
+                &header_oid(id),
+                vec![OsdOp::GetXattr {
+                    name: HEADER_XATTR.into(),
+                }],
+            )
+            .await;
+        match header {
+            Ok(outputs) => {
+                let Some(OpOutput::Value(raw)) = outputs.into_iter().next() else {
+                    return Err(VolumeError::Corrupt {
+                        name: id.into(),
+                        detail: "the header xattr read returned no value".into(),
+                    });
+                };
+                let info = ImageInfo::decode(id, raw)?;
+                self.remove_objects(id, 0..info.object_count()).await?;
+                ignore_missing(self.client.remove(self.pool, &header_oid(id)).await)?;
+            }
+            // The header goes last: without it, the data is gone already.
+            Err(e)
+                if matches!(
+                    e.status(),
+                    Some(Status::ObjectNotFound | Status::AttrNotFound)
+                ) => {}
+            Err(e) => return Err(e.into()),
+        }
+        let key = Bytes::from(format!("{TRASH_KEY_PREFIX}{id}"));
         self.client
             .execute(
                 self.pool,
@@ -263,6 +336,20 @@ impl Volumes {
             )
             .await?;
         Ok(())
+    }
+
+    /// Finishes every removal a crash cut short; returns how many there were.
+    pub async fn purge_trash(&self) -> Result<usize, VolumeError> {
+        let ids: Vec<String> = self
+            .directory_keys()
+            .await?
+            .into_iter()
+            .filter_map(|k| k.strip_prefix(TRASH_KEY_PREFIX).map(str::to_owned))
+            .collect();
+        for id in &ids {
+            self.purge(id).await?;
+        }
+        Ok(ids.len())
     }
 
     async fn remove_objects(

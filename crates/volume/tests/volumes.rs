@@ -208,3 +208,35 @@ fn bad_names_and_object_sizes_are_rejected() {
         ));
     });
 }
+
+#[test]
+fn a_removal_cut_short_hides_the_whole_image_and_is_finished_later() {
+    with_volumes(|v| async move {
+        let info = v.create("doomed", 1 << 20, Some(64 << 10)).await.unwrap();
+        let image = v.open("doomed").await.unwrap();
+        image.write(0, pattern(1 << 20, 5)).await.unwrap();
+        v.create("other", 1 << 20, None).await.unwrap();
+        // A crash right after the first step of `remove`: the image is gone as a whole,
+        // nothing half-removed is ever listed or opened.
+        v.begin_remove("doomed", &info.id).await.unwrap();
+        assert_eq!(v.list().await.unwrap(), vec!["other"]);
+        assert!(matches!(
+            v.open("doomed").await,
+            Err(VolumeError::NotFound { .. })
+        ));
+        let data = format!("carmine_data.{}.{:016x}", info.id, 3);
+        let client = v.client().clone();
+        assert!(
+            client.stat(1, &data).await.is_ok(),
+            "data went before the name"
+        );
+        // The next removal of anything finishes it: data and header go, no trash is left.
+        v.remove("other").await.unwrap();
+        assert_eq!(
+            client.stat(1, &data).await.unwrap_err().status(),
+            Some(carmine_proto::Status::ObjectNotFound)
+        );
+        assert_eq!(v.purge_trash().await.unwrap(), 0);
+        assert!(v.list().await.unwrap().is_empty());
+    });
+}
