@@ -263,6 +263,10 @@ impl Index {
     }
 
     /// Rebuilds the index from a checkpoint blob, recomputing the live counts.
+    ///
+    /// Every map's keys must come in strictly increasing order, as `encode` writes them: a
+    /// repeated key would be kept once but counted twice (objects, live blocks), and a segment
+    /// counted live forever is never cleaned.
     pub fn decode(blob: Bytes, geometry: Geometry) -> Result<Self, DecodeError> {
         let mut d = Decoder::new(blob);
         let version = d.u32("checkpoint version")?;
@@ -279,15 +283,18 @@ impl Index {
                 pool: d.u32("pool")?,
                 seed: d.u32("seed")?,
             };
+            after_last(&index.colls, &cid, "collection order")?;
             let mut coll = Collection::new();
             for _ in 0..d.count("objects", big)? {
                 let oid = d.string("object name", OBJECT_NAME_LEN_MAX)?;
+                after_last(&coll, &oid, "object order")?;
                 let mut o = Onode {
                     size: d.u64("size")?,
                     ..Onode::default()
                 };
                 for _ in 0..d.u64("blocks")? {
                     let l = d.u64("lblock")?;
+                    after_last(&o.blocks, &l, "block order")?;
                     let b = BlockRef {
                         paddr: d.u64("paddr")?,
                         crc: d.u32("crc")?,
@@ -302,11 +309,13 @@ impl Index {
                 }
                 for _ in 0..d.count("xattrs", big)? {
                     let k = d.string("xattr name", ATTR_NAME_LEN_MAX)?;
+                    after_last(&o.attrs, &k, "xattr order")?;
                     o.attrs.insert(k, d.bytes("xattr", VALUE_LEN_MAX)?);
                 }
                 o.omap_header = d.bytes("omap header", VALUE_LEN_MAX)?;
                 for _ in 0..d.u64("omap entries")? {
                     let k = d.bytes("omap key", VALUE_LEN_MAX)?;
+                    after_last(&o.omap, &k, "omap key order")?;
                     o.omap.insert(k, d.bytes("omap value", VALUE_LEN_MAX)?);
                 }
                 coll.insert(oid, o);
@@ -325,3 +334,98 @@ impl Index {
 }
 
 const CHECKPOINT_VERSION: u32 = 1;
+
+/// Fails unless `key` sorts after every key already in `map` (checkpoint keys are written in
+/// order); `found` is the number of entries before it.
+fn after_last<K: Ord, V>(
+    map: &BTreeMap<K, V>,
+    key: &K,
+    what: &'static str,
+) -> Result<(), DecodeError> {
+    match map.last_key_value() {
+        Some((last, _)) if last >= key => Err(DecodeError::Invalid {
+            what,
+            found: map.len() as u64,
+        }),
+        _ => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GEO: Geometry = Geometry {
+        first_block: 2,
+        segment_blocks: 16,
+        segments: 8,
+    };
+
+    fn cid() -> CollectionId {
+        PgId { pool: 1, seed: 7 }
+    }
+
+    fn index_with(blocks: &[(u64, u64)]) -> Index {
+        let mut ix = Index::new(GEO);
+        ix.apply(&Delta::CreateCollection(cid())).unwrap();
+        ix.apply(&Delta::Touch(cid(), "a".into())).unwrap();
+        for &(lblock, paddr) in blocks {
+            let delta = Delta::SetBlock {
+                cid: cid(),
+                oid: "a".into(),
+                lblock,
+                paddr,
+                crc: 0,
+            };
+            ix.apply(&delta).unwrap();
+        }
+        ix
+    }
+
+    #[test]
+    fn checkpoint_round_trips_with_its_live_counts() {
+        let ix = index_with(&[(0, 3), (5, 20)]);
+        let back = Index::decode(ix.encode().freeze(), GEO).unwrap();
+        assert_eq!(back.encode(), ix.encode());
+        assert_eq!((back.objects, back.live_blocks), (1, 2));
+        assert_eq!(back.segment_live[0] + back.segment_live[1], 2);
+    }
+
+    /// Issue #10: the checkpoint_index fuzz target's counter check caught it — a block listed
+    /// twice was counted live twice, so its segment could never be cleaned.
+    #[test]
+    fn checkpoint_with_a_repeated_block_is_rejected() {
+        let one = index_with(&[(4, 3)]).encode();
+        let two = index_with(&[(4, 3), (5, 4)]).encode();
+        // Rewrite the second block's logical number (after its oid, size, count and the first
+        // block's 20 bytes) to repeat the first's.
+        let mut blob = two.to_vec();
+        let second = one.len() - 4 - 4 - 8;
+        assert_eq!(blob[second..second + 8], 5u64.to_le_bytes());
+        blob[second..second + 8].copy_from_slice(&4u64.to_le_bytes());
+        assert!(matches!(
+            Index::decode(Bytes::from(blob), GEO),
+            Err(DecodeError::Invalid {
+                what: "block order",
+                ..
+            })
+        ));
+    }
+
+    #[test]
+    fn checkpoint_with_a_repeated_object_is_rejected() {
+        let mut ix = index_with(&[]);
+        ix.apply(&Delta::Touch(cid(), "b".into())).unwrap();
+        let mut blob = ix.encode().to_vec();
+        // The second object's name follows the first onode; "b" → "a".
+        let at = blob.iter().rposition(|&c| c == b'b').unwrap();
+        blob[at] = b'a';
+        assert!(matches!(
+            Index::decode(Bytes::from(blob), GEO),
+            Err(DecodeError::Invalid {
+                what: "object order",
+                ..
+            })
+        ));
+    }
+}

@@ -13,6 +13,8 @@ mod device;
 mod fifo;
 mod format;
 mod fsck;
+#[doc(hidden)]
+pub mod fuzzing;
 mod index;
 mod journal;
 mod mount;

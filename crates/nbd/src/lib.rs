@@ -10,6 +10,17 @@
 //! nothing left to wait for, and any write completed on one connection is visible on all:
 //! `CAN_MULTI_CONN` is true.
 
+#[doc(hidden)]
+pub mod fuzzing {
+    //! Entry points for the fuzz targets in `fuzz/`; not a supported API. The handshake and
+    //! request loops read from a socket, so only the pure parsers they call are exposed.
+    pub use crate::protocol::{
+        parse_info_request, parse_option_header, parse_request, OptionHeader, Request, CMD_DISC,
+        CMD_READ, CMD_WRITE, FLAG_C_FIXED_NEWSTYLE, IHAVEOPT, OPTION_HEADER_LEN, OPTION_LEN_MAX,
+        OPT_ABORT, OPT_EXPORT_NAME, OPT_GO, OPT_INFO, PAYLOAD_LEN_MAX, REQUEST_HEADER_LEN,
+        REQUEST_MAGIC,
+    };
+}
 mod protocol;
 mod server;
 

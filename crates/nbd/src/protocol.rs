@@ -83,6 +83,23 @@ pub enum ProtocolError {
     NotFixedNewstyle(u32),
     #[error("malformed option {option}: {detail}")]
     BadOption { option: u32, detail: &'static str },
+    #[error("{what} of {found} bytes, {needed} needed")]
+    ShortHeader {
+        what: &'static str,
+        needed: usize,
+        found: usize,
+    },
+}
+
+fn need(b: &[u8], needed: usize, what: &'static str) -> Result<(), ProtocolError> {
+    if b.len() < needed {
+        return Err(ProtocolError::ShortHeader {
+            what,
+            needed,
+            found: b.len(),
+        });
+    }
+    Ok(())
 }
 
 /// One option sent during negotiation.
@@ -92,7 +109,9 @@ pub struct OptionHeader {
     pub len: u32,
 }
 
+/// Parses the first [`OPTION_HEADER_LEN`] bytes of `b`.
 pub fn parse_option_header(mut b: &[u8]) -> Result<OptionHeader, ProtocolError> {
+    need(b, OPTION_HEADER_LEN, "option header")?;
     let magic = b.get_u64();
     if magic != IHAVEOPT {
         return Err(ProtocolError::BadOptionMagic(magic));
@@ -146,7 +165,9 @@ pub struct Request {
     pub len: u32,
 }
 
+/// Parses the first [`REQUEST_HEADER_LEN`] bytes of `b`.
 pub fn parse_request(mut b: &[u8]) -> Result<Request, ProtocolError> {
+    need(b, REQUEST_HEADER_LEN, "request header")?;
     let magic = b.get_u32();
     if magic != REQUEST_MAGIC {
         return Err(ProtocolError::BadRequestMagic(magic));
@@ -244,6 +265,26 @@ mod tests {
             parse_option_header(&[0u8; 16]),
             Err(ProtocolError::BadOptionMagic(0))
         );
+    }
+
+    #[test]
+    fn short_headers_are_errors_not_panics() {
+        assert!(matches!(
+            parse_request(&REQUEST_MAGIC.to_be_bytes()),
+            Err(ProtocolError::ShortHeader {
+                needed: 28,
+                found: 4,
+                ..
+            })
+        ));
+        assert!(matches!(
+            parse_option_header(&IHAVEOPT.to_be_bytes()),
+            Err(ProtocolError::ShortHeader {
+                needed: 16,
+                found: 8,
+                ..
+            })
+        ));
     }
 
     #[test]

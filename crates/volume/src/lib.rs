@@ -12,6 +12,21 @@
 
 mod error;
 mod header;
+#[doc(hidden)]
+pub mod fuzzing {
+    //! Entry points for the fuzz targets in `fuzz/`; not a supported API.
+    use crate::{ImageInfo, VolumeError};
+
+    /// Decodes an image header as `Volumes::info` does, from the bytes of its xattr.
+    pub fn decode_header(raw: &[u8]) -> Result<ImageInfo, VolumeError> {
+        ImageInfo::decode("fuzz", bytes::Bytes::copy_from_slice(raw))
+    }
+
+    /// The bytes `Volumes::create` and `resize` store for `info`.
+    pub fn encode_header(info: &ImageInfo) -> bytes::Bytes {
+        info.encode()
+    }
+}
 mod image;
 mod striping;
 

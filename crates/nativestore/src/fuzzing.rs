@@ -1,0 +1,150 @@
+//! Entry points for the fuzz targets in `fuzz/`: thin wrappers around the crate-private
+//! decoders of everything read back from a device, so each can be driven with hostile bytes.
+//! Not a supported API (hidden from the docs); nothing here does I/O.
+//!
+//! The decoders' contract is the one mount relies on: any bytes give a value or a typed
+//! error (`None` for the journal's "no record here") — never a panic, an unbounded
+//! allocation or a hang.
+
+use crate::format::SHARD_HEADER_BLOCKS;
+use crate::index::{Geometry, Index};
+use crate::journal::Batch;
+use bytes::{Bytes, BytesMut};
+use carmine_types::{DecodeError, Decoder};
+
+pub use crate::delta::Delta;
+pub use crate::device::BLOCK;
+pub use crate::format::{
+    CheckpointSlot, FormatError, JournalPos, RecordHeader, SegmentHeader, SegmentKind, Superblock,
+    CKPT_SEGMENTS_MAX, FORMAT_VERSION, FORMAT_VERSION_MIN, INLINE_META, RECORD_HEADER_LEN,
+    RECORD_MAGIC, SEGMENT_MAGIC, SHARDS_MAX, SLOT_MAGIC, SUPER_MAGIC,
+};
+
+/// Block 0 of the device (and its backup copy).
+pub fn decode_superblock(block: &[u8]) -> Result<Superblock, FormatError> {
+    Superblock::decode(block)
+}
+
+/// Block 0 or 1 of a shard.
+pub fn decode_checkpoint_slot(block: &[u8]) -> Result<CheckpointSlot, FormatError> {
+    CheckpointSlot::decode(block)
+}
+
+/// Block 0 of a segment.
+pub fn decode_segment_header(block: &[u8]) -> Result<SegmentHeader, FormatError> {
+    SegmentHeader::decode(block)
+}
+
+/// The first block of a journal record; `None` marks the end of the journal.
+pub fn decode_record_header(block: &[u8]) -> Option<RecordHeader> {
+    RecordHeader::decode(block)
+}
+
+/// A record parsed from the start of `area`, as replay sees it: the header, the whole metadata
+/// and the data blocks.
+pub fn parse_record(area: &[u8], seq: u64, nonce: u64) -> Option<(RecordHeader, Vec<u8>, &[u8])> {
+    crate::journal::parse_record(area, seq, nonce).map(|r| (r.header, r.meta, r.data))
+}
+
+/// The bytes the journal writer produces for one record of `meta` and `data` (whole blocks).
+///
+/// # Panics
+/// If `data` is not a whole number of blocks: a caller bug, not a decoder input.
+pub fn encode_record(seq: u64, nonce: u64, durable_seq: u64, meta: &[u8], data: &[u8]) -> Vec<u8> {
+    assert!(
+        data.len().is_multiple_of(BLOCK),
+        "data must be whole blocks"
+    );
+    let batch = Batch {
+        id: 0,
+        start: 0,
+        segment_header: None,
+        record_seq: seq,
+        nonce,
+        meta: BytesMut::from(meta),
+        data: data
+            .chunks_exact(BLOCK)
+            .map(Bytes::copy_from_slice)
+            .collect(),
+        room: u64::MAX,
+    };
+    let (buf, _) = batch.serialize(durable_seq);
+    buf.full().to_vec()
+}
+
+/// Decodes a record's metadata into deltas the way replay does: deltas back to back, to the
+/// last byte.
+pub fn decode_deltas(meta: &[u8]) -> Result<Vec<Delta>, DecodeError> {
+    let mut d = Decoder::new(Bytes::copy_from_slice(meta));
+    let mut deltas = Vec::new();
+    while d.remaining() > 0 {
+        deltas.push(Delta::decode(&mut d)?);
+    }
+    Ok(deltas)
+}
+
+/// One shard's metadata index, for decoding checkpoint blobs and replaying deltas onto them.
+pub struct IndexState(Index);
+
+impl IndexState {
+    /// An empty index over `segments` segments of `segment_blocks` blocks, laid out as mount
+    /// lays out a shard.
+    pub fn new(segments: u32, segment_blocks: u64) -> Self {
+        Self(Index::new(geometry(segments, segment_blocks)))
+    }
+
+    /// Decodes a checkpoint blob (the bytes a checkpoint slot's crc covers).
+    pub fn decode(blob: &[u8], segments: u32, segment_blocks: u64) -> Result<Self, DecodeError> {
+        Index::decode(
+            Bytes::copy_from_slice(blob),
+            geometry(segments, segment_blocks),
+        )
+        .map(Self)
+    }
+
+    pub fn encode(&self) -> BytesMut {
+        self.0.encode()
+    }
+
+    pub fn apply(&mut self, delta: &Delta) -> Result<(), String> {
+        self.0.apply(delta)
+    }
+
+    /// Checks the counters the cleaner and the stats trust against the content: objects,
+    /// live blocks in total and per segment.
+    pub fn check_counts(&self) -> Result<(), String> {
+        let ix = &self.0;
+        let objects: u64 = ix.colls.values().map(|c| c.len() as u64).sum();
+        if objects != ix.objects {
+            return Err(format!("{} objects counted, {objects} held", ix.objects));
+        }
+        let blocks: u64 = ix
+            .colls
+            .values()
+            .flat_map(|c| c.values())
+            .map(|o| o.blocks.len() as u64)
+            .sum();
+        if blocks != ix.live_blocks {
+            return Err(format!(
+                "{} live blocks counted, {blocks} mapped",
+                ix.live_blocks
+            ));
+        }
+        let per_segment: u64 = ix.segment_live.iter().map(|&n| n as u64).sum();
+        if per_segment != ix.live_blocks {
+            return Err(format!(
+                "{} live blocks counted, {per_segment} over the segments",
+                ix.live_blocks
+            ));
+        }
+        Ok(())
+    }
+}
+
+fn geometry(segments: u32, segment_blocks: u64) -> Geometry {
+    Geometry {
+        first_block: SHARD_HEADER_BLOCKS,
+        segment_blocks,
+        segments,
+    }
+}

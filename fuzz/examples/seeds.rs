@@ -1,0 +1,501 @@
+//! Writes the seed corpora: a handful of valid encodings per target, made by the crates' own
+//! encoders, in each target's input convention. Run from `fuzz/`:
+//! `cargo run --example seeds -- corpus` (the files are committed; rerun after a format change).
+//! Every seed is checked to decode before it is written.
+
+use bytes::{Bytes, BytesMut};
+use carmine_cluster::{OsdInfo, OsdMap, Pool};
+use carmine_nativestore::fuzzing::{
+    decode_checkpoint_slot, decode_deltas, decode_segment_header, decode_superblock, encode_record,
+    parse_record, CheckpointSlot, Delta, IndexState, JournalPos, SegmentHeader, SegmentKind,
+    Superblock, BLOCK,
+};
+use carmine_proto::{
+    encode_error, encode_request, encode_response, ErrorReply, ObjectRequest, OpOutput, Opcode,
+    OsdOp, Request, Response, Status, FRAME_HEADER_LEN,
+};
+use carmine_types::PgId;
+use carmine_volume::fuzzing::{decode_header, encode_header};
+use carmine_volume::ImageInfo;
+use std::path::{Path, PathBuf};
+
+struct Corpus {
+    root: PathBuf,
+    written: usize,
+}
+
+impl Corpus {
+    fn put(&mut self, target: &str, name: &str, bytes: &[u8]) {
+        let dir = self.root.join(target);
+        std::fs::create_dir_all(&dir).expect("create corpus dir");
+        std::fs::write(dir.join(name), bytes).expect("write seed");
+        self.written += 1;
+    }
+    /// A checksummed target's seed in both modes: raw (the whole encoding) and sealed (the
+    /// body with the trailing crc left to the target).
+    fn put_both(&mut self, target: &str, name: &str, enc: &[u8], crc_at: usize) {
+        self.put(target, &format!("{name}.raw"), &[&[0u8][..], enc].concat());
+        self.put(
+            target,
+            &format!("{name}.sealed"),
+            &[&[1u8][..], &enc[..crc_at]].concat(),
+        );
+    }
+}
+
+fn cid(pool: u32, seed: u32) -> PgId {
+    PgId { pool, seed }
+}
+
+fn requests() -> Vec<Request> {
+    let object = |ops| {
+        Request::Object(ObjectRequest {
+            pool: 1,
+            pg_seed: 7,
+            epoch: 3,
+            oid: "rbd_data.00ff.0000000000000001".into(),
+            ops,
+        })
+    };
+    vec![
+        Request::Ping {
+            payload: Bytes::from_static(b"ping"),
+        },
+        Request::GetMap,
+        object(vec![
+            OsdOp::Read {
+                off: 4096,
+                len: 512,
+            },
+            OsdOp::Stat,
+            OsdOp::GetXattr {
+                name: "image".into(),
+            },
+            OsdOp::OmapGetVals {
+                keys: vec![Bytes::from_static(b"name_a")],
+            },
+            OsdOp::OmapList {
+                start_after: Some(Bytes::from_static(b"k")),
+                limit: 16,
+            },
+        ]),
+        object(vec![
+            OsdOp::Create { exclusive: true },
+            OsdOp::Write {
+                off: 0,
+                data: Bytes::from_static(b"hello"),
+            },
+            OsdOp::SetXattr {
+                name: "image".into(),
+                value: Bytes::from_static(b"v"),
+            },
+            OsdOp::OmapSet {
+                kvs: vec![(Bytes::from_static(b"k"), Bytes::from_static(b"v"))],
+            },
+            OsdOp::Zero { off: 8, len: 8 },
+            OsdOp::Truncate { size: 4 },
+            OsdOp::OmapRm {
+                keys: vec![Bytes::from_static(b"k")],
+            },
+            OsdOp::OmapSetHeader {
+                data: Bytes::from_static(b"h"),
+            },
+            OsdOp::OmapClear,
+            OsdOp::RmXattr {
+                name: "image".into(),
+            },
+            OsdOp::Remove,
+        ]),
+    ]
+}
+
+fn responses() -> Vec<Response> {
+    vec![
+        Response::Pong {
+            payload: Bytes::from_static(b"ping"),
+        },
+        Response::Map {
+            encoded: map().encode(),
+        },
+        Response::Object {
+            outputs: vec![
+                OpOutput::None,
+                OpOutput::Data(Bytes::from_static(b"data")),
+                OpOutput::Stat { size: 4096 },
+                OpOutput::Value(Bytes::from_static(b"v")),
+                OpOutput::Attrs(vec![("image".into(), Bytes::from_static(b"h"))]),
+                OpOutput::Omap {
+                    entries: vec![(Bytes::from_static(b"k"), Bytes::from_static(b"v"))],
+                    more: true,
+                },
+            ],
+        },
+    ]
+}
+
+fn opcode_index(op: Opcode) -> u8 {
+    match op {
+        Opcode::Ping => 0,
+        Opcode::GetMap => 1,
+        Opcode::Object => 2,
+    }
+}
+
+/// A frame as `message_decoder` input: selector, [status], request id, payload.
+fn message_input(frame: &[u8], response: bool, opcode: Opcode, status: u16) -> Vec<u8> {
+    let mut sel = u8::from(response) | opcode_index(opcode) << 1;
+    let mut out = Vec::new();
+    if status != 0 {
+        sel |= 0x80;
+    }
+    out.push(sel);
+    if status != 0 {
+        out.push(status as u8);
+    }
+    out.extend_from_slice(&42u64.to_le_bytes());
+    out.extend_from_slice(&frame[FRAME_HEADER_LEN..]);
+    out
+}
+
+fn wire(c: &mut Corpus) {
+    let mut stream = BytesMut::new();
+    for (i, req) in requests().iter().enumerate() {
+        let mut b = BytesMut::new();
+        encode_request(&mut b, 42, req);
+        let opcode = [Opcode::Ping, Opcode::GetMap, Opcode::Object, Opcode::Object][i];
+        c.put("frame_decoder", &format!("request{i}"), &b);
+        c.put(
+            "message_decoder",
+            &format!("request{i}"),
+            &message_input(&b, false, opcode, 0),
+        );
+        stream.extend_from_slice(&b);
+    }
+    for (i, resp) in responses().iter().enumerate() {
+        let mut b = BytesMut::new();
+        encode_response(&mut b, 42, resp);
+        let opcode = [Opcode::Ping, Opcode::GetMap, Opcode::Object][i];
+        c.put("frame_decoder", &format!("response{i}"), &b);
+        c.put(
+            "message_decoder",
+            &format!("response{i}"),
+            &message_input(&b, true, opcode, 0),
+        );
+        stream.extend_from_slice(&b);
+    }
+    let mut b = BytesMut::new();
+    let reply = ErrorReply {
+        status: Status::ObjectNotFound,
+        op_index: Some(1),
+        message: "no such object".into(),
+    };
+    encode_error(&mut b, 42, Opcode::Object, &reply);
+    c.put("frame_decoder", "error", &b);
+    c.put(
+        "message_decoder",
+        "error",
+        &message_input(&b, true, Opcode::Object, Status::ObjectNotFound as u16),
+    );
+    stream.extend_from_slice(&b);
+    c.put("frame_decoder", "stream", &stream);
+}
+
+fn map() -> OsdMap {
+    OsdMap {
+        epoch: 5,
+        osds: (0..3)
+            .map(|id| OsdInfo {
+                id,
+                up: id != 1,
+                reactors: (0..2)
+                    .map(|r| format!("127.0.0.1:{}", 6800 + id * 4 + r).parse().unwrap())
+                    .collect(),
+            })
+            .collect(),
+        pools: vec![
+            Pool {
+                id: 1,
+                name: "rbd".into(),
+                pg_num: 64,
+                size: 2,
+            },
+            Pool {
+                id: 2,
+                name: "meta".into(),
+                pg_num: 12,
+                size: 1,
+            },
+        ],
+    }
+}
+
+fn cluster_and_volume(c: &mut Corpus) {
+    let m = map().encode();
+    OsdMap::decode(m.clone()).expect("seed map decodes");
+    c.put_both("map_decoder", "map", &m, m.len() - 4);
+    let mut v6 = map();
+    v6.osds[0].reactors = vec!["[::1]:6800".parse().unwrap()];
+    let m = v6.encode();
+    c.put_both("map_decoder", "map_v6", &m, m.len() - 4);
+
+    for (i, (size, object_size)) in [(10u64 << 30, 4u64 << 20), (1, 4096), (1 << 50, 16 << 20)]
+        .into_iter()
+        .enumerate()
+    {
+        let info = ImageInfo {
+            name: "vm-disk".into(),
+            id: "00ff00ff00ff00ff".into(),
+            size,
+            object_size,
+            features: 0,
+        };
+        let h = encode_header(&info);
+        assert_eq!(decode_header(&h).expect("seed header decodes"), info);
+        c.put_both("volume_header", &format!("header{i}"), &h, h.len() - 4);
+    }
+}
+
+fn nbd(c: &mut Corpus) {
+    // Constants from the NBD protocol document.
+    const IHAVEOPT: u64 = 0x4948_4156_454F_5054;
+    const REQUEST_MAGIC: u32 = 0x2560_9513;
+    fn option(out: &mut Vec<u8>, option: u32, data: &[u8]) {
+        out.extend_from_slice(&IHAVEOPT.to_be_bytes());
+        out.extend_from_slice(&option.to_be_bytes());
+        out.extend_from_slice(&(data.len() as u32).to_be_bytes());
+        out.extend_from_slice(data);
+    }
+    fn info_request(name: &str, infos: &[u16]) -> Vec<u8> {
+        let mut d = (name.len() as u32).to_be_bytes().to_vec();
+        d.extend_from_slice(name.as_bytes());
+        d.extend_from_slice(&(infos.len() as u16).to_be_bytes());
+        infos
+            .iter()
+            .for_each(|i| d.extend_from_slice(&i.to_be_bytes()));
+        d
+    }
+    fn request(out: &mut Vec<u8>, flags: u16, cmd: u16, offset: u64, len: u32) {
+        out.extend_from_slice(&REQUEST_MAGIC.to_be_bytes());
+        out.extend_from_slice(&flags.to_be_bytes());
+        out.extend_from_slice(&cmd.to_be_bytes());
+        out.extend_from_slice(&0xc0ffee_u64.to_be_bytes());
+        out.extend_from_slice(&offset.to_be_bytes());
+        out.extend_from_slice(&len.to_be_bytes());
+    }
+    fn transmission(out: &mut Vec<u8>) {
+        request(out, 0, 0, 0, 4096); // READ
+        request(out, 1, 1, 4096, 8); // WRITE, FUA
+        out.extend_from_slice(b"8 bytes!");
+        request(out, 0, 3, 0, 0); // FLUSH
+        request(out, 0, 4, 0, 4096); // TRIM
+        request(out, 0, 6, 0, 4096); // WRITE_ZEROES
+        request(out, 0, 5, 0, 4096); // CACHE
+        request(out, 0, 2, 0, 0); // DISC
+    }
+    let flags = 3u32.to_be_bytes(); // FIXED_NEWSTYLE | NO_ZEROES
+
+    let mut s = flags.to_vec();
+    option(&mut s, 8, &[]); // STRUCTURED_REPLY
+    option(&mut s, 3, &[]); // LIST
+    option(&mut s, 6, &info_request("disk", &[3, 1])); // INFO
+    option(&mut s, 7, &info_request("disk", &[3])); // GO
+    transmission(&mut s);
+    c.put("nbd_stream", "go", &s);
+
+    let mut s = flags.to_vec();
+    option(&mut s, 1, b"disk"); // EXPORT_NAME
+    transmission(&mut s);
+    c.put("nbd_stream", "export_name", &s);
+
+    let mut s = flags.to_vec();
+    option(&mut s, 99, b"unknown");
+    option(&mut s, 2, &[]); // ABORT
+    c.put("nbd_stream", "abort", &s);
+}
+
+fn store_blocks(c: &mut Corpus) {
+    for (i, shards) in [1u32, 2, 64].into_iter().enumerate() {
+        let sb = Superblock::layout(64 << 30, shards, 1 << 20, 0x1234_5678_9abc_def0 << i)
+            .expect("seed layout");
+        let enc = sb.encode();
+        assert_eq!(
+            decode_superblock(&enc).expect("seed superblock decodes"),
+            sb
+        );
+        c.put_both(
+            "superblock",
+            &format!("shards{shards}"),
+            &enc,
+            enc.len() - 4,
+        );
+    }
+
+    for (i, segments) in [vec![], vec![1, 2, 9], (0..100).collect()]
+        .into_iter()
+        .enumerate()
+    {
+        let slot = CheckpointSlot {
+            shard: i as u32,
+            uuid: u128::MAX - 5,
+            generation: 9,
+            journal: JournalPos {
+                segment: 4,
+                segment_seq: 77,
+                block: 12,
+                record_seq: 1000,
+            },
+            segment_seq_max: 80,
+            blob_len: 12345,
+            blob_crc: 0xabcdef,
+            segments,
+        };
+        let enc = slot.encode();
+        assert_eq!(
+            decode_checkpoint_slot(&enc).expect("seed slot decodes"),
+            slot
+        );
+        c.put_both("checkpoint_slot", &format!("slot{i}"), &enc, enc.len() - 4);
+    }
+
+    for (i, kind) in [SegmentKind::Journal, SegmentKind::Checkpoint]
+        .into_iter()
+        .enumerate()
+    {
+        let h = SegmentHeader {
+            uuid: 42 << 70,
+            shard: 1,
+            kind,
+            seq: 5 + i as u64,
+            nonce: 0x5eed,
+        };
+        let enc = h.encode();
+        assert_eq!(decode_segment_header(&enc).expect("seed header decodes"), h);
+        c.put_both("segment_header", &format!("kind{i}"), &enc, enc.len() - 4);
+    }
+}
+
+/// Deltas that build one object with blocks inside the targets' small shards (block 2 on).
+fn deltas() -> Vec<Delta> {
+    let (c, o) = (cid(1, 7), "obj".to_string());
+    vec![
+        Delta::CreateCollection(c),
+        Delta::Touch(c, o.clone()),
+        Delta::SetSize(c, o.clone(), 3 * 4096),
+        Delta::SetBlock {
+            cid: c,
+            oid: o.clone(),
+            lblock: 0,
+            paddr: 3,
+            crc: 0xdead,
+        },
+        Delta::SetBlock {
+            cid: c,
+            oid: o.clone(),
+            lblock: 2,
+            paddr: 11,
+            crc: 0xbeef,
+        },
+        Delta::SetAttr(c, o.clone(), "image".into(), Bytes::from_static(b"hdr")),
+        Delta::OmapSet(
+            c,
+            o.clone(),
+            vec![(Bytes::from_static(b"k"), Bytes::from_static(b"v"))],
+        ),
+        Delta::OmapHeader(c, o.clone(), Bytes::from_static(b"h")),
+        Delta::Touch(c, "copy".into()),
+        Delta::CopyMeta(c, o.clone(), "copy".into()),
+        Delta::Punch(c, o.clone(), 1, 3),
+        Delta::RmAttr(c, "copy".into(), "image".into()),
+        Delta::OmapRm(c, "copy".into(), vec![Bytes::from_static(b"k")]),
+        Delta::OmapClear(c, "copy".into()),
+        Delta::Remove(c, "copy".into()),
+        Delta::CreateCollection(cid(2, 0)),
+        Delta::RemoveCollection(cid(2, 0)),
+    ]
+}
+
+fn encode_deltas(ds: &[Delta]) -> Vec<u8> {
+    let mut b = BytesMut::new();
+    ds.iter().for_each(|d| d.encode(&mut b));
+    b.to_vec()
+}
+
+fn journal(c: &mut Corpus) {
+    let ds = deltas();
+    let meta = encode_deltas(&ds);
+    assert_eq!(decode_deltas(&meta).expect("seed deltas decode"), ds);
+    c.put("journal_deltas", "all_kinds", &meta);
+    c.put("journal_deltas", "one_object", &encode_deltas(&ds[..5]));
+
+    // Checkpoints of the index those deltas build, for the targets' two geometries.
+    for (name, segments, segment_blocks) in [("small", 8, 16), ("tiny", 4, 8)] {
+        let mut index = IndexState::new(segments, segment_blocks);
+        for d in &ds[..ds.len() - 2] {
+            index.apply(d).expect("seed delta applies");
+        }
+        let blob = index.encode();
+        IndexState::decode(&blob, segments, segment_blocks).expect("seed checkpoint decodes");
+        c.put("checkpoint_index", name, &blob);
+    }
+    c.put(
+        "checkpoint_index",
+        "empty",
+        &IndexState::new(8, 16).encode(),
+    );
+
+    // Records: written-mode inputs, and the written bytes as raw and sealed-header inputs.
+    let big_meta = encode_deltas(
+        &(0..120)
+            .map(|i| Delta::Touch(cid(1, 7), format!("object-with-a-long-name-{i:04}")))
+            .collect::<Vec<_>>(),
+    );
+    assert!(big_meta.len() > BLOCK, "spills past the header block");
+    for (i, (meta, data_blocks)) in [(&meta, 0u8), (&meta, 2), (&big_meta, 1)]
+        .into_iter()
+        .enumerate()
+    {
+        let (seq, nonce, durable) = (100 + i as u64, 0x5eed, 99);
+        let mut written = vec![2u8];
+        for v in [seq, nonce, durable] {
+            written.extend_from_slice(&v.to_le_bytes());
+        }
+        written.push(data_blocks);
+        written.extend_from_slice(meta);
+        c.put("journal_record", &format!("written{i}"), &written);
+
+        let blocks: Vec<u8> = (0..data_blocks as usize * BLOCK)
+            .map(|k| (k / BLOCK) as u8 ^ data_blocks)
+            .collect();
+        let area = encode_record(seq, nonce, durable, meta, &blocks);
+        assert!(
+            parse_record(&area, seq, nonce).is_some(),
+            "seed record parses"
+        );
+        if i < 2 {
+            c.put(
+                "journal_record",
+                &format!("raw{i}"),
+                &[&[0u8][..], &area].concat(),
+            );
+            c.put(
+                "journal_record",
+                &format!("sealed{i}"),
+                &[&[1u8][..], &area].concat(),
+            );
+        }
+    }
+}
+
+fn main() {
+    let root = std::env::args()
+        .nth(1)
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("corpus"));
+    let mut c = Corpus { root, written: 0 };
+    wire(&mut c);
+    cluster_and_volume(&mut c);
+    nbd(&mut c);
+    store_blocks(&mut c);
+    journal(&mut c);
+    println!("wrote {} seeds under {}", c.written, c.root.display());
+}
