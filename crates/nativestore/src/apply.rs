@@ -17,7 +17,7 @@ use crate::store::{io_error, NativeStore, State, NO_CID};
 use crate::BlockDevice;
 use bytes::{Bytes, BytesMut};
 use carmine_store::checks::{
-    check_attr_name, check_extent, check_io_len, check_oid, check_value, error,
+    check_compares_lead, check_expect, compared_value, judge_expect, check_attr_name, check_extent, check_io_len, check_oid, check_value, error,
 };
 use carmine_store::{Op, Result, StoreErrorKind, Transaction};
 use carmine_types::{crc32c, CollectionId};
@@ -149,8 +149,19 @@ pub(crate) fn plan(index: &Index, txn: &Transaction) -> Result<Plan> {
             }
         }
     };
+    check_compares_lead(txn)?;
     for op in &txn.ops {
         match op {
+            // Compares lead the transaction, so the index is still the state they judge.
+            Op::Compare { cid, oid, expect } => {
+                check_expect(*cid, oid, expect)?;
+                sh.require_coll(*cid, oid)?;
+                let obj = index.object(*cid, oid);
+                let found = obj.and_then(|o| {
+                    compared_value(expect, |n| o.attrs.get(n), |k| o.omap.get(k))
+                });
+                judge_expect(*cid, oid, expect, obj.is_some(), found)?;
+            }
             Op::CreateCollection { cid } => {
                 if sh.coll_exists(*cid) {
                     return Err(error(
@@ -488,6 +499,8 @@ impl<D: BlockDevice> Exec<'_, D> {
 
     pub fn op(&mut self, op: Op) -> Result<()> {
         match op {
+            // Judged by `plan`; nothing to record.
+            Op::Compare { .. } => Ok(()),
             Op::CreateCollection { cid } => self.emit(Delta::CreateCollection(cid)),
             Op::RemoveCollection { cid } => self.emit(Delta::RemoveCollection(cid)),
             Op::Touch { cid, oid } => self.touch(cid, &oid),

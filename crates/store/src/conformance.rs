@@ -138,6 +138,10 @@ macro_rules! __conformance_cases {
             extent_beyond_max_object_size_is_rejected,
             statfs_counts_objects,
             flush_succeeds,
+            compare_that_holds_lets_the_transaction_apply,
+            failed_compare_changes_nothing,
+            missing_object_compares_as_having_no_attrs_or_keys,
+            compare_after_another_op_is_rejected,
         }
     };
 }

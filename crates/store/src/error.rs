@@ -16,6 +16,10 @@ pub enum StoreErrorKind {
     Io,
     /// Stored data failed its checksum: reported, never returned as data.
     Corrupt,
+    /// An `Expect::Absent` compare found the object.
+    ObjectExists,
+    /// An xattr or omap compare found another value: nothing was changed.
+    CompareFailed,
 }
 
 /// A store error with the object and operation it concerns.

@@ -19,7 +19,7 @@ pub mod model;
 
 pub use error::{StoreError, StoreErrorKind};
 pub use memory::{MemStore, MemStoreConfig};
-pub use txn::{Op, Transaction};
+pub use txn::{Expect, Op, Transaction};
 
 use bytes::Bytes;
 use carmine_types::CollectionId;

@@ -16,7 +16,7 @@ mod data;
 mod object;
 
 use crate::checks::{
-    check_attr_name, check_extent, check_io_len, check_list_limit, check_oid, check_value, error,
+    check_compares_lead, check_expect, compared_value, judge_expect, check_attr_name, check_extent, check_io_len, check_list_limit, check_oid, check_value, error,
 };
 use crate::{ObjectStat, ObjectStore, Op, Page, Result, StoreErrorKind, StoreStatfs, Transaction};
 use bytes::{Bytes, BytesMut};
@@ -73,6 +73,7 @@ enum Undo {
 fn op_subject(op: &Op) -> (CollectionId, &str) {
     match op {
         Op::CreateCollection { cid } | Op::RemoveCollection { cid } => (*cid, ""),
+        Op::Compare { cid, oid, .. } => (*cid, oid),
         Op::Clone { cid, dst, .. } | Op::CloneRange { cid, dst, .. } => (*cid, dst),
         Op::Touch { cid, oid }
         | Op::Write { cid, oid, .. }
@@ -165,6 +166,18 @@ impl Inner {
     fn apply(&mut self, op: &mut Op, undo: &mut Vec<Undo>) -> Result<()> {
         use StoreErrorKind::*;
         match op {
+            Op::Compare { cid, oid, expect } => {
+                check_expect(*cid, oid, expect)?;
+                let coll = self
+                    .colls
+                    .get(cid)
+                    .ok_or_else(|| error(CollectionNotFound, *cid, oid, "no such collection"))?;
+                let obj = coll.get(oid.as_str());
+                let found = obj.and_then(|o| {
+                    compared_value(expect, |n| o.xattrs.get(n), |k| o.omap.get(k))
+                });
+                judge_expect(*cid, oid, expect, obj.is_some(), found)?;
+            }
             Op::CreateCollection { cid } => {
                 if self.colls.contains_key(cid) {
                     return Err(error(
@@ -471,6 +484,7 @@ impl ObjectStore for MemStore {
     const NEVER_SUSPENDS: bool = true;
 
     async fn submit(&self, txn: Transaction) -> Result<()> {
+        check_compares_lead(&txn)?;
         let mut inner = self.inner.borrow_mut();
         let (used, objects) = (inner.used, inner.objects);
         let limit = self.config.memory_limit_bytes;

@@ -21,10 +21,13 @@
 //! - `Clone` onto itself is a no-op; `CloneRange` within one object behaves like `memmove`.
 //! - Listings return at most `min(limit, LIST_LIMIT_MAX)` items; a limit of 0 is
 //!   `InvalidArgument`. `next` is the last returned key when more remain, else `None`.
+//! - `Compare` ops must all precede the other ops of a transaction (else `InvalidArgument`,
+//!   before anything else is checked); each checks its arguments, then the collection, then
+//!   the object. An absent object compares as having no xattrs and no omap keys.
 //! - The model has no space limit; `statfs` reports `bytes_total = u64::MAX`.
 
 use crate::{
-    ObjectStat, ObjectStore, Op, Page, Result, StoreError, StoreErrorKind, StoreStatfs, Transaction,
+    Expect, ObjectStat, ObjectStore, Op, Page, Result, StoreError, StoreErrorKind, StoreStatfs, Transaction,
 };
 use bytes::Bytes;
 use carmine_types::limits::{
@@ -146,6 +149,40 @@ fn write_bytes(obj: &mut ModelObject, off: u64, bytes: &[u8]) {
 
 fn apply(state: &mut State, op: &Op) -> Result<()> {
     match op {
+        Op::Compare { cid, oid, expect } => {
+            name_ok(*cid, oid)?;
+            let wanted = match expect {
+                Expect::Absent => None,
+                Expect::Xattr { name, value } => {
+                    attr_name_ok(*cid, oid, name)?;
+                    value_ok(*cid, oid, value.as_deref().unwrap_or_default())?;
+                    Some(value)
+                }
+                Expect::OmapKey { key, value } => {
+                    value_ok(*cid, oid, key)?;
+                    value_ok(*cid, oid, value.as_deref().unwrap_or_default())?;
+                    Some(value)
+                }
+            };
+            let obj = collection(state, *cid, oid)?.get(oid);
+            let holds = match (expect, obj) {
+                (Expect::Absent, found) => {
+                    if found.is_some() {
+                        return fail(ObjectExists, *cid, oid, "object exists");
+                    }
+                    true
+                }
+                (Expect::Xattr { name, .. }, found) => {
+                    found.and_then(|o| o.attrs.get(name)) == wanted.unwrap().as_ref()
+                }
+                (Expect::OmapKey { key, .. }, found) => {
+                    found.and_then(|o| o.omap.get(key)) == wanted.unwrap().as_ref()
+                }
+            };
+            if !holds {
+                return fail(CompareFailed, *cid, oid, "compare failed");
+            }
+        }
         Op::CreateCollection { cid } => {
             if state.contains_key(cid) {
                 return fail(CollectionExists, *cid, "", "exists");
@@ -314,6 +351,18 @@ fn read_extent(
 
 impl ObjectStore for ModelStore {
     async fn submit(&self, txn: Transaction) -> Result<()> {
+        // Compares are guards: all of them first, judged on the state before any change.
+        let first_other = txn
+            .ops
+            .iter()
+            .position(|op| !matches!(op, Op::Compare { .. }))
+            .unwrap_or(txn.ops.len());
+        if let Some(Op::Compare { cid, oid, .. }) = txn.ops[first_other..]
+            .iter()
+            .find(|op| matches!(op, Op::Compare { .. }))
+        {
+            return fail(InvalidArgument, *cid, oid, "compare after another op");
+        }
         let mut scratch = self.state.borrow().clone();
         for op in &txn.ops {
             apply(&mut scratch, op)?;

@@ -8,8 +8,19 @@ use carmine_types::CollectionId;
 /// (source) need the object to exist. `Clone` replaces an existing destination. `RmAttr` of an
 /// absent attribute succeeds. `CreateCollection` of an existing collection and
 /// `RemoveCollection` of a non-empty one fail.
+///
+/// `Compare` ops are guards: they must all come before the first other op (else the whole
+/// transaction is `InvalidArgument`), they see the state before the transaction, and when one
+/// does not hold the transaction changes nothing and fails with `ObjectExists` (for
+/// [`Expect::Absent`]) or `CompareFailed`. Check and change are one atomic step, so two
+/// clients racing on a compare-and-set never both win.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Op {
+    Compare {
+        cid: CollectionId,
+        oid: String,
+        expect: Expect,
+    },
     CreateCollection {
         cid: CollectionId,
     },
@@ -89,6 +100,17 @@ pub enum Op {
     },
 }
 
+/// What a [`Op::Compare`] requires of its object.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Expect {
+    /// The object does not exist.
+    Absent,
+    /// Xattr `name` holds exactly `value`; `None`: the attribute (or the object) is absent.
+    Xattr { name: String, value: Option<Bytes> },
+    /// Omap `key` holds exactly `value`; `None`: the key (or the object) is absent.
+    OmapKey { key: Bytes, value: Option<Bytes> },
+}
+
 /// An ordered list of ops applied atomically by [`crate::ObjectStore::submit`].
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Transaction {
@@ -110,6 +132,13 @@ impl Transaction {
     pub fn push(&mut self, op: Op) -> &mut Self {
         self.ops.push(op);
         self
+    }
+    pub fn compare(&mut self, cid: CollectionId, oid: &str, expect: Expect) -> &mut Self {
+        self.push(Op::Compare {
+            cid,
+            oid: oid.into(),
+            expect,
+        })
     }
     pub fn create_collection(&mut self, cid: CollectionId) -> &mut Self {
         self.push(Op::CreateCollection { cid })

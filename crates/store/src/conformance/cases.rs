@@ -3,12 +3,14 @@
 //! a unit test finds cases by it to check that every one is wired into the macro.
 
 mod clones;
+mod compares;
 mod collections;
 mod data;
 mod metadata;
 mod transactions;
 
 pub use clones::*;
+pub use compares::*;
 pub use collections::*;
 pub use data::*;
 pub use metadata::*;
@@ -21,8 +23,9 @@ use carmine_types::{CollectionId, PgId};
 
 /// Source files of the cases, for the wiring check.
 #[cfg(test)]
-pub(super) const SOURCES: [&str; 5] = [
+pub(super) const SOURCES: [&str; 6] = [
     include_str!("cases/clones.rs"),
+    include_str!("cases/compares.rs"),
     include_str!("cases/collections.rs"),
     include_str!("cases/data.rs"),
     include_str!("cases/metadata.rs"),

@@ -12,7 +12,7 @@
 
 use super::{diff, dump};
 use crate::model::ModelStore;
-use crate::{ObjectStore, Op, StoreError, StoreErrorKind, Transaction};
+use crate::{Expect, ObjectStore, Op, StoreError, StoreErrorKind, Transaction};
 use bytes::Bytes;
 use carmine_types::limits::{
     ATTR_NAME_LEN_MAX, OBJECT_NAME_LEN_MAX, OBJECT_SIZE_MAX, VALUE_LEN_MAX,
@@ -235,9 +235,30 @@ fn arb_attr_name() -> impl Strategy<Value = String> {
 
 fn arb_value() -> impl Strategy<Value = Bytes> {
     prop_oneof![
-        80 => (0usize..40, any::<u8>()).prop_map(|(len, b)| Bytes::from(vec![b; len])),
+        60 => (0usize..40, any::<u8>()).prop_map(|(len, b)| Bytes::from(vec![b; len])),
+        // A small set, so compares that expect a value sometimes find it.
+        20 => arb_small_value(),
         1 => Just(Bytes::from(vec![7; VALUE_LEN_MAX + 1])),
     ]
+}
+
+fn arb_small_value() -> impl Strategy<Value = Bytes> {
+    const SMALL: [&[u8]; 3] = [b"", b"a", b"b"];
+    prop::sample::select(&SMALL[..]).prop_map(Bytes::from_static)
+}
+
+fn arb_expect() -> impl Strategy<Value = Expect> {
+    prop_oneof![
+        2 => Just(Expect::Absent),
+        3 => (arb_attr_name(), prop::option::of(arb_small_value()))
+            .prop_map(|(name, value)| Expect::Xattr { name, value }),
+        3 => (arb_key(), prop::option::of(arb_small_value()))
+            .prop_map(|(key, value)| Expect::OmapKey { key, value }),
+    ]
+}
+
+fn arb_compare() -> impl Strategy<Value = Op> {
+    (arb_cid(), arb_oid(), arb_expect()).prop_map(|(cid, oid, expect)| Op::Compare { cid, oid, expect })
 }
 
 fn arb_key() -> impl Strategy<Value = Bytes> {
@@ -254,6 +275,8 @@ fn arb_truncate_size() -> impl Strategy<Value = u64> {
 /// One op over the small name space; mostly valid.
 pub fn arb_op() -> impl Strategy<Value = Op> {
     prop_oneof![
+        // Mostly where compares belong (see `arb_transaction`), sometimes misplaced here.
+        1 => arb_compare(),
         2 => prop_oneof![3 => Just(PgId { pool: 1, seed: 2 }), 1 => Just(PgId { pool: 2, seed: 0 }), 1 => arb_cid()]
             .prop_map(|cid| Op::CreateCollection { cid }),
         1 => arb_cid().prop_map(|cid| Op::RemoveCollection { cid }),
@@ -277,9 +300,13 @@ pub fn arb_op() -> impl Strategy<Value = Op> {
     ]
 }
 
-/// A transaction of one to four ops.
+/// A transaction of one to four ops, led by compares one time in four.
 pub fn arb_transaction() -> impl Strategy<Value = Transaction> {
-    prop::collection::vec(arb_op(), 1..=4).prop_map(|ops| Transaction { ops })
+    let guards = prop_oneof![3 => Just(vec![]), 1 => prop::collection::vec(arb_compare(), 1..=2)];
+    (guards, prop::collection::vec(arb_op(), 1..=4)).prop_map(|(mut ops, rest)| {
+        ops.extend(rest);
+        Transaction { ops }
+    })
 }
 
 /// A transaction (most of the time) or a read.
