@@ -53,6 +53,7 @@ fn requests() -> Vec<Request> {
             pool: 1,
             pg_seed: 7,
             epoch: 3,
+            client: 0,
             oid: "rbd_data.00ff.0000000000000001".into(),
             ops,
         })

@@ -71,6 +71,7 @@ impl ClientError {
             Response::Pong { .. } => "pong",
             Response::Map { .. } => "map",
             Response::Object { .. } => "object reply",
+            Response::Fenced => "fence confirmation",
         };
         ClientError::Unexpected {
             detail: format!("{addr} answered with a {kind}"),

@@ -76,6 +76,8 @@ pub struct Client {
 
 struct Inner {
     cfg: ClientConfig,
+    /// This client instance, sent with every object request: what a fence names.
+    instance: u64,
     bootstrap: Vec<SocketAddr>,
     map: RefCell<Rc<OsdMap>>,
     conns: RefCell<HashMap<SocketAddr, Endpoint>>,
@@ -120,6 +122,8 @@ impl Client {
         let client = Client {
             inner: Rc::new(Inner {
                 cfg,
+                // Never 0, which means "anonymous" on the wire.
+                instance: rand::random::<u64>() | 1,
                 bootstrap: bootstrap.to_vec(),
                 map: RefCell::new(Rc::new(OsdMap {
                     epoch: 0,
@@ -131,6 +135,34 @@ impl Client {
         };
         client.refresh_map().await?;
         Ok(client)
+    }
+
+    /// This client instance's id: what [`Client::fence`] takes to shut it out.
+    pub fn instance(&self) -> u64 {
+        self.inner.instance
+    }
+
+    /// Makes every OSD reactor in the map refuse object requests from client `instance`
+    /// (`Status::Fenced`) from now on, durably. Returns only once every reactor confirmed:
+    /// then no request of that client can still apply anywhere. An unreachable OSD fails the
+    /// fence, since it could otherwise apply the fenced client's requests once it is back.
+    pub async fn fence(&self, instance: u64) -> Result<(), ClientError> {
+        let map = self.map();
+        let addrs: Vec<SocketAddr> = map
+            .osds
+            .iter()
+            .flat_map(|o| o.reactors.iter().copied())
+            .collect();
+        let req = Request::Fence { client: instance };
+        let results = futures::future::join_all(addrs.iter().map(|a| self.call(*a, &req))).await;
+        for (addr, res) in addrs.iter().zip(results) {
+            match res {
+                Ok(Response::Fenced) => {}
+                Ok(other) => return Err(ClientError::unexpected(*addr, &other)),
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
     }
 
     /// The map this client routes by.
@@ -258,6 +290,7 @@ impl Client {
             pool,
             pg_seed: 0,
             epoch: 0,
+            client: self.inner.instance,
             oid: oid.to_owned(),
             ops,
         };

@@ -17,7 +17,8 @@ use crate::store::{io_error, NativeStore, State, NO_CID};
 use crate::BlockDevice;
 use bytes::{Bytes, BytesMut};
 use carmine_store::checks::{
-    check_compares_lead, check_expect, compared_value, judge_expect, check_attr_name, check_extent, check_io_len, check_oid, check_value, error,
+    check_attr_name, check_compares_lead, check_expect, check_extent, check_io_len, check_oid,
+    check_value, compared_value, error, judge_expect,
 };
 use carmine_store::{Op, Result, StoreErrorKind, Transaction};
 use carmine_types::{crc32c, CollectionId};
@@ -157,9 +158,8 @@ pub(crate) fn plan(index: &Index, txn: &Transaction) -> Result<Plan> {
                 check_expect(*cid, oid, expect)?;
                 sh.require_coll(*cid, oid)?;
                 let obj = index.object(*cid, oid);
-                let found = obj.and_then(|o| {
-                    compared_value(expect, |n| o.attrs.get(n), |k| o.omap.get(k))
-                });
+                let found =
+                    obj.and_then(|o| compared_value(expect, |n| o.attrs.get(n), |k| o.omap.get(k)));
                 judge_expect(*cid, oid, expect, obj.is_some(), found)?;
             }
             Op::CreateCollection { cid } => {

@@ -7,7 +7,7 @@ use carmine_proto::{
     begin_data_reply, encode_error, encode_response, ErrorReply, Frame, ObjectRequest, OpOutput,
     OsdOp, Request, Response, Status,
 };
-use carmine_store::{ObjectStore, StoreError, StoreErrorKind, Transaction};
+use carmine_store::{Expect, ObjectStore, Op, StoreError, StoreErrorKind, Transaction};
 use carmine_types::limits::LIST_LIMIT_MAX;
 use carmine_types::PgId;
 
@@ -37,6 +37,18 @@ pub(crate) async fn handle_frame<S: ObjectStore>(
         Ok(Request::GetMap) => Ok(Response::Map {
             encoded: shard.encoded_map.clone(),
         }),
+        Ok(Request::Fence { client }) => match shard.fences.fence(&shard.store, client).await {
+            Ok(()) => {
+                tracing::warn!(
+                    osd = shard.osd,
+                    reactor = shard.index,
+                    client,
+                    "client fenced"
+                );
+                Ok(Response::Fenced)
+            }
+            Err(e) => Err(reject(Status::Busy, e)),
+        },
         Ok(Request::Object(req)) if is_single_read(&req) => {
             match read_straight_into_reply(shard, req, id, out).await {
                 Ok(()) => return,
@@ -87,6 +99,7 @@ async fn read_straight_into_reply<S: ObjectStore>(
     out: &mut BytesMut,
 ) -> Result<(), ErrorReply> {
     let pg = route(shard, &req)?;
+    let _in_progress = admit(shard, &req)?;
     let [OsdOp::Read { off, len }] = req.ops[..] else {
         unreachable!("checked by is_single_read")
     };
@@ -126,6 +139,8 @@ fn store_status(kind: StoreErrorKind) -> Status {
         StoreErrorKind::NoSpace => Status::NoSpace,
         StoreErrorKind::Io => Status::Io,
         StoreErrorKind::Corrupt => Status::Corrupt,
+        StoreErrorKind::ObjectExists => Status::Exists,
+        StoreErrorKind::CompareFailed => Status::CompareFailed,
         _ => Status::Internal,
     }
 }
@@ -136,6 +151,22 @@ fn from_store(e: StoreError, op_index: Option<usize>) -> ErrorReply {
         op_index: op_index.map(|i| i as u16),
         message: e.to_string(),
     }
+}
+
+/// Refuses a fenced client; otherwise counts its request in progress while the guard lives.
+fn admit<'a, S>(
+    shard: &'a Shard<S>,
+    req: &ObjectRequest,
+) -> Result<Option<crate::fence::InProgress<'a>>, ErrorReply> {
+    shard.fences.admit(req.client).map_err(|()| {
+        reject(
+            Status::Fenced,
+            format!(
+                "client {:#x} is fenced: its image lock was broken by another client",
+                req.client
+            ),
+        )
+    })
 }
 
 /// Checks that the request is addressed to a PG this reactor owns in its map.
@@ -177,6 +208,7 @@ async fn handle_object<S: ObjectStore>(
     req: ObjectRequest,
 ) -> Result<Vec<OpOutput>, ErrorReply> {
     let pg = route(shard, &req)?;
+    let _in_progress = admit(shard, &req)?;
     if req.oid.is_empty() {
         return Err(reject(Status::InvalidArgument, "empty object name"));
     }
@@ -260,23 +292,27 @@ async fn write_ops<S: ObjectStore>(
     let oid = req.oid.as_str();
     let n = req.ops.len();
     let mut txn = Transaction::with_capacity(n + 1);
-    for (i, op) in req.ops.into_iter().enumerate() {
+    for op in req.ops {
         match op {
+            // Check and create in one step: a compare in the same transaction, so two
+            // exclusive creates racing on one object never both succeed.
             OsdOp::Create { exclusive } => {
-                if exclusive && i == 0 && store.stat(pg, oid).await.is_ok() {
-                    return Err(ErrorReply {
-                        status: Status::Exists,
-                        op_index: Some(0),
-                        message: format!("object {oid:?} already exists"),
-                    });
-                }
-                if exclusive && i != 0 {
-                    return Err(reject(
-                        Status::InvalidArgument,
-                        "an exclusive create must be the first op",
-                    ));
+                if exclusive {
+                    if txn.ops.iter().any(|op| !matches!(op, Op::Compare { .. })) {
+                        return Err(reject(
+                            Status::InvalidArgument,
+                            "an exclusive create must come before every op but compares",
+                        ));
+                    }
+                    txn.compare(pg, oid, Expect::Absent);
                 }
                 txn.touch(pg, oid);
+            }
+            OsdOp::CmpXattr { name, value } => {
+                txn.compare(pg, oid, Expect::Xattr { name, value });
+            }
+            OsdOp::CmpOmap { key, value } => {
+                txn.compare(pg, oid, Expect::OmapKey { key, value });
             }
             OsdOp::Write { off, data } => {
                 txn.write(pg, oid, off, data);
@@ -354,6 +390,7 @@ mod tests {
                 owned: HashSet::from([pg]),
                 store,
                 connections: Cell::new(0),
+                fences: Default::default(),
             };
             let ping = Request::Ping {
                 payload: bytes::Bytes::new(),

@@ -7,6 +7,7 @@
 //! control messages (shutdown, later map updates) through bounded mailboxes.
 
 mod daemon;
+mod fence;
 mod handler;
 mod reactor;
 

@@ -43,6 +43,7 @@ pub(crate) struct Shard<S> {
     pub owned: HashSet<PgId>,
     pub store: S,
     pub connections: Cell<u64>,
+    pub fences: crate::fence::Fences,
 }
 
 /// Receive buffer growth step: one read can pull in many pipelined requests.
@@ -96,15 +97,25 @@ async fn serve<S: ObjectStore + 'static>(setup: ReactorSetup, store: S) -> Resul
         .list_collections()
         .await
         .map_err(|e| format!("listing PG collections: {e}"))?;
-    let mut txn = Transaction::with_capacity(pgs.len());
+    let mut txn = Transaction::with_capacity(pgs.len() + 1);
     for pg in pgs.iter().filter(|pg| !existing.contains(pg)) {
         txn.create_collection(*pg);
+    }
+    if !existing.contains(&crate::fence::META_COLLECTION) {
+        txn.create_collection(crate::fence::META_COLLECTION);
     }
     store
         .submit(txn)
         .await
         .map_err(|e| format!("creating PG collections: {e}"))?;
-    tracing::info!(osd, reactor = index, pgs = pgs.len(), "reactor serving");
+    let fences = crate::fence::Fences::load(&store).await?;
+    tracing::info!(
+        osd,
+        reactor = index,
+        pgs = pgs.len(),
+        fenced_clients = fences.len(),
+        "reactor serving"
+    );
     let shard = Rc::new(Shard {
         osd,
         index,
@@ -113,6 +124,7 @@ async fn serve<S: ObjectStore + 'static>(setup: ReactorSetup, store: S) -> Resul
         owned: pgs.into_iter().collect(),
         store,
         connections: Cell::new(0),
+        fences,
     });
     let housekeeping = shard.clone();
     carmine_reactor::spawn(async move { housekeeping.store.background().await }).detach();

@@ -70,6 +70,7 @@ fn object_request(map: &OsdMap, oid: &str, ops: Vec<OsdOp>) -> Request {
         pool: 1,
         pg_seed: pg.seed,
         epoch: 1,
+        client: 0,
         oid: oid.into(),
         ops,
     })

@@ -103,6 +103,7 @@ fn unknown_pool_and_missing_object_are_clear_errors() {
             pool: 99,
             pg_seed: 0,
             epoch: 1,
+            client: 0,
             oid: "x".into(),
             ops: vec![OsdOp::Stat],
         });
@@ -128,6 +129,7 @@ fn request_for_a_pg_of_another_reactor_is_wrong_target() {
             pool: 1,
             pg_seed: pg.seed,
             epoch: 1,
+            client: 0,
             oid,
             ops: vec![OsdOp::Stat],
         });
@@ -246,6 +248,7 @@ fn client_disconnecting_mid_request_does_not_disturb_others() {
             pool: 1,
             pg_seed: 0,
             epoch: 1,
+            client: 0,
             oid: "x".into(),
             ops: vec![OsdOp::Write {
                 off: 0,
@@ -348,6 +351,7 @@ fn a_reply_too_large_for_a_frame_is_a_clear_error_and_the_connection_lives_on() 
             pool: 1,
             pg_seed: pg.seed,
             epoch: 1,
+            client: 0,
             oid: "big".into(),
             ops: vec![
                 OsdOp::Read {
@@ -368,6 +372,7 @@ fn a_reply_too_large_for_a_frame_is_a_clear_error_and_the_connection_lives_on() 
             pool: 1,
             pg_seed: pg.seed,
             epoch: 1,
+            client: 0,
             oid: "big".into(),
             ops: vec![OsdOp::Read { off: 0, len: 4096 }],
         });

@@ -6,7 +6,8 @@ use thiserror::Error;
 
 /// "CRMN" read as a little-endian u32.
 pub const FRAME_MAGIC: u32 = u32::from_le_bytes(*b"CRMN");
-pub const PROTOCOL_VERSION: u8 = 1;
+/// 2: object requests carry the client instance; compare ops; fences.
+pub const PROTOCOL_VERSION: u8 = 2;
 pub const FRAME_HEADER_LEN: usize = 32;
 /// Largest payload: the largest data op plus room for the request's metadata.
 pub const FRAME_PAYLOAD_MAX: u32 = IO_LEN_MAX + 256 * 1024;
@@ -40,6 +41,8 @@ pub enum Opcode {
     GetMap = 2,
     /// Operations on one object of one PG.
     Object = 3,
+    /// Refuse a client's requests from now on (its image lock was broken).
+    Fence = 4,
 }
 
 impl Opcode {
@@ -48,6 +51,7 @@ impl Opcode {
             1 => Some(Self::Ping),
             2 => Some(Self::GetMap),
             3 => Some(Self::Object),
+            4 => Some(Self::Fence),
             _ => None,
         }
     }

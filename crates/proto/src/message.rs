@@ -40,6 +40,10 @@ pub enum Status {
     Busy = 13,
     Internal = 14,
     CollectionNotFound = 15,
+    /// A compare op found another value: the request changed nothing.
+    CompareFailed = 16,
+    /// The requesting client was fenced (its image lock was broken): it may no longer write.
+    Fenced = 17,
 }
 
 impl Status {
@@ -62,6 +66,8 @@ impl Status {
             13 => Busy,
             14 => Internal,
             15 => CollectionNotFound,
+            16 => CompareFailed,
+            17 => Fenced,
             _ => return None,
         })
     }
@@ -142,6 +148,17 @@ pub enum OsdOp {
     OmapSetHeader {
         data: Bytes,
     },
+    /// Guard: the request applies only if xattr `name` is `value` (`None`: absent), else it
+    /// fails with `CompareFailed` and changes nothing. Guards come before the other ops.
+    CmpXattr {
+        name: String,
+        value: Option<Bytes>,
+    },
+    /// Guard: the request applies only if omap `key` holds `value` (`None`: absent).
+    CmpOmap {
+        key: Bytes,
+        value: Option<Bytes>,
+    },
 }
 
 const WRITE_OP_FIRST: u8 = 32;
@@ -169,6 +186,8 @@ impl OsdOp {
             OmapRm { .. } => 41,
             OmapClear => 42,
             OmapSetHeader { .. } => 43,
+            CmpXattr { .. } => 44,
+            CmpOmap { .. } => 45,
         }
     }
 
@@ -187,6 +206,8 @@ impl OsdOp {
     /// - `Create { exclusive: true }`: the second pass fails with `Exists`, though the first
     ///   created the object.
     /// - `Remove`: the second pass fails with `ObjectNotFound`, though the first removed it.
+    /// - Compares: a compare-and-set's second pass finds the value it set, not the expected
+    ///   one, and fails though the first succeeded.
     ///
     /// The match is exhaustive on purpose: a new op must decide here.
     pub fn is_idempotent(&self) -> bool {
@@ -210,7 +231,7 @@ impl OsdOp {
             | OmapRm { .. }
             | OmapClear
             | OmapSetHeader { .. } => true,
-            Remove => false,
+            Remove | CmpXattr { .. } | CmpOmap { .. } => false,
         }
     }
 
@@ -261,6 +282,14 @@ impl OsdOp {
                 kvs.iter().for_each(|(k, v)| {
                     e.bytes(k).bytes(v);
                 });
+            }
+            CmpXattr { name, value } => {
+                e.str(name);
+                encode_option(e, value);
+            }
+            CmpOmap { key, value } => {
+                e.bytes(key);
+                encode_option(e, value);
             }
         }
     }
@@ -338,9 +367,32 @@ impl OsdOp {
             43 => OmapSetHeader {
                 data: d.bytes("omap header", VALUE_LEN_MAX)?,
             },
+            44 => CmpXattr {
+                name: d.string("xattr name", ATTR_NAME_LEN_MAX)?,
+                value: decode_option(d, "compared xattr value")?,
+            },
+            45 => CmpOmap {
+                key: d.bytes("omap key", VALUE_LEN_MAX)?,
+                value: decode_option(d, "compared omap value")?,
+            },
             other => return Ok(Err(other)),
         }))
     }
+}
+
+fn encode_option(e: &mut Encoder<'_, BytesMut>, value: &Option<Bytes>) {
+    e.bool(value.is_some());
+    if let Some(v) = value {
+        e.bytes(v);
+    }
+}
+
+fn decode_option(d: &mut Decoder, what: &'static str) -> Result<Option<Bytes>, DecodeError> {
+    Ok(if d.bool(what)? {
+        Some(d.bytes(what, VALUE_LEN_MAX)?)
+    } else {
+        None
+    })
 }
 
 fn bounded_len(len: u32) -> Result<u32, DecodeError> {
@@ -361,15 +413,25 @@ pub struct ObjectRequest {
     pub pg_seed: u32,
     /// The client's map epoch, so the OSD can tell a stale client from a misrouted one.
     pub epoch: u32,
+    /// The client instance (random per `Client`, 0: anonymous), so an OSD can refuse the
+    /// requests of a fenced client.
+    pub client: u64,
     pub oid: String,
     pub ops: Vec<OsdOp>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Request {
-    Ping { payload: Bytes },
+    Ping {
+        payload: Bytes,
+    },
     GetMap,
     Object(ObjectRequest),
+    /// From now on, refuse every object request of `client` (`Status::Fenced`). Answered once
+    /// the fence is durable and no request of that client is still being applied.
+    Fence {
+        client: u64,
+    },
 }
 
 /// What one read op produced. Write ops produce `None`.
@@ -462,6 +524,7 @@ pub enum Response {
     Pong { payload: Bytes },
     Map { encoded: Bytes },
     Object { outputs: Vec<OpOutput> },
+    Fenced,
 }
 
 /// A failed request: the status, the failing op's index when one op failed, and a message.
@@ -489,6 +552,7 @@ pub fn encode_request(out: &mut BytesMut, request_id: u64, req: &Request) {
         Request::Ping { .. } => Opcode::Ping,
         Request::GetMap => Opcode::GetMap,
         Request::Object(_) => Opcode::Object,
+        Request::Fence { .. } => Opcode::Fence,
     };
     encode_frame(out, FrameKind::Request, opcode, request_id, 0, |b| {
         let mut e = Encoder::new(b);
@@ -501,9 +565,13 @@ pub fn encode_request(out: &mut BytesMut, request_id: u64, req: &Request) {
                 e.u32(r.pool)
                     .u32(r.pg_seed)
                     .u32(r.epoch)
+                    .u64(r.client)
                     .str(&r.oid)
                     .count(r.ops.len());
                 r.ops.iter().for_each(|op| op.encode(&mut e));
+            }
+            Request::Fence { client } => {
+                e.u64(*client);
             }
         }
     });
@@ -514,6 +582,7 @@ pub fn encode_response(out: &mut BytesMut, request_id: u64, resp: &Response) {
         Response::Pong { .. } => Opcode::Ping,
         Response::Map { .. } => Opcode::GetMap,
         Response::Object { .. } => Opcode::Object,
+        Response::Fenced => Opcode::Fence,
     };
     encode_frame(
         out,
@@ -534,6 +603,7 @@ pub fn encode_response(out: &mut BytesMut, request_id: u64, resp: &Response) {
                     e.count(outputs.len());
                     outputs.iter().for_each(|o| o.encode(&mut e));
                 }
+                Response::Fenced => {}
             }
         },
     );
@@ -627,6 +697,7 @@ impl Request {
                 let pool = d.u32("pool").map_err(err)?;
                 let pg_seed = d.u32("pg").map_err(err)?;
                 let epoch = d.u32("epoch").map_err(err)?;
+                let client = d.u64("client").map_err(err)?;
                 let oid = d.string("object name", OBJECT_NAME_LEN_MAX).map_err(err)?;
                 let n = d.count("op count", OPS_PER_REQUEST_MAX).map_err(err)?;
                 let mut ops = Vec::with_capacity(n);
@@ -640,10 +711,14 @@ impl Request {
                     pool,
                     pg_seed,
                     epoch,
+                    client,
                     oid,
                     ops,
                 })
             }
+            Opcode::Fence => Request::Fence {
+                client: d.u64("fenced client").map_err(err)?,
+            },
         };
         d.finish("request").map_err(err)?;
         Ok(req)
@@ -695,6 +770,7 @@ impl Response {
                 }
                 Response::Object { outputs }
             }
+            Opcode::Fence => Response::Fenced,
         };
         d.finish("response").map_err(err)?;
         Ok(Ok(resp))

@@ -123,7 +123,12 @@ pub fn check_expect(cid: CollectionId, oid: &str, expect: &Expect) -> Result<()>
         Expect::Absent => Ok(()),
         Expect::Xattr { name, value } => {
             check_attr_name(cid, oid, name)?;
-            check_value(cid, oid, "xattr value", value.as_ref().map_or(0, Bytes::len))
+            check_value(
+                cid,
+                oid,
+                "xattr value",
+                value.as_ref().map_or(0, Bytes::len),
+            )
         }
         Expect::OmapKey { key, value } => {
             check_value(cid, oid, "omap key", key.len())?;

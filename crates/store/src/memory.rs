@@ -16,7 +16,8 @@ mod data;
 mod object;
 
 use crate::checks::{
-    check_compares_lead, check_expect, compared_value, judge_expect, check_attr_name, check_extent, check_io_len, check_list_limit, check_oid, check_value, error,
+    check_attr_name, check_compares_lead, check_expect, check_extent, check_io_len,
+    check_list_limit, check_oid, check_value, compared_value, error, judge_expect,
 };
 use crate::{ObjectStat, ObjectStore, Op, Page, Result, StoreErrorKind, StoreStatfs, Transaction};
 use bytes::{Bytes, BytesMut};
@@ -173,9 +174,8 @@ impl Inner {
                     .get(cid)
                     .ok_or_else(|| error(CollectionNotFound, *cid, oid, "no such collection"))?;
                 let obj = coll.get(oid.as_str());
-                let found = obj.and_then(|o| {
-                    compared_value(expect, |n| o.xattrs.get(n), |k| o.omap.get(k))
-                });
+                let found = obj
+                    .and_then(|o| compared_value(expect, |n| o.xattrs.get(n), |k| o.omap.get(k)));
                 judge_expect(*cid, oid, expect, obj.is_some(), found)?;
             }
             Op::CreateCollection { cid } => {

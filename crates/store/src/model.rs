@@ -27,7 +27,8 @@
 //! - The model has no space limit; `statfs` reports `bytes_total = u64::MAX`.
 
 use crate::{
-    Expect, ObjectStat, ObjectStore, Op, Page, Result, StoreError, StoreErrorKind, StoreStatfs, Transaction,
+    Expect, ObjectStat, ObjectStore, Op, Page, Result, StoreError, StoreErrorKind, StoreStatfs,
+    Transaction,
 };
 use bytes::Bytes;
 use carmine_types::limits::{

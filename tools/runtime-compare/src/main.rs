@@ -185,7 +185,7 @@ fn start_monoio(listener: std::net::TcpListener, tid: Arc<AtomicI32>) {
 }
 
 fn object_request(oid: String, op: OsdOp) -> Request {
-    Request::Object(ObjectRequest { pool: 1, pg_seed: 0, epoch: 1, oid, ops: vec![op] })
+    Request::Object(ObjectRequest { pool: 1, pg_seed: 0, epoch: 1, client: 0, oid, ops: vec![op] })
 }
 
 async fn step(addr: SocketAddr, write: bool, depth: usize, ramp: Duration, run: Duration) -> StepStats {

@@ -29,6 +29,10 @@ fn arb_op() -> impl Strategy<Value = OsdOp> {
         proptest::collection::vec(arb_bytes(8), 0..4).prop_map(|keys| OsdOp::OmapRm { keys }),
         Just(OsdOp::OmapClear),
         arb_bytes(16).prop_map(|data| OsdOp::OmapSetHeader { data }),
+        ("[a-z]{1,8}", proptest::option::of(arb_bytes(16)))
+            .prop_map(|(name, value)| OsdOp::CmpXattr { name, value }),
+        (arb_bytes(8), proptest::option::of(arb_bytes(16)))
+            .prop_map(|(key, value)| OsdOp::CmpOmap { key, value }),
     ]
 }
 
@@ -36,18 +40,18 @@ fn arb_request() -> impl Strategy<Value = Request> {
     prop_oneof![
         arb_bytes(64).prop_map(|payload| Request::Ping { payload }),
         Just(Request::GetMap),
+        any::<u64>().prop_map(|client| Request::Fence { client }),
         (
-            any::<u32>(),
-            any::<u32>(),
-            any::<u32>(),
+            (any::<u32>(), any::<u32>(), any::<u32>(), any::<u64>()),
             "[a-z0-9._]{1,40}",
             proptest::collection::vec(arb_op(), 0..6)
         )
             .prop_map(
-                |(pool, pg_seed, epoch, oid, ops)| Request::Object(ObjectRequest {
+                |((pool, pg_seed, epoch, client), oid, ops)| Request::Object(ObjectRequest {
                     pool,
                     pg_seed,
                     epoch,
+                    client,
                     oid,
                     ops
                 })
@@ -134,7 +138,7 @@ fn unknown_op_code_is_reported_with_its_index() {
     let mut buf = BytesMut::new();
     encode_frame(&mut buf, FrameKind::Request, Opcode::Object, 1, 0, |b| {
         let mut e = Encoder::new(b);
-        e.u32(1).u32(0).u32(1).str("obj").count(2);
+        e.u32(1).u32(0).u32(1).u64(7).str("obj").count(2);
         e.u8(2); // Stat
         e.u8(200); // unknown
     });
@@ -169,6 +173,7 @@ fn hostile_op_count_is_rejected_without_allocating() {
             .u32(1)
             .u32(0)
             .u32(1)
+            .u64(7)
             .str("obj")
             .u32(u32::MAX);
     });
@@ -190,6 +195,7 @@ fn write_data_shares_the_receive_buffer() {
         pool: 1,
         pg_seed: 0,
         epoch: 1,
+        client: 0,
         oid: "o".into(),
         ops: vec![OsdOp::Write { off: 0, data }],
     });

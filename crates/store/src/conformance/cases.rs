@@ -3,15 +3,15 @@
 //! a unit test finds cases by it to check that every one is wired into the macro.
 
 mod clones;
-mod compares;
 mod collections;
+mod compares;
 mod data;
 mod metadata;
 mod transactions;
 
 pub use clones::*;
-pub use compares::*;
 pub use collections::*;
+pub use compares::*;
 pub use data::*;
 pub use metadata::*;
 pub use transactions::*;

@@ -258,7 +258,11 @@ fn arb_expect() -> impl Strategy<Value = Expect> {
 }
 
 fn arb_compare() -> impl Strategy<Value = Op> {
-    (arb_cid(), arb_oid(), arb_expect()).prop_map(|(cid, oid, expect)| Op::Compare { cid, oid, expect })
+    (arb_cid(), arb_oid(), arb_expect()).prop_map(|(cid, oid, expect)| Op::Compare {
+        cid,
+        oid,
+        expect,
+    })
 }
 
 fn arb_key() -> impl Strategy<Value = Bytes> {

@@ -52,10 +52,16 @@ pub async fn failed_compare_changes_nothing<S: ObjectStore>(store: &S) {
     .await;
     let before = dump(store).await;
     let failing: [(StoreErrorKind, Build); 6] = [
-        (CompareFailed, |t| t.compare(C, "o", xattr("lock", Some("v0")))),
+        (CompareFailed, |t| {
+            t.compare(C, "o", xattr("lock", Some("v0")))
+        }),
         (CompareFailed, |t| t.compare(C, "o", xattr("lock", None))),
-        (CompareFailed, |t| t.compare(C, "o", xattr("other", Some("")))),
-        (CompareFailed, |t| t.compare(C, "dir", omap_key("name_x", None))),
+        (CompareFailed, |t| {
+            t.compare(C, "o", xattr("other", Some("")))
+        }),
+        (CompareFailed, |t| {
+            t.compare(C, "dir", omap_key("name_x", None))
+        }),
         (CompareFailed, |t| {
             t.compare(C, "dir", omap_key("name_x", Some("id2")))
         }),
