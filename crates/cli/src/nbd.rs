@@ -5,7 +5,7 @@ use anyhow::{Context, Result};
 use carmine_client::ClientConfig;
 use carmine_localcluster::connect_with;
 use carmine_nbd::{Export, NbdConfig};
-use carmine_volume::Volumes;
+use carmine_volume::{LockOptions, Volumes};
 use clap::{Args, Subcommand};
 use std::net::SocketAddr;
 use std::rc::Rc;
@@ -46,6 +46,10 @@ pub struct ServeArgs {
     /// client gets EIO: "30s", "500ms", or seconds. Until then the client sees a stall.
     #[arg(long, default_value = "30s", value_parser = parse_duration)]
     pub retry_timeout: Duration,
+    /// Lease of each writable export's exclusive volume lock ("10s", "500ms"): renewed every
+    /// third of it; after a gateway dies, the next one waits this long before it takes over.
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    pub lock_lease: Duration,
     #[command(flatten)]
     pub target: Target,
 }
@@ -62,10 +66,21 @@ pub fn run(cmd: NbdCommand) -> Result<()> {
         let volumes = Volumes::new(client, pool);
         let mut exports = Vec::with_capacity(a.exports.len());
         for name in &a.exports {
-            let image = volumes
-                .open(name)
-                .await
-                .with_context(|| format!("opening volume {name:?}"))?;
+            // A writable export holds the volume's exclusive lock: one writer per volume.
+            let lock = LockOptions {
+                lease: a.lock_lease,
+                holder: format!(
+                    "carmine nbd serve on {} (pid {})",
+                    a.listen,
+                    std::process::id()
+                ),
+            };
+            let image = if a.read_only {
+                volumes.open_read_only(name).await
+            } else {
+                volumes.open_with(name, &lock).await
+            }
+            .with_context(|| format!("opening volume {name:?}"))?;
             exports.push(Export {
                 name: name.clone(),
                 image,
@@ -89,6 +104,13 @@ pub fn run(cmd: NbdCommand) -> Result<()> {
         } else {
             "read-write"
         };
+        if !a.read_only {
+            println!(
+                "nbd: holding the exclusive lock of {} (lease {:?}); other writers are refused",
+                a.exports.join(", "),
+                a.lock_lease
+            );
+        }
         println!(
             "nbd: serving {} on nbd://{}/ ({mode})",
             a.exports.join(", "),

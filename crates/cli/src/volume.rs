@@ -62,10 +62,31 @@ pub enum VolumeCommand {
         #[command(flatten)]
         target: Target,
     },
+    /// Show or break a volume's exclusive lock.
+    #[command(subcommand)]
+    Lock(LockCommand),
     /// Write a file (or stdin with "-") into a volume at --offset.
     Write(TransferArgs),
     /// Read from a volume into a file (or stdout with "-").
     Read(TransferArgs),
+}
+
+#[derive(Subcommand)]
+pub enum LockCommand {
+    /// Who holds the volume's exclusive lock.
+    Show {
+        name: String,
+        #[command(flatten)]
+        target: Target,
+    },
+    /// Break the lock now: the holder is fenced (every later request of it is refused by the
+    /// OSDs) and the lock removed. Only for a holder known to be gone: a live one loses the
+    /// volume mid-write.
+    Break {
+        name: String,
+        #[command(flatten)]
+        target: Target,
+    },
 }
 
 #[derive(Args, Debug)]
@@ -119,9 +140,11 @@ pub fn run(cmd: VolumeCommand) -> Result<()> {
                 }
             }
             VolumeCommand::Info { name, target } => {
-                let i = volumes(&target).await?.info(&name).await?;
+                let volumes = volumes(&target).await?;
+                let i = volumes.info(&name).await?;
                 println!("name: {}\nid: {}\nsize: {} ({} bytes)\nobject_size: {}\nobjects: {}\nfeatures: {:#x}",
                     i.name, i.id, format_size(i.size), i.size, format_size(i.object_size), i.object_count(), i.features);
+                println!("lock: {}", describe_lock(volumes.lock_holder(&name).await?));
             }
             VolumeCommand::Resize { name, size, target } => {
                 let i = volumes(&target).await?.resize(&name, size).await?;
@@ -131,11 +154,36 @@ pub fn run(cmd: VolumeCommand) -> Result<()> {
                 volumes(&target).await?.remove(&name).await?;
                 println!("removed {name}");
             }
+            VolumeCommand::Lock(LockCommand::Show { name, target }) => {
+                let holder = volumes(&target).await?.lock_holder(&name).await?;
+                println!("{}", describe_lock(holder));
+            }
+            VolumeCommand::Lock(LockCommand::Break { name, target }) => {
+                match volumes(&target).await?.break_lock(&name).await? {
+                    Some(l) => println!(
+                        "broke the lock of {name}: {} (client {:#x}) is fenced",
+                        l.holder, l.owner
+                    ),
+                    None => println!(
+                        "{name} was not locked (or its lock record was damaged and is removed)"
+                    ),
+                }
+            }
             VolumeCommand::Write(a) => write(a).await?,
             VolumeCommand::Read(a) => read(a).await?,
         }
         Ok(())
     })
+}
+
+fn describe_lock(l: Option<carmine_volume::LockInfo>) -> String {
+    match l {
+        Some(l) => format!(
+            "held by {} (client {:#x}, lease {:?}, renewed {} times)",
+            l.holder, l.owner, l.lease, l.renewals
+        ),
+        None => "none".into(),
+    }
 }
 
 pub fn progress(total: Option<u64>, quiet: bool, what: &str) -> ProgressBar {
@@ -162,6 +210,14 @@ pub fn progress(total: Option<u64>, quiet: bool, what: &str) -> ProgressBar {
 /// Reads from `input` into chunks and keeps `TRANSFER_DEPTH` chunk writes in flight.
 async fn write(a: TransferArgs) -> Result<()> {
     let image = volumes(&a.target).await?.open(&a.name).await?;
+    let res = write_into(&image, &a).await;
+    // Unlock even after a failure, so the next writer need not wait out the lease.
+    let closed = image.close().await;
+    res?;
+    Ok(closed?)
+}
+
+async fn write_into(image: &Image, a: &TransferArgs) -> Result<()> {
     let (mut input, total): (Box<dyn Read>, Option<u64>) = if a.file == "-" {
         (Box::new(std::io::stdin().lock()), None)
     } else {
@@ -229,7 +285,7 @@ fn read_full(r: &mut dyn Read, buf: &mut [u8]) -> std::io::Result<usize> {
 
 /// Reads keep `TRANSFER_DEPTH` chunks in flight; output stays in order.
 async fn read(a: TransferArgs) -> Result<()> {
-    let image: Image = volumes(&a.target).await?.open(&a.name).await?;
+    let image: Image = volumes(&a.target).await?.open_read_only(&a.name).await?;
     let end = match a.length {
         Some(l) => a
             .offset

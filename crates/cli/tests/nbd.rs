@@ -219,6 +219,77 @@ fn unknown_export_is_refused_and_read_only_exports_refuse_writes() {
     ok("qemu-img", &["info", &url(&g, "disk")]);
 }
 
+/// One writer per volume: a second gateway is refused while the first one serves; after the
+/// first is killed -9, the next one waits out its lease, fences it and serves the same data.
+#[test]
+fn a_second_gateway_is_refused_and_a_dead_ones_lock_is_taken_over() {
+    let c = Cluster::up("nbd-lock", &[]);
+    c.ok(&["volume", "create", "disk", "--size", "8M"]);
+    let mut first = serve(&c, "disk", &["--lock-lease", "1s"]);
+    ok(
+        "qemu-io",
+        &[
+            "-f",
+            "raw",
+            "-c",
+            "write -P 0x5a 0 64k",
+            &url(&first, "disk"),
+        ],
+    );
+    let out = c.run(&[
+        "nbd",
+        "serve",
+        "--export",
+        "disk",
+        "--listen",
+        "127.0.0.1:0",
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "a second writer gateway started");
+    assert!(
+        err.contains("is in use: locked by carmine nbd serve on 127.0.0.1"),
+        "{err}"
+    );
+    assert!(c
+        .ok(&["volume", "info", "disk"])
+        .contains("lock: held by carmine nbd serve"));
+    assert!(c.fails(&["volume", "rm", "disk"]).contains("in use"));
+    // A reader needs no lock.
+    let ro = serve(&c, "disk", &["--read-only"]);
+    ok(
+        "qemu-io",
+        &[
+            "-r",
+            "-f",
+            "raw",
+            "-c",
+            "read -P 0x5a 0 64k",
+            &url(&ro, "disk"),
+        ],
+    );
+    first.child.kill().unwrap();
+    first.child.wait().unwrap();
+    let t = Instant::now();
+    let second = serve(&c, "disk", &[]);
+    assert!(
+        t.elapsed() >= Duration::from_secs(1),
+        "took over a lease that had not run out: {:?}",
+        t.elapsed()
+    );
+    ok(
+        "qemu-io",
+        &[
+            "-f",
+            "raw",
+            "-c",
+            "read -P 0x5a 0 64k",
+            "-c",
+            "write -P 0x6b 64k 64k",
+            &url(&second, "disk"),
+        ],
+    );
+}
+
 #[test]
 fn a_serve_of_a_missing_volume_fails_clearly() {
     let c = Cluster::up("nbd-missing", &[]);

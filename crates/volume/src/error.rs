@@ -16,6 +16,15 @@ pub enum VolumeError {
     InvalidArgument(String),
     #[error("image {name:?} is damaged: {detail}")]
     Corrupt { name: String, detail: String },
+    /// Another client holds the image's exclusive lock and renews it.
+    #[error("image {name:?} is in use: locked by {holder}")]
+    Locked { name: String, holder: String },
+    /// This image handle lost its exclusive lock (it was broken by another client, or the
+    /// image was closed): it must not write any more.
+    #[error("image {name:?}: exclusive lock lost ({reason}); writes are refused")]
+    LockLost { name: String, reason: String },
+    #[error("image {name:?} was opened read-only")]
+    ReadOnly { name: String },
     #[error(transparent)]
     Client(#[from] ClientError),
 }

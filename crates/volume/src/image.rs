@@ -1,24 +1,76 @@
 //! I/O on an open image.
 
+use crate::lock::HeldLock;
 use crate::striping::{extents, Extent};
 use crate::{data_oid, ignore_missing, ImageInfo, VolumeError};
 use bytes::{Bytes, BytesMut};
-use carmine_client::Client;
+use carmine_client::{Client, ClientError};
 use carmine_proto::{OsdOp, Status};
 use carmine_types::PoolId;
 use futures::future::try_join_all;
+use std::rc::Rc;
 
-/// An open image. Cloning is cheap; all clones share the client's connections.
+/// An open image. Cloning is cheap; all clones share the client's connections and the
+/// image's exclusive lock (`None`: opened read-only).
 #[derive(Clone)]
 pub struct Image {
     client: Client,
     pool: PoolId,
     info: ImageInfo,
+    lock: Option<Rc<HeldLock>>,
 }
 
 impl Image {
-    pub(crate) fn new(client: Client, pool: PoolId, info: ImageInfo) -> Self {
-        Self { client, pool, info }
+    pub(crate) fn new(
+        client: Client,
+        pool: PoolId,
+        info: ImageInfo,
+        lock: Option<Rc<HeldLock>>,
+    ) -> Self {
+        Self {
+            client,
+            pool,
+            info,
+            lock,
+        }
+    }
+
+    /// False if opened read-only.
+    pub fn is_writable(&self) -> bool {
+        self.lock.is_some()
+    }
+
+    /// Writes go out only while this handle holds the image's exclusive lock.
+    fn writable(&self) -> Result<(), VolumeError> {
+        match &self.lock {
+            Some(lock) => lock.check(),
+            None => Err(VolumeError::ReadOnly {
+                name: self.info.name.clone(),
+            }),
+        }
+    }
+
+    /// An OSD that answers `Fenced` tells us another client broke our lock.
+    fn failed(&self, e: ClientError) -> VolumeError {
+        if e.status() == Some(Status::Fenced) {
+            if let Some(lock) = &self.lock {
+                lock.note_fenced();
+                if let Err(lost) = lock.check() {
+                    return lost;
+                }
+            }
+        }
+        e.into()
+    }
+
+    /// Gives up the exclusive lock (for this handle and all its clones), so the next opener
+    /// need not wait for the lease to run out. Dropping an image without closing it leaves
+    /// the lock to expire.
+    pub async fn close(self) -> Result<(), VolumeError> {
+        match &self.lock {
+            Some(lock) => lock.release().await,
+            None => Ok(()),
+        }
     }
 
     pub fn info(&self) -> &ImageInfo {
@@ -83,49 +135,56 @@ impl Image {
                 )),
             },
             Err(err) if err.status() == Some(Status::ObjectNotFound) => Ok(Bytes::new()),
-            Err(err) => Err(err.into()),
+            Err(err) => Err(self.failed(err)),
         }
     }
 
     /// Writes `data` at `off`. Returns once every object the range touches acknowledged.
     pub async fn write(&self, off: u64, data: Bytes) -> Result<(), VolumeError> {
         self.check_range(off, data.len() as u64)?;
+        self.writable()?;
         let mut pieces = extents(off, data.len() as u64, self.info.object_size).peekable();
         let first = pieces.next();
         if let (Some(e), None) = (first, pieces.peek()) {
             // The common small write: one object, no join machinery.
-            return Ok(self
+            return self
                 .client
                 .write(self.pool, &self.oid(&e), e.obj_off, data)
-                .await?);
+                .await
+                .map_err(|err| self.failed(err));
         }
         try_join_all(first.into_iter().chain(pieces).map(|e| {
             let slice = data.slice(e.buf_off as usize..(e.buf_off + e.len) as usize);
             let oid = self.oid(&e);
             async move { self.client.write(self.pool, &oid, e.obj_off, slice).await }
         }))
-        .await?;
+        .await
+        .map_err(|err| self.failed(err))?;
         Ok(())
     }
 
     /// Deallocates `[off, off+len)`; it reads as zeros afterwards. Whole objects are removed.
     pub async fn discard(&self, off: u64, len: u64) -> Result<(), VolumeError> {
         self.check_range(off, len)?;
+        self.writable()?;
         let object_size = self.info.object_size;
         try_join_all(extents(off, len, object_size).map(|e| async move {
             let oid = self.oid(&e);
-            if e.obj_off == 0 && e.len == object_size {
-                ignore_missing(self.client.remove(self.pool, &oid).await)
+            let res = if e.obj_off == 0 && e.len == object_size {
+                self.client.remove(self.pool, &oid).await
             } else {
                 let op = OsdOp::Zero {
                     off: e.obj_off,
                     len: e.len,
                 };
-                Ok(self
-                    .client
+                self.client
                     .execute(self.pool, &oid, vec![op])
                     .await
-                    .map(drop)?)
+                    .map(drop)
+            };
+            match res {
+                Err(err) if err.status() == Some(Status::Fenced) => Err(self.failed(err)),
+                other => ignore_missing(other),
             }
         }))
         .await?;
@@ -142,6 +201,10 @@ impl Image {
     /// the call exists so callers state their intent and so a future write-back cache has its
     /// barrier.
     pub async fn flush(&self) -> Result<(), VolumeError> {
-        Ok(())
+        // A flush after the lock was lost must not report success for writes that failed.
+        match &self.lock {
+            Some(lock) => lock.check(),
+            None => Ok(()),
+        }
     }
 }

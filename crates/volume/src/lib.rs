@@ -3,12 +3,15 @@
 //! Layout in a pool (see docs/format/volume.md):
 //! - `carmine_directory`: omap `name_<image name>` → image id;
 //! - `carmine_header.<id>`: xattr `image` holding the versioned, checksummed image header
-//!   (size, object size, features, name);
+//!   (size, object size, features, name), and xattr `lock`, the exclusive lock (see [`lock`]);
 //! - `carmine_data.<id>.<object number, 16 hex digits>`: the data, object `n` holding bytes
 //!   `[n × object_size, (n+1) × object_size)`. Objects are created on first write, so unwritten
 //!   ranges cost nothing and read as zeros.
 //!
 //! An I/O spanning several objects is split and issued to all of them concurrently.
+//!
+//! Every change of the directory or a header is a compare-and-set (a `CmpOmap`/`CmpXattr`
+//! guard in the same request), so racing creates, removals and resizes never interleave.
 
 mod error;
 mod header;
@@ -28,11 +31,13 @@ pub mod fuzzing {
     }
 }
 mod image;
+pub mod lock;
 mod striping;
 
 pub use error::VolumeError;
 pub use header::{ImageInfo, OBJECT_SIZE_DEFAULT, OBJECT_SIZE_MAX, OBJECT_SIZE_MIN};
 pub use image::Image;
+pub use lock::{LockInfo, LockOptions};
 
 use bytes::Bytes;
 use carmine_client::Client;
@@ -64,6 +69,10 @@ pub struct Volumes {
     pool: PoolId,
 }
 
+fn directory_key(name: &str) -> Bytes {
+    Bytes::from(format!("{DIRECTORY_KEY_PREFIX}{name}"))
+}
+
 fn validate_name(name: &str) -> Result<(), VolumeError> {
     let ok = !name.is_empty()
         && name.len() <= IMAGE_NAME_LEN_MAX
@@ -88,7 +97,7 @@ impl Volumes {
 
     async fn lookup_id(&self, name: &str) -> Result<String, VolumeError> {
         validate_name(name)?;
-        let key = Bytes::from(format!("{DIRECTORY_KEY_PREFIX}{name}"));
+        let key = directory_key(name);
         let res = self
             .client
             .execute(
@@ -140,21 +149,29 @@ impl Volumes {
                 value: info.encode(),
             },
         ];
-        self.client
-            .execute(self.pool, &header_oid(&info.id), ops)
-            .await?;
-        let entry = (
-            Bytes::from(format!("{DIRECTORY_KEY_PREFIX}{name}")),
-            Bytes::from(info.id.clone()),
-        );
-        self.client
-            .execute(
-                self.pool,
-                DIRECTORY_OID,
-                vec![OsdOp::OmapSet { kvs: vec![entry] }],
-            )
-            .await?;
-        Ok(info)
+        let header = header_oid(&info.id);
+        self.client.execute(self.pool, &header, ops).await?;
+        // The name is claimed only if still free: of two racing creates, one wins.
+        let key = directory_key(name);
+        let claim = vec![
+            OsdOp::CmpOmap {
+                key: key.clone(),
+                value: None,
+            },
+            OsdOp::OmapSet {
+                kvs: vec![(key, Bytes::from(info.id.clone()))],
+            },
+        ];
+        match self.client.execute(self.pool, DIRECTORY_OID, claim).await {
+            Ok(_) => Ok(info),
+            Err(e) if e.status() == Some(Status::CompareFailed) => {
+                if let Err(e) = ignore_missing(self.client.remove(self.pool, &header).await) {
+                    tracing::warn!("removing the header of a create that lost a race: {e}");
+                }
+                Err(VolumeError::Exists { name: name.into() })
+            }
+            Err(e) => Err(e.into()),
+        }
     }
 
     /// Image names in order.
@@ -205,11 +222,15 @@ impl Volumes {
 
     pub async fn info(&self, name: &str) -> Result<ImageInfo, VolumeError> {
         let id = self.lookup_id(name).await?;
+        self.read_header(name, &id).await
+    }
+
+    async fn read_header(&self, name: &str, id: &str) -> Result<ImageInfo, VolumeError> {
         let out = self
             .client
             .execute(
                 self.pool,
-                &header_oid(&id),
+                &header_oid(id),
                 vec![OsdOp::GetXattr {
                     name: HEADER_XATTR.into(),
                 }],
@@ -231,18 +252,158 @@ impl Volumes {
         }
     }
 
+    /// Who holds the image's exclusive lock, if anyone.
+    pub async fn lock_holder(&self, name: &str) -> Result<Option<LockInfo>, VolumeError> {
+        let id = self.lookup_id(name).await?;
+        Ok(
+            lock::read_lock(&self.client, self.pool, name, &header_oid(&id))
+                .await?
+                .map(|(_, info)| info),
+        )
+    }
+
+    /// Breaks the image's lock at once, whoever holds it: fences the holder on every OSD,
+    /// then removes the record. For an operator who knows the holder is gone, or whose lock
+    /// record is damaged. Returns the holder, if the record was readable.
+    pub async fn break_lock(&self, name: &str) -> Result<Option<LockInfo>, VolumeError> {
+        let id = self.lookup_id(name).await?;
+        let header = header_oid(&id);
+        let (expect, info) = match lock::read_lock(&self.client, self.pool, name, &header).await {
+            Ok(None) => return Ok(None),
+            Ok(Some((raw, info))) => {
+                self.client.fence(info.owner).await?;
+                (raw, Some(info))
+            }
+            // Unreadable: nobody can be fenced by it, so nobody can use it either.
+            Err(VolumeError::Corrupt { .. }) => {
+                let out = self
+                    .client
+                    .execute(
+                        self.pool,
+                        &header,
+                        vec![OsdOp::GetXattr {
+                            name: lock::LOCK_XATTR.into(),
+                        }],
+                    )
+                    .await?;
+                let Some(OpOutput::Value(raw)) = out.into_iter().next() else {
+                    return Ok(None);
+                };
+                (raw, None)
+            }
+            Err(e) => return Err(e),
+        };
+        let ops = vec![
+            OsdOp::CmpXattr {
+                name: lock::LOCK_XATTR.into(),
+                value: Some(expect),
+            },
+            OsdOp::RmXattr {
+                name: lock::LOCK_XATTR.into(),
+            },
+        ];
+        match self.client.execute(self.pool, &header, ops).await {
+            Ok(_) => Ok(info),
+            Err(e) if e.status() == Some(Status::CompareFailed) => Err(VolumeError::Locked {
+                name: name.into(),
+                holder: "a new holder that took it meanwhile; run again to break that one".into(),
+            }),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Opens an image for reading and writing, taking its exclusive lock with the default
+    /// lease. Fails with [`VolumeError::Locked`] while another client holds and renews it;
+    /// a lock whose holder stopped renewing is broken (that holder fenced) after one lease.
     pub async fn open(&self, name: &str) -> Result<Image, VolumeError> {
+        self.open_with(name, &LockOptions::default()).await
+    }
+
+    pub async fn open_with(&self, name: &str, opts: &LockOptions) -> Result<Image, VolumeError> {
+        let id = self.lookup_id(name).await?;
+        let record = lock::acquire(&self.client, self.pool, name, &id, opts).await?;
+        let held = lock::hold(
+            self.client.clone(),
+            self.pool,
+            name,
+            &id,
+            record,
+            opts.lease,
+        );
+        // Read after locking: the size cannot change under us from here on.
+        match self.read_header(name, &id).await {
+            Ok(info) => Ok(Image::new(self.client.clone(), self.pool, info, Some(held))),
+            Err(e) => {
+                let _ = held.release().await;
+                Err(e)
+            }
+        }
+    }
+
+    /// Opens an image for reading only, without its lock: writes are refused.
+    pub async fn open_read_only(&self, name: &str) -> Result<Image, VolumeError> {
         Ok(Image::new(
             self.client.clone(),
             self.pool,
             self.info(name).await?,
+            None,
         ))
+    }
+
+    /// Takes the lock for an administrative change (resize, remove), unless this client
+    /// instance holds it already (then the change is its own business). Returns the record
+    /// written, to guard the change and to release after it.
+    async fn admin_lock(&self, name: &str, id: &str) -> Result<Option<Bytes>, VolumeError> {
+        let held = lock::read_lock(&self.client, self.pool, name, &header_oid(id)).await?;
+        if matches!(&held, Some((_, info)) if info.owner == self.client.instance()) {
+            return Ok(None);
+        }
+        let opts = LockOptions::default();
+        Ok(Some(
+            lock::acquire(&self.client, self.pool, name, id, &opts).await?,
+        ))
+    }
+
+    /// Releases a lock taken by `admin_lock`, after a failed change.
+    async fn admin_unlock(&self, id: &str, record: Option<Bytes>) {
+        let Some(record) = record else { return };
+        let ops = vec![
+            OsdOp::CmpXattr {
+                name: lock::LOCK_XATTR.into(),
+                value: Some(record),
+            },
+            OsdOp::RmXattr {
+                name: lock::LOCK_XATTR.into(),
+            },
+        ];
+        if let Err(e) = self.client.execute(self.pool, &header_oid(id), ops).await {
+            tracing::warn!("releasing the image lock: {e}");
+        }
     }
 
     /// Changes the size. Shrinking discards the data beyond the new end, so growing again
     /// later reads zeros there.
+    /// Refused while another client holds the image's lock.
     pub async fn resize(&self, name: &str, new_size: u64) -> Result<ImageInfo, VolumeError> {
-        let old = self.info(name).await?;
+        let id = self.lookup_id(name).await?;
+        let record = self.admin_lock(name, &id).await?;
+        let res = self
+            .resize_locked(name, &id, new_size, record.clone())
+            .await;
+        if res.is_err() {
+            self.admin_unlock(&id, record).await;
+        }
+        res
+    }
+
+    async fn resize_locked(
+        &self,
+        name: &str,
+        id: &str,
+        new_size: u64,
+        record: Option<Bytes>,
+    ) -> Result<ImageInfo, VolumeError> {
+        let old = self.read_header(name, id).await?;
         let new = ImageInfo::new(name, old.id.clone(), new_size, old.object_size)?;
         if new_size < old.size {
             // Zero the tail of the last kept object, remove the objects wholly past the end.
@@ -262,14 +423,35 @@ impl Volumes {
             self.remove_objects(&old.id, keep..old.object_count())
                 .await?;
         }
-        let op = OsdOp::SetXattr {
+        // The new header, and the lock's release, only if both are still as we left them.
+        let mut ops = Vec::with_capacity(4);
+        if let Some(record) = &record {
+            ops.push(OsdOp::CmpXattr {
+                name: lock::LOCK_XATTR.into(),
+                value: Some(record.clone()),
+            });
+        }
+        ops.push(OsdOp::CmpXattr {
+            name: HEADER_XATTR.into(),
+            value: Some(old.encode()),
+        });
+        ops.push(OsdOp::SetXattr {
             name: HEADER_XATTR.into(),
             value: new.encode(),
-        };
-        self.client
-            .execute(self.pool, &header_oid(&old.id), vec![op])
-            .await?;
-        Ok(new)
+        });
+        if record.is_some() {
+            ops.push(OsdOp::RmXattr {
+                name: lock::LOCK_XATTR.into(),
+            });
+        }
+        match self.client.execute(self.pool, &header_oid(id), ops).await {
+            Ok(_) => Ok(new),
+            Err(e) if e.status() == Some(Status::CompareFailed) => Err(VolumeError::LockLost {
+                name: name.into(),
+                reason: "the lock or the header changed during the resize".into(),
+            }),
+            Err(e) => Err(e.into()),
+        }
     }
 
     /// Removes an image and all its data, crash-safely: one directory transaction swaps the
@@ -278,10 +460,16 @@ impl Volumes {
     /// look for, so it goes last), then the trash entry. A removal cut short by a crash is
     /// finished by the next `remove` or by [`Volumes::purge_trash`]; until then its objects
     /// only take space.
+    ///
+    /// Refused while another client holds the image's lock.
     pub async fn remove(&self, name: &str) -> Result<(), VolumeError> {
-        let info = self.info(name).await?;
-        self.begin_remove(name, &info.id).await?;
-        self.purge(&info.id).await?;
+        let id = self.lookup_id(name).await?;
+        let record = self.admin_lock(name, &id).await?;
+        if let Err(e) = self.begin_remove(name, &id).await {
+            self.admin_unlock(&id, record).await;
+            return Err(e);
+        }
+        self.purge(&id).await?;
         // Removals an earlier crash cut short: finished now, best effort.
         if let Err(e) = self.purge_trash().await {
             tracing::warn!("finishing earlier removals: {e}");
@@ -289,25 +477,31 @@ impl Volumes {
         Ok(())
     }
 
-    /// The first, atomic step of [`Volumes::remove`]: the name goes, a trash entry comes.
+    /// The first, atomic step of [`Volumes::remove`]: the name goes, a trash entry comes,
+    /// if the name still names image `id`.
     #[doc(hidden)]
     pub async fn begin_remove(&self, name: &str, id: &str) -> Result<(), VolumeError> {
-        let key = Bytes::from(format!("{DIRECTORY_KEY_PREFIX}{name}"));
+        let key = directory_key(name);
         let trash = (
             Bytes::from(format!("{TRASH_KEY_PREFIX}{id}")),
             Bytes::from(name.to_owned()),
         );
-        self.client
-            .execute(
-                self.pool,
-                DIRECTORY_OID,
-                vec![
-                    OsdOp::OmapRm { keys: vec![key] },
-                    OsdOp::OmapSet { kvs: vec![trash] },
-                ],
-            )
-            .await?;
-        Ok(())
+        let ops = vec![
+            OsdOp::CmpOmap {
+                key: key.clone(),
+                value: Some(Bytes::from(id.to_owned())),
+            },
+            OsdOp::OmapRm { keys: vec![key] },
+            OsdOp::OmapSet { kvs: vec![trash] },
+        ];
+        match self.client.execute(self.pool, DIRECTORY_OID, ops).await {
+            Ok(_) => Ok(()),
+            // Removed (or removed and created again) by someone else meanwhile.
+            Err(e) if e.status() == Some(Status::CompareFailed) => {
+                Err(VolumeError::NotFound { name: name.into() })
+            }
+            Err(e) => Err(e.into()),
+        }
     }
 
     /// Removes what is left of image `id` (data, header), then its trash entry.
