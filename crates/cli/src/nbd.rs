@@ -131,7 +131,7 @@ fn remove_stale_socket(path: &std::path::Path) -> Result<()> {
 }
 
 /// Parses "30s", "500ms", "2m" or plain seconds ("1.5").
-fn parse_duration(s: &str) -> Result<Duration, String> {
+pub(crate) fn parse_duration(s: &str) -> Result<Duration, String> {
     let s = s.trim();
     let (num, unit) = match s.find(|c: char| !(c.is_ascii_digit() || c == '.')) {
         Some(i) => s.split_at(i),

@@ -4,7 +4,7 @@
 use carmine_client::{Client, ClientConfig};
 use carmine_cluster::OsdMap;
 use carmine_nbd::{Export, NbdConfig, NbdStats};
-use carmine_osd::{Osd, OsdConfig, StoreConfig, CONNECTIONS_MAX_DEFAULT};
+use carmine_osd::{Osd, OsdConfig, StoreConfig, CONNECTIONS_MAX_DEFAULT, IDLE_TIMEOUT_DEFAULT};
 use carmine_volume::Volumes;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -38,6 +38,7 @@ fn start_with(cfg: NbdConfig) -> (Osd, SocketAddr, Arc<NbdStats>) {
             memory_limit_bytes: 64 << 20,
         },
         connections_max: CONNECTIONS_MAX_DEFAULT,
+        idle_timeout: Some(IDLE_TIMEOUT_DEFAULT),
     })
     .unwrap();
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();

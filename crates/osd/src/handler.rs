@@ -354,6 +354,7 @@ mod tests {
                 owned: HashSet::from([pg]),
                 store,
                 connections: Cell::new(0),
+                idle_timeout: None,
             };
             let ping = Request::Ping {
                 payload: bytes::Bytes::new(),
