@@ -42,6 +42,12 @@ pub struct ServeArgs {
     /// Open NBD connections at once; more are refused.
     #[arg(long, default_value_t = 1024)]
     pub connections_max: usize,
+    /// Drop a client that sends nothing for this long while none of its requests is executing
+    /// or unanswered: seconds, or "10m". 0 (the default) never does: the kernel and QEMU keep
+    /// idle connections for hours. Clients stalled half way through a request, or not taking
+    /// their replies, are dropped after 30 s regardless.
+    #[arg(long, default_value = "0", value_parser = parse_duration)]
+    pub idle_timeout: Duration,
     /// How long a request waits for an unreachable OSD (e.g. one restarting) before the NBD
     /// client gets EIO: "30s", "500ms", or seconds. Until then the client sees a stall.
     #[arg(long, default_value = "30s", value_parser = parse_duration)]
@@ -97,6 +103,7 @@ pub fn run(cmd: NbdCommand) -> Result<()> {
             connection_bytes_max: usize::try_from(a.connection_bytes_max)
                 .context("--connection-bytes-max")?,
             connections_max: a.connections_max,
+            idle_timeout: Some(a.idle_timeout).filter(|t| !t.is_zero()),
             ..NbdConfig::default()
         };
         let mode = if a.read_only {
@@ -153,7 +160,7 @@ fn remove_stale_socket(path: &std::path::Path) -> Result<()> {
 }
 
 /// Parses "30s", "500ms", "2m" or plain seconds ("1.5").
-fn parse_duration(s: &str) -> Result<Duration, String> {
+pub(crate) fn parse_duration(s: &str) -> Result<Duration, String> {
     let s = s.trim();
     let (num, unit) = match s.find(|c: char| !(c.is_ascii_digit() || c == '.')) {
         Some(i) => s.split_at(i),

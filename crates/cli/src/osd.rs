@@ -71,6 +71,11 @@ pub struct OsdArgs {
     /// Open client connections per reactor; more are refused.
     #[arg(long, default_value_t = carmine_osd::CONNECTIONS_MAX_DEFAULT)]
     pub connections_max: u32,
+    /// Close a client connection that makes no progress for this long while the client is to
+    /// blame (idle, stalled mid-request, or not reading its replies): seconds, or "10m",
+    /// "500ms". 0 never closes one.
+    #[arg(long, default_value = "600", value_parser = crate::nbd::parse_duration)]
+    pub idle_timeout: Duration,
     /// Serve the reactors' busy/idle counters as JSON on this Unix socket
     /// (`carmine cluster perf` and `carmine bench` read it).
     #[arg(long)]
@@ -128,6 +133,7 @@ pub fn run(a: OsdArgs) -> Result<()> {
         reactor_cpus: reactor_cpus.clone(),
         store,
         connections_max: a.connections_max,
+        idle_timeout: Some(a.idle_timeout).filter(|t| !t.is_zero()),
     })?;
     for (r, (addr, cpu)) in info.reactors.iter().zip(&reactor_cpus).enumerate() {
         let cpu = cpu.map_or("unpinned".to_string(), |c| format!("cpu {c}"));

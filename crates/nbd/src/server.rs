@@ -3,14 +3,17 @@
 use crate::protocol::*;
 use async_lock::Semaphore;
 use bytes::{BufMut, Bytes, BytesMut};
-use carmine_reactor::io::{read_some, shutdown_write, write_all};
-use carmine_reactor::{Doorbell, Socket, TcpListener, UnixListener};
+use carmine_reactor::io::{read_some, shutdown_write, write_all, write_all_noting};
+use carmine_reactor::{Doorbell, Socket, TcpListener, UnixListener, Watchdog};
 use carmine_volume::{Image, VolumeError};
 use std::cell::{Cell, RefCell};
+use std::future::Future;
 use std::io;
 use std::rc::Rc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::task::Poll;
+use std::time::Duration;
 
 /// A volume offered to NBD clients under `name`.
 #[derive(Clone)]
@@ -30,8 +33,14 @@ pub struct NbdConfig {
     pub connection_bytes_max: usize,
     /// Open connections at once; more are closed at accept.
     pub connections_max: usize,
-    /// A client must finish the handshake within this time.
-    pub handshake_timeout: std::time::Duration,
+    /// A client must finish the handshake within this time. Afterwards, a client that stalls
+    /// for this long in the middle of an exchange is dropped too: half a request received
+    /// and nothing more, or replies waiting that it takes no byte of.
+    pub handshake_timeout: Duration,
+    /// Drop a client that sends nothing for this long while it has no request executing and
+    /// no reply unsent. `None` (the default): never, as the kernel and QEMU keep idle
+    /// connections open for hours on purpose.
+    pub idle_timeout: Option<Duration>,
     /// Counters, shared with whoever wants to watch the server.
     pub stats: Arc<NbdStats>,
 }
@@ -42,7 +51,8 @@ impl Default for NbdConfig {
             inflight_max: 256,
             connection_bytes_max: 64 << 20,
             connections_max: 1024,
-            handshake_timeout: std::time::Duration::from_secs(30),
+            handshake_timeout: Duration::from_secs(30),
+            idle_timeout: None,
             stats: Arc::default(),
         }
     }
@@ -172,11 +182,96 @@ impl<S: Socket> Wire<S> {
         Ok(self.rbuf.split_to(n).freeze())
     }
 
+    /// `take` in the transmission phase: fails with `TimedOut` if the client stalls half way
+    /// through a request (`mid_request`, or part of a header received) for the stall timeout,
+    /// or sends nothing while it has nothing executing or unsent for the idle timeout; with
+    /// `BrokenPipe` once its replies can no longer be sent.
+    async fn take_watched(
+        &mut self,
+        n: usize,
+        mid_request: bool,
+        watch: &mut ReadWatch,
+        replies: &Replies,
+    ) -> io::Result<Bytes> {
+        while self.rbuf.len() < n {
+            let partial = mid_request || !self.rbuf.is_empty();
+            let spare = READ_SPARE_MIN.max(n - self.rbuf.len());
+            let read = read_some(&mut self.stream, std::mem::take(&mut self.rbuf), spare);
+            let mut why = None;
+            let give_up = |quiet: Duration| {
+                why = if replies.failed.get() {
+                    Some((
+                        io::ErrorKind::BrokenPipe,
+                        "replies can no longer be sent".into(),
+                    ))
+                } else if partial && quiet >= watch.stall {
+                    Some((
+                        io::ErrorKind::TimedOut,
+                        format!("stalled mid-request for {quiet:?}"),
+                    ))
+                } else if !partial
+                    && replies.held() == 0
+                    && watch.idle.is_some_and(|idle| quiet >= idle)
+                {
+                    Some((io::ErrorKind::TimedOut, format!("idle for {quiet:?}")))
+                } else {
+                    None
+                };
+                why.is_some()
+            };
+            let Some((res, buf)) = watched(read, &mut watch.dog, &replies.progress, give_up).await
+            else {
+                let (kind, msg) = why.expect("a reason to give up");
+                return Err(io::Error::new(kind, msg));
+            };
+            self.rbuf = buf;
+            if res? == 0 {
+                return Err(io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    "client closed the connection",
+                ));
+            }
+            replies.progress.set(replies.progress.get() + 1);
+        }
+        Ok(self.rbuf.split_to(n).freeze())
+    }
+
     async fn send(&mut self, out: &mut BytesMut) -> io::Result<()> {
         let (res, buf) = write_all(&mut self.stream, std::mem::take(out)).await;
         *out = buf;
         res
     }
+}
+
+/// The reader's stall and idle timeouts and the watchdog enforcing them.
+struct ReadWatch {
+    dog: Watchdog,
+    stall: Duration,
+    idle: Option<Duration>,
+}
+
+/// Runs `fut` until it completes, or until `give_up` — asked a few times per timeout how long
+/// `progress` has not moved — says to stop; then returns `None` and drops `fut`, which cancels
+/// its socket operation.
+async fn watched<F: Future>(
+    fut: F,
+    dog: &mut Watchdog,
+    progress: &Cell<u64>,
+    mut give_up: impl FnMut(Duration) -> bool,
+) -> Option<F::Output> {
+    let mut fut = std::pin::pin!(fut);
+    std::future::poll_fn(|cx| {
+        if let Poll::Ready(out) = fut.as_mut().poll(cx) {
+            return Poll::Ready(Some(out));
+        }
+        while let Poll::Ready(quiet) = dog.poll_check(cx, progress.get()) {
+            if give_up(quiet) {
+                return Poll::Ready(None);
+            }
+        }
+        Poll::Pending
+    })
+    .await
 }
 
 fn transmission_flags(e: &Export) -> u16 {
@@ -368,6 +463,9 @@ struct Replies {
     unsent: Cell<usize>,
     /// Rung when either count drops: the reader may admit more.
     room: Doorbell,
+    /// Bumped on every read, completed request and reply batch sent: the reader's watchdog
+    /// input.
+    progress: Cell<u64>,
 }
 
 impl Replies {
@@ -402,7 +500,11 @@ impl Replies {
     }
 }
 
-async fn write_replies<S: Socket>(replies: Rc<Replies>, mut stream: S) {
+/// Sends the queued replies. A client that takes no byte of them for `stall` is given up on:
+/// the replies fail, as if the connection had broken.
+async fn write_replies<S: Socket>(replies: Rc<Replies>, mut stream: S, stall: Duration) {
+    let mut dog = Watchdog::new(stall);
+    let progress = Cell::new(0u64);
     loop {
         replies.bell.wait().await;
         loop {
@@ -411,9 +513,17 @@ async fn write_replies<S: Socket>(replies: Rc<Replies>, mut stream: S) {
                 break;
             }
             let sent = batch.len();
-            let (res, spare) = write_all(&mut stream, batch).await;
+            progress.set(progress.get() + 1);
+            let write = write_all_noting(&mut stream, batch, &progress);
+            let written = watched(write, &mut dog, &progress, |quiet| quiet >= stall).await;
             replies.unsent.set(replies.unsent.get() - sent);
+            replies.progress.set(replies.progress.get() + 1);
             replies.room.ring();
+            let Some((res, spare)) = written else {
+                tracing::warn!("nbd client took no reply bytes for {stall:?}; dropping it");
+                replies.failed.set(true);
+                return;
+            };
             if res.is_err() {
                 replies.failed.set(true);
                 return;
@@ -504,12 +614,22 @@ async fn transmit<S: Socket>(wire: Wire<S>, session: Session, cfg: NbdConfig) ->
         executing: Cell::new(0),
         unsent: Cell::new(0),
         room: Doorbell::default(),
+        progress: Cell::new(0),
     });
-    let writer = carmine_reactor::spawn(write_replies(replies.clone(), wr));
+    let stall = cfg.handshake_timeout;
+    let writer = carmine_reactor::spawn(write_replies(replies.clone(), wr, stall));
+    let mut watch = ReadWatch {
+        dog: Watchdog::new(cfg.idle_timeout.map_or(stall, |idle| idle.min(stall))),
+        stall,
+        idle: cfg.idle_timeout,
+    };
     let export = Rc::new(export);
     let permits = Arc::new(Semaphore::new(cfg.inflight_max));
     let outcome = loop {
-        let header = match wire.take(REQUEST_HEADER_LEN).await {
+        let header = match wire
+            .take_watched(REQUEST_HEADER_LEN, false, &mut watch, &replies)
+            .await
+        {
             Ok(h) => h,
             Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => break Ok(()),
             Err(e) => break Err(e),
@@ -557,7 +677,10 @@ async fn transmit<S: Socket>(wire: Wire<S>, session: Session, cfg: NbdConfig) ->
             .fetch_max(replies.held() as u64, Ordering::Relaxed);
         // A write whose payload never fully arrives is never started.
         let payload = if req.cmd == CMD_WRITE {
-            match wire.take(req.len as usize).await {
+            match wire
+                .take_watched(req.len as usize, true, &mut watch, &replies)
+                .await
+            {
                 Ok(p) => p,
                 Err(e) => {
                     replies.executing.set(replies.executing.get() - cost);
@@ -575,6 +698,7 @@ async fn transmit<S: Socket>(wire: Wire<S>, session: Session, cfg: NbdConfig) ->
         carmine_reactor::spawn(async move {
             execute(&export, req, payload, &replies).await;
             replies.executing.set(replies.executing.get() - cost);
+            replies.progress.set(replies.progress.get() + 1);
             replies.room.ring();
             drop(permit);
         })

@@ -4,7 +4,7 @@
 use carmine_client::{Client, ClientConfig};
 use carmine_cluster::OsdMap;
 use carmine_nbd::{Export, NbdConfig, NbdStats};
-use carmine_osd::{Osd, OsdConfig, StoreConfig, CONNECTIONS_MAX_DEFAULT};
+use carmine_osd::{Osd, OsdConfig, StoreConfig, CONNECTIONS_MAX_DEFAULT, IDLE_TIMEOUT_DEFAULT};
 use carmine_volume::Volumes;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -38,6 +38,7 @@ fn start_with(cfg: NbdConfig) -> (Osd, SocketAddr, Arc<NbdStats>) {
             memory_limit_bytes: 64 << 20,
         },
         connections_max: CONNECTIONS_MAX_DEFAULT,
+        idle_timeout: Some(IDLE_TIMEOUT_DEFAULT),
     })
     .unwrap();
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
@@ -411,5 +412,97 @@ fn a_client_that_never_finishes_the_handshake_is_dropped() {
     let mut greeting = [0u8; 18];
     s.read_exact(&mut greeting).unwrap();
     assert!(closed(&mut s), "a silent client kept its connection");
+    osd.shutdown().unwrap();
+}
+
+/// Whether the server closes `s` within `wait` (end of stream or a reset, not a timeout).
+fn closed_within(s: &mut TcpStream, wait: Duration) -> bool {
+    s.set_read_timeout(Some(wait)).unwrap();
+    let closed = match s.read(&mut [0u8; 1]) {
+        Ok(0) => true,
+        Ok(_) => panic!("unexpected bytes from the server"),
+        Err(e) => !matches!(
+            e.kind(),
+            std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+        ),
+    };
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    closed
+}
+
+#[test]
+fn a_client_stalled_mid_request_or_not_reading_is_dropped_but_an_idle_one_is_kept() {
+    let cfg = NbdConfig {
+        handshake_timeout: Duration::from_millis(500),
+        ..NbdConfig::default()
+    };
+    let (osd, addr, _stats) = start_with(cfg);
+    // Half a request header, then nothing.
+    let mut half = hello(addr);
+    assert_eq!(go(&mut half, "vol"), 1);
+    half.write_all(&0x2560_9513u32.to_be_bytes()).unwrap();
+    // A write header and half its payload, then nothing.
+    let mut partial = hello(addr);
+    assert_eq!(go(&mut partial, "vol"), 1);
+    request(&mut partial, 1, 1, 0, 8192, &[7u8; 4096]);
+    // 512 MiB of reads whose replies it never takes.
+    let mut deaf = hello(addr);
+    assert_eq!(go(&mut deaf, "vol"), 1);
+    send_reads(&mut deaf, 512, 1 << 20);
+    // Silent between requests: legitimate (the kernel keeps such connections for hours).
+    let mut idle = hello(addr);
+    assert_eq!(go(&mut idle, "vol"), 1);
+    assert!(closed_within(&mut half, Duration::from_secs(5)));
+    assert!(closed_within(&mut partial, Duration::from_secs(5)));
+    // Well past the stall timeout, the deaf client gets what the socket buffers held, then
+    // the end.
+    std::thread::sleep(Duration::from_secs(2));
+    deaf.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let mut received = 0usize;
+    let mut chunk = vec![0u8; 1 << 20];
+    let mut ended = false;
+    for _ in 0..10_000 {
+        match deaf.read(&mut chunk) {
+            Ok(0) => ended = true,
+            Ok(n) => received += n,
+            Err(e) => {
+                ended = !matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                );
+                break;
+            }
+        }
+        if ended {
+            break;
+        }
+    }
+    assert!(
+        ended && received < 512 << 20,
+        "a client that took no reply was kept ({received} bytes received)"
+    );
+    assert!(!closed_within(&mut idle, Duration::from_millis(100)));
+    request(&mut idle, 0, 9, 0, 4096, &[]);
+    assert_eq!(reply(&mut idle, 4096).0, 0);
+    osd.shutdown().unwrap();
+}
+
+#[test]
+fn with_an_idle_timeout_idle_clients_are_dropped_and_busy_ones_kept() {
+    let cfg = NbdConfig {
+        idle_timeout: Some(Duration::from_millis(500)),
+        ..NbdConfig::default()
+    };
+    let (osd, addr, _stats) = start_with(cfg);
+    let mut idle = hello(addr);
+    assert_eq!(go(&mut idle, "vol"), 1);
+    let mut busy = hello(addr);
+    assert_eq!(go(&mut busy, "vol"), 1);
+    for cookie in 0..20 {
+        request(&mut busy, 0, cookie, 0, 4096, &[]);
+        assert_eq!(reply(&mut busy, 4096).0, 0, "a busy client was dropped");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(closed_within(&mut idle, Duration::from_secs(2)));
     osd.shutdown().unwrap();
 }

@@ -30,10 +30,18 @@ pub struct OsdConfig {
     /// Open connections per reactor; more are refused. Each connection may hold a few MiB of
     /// buffers, so this bounds a reactor's connection memory.
     pub connections_max: u32,
+    /// A connection that makes no progress for this long is closed, if the peer is to blame:
+    /// nothing in flight and nothing unsent (idle, or stalled half way through a frame), or
+    /// replies it does not take. Requests waiting on the store never time out. `None`: never.
+    pub idle_timeout: Option<std::time::Duration>,
 }
 
 /// Default for [`OsdConfig::connections_max`].
 pub const CONNECTIONS_MAX_DEFAULT: u32 = 1024;
+
+/// Default for [`OsdConfig::idle_timeout`]: ten minutes. Clients keep one connection per
+/// reactor and reopen it on their next request.
+pub const IDLE_TIMEOUT_DEFAULT: std::time::Duration = std::time::Duration::from_secs(600);
 
 #[derive(Debug, Error)]
 #[non_exhaustive]
@@ -158,6 +166,7 @@ impl Osd {
                 listener,
                 control: rx,
                 connections_max: cfg.connections_max as u64,
+                idle_timeout: cfg.idle_timeout,
             };
             let name = format!("osd{}-r{}", cfg.id, index);
             let handle = spawn_reactor(name, cpu, move || run_reactor(setup))

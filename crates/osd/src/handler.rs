@@ -391,6 +391,7 @@ mod tests {
                 store,
                 connections: Cell::new(0),
                 fences: Default::default(),
+                idle_timeout: None,
             };
             let ping = Request::Ping {
                 payload: bytes::Bytes::new(),

@@ -11,5 +11,7 @@ mod fence;
 mod handler;
 mod reactor;
 
-pub use daemon::{Osd, OsdConfig, OsdError, StoreConfig, CONNECTIONS_MAX_DEFAULT};
+pub use daemon::{
+    Osd, OsdConfig, OsdError, StoreConfig, CONNECTIONS_MAX_DEFAULT, IDLE_TIMEOUT_DEFAULT,
+};
 pub use reactor::ControlMsg;

@@ -7,8 +7,8 @@ use bytes::BytesMut;
 use carmine_cluster::OsdMap;
 use carmine_nativestore::{FileDevice, NativeStore};
 use carmine_proto::try_decode_frame;
-use carmine_reactor::io::{read_some, write_all};
-use carmine_reactor::{Mailbox, TcpListener, TcpStream};
+use carmine_reactor::io::{read_some, write_all_noting};
+use carmine_reactor::{Mailbox, TcpListener, TcpStream, Watchdog};
 use carmine_store::{MemStore, MemStoreConfig, ObjectStore, Transaction};
 use carmine_types::{OsdId, PgId};
 use futures::future::LocalBoxFuture;
@@ -16,7 +16,10 @@ use futures::future::{select, Either};
 use futures::stream::{FuturesUnordered, StreamExt};
 use std::cell::Cell;
 use std::collections::HashSet;
+use std::future::Future;
 use std::rc::Rc;
+use std::task::Poll;
+use std::time::Duration;
 
 /// Messages from the control thread to a reactor.
 #[derive(Debug)]
@@ -32,6 +35,7 @@ pub(crate) struct ReactorSetup {
     pub listener: std::net::TcpListener,
     pub control: Mailbox<ControlMsg>,
     pub connections_max: u64,
+    pub idle_timeout: Option<Duration>,
 }
 
 /// Everything one reactor owns.
@@ -44,10 +48,16 @@ pub(crate) struct Shard<S> {
     pub store: S,
     pub connections: Cell<u64>,
     pub fences: crate::fence::Fences,
+    /// See `OsdConfig::idle_timeout`.
+    pub idle_timeout: Option<Duration>,
 }
 
-/// Receive buffer growth step: one read can pull in many pipelined requests.
-const READ_SPARE_MIN: usize = 256 * 1024;
+/// Receive buffer room for a peer that fills its reads: one read can pull in many pipelined
+/// requests.
+const READ_SPARE_MAX: usize = 256 * 1024;
+/// Receive buffer room for a peer that does not: ten thousand idle connections hold this much
+/// each, not a quarter MiB that the allocator may hand out already touched (resident).
+const READ_SPARE_SMALL: usize = 16 * 1024;
 /// Replies are flushed once this much is pending, even if more requests are buffered, to
 /// bound per-connection memory.
 const WRITE_FLUSH_BYTES: usize = 1024 * 1024;
@@ -88,6 +98,7 @@ async fn serve<S: ObjectStore + 'static>(setup: ReactorSetup, store: S) -> Resul
         listener,
         mut control,
         connections_max,
+        idle_timeout,
         ..
     } = setup;
     let listener = TcpListener::from_std(listener).map_err(|e| format!("listener: {e}"))?;
@@ -125,6 +136,7 @@ async fn serve<S: ObjectStore + 'static>(setup: ReactorSetup, store: S) -> Resul
         store,
         connections: Cell::new(0),
         fences,
+        idle_timeout,
     });
     let housekeeping = shard.clone();
     carmine_reactor::spawn(async move { housekeeping.store.background().await }).detach();
@@ -171,12 +183,20 @@ async fn serve<S: ObjectStore + 'static>(setup: ReactorSetup, store: S) -> Resul
 /// Serves one connection: decode every complete request in the receive buffer, append the
 /// replies to one send buffer, write them with one call, read again. Pipelined clients thus
 /// get batched reads and writes without any per-request syscall.
+///
+/// Nothing is in flight while it reads, so a read that sees no byte for the idle timeout
+/// (a silent peer, or one that sent half a frame and stalled) ends the connection, and so does
+/// a write that sends nothing for that long (a peer that stopped reading its replies).
 async fn serve_connection<S: ObjectStore>(
     shard: &Shard<S>,
     mut stream: TcpStream,
 ) -> Result<(), String> {
-    let mut rbuf = BytesMut::with_capacity(READ_SPARE_MIN);
-    let mut wbuf = BytesMut::with_capacity(READ_SPARE_MIN);
+    let mut rbuf = BytesMut::new();
+    let mut room = ReadRoom::default();
+    // Grows to the largest batch of replies, then is reused.
+    let mut wbuf = BytesMut::new();
+    let mut watch = Watch::new(shard.idle_timeout);
+    let progress = Cell::new(0u64);
     loop {
         loop {
             match try_decode_frame(&mut rbuf) {
@@ -184,16 +204,21 @@ async fn serve_connection<S: ObjectStore>(
                 Ok(None) => break,
                 // The stream can no longer be trusted: drop this connection only.
                 Err(e) => {
-                    flush(&mut stream, &mut wbuf).await?;
+                    flush(&mut stream, &mut wbuf, &mut watch, &progress).await?;
                     return Err(format!("bad frame: {e}"));
                 }
             }
             if wbuf.len() >= WRITE_FLUSH_BYTES {
-                flush(&mut stream, &mut wbuf).await?;
+                flush(&mut stream, &mut wbuf, &mut watch, &progress).await?;
             }
         }
-        flush(&mut stream, &mut wbuf).await?;
-        let (res, buf) = read_some(&mut stream, rbuf, READ_SPARE_MIN).await;
+        flush(&mut stream, &mut wbuf, &mut watch, &progress).await?;
+        let pending = rbuf.len();
+        room.prepare(&mut rbuf);
+        let read = read_some(&mut stream, rbuf, 1);
+        let Some((res, buf)) = watched(read, &mut watch, &progress).await else {
+            return Err(watch.idle_reason(pending));
+        };
         rbuf = buf;
         match res {
             Ok(0) if rbuf.is_empty() => return Ok(()),
@@ -203,10 +228,114 @@ async fn serve_connection<S: ObjectStore>(
                     rbuf.len()
                 ))
             }
-            Ok(_) => {}
+            Ok(n) => {
+                room.filled(n);
+                progress.set(progress.get() + 1);
+            }
             Err(e) => return Err(format!("read: {e}")),
         }
     }
+}
+
+/// How much room the next read of a connection gets: little until the peer fills it, then
+/// `READ_SPARE_MAX` until it sends little again. The large buffer is given back before the
+/// next read once the peer is quiet, and a partial frame never doubles it.
+struct ReadRoom {
+    want: usize,
+    offered: usize,
+}
+
+impl Default for ReadRoom {
+    fn default() -> Self {
+        Self {
+            want: READ_SPARE_SMALL,
+            offered: 0,
+        }
+    }
+}
+
+impl ReadRoom {
+    /// Makes room in `rbuf` for the next read.
+    fn prepare(&mut self, rbuf: &mut BytesMut) {
+        if rbuf.is_empty() && self.want == READ_SPARE_SMALL && rbuf.capacity() > 2 * self.want {
+            *rbuf = BytesMut::new();
+        }
+        if rbuf.capacity() - rbuf.len() < self.want / 2 {
+            rbuf.reserve(self.want);
+        }
+        self.offered = rbuf.capacity() - rbuf.len();
+    }
+
+    /// The read it prepared for brought `n` bytes.
+    fn filled(&mut self, n: usize) {
+        if n * 2 >= self.offered {
+            self.want = READ_SPARE_MAX;
+        } else if n < READ_SPARE_SMALL / 2 {
+            self.want = READ_SPARE_SMALL;
+        }
+    }
+}
+
+/// A connection's idle timeout and the watchdog enforcing it (none if it has none).
+struct Watch(Option<(Duration, Watchdog)>);
+
+impl Watch {
+    fn new(idle_timeout: Option<Duration>) -> Self {
+        Watch(idle_timeout.map(|t| (t, Watchdog::new(t))))
+    }
+
+    /// Ready once `progress` has not moved for the idle timeout; checked a few times per
+    /// timeout, never when there is none.
+    fn poll_expired(&mut self, cx: &mut std::task::Context<'_>, progress: u64) -> Poll<()> {
+        let Some((timeout, dog)) = &mut self.0 else {
+            return Poll::Pending;
+        };
+        while let Poll::Ready(quiet) = dog.poll_check(cx, progress) {
+            if quiet >= *timeout {
+                return Poll::Ready(());
+            }
+        }
+        Poll::Pending
+    }
+
+    fn timeout(&self) -> Duration {
+        self.0.as_ref().map_or(Duration::MAX, |(t, _)| *t)
+    }
+
+    /// Why an idle connection is closed: `pending` bytes of a frame had arrived.
+    fn idle_reason(&self, pending: usize) -> String {
+        match pending {
+            0 => format!("idle for {:?}: closing it", self.timeout()),
+            n => format!(
+                "stalled for {:?} with {n} bytes of a frame received: closing it",
+                self.timeout()
+            ),
+        }
+    }
+
+    fn stall_reason(&self) -> String {
+        format!(
+            "the peer took no reply bytes for {:?}: closing it",
+            self.timeout()
+        )
+    }
+}
+
+/// Runs `fut` unless `progress` stays still for the idle timeout first; then returns `None`
+/// and drops `fut`, which cancels its socket operation. Only socket I/O is ever run here:
+/// store futures are never dropped half way.
+async fn watched<F: Future>(fut: F, watch: &mut Watch, progress: &Cell<u64>) -> Option<F::Output> {
+    if watch.0.is_none() {
+        return Some(fut.await);
+    }
+    let mut fut = std::pin::pin!(fut);
+    std::future::poll_fn(|cx| {
+        if let Poll::Ready(out) = fut.as_mut().poll(cx) {
+            return Poll::Ready(Some(out));
+        }
+        watch.poll_expired(cx, progress.get()).map(|()| None)
+    })
+    .await
 }
 
 /// Requests of one connection in progress at once, for stores that suspend; beyond it the
@@ -232,14 +361,22 @@ type WriteDone = ((std::io::Result<()>, BytesMut), TcpStream);
 /// still run to completion (other clients may be waiting on them), and a connection that
 /// ends — a bad frame, a reset — first finishes what it accepted. No request future is
 /// dropped half way while the daemon runs.
+///
+/// With an idle timeout, a connection that makes no progress for that long — no byte read, no
+/// request completed, no reply byte sent — is closed if nothing waits on the store: either
+/// nothing is in flight and nothing is unsent (an idle peer, or one stalled mid-frame), or a
+/// write of replies is stuck (a peer that stopped reading them; its requests in flight still
+/// complete first, their replies dropped). Requests waiting on the store never time out.
 async fn serve_connection_concurrently<S: ObjectStore + 'static>(
     shard: &Rc<Shard<S>>,
     stream: TcpStream,
 ) -> Result<(), String> {
     let (reader, writer) = stream.into_split();
-    let mut rbuf = BytesMut::with_capacity(READ_SPARE_MIN);
-    let mut wbuf = BytesMut::with_capacity(READ_SPARE_MIN);
-    let mut spare = BytesMut::with_capacity(READ_SPARE_MIN);
+    let mut rbuf = BytesMut::new();
+    let mut room = ReadRoom::default();
+    // Both grow to the largest batch of replies, then are reused.
+    let mut wbuf = BytesMut::new();
+    let mut spare = BytesMut::new();
     let mut inflight: FuturesUnordered<LocalBoxFuture<'static, Done>> = FuturesUnordered::new();
     // Bytes of the requests in flight (their frames; a read's reply is bounded by the
     // backlog): with the backlog, what one connection can make the reactor hold.
@@ -254,6 +391,11 @@ async fn serve_connection_concurrently<S: ObjectStore + 'static>(
     let mut failure: Option<String> = None;
     // Replies are dropped, not sent, once a write failed.
     let mut write_failed = false;
+    // Bumped on every read, completed request and reply bytes sent: the watchdog's input.
+    let progress = Rc::new(Cell::new(0u64));
+    let mut watch = Watch::new(shard.idle_timeout);
+    // Bytes of a partial frame held when the current read started.
+    let mut pending = 0usize;
     loop {
         // Decode what was read, as far as the in-flight and backlog bounds allow.
         while !closed
@@ -297,7 +439,11 @@ async fn serve_connection_concurrently<S: ObjectStore + 'static>(
                 .take()
                 .expect("writer is home when no write is in flight");
             let buf = std::mem::replace(&mut wbuf, std::mem::take(&mut spare));
-            writing = Some(Box::pin(async move { (write_all(&mut w, buf).await, w) }));
+            progress.set(progress.get() + 1);
+            let progress = progress.clone();
+            writing = Some(Box::pin(async move {
+                (write_all_noting(&mut w, buf, &progress).await, w)
+            }));
         }
         if closed && inflight.is_empty() && writing.is_none() {
             return match failure {
@@ -318,20 +464,32 @@ async fn serve_connection_concurrently<S: ObjectStore + 'static>(
             let mut r = reader
                 .take()
                 .expect("reader is home when no read is in flight");
+            pending = rbuf.len();
+            room.prepare(&mut rbuf);
             let buf = std::mem::take(&mut rbuf);
             reading = Some(Box::pin(async move {
-                let res = read_some(&mut r, buf, READ_SPARE_MIN).await;
+                let res = read_some(&mut r, buf, 1).await;
                 (res, r)
             }));
         }
-        match next_event(&mut reading, &mut writing, &mut inflight).await {
+        let event = next_event(
+            &mut reading,
+            &mut writing,
+            &mut inflight,
+            &mut watch,
+            &progress,
+        );
+        match event.await {
             Event::Read(((res, buf), r)) => {
                 reading = None;
                 reader = Some(r);
                 rbuf = buf;
                 match res {
                     Ok(0) => closed = true,
-                    Ok(_) => {}
+                    Ok(n) => {
+                        room.filled(n);
+                        progress.set(progress.get() + 1);
+                    }
                     Err(e) => {
                         closed = true;
                         failure.get_or_insert(format!("read: {e}"));
@@ -350,9 +508,29 @@ async fn serve_connection_concurrently<S: ObjectStore + 'static>(
                 }
             }
             Event::Reply((out, cost)) => {
+                progress.set(progress.get() + 1);
                 inflight_bytes -= cost;
                 wbuf.extend_from_slice(&out);
             }
+            Event::Quiet if writing.is_some() => {
+                // Dropping the write cancels it; the write half goes with it.
+                writing = None;
+                closed = true;
+                write_failed = true;
+                failure.get_or_insert(watch.stall_reason());
+            }
+            Event::Quiet if inflight.is_empty() => {
+                // Nothing in flight and no write: wbuf is empty, only the read is pending.
+                closed = true;
+                let pending = if reading.is_some() {
+                    pending
+                } else {
+                    rbuf.len()
+                };
+                failure.get_or_insert(watch.idle_reason(pending));
+            }
+            // Requests wait on the store: its business, not the peer's.
+            Event::Quiet => {}
         }
     }
 }
@@ -362,16 +540,21 @@ enum Event {
     Read(ReadDone),
     Written(WriteDone),
     Reply(Done),
+    /// No progress for the idle timeout.
+    Quiet,
 }
 
 /// A finished request: its reply, and the bytes its frame counted against the connection.
 type Done = (BytesMut, usize);
 
-/// The first of: the read, the write, a request's reply. At least one must be in progress.
+/// The first of: the read, the write, a request's reply, the idle timeout. At least one of the
+/// first three must be in progress.
 async fn next_event(
     reading: &mut Option<LocalBoxFuture<'static, ReadDone>>,
     writing: &mut Option<LocalBoxFuture<'static, WriteDone>>,
     inflight: &mut FuturesUnordered<LocalBoxFuture<'static, Done>>,
+    watch: &mut Watch,
+    progress: &Cell<u64>,
 ) -> Event {
     use std::task::Poll;
     std::future::poll_fn(|cx| {
@@ -386,16 +569,27 @@ async fn next_event(
                 return Poll::Ready(Event::Reply(out));
             }
         }
-        Poll::Pending
+        watch
+            .poll_expired(cx, progress.get())
+            .map(|()| Event::Quiet)
     })
     .await
 }
 
-async fn flush(stream: &mut TcpStream, wbuf: &mut BytesMut) -> Result<(), String> {
+async fn flush(
+    stream: &mut TcpStream,
+    wbuf: &mut BytesMut,
+    watch: &mut Watch,
+    progress: &Cell<u64>,
+) -> Result<(), String> {
     if wbuf.is_empty() {
         return Ok(());
     }
-    let (res, buf) = write_all(stream, std::mem::take(wbuf)).await;
+    progress.set(progress.get() + 1);
+    let write = write_all_noting(stream, std::mem::take(wbuf), progress);
+    let Some((res, buf)) = watched(write, watch, progress).await else {
+        return Err(watch.stall_reason());
+    };
     *wbuf = buf;
     res.map_err(|e| format!("write: {e}"))
 }

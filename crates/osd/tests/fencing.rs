@@ -77,6 +77,7 @@ impl Native {
                     sync: SyncMode::Fdatasync,
                 },
                 connections_max: CONNECTIONS_MAX_DEFAULT,
+                idle_timeout: Some(carmine_osd::IDLE_TIMEOUT_DEFAULT),
             })
             .unwrap(),
         );

@@ -5,7 +5,7 @@
 use bytes::Bytes;
 use carmine_client::{Client, ClientConfig, ClientError};
 use carmine_cluster::OsdMap;
-use carmine_osd::{Osd, OsdConfig, StoreConfig, CONNECTIONS_MAX_DEFAULT};
+use carmine_osd::{Osd, OsdConfig, StoreConfig, CONNECTIONS_MAX_DEFAULT, IDLE_TIMEOUT_DEFAULT};
 use carmine_proto::OsdOp;
 use std::io::Read;
 use std::net::{SocketAddr, TcpListener};
@@ -51,6 +51,7 @@ fn start(map: &OsdMap) -> Osd {
             memory_limit_bytes: 64 << 20,
         },
         connections_max: CONNECTIONS_MAX_DEFAULT,
+        idle_timeout: Some(IDLE_TIMEOUT_DEFAULT),
     })
     .unwrap()
 }

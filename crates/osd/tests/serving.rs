@@ -3,7 +3,7 @@
 use bytes::{Bytes, BytesMut};
 use carmine_client::{Client, ClientConfig, Connection};
 use carmine_cluster::{OsdInfo, OsdMap, Pool};
-use carmine_osd::{Osd, OsdConfig, StoreConfig, CONNECTIONS_MAX_DEFAULT};
+use carmine_osd::{Osd, OsdConfig, StoreConfig, CONNECTIONS_MAX_DEFAULT, IDLE_TIMEOUT_DEFAULT};
 use carmine_proto::{
     encode_frame, FrameKind, ObjectRequest, Opcode, OsdOp, Request, Response, Status,
 };
@@ -46,6 +46,7 @@ fn start_with(reactors: usize, connections_max: u32) -> (Osd, OsdMap) {
             memory_limit_bytes: 64 << 20,
         },
         connections_max,
+        idle_timeout: Some(IDLE_TIMEOUT_DEFAULT),
     })
     .unwrap();
     (osd, map)
@@ -295,6 +296,7 @@ fn start_fails_clearly_when_the_endpoint_is_taken() {
             memory_limit_bytes: 1 << 20,
         },
         connections_max: CONNECTIONS_MAX_DEFAULT,
+        idle_timeout: Some(IDLE_TIMEOUT_DEFAULT),
     })
     .err()
     .unwrap();

@@ -1,9 +1,10 @@
 //! Owned-buffer socket I/O helpers over the runtime's completion-based API.
 
 use bytes::BytesMut;
-use compio::buf::{BufResult, IntoInner, IoBufMut};
+use compio::buf::{BufResult, IntoInner, IoBuf, IoBufMut};
 use compio::io::AsyncWriteExt;
 use compio::net::{TcpStream, UnixStream};
+use std::cell::Cell;
 use std::io;
 
 /// A connected byte stream the reactor can serve: TCP or a Unix-domain socket.
@@ -41,6 +42,34 @@ pub async fn read_some<S: Socket>(
 /// Writes all of `buf`, then hands it back cleared for reuse.
 pub async fn write_all<S: Socket>(stream: &mut S, buf: BytesMut) -> (io::Result<()>, BytesMut) {
     let BufResult(res, mut buf) = stream.write_all(buf).await;
+    buf.clear();
+    (res, buf)
+}
+
+/// [`write_all`] that adds one to `progress` whenever some bytes went out, so a watchdog can
+/// tell a peer that reads its data slowly from one that stopped reading.
+pub async fn write_all_noting<S: Socket>(
+    stream: &mut S,
+    mut buf: BytesMut,
+    progress: &Cell<u64>,
+) -> (io::Result<()>, BytesMut) {
+    let mut done = 0;
+    let res = loop {
+        if done == buf.len() {
+            break Ok(());
+        }
+        let BufResult(res, slice) = stream.write(buf.slice(done..)).await;
+        buf = slice.into_inner();
+        match res {
+            Ok(0) => break Err(io::Error::from(io::ErrorKind::WriteZero)),
+            Ok(n) => {
+                done += n;
+                progress.set(progress.get() + 1);
+            }
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => break Err(e),
+        }
+    };
     buf.clear();
     (res, buf)
 }

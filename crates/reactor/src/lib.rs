@@ -12,11 +12,13 @@ mod mailbox;
 mod notify;
 pub mod perf;
 mod thread;
+mod watchdog;
 
 pub use load::{block_on_measured, LoadShare, LoadSnapshot, ReactorLoad};
 pub use mailbox::{mailbox, Mailbox, MailboxSender};
 pub use notify::Doorbell;
 pub use thread::{spawn_reactor, ReactorHandle};
+pub use watchdog::Watchdog;
 
 pub use compio::net::{TcpListener, TcpStream, UnixListener, UnixStream};
 pub use compio::runtime::spawn;

@@ -42,6 +42,7 @@ fn cluster() -> Cluster {
             memory_limit_bytes: 256 << 20,
         },
         connections_max: carmine_osd::CONNECTIONS_MAX_DEFAULT,
+        idle_timeout: Some(carmine_osd::IDLE_TIMEOUT_DEFAULT),
     })
     .unwrap();
     Cluster {

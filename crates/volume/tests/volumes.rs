@@ -42,6 +42,7 @@ where
             memory_limit_bytes: 256 << 20,
         },
         connections_max: carmine_osd::CONNECTIONS_MAX_DEFAULT,
+        idle_timeout: Some(carmine_osd::IDLE_TIMEOUT_DEFAULT),
     })
     .unwrap();
     carmine_reactor::block_on(async {
