@@ -15,8 +15,8 @@ use carmine_proto::{
     OsdOp, Request, Response, Status, FRAME_HEADER_LEN,
 };
 use carmine_types::PgId;
-use carmine_volume::fuzzing::{decode_header, encode_header};
-use carmine_volume::ImageInfo;
+use carmine_volume::fuzzing::{decode_header, decode_lock, encode_header, encode_lock};
+use carmine_volume::{ImageInfo, LockInfo};
 use std::path::{Path, PathBuf};
 
 struct Corpus {
@@ -53,7 +53,7 @@ fn requests() -> Vec<Request> {
             pool: 1,
             pg_seed: 7,
             epoch: 3,
-            client: 0,
+            client: 0x1234_5678_9abc_def1,
             oid: "rbd_data.00ff.0000000000000001".into(),
             ops,
         })
@@ -63,6 +63,24 @@ fn requests() -> Vec<Request> {
             payload: Bytes::from_static(b"ping"),
         },
         Request::GetMap,
+        Request::Fence {
+            client: 0x1234_5678_9abc_def1,
+        },
+        object(vec![
+            OsdOp::CmpXattr {
+                name: "lock".into(),
+                value: Some(Bytes::from_static(b"holder")),
+            },
+            OsdOp::CmpOmap {
+                key: Bytes::from_static(b"name_a"),
+                value: None,
+            },
+            OsdOp::Create { exclusive: true },
+            OsdOp::SetXattr {
+                name: "lock".into(),
+                value: Bytes::from_static(b"me"),
+            },
+        ]),
         object(vec![
             OsdOp::Read {
                 off: 4096,
@@ -118,6 +136,7 @@ fn responses() -> Vec<Response> {
         Response::Map {
             encoded: map().encode(),
         },
+        Response::Fenced,
         Response::Object {
             outputs: vec![
                 OpOutput::None,
@@ -139,6 +158,7 @@ fn opcode_index(op: Opcode) -> u8 {
         Opcode::Ping => 0,
         Opcode::GetMap => 1,
         Opcode::Object => 2,
+        Opcode::Fence => 3,
     }
 }
 
@@ -163,7 +183,12 @@ fn wire(c: &mut Corpus) {
     for (i, req) in requests().iter().enumerate() {
         let mut b = BytesMut::new();
         encode_request(&mut b, 42, req);
-        let opcode = [Opcode::Ping, Opcode::GetMap, Opcode::Object, Opcode::Object][i];
+        let opcode = match req {
+            Request::Ping { .. } => Opcode::Ping,
+            Request::GetMap => Opcode::GetMap,
+            Request::Fence { .. } => Opcode::Fence,
+            Request::Object(_) => Opcode::Object,
+        };
         c.put("frame_decoder", &format!("request{i}"), &b);
         c.put(
             "message_decoder",
@@ -175,7 +200,12 @@ fn wire(c: &mut Corpus) {
     for (i, resp) in responses().iter().enumerate() {
         let mut b = BytesMut::new();
         encode_response(&mut b, 42, resp);
-        let opcode = [Opcode::Ping, Opcode::GetMap, Opcode::Object][i];
+        let opcode = match resp {
+            Response::Pong { .. } => Opcode::Ping,
+            Response::Map { .. } => Opcode::GetMap,
+            Response::Fenced => Opcode::Fence,
+            Response::Object { .. } => Opcode::Object,
+        };
         c.put("frame_decoder", &format!("response{i}"), &b);
         c.put(
             "message_decoder",
@@ -253,6 +283,17 @@ fn cluster_and_volume(c: &mut Corpus) {
         let h = encode_header(&info);
         assert_eq!(decode_header(&h).expect("seed header decodes"), info);
         c.put_both("volume_header", &format!("header{i}"), &h, h.len() - 4);
+    }
+    for (i, lease_ms) in [100u64, 10_000, 3_600_000].into_iter().enumerate() {
+        let info = LockInfo {
+            owner: 0x1234_5678_9abc_def1,
+            renewals: i as u64 * 1000,
+            lease: std::time::Duration::from_millis(lease_ms),
+            holder: "carmine nbd serve on 127.0.0.1:10809 (pid 42)".into(),
+        };
+        let l = encode_lock(&info);
+        assert_eq!(decode_lock(&l).expect("seed lock decodes"), info);
+        c.put_both("lock_record", &format!("lock{i}"), &l, l.len() - 4);
     }
 }
 

@@ -35,7 +35,8 @@ fuzz_target!(|data: &[u8]| {
     } else {
         FrameKind::Response
     };
-    let opcode = [Opcode::Ping, Opcode::GetMap, Opcode::Object][(sel as usize >> 1) % 3];
+    let opcode =
+        [Opcode::Ping, Opcode::GetMap, Opcode::Object, Opcode::Fence][(sel as usize >> 1) % 4];
     // Mostly OK; error replies and unknown status codes otherwise.
     let status = if sel & 0x80 == 0 { 0 } else { c.u8() as u16 };
     let request_id = c.u64();

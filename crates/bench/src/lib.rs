@@ -369,7 +369,13 @@ fn bench_against(a: &BenchArgs, running: &carmine_localcluster::Running) -> Resu
                 .collect()
         });
         let gateway = match a.target {
-            Target::FioNbd => Some(NbdGateway::start(&dir)?),
+            Target::FioNbd => {
+                // The gateway takes the volumes' exclusive locks: give them up first.
+                for image in images.drain(..) {
+                    image.close().await?;
+                }
+                Some(NbdGateway::start(&dir)?)
+            }
             _ => None,
         };
         let perf_sockets: Vec<PathBuf> = (0..a.osds)

@@ -29,6 +29,16 @@ pub mod fuzzing {
     pub fn encode_header(info: &ImageInfo) -> bytes::Bytes {
         info.encode()
     }
+
+    /// Decodes an image lock record as a contender or `lock show` does.
+    pub fn decode_lock(raw: &[u8]) -> Result<crate::LockInfo, VolumeError> {
+        crate::LockInfo::decode("fuzz", &bytes::Bytes::copy_from_slice(raw))
+    }
+
+    /// The bytes a lock holder stores for `info`.
+    pub fn encode_lock(info: &crate::LockInfo) -> bytes::Bytes {
+        info.encode()
+    }
 }
 mod image;
 pub mod lock;
