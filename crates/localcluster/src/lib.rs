@@ -643,16 +643,13 @@ pub fn down(dir: &Path) -> Result<String> {
         unsafe { libc::kill(*pid, libc::SIGTERM) };
     }
     let deadline = Instant::now() + STOP_TIMEOUT;
-    let mut killed = 0;
+    let mut killed = Vec::new();
     for (id, pid) in &live {
         while is_our_osd(*pid, &dir) {
             if Instant::now() > deadline {
-                eprintln!(
-                    "osd.{id} (pid {pid}) ignored SIGTERM for {STOP_TIMEOUT:?}; sending SIGKILL"
-                );
                 // SAFETY: as above.
                 unsafe { libc::kill(*pid, libc::SIGKILL) };
-                killed += 1;
+                killed.push(format!("osd.{id} (pid {pid})"));
                 std::thread::sleep(Duration::from_millis(100));
                 break;
             }
@@ -669,10 +666,13 @@ pub fn down(dir: &Path) -> Result<String> {
         "cluster down in {}: stopped {} OSD(s){}",
         dir.display(),
         live.len(),
-        if killed > 0 {
-            format!(", {killed} killed")
-        } else {
+        if killed.is_empty() {
             String::new()
+        } else {
+            format!(
+                "; {} ignored SIGTERM for {STOP_TIMEOUT:?} and got SIGKILL",
+                killed.join(", ")
+            )
         }
     ))
 }
@@ -781,3 +781,6 @@ pub fn placement(
         .with_context(|| format!("placing {osds} OSDs x {reactors} reactors"))?;
     Ok((topo, alloc))
 }
+
+#[cfg(test)]
+mod tests;

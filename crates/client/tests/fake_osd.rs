@@ -1,0 +1,313 @@
+//! The client against a scripted fake OSD: what it resends after a lost connection and what it
+//! does not, how long it waits for an unreachable OSD, map refreshes on `WrongTarget`, fences,
+//! and the client instance it sends.
+
+use bytes::{Bytes, BytesMut};
+use carmine_client::{Client, ClientConfig, ClientError};
+use carmine_cluster::OsdMap;
+use carmine_proto::{
+    encode_error, encode_response, try_decode_frame, ErrorReply, OpOutput, OsdOp, Request,
+    Response, Status,
+};
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// What the fake OSD does with one object or fence request.
+enum Action {
+    Reply(Response),
+    Error(Status),
+    /// Close the connection without answering: the request is in doubt.
+    Hangup,
+}
+
+type Script = dyn Fn(&Request, usize) -> Action + Send + Sync;
+
+/// Accepts connections forever on its own thread; answers `GetMap` with a one-reactor map of
+/// itself and every other request as the script says. `seen` logs every request but `GetMap`.
+struct FakeOsd {
+    addr: SocketAddr,
+    seen: Arc<Mutex<Vec<Request>>>,
+}
+
+impl FakeOsd {
+    fn start(script: impl Fn(&Request, usize) -> Action + Send + Sync + 'static) -> FakeOsd {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let map = OsdMap::single_osd(vec![addr], 8).encode();
+        let seen: Arc<Mutex<Vec<Request>>> = Arc::default();
+        let script: Arc<Script> = Arc::new(script);
+        let log = seen.clone();
+        std::thread::spawn(move || {
+            for conn in listener.incoming() {
+                let Ok(conn) = conn else { return };
+                let (map, log, script) = (map.clone(), log.clone(), script.clone());
+                std::thread::spawn(move || serve(conn, map, log, &*script));
+            }
+        });
+        FakeOsd { addr, seen }
+    }
+
+    fn seen(&self) -> Vec<Request> {
+        self.seen.lock().unwrap().clone()
+    }
+}
+
+fn serve(
+    mut conn: std::net::TcpStream,
+    map: Bytes,
+    log: Arc<Mutex<Vec<Request>>>,
+    script: &Script,
+) {
+    let mut buf = BytesMut::new();
+    let mut chunk = [0u8; 64 << 10];
+    loop {
+        while let Some(frame) = try_decode_frame(&mut buf).expect("the client sends valid frames") {
+            let id = frame.header.request_id;
+            let req = Request::decode(&frame).expect("the client sends valid requests");
+            let mut out = BytesMut::new();
+            if matches!(req, Request::GetMap) {
+                encode_response(
+                    &mut out,
+                    id,
+                    &Response::Map {
+                        encoded: map.clone(),
+                    },
+                );
+            } else {
+                let n = {
+                    let mut l = log.lock().unwrap();
+                    l.push(req.clone());
+                    l.len() - 1
+                };
+                match script(&req, n) {
+                    Action::Reply(r) => encode_response(&mut out, id, &r),
+                    Action::Error(status) => encode_error(
+                        &mut out,
+                        id,
+                        frame.header.opcode,
+                        &ErrorReply {
+                            status,
+                            op_index: None,
+                            message: "scripted".into(),
+                        },
+                    ),
+                    Action::Hangup => return,
+                }
+            }
+            if conn.write_all(&out).is_err() {
+                return;
+            }
+        }
+        match conn.read(&mut chunk) {
+            Ok(0) | Err(_) => return,
+            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+        }
+    }
+}
+
+fn ok_object(n: usize) -> Response {
+    Response::Object {
+        outputs: vec![OpOutput::None; n],
+    }
+}
+
+fn cfg(retry_timeout: Duration) -> ClientConfig {
+    ClientConfig {
+        retry_timeout,
+        retry_backoff_min: Duration::from_millis(5),
+        retry_backoff_max: Duration::from_millis(50),
+        ..ClientConfig::default()
+    }
+}
+
+fn object_ops(req: &Request) -> usize {
+    match req {
+        Request::Object(r) => r.ops.len(),
+        _ => 0,
+    }
+}
+
+#[test]
+fn an_idempotent_write_cut_off_is_resent_on_a_new_connection() {
+    // The first request is swallowed by a dying connection; the next one is answered.
+    let osd = FakeOsd::start(|req, n| match n {
+        0 => Action::Hangup,
+        _ => Action::Reply(ok_object(object_ops(req))),
+    });
+    carmine_reactor::block_on(async {
+        let c = Client::connect(&[osd.addr], cfg(Duration::from_secs(5)))
+            .await
+            .unwrap();
+        c.write(1, "obj", 0, Bytes::from_static(b"data"))
+            .await
+            .unwrap();
+    });
+    let seen = osd.seen();
+    assert_eq!(seen.len(), 2, "sent once, resent once");
+    assert_eq!(seen[0], seen[1], "the resend is the same request");
+}
+
+#[test]
+fn an_exclusive_create_in_doubt_goes_back_to_the_caller_unsent_twice() {
+    let osd = FakeOsd::start(|_, _| Action::Hangup);
+    carmine_reactor::block_on(async {
+        let c = Client::connect(&[osd.addr], cfg(Duration::from_secs(5)))
+            .await
+            .unwrap();
+        let err = c
+            .execute(
+                1,
+                "obj",
+                vec![
+                    OsdOp::Create { exclusive: true },
+                    OsdOp::WriteFull {
+                        data: Bytes::from_static(b"x"),
+                    },
+                ],
+            )
+            .await
+            .unwrap_err();
+        assert!(err.in_doubt(), "{err}");
+        // A compare-and-set is not resent either: its second pass would fail on its own
+        // first pass's change.
+        let err = c
+            .execute(
+                1,
+                "obj",
+                vec![
+                    OsdOp::CmpXattr {
+                        name: "lock".into(),
+                        value: None,
+                    },
+                    OsdOp::SetXattr {
+                        name: "lock".into(),
+                        value: Bytes::from_static(b"me"),
+                    },
+                ],
+            )
+            .await
+            .unwrap_err();
+        assert!(err.in_doubt(), "{err}");
+    });
+    assert_eq!(osd.seen().len(), 2, "each sent exactly once");
+}
+
+#[test]
+fn an_unreachable_osd_is_retried_until_the_retry_timeout_then_reported() {
+    carmine_reactor::block_on(async {
+        // Nobody listens there: connecting fails instead of hanging.
+        let dead: SocketAddr = TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap();
+        let lonely = Client::connect(&[dead], cfg(Duration::from_millis(400))).await;
+        assert!(lonely.is_err(), "connected to a closed port");
+    });
+    // The first request is answered, then every connection hangs up on its request, as an
+    // OSD that keeps crashing would.
+    let osd = FakeOsd::start(|_, n| {
+        if n == 0 {
+            Action::Reply(ok_object(1))
+        } else {
+            Action::Hangup
+        }
+    });
+    carmine_reactor::block_on(async {
+        let c = Client::connect(&[osd.addr], cfg(Duration::from_millis(400)))
+            .await
+            .unwrap();
+        c.write(1, "obj", 0, Bytes::from_static(b"x"))
+            .await
+            .unwrap();
+        let t = Instant::now();
+        let err = c.read(1, "obj", 0, 1).await.unwrap_err();
+        let waited = t.elapsed();
+        assert!(
+            matches!(err, ClientError::Unavailable { .. }),
+            "expected Unavailable, got {err}"
+        );
+        assert!(
+            waited >= Duration::from_millis(400) && waited < Duration::from_secs(5),
+            "gave up after {waited:?}"
+        );
+    });
+    assert!(
+        osd.seen().len() > 2,
+        "the read was retried: {}",
+        osd.seen().len()
+    );
+}
+
+#[test]
+fn wrong_target_refreshes_the_map_and_retries_a_bounded_number_of_times() {
+    let osd = FakeOsd::start(|req, n| match n {
+        0 => Action::Error(Status::WrongTarget),
+        _ => Action::Reply(ok_object(object_ops(req))),
+    });
+    let stubborn = FakeOsd::start(|_, _| Action::Error(Status::WrongTarget));
+    carmine_reactor::block_on(async {
+        let c = Client::connect(&[osd.addr], ClientConfig::default())
+            .await
+            .unwrap();
+        c.write(1, "obj", 0, Bytes::from_static(b"x"))
+            .await
+            .unwrap();
+        let c = Client::connect(&[stubborn.addr], ClientConfig::default())
+            .await
+            .unwrap();
+        let err = c
+            .write(1, "obj", 0, Bytes::from_static(b"x"))
+            .await
+            .unwrap_err();
+        assert_eq!(err.status(), Some(Status::WrongTarget));
+    });
+    assert_eq!(osd.seen().len(), 2);
+    let retries = ClientConfig::default().retries_max as usize;
+    assert_eq!(stubborn.seen().len(), retries + 1, "bounded retries");
+}
+
+#[test]
+fn requests_carry_the_client_instance_and_fences_name_it() {
+    let osd = FakeOsd::start(|req, _| match req {
+        Request::Fence { .. } => Action::Reply(Response::Fenced),
+        other => Action::Reply(ok_object(object_ops(other))),
+    });
+    let (a_id, b_id) = carmine_reactor::block_on(async {
+        let a = Client::connect(&[osd.addr], ClientConfig::default())
+            .await
+            .unwrap();
+        let b = Client::connect(&[osd.addr], ClientConfig::default())
+            .await
+            .unwrap();
+        assert_ne!(a.instance(), 0, "0 is the anonymous client");
+        assert_ne!(a.instance(), b.instance());
+        a.write(1, "obj", 0, Bytes::from_static(b"x"))
+            .await
+            .unwrap();
+        b.fence(a.instance()).await.unwrap();
+        (a.instance(), b.instance())
+    });
+    let seen = osd.seen();
+    match &seen[..] {
+        [Request::Object(w), Request::Fence { client }] => {
+            assert_eq!(w.client, a_id);
+            assert_eq!(*client, a_id);
+            assert_ne!(*client, b_id);
+        }
+        other => panic!("unexpected requests {other:?}"),
+    }
+}
+
+#[test]
+fn a_fence_that_an_osd_refuses_fails() {
+    let osd = FakeOsd::start(|_, _| Action::Error(Status::Busy));
+    carmine_reactor::block_on(async {
+        let c = Client::connect(&[osd.addr], ClientConfig::default())
+            .await
+            .unwrap();
+        let err = c.fence(42).await.unwrap_err();
+        assert_eq!(err.status(), Some(Status::Busy));
+    });
+}

@@ -1,0 +1,178 @@
+//! What `up` decides from a directory and its flags, without starting processes.
+
+use super::*;
+use clap::Parser;
+
+#[derive(Parser)]
+struct Cli {
+    #[command(flatten)]
+    up: UpArgs,
+}
+
+fn args(dir: &Path, extra: &[&str]) -> UpArgs {
+    let dir = dir.to_str().unwrap();
+    Cli::parse_from([&["up", "--dir", dir][..], extra].concat()).up
+}
+
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new(name: &str) -> Self {
+        let p = std::env::temp_dir().join(format!(
+            "carmine-localcluster-{name}-{}",
+            std::process::id()
+        ));
+        let _ = std::fs::remove_dir_all(&p);
+        std::fs::create_dir_all(&p).unwrap();
+        TempDir(p)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+#[test]
+fn a_new_cluster_is_restarted_as_it_is_and_contradicting_flags_change_nothing() {
+    let d = TempDir::new("restart");
+    let (map, store, _) = new_cluster(
+        &d.0,
+        &args(&d.0, &["--osds", "2", "--reactors", "2", "--pg-num", "16"]),
+    )
+    .unwrap();
+    assert_eq!(store, "memory");
+    assert_eq!(map.osds.len(), 2);
+    let written = std::fs::read(map_path(&d.0)).unwrap();
+
+    // No flags: the same map, same epoch, and a plain word about the memory store.
+    let (again, store, notes) = existing_cluster(&d.0, &args(&d.0, &[])).unwrap();
+    assert_eq!(again.encode(), map.encode());
+    assert_eq!(store, "memory");
+    assert!(notes
+        .iter()
+        .any(|n| n.contains("data written before the restart is gone")));
+    // Flags that agree are fine.
+    existing_cluster(&d.0, &args(&d.0, &["--osds", "2", "--pool", "rbd"])).unwrap();
+
+    // Each contradiction is named; the map file is untouched.
+    let err = existing_cluster(
+        &d.0,
+        &args(
+            &d.0,
+            &["--osds", "1", "--store", "native", "--pg-num", "64"],
+        ),
+    )
+    .unwrap_err()
+    .to_string();
+    for want in [
+        "--osds 1 (the cluster has 2)",
+        "--store native (the cluster has memory)",
+        "--pg-num 64 (the cluster has 16)",
+        "Membership changes are explicit commands",
+    ] {
+        assert!(err.contains(want), "{want:?} missing from: {err}");
+    }
+    assert_eq!(std::fs::read(map_path(&d.0)).unwrap(), written);
+    assert_eq!(store_kind(&d.0).as_deref(), Some("memory"));
+}
+
+#[test]
+fn native_stores_are_never_formatted_over_or_started_empty() {
+    let d = TempDir::new("native");
+    // A store file left from a cluster whose map is gone: a new cluster must not take it.
+    std::fs::write(store_path(&d.0, 0), b"someone's data").unwrap();
+    let err = new_cluster(&d.0, &args(&d.0, &["--store", "native"]))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("holds no cluster map"), "{err}");
+    assert!(!map_path(&d.0).exists(), "a refused create wrote a map");
+    assert_eq!(
+        std::fs::read(store_path(&d.0, 0)).unwrap(),
+        b"someone's data"
+    );
+
+    // An empty file is no data: fine.
+    std::fs::write(store_path(&d.0, 0), b"").unwrap();
+    new_cluster(&d.0, &args(&d.0, &["--store", "native"])).unwrap();
+    assert_eq!(store_kind(&d.0).as_deref(), Some("native"));
+    let (_, store, notes) = existing_cluster(&d.0, &args(&d.0, &["--device-size", "1G"])).unwrap();
+    assert_eq!(store, "native");
+    assert!(notes
+        .iter()
+        .any(|n| n.contains("--device-size applies to new stores only")));
+
+    // Its store gone: refuse, rather than start osd.0 empty with PGs in the map.
+    std::fs::remove_file(store_path(&d.0, 0)).unwrap();
+    let err = existing_cluster(&d.0, &args(&d.0, &[]))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("osd.0's store") && err.contains("is missing"),
+        "{err}"
+    );
+}
+
+#[test]
+fn unknown_stores_and_zero_counts_are_refused() {
+    let d = TempDir::new("bad-flags");
+    assert!(new_cluster(&d.0, &args(&d.0, &["--store", "bluestore"])).is_err());
+    assert!(new_cluster(&d.0, &args(&d.0, &["--osds", "0"])).is_err());
+    assert!(new_cluster(&d.0, &args(&d.0, &["--reactors", "0"])).is_err());
+    assert!(!map_path(&d.0).exists());
+}
+
+#[test]
+fn a_taken_port_moves_its_endpoint_in_a_new_epoch() {
+    let d = TempDir::new("ports");
+    let (map, _, _) = new_cluster(&d.0, &args(&d.0, &["--reactors", "2"])).unwrap();
+    let taken = map.osds[0].reactors[1];
+    let _squatter = TcpListener::bind(taken).unwrap();
+    let (moved, _, notes) = existing_cluster(&d.0, &args(&d.0, &[])).unwrap();
+    assert_eq!(moved.epoch, map.epoch + 1);
+    assert_eq!(moved.osds[0].reactors[0], map.osds[0].reactors[0]);
+    assert_ne!(moved.osds[0].reactors[1], taken);
+    assert!(notes.iter().any(|n| n.contains("is taken; moving to")));
+    // What a restart reads is the new map.
+    assert_eq!(read_map(&d.0).unwrap().encode(), moved.encode());
+}
+
+#[test]
+fn a_damaged_map_is_an_error_not_a_new_cluster() {
+    let d = TempDir::new("damaged");
+    new_cluster(&d.0, &args(&d.0, &[])).unwrap();
+    let mut raw = std::fs::read(map_path(&d.0)).unwrap();
+    let mid = raw.len() / 2;
+    raw[mid] ^= 0x40;
+    std::fs::write(map_path(&d.0), &raw).unwrap();
+    assert!(read_map(&d.0).is_err());
+    assert!(existing_cluster(&d.0, &args(&d.0, &[])).is_err());
+    assert_eq!(std::fs::read(map_path(&d.0)).unwrap(), raw, "rewritten");
+    assert!(read_map(&d.0.join("nowhere")).is_err());
+}
+
+#[test]
+fn down_without_running_osds_clears_stale_pid_files() {
+    let d = TempDir::new("down");
+    new_cluster(&d.0, &args(&d.0, &[])).unwrap();
+    // A pid that is surely not one of our OSDs (pid 1 is init).
+    std::fs::write(pid_file(&d.0, 0), "1").unwrap();
+    let summary = down(&d.0).unwrap();
+    assert!(summary.contains("stopped 0 OSD(s)"), "{summary}");
+    assert!(!pid_file(&d.0, 0).exists());
+    assert!(down(&d.0.join("nowhere")).is_err());
+}
+
+#[test]
+fn sizes_parse_with_binary_units_and_refuse_nonsense() {
+    assert_eq!(parse_size("4096"), Ok(4096));
+    assert_eq!(parse_size("64K"), Ok(64 << 10));
+    assert_eq!(parse_size("256MiB"), Ok(256 << 20));
+    assert_eq!(parse_size(" 4g "), Ok(4 << 30));
+    assert_eq!(parse_size("1T"), Ok(1 << 40));
+    assert!(parse_size("4X").is_err());
+    assert!(parse_size("").is_err());
+    assert!(parse_size("-1").is_err());
+    assert!(parse_size("99999999999T").is_err());
+}
