@@ -7,14 +7,17 @@ use carmine_localcluster::connect_with;
 use carmine_nbd::{Export, NbdConfig};
 use carmine_volume::{LockOptions, Volumes};
 use clap::{Args, Subcommand};
+use futures::future::Either;
 use std::net::SocketAddr;
 use std::rc::Rc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 #[derive(Subcommand)]
 pub enum NbdCommand {
-    /// Export volumes over NBD until killed (SIGTERM/SIGINT end it; acknowledged writes are
-    /// already stored).
+    /// Export volumes over NBD until SIGTERM/SIGINT (acknowledged writes are already stored;
+    /// the volume locks are handed back).
     Serve(ServeArgs),
 }
 
@@ -143,9 +146,74 @@ pub fn run(cmd: NbdCommand) -> Result<()> {
             })
             .detach();
         }
-        carmine_nbd::serve(listener, exports, cfg).await?;
+        // SIGTERM/SIGINT: stop serving and hand the volume locks back, so the next gateway
+        // need not wait out the lease.
+        let stop = Arc::new(AtomicBool::new(false));
+        for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
+            signal_hook::flag::register(sig, stop.clone()).context("installing signal handlers")?;
+        }
+        let serving = std::pin::pin!(carmine_nbd::serve(listener, exports.clone(), cfg));
+        let stopping = std::pin::pin!(async {
+            while !stop.load(Ordering::Relaxed) {
+                carmine_reactor::sleep(Duration::from_millis(50)).await;
+            }
+        });
+        if let Either::Left((res, _)) = futures::future::select(serving, stopping).await {
+            res?;
+        }
+        let release = release_locks(&volumes, &exports, &a.target, a.retry_timeout);
+        match carmine_reactor::timeout(RELEASE_TIMEOUT, release).await {
+            Ok(Ok(names)) if names.is_empty() => println!("nbd: stopped"),
+            Ok(Ok(names)) => println!("nbd: stopped; released the lock of {}", names.join(", ")),
+            Ok(Err(e)) => println!("nbd: stopped; locks left to expire after their lease: {e:#}"),
+            Err(_) => println!(
+                "nbd: stopped; releasing the locks took over {RELEASE_TIMEOUT:?}, they expire \
+                 after their lease"
+            ),
+        }
         Ok(())
     })
+}
+
+/// How long a stopping gateway tries to hand its locks back before it leaves them to expire.
+const RELEASE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Hands back the locks of the writable exports. Requests of ours may still be on their way to
+/// an OSD (their NBD connections were just dropped), so a plain release could let one land
+/// after the next holder's writes: fence this gateway's own client first (the fence returns
+/// once nothing of ours can still apply), then remove the lock records from a new client.
+async fn release_locks(
+    volumes: &Volumes,
+    exports: &[Export],
+    target: &Target,
+    retry_timeout: Duration,
+) -> Result<Vec<String>> {
+    let held: Vec<(String, bytes::Bytes)> = exports
+        .iter()
+        .filter_map(|e| Some((e.name.clone(), e.image.lock_record()?)))
+        .collect();
+    if held.is_empty() {
+        return Ok(Vec::new());
+    }
+    let client = volumes.client();
+    client
+        .fence(client.instance())
+        .await
+        .context("fencing this gateway's own requests")?;
+    let cfg = ClientConfig {
+        retry_timeout,
+        ..ClientConfig::default()
+    };
+    let fresh = connect_with(&target.dir.dir, cfg).await?;
+    let pool = fresh.pool_id(&target.pool)?;
+    let releaser = Volumes::new(fresh, pool);
+    let mut released = Vec::new();
+    for (name, record) in held {
+        if releaser.release_lock_record(&name, record).await? {
+            released.push(name);
+        }
+    }
+    Ok(released)
 }
 
 /// A socket file left by an earlier gateway would make bind fail; anything else at that path

@@ -290,6 +290,51 @@ fn a_second_gateway_is_refused_and_a_dead_ones_lock_is_taken_over() {
     );
 }
 
+/// A gateway stopped by SIGTERM hands its lock back (after fencing its own late requests), so
+/// the next one starts at once instead of waiting out the 10 s lease.
+#[test]
+fn a_gateway_stopped_by_sigterm_releases_its_lock() {
+    let c = Cluster::up("nbd-sigterm", &[]);
+    c.ok(&["volume", "create", "disk", "--size", "8M"]);
+    let mut first = serve(&c, "disk", &[]);
+    ok(
+        "qemu-io",
+        &[
+            "-f",
+            "raw",
+            "-c",
+            "write -P 0x3c 0 128k",
+            &url(&first, "disk"),
+        ],
+    );
+    let pid = first.child.id().to_string();
+    let kill = Command::new("kill").args(["-TERM", &pid]).status().unwrap();
+    assert!(kill.success());
+    let status = first.child.wait().unwrap();
+    assert!(status.success(), "gateway exit on SIGTERM: {status}");
+    assert!(
+        c.ok(&["volume", "info", "disk"]).contains("lock: none"),
+        "the lock was not released"
+    );
+    let t = Instant::now();
+    let second = serve(&c, "disk", &[]);
+    assert!(
+        t.elapsed() < Duration::from_secs(5),
+        "the next gateway waited {:?}",
+        t.elapsed()
+    );
+    ok(
+        "qemu-io",
+        &[
+            "-f",
+            "raw",
+            "-c",
+            "read -P 0x3c 0 128k",
+            &url(&second, "disk"),
+        ],
+    );
+}
+
 #[test]
 fn a_serve_of_a_missing_volume_fails_clearly() {
     let c = Cluster::up("nbd-missing", &[]);

@@ -63,6 +63,14 @@ impl Image {
         e.into()
     }
 
+    /// The lock record this handle holds (`None`: read-only, or lost): what
+    /// [`crate::Volumes::release_lock_record`] takes to release it from another client.
+    pub fn lock_record(&self) -> Option<Bytes> {
+        let lock = self.lock.as_ref()?;
+        lock.check().ok()?;
+        Some(lock.record())
+    }
+
     /// Gives up the exclusive lock (for this handle and all its clones), so the next opener
     /// need not wait for the lease to run out. Dropping an image without closing it leaves
     /// the lock to expire.

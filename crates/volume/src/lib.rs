@@ -377,6 +377,25 @@ impl Volumes {
     /// Releases a lock taken by `admin_lock`, after a failed change.
     async fn admin_unlock(&self, id: &str, record: Option<Bytes>) {
         let Some(record) = record else { return };
+        if let Err(e) = self.remove_lock_record(id, record).await {
+            tracing::warn!("releasing the image lock: {e}");
+        }
+    }
+
+    /// Removes image `name`'s lock if it still is `record` (`Image::lock_record`), on behalf
+    /// of its holder. For a holder that fenced itself first, so that none of its requests
+    /// still on the way can land after the next holder's (how `nbd serve` stops). False if
+    /// the lock had changed meanwhile.
+    pub async fn release_lock_record(
+        &self,
+        name: &str,
+        record: Bytes,
+    ) -> Result<bool, VolumeError> {
+        let id = self.lookup_id(name).await?;
+        self.remove_lock_record(&id, record).await
+    }
+
+    async fn remove_lock_record(&self, id: &str, record: Bytes) -> Result<bool, VolumeError> {
         let ops = vec![
             OsdOp::CmpXattr {
                 name: lock::LOCK_XATTR.into(),
@@ -386,8 +405,10 @@ impl Volumes {
                 name: lock::LOCK_XATTR.into(),
             },
         ];
-        if let Err(e) = self.client.execute(self.pool, &header_oid(id), ops).await {
-            tracing::warn!("releasing the image lock: {e}");
+        match self.client.execute(self.pool, &header_oid(id), ops).await {
+            Ok(_) => Ok(true),
+            Err(e) if e.status() == Some(Status::CompareFailed) => Ok(false),
+            Err(e) => Err(e.into()),
         }
     }
 

@@ -162,6 +162,10 @@ impl HeldLock {
         }
     }
 
+    pub fn record(&self) -> Bytes {
+        self.current.borrow().clone()
+    }
+
     /// Records that an OSD refused us as fenced: the lock was broken.
     pub fn note_fenced(&self) {
         self.lost
