@@ -171,13 +171,22 @@ fn native_store(a: &OsdArgs, reactors: u32) -> Result<StoreConfig> {
                 device.display()
             );
         }
-        crate::store::format(&crate::store::MkfsArgs {
+        let existed = device.exists();
+        let made = crate::store::format(&crate::store::MkfsArgs {
             device: device.clone(),
             shards: reactors,
             size: a.device_size,
             segment_size: carmine_nativestore::DEFAULT_SEGMENT_SIZE as u64,
             force: false,
-        })?;
+        });
+        if let Err(e) = made {
+            // A file this call created and could not finish (a full disk) holds nothing:
+            // remove it rather than leave a blank, short store behind.
+            if !existed {
+                let _ = std::fs::remove_file(&device);
+            }
+            return Err(e);
+        }
     }
     let shards = match crate::store::shard_count(&device) {
         Ok(n) => n,

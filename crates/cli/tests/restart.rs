@@ -241,3 +241,94 @@ fn output_to_a_closed_pipe_ends_quietly() {
         "{err}"
     );
 }
+
+/// A small filesystem, loop-mounted (needs root; skipped with a note otherwise).
+struct SmallFs {
+    image: std::path::PathBuf,
+    mount: std::path::PathBuf,
+}
+
+impl SmallFs {
+    fn mount(name: &str, size: &str) -> Option<SmallFs> {
+        // SAFETY: plain syscall.
+        if unsafe { libc::geteuid() } != 0 {
+            eprintln!("skipped: mounting a loop filesystem needs root");
+            return None;
+        }
+        let base = std::env::temp_dir().join(format!("carmine-{name}-{}", std::process::id()));
+        let fs = SmallFs {
+            image: base.with_extension("img"),
+            mount: base.with_extension("mnt"),
+        };
+        std::fs::create_dir_all(&fs.mount).unwrap();
+        let run = |cmd: &str, args: &[&std::ffi::OsStr]| {
+            let st = Command::new(cmd).args(args).status().unwrap();
+            assert!(st.success(), "{cmd} {args:?}");
+        };
+        run(
+            "truncate",
+            &["-s".as_ref(), size.as_ref(), fs.image.as_os_str()],
+        );
+        run("mkfs.ext4", &["-q".as_ref(), fs.image.as_os_str()]);
+        run(
+            "mount",
+            &[
+                "-o".as_ref(),
+                "loop".as_ref(),
+                fs.image.as_os_str(),
+                fs.mount.as_os_str(),
+            ],
+        );
+        Some(fs)
+    }
+}
+
+impl Drop for SmallFs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.mount).status();
+        let _ = std::fs::remove_dir(&self.mount);
+        let _ = std::fs::remove_file(&self.image);
+    }
+}
+
+/// A disk too small for the store `cluster up` was asked to create: a clear error, and no
+/// half-made cluster left behind to trip the next `up`.
+#[test]
+fn a_full_disk_at_cluster_creation_leaves_no_half_made_cluster() {
+    let Some(fs) = SmallFs::mount("fullfs", "512M") else {
+        return;
+    };
+    let dir = fs.mount.join("c");
+    let up = |size: &str| {
+        Command::new(BIN)
+            .args(["cluster", "up", "--no-pin", "--memory-limit", "256M"])
+            .args(["--store", "native", "--device-size", size, "--dir"])
+            .arg(&dir)
+            .output()
+            .unwrap()
+    };
+    let out = up("1G");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(err.contains("No space left on device"), "{err}");
+    assert!(err.contains("did not come up and was removed"), "{err}");
+    let left: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n == "osdmap" || n.ends_with(".store") || n == "cluster.json")
+        .collect();
+    assert!(left.is_empty(), "left behind: {left:?}");
+    // The next `up`, with a size that fits, makes a working cluster there.
+    let out = up("384M");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let c = Cluster { dir: dir.clone() };
+    c.ok(&["volume", "create", "v", "--size", "8M"]);
+    write_volume(&c, "v", &pattern(1 << 20, 9));
+    assert_eq!(read_volume(&c, "v", 1 << 20), pattern(1 << 20, 9));
+    c.ok(&["cluster", "down"]);
+}

@@ -328,6 +328,17 @@ pub fn up(a: &UpArgs) -> Result<Running> {
     };
     if let Err(e) = wait_ready(&mut running, &to_start) {
         let _ = running.down();
+        if !restart {
+            // A new cluster that never came up has served nothing: leave no half-made
+            // cluster (a map, store files cut short by a full disk) for the next `up`.
+            if let Err(f) = forget(&dir) {
+                return Err(e.context(format!("and cleaning up the new cluster: {f:#}")));
+            }
+            return Err(e.context(format!(
+                "the new cluster in {} did not come up and was removed",
+                dir.display()
+            )));
+        }
         return Err(e);
     }
     let reactors = running.map.osds.first().map_or(0, |o| o.reactors.len());
