@@ -459,8 +459,9 @@ fn existing_cluster(dir: &Path, a: &UpArgs) -> Result<(OsdMap, String, Vec<Strin
     if !conflicts.is_empty() {
         bail!(
             "{} already holds a cluster; `up` restarts it as it is, and these flags contradict \
-             it: {}. Membership changes are explicit commands; to make a new cluster, use \
-             another directory",
+             it: {}. Membership changes will be explicit commands (`carmine osd add|rm`, with \
+             the data moving to its new places); until then the OSDs of a cluster are fixed. \
+             To make a new cluster, use another directory",
             dir.display(),
             conflicts.join(", ")
         );

@@ -70,7 +70,7 @@ fn a_new_cluster_is_restarted_as_it_is_and_contradicting_flags_change_nothing() 
         "--osds 1 (the cluster has 2)",
         "--store native (the cluster has memory)",
         "--pg-num 64 (the cluster has 16)",
-        "Membership changes are explicit commands",
+        "the OSDs of a cluster are fixed",
     ] {
         assert!(err.contains(want), "{want:?} missing from: {err}");
     }

@@ -15,7 +15,7 @@
 use bytes::Bytes;
 use carmine_store::{ObjectStore, Transaction};
 use carmine_types::PgId;
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -42,25 +42,35 @@ fn now_secs() -> u64 {
 pub(crate) struct Fences {
     /// Fenced instance → expiry (seconds since the epoch).
     until: RefCell<HashMap<u64, u64>>,
-    /// Object requests per client that passed the fence check and are still being applied.
-    in_progress: RefCell<HashMap<u64, usize>>,
+    /// Requests admitted and still being applied, by the parity of the generation they were
+    /// admitted in. A fence flips the generation and waits for the old parity to drain: every
+    /// request admitted before the fence has then finished. Two counters instead of a count
+    /// per client keep admission at a counter bump, with no hashing per request.
+    in_progress: [Cell<usize>; 2],
+    generation: Cell<usize>,
+    /// A fence is draining; the next one waits for it (so a parity is empty when reused).
+    draining: Cell<bool>,
 }
 
-/// Counts one request of a client as in progress while it lives.
+/// Counts one admitted request as in progress while it lives.
 pub(crate) struct InProgress<'a> {
     fences: &'a Fences,
-    client: u64,
+    parity: usize,
 }
 
 impl Drop for InProgress<'_> {
     fn drop(&mut self) {
-        let mut m = self.fences.in_progress.borrow_mut();
-        if let Some(n) = m.get_mut(&self.client) {
-            *n -= 1;
-            if *n == 0 {
-                m.remove(&self.client);
-            }
-        }
+        let n = &self.fences.in_progress[self.parity];
+        n.set(n.get() - 1);
+    }
+}
+
+/// Clears `draining` however the fence's future ends, dropped mid-wait included.
+struct Draining<'a>(&'a Cell<bool>);
+
+impl Drop for Draining<'_> {
+    fn drop(&mut self) {
+        self.0.set(false);
     }
 }
 
@@ -105,20 +115,22 @@ impl Fences {
     }
 
     /// Checks a request of `client` (0: anonymous, never fenced) and counts it in progress.
-    pub fn admit(&self, client: u64) -> Result<Option<InProgress<'_>>, ()> {
-        if client == 0 {
-            return Ok(None);
-        }
-        if let Some(until) = self.until.borrow().get(&client) {
-            if *until > now_secs() {
-                return Err(());
+    pub fn admit(&self, client: u64) -> Result<InProgress<'_>, ()> {
+        let fenced = self.until.borrow();
+        if client != 0 && !fenced.is_empty() {
+            if let Some(until) = fenced.get(&client) {
+                if *until > now_secs() {
+                    return Err(());
+                }
             }
         }
-        *self.in_progress.borrow_mut().entry(client).or_default() += 1;
-        Ok(Some(InProgress {
+        let parity = self.generation.get() & 1;
+        let n = &self.in_progress[parity];
+        n.set(n.get() + 1);
+        Ok(InProgress {
             fences: self,
-            client,
-        }))
+            parity,
+        })
     }
 
     /// Fences `client`: refused from now on, persisted, and answered only once none of its
@@ -158,7 +170,16 @@ impl Fences {
             .submit(txn)
             .await
             .map_err(|e| format!("persisting the fence: {e}"))?;
-        while self.in_progress.borrow().contains_key(&client) {
+        // Wait for every request admitted before the fence (a superset of the fenced
+        // client's) to finish.
+        while self.draining.get() {
+            carmine_reactor::sleep(DRAIN_POLL).await;
+        }
+        self.draining.set(true);
+        let _draining = Draining(&self.draining);
+        let old = self.generation.get() & 1;
+        self.generation.set(self.generation.get() + 1);
+        while self.in_progress[old].get() > 0 {
             carmine_reactor::sleep(DRAIN_POLL).await;
         }
         Ok(())
@@ -167,4 +188,71 @@ impl Fences {
 
 fn key(client: u64) -> Bytes {
     Bytes::copy_from_slice(&client.to_be_bytes())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use carmine_store::{MemStore, MemStoreConfig};
+    use futures::FutureExt;
+
+    #[test]
+    fn a_fence_waits_for_requests_admitted_before_it_and_only_those() {
+        carmine_reactor::block_on(async {
+            let store = MemStore::new(MemStoreConfig::default());
+            let mut t = Transaction::new();
+            t.create_collection(META_COLLECTION);
+            store.submit(t).await.unwrap();
+            let fences = Fences::default();
+            let before = fences.admit(5).unwrap();
+            let mut fence = std::pin::pin!(fences.fence(&store, 5).fuse());
+            // Refused at once, while the fence still waits for the earlier request.
+            let mut after = None;
+            for _ in 0..20 {
+                futures::select! {
+                    r = fence => panic!("the fence did not wait: {r:?}"),
+                    () = carmine_reactor::sleep(Duration::from_millis(2)).fuse() => {}
+                }
+                assert!(fences.admit(5).is_err(), "a fenced client was admitted");
+                after.get_or_insert_with(|| fences.admit(7).unwrap());
+            }
+            drop(before);
+            // A request admitted after the fence does not hold it up.
+            fence.await.unwrap();
+            assert!(after.is_some());
+            assert!(
+                fences.admit(0).is_ok(),
+                "the anonymous client is never fenced"
+            );
+            // Persisted: a reactor restarted on this store still refuses it.
+            let reloaded = Fences::load(&store).await.unwrap();
+            assert_eq!(reloaded.len(), 1);
+            assert!(reloaded.admit(5).is_err());
+            assert!(reloaded.admit(7).is_ok());
+        });
+    }
+
+    #[test]
+    fn a_fence_dropped_while_draining_does_not_block_the_next() {
+        carmine_reactor::block_on(async {
+            let store = MemStore::new(MemStoreConfig::default());
+            let mut t = Transaction::new();
+            t.create_collection(META_COLLECTION);
+            store.submit(t).await.unwrap();
+            let fences = Fences::default();
+            let held = fences.admit(1).unwrap();
+            {
+                let mut first = std::pin::pin!(fences.fence(&store, 1).fuse());
+                futures::select! {
+                    r = first => panic!("did not wait for the request in progress: {r:?}"),
+                    () = carmine_reactor::sleep(Duration::from_millis(5)).fuse() => {}
+                }
+            }
+            drop(held);
+            carmine_reactor::timeout(Duration::from_secs(5), fences.fence(&store, 2))
+                .await
+                .expect("a dropped fence wedged the next one")
+                .unwrap();
+        });
+    }
 }

@@ -157,7 +157,7 @@ fn from_store(e: StoreError, op_index: Option<usize>) -> ErrorReply {
 fn admit<'a, S>(
     shard: &'a Shard<S>,
     req: &ObjectRequest,
-) -> Result<Option<crate::fence::InProgress<'a>>, ErrorReply> {
+) -> Result<crate::fence::InProgress<'a>, ErrorReply> {
     shard.fences.admit(req.client).map_err(|()| {
         reject(
             Status::Fenced,
