@@ -1,0 +1,109 @@
+//! The one-host backend: the encoded map in a file, changed under an exclusive `flock` of a
+//! lock file beside it and replaced by an atomic rename, so readers see the old map or the new
+//! one, never half of one, and a crash never leaves a torn map.
+
+use crate::{check_swap, decode, MapStore, MapStoreError};
+use carmine_cluster::OsdMap;
+use std::fs::File;
+use std::io::Write;
+use std::os::fd::AsRawFd;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+/// How often `wait_newer` looks at the file.
+const POLL: Duration = Duration::from_millis(50);
+
+#[derive(Clone, Debug)]
+pub struct LocalMapStore {
+    path: PathBuf,
+}
+
+impl LocalMapStore {
+    /// The map kept in `path` (created by the first swap).
+    pub fn new(path: impl Into<PathBuf>) -> Self {
+        Self { path: path.into() }
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    fn read(&self) -> Result<Option<Vec<u8>>, MapStoreError> {
+        match std::fs::read(&self.path) {
+            Ok(raw) => Ok(Some(raw)),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(io(&self.path, e)),
+        }
+    }
+
+    /// An exclusive lock held while it lives: one swap at a time, across processes.
+    fn lock(&self) -> Result<File, MapStoreError> {
+        let path = self.path.with_extension("lock");
+        let f = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&path)
+            .map_err(|e| io(&path, e))?;
+        // SAFETY: flock on a descriptor we own; released when `f` is closed.
+        if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX) } != 0 {
+            return Err(io(&path, std::io::Error::last_os_error()));
+        }
+        Ok(f)
+    }
+}
+
+fn io(path: &Path, e: std::io::Error) -> MapStoreError {
+    MapStoreError::Unavailable(format!("{}: {e}", path.display()))
+}
+
+impl MapStore for LocalMapStore {
+    fn get(&self) -> Result<Option<OsdMap>, MapStoreError> {
+        self.read()?.map(decode).transpose()
+    }
+
+    fn swap(&self, expected: Option<&OsdMap>, new: &OsdMap) -> Result<(), MapStoreError> {
+        check_swap(expected, new)?;
+        let _lock = self.lock()?;
+        let stored = self.read()?;
+        let same = match (&stored, expected) {
+            (None, None) => true,
+            (Some(raw), Some(m)) => raw[..] == m.encode()[..],
+            _ => false,
+        };
+        if !same {
+            return Err(MapStoreError::Conflict {
+                current: stored.map(decode).transpose()?.map(Box::new),
+            });
+        }
+        let tmp = self.path.with_extension("tmp");
+        let write = || -> std::io::Result<()> {
+            let mut f = File::create(&tmp)?;
+            f.write_all(&new.encode())?;
+            f.sync_all()?;
+            std::fs::rename(&tmp, &self.path)?;
+            // The rename itself is durable once the directory is.
+            if let Some(dir) = self.path.parent() {
+                File::open(dir)?.sync_all()?;
+            }
+            Ok(())
+        };
+        write().map_err(|e| io(&self.path, e))
+    }
+
+    fn wait_newer(&self, epoch: u32, timeout: Duration) -> Result<Option<OsdMap>, MapStoreError> {
+        let start = Instant::now();
+        loop {
+            if let Some(m) = self.get()? {
+                if m.epoch > epoch {
+                    return Ok(Some(m));
+                }
+            }
+            let left = timeout.saturating_sub(start.elapsed());
+            if left.is_zero() {
+                return Ok(None);
+            }
+            std::thread::sleep(POLL.min(left));
+        }
+    }
+}

@@ -1,0 +1,262 @@
+//! The same map-store contract, checked on both backends: the local file and a real etcd
+//! (a private one from PATH; `.ci/run` installs Debian's etcd-server).
+
+use carmine_cluster::OsdMap;
+use carmine_mapstore::{update, EtcdMapStore, LocalMapStore, MapStore, MapStoreError, PrivateEtcd};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+type Store = Box<dyn MapStore + Send>;
+
+/// One backend under test: makes handles on the same stored map (one per thread, as separate
+/// processes would have), and can damage the stored bytes.
+struct Backend {
+    make: Arc<dyn Fn() -> Store + Send + Sync>,
+    damage: Box<dyn Fn()>,
+    _etcd: Option<PrivateEtcd>,
+    dir: PathBuf,
+}
+
+impl Drop for Backend {
+    fn drop(&mut self) {
+        self._etcd.take();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn temp_dir(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("carmine-mapstore-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn local(name: &str) -> Backend {
+    let dir = temp_dir(&format!("local-{name}"));
+    let path = dir.join("osdmap");
+    let p = path.clone();
+    Backend {
+        make: Arc::new(move || Box::new(LocalMapStore::new(p.clone())) as Store),
+        damage: Box::new(move || {
+            let mut raw = std::fs::read(&path).unwrap();
+            let mid = raw.len() / 2;
+            raw[mid] ^= 0x08;
+            std::fs::write(&path, raw).unwrap();
+        }),
+        _etcd: None,
+        dir,
+    }
+}
+
+fn etcd(name: &str) -> Backend {
+    let dir = temp_dir(&format!("etcd-{name}"));
+    let etcd = PrivateEtcd::start(&dir)
+        .expect("these tests need etcd (Debian: apt-get install etcd-server; .ci/run installs it)");
+    let endpoint = etcd.endpoint().to_owned();
+    let ep = vec![endpoint.clone()];
+    let cluster = name.to_owned();
+    let make_ep = ep.clone();
+    Backend {
+        make: Arc::new(move || Box::new(EtcdMapStore::new(&make_ep, &cluster).unwrap()) as Store),
+        damage: {
+            let key = EtcdMapStore::new(&ep, name).unwrap().key().to_owned();
+            Box::new(move || {
+                // Overwrite the value with garbage of the same length, behind the store's back.
+                use base64::Engine;
+                let b64 = base64::engine::general_purpose::STANDARD;
+                let body = serde_json::json!({"key": b64.encode(&key), "value": b64.encode(b"garbage, not a map")});
+                ureq::post(&format!("{endpoint}/v3/kv/put"))
+                    .send_string(&body.to_string())
+                    .unwrap();
+            })
+        },
+        _etcd: Some(etcd),
+        dir,
+    }
+}
+
+fn map(epoch: u32, port: u16) -> OsdMap {
+    let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    let mut m = OsdMap::single_osd(vec![addr], 16);
+    m.epoch = epoch;
+    m
+}
+
+fn conflict_epoch(r: Result<(), MapStoreError>) -> Option<u32> {
+    match r {
+        Err(MapStoreError::Conflict { current }) => current.map(|m| m.epoch),
+        other => panic!("expected a conflict, got {other:?}"),
+    }
+}
+
+fn first_swap_creates_and_only_once(b: &Backend) {
+    let s = (b.make)();
+    assert!(s.get().unwrap().is_none());
+    s.swap(None, &map(1, 1000)).unwrap();
+    assert_eq!(s.get().unwrap(), Some(map(1, 1000)));
+    // A second "first" map loses, and is told what is there.
+    assert_eq!(conflict_epoch(s.swap(None, &map(1, 2000))), Some(1));
+    assert_eq!((b.make)().get().unwrap(), Some(map(1, 1000)));
+}
+
+fn a_stale_swap_conflicts_and_changes_nothing(b: &Backend) {
+    let s = (b.make)();
+    s.swap(None, &map(1, 1000)).unwrap();
+    s.swap(Some(&map(1, 1000)), &map(2, 1001)).unwrap();
+    // Someone who read epoch 1 is too late.
+    assert_eq!(
+        conflict_epoch(s.swap(Some(&map(1, 1000)), &map(2, 9999))),
+        Some(2)
+    );
+    // Same epoch, other content: still not what is stored.
+    assert_eq!(
+        conflict_epoch(s.swap(Some(&map(2, 1234)), &map(3, 9999))),
+        Some(2)
+    );
+    assert_eq!(s.get().unwrap(), Some(map(2, 1001)));
+}
+
+fn epochs_go_up_by_exactly_one_and_maps_must_be_valid(b: &Backend) {
+    let s = (b.make)();
+    assert!(matches!(
+        s.swap(None, &map(2, 1000)),
+        Err(MapStoreError::Invalid(_))
+    ));
+    s.swap(None, &map(1, 1000)).unwrap();
+    for bad in [1, 3, 0] {
+        assert!(
+            matches!(
+                s.swap(Some(&map(1, 1000)), &map(bad, 1000)),
+                Err(MapStoreError::Invalid(_))
+            ),
+            "epoch {bad} after 1 was accepted"
+        );
+    }
+    let mut invalid = map(2, 1000);
+    invalid.osds[0].reactors.clear();
+    assert!(matches!(
+        s.swap(Some(&map(1, 1000)), &invalid),
+        Err(MapStoreError::Invalid(_))
+    ));
+    assert_eq!(s.get().unwrap(), Some(map(1, 1000)));
+}
+
+fn racing_writers_never_share_an_epoch(b: &Backend) {
+    const THREADS: usize = 4;
+    const EACH: usize = 8;
+    (b.make)().swap(None, &map(1, 1000)).unwrap();
+    let handles: Vec<_> = (0..THREADS)
+        .map(|t| {
+            let make = b.make.clone();
+            std::thread::spawn(move || {
+                let s = make();
+                let mut won = Vec::new();
+                for _ in 0..EACH {
+                    let m = update(&*s, 1000, |cur| {
+                        let cur = cur.expect("a map is there");
+                        Ok(Some(map(cur.epoch + 1, 10_000 + t as u16)))
+                    })
+                    .unwrap()
+                    .unwrap();
+                    won.push(m.epoch);
+                }
+                won
+            })
+        })
+        .collect();
+    let mut all: Vec<u32> = handles
+        .into_iter()
+        .flat_map(|h| h.join().unwrap())
+        .collect();
+    all.sort();
+    let want: Vec<u32> = (2..=(1 + THREADS * EACH) as u32).collect();
+    assert_eq!(all, want, "every epoch won exactly once");
+    assert_eq!(
+        (b.make)().get().unwrap().unwrap().epoch,
+        1 + (THREADS * EACH) as u32
+    );
+}
+
+fn a_waiter_sees_the_next_epoch_and_times_out_without_one(b: &Backend) {
+    let s = (b.make)();
+    s.swap(None, &map(1, 1000)).unwrap();
+    let t = Instant::now();
+    assert!(s
+        .wait_newer(1, Duration::from_millis(300))
+        .unwrap()
+        .is_none());
+    assert!(
+        t.elapsed() >= Duration::from_millis(250),
+        "{:?}",
+        t.elapsed()
+    );
+    // Already newer: at once.
+    assert_eq!(
+        s.wait_newer(0, Duration::from_secs(5)).unwrap(),
+        Some(map(1, 1000))
+    );
+    let make = b.make.clone();
+    let writer = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(200));
+        make().swap(Some(&map(1, 1000)), &map(2, 2000)).unwrap();
+    });
+    let t = Instant::now();
+    let seen = s.wait_newer(1, Duration::from_secs(10)).unwrap();
+    writer.join().unwrap();
+    assert_eq!(seen, Some(map(2, 2000)));
+    assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
+}
+
+fn a_damaged_map_is_reported_and_never_overwritten(b: &Backend) {
+    let s = (b.make)();
+    s.swap(None, &map(1, 1000)).unwrap();
+    (b.damage)();
+    assert!(matches!(s.get(), Err(MapStoreError::Corrupt(_))));
+    // Neither "first map" nor a swap from what the caller once read replaces it.
+    assert!(s.swap(None, &map(1, 1000)).is_err());
+    assert!(s.swap(Some(&map(1, 1000)), &map(2, 1000)).is_err());
+    assert!(matches!(s.get(), Err(MapStoreError::Corrupt(_))));
+}
+
+macro_rules! conformance {
+    ($($case:ident),* $(,)?) => {
+        mod local_backend {
+            $(#[test] fn $case() { super::$case(&super::local(stringify!($case))); })*
+        }
+        mod etcd_backend {
+            $(#[test] fn $case() { super::$case(&super::etcd(stringify!($case))); })*
+        }
+    };
+}
+
+conformance!(
+    first_swap_creates_and_only_once,
+    a_stale_swap_conflicts_and_changes_nothing,
+    epochs_go_up_by_exactly_one_and_maps_must_be_valid,
+    racing_writers_never_share_an_epoch,
+    a_waiter_sees_the_next_epoch_and_times_out_without_one,
+    a_damaged_map_is_reported_and_never_overwritten,
+);
+
+#[test]
+fn an_unreachable_etcd_is_an_error_not_a_hang() {
+    let dead = format!(
+        "http://{}",
+        std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+    );
+    let s = EtcdMapStore::new(&[dead], "x").unwrap();
+    let t = Instant::now();
+    assert!(matches!(s.get(), Err(MapStoreError::Unavailable(_))));
+    assert!(matches!(
+        s.swap(None, &map(1, 1000)),
+        Err(MapStoreError::Unavailable(_))
+    ));
+    assert!(t.elapsed() < Duration::from_secs(15));
+    assert!(EtcdMapStore::new(&[], "x").is_err());
+    assert!(EtcdMapStore::new(&["https://a:1".into()], "x").is_err());
+}
