@@ -316,6 +316,8 @@ fn bench_carmine(a: &BenchArgs, cluster_dir: &std::path::Path) -> Result<Run> {
         pool: Some("rbd".into()),
         pg_num: Some(64),
         host: [127, 0, 0, 1].into(),
+        etcd: None,
+        with_etcd: false,
     };
     // Each run gets a new cluster: one left in this directory by an earlier run goes.
     carmine_localcluster::forget(cluster_dir)?;

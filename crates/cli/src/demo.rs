@@ -57,6 +57,8 @@ pub fn run(a: DemoArgs) -> Result<()> {
         pool: Some("rbd".into()),
         pg_num: Some(64),
         host: [127, 0, 0, 1].into(),
+        etcd: None,
+        with_etcd: false,
     };
     let running = carmine_localcluster::up(&up)?;
     for line in &running.notes {

@@ -33,9 +33,15 @@ pub struct OsdArgs {
     /// This OSD's id in the cluster map.
     #[arg(long)]
     pub id: u32,
-    /// Cluster map file written by `cluster up`.
+    /// Cluster map file written by `cluster up` (or give --etcd).
+    #[arg(long, required_unless_present = "etcd", conflicts_with = "etcd")]
+    pub map: Option<PathBuf>,
+    /// Read the cluster map from this etcd (http://host:port, comma-separated members).
+    #[arg(long, value_delimiter = ',', requires = "cluster_name")]
+    pub etcd: Option<Vec<String>>,
+    /// The cluster's name in etcd (its map is /carmine/NAME/osdmap).
     #[arg(long)]
-    pub map: PathBuf,
+    pub cluster_name: Option<String>,
     /// Object store backend.
     #[arg(long, value_enum, default_value = "memory")]
     pub store: StoreKind,
@@ -100,11 +106,35 @@ fn reactor_cpus(
     Ok((cpus, alloc.grid(&topo)))
 }
 
+/// The map from its file or from etcd; read once at start (epochs do not change at run time
+/// yet).
+fn load_map(a: &OsdArgs) -> Result<OsdMap> {
+    use carmine_mapstore::{EtcdMapStore, LocalMapStore, MapStore};
+    let (store, from): (Box<dyn MapStore>, String) = match (&a.map, &a.etcd) {
+        (Some(path), _) => (
+            Box::new(LocalMapStore::new(path.clone())),
+            path.display().to_string(),
+        ),
+        (None, Some(endpoints)) => {
+            let name = a
+                .cluster_name
+                .as_deref()
+                .context("--cluster-name is required")?;
+            (
+                Box::new(EtcdMapStore::new(endpoints, name)?),
+                format!("etcd {} (cluster {name})", endpoints.join(",")),
+            )
+        }
+        (None, None) => bail!("give --map or --etcd"),
+    };
+    store
+        .get()
+        .with_context(|| format!("reading the cluster map from {from}"))?
+        .with_context(|| format!("no cluster map in {from}"))
+}
+
 pub fn run(a: OsdArgs) -> Result<()> {
-    let raw = std::fs::read(&a.map)
-        .with_context(|| format!("reading cluster map {}", a.map.display()))?;
-    let map =
-        OsdMap::decode(raw.into()).with_context(|| format!("decoding {}", a.map.display()))?;
+    let map = load_map(&a)?;
     let info = map
         .osd(a.id)
         .with_context(|| format!("osd.{} is not in the map", a.id))?

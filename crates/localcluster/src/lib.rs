@@ -4,6 +4,8 @@
 //! OSDs are started as `<carmine binary> osd …`, by default the running executable; set
 //! `exe` in [`UpArgs`] to start another binary (tests do).
 
+mod maps;
+
 use anyhow::{bail, Context, Result};
 use carmine_client::{Client, ClientConfig};
 use carmine_cluster::{OsdInfo, OsdMap, Pool};
@@ -75,6 +77,14 @@ pub struct UpArgs {
     /// Address the OSDs listen on.
     #[arg(long, default_value = "127.0.0.1")]
     pub host: std::net::IpAddr,
+    /// New cluster: keep the map in this etcd (http://host:port, comma-separated members)
+    /// instead of the file `osdmap`.
+    #[arg(long, value_delimiter = ',', conflicts_with = "with_etcd")]
+    pub etcd: Option<Vec<String>>,
+    /// New cluster: keep the map in a private etcd (from PATH) that the cluster directory
+    /// holds; `up` starts it, `down` stops it.
+    #[arg(long)]
+    pub with_etcd: bool,
 }
 
 fn pid_file(dir: &Path, osd: u32) -> PathBuf {
@@ -85,16 +95,24 @@ pub fn map_path(dir: &Path) -> PathBuf {
     dir.join(MAP_FILE)
 }
 
+/// The map of the cluster in `dir`, from wherever it lives (file or etcd).
 pub fn read_map(dir: &Path) -> Result<OsdMap> {
-    let path = map_path(dir);
-    let raw = std::fs::read(&path).with_context(|| {
+    let etcd = read_cluster_file(dir)?.and_then(|f| f.etcd);
+    let store = maps::open(dir, etcd.as_ref())?;
+    let map = store.get().with_context(|| {
         format!(
-            "reading {} (is a cluster up in {}?)",
-            path.display(),
-            dir.display()
+            "reading the cluster map of {} from {}",
+            dir.display(),
+            etcd.as_ref()
+                .map_or_else(|| map_path(dir).display().to_string(), |e| e.describe())
         )
     })?;
-    Ok(OsdMap::decode(raw.into())?)
+    map.with_context(|| {
+        format!(
+            "no cluster map in {} (is a cluster up there?)",
+            dir.display()
+        )
+    })
 }
 
 /// Connects a client using the map in `dir` for bootstrap addresses.
@@ -155,23 +173,25 @@ fn live_osds(dir: &Path) -> Result<Vec<(u32, i32)>> {
     Ok(out)
 }
 
-/// True if `pid` is alive and is a `carmine osd` using this directory's map, so a recycled
-/// pid is never signalled.
+/// True if `pid` is alive and is a `carmine osd` of this directory (its perf socket is
+/// there), so a recycled pid is never signalled.
 fn is_our_osd(pid: i32, dir: &Path) -> bool {
     let Ok(cmdline) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
         return false;
     };
+    let dir = std::fs::canonicalize(dir).unwrap_or_else(|_| dir.to_owned());
     let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
-    let map = map_path(dir);
-    let map = std::fs::canonicalize(&map).unwrap_or(map);
-    args.iter().any(|a| *a == b"osd")
-        && args
-            .iter()
-            .any(|a| Path::new(std::str::from_utf8(a).unwrap_or("")) == map)
-        && !is_zombie(pid)
+    let in_dir = |a: &&[u8]| {
+        let p = Path::new(std::str::from_utf8(a).unwrap_or(""));
+        p.parent() == Some(&dir)
+            && p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with("osd.") && n.ends_with(".perf"))
+    };
+    args.iter().any(|a| *a == b"osd") && args.iter().any(in_dir) && !is_zombie(pid)
 }
 
-fn is_zombie(pid: i32) -> bool {
+pub(crate) fn is_zombie(pid: i32) -> bool {
     std::fs::read_to_string(format!("/proc/{pid}/stat"))
         .map(|s| {
             s.rsplit(')')
@@ -217,6 +237,9 @@ pub fn store_path(dir: &Path, id: u32) -> PathBuf {
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 struct ClusterFile {
     store: String,
+    /// Where the map lives when not in the file `osdmap`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    etcd: Option<maps::EtcdSettings>,
 }
 
 const CLUSTER_FILE: &str = "cluster.json";
@@ -257,16 +280,23 @@ pub fn forget(dir: &Path) -> Result<()> {
     if !live_osds(dir)?.is_empty() {
         bail!("a cluster is running in {}; stop it first", dir.display());
     }
-    let Ok(map) = read_map(dir) else {
-        return Ok(());
-    };
-    for o in &map.osds {
-        let _ = std::fs::remove_file(store_path(dir, o.id));
+    let etcd = read_cluster_file(dir)?.and_then(|f| f.etcd);
+    let map = read_map(dir);
+    if let Ok(map) = &map {
+        for o in &map.osds {
+            let _ = std::fs::remove_file(store_path(dir, o.id));
+        }
+    }
+    if etcd.as_ref().is_some_and(|e| e.private) {
+        maps::remove_private(dir)?;
     }
     let _ = std::fs::remove_file(dir.join(CLUSTER_FILE));
-    std::fs::remove_file(map_path(dir))
-        .with_context(|| format!("removing the map in {}", dir.display()))?;
-    Ok(())
+    match std::fs::remove_file(map_path(dir)) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+            Err(e).with_context(|| format!("removing the map in {}", dir.display()))
+        }
+        _ => Ok(()),
+    }
 }
 
 /// Starts the cluster in `a.dir`: a new one when the directory holds none, otherwise exactly
@@ -277,12 +307,51 @@ pub fn up(a: &UpArgs) -> Result<Running> {
     let dir = &a.dir.dir;
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     let dir = std::fs::canonicalize(dir)?;
-    let restart = map_path(&dir).exists();
-    let (map, store, notes) = if restart {
-        existing_cluster(&dir, a)?
+    let mut early_notes = Vec::new();
+    let mut settings = read_cluster_file(&dir)?;
+    let mut started_etcd = false;
+    if let Some(f) = settings.as_mut() {
+        if let Some(e) = f.etcd.as_mut().filter(|e| e.private) {
+            let (now, started) = maps::ensure_private(&dir, e)?;
+            if started {
+                started_etcd = true;
+                early_notes.push(format!("started the private etcd: {}", now.describe()));
+            }
+            if now != *e {
+                *e = now;
+                write_atomically(&dir.join(CLUSTER_FILE), &serde_json::to_vec_pretty(f)?)?;
+            }
+        }
+    }
+    let res = up_from(&dir, a, settings, early_notes);
+    if res.is_err() && started_etcd {
+        // A refused or failed `up` leaves nothing running that it started.
+        let _ = maps::stop_private(&dir);
+    }
+    res
+}
+
+/// `up` once the private etcd (if any) runs.
+fn up_from(
+    dir: &Path,
+    a: &UpArgs,
+    settings: Option<ClusterFile>,
+    mut early_notes: Vec<String>,
+) -> Result<Running> {
+    let dir = dir.to_owned();
+    let etcd = settings.as_ref().and_then(|f| f.etcd.clone());
+    let restart = maps::open(&dir, etcd.as_ref())?
+        .get()
+        .with_context(|| format!("reading the cluster map of {}", dir.display()))?
+        .is_some();
+    let (map, store, mut notes) = if restart {
+        existing_cluster(&dir, a, etcd.as_ref())?
     } else {
-        new_cluster(&dir, a)?
+        new_cluster(&dir, a, settings.as_ref())?
     };
+    early_notes.append(&mut notes);
+    let notes = early_notes;
+    let etcd = read_cluster_file(&dir)?.and_then(|f| f.etcd);
     let live = live_osds(&dir)?;
     let to_start: Vec<u32> = map
         .osds
@@ -316,7 +385,7 @@ pub fn up(a: &UpArgs) -> Result<Running> {
         None => std::env::current_exe().context("locating the carmine binary")?,
     };
     for &id in &to_start {
-        let child = start_osd(&exe, &dir, id, &store, a)?;
+        let child = start_osd(&exe, &dir, id, &store, etcd.as_ref(), a)?;
         std::fs::write(pid_file(&dir, id), child.id().to_string())?;
         children.push((id, child));
     }
@@ -367,7 +436,20 @@ pub fn up(a: &UpArgs) -> Result<Running> {
 }
 
 /// A new cluster's map and settings, written to `dir`.
-fn new_cluster(dir: &Path, a: &UpArgs) -> Result<(OsdMap, String, Vec<String>)> {
+fn new_cluster(
+    dir: &Path,
+    a: &UpArgs,
+    settings: Option<&ClusterFile>,
+) -> Result<(OsdMap, String, Vec<String>)> {
+    if let Some(e) = settings.and_then(|f| f.etcd.as_ref()) {
+        bail!(
+            "{} says its map lives in {}, but there is none there: refusing to create a new \
+             cluster over it (its stores may hold data). Restore the map, or use another \
+             directory",
+            dir.join(CLUSTER_FILE).display(),
+            e.describe()
+        );
+    }
     let store = a.store.clone().unwrap_or_else(|| "memory".into());
     if store != "memory" && store != "native" {
         bail!("unknown store {store:?}: this build supports `memory` and `native`");
@@ -408,20 +490,59 @@ fn new_cluster(dir: &Path, a: &UpArgs) -> Result<(OsdMap, String, Vec<String>)> 
         }],
     };
     map.validate()?;
+    let mut notes = Vec::new();
+    let etcd = if a.with_etcd {
+        let wanted = maps::EtcdSettings {
+            endpoints: Vec::new(),
+            private: true,
+            cluster: maps::new_cluster_name(),
+        };
+        let (e, _) = maps::ensure_private(dir, &wanted)?;
+        notes.push(format!("started the private etcd: {}", e.describe()));
+        Some(e)
+    } else {
+        a.etcd.as_ref().map(|endpoints| maps::EtcdSettings {
+            endpoints: endpoints.clone(),
+            private: false,
+            cluster: maps::new_cluster_name(),
+        })
+    };
+    // The settings first: they say where the map is.
     write_atomically(
         &dir.join(CLUSTER_FILE),
         &serde_json::to_vec_pretty(&ClusterFile {
             store: store.clone(),
+            etcd: etcd.clone(),
         })?,
     )?;
-    write_atomically(&map_path(dir), &map.encode())?;
-    Ok((map, store, Vec::new()))
+    let stored = maps::open(dir, etcd.as_ref()).and_then(|store| {
+        store
+            .swap(None, &map)
+            .context("storing the new cluster's map")
+    });
+    if let Err(e) = stored {
+        // Nothing of the new cluster stays behind: not its settings, not its private etcd.
+        let _ = std::fs::remove_file(dir.join(CLUSTER_FILE));
+        if a.with_etcd {
+            let _ = maps::remove_private(dir);
+        }
+        return Err(e);
+    }
+    if let Some(e) = &etcd {
+        notes.push(format!("map: {}", e.describe()));
+    }
+    Ok((map, store, notes))
 }
 
 /// The cluster `dir` holds, checked against the flags; endpoints whose ports were taken
 /// meanwhile move, in a new map epoch.
-fn existing_cluster(dir: &Path, a: &UpArgs) -> Result<(OsdMap, String, Vec<String>)> {
+fn existing_cluster(
+    dir: &Path,
+    a: &UpArgs,
+    etcd: Option<&maps::EtcdSettings>,
+) -> Result<(OsdMap, String, Vec<String>)> {
     let mut map = read_map(dir)?;
+    let read = map.clone();
     let mut notes = Vec::new();
     // Clusters made before the settings file existed: native if any store file is there.
     let store = match read_cluster_file(dir)? {
@@ -456,6 +577,23 @@ fn existing_cluster(dir: &Path, a: &UpArgs) -> Result<(OsdMap, String, Vec<Strin
         a.pg_num.map(|v| v.to_string()),
         pool.pg_num.to_string(),
     );
+    let here = |e: Option<&maps::EtcdSettings>| match e {
+        Some(e) if e.private => "a private etcd".to_string(),
+        Some(e) => format!("etcd {}", e.endpoints.join(",")),
+        None => "the file osdmap".to_string(),
+    };
+    if a.with_etcd && !etcd.is_some_and(|e| e.private) {
+        conflicts.push(format!("--with-etcd (the map is in {})", here(etcd)));
+    }
+    if let Some(given) = &a.etcd {
+        if etcd.is_none_or(|e| e.private || e.endpoints != *given) {
+            conflicts.push(format!(
+                "--etcd {} (the map is in {})",
+                given.join(","),
+                here(etcd)
+            ));
+        }
+    }
     if !conflicts.is_empty() {
         bail!(
             "{} already holds a cluster; `up` restarts it as it is, and these flags contradict \
@@ -506,8 +644,9 @@ fn existing_cluster(dir: &Path, a: &UpArgs) -> Result<(OsdMap, String, Vec<Strin
     }
     if moved > 0 {
         map.epoch += 1;
-        map.validate()?;
-        write_atomically(&map_path(dir), &map.encode())?;
+        maps::open(dir, etcd)?
+            .swap(Some(&read), &map)
+            .context("storing the map with the moved endpoints")?;
     }
     Ok((map, store, notes))
 }
@@ -535,6 +674,7 @@ fn start_osd(
     dir: &Path,
     id: u32,
     store: &str,
+    etcd: Option<&maps::EtcdSettings>,
     a: &UpArgs,
 ) -> Result<std::process::Child> {
     let log = std::fs::OpenOptions::new()
@@ -542,13 +682,16 @@ fn start_osd(
         .append(true)
         .open(dir.join(format!("osd.{id}.log")))?;
     let mut cmd = Command::new(exe);
-    cmd.arg("osd")
-        .arg("--id")
-        .arg(id.to_string())
-        .arg("--map")
-        .arg(map_path(dir))
-        .arg("--perf-socket")
-        .arg(perf_socket_path(dir, id));
+    cmd.arg("osd").arg("--id").arg(id.to_string());
+    match etcd {
+        None => cmd.arg("--map").arg(map_path(dir)),
+        Some(e) => cmd
+            .arg("--etcd")
+            .arg(e.endpoints.join(","))
+            .arg("--cluster-name")
+            .arg(&e.cluster),
+    };
+    cmd.arg("--perf-socket").arg(perf_socket_path(dir, id));
     if store == "native" {
         let device = store_path(dir, id);
         cmd.arg("--store")
@@ -674,8 +817,13 @@ pub fn down(dir: &Path) -> Result<String> {
             std::fs::remove_file(e.path())?;
         }
     }
+    let etcd = if maps::stop_private(&dir)? {
+        " and the private etcd"
+    } else {
+        ""
+    };
     Ok(format!(
-        "cluster down in {}: stopped {} OSD(s){}",
+        "cluster down in {}: stopped {} OSD(s){etcd}{}",
         dir.display(),
         live.len(),
         if killed.is_empty() {
@@ -704,6 +852,10 @@ pub fn status(dir: &Path) -> Result<Status> {
     let live = live_osds(&dir)?;
     let mut t = String::new();
     writeln!(t, "cluster {}  map epoch {}", dir.display(), map.epoch)?;
+    match read_cluster_file(&dir)?.and_then(|f| f.etcd) {
+        Some(e) => writeln!(t, "  map in {}", e.describe())?,
+        None => writeln!(t, "  map in {}", map_path(&dir).display())?,
+    }
     for p in &map.pools {
         writeln!(
             t,

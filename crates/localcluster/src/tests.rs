@@ -40,6 +40,7 @@ fn a_new_cluster_is_restarted_as_it_is_and_contradicting_flags_change_nothing() 
     let (map, store, _) = new_cluster(
         &d.0,
         &args(&d.0, &["--osds", "2", "--reactors", "2", "--pg-num", "16"]),
+        None,
     )
     .unwrap();
     assert_eq!(store, "memory");
@@ -47,14 +48,14 @@ fn a_new_cluster_is_restarted_as_it_is_and_contradicting_flags_change_nothing() 
     let written = std::fs::read(map_path(&d.0)).unwrap();
 
     // No flags: the same map, same epoch, and a plain word about the memory store.
-    let (again, store, notes) = existing_cluster(&d.0, &args(&d.0, &[])).unwrap();
+    let (again, store, notes) = existing_cluster(&d.0, &args(&d.0, &[]), None).unwrap();
     assert_eq!(again.encode(), map.encode());
     assert_eq!(store, "memory");
     assert!(notes
         .iter()
         .any(|n| n.contains("data written before the restart is gone")));
     // Flags that agree are fine.
-    existing_cluster(&d.0, &args(&d.0, &["--osds", "2", "--pool", "rbd"])).unwrap();
+    existing_cluster(&d.0, &args(&d.0, &["--osds", "2", "--pool", "rbd"]), None).unwrap();
 
     // Each contradiction is named; the map file is untouched.
     let err = existing_cluster(
@@ -63,6 +64,7 @@ fn a_new_cluster_is_restarted_as_it_is_and_contradicting_flags_change_nothing() 
             &d.0,
             &["--osds", "1", "--store", "native", "--pg-num", "64"],
         ),
+        None,
     )
     .unwrap_err()
     .to_string();
@@ -83,7 +85,7 @@ fn native_stores_are_never_formatted_over_or_started_empty() {
     let d = TempDir::new("native");
     // A store file left from a cluster whose map is gone: a new cluster must not take it.
     std::fs::write(store_path(&d.0, 0), b"someone's data").unwrap();
-    let err = new_cluster(&d.0, &args(&d.0, &["--store", "native"]))
+    let err = new_cluster(&d.0, &args(&d.0, &["--store", "native"]), None)
         .unwrap_err()
         .to_string();
     assert!(err.contains("holds no cluster map"), "{err}");
@@ -95,9 +97,10 @@ fn native_stores_are_never_formatted_over_or_started_empty() {
 
     // An empty file is no data: fine.
     std::fs::write(store_path(&d.0, 0), b"").unwrap();
-    new_cluster(&d.0, &args(&d.0, &["--store", "native"])).unwrap();
+    new_cluster(&d.0, &args(&d.0, &["--store", "native"]), None).unwrap();
     assert_eq!(store_kind(&d.0).as_deref(), Some("native"));
-    let (_, store, notes) = existing_cluster(&d.0, &args(&d.0, &["--device-size", "1G"])).unwrap();
+    let (_, store, notes) =
+        existing_cluster(&d.0, &args(&d.0, &["--device-size", "1G"]), None).unwrap();
     assert_eq!(store, "native");
     assert!(notes
         .iter()
@@ -105,7 +108,7 @@ fn native_stores_are_never_formatted_over_or_started_empty() {
 
     // Its store gone: refuse, rather than start osd.0 empty with PGs in the map.
     std::fs::remove_file(store_path(&d.0, 0)).unwrap();
-    let err = existing_cluster(&d.0, &args(&d.0, &[]))
+    let err = existing_cluster(&d.0, &args(&d.0, &[]), None)
         .unwrap_err()
         .to_string();
     assert!(
@@ -117,19 +120,19 @@ fn native_stores_are_never_formatted_over_or_started_empty() {
 #[test]
 fn unknown_stores_and_zero_counts_are_refused() {
     let d = TempDir::new("bad-flags");
-    assert!(new_cluster(&d.0, &args(&d.0, &["--store", "bluestore"])).is_err());
-    assert!(new_cluster(&d.0, &args(&d.0, &["--osds", "0"])).is_err());
-    assert!(new_cluster(&d.0, &args(&d.0, &["--reactors", "0"])).is_err());
+    assert!(new_cluster(&d.0, &args(&d.0, &["--store", "bluestore"]), None).is_err());
+    assert!(new_cluster(&d.0, &args(&d.0, &["--osds", "0"]), None).is_err());
+    assert!(new_cluster(&d.0, &args(&d.0, &["--reactors", "0"]), None).is_err());
     assert!(!map_path(&d.0).exists());
 }
 
 #[test]
 fn a_taken_port_moves_its_endpoint_in_a_new_epoch() {
     let d = TempDir::new("ports");
-    let (map, _, _) = new_cluster(&d.0, &args(&d.0, &["--reactors", "2"])).unwrap();
+    let (map, _, _) = new_cluster(&d.0, &args(&d.0, &["--reactors", "2"]), None).unwrap();
     let taken = map.osds[0].reactors[1];
     let _squatter = TcpListener::bind(taken).unwrap();
-    let (moved, _, notes) = existing_cluster(&d.0, &args(&d.0, &[])).unwrap();
+    let (moved, _, notes) = existing_cluster(&d.0, &args(&d.0, &[]), None).unwrap();
     assert_eq!(moved.epoch, map.epoch + 1);
     assert_eq!(moved.osds[0].reactors[0], map.osds[0].reactors[0]);
     assert_ne!(moved.osds[0].reactors[1], taken);
@@ -141,13 +144,13 @@ fn a_taken_port_moves_its_endpoint_in_a_new_epoch() {
 #[test]
 fn a_damaged_map_is_an_error_not_a_new_cluster() {
     let d = TempDir::new("damaged");
-    new_cluster(&d.0, &args(&d.0, &[])).unwrap();
+    new_cluster(&d.0, &args(&d.0, &[]), None).unwrap();
     let mut raw = std::fs::read(map_path(&d.0)).unwrap();
     let mid = raw.len() / 2;
     raw[mid] ^= 0x40;
     std::fs::write(map_path(&d.0), &raw).unwrap();
     assert!(read_map(&d.0).is_err());
-    assert!(existing_cluster(&d.0, &args(&d.0, &[])).is_err());
+    assert!(existing_cluster(&d.0, &args(&d.0, &[]), None).is_err());
     assert_eq!(std::fs::read(map_path(&d.0)).unwrap(), raw, "rewritten");
     assert!(read_map(&d.0.join("nowhere")).is_err());
 }
@@ -155,7 +158,7 @@ fn a_damaged_map_is_an_error_not_a_new_cluster() {
 #[test]
 fn down_without_running_osds_clears_stale_pid_files() {
     let d = TempDir::new("down");
-    new_cluster(&d.0, &args(&d.0, &[])).unwrap();
+    new_cluster(&d.0, &args(&d.0, &[]), None).unwrap();
     // A pid that is surely not one of our OSDs (pid 1 is init).
     std::fs::write(pid_file(&d.0, 0), "1").unwrap();
     let summary = down(&d.0).unwrap();

@@ -107,6 +107,15 @@ impl PrivateEtcd {
     pub fn pid(&self) -> u32 {
         self.child.id()
     }
+
+    /// Leaves etcd running past this handle (a daemon that `cluster down` stops by pid);
+    /// returns its pid.
+    pub fn detach(self) -> u32 {
+        let me = std::mem::ManuallyDrop::new(self);
+        // The handle is never dropped: the process is left running, and its `Child` (a pid
+        // and closed pipes) is simply forgotten.
+        me.child.id()
+    }
 }
 
 impl Drop for PrivateEtcd {

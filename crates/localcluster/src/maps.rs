@@ -1,0 +1,123 @@
+//! Where a local cluster keeps its map: the file `osdmap` in its directory (the default), or
+//! etcd — an existing one (`cluster up --etcd URL,…`) or a private one that the cluster
+//! directory holds (`--with-etcd`: data, log and pid there, started by `up`, stopped by
+//! `down`), the way vstart runs monitors.
+
+use anyhow::{Context, Result};
+use carmine_mapstore::{EtcdMapStore, LocalMapStore, MapStore, PrivateEtcd};
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+const ETCD_PID: &str = "etcd.pid";
+/// How long `down` waits for the private etcd to exit after SIGTERM.
+const ETCD_STOP_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The etcd a cluster's map lives in.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub(crate) struct EtcdSettings {
+    pub endpoints: Vec<String>,
+    /// Run by the cluster directory (`--with-etcd`), rather than someone else's.
+    pub private: bool,
+    /// The cluster's name in etcd: its map is `/carmine/<name>/osdmap`.
+    pub cluster: String,
+}
+
+impl EtcdSettings {
+    pub fn describe(&self) -> String {
+        format!(
+            "etcd {}{} key /carmine/{}/osdmap",
+            self.endpoints.join(","),
+            if self.private {
+                " (private, in the cluster directory)"
+            } else {
+                ""
+            },
+            self.cluster
+        )
+    }
+}
+
+/// The map store of the cluster in `dir`.
+pub(crate) fn open(dir: &Path, etcd: Option<&EtcdSettings>) -> Result<Box<dyn MapStore>> {
+    Ok(match etcd {
+        None => Box::new(LocalMapStore::new(crate::map_path(dir))),
+        Some(e) => Box::new(EtcdMapStore::new(&e.endpoints, &e.cluster)?),
+    })
+}
+
+/// The private etcd's pid, if it runs (a recycled pid is not taken for it).
+pub(crate) fn private_pid(dir: &Path) -> Option<i32> {
+    let pid: i32 = std::fs::read_to_string(dir.join(ETCD_PID))
+        .ok()?
+        .trim()
+        .parse()
+        .ok()?;
+    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+    let data = dir.join("etcd.data");
+    let ours = cmdline
+        .split(|b| *b == 0)
+        .any(|a| Path::new(std::str::from_utf8(a).unwrap_or("")) == data);
+    (ours && !crate::is_zombie(pid)).then_some(pid)
+}
+
+/// Starts the private etcd of `dir` unless it runs; returns the settings with its endpoint
+/// (the port may change between runs; the data stays).
+pub(crate) fn ensure_private(dir: &Path, e: &EtcdSettings) -> Result<(EtcdSettings, bool)> {
+    if private_pid(dir).is_some() {
+        return Ok((e.clone(), false));
+    }
+    let etcd = PrivateEtcd::start(dir)?;
+    let endpoint = etcd.endpoint().to_owned();
+    let pid = etcd.detach();
+    std::fs::write(dir.join(ETCD_PID), pid.to_string())
+        .with_context(|| format!("writing {}", dir.join(ETCD_PID).display()))?;
+    Ok((
+        EtcdSettings {
+            endpoints: vec![endpoint],
+            ..e.clone()
+        },
+        true,
+    ))
+}
+
+/// Stops the private etcd of `dir`, if it runs; true if it did.
+pub(crate) fn stop_private(dir: &Path) -> Result<bool> {
+    let Some(pid) = private_pid(dir) else {
+        let _ = std::fs::remove_file(dir.join(ETCD_PID));
+        return Ok(false);
+    };
+    // SAFETY: plain syscall; the pid was just checked to be this directory's etcd.
+    unsafe { libc::kill(pid, libc::SIGTERM) };
+    let deadline = Instant::now() + ETCD_STOP_TIMEOUT;
+    while private_pid(dir).is_some() {
+        if Instant::now() > deadline {
+            // SAFETY: as above.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    std::fs::remove_file(dir.join(ETCD_PID))?;
+    Ok(true)
+}
+
+/// Forgets the private etcd's data (for `forget`).
+pub(crate) fn remove_private(dir: &Path) -> Result<()> {
+    stop_private(dir)?;
+    let data = dir.join("etcd.data");
+    if data.exists() {
+        std::fs::remove_dir_all(&data).with_context(|| format!("removing {}", data.display()))?;
+    }
+    Ok(())
+}
+
+/// A name for a new cluster's key in etcd: unique, so clusters sharing an etcd never collide.
+pub(crate) fn new_cluster_name() -> String {
+    let mut b = [0u8; 6];
+    if let Ok(mut f) = std::fs::File::open("/dev/urandom") {
+        use std::io::Read;
+        let _ = f.read_exact(&mut b);
+    }
+    let n = b.iter().fold(0u64, |n, x| n << 8 | *x as u64) ^ std::process::id() as u64;
+    format!("c{n:012x}")
+}
