@@ -236,11 +236,15 @@ fn map() -> OsdMap {
         epoch: 5,
         osds: (0..3)
             .map(|id| OsdInfo {
-                id,
                 up: id != 1,
-                reactors: (0..2)
-                    .map(|r| format!("127.0.0.1:{}", 6800 + id * 4 + r).parse().unwrap())
-                    .collect(),
+                down_since: if id == 1 { 1_790_000_000 } else { 0 },
+                ..OsdInfo::new(
+                    id,
+                    "host-a",
+                    (0..2)
+                        .map(|r| format!("127.0.0.1:{}", 6800 + id * 4 + r).parse().unwrap())
+                        .collect(),
+                )
             })
             .collect(),
         pools: vec![

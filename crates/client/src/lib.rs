@@ -113,6 +113,9 @@ impl Drop for Inner {
     }
 }
 
+/// How many OSDs a map refresh asks at most when none has a newer map.
+const REFRESH_ANSWERS_MAX: usize = 3;
+
 impl Client {
     /// Connects to any reachable address in `bootstrap` and fetches the cluster map from it.
     pub async fn connect(
@@ -170,7 +173,9 @@ impl Client {
         self.inner.map.borrow().clone()
     }
 
-    /// Fetches the map again from the bootstrap addresses, then from any known OSD.
+    /// Fetches the map again from the bootstrap addresses, then from any known up OSD: takes
+    /// the first newer map, or gives up after a few answers that had none newer (OSDs learn
+    /// new epochs at their own pace, so one stale answer is not the last word).
     pub async fn refresh_map(&self) -> Result<(), ClientError> {
         let map = self.map();
         let known = map
@@ -181,18 +186,30 @@ impl Client {
         let candidates: Vec<SocketAddr> =
             self.inner.bootstrap.iter().copied().chain(known).collect();
         let mut last_err = ClientError::NoAddress;
+        let mut answers = 0;
+        let mut tried = std::collections::HashSet::new();
         for addr in candidates {
+            if !tried.insert(addr) {
+                continue;
+            }
             match self.call(addr, &Request::GetMap).await {
                 Ok(Response::Map { encoded }) => {
                     let map = OsdMap::decode(encoded).map_err(ClientError::Map)?;
-                    if map.epoch >= self.map().epoch {
+                    if map.epoch > self.map().epoch {
                         *self.inner.map.borrow_mut() = Rc::new(map);
+                        return Ok(());
                     }
-                    return Ok(());
+                    answers += 1;
+                    if answers == REFRESH_ANSWERS_MAX {
+                        return Ok(());
+                    }
                 }
                 Ok(other) => last_err = ClientError::unexpected(addr, &other),
                 Err(e) => last_err = e,
             }
+        }
+        if answers > 0 {
+            return Ok(());
         }
         Err(last_err)
     }
@@ -298,7 +315,15 @@ impl Client {
         let mut attempt = 0;
         let mut outage: Option<Outage> = None;
         loop {
-            let addr = self.route(&mut req)?;
+            let addr = match self.route(&mut req) {
+                Ok(addr) => addr,
+                // The PG is down (no OSD of it is up): it waits for one like for an outage.
+                Err(e @ ClientError::NoOsd { .. }) => {
+                    self.wait_in_outage(&mut outage, e).await?;
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
             let req_msg = Request::Object(req);
             let res = self.call(addr, &req_msg).await;
             let Request::Object(r) = req_msg else {
@@ -319,34 +344,45 @@ impl Client {
                     self.refresh_map().await?;
                 }
                 Err(e) if e.is_connection_failure() && (idempotent || !e.in_doubt()) => {
-                    let cfg = &self.inner.cfg;
-                    let o = outage.get_or_insert_with(|| {
-                        tracing::debug!("{e}; retrying for up to {:?}", cfg.retry_timeout);
-                        Outage {
-                            since: Instant::now(),
-                            backoff: cfg.retry_backoff_min,
-                        }
-                    });
-                    let waited = o.since.elapsed();
-                    if waited >= cfg.retry_timeout {
-                        tracing::warn!("{e}; giving up after {waited:?}");
-                        return Err(ClientError::Unavailable {
-                            waited,
-                            last: Box::new(e),
-                        });
-                    }
-                    tracing::debug!("{e}; next attempt in {:?}", o.backoff);
-                    carmine_reactor::sleep(o.backoff.min(cfg.retry_timeout - waited)).await;
-                    o.backoff = (o.backoff * 2).min(cfg.retry_backoff_max);
-                    // The OSD may come back elsewhere: route the next attempt by the newest map.
-                    // Failing to fetch one is expected while the OSD is still down.
-                    if let Err(e) = self.refresh_map().await {
-                        tracing::debug!("map refresh during an outage: {e}");
-                    }
+                    self.wait_in_outage(&mut outage, e).await?;
                 }
                 Err(e) => return Err(e),
             }
         }
+    }
+
+    /// One pause of a request that cannot reach its PG (`e` says why), then a map refresh;
+    /// `Unavailable` once it has waited `retry_timeout` in all.
+    async fn wait_in_outage(
+        &self,
+        outage: &mut Option<Outage>,
+        e: ClientError,
+    ) -> Result<(), ClientError> {
+        let cfg = &self.inner.cfg;
+        let o = outage.get_or_insert_with(|| {
+            tracing::debug!("{e}; retrying for up to {:?}", cfg.retry_timeout);
+            Outage {
+                since: Instant::now(),
+                backoff: cfg.retry_backoff_min,
+            }
+        });
+        let waited = o.since.elapsed();
+        if waited >= cfg.retry_timeout {
+            tracing::warn!("{e}; giving up after {waited:?}");
+            return Err(ClientError::Unavailable {
+                waited,
+                last: Box::new(e),
+            });
+        }
+        tracing::debug!("{e}; next attempt in {:?}", o.backoff);
+        carmine_reactor::sleep(o.backoff.min(cfg.retry_timeout - waited)).await;
+        o.backoff = (o.backoff * 2).min(cfg.retry_backoff_max);
+        // The OSD may come back elsewhere, or its PGs move: route the next attempt by the
+        // newest map. Failing to fetch one is expected while the OSD is still down.
+        if let Err(e) = self.refresh_map().await {
+            tracing::debug!("map refresh during an outage: {e}");
+        }
+        Ok(())
     }
 
     /// Fills in the PG and epoch of `req` from the map and returns the owning endpoint.

@@ -7,12 +7,18 @@ use std::net::SocketAddr;
 use thiserror::Error;
 
 const MAP_MAGIC: u32 = u32::from_le_bytes(*b"CMAP");
-pub const MAP_FORMAT_VERSION: u16 = 1;
+pub const MAP_FORMAT_VERSION: u16 = 2;
+/// Maps written before OSDs had `in`, a host and a down stamp: still read (all OSDs in).
+const MAP_FORMAT_V1: u16 = 1;
 const OSDS_MAX: usize = 4096;
 const REACTORS_PER_OSD_MAX: usize = 256;
 const POOLS_MAX: usize = 1024;
 const NAME_LEN_MAX: usize = 128;
 const ADDR_LEN_MAX: usize = 64;
+const HOST_LEN_MAX: usize = 253;
+const FLAG_UP: u8 = 1;
+const FLAG_IN: u8 = 2;
+const FLAG_AUTO_OUT: u8 = 4;
 /// PGs per pool; 2^16 is far beyond what one map needs and keeps per-PG tables small.
 pub const PG_NUM_MAX: u32 = 1 << 16;
 pub const REPLICA_SIZE_MAX: u8 = 16;
@@ -25,7 +31,7 @@ pub enum MapError {
     #[error("cluster map: bad magic {found:#010x}")]
     BadMagic { found: u32 },
     #[error(
-        "cluster map: unsupported format version {found} (this build reads {MAP_FORMAT_VERSION})"
+        "cluster map: unsupported format version {found} (this build reads {MAP_FORMAT_V1} and {MAP_FORMAT_VERSION})"
     )]
     BadVersion { found: u16 },
     #[error("cluster map: checksum mismatch (stored {stored:#010x}, computed {computed:#010x})")]
@@ -40,12 +46,45 @@ pub enum MapError {
     Invalid(String),
 }
 
+/// One OSD's entry. `up` and `in` are Ceph's two states: `up` says whether it runs and
+/// serves (liveness), `in` whether placement gives it PGs. A down OSD that is still in keeps
+/// its PGs, which wait for it (their data is there); only once it is out do they move.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct OsdInfo {
     pub id: OsdId,
     pub up: bool,
+    pub in_: bool,
+    /// Marked out by the manager after the down grace period (not by an operator): marked in
+    /// again when it comes back up.
+    pub auto_out: bool,
+    /// When it was marked down (Unix seconds; 0 while up): the grace period runs from here,
+    /// across manager failovers.
+    pub down_since: u64,
+    /// The host it runs on: the failure domain placement spreads copies over.
+    pub host: String,
     /// One listening endpoint per reactor: reactor `r` serves the PGs that hash to it.
     pub reactors: Vec<SocketAddr>,
+}
+
+impl OsdInfo {
+    /// An OSD that is up and in.
+    pub fn new(id: OsdId, host: &str, reactors: Vec<SocketAddr>) -> Self {
+        OsdInfo {
+            id,
+            up: true,
+            in_: true,
+            auto_out: false,
+            down_since: 0,
+            host: host.into(),
+            reactors,
+        }
+    }
+
+    fn flags(&self) -> u8 {
+        (self.up as u8 * FLAG_UP)
+            | (self.in_ as u8 * FLAG_IN)
+            | (self.auto_out as u8 * FLAG_AUTO_OUT)
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -70,11 +109,7 @@ impl OsdMap {
     pub fn single_osd(reactors: Vec<std::net::SocketAddr>, pg_num: u32) -> Self {
         OsdMap {
             epoch: 1,
-            osds: vec![OsdInfo {
-                id: 0,
-                up: true,
-                reactors,
-            }],
+            osds: vec![OsdInfo::new(0, "localhost", reactors)],
             pools: vec![Pool {
                 id: 1,
                 name: "rbd".into(),
@@ -93,6 +128,9 @@ impl OsdMap {
             }
             if self.osds[..i].iter().any(|p| p.id == o.id) {
                 return invalid(format!("osd.{} appears twice", o.id));
+            }
+            if o.auto_out && o.in_ {
+                return invalid(format!("osd.{} is in but marked out automatically", o.id));
             }
         }
         for (i, p) in self.pools.iter().enumerate() {
@@ -138,12 +176,13 @@ impl OsdMap {
         }
     }
 
-    /// The acting set of a PG: up to `size` up OSDs, primary first.
-    pub fn pg_osds(&self, pg: PgId, size: u8) -> Vec<OsdId> {
+    /// The OSDs placement gives a PG: the `size` best-scoring OSDs that are in, up or not,
+    /// best first. A down OSD keeps its place (its PGs wait for it) until it is out.
+    pub fn pg_placement(&self, pg: PgId, size: u8) -> Vec<OsdId> {
         let mut scored: Vec<(u64, OsdId)> = self
             .osds
             .iter()
-            .filter(|o| o.up)
+            .filter(|o| o.in_)
             .map(|o| (rendezvous_score(pg, o.id), o.id))
             .collect();
         scored.sort_unstable_by(|a, b| b.cmp(a));
@@ -154,21 +193,33 @@ impl OsdMap {
             .collect()
     }
 
-    /// The primary OSD of a PG, and the index of its reactor that owns the PG.
+    /// The acting set of a PG: the up members of its placement, primary first.
+    pub fn pg_osds(&self, pg: PgId, size: u8) -> Vec<OsdId> {
+        self.pg_placement(pg, size)
+            .into_iter()
+            .filter(|id| self.osd(*id).is_some_and(|o| o.up))
+            .collect()
+    }
+
+    /// The primary OSD of a PG and the index of its reactor that owns the PG; `None` while
+    /// no OSD placed for it is up (the PG is down: its requests wait).
     pub fn pg_primary(&self, pg: PgId) -> Option<(OsdId, u32)> {
-        let best = self
-            .osds
+        let size = self.pool(pg.pool).map_or(1, |p| p.size);
+        let id = *self.pg_osds(pg, size).first()?;
+        let osd = self.osd(id)?;
+        Some((id, pg_to_reactor_index(pg, osd.reactors.len() as u32)))
+    }
+
+    /// Every PG of every pool.
+    pub fn all_pgs(&self) -> impl Iterator<Item = PgId> + '_ {
+        self.pools
             .iter()
-            .filter(|o| o.up)
-            .max_by_key(|o| (rendezvous_score(pg, o.id), o.id))?;
-        Some((best.id, pg_to_reactor_index(pg, best.reactors.len() as u32)))
+            .flat_map(|p| (0..p.pg_num).map(move |seed| PgId { pool: p.id, seed }))
     }
 
     /// Every PG whose primary is reactor `reactor` of `osd`, over all pools.
     pub fn pgs_of_reactor(&self, osd: OsdId, reactor: u32) -> Vec<PgId> {
-        self.pools
-            .iter()
-            .flat_map(|p| (0..p.pg_num).map(move |seed| PgId { pool: p.id, seed }))
+        self.all_pgs()
             .filter(|pg| self.pg_primary(*pg) == Some((osd, reactor)))
             .collect()
     }
@@ -181,7 +232,11 @@ impl OsdMap {
             .u32(self.epoch)
             .count(self.osds.len());
         for o in &self.osds {
-            e.u32(o.id).bool(o.up).count(o.reactors.len());
+            e.u32(o.id)
+                .u8(o.flags())
+                .u64(o.down_since)
+                .str(&o.host)
+                .count(o.reactors.len());
             for a in &o.reactors {
                 e.str(&a.to_string());
             }
@@ -216,7 +271,7 @@ impl OsdMap {
             return Err(MapError::BadMagic { found: magic });
         }
         let version = d.u16("map version")?;
-        if version != MAP_FORMAT_VERSION {
+        if version != MAP_FORMAT_VERSION && version != MAP_FORMAT_V1 {
             return Err(MapError::BadVersion { found: version });
         }
         let epoch = d.u32("epoch")?;
@@ -224,14 +279,37 @@ impl OsdMap {
         let mut osds = Vec::with_capacity(n);
         for _ in 0..n {
             let id = d.u32("osd id")?;
-            let up = d.bool("osd up")?;
+            let (flags, down_since, host) = if version == MAP_FORMAT_V1 {
+                let up = d.bool("osd up")?;
+                (FLAG_IN | if up { FLAG_UP } else { 0 }, 0, String::new())
+            } else {
+                let flags = d.u8("osd flags")?;
+                if flags & !(FLAG_UP | FLAG_IN | FLAG_AUTO_OUT) != 0 {
+                    return Err(MapError::Invalid(format!(
+                        "osd.{id} has unknown flags {flags:#04x}"
+                    )));
+                }
+                (
+                    flags,
+                    d.u64("osd down since")?,
+                    d.string("osd host", HOST_LEN_MAX)?,
+                )
+            };
             let r = d.count("reactor count", REACTORS_PER_OSD_MAX)?;
             let mut reactors = Vec::with_capacity(r);
             for _ in 0..r {
                 let addr = d.string("reactor address", ADDR_LEN_MAX)?;
                 reactors.push(addr.parse().map_err(|_| MapError::BadAddress { addr })?);
             }
-            osds.push(OsdInfo { id, up, reactors });
+            osds.push(OsdInfo {
+                id,
+                up: flags & FLAG_UP != 0,
+                in_: flags & FLAG_IN != 0,
+                auto_out: flags & FLAG_AUTO_OUT != 0,
+                down_since,
+                host,
+                reactors,
+            });
         }
         let n = d.count("pool count", POOLS_MAX)?;
         let mut pools = Vec::with_capacity(n);
@@ -258,12 +336,16 @@ mod tests {
         OsdMap {
             epoch: 3,
             osds: (0..osds)
-                .map(|id| OsdInfo {
-                    id,
-                    up: true,
-                    reactors: (0..reactors)
-                        .map(|r| SocketAddr::from(([127, 0, 0, 1], 6800 + (id * 16) as u16 + r)))
-                        .collect(),
+                .map(|id| {
+                    OsdInfo::new(
+                        id,
+                        &format!("host{id}"),
+                        (0..reactors)
+                            .map(|r| {
+                                SocketAddr::from(([127, 0, 0, 1], 6800 + (id * 16) as u16 + r))
+                            })
+                            .collect(),
+                    )
                 })
                 .collect(),
             pools: vec![Pool {
@@ -324,27 +406,80 @@ mod tests {
         }
     }
 
+    fn primaries(m: &OsdMap) -> Vec<Option<OsdId>> {
+        (0..64)
+            .map(|s| m.pg_primary(PgId { pool: 1, seed: s }).map(|p| p.0))
+            .collect()
+    }
+
     #[test]
-    fn marking_an_osd_down_moves_only_its_pgs() {
+    fn a_down_osd_keeps_its_pgs_and_they_wait_for_it() {
         let mut m = map(4, 1);
-        let before: Vec<_> = (0..64)
-            .map(|s| m.pg_primary(PgId { pool: 1, seed: s }).unwrap().0)
-            .collect();
+        let before = primaries(&m);
         m.osds[2].up = false;
-        for (s, was) in before.iter().enumerate() {
-            let now = m
-                .pg_primary(PgId {
-                    pool: 1,
-                    seed: s as u32,
-                })
-                .unwrap()
-                .0;
+        for (s, (was, now)) in before.iter().zip(primaries(&m)).enumerate() {
+            if *was == Some(2) {
+                assert_eq!(now, None, "pg {s} of the down osd.2 must wait for it");
+            } else {
+                assert_eq!(now, *was, "pg {s} moved though its OSD is up");
+            }
+        }
+        assert!(before.contains(&Some(2)));
+    }
+
+    #[test]
+    fn marking_an_osd_out_moves_only_its_pgs() {
+        let mut m = map(4, 1);
+        let before = primaries(&m);
+        m.osds[2].up = false;
+        m.osds[2].in_ = false;
+        for (s, (was, now)) in before.iter().zip(primaries(&m)).enumerate() {
+            let now = now.expect("every PG has an in, up OSD");
             assert!(
-                *was == 2 || now == *was,
-                "pg {s} moved from osd.{was} to osd.{now}"
+                *was == Some(2) || Some(now) == *was,
+                "pg {s} moved from {was:?} to osd.{now}"
             );
             assert_ne!(now, 2);
         }
+    }
+
+    #[test]
+    fn version_1_maps_are_still_read_with_every_osd_in() {
+        // Format 1: magic, version, epoch, osds (id, up, reactors), pools, crc.
+        let mut out = BytesMut::new();
+        let mut e = Encoder::new(&mut out);
+        e.u32(MAP_MAGIC).u16(1).u32(7).count(2);
+        for (id, up) in [(0u32, true), (1, false)] {
+            e.u32(id)
+                .bool(up)
+                .count(1)
+                .str(&format!("127.0.0.1:{}", 6800 + id));
+        }
+        e.count(1).u32(1).str("rbd").u32(8).u8(1);
+        let crc = crc32c(&out);
+        Encoder::new(&mut out).u32(crc);
+        let m = OsdMap::decode(out.freeze()).unwrap();
+        assert_eq!(m.epoch, 7);
+        assert!(m
+            .osds
+            .iter()
+            .all(|o| o.in_ && !o.auto_out && o.down_since == 0));
+        assert!(m.osds[0].up && !m.osds[1].up);
+        // Written back, it is version 2 and round-trips.
+        assert_eq!(OsdMap::decode(m.encode()).unwrap(), m);
+    }
+
+    #[test]
+    fn unknown_osd_flags_are_refused() {
+        let m = map(1, 1);
+        let mut raw = m.encode().to_vec();
+        // magic 4 + version 2 + epoch 4 + count 4 + id 4: the flags byte.
+        raw[18] |= 0x80;
+        let body = raw.len() - 4;
+        let crc = crc32c(&raw[..body]);
+        raw[body..].copy_from_slice(&crc.to_le_bytes());
+        let err = OsdMap::decode(Bytes::from(raw)).unwrap_err().to_string();
+        assert!(err.contains("unknown flags"), "{err}");
     }
 
     #[test]

@@ -135,6 +135,15 @@ pub async fn connect_with(dir: &Path, cfg: ClientConfig) -> Result<Client> {
 
 /// Picks free ports by binding port 0. Another process could take one before the OSD binds
 /// it; the OSD then fails to start with a clear error and `up` reports it.
+/// This machine's name: the failure domain its OSDs share.
+pub fn host_name() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_owned())
+        .ok()
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "localhost".into())
+}
+
 fn free_addrs(host: std::net::IpAddr, n: usize) -> Result<Vec<SocketAddr>> {
     let listeners: Vec<TcpListener> = (0..n)
         .map(|_| TcpListener::bind((host, 0)))
@@ -476,10 +485,12 @@ fn new_cluster(
     let map = OsdMap {
         epoch: 1,
         osds: (0..osds)
-            .map(|id| OsdInfo {
-                id,
-                up: true,
-                reactors: addrs[(id * reactors) as usize..((id + 1) * reactors) as usize].to_vec(),
+            .map(|id| {
+                OsdInfo::new(
+                    id,
+                    &host_name(),
+                    addrs[(id * reactors) as usize..((id + 1) * reactors) as usize].to_vec(),
+                )
             })
             .collect(),
         pools: vec![Pool {

@@ -10,7 +10,10 @@
 //! thread, never on a reactor (decision 0006).
 
 mod etcd;
+pub mod etcd_client;
+pub mod keys;
 mod local;
+pub mod membership;
 mod private_etcd;
 
 pub use etcd::EtcdMapStore;
@@ -33,6 +36,10 @@ pub enum MapStoreError {
     Corrupt(#[source] MapError),
     #[error("invalid map change: {0}")]
     Invalid(String),
+    /// A guarded change was refused because its guard no longer holds: the writer is not
+    /// the leader any more.
+    #[error("refused: this manager is no longer the leader")]
+    Deposed,
     /// The backend could not be reached or failed (I/O, etcd down, bad reply).
     #[error("map store unavailable: {0}")]
     Unavailable(String),

@@ -103,6 +103,7 @@ type ReactorResult = Result<(), String>;
 /// A running OSD. Dropping it without `shutdown` leaves the reactors running.
 pub struct Osd {
     id: OsdId,
+    epoch: u32,
     /// The native store's device lock, held for the daemon's life.
     _device_lock: Option<carmine_nativestore::DeviceLock>,
     reactors: Vec<(MailboxSender<ControlMsg>, ReactorHandle<ReactorResult>)>,
@@ -151,6 +152,7 @@ impl Osd {
                 })?;
             listeners.push(l);
         }
+        let map = std::sync::Arc::new(cfg.map.clone());
         let mut reactors = Vec::with_capacity(listeners.len());
         for (index, (listener, cpu)) in listeners
             .into_iter()
@@ -161,7 +163,7 @@ impl Osd {
             let setup = ReactorSetup {
                 osd: cfg.id,
                 index: index as u32,
-                map: cfg.map.clone(),
+                map: map.clone(),
                 store: cfg.store.clone(),
                 listener,
                 control: rx,
@@ -175,9 +177,45 @@ impl Osd {
         }
         Ok(Osd {
             id: cfg.id,
+            epoch: cfg.map.epoch,
             _device_lock: device_lock,
             reactors,
         })
+    }
+
+    /// The newest map epoch handed to the reactors.
+    pub fn epoch(&self) -> u32 {
+        self.epoch
+    }
+
+    /// Hands a newer map to every reactor (an older or equal one is ignored). Each switches to
+    /// it on its own, after creating the collections of the PGs it gains. Blocks while a
+    /// reactor's control mailbox is full.
+    pub fn apply_map(&mut self, map: OsdMap) -> Result<(), OsdError> {
+        if map.epoch <= self.epoch {
+            return Ok(());
+        }
+        let Some(me) = map.osd(self.id) else {
+            return Err(OsdError::NotInMap(self.id));
+        };
+        if me.reactors.len() != self.reactors.len() {
+            return Err(OsdError::ReactorCount {
+                id: self.id,
+                in_map: me.reactors.len(),
+                configured: self.reactors.len(),
+            });
+        }
+        self.epoch = map.epoch;
+        let map = std::sync::Arc::new(map);
+        for (reactor, (tx, _)) in self.reactors.iter_mut().enumerate() {
+            tx.send_blocking(ControlMsg::Map(map.clone()))
+                .map_err(|_| OsdError::Reactor {
+                    id: self.id,
+                    reactor,
+                    detail: "stopped before taking the new map".into(),
+                })?;
+        }
+        Ok(())
     }
 
     /// Asks every reactor to stop accepting, close its connections and exit, then waits.

@@ -35,7 +35,7 @@ pub(crate) async fn handle_frame<S: ObjectStore>(
         }),
         Ok(Request::Ping { payload }) => Ok(Response::Pong { payload }),
         Ok(Request::GetMap) => Ok(Response::Map {
-            encoded: shard.encoded_map.clone(),
+            encoded: shard.view.borrow().encoded.clone(),
         }),
         Ok(Request::Fence { client }) => match shard.fences.fence(&shard.store, client).await {
             Ok(()) => {
@@ -171,7 +171,8 @@ fn admit<'a, S>(
 
 /// Checks that the request is addressed to a PG this reactor owns in its map.
 fn route<S>(shard: &Shard<S>, req: &ObjectRequest) -> Result<PgId, ErrorReply> {
-    let pool = shard
+    let view = shard.view.borrow();
+    let pool = view
         .map
         .pool(req.pool)
         .map_err(|e| reject(Status::PoolNotFound, e.to_string()))?;
@@ -191,12 +192,12 @@ fn route<S>(shard: &Shard<S>, req: &ObjectRequest) -> Result<PgId, ErrorReply> {
             format!("object {:?} does not belong to pg {pg}", req.oid),
         ));
     }
-    if !shard.owned.contains(&pg) {
+    if !view.owned.contains(&pg) {
         return Err(reject(
             Status::WrongTarget,
             format!(
                 "pg {pg} is not served by osd.{} reactor {} at epoch {} (client epoch {})",
-                shard.osd, shard.index, shard.map.epoch, req.epoch
+                shard.osd, shard.index, view.map.epoch, req.epoch
             ),
         ));
     }

@@ -15,9 +15,11 @@ use futures::future::LocalBoxFuture;
 use futures::future::{select, Either};
 use futures::stream::{FuturesUnordered, StreamExt};
 use std::cell::Cell;
+use std::cell::RefCell;
 use std::collections::HashSet;
 use std::future::Future;
 use std::rc::Rc;
+use std::sync::Arc;
 use std::task::Poll;
 use std::time::Duration;
 
@@ -25,12 +27,14 @@ use std::time::Duration;
 #[derive(Debug)]
 pub enum ControlMsg {
     Shutdown,
+    /// A newer cluster map: serve the PGs this reactor owns in it from now on.
+    Map(Arc<OsdMap>),
 }
 
 pub(crate) struct ReactorSetup {
     pub osd: OsdId,
     pub index: u32,
-    pub map: OsdMap,
+    pub map: Arc<OsdMap>,
     pub store: StoreConfig,
     pub listener: std::net::TcpListener,
     pub control: Mailbox<ControlMsg>,
@@ -42,14 +46,55 @@ pub(crate) struct ReactorSetup {
 pub(crate) struct Shard<S> {
     pub osd: OsdId,
     pub index: u32,
-    pub map: OsdMap,
-    pub encoded_map: bytes::Bytes,
-    pub owned: HashSet<PgId>,
+    /// The map epoch it serves by; replaced whole when a newer one arrives, never borrowed
+    /// across an await.
+    pub view: RefCell<Rc<MapView>>,
     pub store: S,
     pub connections: Cell<u64>,
     pub fences: crate::fence::Fences,
     /// See `OsdConfig::idle_timeout`.
     pub idle_timeout: Option<Duration>,
+}
+
+/// One map epoch as a reactor uses it.
+pub(crate) struct MapView {
+    pub map: Arc<OsdMap>,
+    pub encoded: bytes::Bytes,
+    /// The PGs whose primary is this reactor in `map`.
+    pub owned: HashSet<PgId>,
+}
+
+impl MapView {
+    fn new(map: Arc<OsdMap>, osd: OsdId, reactor: u32) -> Self {
+        MapView {
+            encoded: map.encode(),
+            owned: map.pgs_of_reactor(osd, reactor).into_iter().collect(),
+            map,
+        }
+    }
+}
+
+/// Creates the collections of the PGs `view` gives this reactor that its store lacks (a
+/// persistent store keeps those it served before a restart or before they moved away).
+async fn create_collections<S: ObjectStore>(store: &S, view: &MapView) -> Result<(), String> {
+    let existing = store
+        .list_collections()
+        .await
+        .map_err(|e| format!("listing PG collections: {e}"))?;
+    let mut txn = Transaction::with_capacity(view.owned.len() + 1);
+    for pg in view.owned.iter().filter(|pg| !existing.contains(pg)) {
+        txn.create_collection(*pg);
+    }
+    if !existing.contains(&crate::fence::META_COLLECTION) {
+        txn.create_collection(crate::fence::META_COLLECTION);
+    }
+    if txn.is_empty() {
+        return Ok(());
+    }
+    store
+        .submit(txn)
+        .await
+        .map_err(|e| format!("creating PG collections: {e}"))
 }
 
 /// Receive buffer room for a peer that fills its reads: one read can pull in many pipelined
@@ -102,37 +147,21 @@ async fn serve<S: ObjectStore + 'static>(setup: ReactorSetup, store: S) -> Resul
         ..
     } = setup;
     let listener = TcpListener::from_std(listener).map_err(|e| format!("listener: {e}"))?;
-    let pgs = map.pgs_of_reactor(osd, index);
-    // A persistent store already holds the PGs it served before a restart.
-    let existing = store
-        .list_collections()
-        .await
-        .map_err(|e| format!("listing PG collections: {e}"))?;
-    let mut txn = Transaction::with_capacity(pgs.len() + 1);
-    for pg in pgs.iter().filter(|pg| !existing.contains(pg)) {
-        txn.create_collection(*pg);
-    }
-    if !existing.contains(&crate::fence::META_COLLECTION) {
-        txn.create_collection(crate::fence::META_COLLECTION);
-    }
-    store
-        .submit(txn)
-        .await
-        .map_err(|e| format!("creating PG collections: {e}"))?;
+    let view = MapView::new(map, osd, index);
+    create_collections(&store, &view).await?;
     let fences = crate::fence::Fences::load(&store).await?;
     tracing::info!(
         osd,
         reactor = index,
-        pgs = pgs.len(),
+        epoch = view.map.epoch,
+        pgs = view.owned.len(),
         fenced_clients = fences.len(),
         "reactor serving"
     );
     let shard = Rc::new(Shard {
         osd,
         index,
-        encoded_map: map.encode(),
-        map,
-        owned: pgs.into_iter().collect(),
+        view: RefCell::new(Rc::new(view)),
         store,
         connections: Cell::new(0),
         fences,
@@ -171,6 +200,23 @@ async fn serve<S: ObjectStore + 'static>(setup: ReactorSetup, store: S) -> Resul
                 // Out of file descriptors and the like: keep serving existing connections.
                 tracing::warn!("accept failed: {e}");
                 carmine_reactor::sleep(std::time::Duration::from_millis(10)).await;
+            }
+            Either::Right((Some(ControlMsg::Map(map)), _)) => {
+                if map.epoch <= shard.view.borrow().map.epoch {
+                    continue;
+                }
+                let view = MapView::new(map, osd, index);
+                // The PGs it gains need their collections before a request can reach them;
+                // until the view is swapped, requests for them get WrongTarget and retry.
+                create_collections(&shard.store, &view).await?;
+                tracing::info!(
+                    osd,
+                    reactor = index,
+                    epoch = view.map.epoch,
+                    pgs = view.owned.len(),
+                    "new map epoch"
+                );
+                *shard.view.borrow_mut() = Rc::new(view);
             }
             Either::Right((Some(ControlMsg::Shutdown) | None, _)) => break,
         }

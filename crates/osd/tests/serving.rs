@@ -26,11 +26,11 @@ fn start(reactors: usize) -> (Osd, OsdMap) {
 fn start_with(reactors: usize, connections_max: u32) -> (Osd, OsdMap) {
     let map = OsdMap {
         epoch: 1,
-        osds: vec![OsdInfo {
-            id: 0,
-            up: true,
-            reactors: (0..reactors).map(|_| free_addr()).collect(),
-        }],
+        osds: vec![OsdInfo::new(
+            0,
+            "localhost",
+            (0..reactors).map(|_| free_addr()).collect(),
+        )],
         pools: vec![Pool {
             id: 1,
             name: "rbd".into(),
@@ -276,11 +276,11 @@ fn start_fails_clearly_when_the_endpoint_is_taken() {
     let taken = TcpListener::bind("127.0.0.1:0").unwrap();
     let map = OsdMap {
         epoch: 1,
-        osds: vec![OsdInfo {
-            id: 0,
-            up: true,
-            reactors: vec![taken.local_addr().unwrap()],
-        }],
+        osds: vec![OsdInfo::new(
+            0,
+            "localhost",
+            vec![taken.local_addr().unwrap()],
+        )],
         pools: vec![Pool {
             id: 1,
             name: "rbd".into(),

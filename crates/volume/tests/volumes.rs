@@ -22,11 +22,7 @@ where
         .collect();
     let map = OsdMap {
         epoch: 1,
-        osds: vec![OsdInfo {
-            id: 0,
-            up: true,
-            reactors: addrs.clone(),
-        }],
+        osds: vec![OsdInfo::new(0, "localhost", addrs.clone())],
         pools: vec![Pool {
             id: 1,
             name: "rbd".into(),

@@ -1,0 +1,295 @@
+//! The few etcd v3 calls Carmine needs, through etcd's JSON gateway (`/v3/...`, etcd ≥ 3.4)
+//! with a blocking HTTP client: ranges, transactions, leases and watches. Keys and values
+//! travel base64-encoded; 64-bit integers travel as strings. Endpoints are tried in order, so
+//! any member of an etcd cluster will do. Decision 0006 says why not gRPC.
+
+use crate::MapStoreError;
+use base64::engine::general_purpose::STANDARD as B64;
+use base64::Engine;
+use serde_json::{json, Value};
+use std::io::{BufRead, BufReader};
+use std::time::{Duration, Instant};
+
+/// One request to etcd, watches aside.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+
+#[derive(Clone)]
+pub struct Etcd {
+    endpoints: Vec<String>,
+    agent: ureq::Agent,
+}
+
+impl std::fmt::Debug for Etcd {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Etcd")
+            .field("endpoints", &self.endpoints)
+            .finish()
+    }
+}
+
+/// A key-value pair as a range returns it.
+#[derive(Clone, Debug)]
+pub struct KeyValue {
+    pub key: String,
+    pub value: Vec<u8>,
+    /// The lease it is attached to (0: none).
+    pub lease: i64,
+}
+
+/// One side of a transaction's compare.
+pub enum Compare<'a> {
+    /// The key does not exist.
+    Absent(&'a str),
+    /// The key holds exactly this value.
+    Value(&'a str, &'a [u8]),
+}
+
+/// A write of a transaction's success branch.
+pub enum Put<'a> {
+    Put {
+        key: &'a str,
+        value: &'a [u8],
+        lease: i64,
+    },
+    Delete(&'a str),
+}
+
+impl Etcd {
+    pub fn new(endpoints: &[String]) -> Result<Self, MapStoreError> {
+        if endpoints.is_empty() {
+            return Err(MapStoreError::Invalid("no etcd endpoint given".into()));
+        }
+        if let Some(bad) = endpoints.iter().find(|e| !e.starts_with("http://")) {
+            return Err(MapStoreError::Invalid(format!(
+                "etcd endpoint {bad:?}: only http:// is supported so far"
+            )));
+        }
+        Ok(Self {
+            endpoints: endpoints
+                .iter()
+                .map(|e| e.trim_end_matches('/').to_owned())
+                .collect(),
+            agent: ureq::AgentBuilder::new().build(),
+        })
+    }
+
+    pub fn endpoints(&self) -> &[String] {
+        &self.endpoints
+    }
+
+    /// POSTs `body` to `path` on the first endpoint that answers.
+    fn post(&self, path: &str, body: &Value) -> Result<Value, MapStoreError> {
+        let mut last = String::new();
+        for ep in &self.endpoints {
+            let res = self
+                .agent
+                .post(&format!("{ep}{path}"))
+                .timeout(REQUEST_TIMEOUT)
+                .send_string(&body.to_string());
+            match res {
+                Ok(r) => {
+                    let text = r.into_string().map_err(|e| {
+                        MapStoreError::Unavailable(format!("{ep}{path}: reading the reply: {e}"))
+                    })?;
+                    return serde_json::from_str(&text).map_err(|e| {
+                        MapStoreError::Unavailable(format!("{ep}{path}: bad reply {text:?}: {e}"))
+                    });
+                }
+                Err(ureq::Error::Status(code, r)) => {
+                    let text = r.into_string().unwrap_or_default();
+                    return Err(MapStoreError::Unavailable(format!(
+                        "{ep}{path}: HTTP {code}: {}",
+                        text.trim()
+                    )));
+                }
+                Err(e) => last = format!("{ep}: {e}"),
+            }
+        }
+        Err(MapStoreError::Unavailable(format!(
+            "no etcd endpoint answered (last: {last})"
+        )))
+    }
+
+    /// The value of `key` and the store's revision at the time of reading.
+    pub fn get(&self, key: &str) -> Result<(Option<Vec<u8>>, i64), MapStoreError> {
+        let reply = self.post("/v3/kv/range", &json!({ "key": B64.encode(key) }))?;
+        let revision = revision_of(&reply)?;
+        let kvs = kvs_of(&reply)?;
+        Ok((kvs.into_iter().next().map(|kv| kv.value), revision))
+    }
+
+    /// Every key that starts with `prefix`, in key order.
+    pub fn get_prefix(&self, prefix: &str) -> Result<Vec<KeyValue>, MapStoreError> {
+        let reply = self.post(
+            "/v3/kv/range",
+            &json!({ "key": B64.encode(prefix), "range_end": B64.encode(prefix_end(prefix)) }),
+        )?;
+        kvs_of(&reply)
+    }
+
+    /// Applies `puts` if every compare holds. Returns whether it did.
+    pub fn txn(&self, compares: &[Compare<'_>], puts: &[Put<'_>]) -> Result<bool, MapStoreError> {
+        let compare: Vec<Value> = compares
+            .iter()
+            .map(|c| match c {
+                Compare::Absent(k) => json!({"key": B64.encode(k), "result": "EQUAL",
+                    "target": "CREATE", "create_revision": "0"}),
+                Compare::Value(k, v) => json!({"key": B64.encode(k), "result": "EQUAL",
+                    "target": "VALUE", "value": B64.encode(v)}),
+            })
+            .collect();
+        let success: Vec<Value> = puts
+            .iter()
+            .map(|p| match p {
+                Put::Put { key, value, lease } => json!({"request_put": {
+                    "key": B64.encode(key), "value": B64.encode(value), "lease": lease.to_string()}}),
+                Put::Delete(k) => json!({"request_delete_range": {"key": B64.encode(k)}}),
+            })
+            .collect();
+        let reply = self.post(
+            "/v3/kv/txn",
+            &json!({"compare": compare, "success": success}),
+        )?;
+        if reply.get("header").is_none() {
+            return Err(bad_reply("a header", &reply));
+        }
+        // `succeeded` is left out when false.
+        Ok(reply["succeeded"].as_bool() == Some(true))
+    }
+
+    /// A new lease of `ttl`; keys put with it vanish once it is neither renewed nor revoked
+    /// for that long.
+    pub fn grant(&self, ttl: Duration) -> Result<i64, MapStoreError> {
+        let secs = ttl.as_secs().max(1);
+        let reply = self.post("/v3/lease/grant", &json!({ "TTL": secs.to_string() }))?;
+        if let Some(e) = reply["error"].as_str() {
+            return Err(MapStoreError::Unavailable(format!("lease grant: {e}")));
+        }
+        int_of(&reply["ID"]).ok_or_else(|| bad_reply("a lease id", &reply))
+    }
+
+    /// Renews `lease`; false if it has expired (or was revoked).
+    pub fn keep_alive(&self, lease: i64) -> Result<bool, MapStoreError> {
+        let reply = self.post("/v3/lease/keepalive", &json!({ "ID": lease.to_string() }))?;
+        // A lease that is gone comes back without a TTL (or as an error).
+        Ok(int_of(&reply["result"]["TTL"]).is_some_and(|t| t > 0))
+    }
+
+    /// Ends `lease` now, deleting its keys. A lease that is already gone is not an error.
+    pub fn revoke(&self, lease: i64) -> Result<(), MapStoreError> {
+        let reply = self.post("/v3/lease/revoke", &json!({ "ID": lease.to_string() }))?;
+        match reply["error"].as_str() {
+            Some(e) if !e.contains("not found") => {
+                Err(MapStoreError::Unavailable(format!("lease revoke: {e}")))
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// Waits up to `timeout` for changes to `key` (or, with `prefix`, to every key under it)
+    /// after `revision`, and returns the first batch: each changed key with its new value
+    /// (empty when deleted). Empty if nothing changed in time.
+    pub fn watch(
+        &self,
+        key: &str,
+        prefix: bool,
+        revision: i64,
+        timeout: Duration,
+    ) -> Result<Vec<KeyValue>, MapStoreError> {
+        let start = Instant::now();
+        let mut req = json!({
+            "key": B64.encode(key),
+            "start_revision": (revision + 1).to_string(),
+        });
+        if prefix {
+            req["range_end"] = json!(B64.encode(prefix_end(key)));
+        }
+        let create = json!({ "create_request": req });
+        let mut last = String::new();
+        for ep in &self.endpoints {
+            let left = timeout.saturating_sub(start.elapsed());
+            if left.is_zero() {
+                return Ok(Vec::new());
+            }
+            let res = self
+                .agent
+                .post(&format!("{ep}/v3/watch"))
+                .timeout(left)
+                .send_string(&create.to_string());
+            let body = match res {
+                Ok(r) => BufReader::new(r.into_reader()),
+                Err(e) => {
+                    last = format!("{ep}: {e}");
+                    continue;
+                }
+            };
+            // One JSON object per line; the stream ends at the timeout.
+            for line in body.lines() {
+                let Ok(line) = line else {
+                    return Ok(Vec::new());
+                };
+                let msg: Value = serde_json::from_str(&line).map_err(|e| {
+                    MapStoreError::Unavailable(format!("bad watch message {line:?}: {e}"))
+                })?;
+                let Some(events) = msg["result"]["events"].as_array() else {
+                    continue;
+                };
+                let changed: Result<Vec<KeyValue>, _> =
+                    events.iter().map(|ev| kv_of(&ev["kv"])).collect();
+                let changed = changed?;
+                if !changed.is_empty() {
+                    return Ok(changed);
+                }
+            }
+            return Ok(Vec::new());
+        }
+        Err(MapStoreError::Unavailable(format!(
+            "no etcd endpoint answered the watch (last: {last})"
+        )))
+    }
+}
+
+/// The end of the range of keys starting with `prefix`: the prefix with its last byte
+/// incremented (keys here are ASCII, so no byte is 0xff).
+fn prefix_end(prefix: &str) -> Vec<u8> {
+    let mut end = prefix.as_bytes().to_vec();
+    if let Some(last) = end.last_mut() {
+        *last += 1;
+    }
+    end
+}
+
+pub(crate) fn bad_reply(what: &str, reply: &Value) -> MapStoreError {
+    MapStoreError::Unavailable(format!("etcd reply without {what}: {reply}"))
+}
+
+/// etcd's JSON encodes 64-bit integers as strings.
+fn int_of(v: &Value) -> Option<i64> {
+    v.as_str().and_then(|s| s.parse().ok())
+}
+
+fn revision_of(reply: &Value) -> Result<i64, MapStoreError> {
+    int_of(&reply["header"]["revision"]).ok_or_else(|| bad_reply("a header revision", reply))
+}
+
+fn b64(v: &Value, what: &str) -> Result<Vec<u8>, MapStoreError> {
+    // Empty values and keys are left out of the JSON.
+    B64.decode(v.as_str().unwrap_or(""))
+        .map_err(|e| MapStoreError::Unavailable(format!("etcd {what} is not base64: {e}")))
+}
+
+fn kv_of(kv: &Value) -> Result<KeyValue, MapStoreError> {
+    Ok(KeyValue {
+        key: String::from_utf8_lossy(&b64(&kv["key"], "key")?).into_owned(),
+        value: b64(&kv["value"], "value")?,
+        lease: int_of(&kv["lease"]).unwrap_or(0),
+    })
+}
+
+/// The pairs of a range reply (`kvs` is left out when empty).
+pub(crate) fn kvs_of(range: &Value) -> Result<Vec<KeyValue>, MapStoreError> {
+    match range["kvs"].as_array() {
+        None => Ok(Vec::new()),
+        Some(kvs) => kvs.iter().map(kv_of).collect(),
+    }
+}

@@ -1,0 +1,21 @@
+//! Where a cluster's state lives in etcd (docs/format/etcd-keys.md). Everything of cluster
+//! `c` is under `/carmine/<c>/`, so clusters sharing one etcd never collide.
+
+/// The encoded cluster map.
+pub fn map(cluster: &str) -> String {
+    format!("/carmine/{cluster}/osdmap")
+}
+
+/// The registrations of running OSDs, one key each, attached to that OSD's lease.
+pub fn alive_prefix(cluster: &str) -> String {
+    format!("/carmine/{cluster}/alive/")
+}
+
+pub fn alive(cluster: &str, osd: u32) -> String {
+    format!("{}osd.{osd}", alive_prefix(cluster))
+}
+
+/// The manager leader's identity, attached to its lease.
+pub fn leader(cluster: &str) -> String {
+    format!("/carmine/{cluster}/manager/leader")
+}

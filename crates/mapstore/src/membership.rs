@@ -1,0 +1,197 @@
+//! Liveness in etcd: running OSDs register under a lease they renew, and managers elect one
+//! leader the same way (a key created only if absent, attached to the creator's lease). A
+//! process that dies or loses etcd for longer than its lease's TTL loses its key, and the
+//! others see it go.
+
+use crate::etcd_client::{Compare, Etcd, Put};
+use crate::{keys, MapStoreError};
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+/// What a running OSD says about itself.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Registration {
+    pub osd: u32,
+    pub host: String,
+    pub pid: u32,
+    /// The endpoint each of its reactors listens on.
+    pub reactors: Vec<SocketAddr>,
+    /// When this incarnation started (Unix seconds).
+    pub started: u64,
+}
+
+/// An OSD's registration, held while it runs. Dropping it without [`OsdLease::release`]
+/// leaves the key to expire with the lease (as a crash does).
+#[derive(Debug)]
+pub struct OsdLease {
+    etcd: Etcd,
+    key: String,
+    value: Vec<u8>,
+    ttl: Duration,
+    lease: i64,
+}
+
+impl OsdLease {
+    /// Registers `reg` under a new lease of `ttl`. While another process holds the OSD's key
+    /// (a second OSD with the same id, or a crashed one whose lease has not run out yet) it
+    /// retries for up to `wait`, then refuses with who holds it.
+    pub fn register(
+        etcd: &Etcd,
+        cluster: &str,
+        reg: &Registration,
+        ttl: Duration,
+        wait: Duration,
+    ) -> Result<Self, MapStoreError> {
+        let mut me = OsdLease {
+            etcd: etcd.clone(),
+            key: keys::alive(cluster, reg.osd),
+            value: serde_json::to_vec(reg).expect("a registration serializes"),
+            ttl,
+            lease: 0,
+        };
+        let deadline = Instant::now() + wait;
+        loop {
+            if me.claim()? {
+                return Ok(me);
+            }
+            if Instant::now() >= deadline {
+                let holder = etcd
+                    .get(&me.key)?
+                    .0
+                    .and_then(|v| serde_json::from_slice::<Registration>(&v).ok());
+                return Err(MapStoreError::Invalid(match holder {
+                    Some(h) => format!(
+                        "osd.{} is already running: pid {} on {} registered it and keeps it alive",
+                        reg.osd, h.pid, h.host
+                    ),
+                    None => format!("osd.{} is already registered", reg.osd),
+                }));
+            }
+            std::thread::sleep(Duration::from_millis(250));
+        }
+    }
+
+    /// A fresh lease and the key under it, if the key is free.
+    fn claim(&mut self) -> Result<bool, MapStoreError> {
+        let lease = self.etcd.grant(self.ttl)?;
+        let put = Put::Put {
+            key: &self.key,
+            value: &self.value,
+            lease,
+        };
+        if self.etcd.txn(&[Compare::Absent(&self.key)], &[put])? {
+            self.lease = lease;
+            return Ok(true);
+        }
+        self.etcd.revoke(lease)?;
+        Ok(false)
+    }
+
+    /// Renews the lease; call it a few times per TTL. If it had run out (etcd was unreachable
+    /// for longer than the TTL, and the managers may have marked this OSD down), registers
+    /// again and returns false.
+    pub fn renew(&mut self) -> Result<bool, MapStoreError> {
+        if self.etcd.keep_alive(self.lease)? {
+            return Ok(true);
+        }
+        if !self.claim()? {
+            return Err(MapStoreError::Invalid(format!(
+                "{} was taken by another process while this one's lease had expired",
+                self.key
+            )));
+        }
+        Ok(false)
+    }
+
+    pub fn ttl(&self) -> Duration {
+        self.ttl
+    }
+
+    /// Deregisters now (a clean stop): the managers see the OSD go at once.
+    pub fn release(self) -> Result<(), MapStoreError> {
+        self.etcd.revoke(self.lease)
+    }
+}
+
+/// The OSDs registered now, by id. Entries that do not decode are skipped (and logged).
+pub fn registered(
+    etcd: &Etcd,
+    cluster: &str,
+) -> Result<BTreeMap<u32, Registration>, MapStoreError> {
+    let mut out = BTreeMap::new();
+    for kv in etcd.get_prefix(&keys::alive_prefix(cluster))? {
+        match serde_json::from_slice::<Registration>(&kv.value) {
+            Ok(r) => {
+                out.insert(r.osd, r);
+            }
+            Err(e) => tracing::warn!("ignoring registration {}: {e}", kv.key),
+        }
+    }
+    Ok(out)
+}
+
+/// The manager leadership of a cluster, while held.
+#[derive(Debug)]
+pub struct Leadership {
+    etcd: Etcd,
+    key: String,
+    name: String,
+    lease: i64,
+}
+
+impl Leadership {
+    /// Becomes leader if nobody is: `None` if another manager holds the key. `name` must be
+    /// unique to this process (it is what guarded writes compare).
+    pub fn campaign(
+        etcd: &Etcd,
+        cluster: &str,
+        name: &str,
+        ttl: Duration,
+    ) -> Result<Option<Self>, MapStoreError> {
+        let key = keys::leader(cluster);
+        let lease = etcd.grant(ttl)?;
+        let put = Put::Put {
+            key: &key,
+            value: name.as_bytes(),
+            lease,
+        };
+        if etcd.txn(&[Compare::Absent(&key)], &[put])? {
+            return Ok(Some(Leadership {
+                etcd: etcd.clone(),
+                key,
+                name: name.to_owned(),
+                lease,
+            }));
+        }
+        etcd.revoke(lease)?;
+        Ok(None)
+    }
+
+    /// Renews the lease; false once it is lost (another manager may lead by now).
+    pub fn renew(&self) -> Result<bool, MapStoreError> {
+        self.etcd.keep_alive(self.lease)
+    }
+
+    /// The compare that makes a write conditional on still leading.
+    pub fn guard(&self) -> Compare<'_> {
+        Compare::Value(&self.key, self.name.as_bytes())
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Steps down now, so another manager takes over without waiting for the TTL.
+    pub fn resign(self) -> Result<(), MapStoreError> {
+        self.etcd.revoke(self.lease)
+    }
+}
+
+/// The current leader's name, if any manager leads.
+pub fn leader(etcd: &Etcd, cluster: &str) -> Result<Option<String>, MapStoreError> {
+    Ok(etcd
+        .get(&keys::leader(cluster))?
+        .0
+        .map(|v| String::from_utf8_lossy(&v).into_owned()))
+}

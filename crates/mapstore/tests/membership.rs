@@ -1,0 +1,173 @@
+//! OSD registrations and manager leadership on a real etcd: leases that run out, keys that
+//! only one process can hold, and map changes that only the leader can make.
+
+use carmine_cluster::{OsdInfo, OsdMap, Pool};
+use carmine_mapstore::etcd_client::Etcd;
+use carmine_mapstore::membership::{leader, registered, Leadership, OsdLease, Registration};
+use carmine_mapstore::{EtcdMapStore, MapStore, MapStoreError, PrivateEtcd};
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+struct Fixture {
+    etcd: Etcd,
+    endpoint: String,
+    _private: PrivateEtcd,
+    dir: PathBuf,
+}
+
+impl Drop for Fixture {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn fixture(name: &str) -> Fixture {
+    let dir =
+        std::env::temp_dir().join(format!("carmine-membership-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let private = PrivateEtcd::start(&dir)
+        .expect("these tests need etcd (Debian: apt-get install etcd-server; .ci/run installs it)");
+    let endpoint = private.endpoint().to_owned();
+    Fixture {
+        etcd: Etcd::new(std::slice::from_ref(&endpoint)).unwrap(),
+        endpoint,
+        _private: private,
+        dir,
+    }
+}
+
+fn reg(osd: u32, pid: u32) -> Registration {
+    Registration {
+        osd,
+        host: "host-a".into(),
+        pid,
+        reactors: vec![format!("127.0.0.1:{}", 7000 + osd).parse().unwrap()],
+        started: 1,
+    }
+}
+
+const TTL: Duration = Duration::from_secs(1);
+
+#[test]
+fn a_registration_lives_while_renewed_and_vanishes_with_its_lease() {
+    let f = fixture("lease");
+    let mut a = OsdLease::register(&f.etcd, "c", &reg(0, 10), TTL, Duration::ZERO).unwrap();
+    let b = OsdLease::register(&f.etcd, "c", &reg(1, 11), TTL, Duration::ZERO).unwrap();
+    let all = registered(&f.etcd, "c").unwrap();
+    assert_eq!(all.keys().copied().collect::<Vec<_>>(), vec![0, 1]);
+    assert_eq!(all[&1], reg(1, 11));
+    // Another cluster in the same etcd sees none of them.
+    assert!(registered(&f.etcd, "other").unwrap().is_empty());
+    // osd.0 renews, osd.1 does not (as if killed): after the TTL only osd.0 is left.
+    let start = Instant::now();
+    while start.elapsed() < TTL * 3 {
+        assert!(a.renew().unwrap(), "a renewed lease must not lapse");
+        std::thread::sleep(TTL / 4);
+    }
+    let left: Vec<u32> = registered(&f.etcd, "c").unwrap().into_keys().collect();
+    assert_eq!(left, vec![0], "osd.1's key must go with its lease");
+    drop(b);
+    a.release().unwrap();
+    assert!(registered(&f.etcd, "c").unwrap().is_empty());
+}
+
+#[test]
+fn a_second_process_cannot_register_the_same_osd() {
+    let f = fixture("twice");
+    let _first = OsdLease::register(&f.etcd, "c", &reg(3, 10), TTL * 5, Duration::ZERO).unwrap();
+    let err = OsdLease::register(
+        &f.etcd,
+        "c",
+        &reg(3, 99),
+        TTL * 5,
+        Duration::from_millis(300),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(err.contains("osd.3 is already running: pid 10"), "{err}");
+    assert_eq!(registered(&f.etcd, "c").unwrap()[&3].pid, 10);
+}
+
+#[test]
+fn a_restarted_osd_takes_its_key_once_the_crashed_ones_lease_runs_out() {
+    let f = fixture("restart");
+    // The first incarnation "crashes": its lease is neither renewed nor revoked.
+    std::mem::forget(OsdLease::register(&f.etcd, "c", &reg(2, 10), TTL, Duration::ZERO).unwrap());
+    let start = Instant::now();
+    let second = OsdLease::register(&f.etcd, "c", &reg(2, 20), TTL, TTL * 4).unwrap();
+    assert!(
+        start.elapsed() >= TTL / 2,
+        "it had to wait for the old lease"
+    );
+    assert_eq!(registered(&f.etcd, "c").unwrap()[&2].pid, 20);
+    second.release().unwrap();
+}
+
+#[test]
+fn a_lapsed_lease_is_taken_again_on_renewal() {
+    let f = fixture("lapse");
+    let mut l = OsdLease::register(&f.etcd, "c", &reg(4, 10), TTL, Duration::ZERO).unwrap();
+    std::thread::sleep(TTL * 3);
+    assert!(registered(&f.etcd, "c").unwrap().is_empty());
+    assert!(
+        !l.renew().unwrap(),
+        "renewal reports that the lease had lapsed"
+    );
+    assert_eq!(registered(&f.etcd, "c").unwrap()[&4].pid, 10);
+    assert!(l.renew().unwrap());
+}
+
+fn map(epoch: u32) -> OsdMap {
+    OsdMap {
+        epoch,
+        osds: vec![OsdInfo::new(
+            0,
+            "h",
+            vec!["127.0.0.1:7000".parse().unwrap()],
+        )],
+        pools: vec![Pool {
+            id: 1,
+            name: "rbd".into(),
+            pg_num: 8,
+            size: 1,
+        }],
+    }
+}
+
+#[test]
+fn one_leader_at_a_time_and_only_the_leader_changes_the_map() {
+    let f = fixture("leader");
+    let store = EtcdMapStore::new(std::slice::from_ref(&f.endpoint), "c").unwrap();
+    store.swap(None, &map(1)).unwrap();
+    let a = Leadership::campaign(&f.etcd, "c", "mgr.a#1", TTL)
+        .unwrap()
+        .unwrap();
+    assert!(Leadership::campaign(&f.etcd, "c", "mgr.b#2", TTL)
+        .unwrap()
+        .is_none());
+    assert_eq!(leader(&f.etcd, "c").unwrap().as_deref(), Some("mgr.a#1"));
+    store
+        .swap_guarded(Some(&map(1)), &map(2), &[a.guard()])
+        .unwrap();
+    // a stops renewing (a paused process): its lease runs out and b takes over.
+    let deadline = Instant::now() + TTL * 5;
+    let b = loop {
+        if let Some(b) = Leadership::campaign(&f.etcd, "c", "mgr.b#2", TTL).unwrap() {
+            break b;
+        }
+        assert!(Instant::now() < deadline, "b never became leader");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert!(!a.renew().unwrap(), "a must learn it lost the lease");
+    // a, deposed but unaware, tries to commit: refused, and the map is as it was.
+    match store.swap_guarded(Some(&map(2)), &map(3), &[a.guard()]) {
+        Err(MapStoreError::Deposed) => {}
+        other => panic!("a deposed leader's change must be refused, got {other:?}"),
+    }
+    assert_eq!(store.get().unwrap().unwrap().epoch, 2);
+    store
+        .swap_guarded(Some(&map(2)), &map(3), &[b.guard()])
+        .unwrap();
+    b.resign().unwrap();
+    assert_eq!(leader(&f.etcd, "c").unwrap(), None);
+}
