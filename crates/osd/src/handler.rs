@@ -386,9 +386,11 @@ mod tests {
             let shard = Shard {
                 osd: 0,
                 index: 0,
-                encoded_map: map.encode(),
-                map,
-                owned: HashSet::from([pg]),
+                view: std::cell::RefCell::new(std::rc::Rc::new(crate::reactor::MapView {
+                    encoded: map.encode(),
+                    map: std::sync::Arc::new(map),
+                    owned: HashSet::from([pg]),
+                })),
                 store,
                 connections: Cell::new(0),
                 fences: Default::default(),
