@@ -318,6 +318,9 @@ fn bench_carmine(a: &BenchArgs, cluster_dir: &std::path::Path) -> Result<Run> {
         host: [127, 0, 0, 1].into(),
         etcd: None,
         with_etcd: false,
+        managers: None,
+        lease_ttl: None,
+        down_out_grace: None,
     };
     // Each run gets a new cluster: one left in this directory by an earlier run goes.
     carmine_localcluster::forget(cluster_dir)?;

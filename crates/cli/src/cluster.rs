@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 #[derive(Subcommand)]
 pub enum ClusterCommand {
     /// Start OSD processes and write the cluster map, pids and logs under --dir.
-    Up(UpArgs),
+    Up(Box<UpArgs>),
     /// Stop exactly the OSD processes started by `up` in --dir.
     Down(DirArg),
     /// Show the map and whether each OSD process and reactor answers.
@@ -43,8 +43,8 @@ pub fn run(cmd: ClusterCommand) -> Result<()> {
         ClusterCommand::Status(d) => {
             let s = status(&d.dir)?;
             print!("{}", s.text);
-            if !s.healthy {
-                anyhow::bail!("some reactors do not answer");
+            if s.health != carmine_localcluster::Health::Ok {
+                anyhow::bail!("{}: {}", s.health.as_str(), s.reasons.join("; "));
             }
             Ok(())
         }

@@ -59,6 +59,9 @@ pub fn run(a: DemoArgs) -> Result<()> {
         host: [127, 0, 0, 1].into(),
         etcd: None,
         with_etcd: false,
+        managers: None,
+        lease_ttl: None,
+        down_out_grace: None,
     };
     let running = carmine_localcluster::up(&up)?;
     for line in &running.notes {

@@ -3,8 +3,11 @@
 
 mod cluster;
 mod demo;
+mod mgr;
 mod nbd;
 mod osd;
+mod osd_admin;
+mod osd_control;
 mod pattern;
 mod size;
 mod store;
@@ -29,8 +32,12 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Run one OSD daemon in the foreground (normally started by `cluster up`).
-    Osd(osd::OsdArgs),
+    /// Run one OSD daemon in the foreground (normally started by `cluster up`), or change and
+    /// show membership: `osd out|in|tree`.
+    Osd(osd::OsdCommand),
+    /// Run a manager in the foreground (normally started by `cluster up --with-etcd`): it
+    /// marks OSDs up, down and out in new map epochs; one of several leads.
+    Mgr(mgr::MgrArgs),
     /// Format, check and inspect native-store devices offline.
     #[command(subcommand)]
     Store(store::StoreCommand),
@@ -73,12 +80,17 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     if !matches!(
         cli.command,
-        Command::Osd(_) | Command::Nbd(_) | Command::Demo(_) | Command::Bench(_)
+        Command::Osd(_) | Command::Mgr(_) | Command::Nbd(_) | Command::Demo(_) | Command::Bench(_)
     ) {
         quiet_on_closed_stdout();
     }
     let result = match cli.command {
-        Command::Osd(a) => osd::run(a),
+        Command::Osd(c) => match (c.admin, c.daemon) {
+            (Some(admin), _) => osd_admin::run(admin),
+            (None, Some(daemon)) => osd::run(daemon),
+            (None, None) => Err(anyhow::anyhow!("give --id … to run an OSD, or out|in|tree")),
+        },
+        Command::Mgr(a) => mgr::run(a),
         Command::Store(c) => store::run(c),
         Command::Cluster(c) => cluster::run(c),
         Command::Volume(c) => volume::run(c),

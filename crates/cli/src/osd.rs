@@ -1,8 +1,10 @@
 //! `carmine osd`: one OSD daemon in the foreground until SIGTERM or SIGINT.
 
+use crate::osd_control::{Control, MapSource};
 use crate::size::parse_size;
 use anyhow::{bail, Context, Result};
 use carmine_cluster::OsdMap;
+use carmine_mapstore::membership::Registration;
 use carmine_osd::{Osd, OsdConfig, StoreConfig};
 use carmine_reactor::cpu::CpuPolicy;
 use clap::{Args, ValueEnum};
@@ -28,6 +30,16 @@ pub enum Durability {
     ProcessCrash,
 }
 
+/// `carmine osd`: the daemon's flags, or an admin subcommand.
+#[derive(Args, Debug)]
+#[command(args_conflicts_with_subcommands = true, subcommand_negates_reqs = true)]
+pub struct OsdCommand {
+    #[command(subcommand)]
+    pub admin: Option<crate::osd_admin::OsdAdmin>,
+    #[command(flatten)]
+    pub daemon: Option<OsdArgs>,
+}
+
 #[derive(Args, Debug)]
 pub struct OsdArgs {
     /// This OSD's id in the cluster map.
@@ -42,6 +54,10 @@ pub struct OsdArgs {
     /// The cluster's name in etcd (its map is /carmine/NAME/osdmap).
     #[arg(long)]
     pub cluster_name: Option<String>,
+    /// With --etcd: the TTL of the lease that keeps this OSD registered as alive. Once it runs
+    /// out (the OSD died, or lost etcd that long) a manager marks it down.
+    #[arg(long, default_value = "5", value_parser = crate::nbd::parse_duration)]
+    pub lease_ttl: Duration,
     /// Object store backend.
     #[arg(long, value_enum, default_value = "memory")]
     pub store: StoreKind,
@@ -106,35 +122,34 @@ fn reactor_cpus(
     Ok((cpus, alloc.grid(&topo)))
 }
 
-/// The map from its file or from etcd; read once at start (epochs do not change at run time
-/// yet).
-fn load_map(a: &OsdArgs) -> Result<OsdMap> {
-    use carmine_mapstore::{EtcdMapStore, LocalMapStore, MapStore};
-    let (store, from): (Box<dyn MapStore>, String) = match (&a.map, &a.etcd) {
-        (Some(path), _) => (
-            Box::new(LocalMapStore::new(path.clone())),
-            path.display().to_string(),
-        ),
-        (None, Some(endpoints)) => {
-            let name = a
+fn map_source(a: &OsdArgs) -> Result<MapSource> {
+    Ok(match (&a.map, &a.etcd) {
+        (Some(path), _) => MapSource::File(path.clone()),
+        (None, Some(endpoints)) => MapSource::Etcd {
+            endpoints: endpoints.clone(),
+            cluster: a
                 .cluster_name
-                .as_deref()
-                .context("--cluster-name is required")?;
-            (
-                Box::new(EtcdMapStore::new(endpoints, name)?),
-                format!("etcd {} (cluster {name})", endpoints.join(",")),
-            )
-        }
+                .clone()
+                .context("--cluster-name is required")?,
+        },
         (None, None) => bail!("give --map or --etcd"),
-    };
-    store
+    })
+}
+
+/// The map the OSD starts with; newer epochs arrive while it runs.
+fn load_map(source: &MapSource) -> Result<OsdMap> {
+    let from = source.describe();
+    source
+        .open()?
         .get()
         .with_context(|| format!("reading the cluster map from {from}"))?
         .with_context(|| format!("no cluster map in {from}"))
 }
 
 pub fn run(a: OsdArgs) -> Result<()> {
-    let map = load_map(&a)?;
+    let source = map_source(&a)?;
+    let map = load_map(&source)?;
+    let epoch = map.epoch;
     let info = map
         .osd(a.id)
         .with_context(|| format!("osd.{} is not in the map", a.id))?
@@ -175,9 +190,33 @@ pub fn run(a: OsdArgs) -> Result<()> {
             .inspect_err(|e| eprintln!("warning: no perf socket at {}: {e}", p.display()))
             .ok()
     });
-    println!("osd.{} ready (pid {})", a.id, std::process::id());
-    wait_for_stop(signals, &osd)?;
+    let registration = Registration {
+        osd: a.id,
+        host: carmine_localcluster::host_name(),
+        pid: std::process::id(),
+        reactors: info.reactors.clone(),
+        started: std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs()),
+    };
+    let mut osd = osd;
+    let control = match Control::start(&source, epoch, registration, a.lease_ttl) {
+        Ok(c) => c,
+        Err(e) => {
+            let _ = osd.shutdown();
+            return Err(e);
+        }
+    };
+    println!(
+        "osd.{} ready (pid {}), map epoch {epoch} from {}",
+        a.id,
+        std::process::id(),
+        source.describe()
+    );
+    let stopped = wait_for_stop(signals, &mut osd, &control);
     println!("osd.{} shutting down", a.id);
+    control.stop();
+    stopped?;
     osd.shutdown()?;
     println!("osd.{} stopped", a.id);
     Ok(())
@@ -248,15 +287,31 @@ fn native_store(a: &OsdArgs, reactors: u32) -> Result<StoreConfig> {
     })
 }
 
-/// Blocks the control thread (never a reactor) until a stop signal arrives. Checks reactor
-/// health ten times a second: a reactor that died takes the daemon down with an error.
-fn wait_for_stop(mut signals: signal_hook::iterator::Signals, osd: &Osd) -> Result<()> {
+/// Blocks the control thread (never a reactor) until a stop signal arrives. Ten times a
+/// second it checks reactor health (a reactor that died takes the daemon down with an
+/// error) and hands any newer map epoch to the reactors.
+fn wait_for_stop(
+    mut signals: signal_hook::iterator::Signals,
+    osd: &mut Osd,
+    control: &Control,
+) -> Result<()> {
     loop {
         if signals.pending().next().is_some() {
             return Ok(());
         }
         if osd.any_reactor_exited() {
             bail!("a reactor exited unexpectedly; stopping");
+        }
+        if let Some(map) = control.newer_map() {
+            let me = map.osd(osd.id()).map_or("not in the map".to_string(), |o| {
+                format!(
+                    "{}, {}",
+                    if o.up { "up" } else { "down" },
+                    if o.in_ { "in" } else { "out" }
+                )
+            });
+            println!("osd.{}: map epoch {} ({me})", osd.id(), map.epoch);
+            osd.apply_map(map)?;
         }
         std::thread::sleep(Duration::from_millis(100));
     }

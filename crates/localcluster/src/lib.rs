@@ -4,7 +4,11 @@
 //! OSDs are started as `<carmine binary> osd …`, by default the running executable; set
 //! `exe` in [`UpArgs`] to start another binary (tests do).
 
+mod managers;
 mod maps;
+mod status;
+
+pub use status::{status, Health, Status};
 
 use anyhow::{bail, Context, Result};
 use carmine_client::{Client, ClientConfig};
@@ -85,6 +89,17 @@ pub struct UpArgs {
     /// holds; `up` starts it, `down` stops it.
     #[arg(long)]
     pub with_etcd: bool,
+    /// Cluster in etcd: manager processes to run (one leads, the others stand by) [2].
+    #[arg(long)]
+    pub managers: Option<u32>,
+    /// Cluster in etcd: TTL in seconds of the leases that show OSDs and managers alive; a
+    /// dead OSD is marked down about this long after it died [5].
+    #[arg(long)]
+    pub lease_ttl: Option<u64>,
+    /// Cluster in etcd: seconds an OSD stays down before it is marked out and its PGs move
+    /// [600].
+    #[arg(long)]
+    pub down_out_grace: Option<u64>,
 }
 
 fn pid_file(dir: &Path, osd: u32) -> PathBuf {
@@ -115,6 +130,12 @@ pub fn read_map(dir: &Path) -> Result<OsdMap> {
     })
 }
 
+/// The map store of the cluster in `dir` (its file, or its key in etcd).
+pub fn map_store(dir: &Path) -> Result<Box<dyn carmine_mapstore::MapStore>> {
+    let etcd = read_cluster_file(dir)?.and_then(|f| f.etcd);
+    maps::open(dir, etcd.as_ref())
+}
+
 /// Connects a client using the map in `dir` for bootstrap addresses.
 pub async fn connect(dir: &Path) -> Result<Client> {
     connect_with(dir, ClientConfig::default()).await
@@ -123,8 +144,10 @@ pub async fn connect(dir: &Path) -> Result<Client> {
 /// [`connect`] with a client configuration (e.g. a retry timeout).
 pub async fn connect_with(dir: &Path, cfg: ClientConfig) -> Result<Client> {
     let map = read_map(dir)?;
-    let addrs: Vec<SocketAddr> = map
-        .osds
+    // Up OSDs first: a down one's address only costs a refused connection.
+    let mut osds: Vec<&OsdInfo> = map.osds.iter().collect();
+    osds.sort_by_key(|o| !o.up);
+    let addrs: Vec<SocketAddr> = osds
         .iter()
         .flat_map(|o| o.reactors.iter().copied())
         .collect();
@@ -133,8 +156,6 @@ pub async fn connect_with(dir: &Path, cfg: ClientConfig) -> Result<Client> {
         .context("connecting to the cluster")
 }
 
-/// Picks free ports by binding port 0. Another process could take one before the OSD binds
-/// it; the OSD then fails to start with a clear error and `up` reports it.
 /// This machine's name: the failure domain its OSDs share.
 pub fn host_name() -> String {
     std::fs::read_to_string("/proc/sys/kernel/hostname")
@@ -144,6 +165,8 @@ pub fn host_name() -> String {
         .unwrap_or_else(|| "localhost".into())
 }
 
+/// Picks free ports by binding port 0. Another process could take one before the OSD binds
+/// it; the OSD then fails to start with a clear error and `up` reports it.
 fn free_addrs(host: std::net::IpAddr, n: usize) -> Result<Vec<SocketAddr>> {
     let listeners: Vec<TcpListener> = (0..n)
         .map(|_| TcpListener::bind((host, 0)))
@@ -319,7 +342,23 @@ pub fn up(a: &UpArgs) -> Result<Running> {
     let mut early_notes = Vec::new();
     let mut settings = read_cluster_file(&dir)?;
     let mut started_etcd = false;
+    let etcd_flags = a.managers.is_some() || a.lease_ttl.is_some() || a.down_out_grace.is_some();
+    let in_etcd =
+        a.with_etcd || a.etcd.is_some() || settings.as_ref().is_some_and(|f| f.etcd.is_some());
+    if etcd_flags && !in_etcd {
+        bail!(
+            "--managers, --lease-ttl and --down-out-grace are for clusters whose map is in etcd \
+             (--with-etcd or --etcd); without one, nothing watches liveness"
+        );
+    }
     if let Some(f) = settings.as_mut() {
+        if let Some(e) = f.etcd.as_mut() {
+            let tuned = e.with_flags(a);
+            if tuned != *e {
+                *e = tuned;
+                write_atomically(&dir.join(CLUSTER_FILE), &serde_json::to_vec_pretty(f)?)?;
+            }
+        }
         if let Some(e) = f.etcd.as_mut().filter(|e| e.private) {
             let (now, started) = maps::ensure_private(&dir, e)?;
             if started {
@@ -368,7 +407,10 @@ fn up_from(
         .map(|o| o.id)
         .filter(|id| !live.iter().any(|(l, _)| l == id))
         .collect();
-    if to_start.is_empty() {
+    let managers_missing = etcd
+        .as_ref()
+        .is_some_and(|e| managers::live(&dir).len() < e.managers as usize);
+    if to_start.is_empty() && !managers_missing {
         bail!(
             "the cluster in {} is already running ({} OSDs); run `carmine cluster down` first",
             dir.display(),
@@ -404,7 +446,11 @@ fn up_from(
         children,
         notes,
     };
-    if let Err(e) = wait_ready(&mut running, &to_start) {
+    let ready = wait_ready(&mut running, &to_start).and_then(|()| match &etcd {
+        Some(e) => start_managers(&exe, &mut running, &to_start, e),
+        None => Ok(()),
+    });
+    if let Err(e) = ready {
         let _ = running.down();
         if !restart {
             // A new cluster that never came up has served nothing: leave no half-made
@@ -507,15 +553,25 @@ fn new_cluster(
             endpoints: Vec::new(),
             private: true,
             cluster: maps::new_cluster_name(),
-        };
+            managers: managers::MANAGERS_DEFAULT,
+            lease_ttl_secs: maps::lease_ttl_default(),
+            down_out_grace_secs: maps::grace_default(),
+        }
+        .with_flags(a);
         let (e, _) = maps::ensure_private(dir, &wanted)?;
         notes.push(format!("started the private etcd: {}", e.describe()));
         Some(e)
     } else {
-        a.etcd.as_ref().map(|endpoints| maps::EtcdSettings {
-            endpoints: endpoints.clone(),
-            private: false,
-            cluster: maps::new_cluster_name(),
+        a.etcd.as_ref().map(|endpoints| {
+            maps::EtcdSettings {
+                endpoints: endpoints.clone(),
+                private: false,
+                cluster: maps::new_cluster_name(),
+                managers: managers::MANAGERS_DEFAULT,
+                lease_ttl_secs: maps::lease_ttl_default(),
+                down_out_grace_secs: maps::grace_default(),
+            }
+            .with_flags(a)
         })
     };
     // The settings first: they say where the map is.
@@ -700,7 +756,9 @@ fn start_osd(
             .arg("--etcd")
             .arg(e.endpoints.join(","))
             .arg("--cluster-name")
-            .arg(&e.cluster),
+            .arg(&e.cluster)
+            .arg("--lease-ttl")
+            .arg(e.lease_ttl_secs.to_string()),
     };
     cmd.arg("--perf-socket").arg(perf_socket_path(dir, id));
     if store == "native" {
@@ -737,6 +795,72 @@ fn start_osd(
         .stdout(log.try_clone()?)
         .stderr(log);
     cmd.spawn().with_context(|| format!("starting osd.{id}"))
+}
+
+/// For a cluster in etcd: waits until the OSDs just started are registered, starts the
+/// managers that do not run, and waits until the map shows those OSDs up (a restart after a
+/// crash finds them marked down). The managers start after the registrations, so they never
+/// see a starting OSD as dead.
+fn start_managers(
+    exe: &Path,
+    r: &mut Running,
+    started: &[u32],
+    e: &maps::EtcdSettings,
+) -> Result<()> {
+    let etcd = carmine_mapstore::etcd_client::Etcd::new(&e.endpoints)?;
+    let deadline = Instant::now() + READY_TIMEOUT;
+    loop {
+        let registered = carmine_mapstore::membership::registered(&etcd, &e.cluster)?;
+        let missing: Vec<String> = started
+            .iter()
+            .filter(|id| !registered.contains_key(id))
+            .map(|id| format!("osd.{id}"))
+            .collect();
+        if missing.is_empty() {
+            break;
+        }
+        if Instant::now() > deadline {
+            bail!(
+                "{} did not register in etcd within {READY_TIMEOUT:?}; see their logs",
+                missing.join(", ")
+            );
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let new = managers::ensure(exe, &r.dir, e)?;
+    if !new.is_empty() {
+        let names: Vec<String> = new.iter().map(|i| format!("mgr.{i}")).collect();
+        r.notes.push(format!(
+            "started {} (lease TTL {} s, down→out grace {} s)",
+            names.join(", "),
+            e.lease_ttl_secs,
+            e.down_out_grace_secs
+        ));
+    }
+    if e.managers == 0 {
+        return Ok(());
+    }
+    let store = maps::open(&r.dir, Some(e))?;
+    loop {
+        let map = store.get()?.context("the cluster map vanished")?;
+        let down: Vec<String> = map
+            .osds
+            .iter()
+            .filter(|o| started.contains(&o.id) && !o.up)
+            .map(|o| format!("osd.{}", o.id))
+            .collect();
+        if down.is_empty() {
+            r.map = map;
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            bail!(
+                "the managers did not mark {} up within {READY_TIMEOUT:?}; see mgr.*.log",
+                down.join(", ")
+            );
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
 }
 
 /// Waits until every reactor of `osds` answers a ping, or reports the first OSD that died
@@ -803,6 +927,8 @@ pub fn ping(addr: SocketAddr) -> Result<Duration> {
 pub fn down(dir: &Path) -> Result<String> {
     let dir = std::fs::canonicalize(dir)
         .with_context(|| format!("no cluster directory {}", dir.display()))?;
+    // The managers first: a planned stop is not a failure, so it makes no epochs.
+    let mgrs = managers::stop(&dir)?;
     let live = live_osds(&dir)?;
     for (_, pid) in &live {
         // SAFETY: plain syscall; the pid was just checked to be one of our OSDs.
@@ -833,8 +959,13 @@ pub fn down(dir: &Path) -> Result<String> {
     } else {
         ""
     };
+    let mgrs = if mgrs > 0 {
+        format!(", {mgrs} manager(s)")
+    } else {
+        String::new()
+    };
     Ok(format!(
-        "cluster down in {}: stopped {} OSD(s){etcd}{}",
+        "cluster down in {}: stopped {} OSD(s){mgrs}{etcd}{}",
         dir.display(),
         live.len(),
         if killed.is_empty() {
@@ -846,65 +977,6 @@ pub fn down(dir: &Path) -> Result<String> {
             )
         }
     ))
-}
-
-/// The cluster's state as text: the map, and whether each OSD process runs and each
-/// reactor answers. `healthy` is false when any reactor does not.
-pub struct Status {
-    pub text: String,
-    pub healthy: bool,
-}
-
-pub fn status(dir: &Path) -> Result<Status> {
-    use std::fmt::Write;
-    let dir = std::fs::canonicalize(dir)
-        .with_context(|| format!("no cluster directory {}", dir.display()))?;
-    let map = read_map(&dir)?;
-    let live = live_osds(&dir)?;
-    let mut t = String::new();
-    writeln!(t, "cluster {}  map epoch {}", dir.display(), map.epoch)?;
-    match read_cluster_file(&dir)?.and_then(|f| f.etcd) {
-        Some(e) => writeln!(t, "  map in {}", e.describe())?,
-        None => writeln!(t, "  map in {}", map_path(&dir).display())?,
-    }
-    for p in &map.pools {
-        writeln!(
-            t,
-            "  pool {} {:?}: pg_num {}, size {}",
-            p.id, p.name, p.pg_num, p.size
-        )?;
-    }
-    let mut healthy = true;
-    for o in &map.osds {
-        let pid = live.iter().find(|(id, _)| *id == o.id).map(|(_, p)| *p);
-        writeln!(
-            t,
-            "  osd.{}: {}",
-            o.id,
-            pid.map_or("NOT RUNNING".to_string(), |p| format!("running, pid {p}"))
-        )?;
-        for (r, addr) in o.reactors.iter().enumerate() {
-            let pgs = map.pgs_of_reactor(o.id, r as u32).len();
-            match ping(*addr) {
-                Ok(rtt) => writeln!(
-                    t,
-                    "    reactor {r} {addr}: up, {pgs} PGs, ping {} us",
-                    rtt.as_micros()
-                )?,
-                Err(e) => {
-                    healthy = false;
-                    let e = format!("{e:#}");
-                    let state = if e.contains("store shard failed") {
-                        "UNHEALTHY"
-                    } else {
-                        "DOWN"
-                    };
-                    writeln!(t, "    reactor {r} {addr}: {state} ({e})")?;
-                }
-            }
-        }
-    }
-    Ok(Status { text: t, healthy })
 }
 
 /// Parses sizes like `4096`, `64K`, `256M`, `4G`, `1T` (binary multiples).

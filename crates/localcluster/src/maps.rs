@@ -20,9 +20,38 @@ pub(crate) struct EtcdSettings {
     pub private: bool,
     /// The cluster's name in etcd: its map is `/carmine/<name>/osdmap`.
     pub cluster: String,
+    /// Manager processes `up` runs (one leads).
+    #[serde(default = "managers_default")]
+    pub managers: u32,
+    /// TTL of the OSDs' and managers' leases: how soon a dead one is noticed.
+    #[serde(default = "lease_ttl_default")]
+    pub lease_ttl_secs: u64,
+    /// How long an OSD stays down before it is marked out.
+    #[serde(default = "grace_default")]
+    pub down_out_grace_secs: u64,
+}
+
+fn managers_default() -> u32 {
+    crate::managers::MANAGERS_DEFAULT
+}
+pub(crate) fn lease_ttl_default() -> u64 {
+    5
+}
+pub(crate) fn grace_default() -> u64 {
+    600
 }
 
 impl EtcdSettings {
+    /// These settings with the tunables `up` was given.
+    pub fn with_flags(&self, a: &crate::UpArgs) -> Self {
+        EtcdSettings {
+            managers: a.managers.unwrap_or(self.managers),
+            lease_ttl_secs: a.lease_ttl.unwrap_or(self.lease_ttl_secs).max(1),
+            down_out_grace_secs: a.down_out_grace.unwrap_or(self.down_out_grace_secs),
+            ..self.clone()
+        }
+    }
+
     pub fn describe(&self) -> String {
         format!(
             "etcd {}{} key /carmine/{}/osdmap",

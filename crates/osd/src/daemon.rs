@@ -183,6 +183,10 @@ impl Osd {
         })
     }
 
+    pub fn id(&self) -> OsdId {
+        self.id
+    }
+
     /// The newest map epoch handed to the reactors.
     pub fn epoch(&self) -> u32 {
         self.epoch

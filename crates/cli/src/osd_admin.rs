@@ -1,0 +1,136 @@
+//! `carmine osd out|in|tree`: membership changes an operator makes, as map epochs, and the
+//! view of OSDs by host. Changes are compare-and-swaps on the map store like the manager's,
+//! so they never overwrite an epoch someone else committed meanwhile.
+
+use anyhow::{bail, Context, Result};
+use carmine_cluster::OsdMap;
+use clap::Subcommand;
+use std::path::PathBuf;
+
+#[derive(Subcommand, Debug)]
+pub enum OsdAdmin {
+    /// Mark OSDs out: placement stops giving them PGs (their PGs move to other OSDs).
+    Out {
+        #[arg(long, default_value = "carmine-cluster")]
+        dir: PathBuf,
+        ids: Vec<u32>,
+    },
+    /// Mark OSDs in again: placement gives them PGs.
+    In {
+        #[arg(long, default_value = "carmine-cluster")]
+        dir: PathBuf,
+        ids: Vec<u32>,
+    },
+    /// Hosts and their OSDs, with up/down, in/out and PG counts.
+    Tree {
+        #[arg(long, default_value = "carmine-cluster")]
+        dir: PathBuf,
+    },
+}
+
+pub fn run(cmd: OsdAdmin) -> Result<()> {
+    match cmd {
+        OsdAdmin::Out { dir, ids } => set_in(&dir, &ids, false),
+        OsdAdmin::In { dir, ids } => set_in(&dir, &ids, true),
+        OsdAdmin::Tree { dir } => {
+            let map = carmine_localcluster::read_map(&dir)?;
+            print!("{}", tree(&map));
+            Ok(())
+        }
+    }
+}
+
+fn set_in(dir: &std::path::Path, ids: &[u32], in_: bool) -> Result<()> {
+    if ids.is_empty() {
+        bail!("name at least one OSD id");
+    }
+    let store = carmine_localcluster::map_store(dir)?;
+    let word = if in_ { "in" } else { "out" };
+    let mut already = Vec::new();
+    let stored = carmine_mapstore::update(store.as_ref(), 10, |current| {
+        let Some(map) = current else {
+            return Err(carmine_mapstore::MapStoreError::Invalid(
+                "the cluster has no map".into(),
+            ));
+        };
+        let mut next = map.clone();
+        already.clear();
+        for id in ids {
+            let Some(o) = next.osds.iter_mut().find(|o| o.id == *id) else {
+                return Err(carmine_mapstore::MapStoreError::Invalid(format!(
+                    "osd.{id} is not in the map"
+                )));
+            };
+            if o.in_ == in_ {
+                already.push(format!("osd.{id}"));
+            }
+            o.in_ = in_;
+            // An operator's decision: the manager does not undo it when the OSD comes back.
+            o.auto_out = false;
+        }
+        if next == *map {
+            return Ok(None);
+        }
+        next.epoch = map.epoch + 1;
+        if !next.osds.iter().any(|o| o.in_) {
+            return Err(carmine_mapstore::MapStoreError::Invalid(
+                "refusing to mark every OSD out: no PG would have a place".into(),
+            ));
+        }
+        Ok(Some(next))
+    })?
+    .context("the cluster has no map")?;
+    let names: Vec<String> = ids.iter().map(|i| format!("osd.{i}")).collect();
+    if already.len() == ids.len() {
+        println!(
+            "{} already {word}; map epoch {}",
+            names.join(", "),
+            stored.epoch
+        );
+    } else {
+        println!(
+            "marked {} {word}; map epoch {}",
+            names.join(", "),
+            stored.epoch
+        );
+    }
+    Ok(())
+}
+
+/// `ceph osd tree`: hosts, then their OSDs.
+pub fn tree(map: &OsdMap) -> String {
+    use std::fmt::Write;
+    let mut hosts: Vec<&str> = map.osds.iter().map(|o| o.host.as_str()).collect();
+    hosts.sort_unstable();
+    hosts.dedup();
+    let mut t = String::new();
+    let _ = writeln!(t, "map epoch {}", map.epoch);
+    let _ = writeln!(
+        t,
+        "{:<6} {:<24} {:>5} {:>4} {:>6}",
+        "ID", "NAME", "STATE", "IN", "PGS"
+    );
+    for h in hosts {
+        let _ = writeln!(t, "{:<6} host {h}", "-");
+        for o in map.osds.iter().filter(|o| o.host == h) {
+            // PGs placed on it first, served or (while it is down) waiting for it.
+            let pgs = map
+                .all_pgs()
+                .filter(|pg| {
+                    let size = map.pool(pg.pool).map_or(1, |p| p.size);
+                    map.pg_placement(*pg, size).first() == Some(&o.id)
+                })
+                .count();
+            let _ = writeln!(
+                t,
+                "{:<6}     osd.{:<15} {:>5} {:>4} {:>6}",
+                o.id,
+                o.id,
+                if o.up { "up" } else { "down" },
+                if o.in_ { "in" } else { "out" },
+                pgs
+            );
+        }
+    }
+    t
+}

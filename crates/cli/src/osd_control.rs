@@ -1,0 +1,188 @@
+//! An OSD's control plane, on plain threads beside the reactors: it watches the map store for
+//! newer epochs (handed to the reactors, which switch on their own), and with etcd it keeps
+//! the OSD registered under a lease, so the managers see it alive or, once the lease runs
+//! out, dead. Nothing here is on the data path: with etcd unreachable, the reactors go on
+//! serving the epoch they have.
+
+use anyhow::{Context, Result};
+use carmine_cluster::OsdMap;
+use carmine_mapstore::etcd_client::Etcd;
+use carmine_mapstore::membership::{OsdLease, Registration};
+use carmine_mapstore::{EtcdMapStore, LocalMapStore, MapStore};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc;
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+/// Where the OSD's map comes from.
+pub enum MapSource {
+    File(std::path::PathBuf),
+    Etcd {
+        endpoints: Vec<String>,
+        cluster: String,
+    },
+}
+
+impl MapSource {
+    pub fn describe(&self) -> String {
+        match self {
+            MapSource::File(p) => p.display().to_string(),
+            MapSource::Etcd { endpoints, cluster } => {
+                format!("etcd {} (cluster {cluster})", endpoints.join(","))
+            }
+        }
+    }
+
+    pub fn open(&self) -> Result<Box<dyn MapStore + Send>> {
+        Ok(match self {
+            MapSource::File(p) => Box::new(LocalMapStore::new(p.clone())),
+            MapSource::Etcd { endpoints, cluster } => {
+                Box::new(EtcdMapStore::new(endpoints, cluster)?)
+            }
+        })
+    }
+}
+
+/// How long one wait for a newer map lasts before the watcher checks whether to stop.
+const WATCH_SLICE: Duration = Duration::from_secs(2);
+/// Pause after a failed read of the map store (etcd down): retried, quietly.
+const RETRY_PAUSE: Duration = Duration::from_millis(500);
+
+/// The control threads of one OSD; stopped by [`Control::stop`].
+pub struct Control {
+    stop: Arc<AtomicBool>,
+    maps: mpsc::Receiver<OsdMap>,
+    watcher: Option<JoinHandle<()>>,
+    keeper: Option<JoinHandle<Option<OsdLease>>>,
+}
+
+impl Control {
+    /// Starts watching `source` for epochs after `epoch`. With etcd, first registers `reg`
+    /// under a lease of `ttl` (waiting up to `ttl` + 2 s for a crashed predecessor's lease to
+    /// run out), then keeps it renewed.
+    pub fn start(
+        source: &MapSource,
+        epoch: u32,
+        reg: Registration,
+        ttl: Duration,
+    ) -> Result<Control> {
+        let stop = Arc::new(AtomicBool::new(false));
+        let keeper = match source {
+            MapSource::File(_) => None,
+            MapSource::Etcd { endpoints, cluster } => {
+                let etcd = Etcd::new(endpoints)?;
+                let lease =
+                    OsdLease::register(&etcd, cluster, &reg, ttl, ttl + Duration::from_secs(2))
+                        .with_context(|| format!("registering osd.{} in etcd", reg.osd))?;
+                println!(
+                    "osd.{} registered in etcd (lease TTL {} s)",
+                    reg.osd,
+                    ttl.as_secs()
+                );
+                let stop = stop.clone();
+                Some(
+                    std::thread::Builder::new()
+                        .name(format!("osd{}-lease", reg.osd))
+                        .spawn(move || keep_registered(lease, &stop))?,
+                )
+            }
+        };
+        let (tx, maps) = mpsc::sync_channel(1);
+        let store = source.open()?;
+        let watcher = {
+            let stop = stop.clone();
+            std::thread::Builder::new()
+                .name(format!("osd{}-map", reg.osd))
+                .spawn(move || watch_maps(store, epoch, tx, &stop))?
+        };
+        Ok(Control {
+            stop,
+            maps,
+            watcher: Some(watcher),
+            keeper,
+        })
+    }
+
+    /// The newest map that arrived since the last call, if any.
+    pub fn newer_map(&self) -> Option<OsdMap> {
+        self.maps.try_iter().last()
+    }
+
+    /// Stops the threads; with etcd, deregisters at once (a clean stop shows as down now,
+    /// not after the lease runs out).
+    pub fn stop(mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(lease) = self.keeper.take().and_then(|k| k.join().ok()).flatten() {
+            if let Err(e) = lease.release() {
+                eprintln!("warning: deregistering from etcd: {e}");
+            }
+        }
+        // The watcher notices within a watch slice; the process does not wait for it.
+        drop(self.watcher.take());
+    }
+}
+
+fn keep_registered(mut lease: OsdLease, stop: &AtomicBool) -> Option<OsdLease> {
+    let every = lease.ttl() / 3;
+    let mut failing = false;
+    while !stop.load(Ordering::Relaxed) {
+        match lease.renew() {
+            Ok(true) => {
+                if failing {
+                    println!("etcd reachable again; registration renewed");
+                }
+                failing = false;
+            }
+            Ok(false) => {
+                println!(
+                    "the registration had lapsed (etcd unreachable too long); registered again"
+                );
+                failing = false;
+            }
+            Err(e) => {
+                if !failing {
+                    eprintln!("renewing the registration: {e}; retrying");
+                }
+                failing = true;
+            }
+        }
+        // Sleep in short steps so a stop is prompt.
+        let mut slept = Duration::ZERO;
+        while slept < every && !stop.load(Ordering::Relaxed) {
+            std::thread::sleep(Duration::from_millis(50));
+            slept += Duration::from_millis(50);
+        }
+    }
+    Some(lease)
+}
+
+fn watch_maps(
+    store: Box<dyn MapStore + Send>,
+    mut epoch: u32,
+    tx: mpsc::SyncSender<OsdMap>,
+    stop: &AtomicBool,
+) {
+    let mut failing = false;
+    while !stop.load(Ordering::Relaxed) {
+        match store.wait_newer(epoch, WATCH_SLICE) {
+            Ok(Some(map)) => {
+                failing = false;
+                epoch = map.epoch;
+                // Only the newest matters: if the last one was not taken yet, this one
+                // replaces it on the next send.
+                if tx.send(map).is_err() {
+                    return;
+                }
+            }
+            Ok(None) => failing = false,
+            Err(e) => {
+                if !failing {
+                    eprintln!("watching the map: {e}; serving epoch {epoch} meanwhile");
+                }
+                failing = true;
+                std::thread::sleep(RETRY_PAUSE);
+            }
+        }
+    }
+}

@@ -1,0 +1,209 @@
+//! `cluster status`: a summary that reads like `ceph -s` (health with its reasons, the map
+//! epoch and where it lives, managers, OSDs up/in, PGs by state), then each OSD and reactor
+//! as found by pinging it.
+
+use crate::{live_osds, managers, map_path, ping, read_cluster_file};
+use anyhow::{Context, Result};
+use carmine_cluster::OsdMap;
+use std::fmt::Write;
+use std::path::Path;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Health {
+    Ok,
+    Warn,
+    Err,
+}
+
+impl Health {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Health::Ok => "HEALTH_OK",
+            Health::Warn => "HEALTH_WARN",
+            Health::Err => "HEALTH_ERR",
+        }
+    }
+}
+
+/// The cluster's state as text, and its health.
+pub struct Status {
+    pub text: String,
+    pub health: Health,
+    /// The reasons for a health other than OK, one line each.
+    pub reasons: Vec<String>,
+    pub epoch: u32,
+}
+
+#[derive(Default)]
+struct Checks {
+    health: Option<Health>,
+    reasons: Vec<String>,
+}
+
+impl Checks {
+    fn add(&mut self, h: Health, why: String) {
+        self.health = Some(self.health.map_or(h, |now| now.max(h)));
+        self.reasons.push(why);
+    }
+}
+
+/// PGs whose placed OSDs are all down (none can serve them), over all pools.
+fn inactive_pgs(map: &OsdMap) -> usize {
+    map.all_pgs()
+        .filter(|pg| map.pg_primary(*pg).is_none())
+        .count()
+}
+
+pub fn status(dir: &Path) -> Result<Status> {
+    let dir = std::fs::canonicalize(dir)
+        .with_context(|| format!("no cluster directory {}", dir.display()))?;
+    let map = crate::read_map(&dir)?;
+    let etcd = read_cluster_file(&dir)?.and_then(|f| f.etcd);
+    let live = live_osds(&dir)?;
+    let mut checks = Checks::default();
+    let mut detail = String::new();
+    let mut answering = 0;
+    for o in &map.osds {
+        let pid = live.iter().find(|(id, _)| *id == o.id).map(|(_, p)| *p);
+        writeln!(
+            detail,
+            "  osd.{}: {}",
+            o.id,
+            pid.map_or("NOT RUNNING".to_string(), |p| format!("running, pid {p}"))
+        )?;
+        let mut dead = 0;
+        for (r, addr) in o.reactors.iter().enumerate() {
+            let pgs = map.pgs_of_reactor(o.id, r as u32).len();
+            match ping(*addr) {
+                Ok(rtt) => writeln!(
+                    detail,
+                    "    reactor {r} {addr}: up, {pgs} PGs, ping {} us",
+                    rtt.as_micros()
+                )?,
+                Err(e) => {
+                    dead += 1;
+                    let e = format!("{e:#}");
+                    let state = if e.contains("store shard failed") {
+                        "UNHEALTHY"
+                    } else {
+                        "DOWN"
+                    };
+                    writeln!(detail, "    reactor {r} {addr}: {state} ({e})")?;
+                }
+            }
+        }
+        if dead == 0 {
+            answering += 1;
+        }
+        // The map's view (etcd clusters: the managers') and what answers may disagree for
+        // up to a lease TTL; both are reported.
+        if o.up && dead > 0 {
+            checks.add(
+                Health::Warn,
+                format!(
+                    "osd.{} is marked up but {dead} of its {} reactor(s) do not answer",
+                    o.id,
+                    o.reactors.len()
+                ),
+            );
+        }
+    }
+    let down: Vec<String> = map
+        .osds
+        .iter()
+        .filter(|o| !o.up)
+        .map(|o| format!("osd.{}", o.id))
+        .collect();
+    if !down.is_empty() {
+        checks.add(
+            Health::Warn,
+            format!("{} osds down ({})", down.len(), down.join(", ")),
+        );
+    }
+    let inactive = inactive_pgs(&map);
+    let total: usize = map.pools.iter().map(|p| p.pg_num as usize).sum();
+    if inactive > 0 {
+        let h = if inactive == total {
+            Health::Err
+        } else {
+            Health::Warn
+        };
+        checks.add(
+            h,
+            format!(
+                "Reduced data availability: {inactive} pgs inactive (every OSD placed for them is down)"
+            ),
+        );
+    }
+    let mut mgr_line = String::new();
+    if let Some(e) = &etcd {
+        let running = managers::live(&dir).len();
+        let leader = carmine_mapstore::etcd_client::Etcd::new(&e.endpoints)
+            .and_then(|etcd| carmine_mapstore::membership::leader(&etcd, &e.cluster));
+        match leader {
+            Ok(Some(name)) => {
+                mgr_line = format!("{name} leads; {running} of {} running", e.managers)
+            }
+            Ok(None) => {
+                mgr_line = format!("no leader; {running} of {} running", e.managers);
+                if e.managers > 0 {
+                    checks.add(
+                        Health::Warn,
+                        "no manager leads: OSD failures are not noticed".into(),
+                    );
+                }
+            }
+            Err(err) => {
+                mgr_line = format!("unknown ({err})");
+                checks.add(Health::Warn, format!("etcd: {err}"));
+            }
+        }
+        if (running as u32) < e.managers && e.managers > 0 {
+            checks.add(
+                Health::Warn,
+                format!("{running} of {} managers running", e.managers),
+            );
+        }
+    }
+    let health = checks.health.unwrap_or(Health::Ok);
+    let mut t = String::new();
+    writeln!(t, "cluster {}", dir.display())?;
+    writeln!(t, "  health: {}", health.as_str())?;
+    for r in &checks.reasons {
+        writeln!(t, "          {r}")?;
+    }
+    match &etcd {
+        Some(e) => writeln!(t, "  map in {}", e.describe())?,
+        None => writeln!(t, "  map in {}", map_path(&dir).display())?,
+    }
+    writeln!(t, "  map epoch {}", map.epoch)?;
+    if !mgr_line.is_empty() {
+        writeln!(t, "  mgr: {mgr_line}")?;
+    }
+    let up = map.osds.iter().filter(|o| o.up).count();
+    let in_ = map.osds.iter().filter(|o| o.in_).count();
+    writeln!(
+        t,
+        "  osd: {} osds: {up} up, {in_} in; {answering} answering",
+        map.osds.len()
+    )?;
+    for p in &map.pools {
+        writeln!(
+            t,
+            "  pool {} {:?}: pg_num {}, size {}",
+            p.id, p.name, p.pg_num, p.size
+        )?;
+    }
+    writeln!(
+        t,
+        "  pgs: {total} total: {} active, {inactive} inactive",
+        total - inactive
+    )?;
+    t.push_str(&detail);
+    Ok(Status {
+        text: t,
+        health,
+        reasons: checks.reasons,
+        epoch: map.epoch,
+    })
+}

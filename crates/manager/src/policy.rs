@@ -1,0 +1,199 @@
+//! What the manager decides, as a pure function of the map, who is registered, and the time:
+//! the next epoch, or nothing. No I/O here, so every rule is tested directly.
+
+use carmine_cluster::OsdMap;
+use carmine_mapstore::membership::Registration;
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+/// The manager's rules.
+#[derive(Clone, Copy, Debug)]
+pub struct Policy {
+    /// How long an OSD may stay down before it is marked out and its PGs move elsewhere.
+    pub down_out_grace: Duration,
+}
+
+/// Default for [`Policy::down_out_grace`]: Ceph's `mon_osd_down_out_interval`.
+pub const DOWN_OUT_GRACE_DEFAULT: Duration = Duration::from_secs(600);
+
+/// A change and why it was made.
+#[derive(Debug, PartialEq, Eq)]
+pub struct NextEpoch {
+    pub map: OsdMap,
+    pub reasons: Vec<String>,
+}
+
+/// The map that should follow `map` given the OSDs registered now (`alive`) at Unix time
+/// `now`, or `None` if it is right as it is:
+/// - a registered OSD marked down is marked up (and in again, if it was marked out
+///   automatically rather than by an operator);
+/// - an OSD marked up that is not registered (its lease ran out, or it stopped) is marked
+///   down, stamped with `now`;
+/// - an OSD down and in for `down_out_grace` is marked out, automatically.
+pub fn next_epoch(
+    map: &OsdMap,
+    alive: &BTreeMap<u32, Registration>,
+    now: u64,
+    policy: &Policy,
+) -> Option<NextEpoch> {
+    let mut next = map.clone();
+    let mut reasons = Vec::new();
+    for o in &mut next.osds {
+        match alive.get(&o.id) {
+            Some(reg) if !o.up => {
+                o.up = true;
+                o.down_since = 0;
+                let mut why = format!("osd.{} up (pid {} on {})", o.id, reg.pid, reg.host);
+                if o.auto_out {
+                    o.auto_out = false;
+                    o.in_ = true;
+                    why.push_str(", in again");
+                }
+                if reg.reactors != o.reactors {
+                    tracing::warn!(
+                        "osd.{} registered endpoints {:?}, the map has {:?}",
+                        o.id,
+                        reg.reactors,
+                        o.reactors
+                    );
+                }
+                reasons.push(why);
+            }
+            None if o.up => {
+                o.up = false;
+                o.down_since = now;
+                reasons.push(format!("osd.{} down (no live registration)", o.id));
+            }
+            None if o.in_
+                && now.saturating_sub(o.down_since) >= policy.down_out_grace.as_secs() =>
+            {
+                o.in_ = false;
+                o.auto_out = true;
+                reasons.push(format!(
+                    "osd.{} out (down for {} s, grace {} s)",
+                    o.id,
+                    now.saturating_sub(o.down_since),
+                    policy.down_out_grace.as_secs()
+                ));
+            }
+            _ => {}
+        }
+    }
+    if reasons.is_empty() {
+        return None;
+    }
+    next.epoch = map.epoch + 1;
+    Some(NextEpoch { map: next, reasons })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use carmine_cluster::{OsdInfo, Pool};
+
+    fn map(n: u32) -> OsdMap {
+        OsdMap {
+            epoch: 5,
+            osds: (0..n)
+                .map(|id| {
+                    OsdInfo::new(
+                        id,
+                        "h",
+                        vec![format!("127.0.0.1:{}", 7000 + id).parse().unwrap()],
+                    )
+                })
+                .collect(),
+            pools: vec![Pool {
+                id: 1,
+                name: "rbd".into(),
+                pg_num: 16,
+                size: 1,
+            }],
+        }
+    }
+
+    fn alive(m: &OsdMap, ids: &[u32]) -> BTreeMap<u32, Registration> {
+        ids.iter()
+            .map(|&id| {
+                let o = m.osd(id).unwrap();
+                (
+                    id,
+                    Registration {
+                        osd: id,
+                        host: "h".into(),
+                        pid: 100 + id,
+                        reactors: o.reactors.clone(),
+                        started: 1,
+                    },
+                )
+            })
+            .collect()
+    }
+
+    const P: Policy = Policy {
+        down_out_grace: Duration::from_secs(600),
+    };
+
+    #[test]
+    fn nothing_changes_while_every_osd_is_registered() {
+        let m = map(3);
+        assert_eq!(next_epoch(&m, &alive(&m, &[0, 1, 2]), 1000, &P), None);
+    }
+
+    #[test]
+    fn an_unregistered_osd_goes_down_in_the_next_epoch_and_stays_in() {
+        let m = map(3);
+        let n = next_epoch(&m, &alive(&m, &[0, 2]), 1000, &P).unwrap();
+        assert_eq!(n.map.epoch, 6);
+        let o = n.map.osd(1).unwrap();
+        assert!(!o.up && o.in_ && !o.auto_out);
+        assert_eq!(o.down_since, 1000);
+        assert_eq!(n.reasons, vec!["osd.1 down (no live registration)"]);
+        // Nothing else moved.
+        assert!(n.map.osd(0).unwrap().up && n.map.osd(2).unwrap().up);
+        // Within the grace period: no further change.
+        assert_eq!(next_epoch(&n.map, &alive(&m, &[0, 2]), 1599, &P), None);
+    }
+
+    #[test]
+    fn after_the_grace_period_a_down_osd_is_marked_out_and_back_in_when_it_returns() {
+        let m = map(2);
+        let down = next_epoch(&m, &alive(&m, &[0]), 1000, &P).unwrap().map;
+        let out = next_epoch(&down, &alive(&m, &[0]), 1600, &P).unwrap();
+        let o = out.map.osd(1).unwrap();
+        assert!(!o.up && !o.in_ && o.auto_out);
+        assert_eq!(out.map.epoch, down.epoch + 1);
+        assert!(out.reasons[0].starts_with("osd.1 out (down for 600 s"));
+        // Its PGs moved to osd.0.
+        for seed in 0..16 {
+            let pg = carmine_types::PgId { pool: 1, seed };
+            assert_eq!(out.map.pg_primary(pg).unwrap().0, 0);
+        }
+        let back = next_epoch(&out.map, &alive(&m, &[0, 1]), 1700, &P).unwrap();
+        let o = back.map.osd(1).unwrap();
+        assert!(o.up && o.in_ && !o.auto_out && o.down_since == 0);
+        assert_eq!(back.reasons, vec!["osd.1 up (pid 101 on h), in again"]);
+    }
+
+    #[test]
+    fn an_osd_an_operator_marked_out_stays_out_when_it_comes_back() {
+        let m = map(2);
+        let mut down = next_epoch(&m, &alive(&m, &[0]), 1000, &P).unwrap().map;
+        down.osds[1].in_ = false; // `carmine osd out 1`
+        let back = next_epoch(&down, &alive(&m, &[0, 1]), 1100, &P).unwrap();
+        let o = back.map.osd(1).unwrap();
+        assert!(o.up && !o.in_);
+        assert_eq!(back.reasons, vec!["osd.1 up (pid 101 on h)"]);
+    }
+
+    #[test]
+    fn an_osd_that_returns_within_the_grace_period_is_up_and_never_out() {
+        let m = map(2);
+        let down = next_epoch(&m, &alive(&m, &[0]), 1000, &P).unwrap().map;
+        let back = next_epoch(&down, &alive(&m, &[0, 1]), 1010, &P)
+            .unwrap()
+            .map;
+        assert_eq!(back.osd(1), m.osd(1));
+        assert_eq!(back.epoch, m.epoch + 2);
+    }
+}
