@@ -4,36 +4,36 @@
 
 use anyhow::{bail, Context, Result};
 use carmine_cluster::OsdMap;
+use carmine_localcluster::DirArg;
 use clap::Subcommand;
-use std::path::PathBuf;
 
 #[derive(Subcommand, Debug)]
 pub enum OsdAdmin {
     /// Mark OSDs out: placement stops giving them PGs (their PGs move to other OSDs).
     Out {
-        #[arg(long, default_value = "carmine-cluster")]
-        dir: PathBuf,
+        #[command(flatten)]
+        dir: DirArg,
         ids: Vec<u32>,
     },
     /// Mark OSDs in again: placement gives them PGs.
     In {
-        #[arg(long, default_value = "carmine-cluster")]
-        dir: PathBuf,
+        #[command(flatten)]
+        dir: DirArg,
         ids: Vec<u32>,
     },
     /// Hosts and their OSDs, with up/down, in/out and PG counts.
     Tree {
-        #[arg(long, default_value = "carmine-cluster")]
-        dir: PathBuf,
+        #[command(flatten)]
+        dir: DirArg,
     },
 }
 
 pub fn run(cmd: OsdAdmin) -> Result<()> {
     match cmd {
-        OsdAdmin::Out { dir, ids } => set_in(&dir, &ids, false),
-        OsdAdmin::In { dir, ids } => set_in(&dir, &ids, true),
+        OsdAdmin::Out { dir, ids } => set_in(&dir.dir, &ids, false),
+        OsdAdmin::In { dir, ids } => set_in(&dir.dir, &ids, true),
         OsdAdmin::Tree { dir } => {
-            let map = carmine_localcluster::read_map(&dir)?;
+            let map = carmine_localcluster::read_map(&dir.dir)?;
             print!("{}", tree(&map));
             Ok(())
         }

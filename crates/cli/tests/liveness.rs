@@ -1,0 +1,352 @@
+//! Liveness through etcd (issue #11): OSDs registered under leases, managers that mark them
+//! down and up in new epochs, OSDs and clients that follow the epochs, and an etcd outage
+//! that the data path does not notice. Real processes, a real (private) etcd.
+
+mod common;
+
+use carmine_cluster::OsdMap;
+use carmine_proto::{Request, Response};
+use common::{alive, Cluster};
+use std::io::Write;
+use std::net::SocketAddr;
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+const TTL: u64 = 2;
+
+fn pid_of(c: &Cluster, file: &str) -> i32 {
+    std::fs::read_to_string(c.dir.join(file))
+        .unwrap_or_else(|e| panic!("{file}: {e}"))
+        .trim()
+        .parse()
+        .unwrap()
+}
+
+fn kill9(pid: i32) {
+    // SAFETY: plain syscall on a pid this test's cluster started.
+    unsafe { libc::kill(pid, libc::SIGKILL) };
+}
+
+fn map(c: &Cluster) -> OsdMap {
+    carmine_localcluster::read_map(&c.dir).expect("reading the map")
+}
+
+/// The epoch OSD reactor `addr` serves by, asked over the wire.
+fn served_epoch(addr: SocketAddr) -> Option<u32> {
+    carmine_reactor::block_on(async move {
+        let conn = carmine_client::Connection::open(addr, 1).await.ok()?;
+        let r = conn.call(&Request::GetMap).await.ok();
+        conn.close();
+        match r? {
+            Response::Map { encoded } => OsdMap::decode(encoded).ok().map(|m| m.epoch),
+            _ => None,
+        }
+    })
+}
+
+/// Waits up to `limit` for `done` to hold of the map; returns it and how long it took.
+fn wait_map(c: &Cluster, limit: Duration, done: impl Fn(&OsdMap) -> bool) -> (OsdMap, Duration) {
+    let start = Instant::now();
+    loop {
+        let m = map(c);
+        if done(&m) {
+            return (m, start.elapsed());
+        }
+        assert!(
+            start.elapsed() < limit,
+            "the map did not change as expected within {limit:?}; epoch {} osds {:?}",
+            m.epoch,
+            m.osds
+                .iter()
+                .map(|o| (o.id, o.up, o.in_))
+                .collect::<Vec<_>>()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Every live OSD of `m` serves epoch `m.epoch` (or newer) within two seconds.
+fn osds_follow(m: &OsdMap) {
+    let deadline = Instant::now() + Duration::from_secs(2);
+    for o in m.osds.iter().filter(|o| o.up) {
+        for addr in &o.reactors {
+            loop {
+                let e = served_epoch(*addr);
+                if e.is_some_and(|e| e >= m.epoch) {
+                    break;
+                }
+                assert!(
+                    Instant::now() < deadline,
+                    "osd.{} at {addr} serves epoch {e:?}, the map is at {}",
+                    o.id,
+                    m.epoch
+                );
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+    }
+}
+
+fn write_volume(c: &Cluster, name: &str, data: &[u8]) {
+    let mut w = c
+        .cmd(&["volume", "write", name, "--file", "-", "-q"])
+        .stdin(Stdio::piped())
+        .spawn()
+        .unwrap();
+    w.stdin.take().unwrap().write_all(data).unwrap();
+    assert!(w.wait().unwrap().success());
+}
+
+fn read_volume(c: &Cluster, name: &str, len: usize) -> Vec<u8> {
+    let out = c.run(&[
+        "volume",
+        "read",
+        name,
+        "--length",
+        &len.to_string(),
+        "--file",
+        "-",
+        "-q",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out.stdout
+}
+
+fn etcd_cluster(name: &str) -> Cluster {
+    Cluster::up(
+        name,
+        &[
+            "--with-etcd",
+            "--osds",
+            "3",
+            "--lease-ttl",
+            &TTL.to_string(),
+            "--store",
+            "native",
+            "--device-size",
+            "320M",
+        ],
+    )
+}
+
+#[test]
+fn a_killed_osd_is_marked_down_in_a_new_epoch_and_up_again_when_restarted() {
+    let c = etcd_cluster("liveness-kill");
+    let status = c.ok(&["cluster", "status"]);
+    assert!(status.contains("health: HEALTH_OK"), "{status}");
+    assert!(status.contains("osd: 3 osds: 3 up, 3 in"), "{status}");
+    // Data on every OSD, read back after the restart.
+    c.ok(&[
+        "volume",
+        "create",
+        "v",
+        "--size",
+        "32M",
+        "--object-size",
+        "1M",
+    ]);
+    let data: Vec<u8> = (0..8 << 20).map(|i: u32| (i * 13 % 251) as u8).collect();
+    write_volume(&c, "v", &data);
+    let before = map(&c);
+    // A client that routes by the map, connected before the failure.
+    let addrs: Vec<SocketAddr> = before
+        .osds
+        .iter()
+        .flat_map(|o| o.reactors.clone())
+        .collect();
+
+    kill9(pid_of(&c, "osd.1.pid"));
+    let (down, took) = wait_map(&c, Duration::from_secs(TTL + 2 + 3), |m| {
+        m.osd(1).is_some_and(|o| !o.up)
+    });
+    println!("osd.1 marked down {took:?} after kill -9 (lease TTL {TTL} s)");
+    assert_eq!(down.epoch, before.epoch + 1, "one epoch for one change");
+    assert!(
+        down.osd(1).unwrap().in_,
+        "down, but still in: its PGs wait for it"
+    );
+    assert!(down.osd(0).unwrap().up && down.osd(2).unwrap().up);
+    osds_follow(&down);
+    carmine_reactor::block_on(async {
+        let client = carmine_client::Client::connect(&addrs, Default::default())
+            .await
+            .unwrap();
+        assert_eq!(
+            client.map().epoch,
+            down.epoch,
+            "a new client gets the new epoch"
+        );
+    });
+
+    let out = c.run(&["cluster", "status"]);
+    assert!(!out.status.success(), "status must not say OK");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("health: HEALTH_WARN"), "{text}");
+    assert!(text.contains("1 osds down (osd.1)"), "{text}");
+    assert!(text.contains("pgs inactive"), "{text}");
+    let tree = c.ok(&["osd", "tree"]);
+    assert!(tree.contains("osd.1") && tree.contains("down"), "{tree}");
+
+    // Restarted by `cluster up`: up again in a new epoch, and its data is there.
+    let said = c.ok(&["cluster", "up", "--no-pin"]);
+    assert!(said.contains("restarting osd.1"), "{said}");
+    let up = map(&c);
+    assert!(
+        up.osd(1).unwrap().up,
+        "`up` returns once the map shows it up"
+    );
+    assert!(up.epoch > down.epoch);
+    osds_follow(&up);
+    assert!(c.ok(&["cluster", "status"]).contains("HEALTH_OK"));
+    assert!(read_volume(&c, "v", data.len()) == data, "data changed");
+}
+
+#[test]
+fn the_standby_manager_takes_over_when_the_leader_dies() {
+    let c = etcd_cluster("liveness-mgr");
+    let status = c.ok(&["cluster", "status"]);
+    let leader_line = status
+        .lines()
+        .find(|l| l.trim_start().starts_with("mgr:"))
+        .unwrap_or_else(|| panic!("{status}"))
+        .to_owned();
+    // "mgr: mgr.0#PID-tag leads; 2 of 2 running"
+    assert!(
+        leader_line.contains("leads; 2 of 2 running"),
+        "{leader_line}"
+    );
+    let leader_pid: i32 = leader_line
+        .split('#')
+        .nth(1)
+        .and_then(|s| s.split('-').next())
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("{leader_line}"));
+    assert!(alive(leader_pid));
+    kill9(leader_pid);
+
+    // With the leader dead, an OSD failure is still noticed: the standby takes over once the
+    // leader's lease has run out, then marks the OSD down.
+    kill9(pid_of(&c, "osd.2.pid"));
+    let (m, took) = wait_map(&c, Duration::from_secs(2 * TTL + 2 + 4), |m| {
+        m.osd(2).is_some_and(|o| !o.up)
+    });
+    println!("osd.2 marked down {took:?} after killing the leader and the OSD");
+    let status = String::from_utf8_lossy(&c.run(&["cluster", "status"]).stdout).into_owned();
+    assert!(status.contains("leads; 1 of 2 running"), "{status}");
+    assert!(!status.contains(&format!("#{leader_pid}-")), "{status}");
+    assert!(status.contains("1 of 2 managers running"), "{status}");
+
+    // Every epoch was committed once: the managers' logs never name one twice.
+    let mut epochs = Vec::new();
+    for i in 0..2 {
+        let log = std::fs::read_to_string(c.dir.join(format!("mgr.{i}.log"))).unwrap();
+        for l in log.lines() {
+            if let Some(rest) = l.split(": epoch ").nth(1) {
+                epochs.push(rest.split(':').next().unwrap().parse::<u32>().unwrap());
+            }
+        }
+    }
+    epochs.sort_unstable();
+    let n = epochs.len();
+    epochs.dedup();
+    assert_eq!(n, epochs.len(), "an epoch was committed twice: {epochs:?}");
+    assert_eq!(epochs.last().copied(), Some(m.epoch));
+
+    // `up` restarts the missing OSD and manager.
+    let said = c.ok(&["cluster", "up", "--no-pin"]);
+    assert!(said.contains("started mgr."), "{said}");
+    assert!(c.ok(&["cluster", "status"]).contains("HEALTH_OK"));
+}
+
+#[test]
+fn with_etcd_stopped_the_data_path_goes_on_and_changes_resume_after() {
+    let c = etcd_cluster("liveness-outage");
+    c.ok(&[
+        "volume",
+        "create",
+        "v",
+        "--size",
+        "16M",
+        "--object-size",
+        "1M",
+    ]);
+    let data: Vec<u8> = (0..4 << 20).map(|i: u32| (i * 29 % 253) as u8).collect();
+    write_volume(&c, "v", &data);
+    let before = map(&c);
+    let etcd = pid_of(&c, "etcd.pid");
+    // SAFETY: plain syscall on the private etcd this test's cluster started.
+    unsafe { libc::kill(etcd, libc::SIGSTOP) };
+    let frozen = Instant::now();
+    // Reads and writes to the OSDs go on while etcd does not answer. (The CLI reads the map
+    // from etcd, so this client bootstraps from the OSDs' addresses directly.)
+    let addrs: Vec<SocketAddr> = before
+        .osds
+        .iter()
+        .flat_map(|o| o.reactors.clone())
+        .collect();
+    let rounds = carmine_reactor::block_on(async {
+        let client = carmine_client::Client::connect(&addrs, Default::default())
+            .await
+            .expect("connecting with etcd stopped");
+        let pool = client.pool_id("rbd").unwrap();
+        let mut rounds = 0;
+        while frozen.elapsed() < Duration::from_secs(2 * TTL + 2) {
+            for i in 0..16 {
+                let oid = format!("outage-{i}");
+                let body = bytes::Bytes::from(vec![rounds as u8; 4096]);
+                client.write(pool, &oid, 0, body.clone()).await.unwrap();
+                assert_eq!(client.read(pool, &oid, 0, 4096).await.unwrap(), body);
+            }
+            rounds += 1;
+        }
+        rounds
+    });
+    assert!(rounds > 0);
+    // Every daemon is still there.
+    for f in [
+        "osd.0.pid",
+        "osd.1.pid",
+        "osd.2.pid",
+        "mgr.0.pid",
+        "mgr.1.pid",
+    ] {
+        assert!(alive(pid_of(&c, f)), "{f} died while etcd was stopped");
+    }
+    // SAFETY: as above.
+    unsafe { libc::kill(etcd, libc::SIGCONT) };
+    println!(
+        "etcd stopped {:?}: {rounds} rounds of 16 writes and reads done meanwhile",
+        frozen.elapsed()
+    );
+    // Back: map changes work again (whatever lease churn the pause caused settles), and the
+    // cluster is healthy with every OSD up.
+    let (settled, took) = wait_map(&c, Duration::from_secs(4 * TTL + 10), |m| {
+        m.osds.iter().all(|o| o.up) && m.epoch >= before.epoch
+    });
+    println!(
+        "settled at epoch {} {took:?} after etcd came back",
+        settled.epoch
+    );
+    c.ok(&["osd", "out", "2"]);
+    let (out, _) = wait_map(&c, Duration::from_secs(5), |m| !m.osd(2).unwrap().in_);
+    osds_follow(&out);
+    c.ok(&["osd", "in", "2"]);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let out = c.run(&["cluster", "status"]);
+        if out.status.success() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert!(read_volume(&c, "v", data.len()) == data, "data changed");
+}
