@@ -272,6 +272,30 @@ fn cluster_and_volume(c: &mut Corpus) {
     v6.osds[0].reactors = vec!["[::1]:6800".parse().unwrap()];
     let m = v6.encode();
     c.put_both("map_decoder", "map_v6", &m, m.len() - 4);
+    // Format 1 (still read): per OSD only id, up and the reactors.
+    let mut v1 = Vec::new();
+    v1.extend_from_slice(b"CMAP");
+    v1.extend_from_slice(&1u16.to_le_bytes());
+    v1.extend_from_slice(&4u32.to_le_bytes());
+    v1.extend_from_slice(&2u32.to_le_bytes());
+    for (id, up) in [(0u32, 1u8), (1, 0)] {
+        v1.extend_from_slice(&id.to_le_bytes());
+        v1.push(up);
+        v1.extend_from_slice(&1u32.to_le_bytes());
+        let addr = format!("127.0.0.1:{}", 6800 + id);
+        v1.extend_from_slice(&(addr.len() as u32).to_le_bytes());
+        v1.extend_from_slice(addr.as_bytes());
+    }
+    v1.extend_from_slice(&1u32.to_le_bytes());
+    v1.extend_from_slice(&1u32.to_le_bytes());
+    v1.extend_from_slice(&3u32.to_le_bytes());
+    v1.extend_from_slice(b"rbd");
+    v1.extend_from_slice(&32u32.to_le_bytes());
+    v1.push(1);
+    let crc = carmine_types::crc32c(&v1);
+    v1.extend_from_slice(&crc.to_le_bytes());
+    OsdMap::decode(v1.clone().into()).expect("the format-1 seed decodes");
+    c.put_both("map_decoder", "map_format1", &v1, v1.len() - 4);
 
     for (i, (size, object_size)) in [(10u64 << 30, 4u64 << 20), (1, 4096), (1 << 50, 16 << 20)]
         .into_iter()
