@@ -302,7 +302,9 @@ fn wait_for_stop(
         if osd.any_reactor_exited() {
             bail!("a reactor exited unexpectedly; stopping");
         }
-        if let Some(map) = control.newer_map() {
+        // Waiting on the map channel is the loop's pause: a new epoch reaches the reactors
+        // as soon as it arrives.
+        if let Some(map) = control.newer_map(Duration::from_millis(100)) {
             let me = map.osd(osd.id()).map_or("not in the map".to_string(), |o| {
                 format!(
                     "{}, {}",
@@ -313,6 +315,5 @@ fn wait_for_stop(
             println!("osd.{}: map epoch {} ({me})", osd.id(), map.epoch);
             osd.apply_map(map)?;
         }
-        std::thread::sleep(Duration::from_millis(100));
     }
 }

@@ -14,12 +14,20 @@ pub enum OsdAdmin {
         #[command(flatten)]
         dir: DirArg,
         ids: Vec<u32>,
+        /// Move PGs of single-copy pools anyway (see `in`).
+        #[arg(long)]
+        allow_single_copy_moves: bool,
     },
     /// Mark OSDs in again: placement gives them PGs.
     In {
         #[command(flatten)]
         dir: DirArg,
         ids: Vec<u32>,
+        /// Moving a PG of a pool that keeps one copy leaves its data behind: the PG comes up
+        /// empty in its new place, and what it accepts there is hidden once it moves back.
+        /// Refused unless given this flag (replication and backfill will lift this).
+        #[arg(long)]
+        allow_single_copy_moves: bool,
     },
     /// Hosts and their OSDs, with up/down, in/out and PG counts.
     Tree {
@@ -30,8 +38,16 @@ pub enum OsdAdmin {
 
 pub fn run(cmd: OsdAdmin) -> Result<()> {
     match cmd {
-        OsdAdmin::Out { dir, ids } => set_in(&dir.dir, &ids, false),
-        OsdAdmin::In { dir, ids } => set_in(&dir.dir, &ids, true),
+        OsdAdmin::Out {
+            dir,
+            ids,
+            allow_single_copy_moves,
+        } => set_in(&dir.dir, &ids, false, allow_single_copy_moves),
+        OsdAdmin::In {
+            dir,
+            ids,
+            allow_single_copy_moves,
+        } => set_in(&dir.dir, &ids, true, allow_single_copy_moves),
         OsdAdmin::Tree { dir } => {
             let map = carmine_localcluster::read_map(&dir.dir)?;
             print!("{}", tree(&map));
@@ -40,7 +56,7 @@ pub fn run(cmd: OsdAdmin) -> Result<()> {
     }
 }
 
-fn set_in(dir: &std::path::Path, ids: &[u32], in_: bool) -> Result<()> {
+fn set_in(dir: &std::path::Path, ids: &[u32], in_: bool, allow_moves: bool) -> Result<()> {
     if ids.is_empty() {
         bail!("name at least one OSD id");
     }
@@ -71,6 +87,23 @@ fn set_in(dir: &std::path::Path, ids: &[u32], in_: bool) -> Result<()> {
         if next == *map {
             return Ok(None);
         }
+        let single: Vec<&str> = map
+            .pools
+            .iter()
+            .filter(|p| p.size < 2)
+            .map(|p| p.name.as_str())
+            .collect();
+        let moved = moved_pgs(map, &next);
+        if !allow_moves && !single.is_empty() && moved > 0 {
+            return Err(carmine_mapstore::MapStoreError::Invalid(format!(
+                "this moves {moved} PGs, and pool(s) {} keep a single copy: the moved PGs \
+                 would come up empty on their new OSDs (their data stays where it is, hidden), \
+                 and writes they accept there would be hidden once they move back. Replication \
+                 and backfill (issue #12) will move the data; until then pass \
+                 --allow-single-copy-moves to do it anyway",
+                single.join(", ")
+            )));
+        }
         next.epoch = map.epoch + 1;
         if !next.osds.iter().any(|o| o.in_) {
             return Err(carmine_mapstore::MapStoreError::Invalid(
@@ -95,6 +128,16 @@ fn set_in(dir: &std::path::Path, ids: &[u32], in_: bool) -> Result<()> {
         );
     }
     Ok(())
+}
+
+/// PGs whose placement differs between two maps.
+pub fn moved_pgs(a: &OsdMap, b: &OsdMap) -> usize {
+    a.all_pgs()
+        .filter(|pg| {
+            let size = a.pool(pg.pool).map_or(1, |p| p.size);
+            a.pg_placement(*pg, size) != b.pg_placement(*pg, size)
+        })
+        .count()
 }
 
 /// `ceph osd tree`: hosts, then their OSDs.

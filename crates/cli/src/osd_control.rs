@@ -104,9 +104,10 @@ impl Control {
         })
     }
 
-    /// The newest map that arrived since the last call, if any.
-    pub fn newer_map(&self) -> Option<OsdMap> {
-        self.maps.try_iter().last()
+    /// Waits up to `timeout` for a newer map; returns the newest that arrived, if any.
+    pub fn newer_map(&self, timeout: Duration) -> Option<OsdMap> {
+        let first = self.maps.recv_timeout(timeout).ok()?;
+        Some(self.maps.try_iter().last().unwrap_or(first))
     }
 
     /// Stops the threads; with etcd, deregisters at once (a clean stop shows as down now,

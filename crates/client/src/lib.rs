@@ -122,17 +122,28 @@ impl Client {
         bootstrap: &[SocketAddr],
         cfg: ClientConfig,
     ) -> Result<Client, ClientError> {
+        Self::connect_with_map(bootstrap, None, cfg).await
+    }
+
+    /// Like [`Client::connect`], starting from `map` (read from the map store, say): the
+    /// client then never routes by an older epoch than it, even if the first OSD it asks has
+    /// not caught up yet, and OSDs behind it wait for it before serving its requests.
+    pub async fn connect_with_map(
+        bootstrap: &[SocketAddr],
+        map: Option<OsdMap>,
+        cfg: ClientConfig,
+    ) -> Result<Client, ClientError> {
         let client = Client {
             inner: Rc::new(Inner {
                 cfg,
                 // Never 0, which means "anonymous" on the wire.
                 instance: rand::random::<u64>() | 1,
                 bootstrap: bootstrap.to_vec(),
-                map: RefCell::new(Rc::new(OsdMap {
+                map: RefCell::new(Rc::new(map.unwrap_or(OsdMap {
                     epoch: 0,
                     osds: vec![],
                     pools: vec![],
-                })),
+                }))),
                 conns: RefCell::new(HashMap::new()),
             }),
         };

@@ -151,7 +151,9 @@ pub async fn connect_with(dir: &Path, cfg: ClientConfig) -> Result<Client> {
         .iter()
         .flat_map(|o| o.reactors.iter().copied())
         .collect();
-    Client::connect(&addrs, cfg)
+    drop(osds);
+    // Starting from the stored map: never route by an older epoch than the store's.
+    Client::connect_with_map(&addrs, Some(map), cfg)
         .await
         .context("connecting to the cluster")
 }

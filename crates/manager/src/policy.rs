@@ -29,7 +29,10 @@ pub struct NextEpoch {
 ///   automatically rather than by an operator);
 /// - an OSD marked up that is not registered (its lease ran out, or it stopped) is marked
 ///   down, stamped with `now`;
-/// - an OSD down and in for `down_out_grace` is marked out, automatically.
+/// - an OSD down and in for `down_out_grace` is marked out, automatically — unless a pool
+///   keeps a single copy: without replication and backfill (issue #12) its PGs would come
+///   back empty on other OSDs, and what they then accept would be hidden once the OSD is back.
+///   They wait for it instead.
 pub fn next_epoch(
     map: &OsdMap,
     alive: &BTreeMap<u32, Registration>,
@@ -38,6 +41,7 @@ pub fn next_epoch(
 ) -> Option<NextEpoch> {
     let mut next = map.clone();
     let mut reasons = Vec::new();
+    let may_move_pgs = map.pools.iter().all(|p| p.size >= 2);
     for o in &mut next.osds {
         match alive.get(&o.id) {
             Some(reg) if !o.up => {
@@ -64,7 +68,8 @@ pub fn next_epoch(
                 o.down_since = now;
                 reasons.push(format!("osd.{} down (no live registration)", o.id));
             }
-            None if o.in_
+            None if may_move_pgs
+                && o.in_
                 && now.saturating_sub(o.down_since) >= policy.down_out_grace.as_secs() =>
             {
                 o.in_ = false;
@@ -107,7 +112,7 @@ mod tests {
                 id: 1,
                 name: "rbd".into(),
                 pg_num: 16,
-                size: 1,
+                size: 2,
             }],
         }
     }
@@ -173,6 +178,15 @@ mod tests {
         let o = back.map.osd(1).unwrap();
         assert!(o.up && o.in_ && !o.auto_out && o.down_since == 0);
         assert_eq!(back.reasons, vec!["osd.1 up (pid 101 on h), in again"]);
+    }
+
+    #[test]
+    fn with_a_single_copy_pool_a_down_osd_is_never_marked_out() {
+        let mut m = map(2);
+        m.pools[0].size = 1;
+        let down = next_epoch(&m, &alive(&m, &[0]), 1000, &P).unwrap().map;
+        assert_eq!(next_epoch(&down, &alive(&m, &[0]), 1000 + 86_400, &P), None);
+        assert!(down.osd(1).unwrap().in_);
     }
 
     #[test]

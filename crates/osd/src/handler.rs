@@ -49,6 +49,18 @@ pub(crate) async fn handle_frame<S: ObjectStore>(
             }
             Err(e) => Err(reject(Status::Busy, e)),
         },
+        // A client that knows a newer epoch than this reactor must not be served by the
+        // older one: wait (briefly) for the newer map to arrive here.
+        Ok(Request::Object(req)) if !caught_up(shard, req.epoch).await => Err(reject(
+            Status::WrongTarget,
+            format!(
+                "osd.{} reactor {} is at map epoch {}, behind the client's {}",
+                shard.osd,
+                shard.index,
+                shard.view.borrow().map.epoch,
+                req.epoch
+            ),
+        )),
         Ok(Request::Object(req)) if is_single_read(&req) => {
             match read_straight_into_reply(shard, req, id, out).await {
                 Ok(()) => return,
@@ -167,6 +179,27 @@ fn admit<'a, S>(
             ),
         )
     })
+}
+
+/// How long a request from a client at a newer epoch waits for this reactor to get it (the
+/// control thread hands new maps over within milliseconds of their commit).
+const EPOCH_CATCH_UP_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+const EPOCH_CATCH_UP_POLL: std::time::Duration = std::time::Duration::from_millis(5);
+
+/// True once this reactor's map is at `epoch` or newer; false if it is still behind after
+/// `EPOCH_CATCH_UP_WAIT`. The common case is one comparison.
+async fn caught_up<S>(shard: &Shard<S>, epoch: u32) -> bool {
+    if epoch <= shard.view.borrow().map.epoch {
+        return true;
+    }
+    let start = std::time::Instant::now();
+    while start.elapsed() < EPOCH_CATCH_UP_WAIT {
+        carmine_reactor::sleep(EPOCH_CATCH_UP_POLL).await;
+        if epoch <= shard.view.borrow().map.epoch {
+            return true;
+        }
+    }
+    false
 }
 
 /// Checks that the request is addressed to a PG this reactor owns in its map.
