@@ -98,6 +98,10 @@ pub struct OsdArgs {
     /// "500ms". 0 never closes one.
     #[arg(long, default_value = "600", value_parser = crate::nbd::parse_duration)]
     pub idle_timeout: Duration,
+    /// Serve Prometheus metrics (text format) at http://ADDR/metrics: requests, failures and
+    /// latency histograms by kind, bytes, connections, map epoch, PGs, reactor busy/idle/CPU.
+    #[arg(long)]
+    pub metrics: Option<std::net::SocketAddr>,
     /// Serve the reactors' busy/idle counters as JSON on this Unix socket
     /// (`carmine cluster perf` and `carmine bench` read it).
     #[arg(long)]
@@ -207,6 +211,18 @@ pub fn run(a: OsdArgs) -> Result<()> {
             return Err(e);
         }
     };
+    let _metrics = a.metrics.and_then(|addr| {
+        match carmine_osd::serve_metrics(addr, a.id, osd.metrics_sources()) {
+            Ok(m) => {
+                println!("osd.{} metrics on http://{}/metrics", a.id, m.addr());
+                Some(m)
+            }
+            Err(e) => {
+                eprintln!("warning: no metrics on {addr}: {e}");
+                None
+            }
+        }
+    });
     println!(
         "osd.{} ready (pid {}), map epoch {epoch} from {}",
         a.id,

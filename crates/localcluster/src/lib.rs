@@ -262,6 +262,11 @@ pub fn perf_socket_path(dir: &Path, id: u32) -> PathBuf {
     dir.join(format!("osd.{id}.perf"))
 }
 
+/// The file holding OSD `id`'s Prometheus metrics address (`ip:port`, at /metrics).
+pub fn metrics_path(dir: &Path, id: u32) -> PathBuf {
+    dir.join(format!("osd.{id}.metrics"))
+}
+
 /// The native store's backing file of OSD `id`.
 pub fn store_path(dir: &Path, id: u32) -> PathBuf {
     dir.join(format!("osd.{id}.store"))
@@ -314,6 +319,7 @@ pub fn forget(dir: &Path) -> Result<()> {
     if !live_osds(dir)?.is_empty() {
         bail!("a cluster is running in {}; stop it first", dir.display());
     }
+    managers::stop(dir)?;
     let etcd = read_cluster_file(dir)?.and_then(|f| f.etcd);
     let map = read_map(dir);
     if let Ok(map) = &map {
@@ -763,6 +769,10 @@ fn start_osd(
             .arg(e.lease_ttl_secs.to_string()),
     };
     cmd.arg("--perf-socket").arg(perf_socket_path(dir, id));
+    // Metrics on a free loopback port, recorded for `status` and scrapers.
+    let metrics = free_addrs([127, 0, 0, 1].into(), 1)?[0];
+    std::fs::write(metrics_path(dir, id), metrics.to_string())?;
+    cmd.arg("--metrics").arg(metrics.to_string());
     if store == "native" {
         let device = store_path(dir, id);
         cmd.arg("--store")
@@ -952,7 +962,7 @@ pub fn down(dir: &Path) -> Result<String> {
     }
     for e in std::fs::read_dir(&dir)?.flatten() {
         let n = e.file_name().to_string_lossy().into_owned();
-        if n.starts_with("osd.") && n.ends_with(".pid") {
+        if n.starts_with("osd.") && (n.ends_with(".pid") || n.ends_with(".metrics")) {
             std::fs::remove_file(e.path())?;
         }
     }

@@ -65,11 +65,15 @@ pub fn status(dir: &Path) -> Result<Status> {
     let mut answering = 0;
     for o in &map.osds {
         let pid = live.iter().find(|(id, _)| *id == o.id).map(|(_, p)| *p);
+        let metrics = std::fs::read_to_string(crate::metrics_path(&dir, o.id))
+            .map(|a| format!(", metrics http://{}/metrics", a.trim()))
+            .unwrap_or_default();
         writeln!(
             detail,
-            "  osd.{}: {}",
+            "  osd.{}: {}{}",
             o.id,
-            pid.map_or("NOT RUNNING".to_string(), |p| format!("running, pid {p}"))
+            pid.map_or("NOT RUNNING".to_string(), |p| format!("running, pid {p}")),
+            if pid.is_some() { metrics.as_str() } else { "" }
         )?;
         let mut dead = 0;
         for (r, addr) in o.reactors.iter().enumerate() {

@@ -104,6 +104,7 @@ type ReactorResult = Result<(), String>;
 pub struct Osd {
     id: OsdId,
     epoch: u32,
+    metrics: Vec<std::sync::Arc<crate::metrics::ReactorMetrics>>,
     /// The native store's device lock, held for the daemon's life.
     _device_lock: Option<carmine_nativestore::DeviceLock>,
     reactors: Vec<(MailboxSender<ControlMsg>, ReactorHandle<ReactorResult>)>,
@@ -154,12 +155,15 @@ impl Osd {
         }
         let map = std::sync::Arc::new(cfg.map.clone());
         let mut reactors = Vec::with_capacity(listeners.len());
+        let mut reactor_metrics = Vec::with_capacity(listeners.len());
         for (index, (listener, cpu)) in listeners
             .into_iter()
             .zip(cfg.reactor_cpus.iter().copied())
             .enumerate()
         {
             let (tx, rx) = mailbox(CONTROL_MAILBOX_CAPACITY);
+            let metrics = std::sync::Arc::new(crate::metrics::ReactorMetrics::default());
+            reactor_metrics.push(metrics.clone());
             let setup = ReactorSetup {
                 osd: cfg.id,
                 index: index as u32,
@@ -169,6 +173,7 @@ impl Osd {
                 control: rx,
                 connections_max: cfg.connections_max as u64,
                 idle_timeout: cfg.idle_timeout,
+                metrics,
             };
             let name = format!("osd{}-r{}", cfg.id, index);
             let handle = spawn_reactor(name, cpu, move || run_reactor(setup))
@@ -178,6 +183,7 @@ impl Osd {
         Ok(Osd {
             id: cfg.id,
             epoch: cfg.map.epoch,
+            metrics: reactor_metrics,
             _device_lock: device_lock,
             reactors,
         })
@@ -249,6 +255,20 @@ impl Osd {
         self.reactors
             .iter()
             .map(|(_, h)| (h.name.clone(), h.load.clone()))
+            .collect()
+    }
+
+    /// Each reactor's counters and load, for the metrics endpoint.
+    pub fn metrics_sources(&self) -> Vec<crate::metrics::ReactorSource> {
+        self.metrics
+            .iter()
+            .zip(&self.reactors)
+            .enumerate()
+            .map(|(index, (m, (_, h)))| crate::metrics::ReactorSource {
+                index,
+                metrics: m.clone(),
+                load: h.load.clone(),
+            })
             .collect()
     }
 

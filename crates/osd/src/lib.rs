@@ -9,7 +9,10 @@
 mod daemon;
 mod fence;
 mod handler;
+mod metrics;
 mod reactor;
+
+pub use metrics::{serve_metrics, MetricsServer, ReactorMetrics, ReactorSource, LATENCY_BUCKETS};
 
 pub use daemon::{
     Osd, OsdConfig, OsdError, StoreConfig, CONNECTIONS_MAX_DEFAULT, IDLE_TIMEOUT_DEFAULT,

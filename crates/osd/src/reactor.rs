@@ -40,6 +40,7 @@ pub(crate) struct ReactorSetup {
     pub control: Mailbox<ControlMsg>,
     pub connections_max: u64,
     pub idle_timeout: Option<Duration>,
+    pub metrics: Arc<crate::metrics::ReactorMetrics>,
 }
 
 /// Everything one reactor owns.
@@ -52,6 +53,7 @@ pub(crate) struct Shard<S> {
     pub store: S,
     pub connections: Cell<u64>,
     pub fences: crate::fence::Fences,
+    pub metrics: Arc<crate::metrics::ReactorMetrics>,
     /// See `OsdConfig::idle_timeout`.
     pub idle_timeout: Option<Duration>,
 }
@@ -144,6 +146,7 @@ async fn serve<S: ObjectStore + 'static>(setup: ReactorSetup, store: S) -> Resul
         mut control,
         connections_max,
         idle_timeout,
+        metrics,
         ..
     } = setup;
     let listener = TcpListener::from_std(listener).map_err(|e| format!("listener: {e}"))?;
@@ -158,6 +161,7 @@ async fn serve<S: ObjectStore + 'static>(setup: ReactorSetup, store: S) -> Resul
         fenced_clients = fences.len(),
         "reactor serving"
     );
+    metrics.set_view(view.map.epoch, view.owned.len());
     let shard = Rc::new(Shard {
         osd,
         index,
@@ -165,6 +169,7 @@ async fn serve<S: ObjectStore + 'static>(setup: ReactorSetup, store: S) -> Resul
         store,
         connections: Cell::new(0),
         fences,
+        metrics,
         idle_timeout,
     });
     let housekeeping = shard.clone();
@@ -177,12 +182,14 @@ async fn serve<S: ObjectStore + 'static>(setup: ReactorSetup, store: S) -> Resul
                 if shard.connections.get() >= connections_max {
                     // Each connection may hold a few MiB of buffers: refuse rather than grow.
                     tracing::warn!(%peer, "refusing connection: {connections_max} already open");
+                    shard.metrics.refused_connection();
                     drop(stream);
                     continue;
                 }
                 let _ = stream.set_nodelay(true);
                 let shard = shard.clone();
                 shard.connections.set(shard.connections.get() + 1);
+                shard.metrics.set_connections(shard.connections.get());
                 carmine_reactor::spawn(async move {
                     let served = if S::NEVER_SUSPENDS {
                         serve_connection(&shard, stream).await
@@ -193,6 +200,10 @@ async fn serve<S: ObjectStore + 'static>(setup: ReactorSetup, store: S) -> Resul
                         tracing::info!(%peer, "connection closed: {e}");
                     }
                     shard.connections.set(shard.connections.get() - 1);
+                    shard.metrics.set_connections(shard.connections.get());
+                    shard
+                        .metrics
+                        .set_store_failed(shard.store.failure().is_some());
                 })
                 .detach();
             }
@@ -216,6 +227,7 @@ async fn serve<S: ObjectStore + 'static>(setup: ReactorSetup, store: S) -> Resul
                     pgs = view.owned.len(),
                     "new map epoch"
                 );
+                shard.metrics.set_view(view.map.epoch, view.owned.len());
                 *shard.view.borrow_mut() = Rc::new(view);
             }
             Either::Right((Some(ControlMsg::Shutdown) | None, _)) => break,

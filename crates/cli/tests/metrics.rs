@@ -1,0 +1,153 @@
+//! Each OSD serves Prometheus metrics; `promtool check metrics` (Debian's `prometheus`
+//! package, installed by .ci/run) accepts them, and the counters move with the I/O.
+
+mod common;
+
+use common::Cluster;
+use std::io::{Read, Write};
+use std::process::{Command, Stdio};
+
+fn scrape(addr: &str, path: &str) -> (String, String) {
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    write!(s, "GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+    let mut reply = String::new();
+    s.read_to_string(&mut reply).unwrap();
+    let (head, body) = reply.split_once("\r\n\r\n").unwrap();
+    (head.to_owned(), body.to_owned())
+}
+
+/// The value of the sample with exactly these labels.
+fn sample(text: &str, name_and_labels: &str) -> f64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(name_and_labels)?.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no sample {name_and_labels} in\n{text}"))
+}
+
+#[test]
+fn osds_serve_prometheus_metrics_that_promtool_accepts_and_that_count_the_io() {
+    let c = Cluster::up("metrics", &["--osds", "2", "--reactors", "2"]);
+    let addr = std::fs::read_to_string(c.dir.join("osd.0.metrics"))
+        .unwrap()
+        .trim()
+        .to_owned();
+    let status = c.ok(&["cluster", "status"]);
+    assert!(
+        status.contains(&format!("metrics http://{addr}/metrics")),
+        "{status}"
+    );
+    let (_, before) = scrape(&addr, "/metrics");
+
+    c.ok(&["volume", "create", "v", "--size", "16M"]);
+    let mut w = c
+        .cmd(&["volume", "write", "v", "--file", "-", "-q"])
+        .stdin(Stdio::piped())
+        .spawn()
+        .unwrap();
+    w.stdin
+        .take()
+        .unwrap()
+        .write_all(&vec![7u8; 8 << 20])
+        .unwrap();
+    assert!(w.wait().unwrap().success());
+    c.ok(&[
+        "volume",
+        "read",
+        "v",
+        "--length",
+        "8M",
+        "--file",
+        "/dev/null",
+        "-q",
+    ]);
+
+    let (head, text) = scrape(&addr, "/metrics");
+    assert!(head.starts_with("HTTP/1.1 200 OK"), "{head}");
+    assert!(head.contains("text/plain; version=0.0.4"), "{head}");
+    let check = Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map(|mut p| {
+            p.stdin.take().unwrap().write_all(text.as_bytes()).unwrap();
+            p.wait_with_output().unwrap()
+        })
+        .expect(
+            "this test needs promtool (Debian: apt-get install prometheus; .ci/run installs it)",
+        );
+    assert!(
+        check.status.success(),
+        "promtool check metrics: {}{}",
+        String::from_utf8_lossy(&check.stdout),
+        String::from_utf8_lossy(&check.stderr)
+    );
+
+    let total = |t: &str, kind: &str| -> f64 {
+        (0..2)
+            .map(|r| {
+                sample(
+                    t,
+                    &format!(
+                        "carmine_osd_requests_total{{osd=\"0\",reactor=\"{r}\",kind=\"{kind}\"}}"
+                    ),
+                )
+            })
+            .sum()
+    };
+    assert!(
+        total(&text, "write") > total(&before, "write"),
+        "writes not counted"
+    );
+    assert!(
+        total(&text, "read") > total(&before, "read"),
+        "reads not counted"
+    );
+    let count = sample(
+        &text,
+        "carmine_osd_request_latency_seconds_count{osd=\"0\",reactor=\"0\",kind=\"write\"}",
+    );
+    let inf = sample(
+        &text,
+        "carmine_osd_request_latency_seconds_bucket{osd=\"0\",reactor=\"0\",kind=\"write\",le=\"+Inf\"}",
+    );
+    assert_eq!(count, inf);
+    assert_eq!(
+        count,
+        sample(
+            &text,
+            "carmine_osd_requests_total{osd=\"0\",reactor=\"0\",kind=\"write\"}"
+        )
+    );
+    assert!(
+        sample(
+            &text,
+            "carmine_osd_received_bytes_total{osd=\"0\",reactor=\"0\"}"
+        ) > 0.0
+    );
+    assert_eq!(
+        sample(&text, "carmine_osd_map_epoch{osd=\"0\",reactor=\"1\"}"),
+        1.0
+    );
+    assert!(
+        sample(
+            &text,
+            "carmine_osd_reactor_cpu_seconds_total{osd=\"0\",reactor=\"0\"}"
+        ) > 0.0
+    );
+    // The PGs of the two OSDs' four reactors add up to the pool's 64.
+    let pgs: f64 = (0..2)
+        .flat_map(|o| (0..2).map(move |r| (o, r)))
+        .map(|(o, r)| {
+            let a = std::fs::read_to_string(c.dir.join(format!("osd.{o}.metrics"))).unwrap();
+            let (_, t) = scrape(a.trim(), "/metrics");
+            sample(
+                &t,
+                &format!("carmine_osd_pgs{{osd=\"{o}\",reactor=\"{r}\"}}"),
+            )
+        })
+        .sum();
+    assert_eq!(pgs, 64.0);
+    let (head, _) = scrape(&addr, "/other");
+    assert!(head.starts_with("HTTP/1.1 404"), "{head}");
+}

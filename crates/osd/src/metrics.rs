@@ -1,0 +1,396 @@
+//! Per-reactor counters and their Prometheus text exposition.
+//!
+//! Each reactor owns one [`ReactorMetrics`] and is its only writer: relaxed atomic adds, no
+//! lock, no allocation per request. A plain thread (never a reactor) serves
+//! `GET /metrics` on the OSD's `--metrics` address and reads them with relaxed loads.
+
+use carmine_reactor::ReactorLoad;
+use std::io::{BufRead, BufReader, Write};
+use std::net::{SocketAddr, TcpListener};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Upper bounds (seconds) of the request latency buckets: 25 µs to 1 s, roughly ×2–2.5 apart.
+pub const LATENCY_BUCKETS: [f64; 14] = [
+    25e-6, 50e-6, 100e-6, 250e-6, 500e-6, 1e-3, 2.5e-3, 5e-3, 10e-3, 25e-3, 50e-3, 100e-3, 250e-3,
+    1.0,
+];
+const LATENCY_BUCKETS_NS: [u64; 14] = [
+    25_000,
+    50_000,
+    100_000,
+    250_000,
+    500_000,
+    1_000_000,
+    2_500_000,
+    5_000_000,
+    10_000_000,
+    25_000_000,
+    50_000_000,
+    100_000_000,
+    250_000_000,
+    1_000_000_000,
+];
+
+/// What a request was, for counting.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum OpKind {
+    Read = 0,
+    Write = 1,
+    /// Ping, map, fence.
+    Other = 2,
+}
+
+const KINDS: [(&str, OpKind); 3] = [
+    ("read", OpKind::Read),
+    ("write", OpKind::Write),
+    ("other", OpKind::Other),
+];
+
+#[derive(Default)]
+struct KindCounters {
+    ops: AtomicU64,
+    failed: AtomicU64,
+    latency_ns_sum: AtomicU64,
+    /// Non-cumulative: bucket `i` counts requests in (bound[i-1], bound[i]]; the last one
+    /// counts those above every bound.
+    buckets: [AtomicU64; LATENCY_BUCKETS.len() + 1],
+}
+
+/// One reactor's counters.
+#[derive(Default)]
+pub struct ReactorMetrics {
+    kinds: [KindCounters; 3],
+    bytes_received: AtomicU64,
+    bytes_sent: AtomicU64,
+    connections: AtomicU64,
+    connections_refused: AtomicU64,
+    epoch: AtomicU32,
+    pgs: AtomicU64,
+    store_failed: AtomicBool,
+}
+
+/// Adds to a counter that only its reactor writes: a plain load and store rather than a
+/// locked read-modify-write, six of which a request would otherwise pay. Readers see every
+/// value whole; no update is lost because there is one writer.
+fn add(c: &AtomicU64, n: u64) {
+    c.store(c.load(Ordering::Relaxed).wrapping_add(n), Ordering::Relaxed);
+}
+
+impl ReactorMetrics {
+    pub(crate) fn request(&self, kind: OpKind, ok: bool, latency: Duration, rx: usize, tx: usize) {
+        let k = &self.kinds[kind as usize];
+        add(&k.ops, 1);
+        if !ok {
+            add(&k.failed, 1);
+        }
+        let ns = latency.as_nanos().min(u64::MAX as u128) as u64;
+        add(&k.latency_ns_sum, ns);
+        let b = LATENCY_BUCKETS_NS.partition_point(|bound| *bound < ns);
+        add(&k.buckets[b], 1);
+        add(&self.bytes_received, rx as u64);
+        add(&self.bytes_sent, tx as u64);
+    }
+
+    pub(crate) fn set_connections(&self, n: u64) {
+        self.connections.store(n, Ordering::Relaxed);
+    }
+
+    pub(crate) fn refused_connection(&self) {
+        add(&self.connections_refused, 1);
+    }
+
+    pub(crate) fn set_view(&self, epoch: u32, pgs: usize) {
+        self.epoch.store(epoch, Ordering::Relaxed);
+        self.pgs.store(pgs as u64, Ordering::Relaxed);
+    }
+
+    pub(crate) fn set_store_failed(&self, failed: bool) {
+        self.store_failed.store(failed, Ordering::Relaxed);
+    }
+
+    /// Requests of `kind` counted so far (for tests and tools).
+    pub fn ops(&self, kind: &str) -> u64 {
+        KINDS.iter().find(|(n, _)| *n == kind).map_or(0, |(_, k)| {
+            self.kinds[*k as usize].ops.load(Ordering::Relaxed)
+        })
+    }
+}
+
+/// One reactor as the exposition sees it.
+pub struct ReactorSource {
+    pub index: usize,
+    pub metrics: Arc<ReactorMetrics>,
+    pub load: Arc<ReactorLoad>,
+}
+
+fn load(c: &AtomicU64) -> u64 {
+    c.load(Ordering::Relaxed)
+}
+
+/// The Prometheus text format (version 0.0.4) of an OSD's reactors.
+pub fn render(osd: u32, reactors: &[ReactorSource]) -> String {
+    use std::fmt::Write as _;
+    let mut t = String::with_capacity(8192);
+    let _ = writeln!(
+        t,
+        "# HELP carmine_osd_up 1 while the OSD process serves.\n# TYPE carmine_osd_up gauge"
+    );
+    let _ = writeln!(t, "carmine_osd_up{{osd=\"{osd}\"}} 1");
+    let per_reactor = |t: &mut String,
+                       name: &str,
+                       kind: &str,
+                       help: &str,
+                       value: &dyn Fn(&ReactorSource) -> String| {
+        let _ = writeln!(t, "# HELP {name} {help}\n# TYPE {name} {kind}");
+        for r in reactors {
+            let _ = writeln!(
+                t,
+                "{name}{{osd=\"{osd}\",reactor=\"{}\"}} {}",
+                r.index,
+                value(r)
+            );
+        }
+    };
+    per_reactor(
+        &mut t,
+        "carmine_osd_map_epoch",
+        "gauge",
+        "The map epoch the reactor serves by.",
+        &|r| r.metrics.epoch.load(Ordering::Relaxed).to_string(),
+    );
+    per_reactor(
+        &mut t,
+        "carmine_osd_pgs",
+        "gauge",
+        "PGs whose primary is the reactor in its map epoch.",
+        &|r| load(&r.metrics.pgs).to_string(),
+    );
+    per_reactor(
+        &mut t,
+        "carmine_osd_connections",
+        "gauge",
+        "Open client connections.",
+        &|r| load(&r.metrics.connections).to_string(),
+    );
+    per_reactor(
+        &mut t,
+        "carmine_osd_connections_refused_total",
+        "counter",
+        "Connections refused at the per-reactor limit.",
+        &|r| load(&r.metrics.connections_refused).to_string(),
+    );
+    per_reactor(
+        &mut t,
+        "carmine_osd_received_bytes_total",
+        "counter",
+        "Request frame bytes received.",
+        &|r| load(&r.metrics.bytes_received).to_string(),
+    );
+    per_reactor(
+        &mut t,
+        "carmine_osd_sent_bytes_total",
+        "counter",
+        "Reply frame bytes sent.",
+        &|r| load(&r.metrics.bytes_sent).to_string(),
+    );
+    per_reactor(
+        &mut t,
+        "carmine_osd_store_failed",
+        "gauge",
+        "1 once the reactor's store shard has failed (it then refuses every request).",
+        &|r| (r.metrics.store_failed.load(Ordering::Relaxed) as u8).to_string(),
+    );
+    let secs = |ns: u64| format!("{:.9}", ns as f64 / 1e9);
+    per_reactor(
+        &mut t,
+        "carmine_osd_reactor_busy_seconds_total",
+        "counter",
+        "Time the reactor loop ran tasks (outside its kernel wait).",
+        &|r| secs(r.load.snapshot().busy_ns),
+    );
+    per_reactor(
+        &mut t,
+        "carmine_osd_reactor_idle_seconds_total",
+        "counter",
+        "Time the reactor loop spent in its kernel wait.",
+        &|r| secs(r.load.snapshot().idle_ns),
+    );
+    per_reactor(
+        &mut t,
+        "carmine_osd_reactor_cpu_seconds_total",
+        "counter",
+        "On-CPU time of the reactor thread, user and kernel.",
+        &|r| secs(r.load.snapshot().cpu_ns),
+    );
+    for (family, help) in [
+        ("carmine_osd_requests_total", "Requests answered, by kind."),
+        (
+            "carmine_osd_request_failures_total",
+            "Requests answered with an error, by kind.",
+        ),
+    ] {
+        let _ = writeln!(t, "# HELP {family} {help}\n# TYPE {family} counter");
+        for r in reactors {
+            for (name, kind) in KINDS {
+                let k = &r.metrics.kinds[kind as usize];
+                let v = if family.ends_with("failures_total") {
+                    load(&k.failed)
+                } else {
+                    load(&k.ops)
+                };
+                let _ = writeln!(
+                    t,
+                    "{family}{{osd=\"{osd}\",reactor=\"{}\",kind=\"{name}\"}} {v}",
+                    r.index
+                );
+            }
+        }
+    }
+    let h = "carmine_osd_request_latency_seconds";
+    let _ = writeln!(
+        t,
+        "# HELP {h} Time from a request's decoding to its reply's encoding in the reactor.\n# TYPE {h} histogram"
+    );
+    for r in reactors {
+        for (name, kind) in KINDS {
+            let k = &r.metrics.kinds[kind as usize];
+            let labels = format!("osd=\"{osd}\",reactor=\"{}\",kind=\"{name}\"", r.index);
+            let mut cumulative = 0;
+            for (i, bound) in LATENCY_BUCKETS.iter().enumerate() {
+                cumulative += load(&k.buckets[i]);
+                let _ = writeln!(t, "{h}_bucket{{{labels},le=\"{bound}\"}} {cumulative}");
+            }
+            cumulative += load(&k.buckets[LATENCY_BUCKETS.len()]);
+            let _ = writeln!(t, "{h}_bucket{{{labels},le=\"+Inf\"}} {cumulative}");
+            let _ = writeln!(t, "{h}_sum{{{labels}}} {}", secs(load(&k.latency_ns_sum)));
+            let _ = writeln!(t, "{h}_count{{{labels}}} {cumulative}");
+        }
+    }
+    t
+}
+
+/// A serving metrics endpoint; dropping it stops the thread.
+pub struct MetricsServer {
+    addr: SocketAddr,
+    stop: Arc<AtomicBool>,
+    join: Option<std::thread::JoinHandle<()>>,
+}
+
+impl MetricsServer {
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+}
+
+impl Drop for MetricsServer {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        // Wake the accept with a connection of our own.
+        let _ = std::net::TcpStream::connect_timeout(&self.addr, Duration::from_millis(200));
+        if let Some(j) = self.join.take() {
+            let _ = j.join();
+        }
+    }
+}
+
+/// How long one scrape may take to send its request line before it is dropped.
+const SCRAPE_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Serves `GET /metrics` on `addr` from a plain thread, one scrape at a time.
+pub fn serve_metrics(
+    addr: SocketAddr,
+    osd: u32,
+    reactors: Vec<ReactorSource>,
+) -> std::io::Result<MetricsServer> {
+    let listener = TcpListener::bind(addr)?;
+    let addr = listener.local_addr()?;
+    let stop = Arc::new(AtomicBool::new(false));
+    let stop2 = stop.clone();
+    let join = std::thread::Builder::new()
+        .name(format!("osd{osd}-metrics"))
+        .spawn(move || {
+            for conn in listener.incoming() {
+                if stop2.load(Ordering::Relaxed) {
+                    break;
+                }
+                let Ok(mut conn) = conn else { continue };
+                let _ = conn.set_read_timeout(Some(SCRAPE_TIMEOUT));
+                let _ = conn.set_write_timeout(Some(SCRAPE_TIMEOUT));
+                let mut line = String::new();
+                let mut reader = BufReader::new(&conn);
+                if reader.read_line(&mut line).is_err() {
+                    continue;
+                }
+                // Headers up to the blank line; their content does not matter here.
+                let mut header = String::new();
+                while reader.read_line(&mut header).is_ok_and(|n| n > 2) {
+                    header.clear();
+                }
+                let path = line.split_whitespace().nth(1).unwrap_or("");
+                let (status, body) = if line.starts_with("GET ") && path == "/metrics" {
+                    ("200 OK", render(osd, &reactors))
+                } else {
+                    ("404 Not Found", "only GET /metrics is served here\n".into())
+                };
+                let _ = write!(
+                    conn,
+                    "HTTP/1.1 {status}\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                    body.len()
+                );
+            }
+        })?;
+    Ok(MetricsServer {
+        addr,
+        stop,
+        join: Some(join),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn latencies_land_in_their_buckets_and_render_cumulatively() {
+        let m = Arc::new(ReactorMetrics::default());
+        m.request(OpKind::Read, true, Duration::from_micros(20), 100, 4200);
+        m.request(OpKind::Read, true, Duration::from_micros(25), 100, 4200);
+        m.request(OpKind::Read, false, Duration::from_micros(700), 100, 50);
+        m.request(OpKind::Write, true, Duration::from_secs(3), 4200, 30);
+        m.set_view(7, 12);
+        let text = render(
+            3,
+            &[ReactorSource {
+                index: 0,
+                metrics: m.clone(),
+                load: Arc::new(ReactorLoad::default()),
+            }],
+        );
+        let has = |line: &str| assert!(text.lines().any(|l| l == line), "no {line:?} in\n{text}");
+        has(
+            r#"carmine_osd_request_latency_seconds_bucket{osd="3",reactor="0",kind="read",le="0.000025"} 2"#,
+        );
+        has(
+            r#"carmine_osd_request_latency_seconds_bucket{osd="3",reactor="0",kind="read",le="0.0005"} 2"#,
+        );
+        has(
+            r#"carmine_osd_request_latency_seconds_bucket{osd="3",reactor="0",kind="read",le="0.001"} 3"#,
+        );
+        has(
+            r#"carmine_osd_request_latency_seconds_bucket{osd="3",reactor="0",kind="write",le="1"} 0"#,
+        );
+        has(
+            r#"carmine_osd_request_latency_seconds_bucket{osd="3",reactor="0",kind="write",le="+Inf"} 1"#,
+        );
+        has(r#"carmine_osd_request_latency_seconds_count{osd="3",reactor="0",kind="read"} 3"#);
+        has(r#"carmine_osd_request_failures_total{osd="3",reactor="0",kind="read"} 1"#);
+        has(r#"carmine_osd_requests_total{osd="3",reactor="0",kind="write"} 1"#);
+        has(r#"carmine_osd_received_bytes_total{osd="3",reactor="0"} 4500"#);
+        has(r#"carmine_osd_sent_bytes_total{osd="3",reactor="0"} 8480"#);
+        has(r#"carmine_osd_map_epoch{osd="3",reactor="0"} 7"#);
+        has(r#"carmine_osd_pgs{osd="3",reactor="0"} 12"#);
+        assert_eq!(m.ops("read"), 3);
+    }
+}
