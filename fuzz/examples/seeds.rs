@@ -159,6 +159,7 @@ fn opcode_index(op: Opcode) -> u8 {
         Opcode::GetMap => 1,
         Opcode::Object => 2,
         Opcode::Fence => 3,
+        Opcode::Auth => 4,
     }
 }
 
@@ -556,6 +557,27 @@ fn journal(c: &mut Corpus) {
     }
 }
 
+fn auth(c: &mut Corpus) {
+    use carmine_proto::auth::{encode_proof, Challenge, Hello};
+    let mut b = bytes::BytesMut::from(&[0u8][..]);
+    Hello {
+        nonce: [7; 32],
+        entity: "client.admin".into(),
+    }
+    .encode(&mut b);
+    c.put("auth_handshake", "hello", &b);
+    let mut b = bytes::BytesMut::from(&[1u8][..]);
+    Challenge {
+        nonce: [1; 32],
+        proof: [2; 32],
+    }
+    .encode(&mut b);
+    c.put("auth_handshake", "challenge", &b);
+    let mut b = bytes::BytesMut::from(&[2u8][..]);
+    encode_proof(&mut b, &[9; 32]);
+    c.put("auth_handshake", "proof", &b);
+}
+
 fn main() {
     let root = std::env::args()
         .nth(1)
@@ -567,5 +589,6 @@ fn main() {
     nbd(&mut c);
     store_blocks(&mut c);
     journal(&mut c);
+    auth(&mut c);
     println!("wrote {} seeds under {}", c.written, c.root.display());
 }

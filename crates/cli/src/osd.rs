@@ -98,6 +98,10 @@ pub struct OsdArgs {
     /// "500ms". 0 never closes one.
     #[arg(long, default_value = "600", value_parser = crate::nbd::parse_duration)]
     pub idle_timeout: Duration,
+    /// The cluster key (64 hex characters, a file of mode 0600): every connection must
+    /// authenticate with it before any request is read. Without it, none is asked for.
+    #[arg(long)]
+    pub key_file: Option<PathBuf>,
     /// Serve Prometheus metrics (text format) at http://ADDR/metrics: requests, failures and
     /// latency histograms by kind, bytes, connections, map epoch, PGs, reactor busy/idle/CPU.
     #[arg(long)]
@@ -171,6 +175,11 @@ pub fn run(a: OsdArgs) -> Result<()> {
         },
         StoreKind::Native => native_store(&a, info.reactors.len() as u32)?,
     };
+    let auth_key = a
+        .key_file
+        .as_deref()
+        .map(carmine_proto::auth::AuthKey::load)
+        .transpose()?;
     let signals = signal_hook::iterator::Signals::new([
         signal_hook::consts::SIGTERM,
         signal_hook::consts::SIGINT,
@@ -183,6 +192,7 @@ pub fn run(a: OsdArgs) -> Result<()> {
         store,
         connections_max: a.connections_max,
         idle_timeout: Some(a.idle_timeout).filter(|t| !t.is_zero()),
+        auth_key,
     })?;
     for (r, (addr, cpu)) in info.reactors.iter().zip(&reactor_cpus).enumerate() {
         let cpu = cpu.map_or("unpinned".to_string(), |c| format!("cpu {c}"));

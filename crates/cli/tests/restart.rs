@@ -202,7 +202,7 @@ fn the_osd_formats_only_a_blank_device_and_never_shares_one() {
     let mut first = osd(&store);
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
     let addr = carmine_localcluster::read_map(&c.dir).unwrap().osds[0].reactors[0];
-    while carmine_localcluster::ping(addr).is_err() {
+    while carmine_localcluster::ping(addr, None).is_err() {
         assert!(
             std::time::Instant::now() < deadline,
             "the OSD did not start"

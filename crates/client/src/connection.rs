@@ -30,7 +30,16 @@ pub struct Connection {
 
 impl Connection {
     pub async fn open(addr: SocketAddr, inflight_max: usize) -> Result<Rc<Self>, ClientError> {
-        let stream = TcpStream::connect(addr)
+        Self::open_with(addr, inflight_max, None).await
+    }
+
+    /// Like [`Connection::open`], first authenticating with `key` if given.
+    pub async fn open_with(
+        addr: SocketAddr,
+        inflight_max: usize,
+        key: Option<&carmine_proto::auth::AuthKey>,
+    ) -> Result<Rc<Self>, ClientError> {
+        let mut stream = TcpStream::connect(addr)
             .await
             .map_err(|source| ClientError::Connect { addr, source })?;
         // Connecting to a local port nobody listens on can pick that very port as the source
@@ -46,6 +55,9 @@ impl Connection {
             });
         }
         let _ = stream.set_nodelay(true);
+        if let Some(key) = key {
+            crate::auth::handshake(&mut stream, addr, key).await?;
+        }
         let (rd, wr) = stream.into_split();
         let conn = Rc::new(Connection {
             addr,

@@ -28,6 +28,9 @@ pub enum ClientError {
         waited: Duration,
         last: Box<ClientError>,
     },
+    /// The connection handshake failed: a wrong or missing key on either side.
+    #[error("authentication with {addr} failed: {detail}")]
+    Auth { addr: SocketAddr, detail: String },
     #[error("protocol error from {addr}: {detail}")]
     Protocol { addr: SocketAddr, detail: String },
     #[error("server error: {0}")]

@@ -17,9 +17,11 @@
 //! relies on the in-doubt attempt not being applied after the resent one, which holds when the
 //! connection broke because the OSD process died.
 
+mod auth;
 mod connection;
 mod error;
 
+pub use auth::CLIENT_ENTITY;
 pub use connection::Connection;
 pub use error::ClientError;
 
@@ -51,6 +53,9 @@ pub struct ClientConfig {
     /// failed attempt up to `retry_backoff_max`.
     pub retry_backoff_min: Duration,
     pub retry_backoff_max: Duration,
+    /// The cluster key: every connection starts with the handshake that proves this client
+    /// and the OSD both hold it. `None` for clusters without authentication.
+    pub key: Option<carmine_proto::auth::AuthKey>,
 }
 
 /// Default for [`ClientConfig::retry_timeout`]: longer than an OSD takes to restart.
@@ -64,6 +69,7 @@ impl Default for ClientConfig {
             retry_timeout: RETRY_TIMEOUT_DEFAULT,
             retry_backoff_min: Duration::from_millis(10),
             retry_backoff_max: Duration::from_secs(1),
+            key: None,
         }
     }
 }
@@ -260,7 +266,11 @@ impl Client {
         }
         let opened = carmine_reactor::timeout(
             CONNECT_TIMEOUT,
-            Connection::open(addr, self.inner.cfg.inflight_max),
+            Connection::open_with(
+                addr,
+                self.inner.cfg.inflight_max,
+                self.inner.cfg.key.as_ref(),
+            ),
         )
         .await
         .unwrap_or_else(|_| {

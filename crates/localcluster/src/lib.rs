@@ -13,6 +13,7 @@ pub use status::{status, Health, Status};
 use anyhow::{bail, Context, Result};
 use carmine_client::{Client, ClientConfig};
 use carmine_cluster::{OsdInfo, OsdMap, Pool};
+use carmine_proto::auth::AuthKey;
 use carmine_proto::{Request, Response};
 use carmine_reactor::cpu::{allocate, parse_cpu_list, Allocation, CpuPolicy, CpuTopology};
 use clap::Args;
@@ -24,6 +25,7 @@ use std::time::{Duration, Instant};
 pub const DIR_ENV: &str = "CARMINE_DIR";
 pub const DIR_DEFAULT: &str = "carmine-cluster";
 const MAP_FILE: &str = "osdmap";
+const KEY_FILE: &str = "cluster.key";
 /// How long `up` waits for every reactor to answer a ping.
 const READY_TIMEOUT: Duration = Duration::from_secs(20);
 /// How long `down` waits after SIGTERM before SIGKILL.
@@ -144,6 +146,10 @@ pub async fn connect(dir: &Path) -> Result<Client> {
 /// [`connect`] with a client configuration (e.g. a retry timeout).
 pub async fn connect_with(dir: &Path, cfg: ClientConfig) -> Result<Client> {
     let map = read_map(dir)?;
+    let cfg = ClientConfig {
+        key: cfg.key.or(read_key(dir)?),
+        ..cfg
+    };
     // Up OSDs first: a down one's address only costs a refused connection.
     let mut osds: Vec<&OsdInfo> = map.osds.iter().collect();
     osds.sort_by_key(|o| !o.up);
@@ -239,6 +245,8 @@ pub(crate) fn is_zombie(pid: i32) -> bool {
 pub struct Running {
     pub dir: PathBuf,
     pub map: OsdMap,
+    /// The cluster key (`None` for clusters made before keys existed).
+    pub key: Option<AuthKey>,
     /// The OSD processes this process started, by id.
     children: Vec<(u32, std::process::Child)>,
     /// What `up` did, line by line, for the caller to show.
@@ -260,6 +268,36 @@ impl Running {
 /// The perf socket of OSD `id` (reactor busy/idle counters).
 pub fn perf_socket_path(dir: &Path, id: u32) -> PathBuf {
     dir.join(format!("osd.{id}.perf"))
+}
+
+/// The cluster key's file: made by `cluster up` for a new cluster, mode 0600.
+pub fn key_path(dir: &Path) -> PathBuf {
+    dir.join(KEY_FILE)
+}
+
+/// The cluster key of `dir`, if the cluster has one.
+pub fn read_key(dir: &Path) -> Result<Option<AuthKey>> {
+    let path = key_path(dir);
+    if !path.exists() {
+        return Ok(None);
+    }
+    Ok(Some(AuthKey::load(&path)?))
+}
+
+/// Makes the key of a new cluster in `dir`.
+fn make_key(dir: &Path) -> Result<()> {
+    let key = AuthKey::from_bytes(rand_key()?);
+    key.create_file(&key_path(dir))?;
+    Ok(())
+}
+
+fn rand_key() -> Result<[u8; 32]> {
+    use std::io::Read;
+    let mut b = [0u8; 32];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut b))
+        .context("reading /dev/urandom for the cluster key")?;
+    Ok(b)
 }
 
 /// The file holding OSD `id`'s Prometheus metrics address (`ip:port`, at /metrics).
@@ -331,6 +369,7 @@ pub fn forget(dir: &Path) -> Result<()> {
         maps::remove_private(dir)?;
     }
     let _ = std::fs::remove_file(dir.join(CLUSTER_FILE));
+    let _ = std::fs::remove_file(key_path(dir));
     match std::fs::remove_file(map_path(dir)) {
         Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
             Err(e).with_context(|| format!("removing the map in {}", dir.display()))
@@ -407,6 +446,8 @@ fn up_from(
     };
     early_notes.append(&mut notes);
     let notes = early_notes;
+    // Before anything starts: a key others can read is refused, not used.
+    let key = read_key(&dir)?;
     let etcd = read_cluster_file(&dir)?.and_then(|f| f.etcd);
     let live = live_osds(&dir)?;
     let to_start: Vec<u32> = map
@@ -449,6 +490,7 @@ fn up_from(
         children.push((id, child));
     }
     let mut running = Running {
+        key,
         dir: dir.clone(),
         map,
         children,
@@ -582,6 +624,14 @@ fn new_cluster(
             .with_flags(a)
         })
     };
+    // A key for every new cluster (one left by an earlier cluster here is taken over).
+    if read_key(dir)?.is_none() {
+        make_key(dir)?;
+        notes.push(format!(
+            "cluster key: {} (mode 0600; every connection authenticates with it)",
+            key_path(dir).display()
+        ));
+    }
     // The settings first: they say where the map is.
     write_atomically(
         &dir.join(CLUSTER_FILE),
@@ -769,6 +819,9 @@ fn start_osd(
             .arg(e.lease_ttl_secs.to_string()),
     };
     cmd.arg("--perf-socket").arg(perf_socket_path(dir, id));
+    if key_path(dir).exists() {
+        cmd.arg("--key-file").arg(key_path(dir));
+    }
     // Metrics on a free loopback port, recorded for `status` and scrapers.
     let metrics = free_addrs([127, 0, 0, 1].into(), 1)?[0];
     std::fs::write(metrics_path(dir, id), metrics.to_string())?;
@@ -888,7 +941,7 @@ fn wait_ready(r: &mut Running, osds: &[u32]) -> Result<()> {
         .collect();
     for (osd, addr) in endpoints {
         loop {
-            if ping(addr).is_ok() {
+            if ping(addr, r.key.as_ref()).is_ok() {
                 break;
             }
             // The child handle, not /proc: right after fork the child still shows our cmdline.
@@ -918,9 +971,10 @@ fn wait_ready(r: &mut Running, osds: &[u32]) -> Result<()> {
     Ok(())
 }
 
-pub fn ping(addr: SocketAddr) -> Result<Duration> {
+/// One round trip to reactor `addr`, after the handshake if the cluster has a `key`.
+pub fn ping(addr: SocketAddr, key: Option<&AuthKey>) -> Result<Duration> {
     carmine_reactor::block_on(async move {
-        let conn = carmine_client::Connection::open(addr, 1).await?;
+        let conn = carmine_client::Connection::open_with(addr, 1, key).await?;
         let t = Instant::now();
         let resp = conn
             .call(&Request::Ping {

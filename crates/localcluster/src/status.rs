@@ -60,6 +60,7 @@ pub fn status(dir: &Path) -> Result<Status> {
     let map = crate::read_map(&dir)?;
     let etcd = read_cluster_file(&dir)?.and_then(|f| f.etcd);
     let live = live_osds(&dir)?;
+    let key = crate::read_key(&dir)?;
     let mut checks = Checks::default();
     let mut detail = String::new();
     let mut answering = 0;
@@ -78,7 +79,7 @@ pub fn status(dir: &Path) -> Result<Status> {
         let mut dead = 0;
         for (r, addr) in o.reactors.iter().enumerate() {
             let pgs = map.pgs_of_reactor(o.id, r as u32).len();
-            match ping(*addr) {
+            match ping(*addr, key.as_ref()) {
                 Ok(rtt) => writeln!(
                     detail,
                     "    reactor {r} {addr}: up, {pgs} PGs, ping {} us",

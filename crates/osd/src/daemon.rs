@@ -34,6 +34,9 @@ pub struct OsdConfig {
     /// nothing in flight and nothing unsent (idle, or stalled half way through a frame), or
     /// replies it does not take. Requests waiting on the store never time out. `None`: never.
     pub idle_timeout: Option<std::time::Duration>,
+    /// The cluster key: every connection must complete the handshake with it before any
+    /// request is read. `None` serves without authentication.
+    pub auth_key: Option<carmine_proto::auth::AuthKey>,
 }
 
 /// Default for [`OsdConfig::connections_max`].
@@ -174,6 +177,7 @@ impl Osd {
                 connections_max: cfg.connections_max as u64,
                 idle_timeout: cfg.idle_timeout,
                 metrics,
+                auth_key: cfg.auth_key.clone(),
             };
             let name = format!("osd{}-r{}", cfg.id, index);
             let handle = spawn_reactor(name, cpu, move || run_reactor(setup))

@@ -462,6 +462,7 @@ mod tests {
                 connections: Cell::new(0),
                 fences: Default::default(),
                 metrics: Default::default(),
+                auth_key: None,
                 idle_timeout: None,
             };
             let ping = Request::Ping {

@@ -6,6 +6,7 @@
 //! with zero cross-core hops and reactors share nothing. The only cross-thread traffic is
 //! control messages (shutdown, later map updates) through bounded mailboxes.
 
+mod auth;
 mod daemon;
 mod fence;
 mod handler;

@@ -66,6 +66,7 @@ pub struct ReactorMetrics {
     bytes_sent: AtomicU64,
     connections: AtomicU64,
     connections_refused: AtomicU64,
+    auth_refused: AtomicU64,
     epoch: AtomicU32,
     pgs: AtomicU64,
     store_failed: AtomicBool,
@@ -99,6 +100,10 @@ impl ReactorMetrics {
 
     pub(crate) fn refused_connection(&self) {
         add(&self.connections_refused, 1);
+    }
+
+    pub(crate) fn refused_auth(&self) {
+        add(&self.auth_refused, 1);
     }
 
     pub(crate) fn set_view(&self, epoch: u32, pgs: usize) {
@@ -180,6 +185,13 @@ pub fn render(osd: u32, reactors: &[ReactorSource]) -> String {
         "counter",
         "Connections refused at the per-reactor limit.",
         &|r| load(&r.metrics.connections_refused).to_string(),
+    );
+    per_reactor(
+        &mut t,
+        "carmine_osd_auth_failures_total",
+        "counter",
+        "Connections closed because they did not authenticate.",
+        &|r| load(&r.metrics.auth_refused).to_string(),
     );
     per_reactor(
         &mut t,

@@ -41,6 +41,7 @@ pub(crate) struct ReactorSetup {
     pub connections_max: u64,
     pub idle_timeout: Option<Duration>,
     pub metrics: Arc<crate::metrics::ReactorMetrics>,
+    pub auth_key: Option<carmine_proto::auth::AuthKey>,
 }
 
 /// Everything one reactor owns.
@@ -54,6 +55,8 @@ pub(crate) struct Shard<S> {
     pub connections: Cell<u64>,
     pub fences: crate::fence::Fences,
     pub metrics: Arc<crate::metrics::ReactorMetrics>,
+    /// The cluster key every connection must prove it holds (`None`: no authentication).
+    pub auth_key: Option<carmine_proto::auth::AuthKey>,
     /// See `OsdConfig::idle_timeout`.
     pub idle_timeout: Option<Duration>,
 }
@@ -147,6 +150,7 @@ async fn serve<S: ObjectStore + 'static>(setup: ReactorSetup, store: S) -> Resul
         connections_max,
         idle_timeout,
         metrics,
+        auth_key,
         ..
     } = setup;
     let listener = TcpListener::from_std(listener).map_err(|e| format!("listener: {e}"))?;
@@ -170,6 +174,7 @@ async fn serve<S: ObjectStore + 'static>(setup: ReactorSetup, store: S) -> Resul
         connections: Cell::new(0),
         fences,
         metrics,
+        auth_key,
         idle_timeout,
     });
     let housekeeping = shard.clone();
@@ -191,10 +196,20 @@ async fn serve<S: ObjectStore + 'static>(setup: ReactorSetup, store: S) -> Resul
                 shard.connections.set(shard.connections.get() + 1);
                 shard.metrics.set_connections(shard.connections.get());
                 carmine_reactor::spawn(async move {
-                    let served = if S::NEVER_SUSPENDS {
-                        serve_connection(&shard, stream).await
-                    } else {
-                        serve_connection_concurrently(&shard, stream).await
+                    let mut stream = stream;
+                    let authenticated = match &shard.auth_key {
+                        Some(key) => crate::auth::authenticate(&mut stream, key)
+                            .await
+                            .map(|entity| tracing::debug!(%peer, entity, "authenticated")),
+                        None => Ok(()),
+                    };
+                    let served = match authenticated {
+                        Err(e) => {
+                            shard.metrics.refused_auth();
+                            Err(format!("not authenticated: {e}"))
+                        }
+                        Ok(()) if S::NEVER_SUSPENDS => serve_connection(&shard, stream).await,
+                        Ok(()) => serve_connection_concurrently(&shard, stream).await,
                     };
                     if let Err(e) = served {
                         tracing::info!(%peer, "connection closed: {e}");

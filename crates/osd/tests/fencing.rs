@@ -78,6 +78,7 @@ impl Native {
                 },
                 connections_max: CONNECTIONS_MAX_DEFAULT,
                 idle_timeout: Some(carmine_osd::IDLE_TIMEOUT_DEFAULT),
+                auth_key: None,
             })
             .unwrap(),
         );

@@ -97,6 +97,7 @@ fn start(
         store,
         connections_max,
         idle_timeout,
+        auth_key: None,
     })
     .unwrap();
     Native {

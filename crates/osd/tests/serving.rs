@@ -47,6 +47,7 @@ fn start_with(reactors: usize, connections_max: u32) -> (Osd, OsdMap) {
         },
         connections_max,
         idle_timeout: Some(IDLE_TIMEOUT_DEFAULT),
+        auth_key: None,
     })
     .unwrap();
     (osd, map)
@@ -297,6 +298,7 @@ fn start_fails_clearly_when_the_endpoint_is_taken() {
         },
         connections_max: CONNECTIONS_MAX_DEFAULT,
         idle_timeout: Some(IDLE_TIMEOUT_DEFAULT),
+        auth_key: None,
     })
     .err()
     .unwrap();

@@ -43,6 +43,8 @@ pub enum Opcode {
     Object = 3,
     /// Refuse a client's requests from now on (its image lock was broken).
     Fence = 4,
+    /// The authentication handshake that opens a connection (see `auth`).
+    Auth = 5,
 }
 
 impl Opcode {
@@ -52,6 +54,7 @@ impl Opcode {
             2 => Some(Self::GetMap),
             3 => Some(Self::Object),
             4 => Some(Self::Fence),
+            5 => Some(Self::Auth),
             _ => None,
         }
     }

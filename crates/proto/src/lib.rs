@@ -7,6 +7,7 @@
 //! checksums before a message is decoded, so a corrupt or hostile stream costs one connection,
 //! never a panic or an unbounded allocation. The byte layout is in `docs/format/wire.md`.
 
+pub mod auth;
 mod frame;
 mod message;
 

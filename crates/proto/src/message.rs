@@ -44,6 +44,9 @@ pub enum Status {
     CompareFailed = 16,
     /// The requesting client was fenced (its image lock was broken): it may no longer write.
     Fenced = 17,
+    /// The connection did not authenticate (no handshake, a wrong key, a replayed proof):
+    /// the server closes it after this reply.
+    AuthFailed = 18,
 }
 
 impl Status {
@@ -68,6 +71,7 @@ impl Status {
             15 => CollectionNotFound,
             16 => CompareFailed,
             17 => Fenced,
+            18 => AuthFailed,
             _ => return None,
         })
     }
@@ -87,6 +91,10 @@ pub enum ProtoError {
     UnknownOutput { tag: u8 },
     #[error("expected a {expected:?} frame")]
     WrongKind { expected: FrameKind },
+    #[error(
+        "authentication messages come only first on a connection, and only where a key is set"
+    )]
+    Handshake,
 }
 
 /// One sub-operation on an object. Reads and writes are not mixed in one request: a request of
@@ -719,6 +727,7 @@ impl Request {
             Opcode::Fence => Request::Fence {
                 client: d.u64("fenced client").map_err(err)?,
             },
+            Opcode::Auth => return Err(ProtoError::Handshake),
         };
         d.finish("request").map_err(err)?;
         Ok(req)
@@ -771,6 +780,7 @@ impl Response {
                 Response::Object { outputs }
             }
             Opcode::Fence => Response::Fenced,
+            Opcode::Auth => return Err(ProtoError::Handshake),
         };
         d.finish("response").map_err(err)?;
         Ok(Ok(resp))

@@ -39,6 +39,7 @@ where
         },
         connections_max: carmine_osd::CONNECTIONS_MAX_DEFAULT,
         idle_timeout: Some(carmine_osd::IDLE_TIMEOUT_DEFAULT),
+        auth_key: None,
     })
     .unwrap();
     carmine_reactor::block_on(async {
