@@ -63,6 +63,7 @@ fn set_in(dir: &std::path::Path, ids: &[u32], in_: bool, allow_moves: bool) -> R
     let store = carmine_localcluster::map_store(dir)?;
     let word = if in_ { "in" } else { "out" };
     let mut already = Vec::new();
+    let mut before = None;
     let stored = carmine_mapstore::update(store.as_ref(), 10, |current| {
         let Some(map) = current else {
             return Err(carmine_mapstore::MapStoreError::Invalid(
@@ -93,7 +94,7 @@ fn set_in(dir: &std::path::Path, ids: &[u32], in_: bool, allow_moves: bool) -> R
             .filter(|p| p.size < 2)
             .map(|p| p.name.as_str())
             .collect();
-        let moved = moved_pgs(map, &next);
+        let moved = map.moved_pgs(&next);
         if !allow_moves && !single.is_empty() && moved > 0 {
             return Err(carmine_mapstore::MapStoreError::Invalid(format!(
                 "this moves {moved} PGs, and pool(s) {} keep a single copy: the moved PGs \
@@ -105,6 +106,7 @@ fn set_in(dir: &std::path::Path, ids: &[u32], in_: bool, allow_moves: bool) -> R
             )));
         }
         next.epoch = map.epoch + 1;
+        before = Some(map.clone());
         if !next.osds.iter().any(|o| o.in_) {
             return Err(carmine_mapstore::MapStoreError::Invalid(
                 "refusing to mark every OSD out: no PG would have a place".into(),
@@ -114,6 +116,13 @@ fn set_in(dir: &std::path::Path, ids: &[u32], in_: bool, allow_moves: bool) -> R
     })?
     .context("the cluster has no map")?;
     let names: Vec<String> = ids.iter().map(|i| format!("osd.{i}")).collect();
+    if let Some(before) = &before {
+        let total = before.all_pgs().count();
+        println!(
+            "{} of {total} PGs placed elsewhere by this change",
+            before.moved_pgs(&stored)
+        );
+    }
     if already.len() == ids.len() {
         println!(
             "{} already {word}; map epoch {}",
@@ -128,16 +137,6 @@ fn set_in(dir: &std::path::Path, ids: &[u32], in_: bool, allow_moves: bool) -> R
         );
     }
     Ok(())
-}
-
-/// PGs whose placement differs between two maps.
-pub fn moved_pgs(a: &OsdMap, b: &OsdMap) -> usize {
-    a.all_pgs()
-        .filter(|pg| {
-            let size = a.pool(pg.pool).map_or(1, |p| p.size);
-            a.pg_placement(*pg, size) != b.pg_placement(*pg, size)
-        })
-        .count()
 }
 
 /// `ceph osd tree`: hosts, then their OSDs.
@@ -175,5 +174,14 @@ pub fn tree(map: &OsdMap) -> String {
             );
         }
     }
+    let s = map.spread();
+    let _ = writeln!(
+        t,
+        "PGs per OSD in: min {} max {} mean {:.1}, max/mean {:.2}",
+        s.min,
+        s.max,
+        s.mean,
+        s.max_over_mean()
+    );
     t
 }

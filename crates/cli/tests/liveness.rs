@@ -31,10 +31,23 @@ fn map(c: &Cluster) -> OsdMap {
     carmine_localcluster::read_map(&c.dir).expect("reading the map")
 }
 
+fn key(c: &Cluster) -> Option<carmine_proto::auth::AuthKey> {
+    carmine_localcluster::read_key(&c.dir).expect("the cluster key")
+}
+
+fn client_cfg(c: &Cluster) -> carmine_client::ClientConfig {
+    carmine_client::ClientConfig {
+        key: key(c),
+        ..Default::default()
+    }
+}
+
 /// The epoch OSD reactor `addr` serves by, asked over the wire.
-fn served_epoch(addr: SocketAddr) -> Option<u32> {
+fn served_epoch(addr: SocketAddr, key: Option<&carmine_proto::auth::AuthKey>) -> Option<u32> {
     carmine_reactor::block_on(async move {
-        let conn = carmine_client::Connection::open(addr, 1).await.ok()?;
+        let conn = carmine_client::Connection::open_with(addr, 1, key)
+            .await
+            .ok()?;
         let r = conn.call(&Request::GetMap).await.ok();
         conn.close();
         match r? {
@@ -66,12 +79,13 @@ fn wait_map(c: &Cluster, limit: Duration, done: impl Fn(&OsdMap) -> bool) -> (Os
 }
 
 /// Every live OSD of `m` serves epoch `m.epoch` (or newer) within two seconds.
-fn osds_follow(m: &OsdMap) {
+fn osds_follow(c: &Cluster, m: &OsdMap) {
+    let key = key(c);
     let deadline = Instant::now() + Duration::from_secs(2);
     for o in m.osds.iter().filter(|o| o.up) {
         for addr in &o.reactors {
             loop {
-                let e = served_epoch(*addr);
+                let e = served_epoch(*addr, key.as_ref());
                 if e.is_some_and(|e| e >= m.epoch) {
                     break;
                 }
@@ -170,9 +184,9 @@ fn a_killed_osd_is_marked_down_in_a_new_epoch_and_up_again_when_restarted() {
         "down, but still in: its PGs wait for it"
     );
     assert!(down.osd(0).unwrap().up && down.osd(2).unwrap().up);
-    osds_follow(&down);
+    osds_follow(&c, &down);
     carmine_reactor::block_on(async {
-        let client = carmine_client::Client::connect(&addrs, Default::default())
+        let client = carmine_client::Client::connect(&addrs, client_cfg(&c))
             .await
             .unwrap();
         assert_eq!(
@@ -200,7 +214,7 @@ fn a_killed_osd_is_marked_down_in_a_new_epoch_and_up_again_when_restarted() {
         "`up` returns once the map shows it up"
     );
     assert!(up.epoch > down.epoch);
-    osds_follow(&up);
+    osds_follow(&c, &up);
     assert!(c.ok(&["cluster", "status"]).contains("HEALTH_OK"));
     assert!(read_volume(&c, "v", data.len()) == data, "data changed");
 }
@@ -289,7 +303,7 @@ fn with_etcd_stopped_the_data_path_goes_on_and_changes_resume_after() {
         .flat_map(|o| o.reactors.clone())
         .collect();
     let rounds = carmine_reactor::block_on(async {
-        let client = carmine_client::Client::connect(&addrs, Default::default())
+        let client = carmine_client::Client::connect(&addrs, client_cfg(&c))
             .await
             .expect("connecting with etcd stopped");
         let pool = client.pool_id("rbd").unwrap();
@@ -340,7 +354,7 @@ fn with_etcd_stopped_the_data_path_goes_on_and_changes_resume_after() {
     assert!(said.contains("marked osd.2 out"), "{said}");
     let (out, _) = wait_map(&c, Duration::from_secs(5), |m| !m.osd(2).unwrap().in_);
     assert!(!out.osd(2).unwrap().auto_out);
-    osds_follow(&out);
+    osds_follow(&c, &out);
     c.ok(&["osd", "in", "2", "--allow-single-copy-moves"]);
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {

@@ -10,5 +10,5 @@
 mod map;
 mod placement;
 
-pub use map::{MapError, OsdInfo, OsdMap, Pool, MAP_FORMAT_VERSION};
+pub use map::{MapError, OsdInfo, OsdMap, Pool, Spread, MAP_FORMAT_VERSION};
 pub use placement::{object_to_pg_seed, stable_mod};

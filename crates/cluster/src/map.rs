@@ -96,6 +96,25 @@ pub struct Pool {
     pub size: u8,
 }
 
+/// PGs per OSD (see [`OsdMap::spread`]).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Spread {
+    pub per_osd: Vec<(OsdId, usize)>,
+    pub min: usize,
+    pub max: usize,
+    pub mean: f64,
+}
+
+impl Spread {
+    /// The busiest OSD's share against a perfectly even one (1.0 is perfect).
+    pub fn max_over_mean(&self) -> f64 {
+        if self.mean == 0.0 {
+            return 0.0;
+        }
+        self.max as f64 / self.mean
+    }
+}
+
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct OsdMap {
     pub epoch: u32,
@@ -208,6 +227,49 @@ impl OsdMap {
         let id = *self.pg_osds(pg, size).first()?;
         let osd = self.osd(id)?;
         Some((id, pg_to_reactor_index(pg, osd.reactors.len() as u32)))
+    }
+
+    /// How evenly placement spreads PGs: the first placed OSD of every PG (the primary once
+    /// it is up), counted per OSD that is in.
+    pub fn spread(&self) -> Spread {
+        let mut per_osd: Vec<(OsdId, usize)> = self
+            .osds
+            .iter()
+            .filter(|o| o.in_)
+            .map(|o| (o.id, 0))
+            .collect();
+        for pg in self.all_pgs() {
+            let size = self.pool(pg.pool).map_or(1, |p| p.size);
+            if let Some(first) = self.pg_placement(pg, size).first() {
+                if let Some(c) = per_osd.iter_mut().find(|(id, _)| id == first) {
+                    c.1 += 1;
+                }
+            }
+        }
+        let total: usize = per_osd.iter().map(|(_, n)| n).sum();
+        let mean = if per_osd.is_empty() {
+            0.0
+        } else {
+            total as f64 / per_osd.len() as f64
+        };
+        let max = per_osd.iter().map(|(_, n)| *n).max().unwrap_or(0);
+        let min = per_osd.iter().map(|(_, n)| *n).min().unwrap_or(0);
+        Spread {
+            per_osd,
+            min,
+            max,
+            mean,
+        }
+    }
+
+    /// PGs whose placement differs between this map and `other` (by this map's pools).
+    pub fn moved_pgs(&self, other: &OsdMap) -> usize {
+        self.all_pgs()
+            .filter(|pg| {
+                let size = self.pool(pg.pool).map_or(1, |p| p.size);
+                self.pg_placement(*pg, size) != other.pg_placement(*pg, size)
+            })
+            .count()
     }
 
     /// Every PG of every pool.
@@ -440,6 +502,58 @@ mod tests {
                 "pg {s} moved from {was:?} to osd.{now}"
             );
             assert_ne!(now, 2);
+        }
+    }
+
+    fn pool_map(osds: u32, pg_num: u32) -> OsdMap {
+        let mut m = map(osds, 1);
+        m.pools[0].pg_num = pg_num;
+        m
+    }
+
+    /// Measured, not the goal: rendezvous hashing alone spreads 256 PGs over 8 OSDs with the
+    /// busiest at about 1.2× the mean (issue #11 asks ≤ 1.10, which needs a balancer). The
+    /// bound here catches a placement that got worse.
+    #[test]
+    fn spread_of_256_pgs_over_8_osds() {
+        let s = pool_map(8, 256).spread();
+        assert_eq!(s.per_osd.iter().map(|(_, n)| n).sum::<usize>(), 256);
+        assert_eq!(s.mean, 32.0);
+        println!(
+            "256 PGs over 8 OSDs: min {} max {} mean {} max/mean {:.3}",
+            s.min,
+            s.max,
+            s.mean,
+            s.max_over_mean()
+        );
+        assert!(s.max_over_mean() <= 1.35, "{s:?}");
+        // Over many PGs it evens out: the law of large numbers, not luck.
+        let big = pool_map(8, 65536).spread();
+        assert!(big.max_over_mean() < 1.03, "{big:?}");
+    }
+
+    /// Adding one OSD to N moves only PGs onto the new OSD, about 1/(N+1) of them.
+    #[test]
+    fn adding_one_osd_moves_about_one_in_n_plus_one_pgs_all_to_it() {
+        for n in [2u32, 3, 4, 8, 16] {
+            let before = pool_map(n, 4096);
+            let mut after = pool_map(n + 1, 4096);
+            after.epoch = before.epoch + 1;
+            let moved = before.moved_pgs(&after);
+            for pg in before.all_pgs() {
+                let (b, a) = (before.pg_placement(pg, 1), after.pg_placement(pg, 1));
+                assert!(
+                    b == a || a == vec![n],
+                    "pg {pg} moved {b:?} -> {a:?}, not to the new OSD"
+                );
+            }
+            let frac = moved as f64 / 4096.0;
+            let ideal = 1.0 / (n + 1) as f64;
+            println!(
+                "{n} -> {} OSDs: {moved} of 4096 PGs moved ({frac:.3}, ideal {ideal:.3})",
+                n + 1
+            );
+            assert!((frac - ideal).abs() < 0.2 * ideal, "{n}: {frac} vs {ideal}");
         }
     }
 
