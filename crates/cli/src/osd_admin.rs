@@ -29,6 +29,35 @@ pub enum OsdAdmin {
         #[arg(long)]
         allow_single_copy_moves: bool,
     },
+    /// Add an OSD on another host to the map (down until it registers; out unless --in).
+    /// Start it there with the command this prints.
+    Add {
+        #[command(flatten)]
+        dir: DirArg,
+        /// The address its reactors listen on (the host's).
+        #[arg(long)]
+        host: std::net::IpAddr,
+        /// The host's name, its failure domain [the address].
+        #[arg(long)]
+        host_name: Option<String>,
+        /// Reactors (endpoints) [as the cluster's first OSD].
+        #[arg(long)]
+        reactors: Option<u32>,
+        /// Reactor r of OSD n listens on port BASE + 16n + r.
+        #[arg(long, default_value_t = 6800)]
+        port_base: u16,
+        /// Mark it in at once: placement gives it PGs (see `in` for single-copy pools).
+        #[arg(long = "in")]
+        in_: bool,
+        #[arg(long)]
+        allow_single_copy_moves: bool,
+    },
+    /// Remove an OSD that is down and out from the map.
+    Rm {
+        #[command(flatten)]
+        dir: DirArg,
+        id: u32,
+    },
     /// Hosts and their OSDs, with up/down, in/out and PG counts.
     Tree {
         #[command(flatten)]
@@ -48,12 +77,163 @@ pub fn run(cmd: OsdAdmin) -> Result<()> {
             ids,
             allow_single_copy_moves,
         } => set_in(&dir.dir, &ids, true, allow_single_copy_moves),
+        OsdAdmin::Add {
+            dir,
+            host,
+            host_name,
+            reactors,
+            port_base,
+            in_,
+            allow_single_copy_moves,
+        } => add(
+            &dir.dir,
+            host,
+            host_name,
+            reactors,
+            port_base,
+            in_,
+            allow_single_copy_moves,
+        ),
+        OsdAdmin::Rm { dir, id } => rm(&dir.dir, id),
         OsdAdmin::Tree { dir } => {
             let map = carmine_localcluster::read_map(&dir.dir)?;
             print!("{}", tree(&map));
             Ok(())
         }
     }
+}
+
+fn refuse_single_copy_moves(
+    map: &OsdMap,
+    next: &OsdMap,
+    allow: bool,
+) -> Result<(), carmine_mapstore::MapStoreError> {
+    let single: Vec<&str> = map
+        .pools
+        .iter()
+        .filter(|p| p.size < 2)
+        .map(|p| p.name.as_str())
+        .collect();
+    let moved = map.moved_pgs(next);
+    if !allow && !single.is_empty() && moved > 0 {
+        return Err(carmine_mapstore::MapStoreError::Invalid(format!(
+            "this moves {moved} PGs, and pool(s) {} keep a single copy: the moved PGs \
+             would come up empty on their new OSDs (their data stays where it is, hidden), \
+             and writes they accept there would be hidden once they move back. Replication \
+             and backfill (issue #12) will move the data; until then pass \
+             --allow-single-copy-moves to do it anyway",
+            single.join(", ")
+        )));
+    }
+    Ok(())
+}
+
+fn add(
+    dir: &std::path::Path,
+    host: std::net::IpAddr,
+    host_name: Option<String>,
+    reactors: Option<u32>,
+    port_base: u16,
+    in_: bool,
+    allow_moves: bool,
+) -> Result<()> {
+    let store = carmine_localcluster::map_store(dir)?;
+    let mut before = None;
+    let stored = carmine_mapstore::update(store.as_ref(), 10, |current| {
+        let Some(map) = current else {
+            return Err(carmine_mapstore::MapStoreError::Invalid(
+                "the cluster has no map".into(),
+            ));
+        };
+        let id = map.osds.iter().map(|o| o.id + 1).max().unwrap_or(0);
+        let n = reactors.unwrap_or_else(|| map.osds.first().map_or(1, |o| o.reactors.len() as u32));
+        let ports = (0..n).map(|r| u32::from(port_base) + 16 * id + r);
+        let mut endpoints = Vec::new();
+        for p in ports {
+            let p = u16::try_from(p).map_err(|_| {
+                carmine_mapstore::MapStoreError::Invalid(format!(
+                    "port {p} for osd.{id} is out of range: use a lower --port-base"
+                ))
+            })?;
+            endpoints.push(std::net::SocketAddr::new(host, p));
+        }
+        if let Some(o) = map
+            .osds
+            .iter()
+            .find(|o| o.reactors.iter().any(|a| endpoints.contains(a)))
+        {
+            return Err(carmine_mapstore::MapStoreError::Invalid(format!(
+                "osd.{} already listens on one of {endpoints:?}",
+                o.id
+            )));
+        }
+        let name = host_name.clone().unwrap_or_else(|| host.to_string());
+        let mut next = map.clone();
+        next.epoch = map.epoch + 1;
+        next.osds.push(carmine_cluster::OsdInfo {
+            up: false,
+            in_,
+            down_since: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs()),
+            ..carmine_cluster::OsdInfo::new(id, &name, endpoints)
+        });
+        refuse_single_copy_moves(map, &next, allow_moves)?;
+        before = Some(map.clone());
+        Ok(Some(next))
+    })?
+    .context("the cluster has no map")?;
+    let o = stored.osds.last().expect("just added");
+    let eps: Vec<String> = o.reactors.iter().map(|a| a.to_string()).collect();
+    println!(
+        "added osd.{} on {} ({}), {}; map epoch {}",
+        o.id,
+        o.host,
+        eps.join(" "),
+        if o.in_ { "in" } else { "out" },
+        stored.epoch
+    );
+    if let Some(b) = before {
+        let total = b.all_pgs().count();
+        println!("{} of {total} PGs placed on it", b.moved_pgs(&stored));
+    }
+    let settings = carmine_localcluster::describe_map_source(dir)?;
+    println!(
+        "start it on that host with: carmine osd --id {} {settings} --no-pin",
+        o.id
+    );
+    Ok(())
+}
+
+fn rm(dir: &std::path::Path, id: u32) -> Result<()> {
+    let store = carmine_localcluster::map_store(dir)?;
+    let stored = carmine_mapstore::update(store.as_ref(), 10, |current| {
+        let Some(map) = current else {
+            return Err(carmine_mapstore::MapStoreError::Invalid(
+                "the cluster has no map".into(),
+            ));
+        };
+        let Some(o) = map.osd(id) else {
+            return Err(carmine_mapstore::MapStoreError::Invalid(format!(
+                "osd.{id} is not in the map"
+            )));
+        };
+        if o.up || o.in_ {
+            return Err(carmine_mapstore::MapStoreError::Invalid(format!(
+                "osd.{id} is {} and {}: only an OSD that is down and out can be removed \
+                 (stop it, and `osd out {id}` first)",
+                if o.up { "up" } else { "down" },
+                if o.in_ { "in" } else { "out" }
+            )));
+        }
+        let mut next = map.clone();
+        next.epoch = map.epoch + 1;
+        next.osds.retain(|o| o.id != id);
+        Ok(Some(next))
+    })?
+    .context("the cluster has no map")?;
+    println!("removed osd.{id}; map epoch {}", stored.epoch);
+    Ok(())
 }
 
 fn set_in(dir: &std::path::Path, ids: &[u32], in_: bool, allow_moves: bool) -> Result<()> {
@@ -88,23 +268,7 @@ fn set_in(dir: &std::path::Path, ids: &[u32], in_: bool, allow_moves: bool) -> R
         if next == *map {
             return Ok(None);
         }
-        let single: Vec<&str> = map
-            .pools
-            .iter()
-            .filter(|p| p.size < 2)
-            .map(|p| p.name.as_str())
-            .collect();
-        let moved = map.moved_pgs(&next);
-        if !allow_moves && !single.is_empty() && moved > 0 {
-            return Err(carmine_mapstore::MapStoreError::Invalid(format!(
-                "this moves {moved} PGs, and pool(s) {} keep a single copy: the moved PGs \
-                 would come up empty on their new OSDs (their data stays where it is, hidden), \
-                 and writes they accept there would be hidden once they move back. Replication \
-                 and backfill (issue #12) will move the data; until then pass \
-                 --allow-single-copy-moves to do it anyway",
-                single.join(", ")
-            )));
-        }
+        refuse_single_copy_moves(map, &next, allow_moves)?;
         next.epoch = map.epoch + 1;
         before = Some(map.clone());
         if !next.osds.iter().any(|o| o.in_) {

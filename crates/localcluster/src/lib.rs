@@ -132,6 +132,25 @@ pub fn read_map(dir: &Path) -> Result<OsdMap> {
     })
 }
 
+/// The `carmine osd` flags that join an OSD to the cluster in `dir`: where the map is, the
+/// lease TTL and the key.
+pub fn describe_map_source(dir: &Path) -> Result<String> {
+    let etcd = read_cluster_file(dir)?.and_then(|f| f.etcd);
+    let mut s = match etcd {
+        Some(e) => format!(
+            "--etcd {} --cluster-name {} --lease-ttl {}",
+            e.endpoints.join(","),
+            e.cluster,
+            e.lease_ttl_secs
+        ),
+        None => format!("--map {}", map_path(dir).display()),
+    };
+    if key_path(dir).exists() {
+        s.push_str(&format!(" --key-file {}", key_path(dir).display()));
+    }
+    Ok(s)
+}
+
 /// The map store of the cluster in `dir` (its file, or its key in etcd).
 pub fn map_store(dir: &Path) -> Result<Box<dyn carmine_mapstore::MapStore>> {
     let etcd = read_cluster_file(dir)?.and_then(|f| f.etcd);
@@ -162,6 +181,13 @@ pub async fn connect_with(dir: &Path, cfg: ClientConfig) -> Result<Client> {
     Client::connect_with_map(&addrs, Some(map), cfg)
         .await
         .context("connecting to the cluster")
+}
+
+/// True if `osd`'s endpoints are addresses of this host (it can be started from here).
+fn is_local(osd: &OsdInfo) -> bool {
+    osd.reactors
+        .first()
+        .is_some_and(|a| TcpListener::bind((a.ip(), 0)).is_ok())
 }
 
 /// This machine's name: the failure domain its OSDs share.
@@ -450,9 +476,11 @@ fn up_from(
     let key = read_key(&dir)?;
     let etcd = read_cluster_file(&dir)?.and_then(|f| f.etcd);
     let live = live_osds(&dir)?;
+    // OSDs added on other hosts (`osd add --host`) are started there, not here.
     let to_start: Vec<u32> = map
         .osds
         .iter()
+        .filter(|o| is_local(o))
         .map(|o| o.id)
         .filter(|id| !live.iter().any(|(l, _)| l == id))
         .collect();
@@ -972,22 +1000,32 @@ fn wait_ready(r: &mut Running, osds: &[u32]) -> Result<()> {
 }
 
 /// One round trip to reactor `addr`, after the handshake if the cluster has a `key`.
+/// Gives up after `PING_TIMEOUT`: a host cut off by a partition drops packets, and TCP's own
+/// connect timeout is minutes.
 pub fn ping(addr: SocketAddr, key: Option<&AuthKey>) -> Result<Duration> {
     carmine_reactor::block_on(async move {
-        let conn = carmine_client::Connection::open_with(addr, 1, key).await?;
-        let t = Instant::now();
-        let resp = conn
-            .call(&Request::Ping {
-                payload: bytes::Bytes::new(),
-            })
-            .await?;
-        conn.close();
-        match resp {
-            Response::Pong { .. } => Ok(t.elapsed()),
-            _ => bail!("unexpected reply to ping"),
-        }
+        let attempt = async {
+            let conn = carmine_client::Connection::open_with(addr, 1, key).await?;
+            let t = Instant::now();
+            let resp = conn
+                .call(&Request::Ping {
+                    payload: bytes::Bytes::new(),
+                })
+                .await?;
+            conn.close();
+            match resp {
+                Response::Pong { .. } => Ok(t.elapsed()),
+                _ => bail!("unexpected reply to ping"),
+            }
+        };
+        carmine_reactor::timeout(PING_TIMEOUT, attempt)
+            .await
+            .unwrap_or_else(|_| bail!("no answer within {PING_TIMEOUT:?}"))
     })
 }
+
+/// How long `status` and `up` wait for one reactor's ping.
+const PING_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// Stops the OSDs running in `dir`; returns a one-line summary.
 pub fn down(dir: &Path) -> Result<String> {
