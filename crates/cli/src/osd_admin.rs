@@ -46,9 +46,21 @@ pub enum OsdAdmin {
         /// Reactor r of OSD n listens on port BASE + 16n + r.
         #[arg(long, default_value_t = 6800)]
         port_base: u16,
+        /// Its share of PGs relative to the others (by convention its capacity in TiB).
+        #[arg(long, default_value_t = 1.0)]
+        weight: f64,
         /// Mark it in at once: placement gives it PGs (see `in` for single-copy pools).
         #[arg(long = "in")]
         in_: bool,
+        #[arg(long)]
+        allow_single_copy_moves: bool,
+    },
+    /// Set an OSD's weight: its share of PGs relative to the others (0 takes none).
+    Reweight {
+        #[command(flatten)]
+        dir: DirArg,
+        id: u32,
+        weight: f64,
         #[arg(long)]
         allow_single_copy_moves: bool,
     },
@@ -83,17 +95,27 @@ pub fn run(cmd: OsdAdmin) -> Result<()> {
             host_name,
             reactors,
             port_base,
+            weight,
             in_,
             allow_single_copy_moves,
         } => add(
             &dir.dir,
-            host,
-            host_name,
-            reactors,
-            port_base,
-            in_,
+            NewOsd {
+                host,
+                host_name,
+                reactors,
+                port_base,
+                weight: fixed_weight(weight)?,
+                in_,
+            },
             allow_single_copy_moves,
         ),
+        OsdAdmin::Reweight {
+            dir,
+            id,
+            weight,
+            allow_single_copy_moves,
+        } => reweight(&dir.dir, id, fixed_weight(weight)?, allow_single_copy_moves),
         OsdAdmin::Rm { dir, id } => rm(&dir.dir, id),
         OsdAdmin::Tree { dir } => {
             let map = carmine_localcluster::read_map(&dir.dir)?;
@@ -128,15 +150,72 @@ fn refuse_single_copy_moves(
     Ok(())
 }
 
-fn add(
-    dir: &std::path::Path,
+/// A weight in the map's 16.16 fixed point.
+fn fixed_weight(w: f64) -> Result<u32> {
+    if !(0.0..65536.0).contains(&w) {
+        bail!("weight {w} is out of range (0 to 65535.99)");
+    }
+    Ok((w * carmine_cluster::WEIGHT_ONE as f64).round() as u32)
+}
+
+struct NewOsd {
     host: std::net::IpAddr,
     host_name: Option<String>,
     reactors: Option<u32>,
     port_base: u16,
+    weight: u32,
     in_: bool,
-    allow_moves: bool,
-) -> Result<()> {
+}
+
+fn reweight(dir: &std::path::Path, id: u32, weight: u32, allow_moves: bool) -> Result<()> {
+    let store = carmine_localcluster::map_store(dir)?;
+    let mut before = None;
+    let stored = carmine_mapstore::update(store.as_ref(), 10, |current| {
+        let Some(map) = current else {
+            return Err(carmine_mapstore::MapStoreError::Invalid(
+                "the cluster has no map".into(),
+            ));
+        };
+        let mut next = map.clone();
+        let Some(o) = next.osds.iter_mut().find(|o| o.id == id) else {
+            return Err(carmine_mapstore::MapStoreError::Invalid(format!(
+                "osd.{id} is not in the map"
+            )));
+        };
+        if o.weight == weight {
+            return Ok(None);
+        }
+        o.weight = weight;
+        next.epoch = map.epoch + 1;
+        refuse_single_copy_moves(map, &next, allow_moves)?;
+        before = Some(map.clone());
+        Ok(Some(next))
+    })?
+    .context("the cluster has no map")?;
+    println!(
+        "osd.{id} weight {:.4}; map epoch {}",
+        weight as f64 / carmine_cluster::WEIGHT_ONE as f64,
+        stored.epoch
+    );
+    if let Some(b) = before {
+        let total = b.all_pgs().count();
+        println!(
+            "{} of {total} PGs placed elsewhere by this change",
+            b.moved_pgs(&stored)
+        );
+    }
+    Ok(())
+}
+
+fn add(dir: &std::path::Path, new: NewOsd, allow_moves: bool) -> Result<()> {
+    let NewOsd {
+        host,
+        host_name,
+        reactors,
+        port_base,
+        weight,
+        in_,
+    } = new;
     let store = carmine_localcluster::map_store(dir)?;
     let mut before = None;
     let stored = carmine_mapstore::update(store.as_ref(), 10, |current| {
@@ -176,6 +255,7 @@ fn add(
             down_since: std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(0, |d| d.as_secs()),
+            weight,
             ..carmine_cluster::OsdInfo::new(id, &name, endpoints)
         });
         refuse_single_copy_moves(map, &next, allow_moves)?;
@@ -313,8 +393,8 @@ pub fn tree(map: &OsdMap) -> String {
     let _ = writeln!(t, "map epoch {}", map.epoch);
     let _ = writeln!(
         t,
-        "{:<6} {:<24} {:>5} {:>4} {:>6}",
-        "ID", "NAME", "STATE", "IN", "PGS"
+        "{:<6} {:<24} {:>5} {:>4} {:>6} {:>8}",
+        "ID", "NAME", "STATE", "IN", "PGS", "WEIGHT"
     );
     for h in hosts {
         let _ = writeln!(t, "{:<6} host {h}", "-");
@@ -329,12 +409,13 @@ pub fn tree(map: &OsdMap) -> String {
                 .count();
             let _ = writeln!(
                 t,
-                "{:<6}     osd.{:<15} {:>5} {:>4} {:>6}",
+                "{:<6}     osd.{:<15} {:>5} {:>4} {:>6} {:>8.4}",
                 o.id,
                 o.id,
                 if o.up { "up" } else { "down" },
                 if o.in_ { "in" } else { "out" },
-                pgs
+                pgs,
+                o.weight as f64 / carmine_cluster::WEIGHT_ONE as f64
             );
         }
     }

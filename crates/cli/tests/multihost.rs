@@ -152,7 +152,7 @@ fn map(dir: &Path) -> carmine_cluster::OsdMap {
     };
     for l in out.lines() {
         let f: Vec<&str> = l.split_whitespace().collect();
-        if f.len() == 5 && f[1].starts_with("osd.") {
+        if f.len() == 6 && f[1].starts_with("osd.") {
             let mut o = carmine_cluster::OsdInfo::new(
                 f[0].parse().unwrap(),
                 "",

@@ -28,7 +28,7 @@ pub use error::ClientError;
 use bytes::Bytes;
 use carmine_cluster::OsdMap;
 use carmine_proto::{ObjectRequest, OpOutput, OsdOp, Request, Response, Status};
-use carmine_types::PoolId;
+use carmine_types::{PgId, PoolId};
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -86,6 +86,10 @@ struct Inner {
     instance: u64,
     bootstrap: Vec<SocketAddr>,
     map: RefCell<Rc<OsdMap>>,
+    /// Where each PG's requests go in `map`'s epoch (`None`: the PG has no primary), filled
+    /// as PGs are used and emptied when the map changes: placement (a sort over the OSDs, a
+    /// weighted draw each when weights differ) runs once per PG and epoch, not per request.
+    routes: RefCell<HashMap<PgId, Option<SocketAddr>>>,
     conns: RefCell<HashMap<SocketAddr, Endpoint>>,
 }
 
@@ -150,6 +154,7 @@ impl Client {
                     osds: vec![],
                     pools: vec![],
                 }))),
+                routes: RefCell::new(HashMap::new()),
                 conns: RefCell::new(HashMap::new()),
             }),
         };
@@ -214,6 +219,7 @@ impl Client {
                     let map = OsdMap::decode(encoded).map_err(ClientError::Map)?;
                     if map.epoch > self.map().epoch {
                         *self.inner.map.borrow_mut() = Rc::new(map);
+                        self.inner.routes.borrow_mut().clear();
                         return Ok(());
                     }
                     answers += 1;
@@ -411,11 +417,20 @@ impl Client {
         let map = self.map();
         let pool = map.pool(req.pool).map_err(ClientError::Map)?;
         let pg = map.object_pg(pool, &req.oid);
-        let (osd, reactor) = map.pg_primary(pg).ok_or(ClientError::NoOsd { pg })?;
-        let info = map.osd(osd).ok_or(ClientError::NoOsd { pg })?;
         req.pg_seed = pg.seed;
         req.epoch = map.epoch;
-        Ok(info.reactors[reactor as usize])
+        let cached = self.inner.routes.borrow().get(&pg).copied();
+        let target = match cached {
+            Some(t) => t,
+            None => {
+                let t = map
+                    .pg_primary(pg)
+                    .and_then(|(osd, r)| Some(map.osd(osd)?.reactors[r as usize]));
+                self.inner.routes.borrow_mut().insert(pg, t);
+                t
+            }
+        };
+        target.ok_or(ClientError::NoOsd { pg })
     }
 
     pub async fn read(

@@ -11,4 +11,4 @@ mod map;
 mod placement;
 
 pub use map::{MapError, OsdInfo, OsdMap, Pool, Spread, MAP_FORMAT_VERSION};
-pub use placement::{object_to_pg_seed, stable_mod};
+pub use placement::{object_to_pg_seed, stable_mod, WEIGHT_ONE};

@@ -1,6 +1,8 @@
 //! The cluster map: epoch, OSDs with their per-reactor endpoints, and pools.
 
-use crate::placement::{object_to_pg_seed, pg_to_reactor_index, rendezvous_score};
+use crate::placement::{
+    object_to_pg_seed, pg_to_reactor_index, rendezvous_score, weighted_draw, WEIGHT_ONE,
+};
 use bytes::{Bytes, BytesMut};
 use carmine_types::{crc32c, DecodeError, Decoder, Encoder, OsdId, PgId, PoolId};
 use std::net::SocketAddr;
@@ -62,6 +64,9 @@ pub struct OsdInfo {
     pub down_since: u64,
     /// The host it runs on: the failure domain placement spreads copies over.
     pub host: String,
+    /// Its share of PGs relative to the others (16.16 fixed point, `WEIGHT_ONE` = 1.0; by
+    /// convention its capacity in TiB). 0 takes no PGs.
+    pub weight: u32,
     /// One listening endpoint per reactor: reactor `r` serves the PGs that hash to it.
     pub reactors: Vec<SocketAddr>,
 }
@@ -76,6 +81,7 @@ impl OsdInfo {
             auto_out: false,
             down_since: 0,
             host: host.into(),
+            weight: WEIGHT_ONE,
             reactors,
         }
     }
@@ -195,21 +201,53 @@ impl OsdMap {
         }
     }
 
-    /// The OSDs placement gives a PG: the `size` best-scoring OSDs that are in, up or not,
-    /// best first. A down OSD keeps its place (its PGs wait for it) until it is out.
+    /// The OSDs placement gives a PG, best first: among the OSDs that are in (up or not) with
+    /// a weight, ranked by straw2's weighted draw (by the rendezvous score alone when all
+    /// weights are equal, which ranks the same), the first `size` on distinct hosts; if there
+    /// are fewer hosts than `size`, the rest in rank order. A down OSD keeps its place (its
+    /// PGs wait for it) until it is out.
     pub fn pg_placement(&self, pg: PgId, size: u8) -> Vec<OsdId> {
-        let mut scored: Vec<(u64, OsdId)> = self
+        let candidates = self.osds.iter().filter(|o| o.in_ && o.weight > 0);
+        let first_weight = self
             .osds
             .iter()
-            .filter(|o| o.in_)
-            .map(|o| (rendezvous_score(pg, o.id), o.id))
+            .find(|o| o.in_ && o.weight > 0)
+            .map(|o| o.weight);
+        let equal = candidates.clone().all(|o| Some(o.weight) == first_weight);
+        let mut ranked: Vec<(i128, u64, OsdId, &str)> = candidates
+            .map(|o| {
+                let score = rendezvous_score(pg, o.id);
+                let draw = if equal {
+                    0
+                } else {
+                    weighted_draw(score, o.weight)
+                };
+                (draw, score, o.id, o.host.as_str())
+            })
             .collect();
-        scored.sort_unstable_by(|a, b| b.cmp(a));
-        scored
-            .into_iter()
-            .take(size as usize)
-            .map(|(_, id)| id)
-            .collect()
+        ranked.sort_unstable_by_key(|r| std::cmp::Reverse((r.0, r.1, r.2)));
+        let size = size as usize;
+        let mut chosen: Vec<OsdId> = Vec::with_capacity(size);
+        let mut hosts: Vec<&str> = Vec::with_capacity(size);
+        for (_, _, id, host) in &ranked {
+            if chosen.len() == size {
+                break;
+            }
+            if !hosts.contains(host) {
+                chosen.push(*id);
+                hosts.push(host);
+            }
+        }
+        // Fewer hosts than copies: fill from the rest, in rank order.
+        for (_, _, id, _) in &ranked {
+            if chosen.len() == size {
+                break;
+            }
+            if !chosen.contains(id) {
+                chosen.push(*id);
+            }
+        }
+        chosen
     }
 
     /// The acting set of a PG: the up members of its placement, primary first.
@@ -296,6 +334,7 @@ impl OsdMap {
         for o in &self.osds {
             e.u32(o.id)
                 .u8(o.flags())
+                .u32(o.weight)
                 .u64(o.down_since)
                 .str(&o.host)
                 .count(o.reactors.len());
@@ -341,9 +380,14 @@ impl OsdMap {
         let mut osds = Vec::with_capacity(n);
         for _ in 0..n {
             let id = d.u32("osd id")?;
-            let (flags, down_since, host) = if version == MAP_FORMAT_V1 {
+            let (flags, weight, down_since, host) = if version == MAP_FORMAT_V1 {
                 let up = d.bool("osd up")?;
-                (FLAG_IN | if up { FLAG_UP } else { 0 }, 0, String::new())
+                (
+                    FLAG_IN | if up { FLAG_UP } else { 0 },
+                    WEIGHT_ONE,
+                    0,
+                    String::new(),
+                )
             } else {
                 let flags = d.u8("osd flags")?;
                 if flags & !(FLAG_UP | FLAG_IN | FLAG_AUTO_OUT) != 0 {
@@ -353,6 +397,7 @@ impl OsdMap {
                 }
                 (
                     flags,
+                    d.u32("osd weight")?,
                     d.u64("osd down since")?,
                     d.string("osd host", HOST_LEN_MAX)?,
                 )
@@ -370,6 +415,7 @@ impl OsdMap {
                 auto_out: flags & FLAG_AUTO_OUT != 0,
                 down_since,
                 host,
+                weight,
                 reactors,
             });
         }
@@ -554,6 +600,70 @@ mod tests {
                 n + 1
             );
             assert!((frac - ideal).abs() < 0.2 * ideal, "{n}: {frac} vs {ideal}");
+        }
+    }
+
+    #[test]
+    fn weights_share_pgs_in_proportion() {
+        let mut m = pool_map(4, 65536);
+        m.osds[3].weight = 2 * WEIGHT_ONE;
+        let s = m.spread();
+        let n = |id: u32| s.per_osd.iter().find(|(o, _)| *o == id).unwrap().1 as f64;
+        // 1 : 1 : 1 : 2 of 65536.
+        let ideal = 65536.0 / 5.0;
+        for id in 0..3 {
+            assert!((n(id) / ideal - 1.0).abs() < 0.03, "osd.{id}: {}", n(id));
+        }
+        assert!((n(3) / (2.0 * ideal) - 1.0).abs() < 0.03, "osd.3: {}", n(3));
+        // Weight 0 takes nothing, like out.
+        m.osds[3].weight = 0;
+        assert!(m.all_pgs().all(|pg| m.pg_placement(pg, 1) != vec![3]));
+    }
+
+    #[test]
+    fn equal_weights_place_exactly_as_plain_rendezvous() {
+        let mut m = pool_map(5, 512);
+        let before: Vec<_> = m.all_pgs().map(|pg| m.pg_placement(pg, 3)).collect();
+        for o in &mut m.osds {
+            o.weight = 7 * WEIGHT_ONE;
+        }
+        let after: Vec<_> = m.all_pgs().map(|pg| m.pg_placement(pg, 3)).collect();
+        assert_eq!(before, after);
+        // Plain rendezvous: the highest scores, in order.
+        for (pg, placed) in m.all_pgs().zip(&before) {
+            let mut ids: Vec<u32> = (0..5).collect();
+            ids.sort_by_key(|id| std::cmp::Reverse((rendezvous_score(pg, *id), *id)));
+            assert_eq!(&ids[..3], &placed[..]);
+        }
+    }
+
+    #[test]
+    fn copies_go_to_distinct_hosts_when_there_are_enough() {
+        // Six OSDs on three hosts, two each.
+        let mut m = pool_map(6, 256);
+        for o in &mut m.osds {
+            o.host = format!("h{}", o.id / 2);
+        }
+        for pg in m.all_pgs() {
+            let p = m.pg_placement(pg, 3);
+            let mut hosts: Vec<u32> = p.iter().map(|id| id / 2).collect();
+            hosts.sort();
+            hosts.dedup();
+            assert_eq!(hosts.len(), 3, "pg {pg}: {p:?}");
+        }
+        // Two hosts for three copies: both hosts, then the best remaining OSD.
+        let mut m = pool_map(4, 256);
+        for o in &mut m.osds {
+            o.host = format!("h{}", o.id % 2);
+        }
+        for pg in m.all_pgs() {
+            let p = m.pg_placement(pg, 3);
+            assert_eq!(p.len(), 3);
+            assert_ne!(
+                p[0] % 2,
+                p[1] % 2,
+                "pg {pg}: the first two must be on both hosts"
+            );
         }
     }
 
