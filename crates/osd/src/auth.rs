@@ -5,7 +5,8 @@
 use bytes::BytesMut;
 use carmine_proto::auth::{decode_proof, AuthKey, Challenge, Hello, NONCE_LEN};
 use carmine_proto::{
-    encode_error, encode_frame, try_decode_frame, ErrorReply, Frame, FrameKind, Opcode, Status,
+    encode_error, encode_frame, peek_frame_header, try_decode_frame, ErrorReply, Frame, FrameKind,
+    Opcode, Status,
 };
 use carmine_reactor::io::{read_some, write_all};
 use carmine_reactor::TcpStream;
@@ -27,16 +28,6 @@ async fn handshake(stream: &mut TcpStream, key: &AuthKey) -> Result<String, Stri
     let mut rbuf = BytesMut::new();
     let hello = read_frame(stream, &mut rbuf).await?;
     let id = hello.header.request_id;
-    if hello.header.opcode != Opcode::Auth || hello.header.kind != FrameKind::Request {
-        return refuse(
-            stream,
-            id,
-            hello.header.opcode,
-            "authentication required: this cluster has a key, and every connection must \
-             start with the handshake (connect with the cluster key)",
-        )
-        .await;
-    }
     let hello = match Hello::decode(hello.payload) {
         Ok(h) => h,
         Err(e) => return refuse(stream, id, Opcode::Auth, &e.to_string()).await,
@@ -53,15 +44,6 @@ async fn handshake(stream: &mut TcpStream, key: &AuthKey) -> Result<String, Stri
     send(stream, out).await?;
     let proof = read_frame(stream, &mut rbuf).await?;
     let id = proof.header.request_id;
-    if proof.header.opcode != Opcode::Auth || proof.header.kind != FrameKind::Request {
-        return refuse(
-            stream,
-            id,
-            proof.header.opcode,
-            "expected the handshake's proof",
-        )
-        .await;
-    }
     let ok = decode_proof(proof.payload)
         .is_ok_and(|p| key.verify(false, &hello.nonce, &nonce, &hello.entity, &p));
     if !ok {
@@ -110,15 +92,35 @@ async fn send(stream: &mut TcpStream, out: BytesMut) -> Result<(), String> {
         .map_err(|e| format!("write: {e}"))
 }
 
-/// The next whole frame on `stream`; bytes after it stay in `rbuf`.
+/// Handshake frames are a few dozen bytes: a peer that has not authenticated may not make the
+/// OSD buffer more (a full request frame is megabytes).
+const HANDSHAKE_BYTES_MAX: usize = 1024;
+
+/// The next frame on `stream` if it is a handshake frame (bytes after it stay in `rbuf`);
+/// anything else is refused by its header, before its payload is buffered.
 async fn read_frame(stream: &mut TcpStream, rbuf: &mut BytesMut) -> Result<Frame, String> {
     loop {
-        match try_decode_frame(rbuf) {
-            Ok(Some(f)) => return Ok(f),
+        match peek_frame_header(rbuf) {
+            Ok(Some(h)) if h.opcode != Opcode::Auth || h.kind != FrameKind::Request => {
+                let why = "authentication required: this cluster has a key, and every \
+                           connection must start with the handshake (connect with the \
+                           cluster key)";
+                refuse(stream, h.request_id, h.opcode, why).await?;
+            }
+            Ok(Some(h)) if h.payload_len as usize > HANDSHAKE_BYTES_MAX => {
+                refuse(stream, h.request_id, h.opcode, "handshake frame too large").await?;
+            }
+            Ok(Some(_)) => {
+                if let Some(f) = try_decode_frame(rbuf)
+                    .map_err(|e| format!("bad frame during the handshake: {e}"))?
+                {
+                    return Ok(f);
+                }
+            }
             Ok(None) => {}
             Err(e) => return Err(format!("bad frame during the handshake: {e}")),
         }
-        let (res, buf) = read_some(stream, std::mem::take(rbuf), 4096).await;
+        let (res, buf) = read_some(stream, std::mem::take(rbuf), HANDSHAKE_BYTES_MAX).await;
         *rbuf = buf;
         match res {
             Ok(0) => return Err("peer closed during the handshake".into()),

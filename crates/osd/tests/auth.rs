@@ -190,6 +190,33 @@ fn a_wrong_proof_and_a_replayed_handshake_are_refused_by_the_osd() {
     assert_eq!(status, Status::AuthFailed);
     assert!(replay.closed());
 
+    // A request header announcing a large write, without a handshake: refused by its header,
+    // at once, without waiting for (or buffering) the payload it announces.
+    let mut big = Raw::connect(addr);
+    let mut frame = BytesMut::new();
+    encode_request(
+        &mut frame,
+        9,
+        &Request::Object(carmine_proto::ObjectRequest {
+            pool: 1,
+            pg_seed: 0,
+            epoch: 1,
+            client: 0,
+            oid: "o".into(),
+            ops: vec![carmine_proto::OsdOp::Write {
+                off: 0,
+                data: Bytes::from(vec![0u8; 1 << 20]),
+            }],
+        }),
+    );
+    big.send(&frame[..4096]);
+    let f = big.recv().expect("an answer before the payload arrived");
+    assert_eq!(f.header.request_id, 9);
+    let (status, msg) = error_status(&f);
+    assert_eq!(status, Status::AuthFailed);
+    assert!(msg.contains("authentication required"), "{msg}");
+    assert!(big.closed());
+
     // Garbage instead of a handshake: one error, then closed.
     let mut junk = Raw::connect(addr);
     junk.send(&auth_frame(1, |b| b.extend_from_slice(b"not a hello")));

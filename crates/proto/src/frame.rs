@@ -155,6 +155,16 @@ fn parse_header(b: &[u8]) -> Result<(FrameHeader, u32), FrameError> {
     Ok((header, le_u32(b, OFF_PAYLOAD_CRC)))
 }
 
+/// The header of the frame at the start of `buf`, validated, once its 32 bytes are there;
+/// nothing is consumed or reserved. Lets a receiver refuse a frame by its header (a peer that
+/// has not authenticated announcing megabytes) before buffering its payload.
+pub fn peek_frame_header(buf: &[u8]) -> Result<Option<FrameHeader>, FrameError> {
+    if buf.len() < FRAME_HEADER_LEN {
+        return Ok(None);
+    }
+    parse_header(&buf[..FRAME_HEADER_LEN]).map(|(h, _)| Some(h))
+}
+
 /// Takes one complete frame off the front of `buf`.
 ///
 /// Returns `Ok(None)` when more bytes are needed; on return, `buf` has at least enough capacity

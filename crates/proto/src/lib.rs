@@ -11,7 +11,7 @@ pub mod auth;
 mod frame;
 mod message;
 
-pub use frame::{begin_frame, try_decode_frame, Frame, OpenFrame};
+pub use frame::{begin_frame, peek_frame_header, try_decode_frame, Frame, OpenFrame};
 pub use frame::{
     encode_frame, FrameError, FrameHeader, FrameKind, Opcode, FRAME_HEADER_LEN, FRAME_MAGIC,
     FRAME_PAYLOAD_MAX, PROTOCOL_VERSION,
