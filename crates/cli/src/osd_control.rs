@@ -71,7 +71,9 @@ impl Control {
         let keeper = match source {
             MapSource::File(_) => None,
             MapSource::Etcd { endpoints, cluster } => {
-                let etcd = Etcd::new(endpoints)?;
+                // Each call may take a quarter of the TTL, so a renewal can fail over to
+                // another member before the lease runs out.
+                let etcd = Etcd::new(endpoints)?.with_timeout(ttl / 4);
                 let lease =
                     OsdLease::register(&etcd, cluster, &reg, ttl, ttl + Duration::from_secs(2))
                         .with_context(|| format!("registering osd.{} in etcd", reg.osd))?;

@@ -35,7 +35,9 @@ fn unix_now() -> u64 {
 /// manager outlives an etcd outage and resumes when it is back.
 pub fn run(cfg: &ManagerConfig, stop: &AtomicBool) -> Result<(), MapStoreError> {
     let store = EtcdMapStore::new(&cfg.endpoints, &cfg.cluster)?;
-    let etcd = store.etcd().clone();
+    // Leadership calls may take a quarter of the TTL each: a renewal fails over to another
+    // etcd member before the lease runs out.
+    let etcd = store.etcd().clone().with_timeout(cfg.lease_ttl / 4);
     let mut leading: Option<(Leadership, Instant)> = None;
     let mut last_error = String::new();
     while !stop.load(Ordering::Relaxed) {
@@ -55,8 +57,11 @@ pub fn run(cfg: &ManagerConfig, stop: &AtomicBool) -> Result<(), MapStoreError> 
         std::thread::sleep(cfg.tick);
     }
     if let Some((l, _)) = leading {
-        l.resign()?;
-        println!("{}: resigned", cfg.name);
+        match l.resign() {
+            Ok(()) => println!("{}: resigned", cfg.name),
+            // The lease runs out on its own; a successor waits at most one TTL.
+            Err(e) => eprintln!("{}: resigning: {e}", cfg.name),
+        }
     }
     Ok(())
 }
@@ -70,12 +75,14 @@ fn step(
 ) -> Result<(), MapStoreError> {
     match leading {
         None => {
+            // The lease's clock starts at the grant, before the campaign's transaction.
+            let granted = Instant::now();
             let Some(l) = Leadership::campaign(etcd, &cfg.cluster, &cfg.name, cfg.lease_ttl)?
             else {
                 return Ok(());
             };
             println!("{}: leading cluster {}", cfg.name, cfg.cluster);
-            *leading = Some((l, Instant::now()));
+            *leading = Some((l, granted));
         }
         Some((l, renewed)) if renewed.elapsed() >= cfg.lease_ttl / 3 => {
             if !l.renew()? {

@@ -68,6 +68,12 @@ pub fn next_epoch(
                 o.down_since = now;
                 reasons.push(format!("osd.{} down (no live registration)", o.id));
             }
+            // Down without a stamp (a map of format 1): its grace period starts now, not at
+            // the epoch of 1970.
+            None if o.down_since == 0 => {
+                o.down_since = now;
+                reasons.push(format!("osd.{} down, grace period from now", o.id));
+            }
             None if may_move_pgs
                 && o.in_
                 && now.saturating_sub(o.down_since) >= policy.down_out_grace.as_secs() =>
@@ -178,6 +184,24 @@ mod tests {
         let o = back.map.osd(1).unwrap();
         assert!(o.up && o.in_ && !o.auto_out && o.down_since == 0);
         assert_eq!(back.reasons, vec!["osd.1 up (pid 101 on h), in again"]);
+    }
+
+    #[test]
+    fn a_down_osd_without_a_stamp_gets_one_and_a_full_grace_period() {
+        let mut m = map(2);
+        m.osds[1].up = false; // as a format-1 map decodes: down, in, down_since 0
+        let n = next_epoch(&m, &alive(&m, &[0]), 5000, &P).unwrap();
+        let o = n.map.osd(1).unwrap();
+        assert!(o.in_ && o.down_since == 5000, "{o:?}");
+        assert_eq!(next_epoch(&n.map, &alive(&m, &[0]), 5599, &P), None);
+        assert!(
+            !next_epoch(&n.map, &alive(&m, &[0]), 5600, &P)
+                .unwrap()
+                .map
+                .osd(1)
+                .unwrap()
+                .in_
+        );
     }
 
     #[test]

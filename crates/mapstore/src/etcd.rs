@@ -39,32 +39,41 @@ impl EtcdMapStore {
         guards: &[Compare<'_>],
     ) -> Result<(), MapStoreError> {
         check_swap(expected, new)?;
-        let old = expected.map(|m| m.encode());
-        let mut compares = vec![match &old {
-            None => Compare::Absent(&self.key),
-            Some(v) => Compare::Value(&self.key, v),
-        }];
-        let guarded = !guards.is_empty();
-        compares.extend(guards.iter().map(|g| match g {
-            Compare::Absent(k) => Compare::Absent(k),
-            Compare::Value(k, v) => Compare::Value(k, v),
-        }));
         let value = new.encode();
-        let put = Put::Put {
-            key: &self.key,
-            value: &value,
-            lease: 0,
-        };
-        if self.etcd.txn(&compares, &[put])? {
-            return Ok(());
+        let mut old: Option<Vec<u8>> = expected.map(|m| m.encode().to_vec());
+        // At most twice: the stored bytes may be an older format's encoding of the very map
+        // expected (the compare is on bytes); then once more against those exact bytes.
+        for _ in 0..2 {
+            let mut compares = vec![match &old {
+                None => Compare::Absent(&self.key),
+                Some(v) => Compare::Value(&self.key, v),
+            }];
+            compares.extend(guards.iter().map(|g| match g {
+                Compare::Absent(k) => Compare::Absent(k),
+                Compare::Value(k, v) => Compare::Value(k, v),
+            }));
+            let put = Put::Put {
+                key: &self.key,
+                value: &value,
+                lease: 0,
+            };
+            if self.etcd.txn(&compares, &[put])? {
+                return Ok(());
+            }
+            let raw = self.etcd.get(&self.key)?.0;
+            let current = raw.clone().map(decode).transpose()?;
+            if current.as_ref() != expected {
+                return Err(MapStoreError::Conflict {
+                    current: current.map(Box::new),
+                });
+            }
+            if raw == old {
+                // The map is as expected, byte for byte: a guard failed.
+                return Err(MapStoreError::Deposed);
+            }
+            old = raw;
         }
-        let current = self.get()?;
-        if guarded && current.as_ref() == expected {
-            return Err(MapStoreError::Deposed);
-        }
-        Err(MapStoreError::Conflict {
-            current: current.map(Box::new),
-        })
+        Err(MapStoreError::Deposed)
     }
 }
 

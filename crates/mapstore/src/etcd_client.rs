@@ -17,6 +17,11 @@ const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 pub struct Etcd {
     endpoints: Vec<String>,
     agent: ureq::Agent,
+    /// How long one call may take on one endpoint.
+    timeout: Duration,
+    /// The endpoint that answered last: tried first, so a dead member costs one timeout
+    /// once, not on every call.
+    preferred: std::sync::Arc<std::sync::atomic::AtomicUsize>,
 }
 
 impl std::fmt::Debug for Etcd {
@@ -70,24 +75,42 @@ impl Etcd {
                 .map(|e| e.trim_end_matches('/').to_owned())
                 .collect(),
             agent: ureq::AgentBuilder::new().build(),
+            timeout: REQUEST_TIMEOUT,
+            preferred: Default::default(),
         })
+    }
+
+    /// The same client with a per-call timeout of `timeout`: lease keepers use a fraction of
+    /// their TTL, so a renewal fails over to another member before the lease runs out.
+    pub fn with_timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout.max(Duration::from_millis(100));
+        self
     }
 
     pub fn endpoints(&self) -> &[String] {
         &self.endpoints
     }
 
-    /// POSTs `body` to `path` on the first endpoint that answers.
+    /// POSTs `body` to `path` on the first endpoint that answers, starting with the one that
+    /// answered last. A member that fails (no answer, or a 5xx) passes the call to the next.
     fn post(&self, path: &str, body: &Value) -> Result<Value, MapStoreError> {
+        use std::sync::atomic::Ordering;
         let mut last = String::new();
-        for ep in &self.endpoints {
+        let n = self.endpoints.len();
+        let first = self.preferred.load(Ordering::Relaxed) % n;
+        for i in (0..n).map(|k| (first + k) % n) {
+            let ep = &self.endpoints[i];
             let res = self
                 .agent
                 .post(&format!("{ep}{path}"))
-                .timeout(REQUEST_TIMEOUT)
+                .timeout(self.timeout)
                 .send_string(&body.to_string());
             match res {
+                Err(ureq::Error::Status(code, r)) if code >= 500 => {
+                    last = format!("{ep}: HTTP {code}: {}", r.into_string().unwrap_or_default());
+                }
                 Ok(r) => {
+                    self.preferred.store(i, Ordering::Relaxed);
                     let text = r.into_string().map_err(|e| {
                         MapStoreError::Unavailable(format!("{ep}{path}: reading the reply: {e}"))
                     })?;
@@ -168,21 +191,32 @@ impl Etcd {
         int_of(&reply["ID"]).ok_or_else(|| bad_reply("a lease id", &reply))
     }
 
-    /// Renews `lease`; false if it has expired (or was revoked).
+    /// Renews `lease`; false if it has expired (or was revoked). An error reply is an error,
+    /// not an expiry: the caller retries rather than re-registering.
     pub fn keep_alive(&self, lease: i64) -> Result<bool, MapStoreError> {
         let reply = self.post("/v3/lease/keepalive", &json!({ "ID": lease.to_string() }))?;
-        // A lease that is gone comes back without a TTL (or as an error).
+        if let Some(e) = reply["error"].as_str() {
+            return Err(MapStoreError::Unavailable(format!("lease keepalive: {e}")));
+        }
+        if reply["result"].is_null() {
+            return Err(bad_reply("a keepalive result", &reply));
+        }
+        // A lease that is gone comes back without a TTL.
         Ok(int_of(&reply["result"]["TTL"]).is_some_and(|t| t > 0))
     }
 
-    /// Ends `lease` now, deleting its keys. A lease that is already gone is not an error.
+    /// Ends `lease` now, deleting its keys. A lease that is already gone is not an error
+    /// (etcd answers that one with a 404 through the gateway).
     pub fn revoke(&self, lease: i64) -> Result<(), MapStoreError> {
-        let reply = self.post("/v3/lease/revoke", &json!({ "ID": lease.to_string() }))?;
-        match reply["error"].as_str() {
-            Some(e) if !e.contains("not found") => {
-                Err(MapStoreError::Unavailable(format!("lease revoke: {e}")))
-            }
-            _ => Ok(()),
+        match self.post("/v3/lease/revoke", &json!({ "ID": lease.to_string() })) {
+            Err(e) if e.to_string().contains("not found") => Ok(()),
+            Err(e) => Err(e),
+            Ok(reply) => match reply["error"].as_str() {
+                Some(e) if !e.contains("not found") => {
+                    Err(MapStoreError::Unavailable(format!("lease revoke: {e}")))
+                }
+                _ => Ok(()),
+            },
         }
     }
 

@@ -72,7 +72,9 @@ impl OsdLease {
         }
     }
 
-    /// A fresh lease and the key under it, if the key is free.
+    /// A fresh lease and the key under it, if the key is free — or holds this very
+    /// registration (an earlier claim whose reply was lost after etcd applied it): then the
+    /// key moves to the new lease.
     fn claim(&mut self) -> Result<bool, MapStoreError> {
         let lease = self.etcd.grant(self.ttl)?;
         let put = Put::Put {
@@ -80,12 +82,30 @@ impl OsdLease {
             value: &self.value,
             lease,
         };
-        if self.etcd.txn(&[Compare::Absent(&self.key)], &[put])? {
-            self.lease = lease;
-            return Ok(true);
+        let won = self
+            .etcd
+            .txn(&[Compare::Absent(&self.key)], std::slice::from_ref(&put))
+            .and_then(|won| match won {
+                true => Ok(true),
+                false => self
+                    .etcd
+                    .txn(&[Compare::Value(&self.key, &self.value)], &[put]),
+            });
+        match won {
+            Ok(true) => {
+                self.lease = lease;
+                Ok(true)
+            }
+            Ok(false) => {
+                self.etcd.revoke(lease)?;
+                Ok(false)
+            }
+            Err(e) => {
+                // The lease would expire unused anyway; do not wait for it.
+                let _ = self.etcd.revoke(lease);
+                Err(e)
+            }
         }
-        self.etcd.revoke(lease)?;
-        Ok(false)
     }
 
     /// Renews the lease; call it a few times per TTL. If it had run out (etcd was unreachable

@@ -171,3 +171,65 @@ fn one_leader_at_a_time_and_only_the_leader_changes_the_map() {
     b.resign().unwrap();
     assert_eq!(leader(&f.etcd, "c").unwrap(), None);
 }
+
+/// A map as format 1 encoded it (clusters made before format 2 keep one in their store).
+fn format1_map_bytes() -> Vec<u8> {
+    let mut v = Vec::new();
+    v.extend_from_slice(b"CMAP");
+    v.extend_from_slice(&1u16.to_le_bytes());
+    v.extend_from_slice(&3u32.to_le_bytes()); // epoch
+    v.extend_from_slice(&1u32.to_le_bytes()); // one OSD
+    v.extend_from_slice(&0u32.to_le_bytes());
+    v.push(1); // up
+    v.extend_from_slice(&1u32.to_le_bytes());
+    let addr = b"127.0.0.1:7000";
+    v.extend_from_slice(&(addr.len() as u32).to_le_bytes());
+    v.extend_from_slice(addr);
+    v.extend_from_slice(&1u32.to_le_bytes()); // one pool
+    v.extend_from_slice(&1u32.to_le_bytes());
+    v.extend_from_slice(&3u32.to_le_bytes());
+    v.extend_from_slice(b"rbd");
+    v.extend_from_slice(&8u32.to_le_bytes());
+    v.push(1);
+    let crc = carmine_types::crc32c(&v);
+    v.extend_from_slice(&crc.to_le_bytes());
+    v
+}
+
+#[test]
+fn a_map_stored_in_format_1_can_be_changed_on_both_backends() {
+    use carmine_mapstore::etcd_client::Put;
+    use carmine_mapstore::LocalMapStore;
+    let raw = format1_map_bytes();
+    let old = OsdMap::decode(raw.clone().into()).unwrap();
+    let mut next = old.clone();
+    next.epoch += 1;
+    next.osds[0].up = false;
+    // etcd: the stored bytes are not what the decoded map re-encodes to.
+    let f = fixture("format1");
+    let store = EtcdMapStore::new(std::slice::from_ref(&f.endpoint), "c").unwrap();
+    assert!(f
+        .etcd
+        .txn(
+            &[],
+            &[Put::Put {
+                key: store.key(),
+                value: &raw,
+                lease: 0
+            }]
+        )
+        .unwrap());
+    store.swap(Some(&old), &next).unwrap();
+    assert_eq!(store.get().unwrap().unwrap(), next);
+    // A stale expectation is still a conflict, not a write.
+    assert!(matches!(
+        store.swap(Some(&old), &next),
+        Err(MapStoreError::Invalid(_)) | Err(MapStoreError::Conflict { .. })
+    ));
+    // The local file, likewise.
+    let path = f.dir.join("osdmap");
+    std::fs::write(&path, &raw).unwrap();
+    let local = LocalMapStore::new(path);
+    local.swap(Some(&old), &next).unwrap();
+    assert_eq!(local.get().unwrap().unwrap(), next);
+}

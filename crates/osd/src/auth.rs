@@ -13,7 +13,7 @@ use carmine_reactor::TcpStream;
 use std::time::Duration;
 
 /// How long a peer has to complete the handshake: an unauthenticated connection holds a slot.
-pub(crate) const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+pub(crate) const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(3);
 
 /// Runs the handshake on a new connection; returns the peer's entity name, or why it was
 /// refused (after telling the peer).

@@ -463,6 +463,7 @@ mod tests {
                 fences: Default::default(),
                 metrics: Default::default(),
                 auth_key: None,
+                handshaking: Cell::new(0),
                 idle_timeout: None,
             };
             let ping = Request::Ping {

@@ -57,8 +57,30 @@ pub(crate) struct Shard<S> {
     pub metrics: Arc<crate::metrics::ReactorMetrics>,
     /// The cluster key every connection must prove it holds (`None`: no authentication).
     pub auth_key: Option<carmine_proto::auth::AuthKey>,
+    /// Connections still in the handshake (bounded by `HANDSHAKES_MAX`).
+    pub handshaking: Cell<u32>,
     /// See `OsdConfig::idle_timeout`.
     pub idle_timeout: Option<Duration>,
+}
+
+/// Connections per reactor that may be in the handshake at once: a peer that proves nothing
+/// cannot take the slots of real clients (`connections_max`) for the handshake's timeout.
+const HANDSHAKES_MAX: u32 = 64;
+
+/// Counts a connection as handshaking until dropped (also if its task is dropped midway).
+struct Handshaking<'a>(&'a Cell<u32>);
+
+impl<'a> Handshaking<'a> {
+    fn new(c: &'a Cell<u32>) -> Self {
+        c.set(c.get() + 1);
+        Handshaking(c)
+    }
+}
+
+impl Drop for Handshaking<'_> {
+    fn drop(&mut self) {
+        self.0.set(self.0.get() - 1);
+    }
 }
 
 /// One map epoch as a reactor uses it.
@@ -175,6 +197,7 @@ async fn serve<S: ObjectStore + 'static>(setup: ReactorSetup, store: S) -> Resul
         fences,
         metrics,
         auth_key,
+        handshaking: Cell::new(0),
         idle_timeout,
     });
     let housekeeping = shard.clone();
@@ -191,6 +214,13 @@ async fn serve<S: ObjectStore + 'static>(setup: ReactorSetup, store: S) -> Resul
                     drop(stream);
                     continue;
                 }
+                if shard.auth_key.is_some() && shard.handshaking.get() >= HANDSHAKES_MAX {
+                    // Peers that have not proved anything may not hold the client slots.
+                    tracing::warn!(%peer, "refusing connection: {HANDSHAKES_MAX} handshakes in progress");
+                    shard.metrics.refused_connection();
+                    drop(stream);
+                    continue;
+                }
                 let _ = stream.set_nodelay(true);
                 let shard = shard.clone();
                 shard.connections.set(shard.connections.get() + 1);
@@ -198,9 +228,12 @@ async fn serve<S: ObjectStore + 'static>(setup: ReactorSetup, store: S) -> Resul
                 carmine_reactor::spawn(async move {
                     let mut stream = stream;
                     let authenticated = match &shard.auth_key {
-                        Some(key) => crate::auth::authenticate(&mut stream, key)
-                            .await
-                            .map(|entity| tracing::debug!(%peer, entity, "authenticated")),
+                        Some(key) => {
+                            let _handshaking = Handshaking::new(&shard.handshaking);
+                            crate::auth::authenticate(&mut stream, key)
+                                .await
+                                .map(|entity| tracing::debug!(%peer, entity, "authenticated"))
+                        }
                         None => Ok(()),
                     };
                     let served = match authenticated {

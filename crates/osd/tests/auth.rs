@@ -245,3 +245,25 @@ fn a_client_with_a_key_refuses_an_osd_without_one() {
     });
     osd.shutdown().unwrap();
 }
+
+#[test]
+fn silent_peers_cannot_hold_more_than_a_few_handshake_slots() {
+    let (osd, addr) = start(Some(key(1)));
+    // 64 peers connect and say nothing.
+    let silent: Vec<Raw> = (0..64).map(|_| Raw::connect(addr)).collect();
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    // The next one is closed at once, not kept for the handshake's timeout.
+    let started = std::time::Instant::now();
+    let mut extra = Raw::connect(addr);
+    extra.send(&hello_frame([5; 32]).1);
+    assert!(extra.closed());
+    assert!(started.elapsed() < std::time::Duration::from_secs(1));
+    // Once they go, a client with the key gets in.
+    drop(silent);
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    carmine_reactor::block_on(async {
+        let c = Client::connect(&[addr], with_key(Some(key(1)))).await.unwrap();
+        c.write(1, "o", 0, Bytes::from_static(b"in")).await.unwrap();
+    });
+    osd.shutdown().unwrap();
+}
