@@ -103,10 +103,41 @@ struct Endpoint {
     /// Failed attempts to open a connection so far, and why the last one failed: requests that
     /// waited behind a failed attempt take its result instead of trying again at once.
     open_failures: u64,
-    last_open_error: Option<(std::io::ErrorKind, String)>,
+    last_open_error: Option<OpenFailure>,
     /// When opening a connection first failed, until one opens again: the outage is logged
     /// once per endpoint, not once per waiting request.
     down_since: Option<Instant>,
+}
+
+/// Why the last attempt to open a connection failed, as the requests that waited behind it
+/// get it: a refused handshake stays an authentication error (not retried), anything else is
+/// a connection failure (retried while the OSD may be restarting).
+#[derive(Clone)]
+enum OpenFailure {
+    Io(std::io::ErrorKind, String),
+    Auth(String),
+}
+
+impl OpenFailure {
+    fn of(e: &ClientError) -> Self {
+        match e {
+            ClientError::Connect { source, .. } => {
+                OpenFailure::Io(source.kind(), source.to_string())
+            }
+            ClientError::Auth { detail, .. } => OpenFailure::Auth(detail.clone()),
+            other => OpenFailure::Io(std::io::ErrorKind::Other, other.to_string()),
+        }
+    }
+
+    fn error(self, addr: SocketAddr) -> ClientError {
+        match self {
+            OpenFailure::Io(kind, msg) => ClientError::Connect {
+                addr,
+                source: std::io::Error::new(kind, msg),
+            },
+            OpenFailure::Auth(detail) => ClientError::Auth { addr, detail },
+        }
+    }
 }
 
 impl Endpoint {
@@ -263,11 +294,8 @@ impl Client {
                 return Ok(c);
             }
             if ep.open_failures != failures_before {
-                let (kind, msg) = ep.last_open_error.clone().expect("set with open_failures");
-                return Err(ClientError::Connect {
-                    addr,
-                    source: std::io::Error::new(kind, msg),
-                });
+                let failure = ep.last_open_error.clone().expect("set with open_failures");
+                return Err(failure.error(addr));
             }
         }
         let opened = carmine_reactor::timeout(
@@ -307,10 +335,7 @@ impl Client {
                     );
                 }
                 ep.open_failures += 1;
-                ep.last_open_error = Some(match &e {
-                    ClientError::Connect { source, .. } => (source.kind(), source.to_string()),
-                    other => (std::io::ErrorKind::Other, other.to_string()),
-                });
+                ep.last_open_error = Some(OpenFailure::of(&e));
                 Err(e)
             }
         }

@@ -262,8 +262,87 @@ fn silent_peers_cannot_hold_more_than_a_few_handshake_slots() {
     drop(silent);
     std::thread::sleep(std::time::Duration::from_millis(200));
     carmine_reactor::block_on(async {
-        let c = Client::connect(&[addr], with_key(Some(key(1)))).await.unwrap();
+        let c = Client::connect(&[addr], with_key(Some(key(1))))
+            .await
+            .unwrap();
         c.write(1, "o", 0, Bytes::from_static(b"in")).await.unwrap();
     });
     osd.shutdown().unwrap();
+}
+
+#[test]
+fn requests_to_an_osd_with_another_key_fail_as_authentication_errors_at_once() {
+    // osd.0 has the client's key, osd.1 another one (a misconfigured OSD).
+    let addrs: Vec<SocketAddr> = (0..2)
+        .map(|_| {
+            TcpListener::bind("127.0.0.1:0")
+                .unwrap()
+                .local_addr()
+                .unwrap()
+        })
+        .collect();
+    let map = OsdMap {
+        epoch: 1,
+        osds: (0..2)
+            .map(|id| {
+                carmine_cluster::OsdInfo::new(id, &format!("h{id}"), vec![addrs[id as usize]])
+            })
+            .collect(),
+        pools: vec![carmine_cluster::Pool {
+            id: 1,
+            name: "rbd".into(),
+            pg_num: 16,
+            size: 1,
+        }],
+    };
+    let osds: Vec<Osd> = (0..2)
+        .map(|id| {
+            Osd::start(OsdConfig {
+                id,
+                map: map.clone(),
+                reactor_cpus: vec![None],
+                store: StoreConfig::Memory {
+                    memory_limit_bytes: 64 << 20,
+                },
+                connections_max: CONNECTIONS_MAX_DEFAULT,
+                idle_timeout: Some(IDLE_TIMEOUT_DEFAULT),
+                auth_key: Some(key(1 + id as u8)),
+            })
+            .unwrap()
+        })
+        .collect();
+    let on_osd1: Vec<String> = (0..)
+        .map(|i| format!("o{i}"))
+        .filter(|o| {
+            let pg = map.object_pg(&map.pools[0], o);
+            map.pg_primary(pg).unwrap().0 == 1
+        })
+        .take(8)
+        .collect();
+    carmine_reactor::block_on(async {
+        let cfg = ClientConfig {
+            key: Some(key(1)),
+            retry_timeout: std::time::Duration::from_secs(30),
+            ..ClientConfig::default()
+        };
+        let c = Client::connect(&addrs[..1], cfg).await.unwrap();
+        let started = std::time::Instant::now();
+        let results = futures::future::join_all(
+            on_osd1
+                .iter()
+                .map(|o| c.write(1, o, 0, Bytes::from_static(b"x"))),
+        )
+        .await;
+        for r in results {
+            assert!(matches!(r, Err(ClientError::Auth { .. })), "{r:?}");
+        }
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(5),
+            "retried as if the OSD were down: {:?}",
+            started.elapsed()
+        );
+    });
+    for o in osds {
+        o.shutdown().unwrap();
+    }
 }
