@@ -10,7 +10,6 @@
 mod apply;
 mod delta;
 mod device;
-mod fifo;
 mod format;
 mod fsck;
 #[doc(hidden)]

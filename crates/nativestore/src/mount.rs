@@ -437,7 +437,7 @@ impl<D: BlockDevice> NativeStore<D> {
             geo,
             config,
             reserve_segments,
-            apply_lock: crate::fifo::FifoLock::default(),
+            apply_lock: carmine_reactor::FifoLock::default(),
             st: RefCell::new(State {
                 index,
                 segs,

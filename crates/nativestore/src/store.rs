@@ -138,7 +138,7 @@ pub struct NativeStore<D: BlockDevice> {
     pub(crate) config: NativeConfig,
     /// Segments kept back from user data for the cleaner and checkpoints.
     pub(crate) reserve_segments: u32,
-    pub(crate) apply_lock: crate::fifo::FifoLock,
+    pub(crate) apply_lock: carmine_reactor::FifoLock,
     pub(crate) st: RefCell<State>,
     pub(crate) changed: Notify,
     /// Wakes the committer: a waiter wants a batch no writer has taken.

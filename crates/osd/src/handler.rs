@@ -221,8 +221,17 @@ const EPOCH_CATCH_UP_WAIT: std::time::Duration = std::time::Duration::from_secs(
 const EPOCH_CATCH_UP_POLL: std::time::Duration = std::time::Duration::from_millis(5);
 
 /// True once this reactor's map is at `epoch` or newer; false if it is still behind after
-/// `EPOCH_CATCH_UP_WAIT`. The common case is one comparison.
+/// `EPOCH_CATCH_UP_WAIT`. The common case is two comparisons.
+///
+/// Requests that wait do so in line (`Shard::epoch_line`, first come, first served), and a
+/// request that finds anyone in line joins it even if its own epoch is already here: requests
+/// reach the store in the order they arrived, across an epoch change too. The line is left
+/// when this returns, before the caller goes on to the store in the same poll.
 async fn caught_up<S>(shard: &Shard<S>, epoch: u32) -> bool {
+    if epoch <= shard.view.borrow().map.epoch && shard.epoch_line.is_idle() {
+        return true;
+    }
+    let _turn = shard.epoch_line.lock().await;
     if epoch <= shard.view.borrow().map.epoch {
         return true;
     }
@@ -464,6 +473,7 @@ mod tests {
                 metrics: Default::default(),
                 auth_key: None,
                 handshaking: Cell::new(0),
+                epoch_line: Default::default(),
                 idle_timeout: None,
             };
             let ping = Request::Ping {

@@ -59,6 +59,8 @@ pub(crate) struct Shard<S> {
     pub auth_key: Option<carmine_proto::auth::AuthKey>,
     /// Connections still in the handshake (bounded by `HANDSHAKES_MAX`).
     pub handshaking: Cell<u32>,
+    /// The line of requests waiting for a newer map epoch (see `handler::caught_up`).
+    pub epoch_line: carmine_reactor::FifoLock,
     /// See `OsdConfig::idle_timeout`.
     pub idle_timeout: Option<Duration>,
 }
@@ -198,6 +200,7 @@ async fn serve<S: ObjectStore + 'static>(setup: ReactorSetup, store: S) -> Resul
         metrics,
         auth_key,
         handshaking: Cell::new(0),
+        epoch_line: Default::default(),
         idle_timeout,
     });
     let housekeeping = shard.clone();

@@ -181,3 +181,104 @@ fn a_request_from_a_newer_epoch_waits_for_the_reactor_to_catch_up() {
     });
     handed.join().unwrap().shutdown().unwrap();
 }
+
+/// Pipelined writes to one object, the first half sent while the reactor is behind the
+/// client's epoch, the second just after it catches up: they apply in the order they were
+/// sent, so the object ends with the last one (native store: requests run concurrently).
+#[test]
+fn writes_waiting_for_an_epoch_apply_in_the_order_they_were_sent() {
+    use carmine_nativestore::{FileDevice, NativeConfig, SyncMode};
+    let device = std::env::temp_dir().join(format!("carmine-epochs-{}", std::process::id()));
+    let f = std::fs::File::create(&device).unwrap();
+    f.set_len(512 << 20).unwrap();
+    drop(f);
+    carmine_reactor::block_on(async {
+        let dev = FileDevice::open(&device, SyncMode::ProcessCrashOnly)
+            .await
+            .unwrap();
+        carmine_nativestore::mkfs(&dev, 1, 32 << 20).await.unwrap();
+    });
+    let addr = free_addr();
+    let map1 = OsdMap::single_osd(vec![addr], 8);
+    let mut osd = Osd::start(OsdConfig {
+        id: 0,
+        map: map1.clone(),
+        reactor_cpus: vec![None],
+        store: StoreConfig::Native {
+            device: device.clone(),
+            config: NativeConfig::default(),
+            sync: SyncMode::ProcessCrashOnly,
+        },
+        connections_max: CONNECTIONS_MAX_DEFAULT,
+        idle_timeout: Some(IDLE_TIMEOUT_DEFAULT),
+        auth_key: None,
+    })
+    .unwrap();
+    let pg = map1.object_pg(&map1.pools[0], "o");
+    let write = |i: u32| {
+        Request::Object(ObjectRequest {
+            pool: 1,
+            pg_seed: pg.seed,
+            epoch: 2,
+            client: 0,
+            oid: "o".into(),
+            ops: vec![OsdOp::Write {
+                off: 0,
+                data: Bytes::from(i.to_le_bytes().to_vec()),
+            }],
+        })
+    };
+    let mut map2 = map1.clone();
+    map2.epoch = 2;
+    let (tx, rx) = std::sync::mpsc::channel::<()>();
+    let handed = std::thread::spawn(move || {
+        rx.recv().unwrap();
+        osd.apply_map(map2).unwrap();
+        osd
+    });
+    carmine_reactor::block_on(async {
+        let conn = Connection::open(addr, 256).await.unwrap();
+        // The first 32 wait for epoch 2.
+        let reqs_a: Vec<Request> = (0..32).map(write).collect();
+        let reqs_b: Vec<Request> = (32..64).map(write).collect();
+        let first: Vec<_> = reqs_a.iter().map(|r| conn.call(r)).collect();
+        let first = futures::future::join_all(first);
+        let second = async {
+            carmine_reactor::sleep(Duration::from_millis(100)).await;
+            tx.send(()).unwrap();
+            // Until the reactor has epoch 2, then at once the next 32.
+            let probe = Connection::open(addr, 1).await.unwrap();
+            while served_epoch(&probe).await < 2 {
+                carmine_reactor::sleep(Duration::from_micros(200)).await;
+            }
+            futures::future::join_all(reqs_b.iter().map(|r| conn.call(r))).await
+        };
+        let (a, b) = futures::join!(first, second);
+        for r in a.into_iter().chain(b) {
+            assert!(matches!(r, Ok(Response::Object { .. })), "{r:?}");
+        }
+        let read = Request::Object(ObjectRequest {
+            pool: 1,
+            pg_seed: pg.seed,
+            epoch: 2,
+            client: 0,
+            oid: "o".into(),
+            ops: vec![OsdOp::Read { off: 0, len: 4 }],
+        });
+        match conn.call(&read).await.unwrap() {
+            Response::Object { outputs } => match &outputs[..] {
+                [carmine_proto::OpOutput::Data(d)] => {
+                    assert_eq!(
+                        u32::from_le_bytes(d[..4].try_into().unwrap()),
+                        63,
+                        "the last write must win"
+                    )
+                }
+                other => panic!("{other:?}"),
+            },
+            other => panic!("{other:?}"),
+        }
+    });
+    handed.join().unwrap().shutdown().unwrap();
+    let _ = std::fs::remove_file(&device);
+}

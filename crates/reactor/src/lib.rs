@@ -6,6 +6,7 @@
 //! the runtime only through this module, so swapping it touches one crate.
 
 pub mod cpu;
+mod fifo;
 pub mod io;
 mod load;
 mod mailbox;
@@ -14,6 +15,7 @@ pub mod perf;
 mod thread;
 mod watchdog;
 
+pub use fifo::{FifoGuard, FifoLock};
 pub use load::{block_on_measured, LoadShare, LoadSnapshot, ReactorLoad};
 pub use mailbox::{mailbox, Mailbox, MailboxSender};
 pub use notify::Doorbell;

@@ -1,6 +1,8 @@
-//! A first-come, first-served async lock for one thread. Transactions must apply in the order
-//! they were submitted (that order is what the journal records and what a crash keeps a
-//! prefix of); `async_lock::Mutex` lets a newcomer overtake a woken waiter, this does not.
+//! A first-come, first-served async lock for one thread. The native store's transactions must
+//! apply in the order they were submitted (that order is what the journal records and what a
+//! crash keeps a prefix of), and requests that wait for a newer map epoch must reach the store
+//! in the order they arrived; `async_lock::Mutex` lets a newcomer overtake a woken waiter,
+//! this does not.
 //! The place in line is taken at the first poll; a waiter dropped before its turn gives its
 //! place up.
 
@@ -35,6 +37,11 @@ impl FifoLock {
             ticket: None,
             acquired: false,
         }
+    }
+
+    /// True when nobody holds the lock or waits for it: a newcomer would not overtake anyone.
+    pub fn is_idle(&self) -> bool {
+        self.next.get() == self.serving.get()
     }
 
     fn release(&self) {
