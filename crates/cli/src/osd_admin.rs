@@ -171,11 +171,7 @@ fn reweight(dir: &std::path::Path, id: u32, weight: u32, allow_moves: bool) -> R
     let store = carmine_localcluster::map_store(dir)?;
     let mut before = None;
     let stored = carmine_mapstore::update(store.as_ref(), 10, |current| {
-        let Some(map) = current else {
-            return Err(carmine_mapstore::MapStoreError::Invalid(
-                "the cluster has no map".into(),
-            ));
-        };
+        let map = existing(current)?;
         let mut next = map.clone();
         let Some(o) = next.osds.iter_mut().find(|o| o.id == id) else {
             return Err(carmine_mapstore::MapStoreError::Invalid(format!(
@@ -219,11 +215,7 @@ fn add(dir: &std::path::Path, new: NewOsd, allow_moves: bool) -> Result<()> {
     let store = carmine_localcluster::map_store(dir)?;
     let mut before = None;
     let stored = carmine_mapstore::update(store.as_ref(), 10, |current| {
-        let Some(map) = current else {
-            return Err(carmine_mapstore::MapStoreError::Invalid(
-                "the cluster has no map".into(),
-            ));
-        };
+        let map = existing(current)?;
         let id = map.osds.iter().map(|o| o.id + 1).max().unwrap_or(0);
         let n = reactors.unwrap_or_else(|| map.osds.first().map_or(1, |o| o.reactors.len() as u32));
         let ports = (0..n).map(|r| u32::from(port_base) + 16 * id + r);
@@ -288,11 +280,7 @@ fn add(dir: &std::path::Path, new: NewOsd, allow_moves: bool) -> Result<()> {
 fn rm(dir: &std::path::Path, id: u32) -> Result<()> {
     let store = carmine_localcluster::map_store(dir)?;
     let stored = carmine_mapstore::update(store.as_ref(), 10, |current| {
-        let Some(map) = current else {
-            return Err(carmine_mapstore::MapStoreError::Invalid(
-                "the cluster has no map".into(),
-            ));
-        };
+        let map = existing(current)?;
         let Some(o) = map.osd(id) else {
             return Err(carmine_mapstore::MapStoreError::Invalid(format!(
                 "osd.{id} is not in the map"
@@ -325,11 +313,7 @@ fn set_in(dir: &std::path::Path, ids: &[u32], in_: bool, allow_moves: bool) -> R
     let mut already = Vec::new();
     let mut before = None;
     let stored = carmine_mapstore::update(store.as_ref(), 10, |current| {
-        let Some(map) = current else {
-            return Err(carmine_mapstore::MapStoreError::Invalid(
-                "the cluster has no map".into(),
-            ));
-        };
+        let map = existing(current)?;
         let mut next = map.clone();
         already.clear();
         for id in ids {
@@ -381,6 +365,11 @@ fn set_in(dir: &std::path::Path, ids: &[u32], in_: bool, allow_moves: bool) -> R
         );
     }
     Ok(())
+}
+
+/// The map a membership change starts from; there is none before `cluster up`.
+fn existing(current: Option<&OsdMap>) -> Result<&OsdMap, carmine_mapstore::MapStoreError> {
+    current.ok_or_else(|| carmine_mapstore::MapStoreError::Invalid("the cluster has no map".into()))
 }
 
 /// `ceph osd tree`: hosts, then their OSDs.
