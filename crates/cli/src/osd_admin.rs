@@ -193,13 +193,7 @@ fn reweight(dir: &std::path::Path, id: u32, weight: u32, allow_moves: bool) -> R
         weight as f64 / carmine_cluster::WEIGHT_ONE as f64,
         stored.epoch
     );
-    if let Some(b) = before {
-        let total = b.all_pgs().count();
-        println!(
-            "{} of {total} PGs placed elsewhere by this change",
-            b.moved_pgs(&stored)
-        );
-    }
+    print_moved(before.as_ref(), &stored);
     Ok(())
 }
 
@@ -344,13 +338,7 @@ fn set_in(dir: &std::path::Path, ids: &[u32], in_: bool, allow_moves: bool) -> R
     })?
     .context("the cluster has no map")?;
     let names: Vec<String> = ids.iter().map(|i| format!("osd.{i}")).collect();
-    if let Some(before) = &before {
-        let total = before.all_pgs().count();
-        println!(
-            "{} of {total} PGs placed elsewhere by this change",
-            before.moved_pgs(&stored)
-        );
-    }
+    print_moved(before.as_ref(), &stored);
     if already.len() == ids.len() {
         println!(
             "{} already {word}; map epoch {}",
@@ -365,6 +353,17 @@ fn set_in(dir: &std::path::Path, ids: &[u32], in_: bool, allow_moves: bool) -> R
         );
     }
     Ok(())
+}
+
+/// How many PGs a committed change placed elsewhere (`before`: the map it changed).
+fn print_moved(before: Option<&OsdMap>, stored: &OsdMap) {
+    if let Some(b) = before {
+        let total = b.all_pgs().count();
+        println!(
+            "{} of {total} PGs placed elsewhere by this change",
+            b.moved_pgs(stored)
+        );
+    }
 }
 
 /// The map a membership change starts from; there is none before `cluster up`.

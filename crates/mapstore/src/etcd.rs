@@ -48,10 +48,7 @@ impl EtcdMapStore {
                 None => Compare::Absent(&self.key),
                 Some(v) => Compare::Value(&self.key, v),
             }];
-            compares.extend(guards.iter().map(|g| match g {
-                Compare::Absent(k) => Compare::Absent(k),
-                Compare::Value(k, v) => Compare::Value(k, v),
-            }));
+            compares.extend(guards.iter().copied());
             let put = Put::Put {
                 key: &self.key,
                 value: &value,

@@ -42,6 +42,7 @@ pub struct KeyValue {
 }
 
 /// One side of a transaction's compare.
+#[derive(Clone, Copy)]
 pub enum Compare<'a> {
     /// The key does not exist.
     Absent(&'a str),
