@@ -199,17 +199,25 @@ pub fn host_name() -> String {
         .unwrap_or_else(|| "localhost".into())
 }
 
-/// Picks free ports by binding port 0. Another process could take one before the OSD binds
-/// it; the OSD then fails to start with a clear error and `up` reports it.
+/// Picks `n` distinct ports that are free now, below the kernel's ephemeral range (32768 and
+/// up by default), so that no outgoing connection of another process can be given one of
+/// them before the OSD binds it (seen in CI with many clusters starting at once). Another
+/// listener could still take one; the OSD then fails to start with a clear error and `up`
+/// reports it.
 fn free_addrs(host: std::net::IpAddr, n: usize) -> Result<Vec<SocketAddr>> {
-    let listeners: Vec<TcpListener> = (0..n)
-        .map(|_| TcpListener::bind((host, 0)))
-        .collect::<std::io::Result<_>>()
-        .context("finding free ports")?;
-    Ok(listeners
-        .iter()
-        .map(|l| l.local_addr())
-        .collect::<std::io::Result<_>>()?)
+    let mut out: Vec<SocketAddr> = Vec::with_capacity(n);
+    let mut tries = 0;
+    while out.len() < n {
+        tries += 1;
+        if tries > 64 * n.max(1) {
+            bail!("finding {n} free ports on {host}: too many in use below 32000");
+        }
+        let addr = SocketAddr::new(host, rand::random_range(10_000..32_000));
+        if !out.contains(&addr) && TcpListener::bind(addr).is_ok() {
+            out.push(addr);
+        }
+    }
+    Ok(out)
 }
 
 /// Pids recorded in `dir` whose processes are still our OSDs.

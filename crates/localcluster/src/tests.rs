@@ -179,3 +179,13 @@ fn sizes_parse_with_binary_units_and_refuse_nonsense() {
     assert!(parse_size("-1").is_err());
     assert!(parse_size("99999999999T").is_err());
 }
+
+#[test]
+fn free_ports_are_distinct_bindable_and_below_the_ephemeral_range() {
+    let addrs = free_addrs("127.0.0.1".parse().unwrap(), 32).unwrap();
+    assert_eq!(addrs.len(), 32);
+    for (i, a) in addrs.iter().enumerate() {
+        assert!((10_000..32_000).contains(&a.port()), "{a}");
+        assert!(!addrs[..i].contains(a), "{a} picked twice");
+    }
+}

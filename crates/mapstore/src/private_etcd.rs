@@ -18,20 +18,64 @@ pub struct PrivateEtcd {
     dir: PathBuf,
 }
 
+/// How many times a start is retried when etcd lost a race for its port.
+const START_ATTEMPTS: u32 = 6;
+
+/// A loopback port that is free now, taken below the kernel's ephemeral range (32768 and
+/// up by default): a port from that range can be given to some other process's outgoing
+/// connection between this check and etcd's bind, which happened in CI with several etcds
+/// and their clients starting at once.
 fn free_port() -> Result<u16, MapStoreError> {
+    for _ in 0..64 {
+        let port = rand::random_range(10_000..32_000);
+        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return Ok(port);
+        }
+    }
     TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .map(|a| a.port())
         .map_err(|e| MapStoreError::Unavailable(format!("finding a free port: {e}")))
 }
 
+/// Whether etcd's log says it could not bind (another process took the port first).
+fn lost_port_race(log: &Path) -> bool {
+    std::fs::read_to_string(log).is_ok_and(|l| l.contains("address already in use"))
+}
+
 impl PrivateEtcd {
-    /// Starts `etcd` with its data in `dir/etcd.data` and its log in `dir/etcd.log`.
+    /// Starts `etcd` with its data in `dir/etcd.data` and its log in `dir/etcd.log`. A start
+    /// that lost its port to another process is retried on other ports (a data directory
+    /// that the failed start created is removed first, so the retry starts clean).
     pub fn start(dir: &Path) -> Result<Self, MapStoreError> {
-        let unavailable = |what: String| MapStoreError::Unavailable(what);
         std::fs::create_dir_all(dir)
-            .map_err(|e| unavailable(format!("creating {}: {e}", dir.display())))?;
-        let (client, peer) = (free_port()?, free_port()?);
+            .map_err(|e| MapStoreError::Unavailable(format!("creating {}: {e}", dir.display())))?;
+        let data = dir.join("etcd.data");
+        let had_data = data.exists();
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            match Self::start_once(dir) {
+                Err(e) if attempt < START_ATTEMPTS && lost_port_race(&dir.join("etcd.log")) => {
+                    tracing::warn!("private etcd lost its port at start, retrying: {e}");
+                    if !had_data {
+                        let _ = std::fs::remove_dir_all(&data);
+                    }
+                }
+                other => return other,
+            }
+        }
+    }
+
+    fn start_once(dir: &Path) -> Result<Self, MapStoreError> {
+        let unavailable = |what: String| MapStoreError::Unavailable(what);
+        let client = free_port()?;
+        let peer = loop {
+            let p = free_port()?;
+            if p != client {
+                break p;
+            }
+        };
         let endpoint = format!("http://127.0.0.1:{client}");
         let peer_url = format!("http://127.0.0.1:{peer}");
         let log = std::fs::File::create(dir.join("etcd.log"))
@@ -122,5 +166,39 @@ impl Drop for PrivateEtcd {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ports_are_picked_below_the_ephemeral_range_and_are_bindable() {
+        for _ in 0..20 {
+            let p = free_port().unwrap();
+            assert!((10_000..32_000).contains(&p), "{p}");
+        }
+    }
+
+    #[test]
+    fn a_bind_failure_in_the_log_is_a_lost_race_and_other_failures_are_not() {
+        let dir = std::env::temp_dir().join(format!("carmine-etcd-race-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let log = dir.join("etcd.log");
+        std::fs::write(
+            &log,
+            "C | etcdmain: listen tcp 127.0.0.1:38981: bind: address already in use\n",
+        )
+        .unwrap();
+        assert!(lost_port_race(&log));
+        std::fs::write(
+            &log,
+            "C | etcdmain: cannot access data directory: permission denied\n",
+        )
+        .unwrap();
+        assert!(!lost_port_race(&log));
+        assert!(!lost_port_race(&dir.join("absent.log")));
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }
