@@ -262,6 +262,13 @@ fn map() -> OsdMap {
                 size: 1,
             },
         ],
+        // Placement exceptions, as the balancer writes them.
+        upmaps: [
+            (PgId { pool: 1, seed: 3 }, vec![(0, 2)]),
+            (PgId { pool: 1, seed: 9 }, vec![(2, 0), (1, 2)]),
+        ]
+        .into_iter()
+        .collect(),
     }
 }
 

@@ -1,4 +1,4 @@
-//! `carmine osd out|in|tree`: membership changes an operator makes, as map epochs, and the
+//! `carmine osd out|in|add|rm|reweight|balance|tree`: membership changes an operator makes, as map epochs, and the
 //! view of OSDs by host. Changes are compare-and-swaps on the map store like the manager's,
 //! so they never overwrite an epoch someone else committed meanwhile.
 
@@ -70,6 +70,24 @@ pub enum OsdAdmin {
         dir: DirArg,
         id: u32,
     },
+    /// Even out PGs per OSD with placement exceptions (Ceph's balancer in upmap mode): moves
+    /// single PGs from the fullest OSDs to the emptiest until each is within
+    /// --max-deviation PGs of its weighted share.
+    Balance {
+        #[command(flatten)]
+        dir: DirArg,
+        /// PGs an OSD may hold above or below its share.
+        #[arg(long, default_value_t = 1)]
+        max_deviation: usize,
+        /// At most this many PGs move in one change.
+        #[arg(long, default_value_t = 1000)]
+        max_moves: usize,
+        /// Print what would move, change nothing.
+        #[arg(long)]
+        dry_run: bool,
+        #[arg(long)]
+        allow_single_copy_moves: bool,
+    },
     /// Hosts and their OSDs, with up/down, in/out and PG counts.
     Tree {
         #[command(flatten)]
@@ -117,6 +135,19 @@ pub fn run(cmd: OsdAdmin) -> Result<()> {
             allow_single_copy_moves,
         } => reweight(&dir.dir, id, fixed_weight(weight)?, allow_single_copy_moves),
         OsdAdmin::Rm { dir, id } => rm(&dir.dir, id),
+        OsdAdmin::Balance {
+            dir,
+            max_deviation,
+            max_moves,
+            dry_run,
+            allow_single_copy_moves,
+        } => balance(
+            &dir.dir,
+            max_deviation,
+            max_moves,
+            dry_run,
+            allow_single_copy_moves,
+        ),
         OsdAdmin::Tree { dir } => {
             let map = carmine_localcluster::read_map(&dir.dir)?;
             print!("{}", tree(&map));
@@ -291,10 +322,65 @@ fn rm(dir: &std::path::Path, id: u32) -> Result<()> {
         let mut next = map.clone();
         next.epoch = map.epoch + 1;
         next.osds.retain(|o| o.id != id);
+        next.clean_upmaps();
         Ok(Some(next))
     })?
     .context("the cluster has no map")?;
     println!("removed osd.{id}; map epoch {}", stored.epoch);
+    Ok(())
+}
+
+fn balance(
+    dir: &std::path::Path,
+    max_deviation: usize,
+    max_moves: usize,
+    dry_run: bool,
+    allow_moves: bool,
+) -> Result<()> {
+    let store = carmine_localcluster::map_store(dir)?;
+    let mut before = None;
+    let mut plan = None;
+    let stored = carmine_mapstore::update(store.as_ref(), 10, |current| {
+        let map = existing(current)?;
+        let mut next = map.clone();
+        let done = next.balance(max_deviation, max_moves);
+        before = Some(map.clone());
+        plan = Some((done, next.spread()));
+        if next.upmaps == map.upmaps || dry_run {
+            return Ok(None);
+        }
+        refuse_single_copy_moves(map, &next, allow_moves)?;
+        next.epoch = map.epoch + 1;
+        Ok(Some(next))
+    })?
+    .context("the cluster has no map")?;
+    let (b, (done, after)) = (
+        before.expect("the update ran"),
+        plan.expect("the update ran"),
+    );
+    let spread = |s: &carmine_cluster::Spread| {
+        format!(
+            "min {} max {} mean {:.1}, max/mean {:.3}",
+            s.min,
+            s.max,
+            s.mean,
+            s.max_over_mean()
+        )
+    };
+    println!("PGs per OSD before: {}", spread(&b.spread()));
+    println!("PGs per OSD after:  {}", spread(&after));
+    let verb = if dry_run { "would move" } else { "moved" };
+    println!(
+        "{verb} {} PGs ({} stale exceptions dropped); {} exceptions; map epoch {}",
+        done.moved,
+        done.cleaned,
+        if dry_run {
+            b.upmaps.len()
+        } else {
+            stored.upmaps.len()
+        },
+        stored.epoch
+    );
     Ok(())
 }
 
@@ -410,11 +496,13 @@ pub fn tree(map: &OsdMap) -> String {
     let s = map.spread();
     let _ = writeln!(
         t,
-        "PGs per OSD in: min {} max {} mean {:.1}, max/mean {:.2}",
+        "PGs per OSD in: min {} max {} mean {:.1}, max/mean {:.3}; {} placement exceptions \
+         (osd balance)",
         s.min,
         s.max,
         s.mean,
-        s.max_over_mean()
+        s.max_over_mean(),
+        map.upmaps.len()
     );
     t
 }

@@ -149,6 +149,7 @@ fn map(dir: &Path) -> carmine_cluster::OsdMap {
         epoch,
         osds: vec![],
         pools: vec![],
+        upmaps: Default::default(),
     };
     for l in out.lines() {
         let f: Vec<&str> = l.split_whitespace().collect();

@@ -184,6 +184,7 @@ impl Client {
                     epoch: 0,
                     osds: vec![],
                     pools: vec![],
+                    upmaps: Default::default(),
                 }))),
                 routes: RefCell::new(HashMap::new()),
                 conns: RefCell::new(HashMap::new()),

@@ -7,8 +7,10 @@
 //! OSD (a hash over the OSD's reactors). Clients connect straight to the owning reactor's
 //! endpoint, so a request never hops between cores inside the OSD.
 
+mod balance;
 mod map;
 mod placement;
 
-pub use map::{MapError, OsdInfo, OsdMap, Pool, Spread, MAP_FORMAT_VERSION};
+pub use balance::Balanced;
+pub use map::{MapError, OsdInfo, OsdMap, Pool, Spread, Upmaps, MAP_FORMAT_VERSION};
 pub use placement::{object_to_pg_seed, stable_mod, WEIGHT_ONE};

@@ -5,13 +5,19 @@ use crate::placement::{
 };
 use bytes::{Bytes, BytesMut};
 use carmine_types::{crc32c, DecodeError, Decoder, Encoder, OsdId, PgId, PoolId};
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use thiserror::Error;
 
 const MAP_MAGIC: u32 = u32::from_le_bytes(*b"CMAP");
-pub const MAP_FORMAT_VERSION: u16 = 2;
+pub const MAP_FORMAT_VERSION: u16 = 3;
 /// Maps written before OSDs had `in`, a host and a down stamp: still read (all OSDs in).
 const MAP_FORMAT_V1: u16 = 1;
+/// Maps written before placement exceptions (upmaps): still read (none).
+const MAP_FORMAT_V2: u16 = 2;
+/// Placement exceptions per map: one per PG at most, and far fewer in practice (the balancer
+/// moves a few PGs per OSD).
+const UPMAPS_MAX: usize = 1 << 18;
 const OSDS_MAX: usize = 4096;
 const REACTORS_PER_OSD_MAX: usize = 256;
 const POOLS_MAX: usize = 1024;
@@ -33,7 +39,7 @@ pub enum MapError {
     #[error("cluster map: bad magic {found:#010x}")]
     BadMagic { found: u32 },
     #[error(
-        "cluster map: unsupported format version {found} (this build reads {MAP_FORMAT_V1} and {MAP_FORMAT_VERSION})"
+        "cluster map: unsupported format version {found} (this build reads {MAP_FORMAT_V1} to {MAP_FORMAT_VERSION})"
     )]
     BadVersion { found: u16 },
     #[error("cluster map: checksum mismatch (stored {stored:#010x}, computed {computed:#010x})")]
@@ -121,11 +127,17 @@ impl Spread {
     }
 }
 
+/// Placement exceptions, as Ceph's `pg_upmap_items`: in a PG's placement, OSD `from` is
+/// replaced by OSD `to` (pairs applied in order). The balancer writes them to even out what
+/// hashing alone leaves uneven; an exception whose target is out is ignored.
+pub type Upmaps = BTreeMap<PgId, Vec<(OsdId, OsdId)>>;
+
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct OsdMap {
     pub epoch: u32,
     pub osds: Vec<OsdInfo>,
     pub pools: Vec<Pool>,
+    pub upmaps: Upmaps,
 }
 
 impl OsdMap {
@@ -141,6 +153,7 @@ impl OsdMap {
                 pg_num,
                 size: 1,
             }],
+            upmaps: Upmaps::new(),
         }
     }
 
@@ -170,6 +183,20 @@ impl OsdMap {
                 .any(|q| q.id == p.id || q.name == p.name)
             {
                 return invalid(format!("pool {:?} (id {}) is defined twice", p.name, p.id));
+            }
+        }
+        for (pg, items) in &self.upmaps {
+            match self.pools.iter().find(|p| p.id == pg.pool) {
+                Some(p) if pg.seed < p.pg_num => {}
+                _ => return invalid(format!("an exception names pg {pg:?}, which no pool has")),
+            }
+            if items.is_empty() || items.len() > REPLICA_SIZE_MAX as usize {
+                return invalid(format!("pg {pg:?} has {} exceptions", items.len()));
+            }
+            for (i, (from, to)) in items.iter().enumerate() {
+                if from == to || items[..i].iter().any(|(f, t)| f == from || t == to) {
+                    return invalid(format!("pg {pg:?} has contradicting exceptions {items:?}"));
+                }
             }
         }
         Ok(())
@@ -207,6 +234,13 @@ impl OsdMap {
     /// are fewer hosts than `size`, the rest in rank order. A down OSD keeps its place (its
     /// PGs wait for it) until it is out.
     pub fn pg_placement(&self, pg: PgId, size: u8) -> Vec<OsdId> {
+        let mut chosen = self.raw_placement(pg, size);
+        self.apply_upmaps(pg, &mut chosen);
+        chosen
+    }
+
+    /// Placement by hashing alone, before the exceptions.
+    pub(crate) fn raw_placement(&self, pg: PgId, size: u8) -> Vec<OsdId> {
         let candidates = self.osds.iter().filter(|o| o.in_ && o.weight > 0);
         let first_weight = self
             .osds
@@ -248,6 +282,22 @@ impl OsdMap {
             }
         }
         chosen
+    }
+
+    /// Applies the PG's exceptions to a placement; one whose target is out, has no weight, or
+    /// is already placed is skipped (the balancer's own checks keep hosts distinct).
+    fn apply_upmaps(&self, pg: PgId, chosen: &mut [OsdId]) {
+        let Some(items) = self.upmaps.get(&pg) else {
+            return;
+        };
+        for &(from, to) in items {
+            let usable = self.osd(to).is_some_and(|o| o.in_ && o.weight > 0);
+            if usable && !chosen.contains(&to) {
+                if let Some(slot) = chosen.iter_mut().find(|c| **c == from) {
+                    *slot = to;
+                }
+            }
+        }
     }
 
     /// The acting set of a PG: the up members of its placement, primary first.
@@ -346,6 +396,13 @@ impl OsdMap {
         for p in &self.pools {
             e.u32(p.id).str(&p.name).u32(p.pg_num).u8(p.size);
         }
+        e.count(self.upmaps.len());
+        for (pg, items) in &self.upmaps {
+            e.u32(pg.pool).u32(pg.seed).count(items.len());
+            for (from, to) in items {
+                e.u32(*from).u32(*to);
+            }
+        }
         let crc = crc32c(&out);
         Encoder::new(&mut out).u32(crc);
         out.freeze()
@@ -372,7 +429,7 @@ impl OsdMap {
             return Err(MapError::BadMagic { found: magic });
         }
         let version = d.u16("map version")?;
-        if version != MAP_FORMAT_VERSION && version != MAP_FORMAT_V1 {
+        if !(MAP_FORMAT_V1..=MAP_FORMAT_VERSION).contains(&version) {
             return Err(MapError::BadVersion { found: version });
         }
         let epoch = d.u32("epoch")?;
@@ -429,8 +486,33 @@ impl OsdMap {
                 size: d.u8("pool size")?,
             });
         }
+        let mut upmaps = Upmaps::new();
+        if version > MAP_FORMAT_V2 {
+            let n = d.count("exception count", UPMAPS_MAX)?;
+            for _ in 0..n {
+                let pg = PgId {
+                    pool: d.u32("exception pool")?,
+                    seed: d.u32("exception pg")?,
+                };
+                let k = d.count("exception pairs", REPLICA_SIZE_MAX as usize)?;
+                let mut items = Vec::with_capacity(k);
+                for _ in 0..k {
+                    items.push((d.u32("exception from")?, d.u32("exception to")?));
+                }
+                if upmaps.insert(pg, items).is_some() {
+                    return Err(MapError::Invalid(format!(
+                        "pg {pg:?} has two exception lists"
+                    )));
+                }
+            }
+        }
         d.finish("cluster map")?;
-        let map = OsdMap { epoch, osds, pools };
+        let map = OsdMap {
+            epoch,
+            osds,
+            pools,
+            upmaps,
+        };
         map.validate()?;
         Ok(map)
     }
@@ -462,6 +544,7 @@ mod tests {
                 pg_num: 64,
                 size: 1,
             }],
+            upmaps: Default::default(),
         }
     }
 

@@ -120,6 +120,7 @@ mod tests {
                 pg_num: 16,
                 size: 2,
             }],
+            upmaps: Default::default(),
         }
     }
 

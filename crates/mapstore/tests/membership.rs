@@ -131,6 +131,7 @@ fn map(epoch: u32) -> OsdMap {
             pg_num: 8,
             size: 1,
         }],
+        upmaps: Default::default(),
     }
 }
 

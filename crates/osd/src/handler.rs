@@ -458,6 +458,7 @@ mod tests {
                 epoch: 1,
                 osds: vec![],
                 pools: vec![],
+                upmaps: Default::default(),
             };
             let shard = Shard {
                 osd: 0,

@@ -31,6 +31,7 @@ fn two_osd_map() -> OsdMap {
             pg_num: 16,
             size: 1,
         }],
+        upmaps: Default::default(),
     }
 }
 

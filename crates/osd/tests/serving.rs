@@ -37,6 +37,7 @@ fn start_with(reactors: usize, connections_max: u32) -> (Osd, OsdMap) {
             pg_num: 16,
             size: 1,
         }],
+        upmaps: Default::default(),
     };
     let osd = Osd::start(OsdConfig {
         id: 0,
@@ -288,6 +289,7 @@ fn start_fails_clearly_when_the_endpoint_is_taken() {
             pg_num: 8,
             size: 1,
         }],
+        upmaps: Default::default(),
     };
     let err = Osd::start(OsdConfig {
         id: 0,

@@ -144,9 +144,10 @@ fn a_live_holder_keeps_the_volume_and_blocks_other_writers_resize_and_rm() {
             img.write(0, block(3)).await,
             Err(VolumeError::LockLost { .. })
         ));
-        let t = Instant::now();
+        // The record is gone, so B has no lease to wait out (a bound on B's open time could
+        // not tell the two apart on a loaded 2-core machine: 375 ms was seen without a wait).
+        assert!(b.lock_holder("vm").await.unwrap().is_none());
         let img_b = b.open_with("vm", &opts("gateway B")).await.unwrap();
-        assert!(t.elapsed() < LEASE, "took {:?}", t.elapsed());
         assert_eq!(img_b.read(0, 4096).await.unwrap(), block(1));
         img_b.close().await.unwrap();
         b.remove("vm").await.unwrap();

@@ -29,6 +29,7 @@ where
             pg_num: 32,
             size: 1,
         }],
+        upmaps: Default::default(),
     };
     let osd = Osd::start(OsdConfig {
         id: 0,

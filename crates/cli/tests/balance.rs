@@ -1,0 +1,103 @@
+//! The balancer end to end: a new cluster is balanced at birth, and `osd balance` evens out
+//! what a membership change leaves uneven, refusing to move single-copy PGs unless told.
+
+mod common;
+use common::Cluster;
+
+fn map(c: &Cluster) -> carmine_cluster::OsdMap {
+    carmine_localcluster::read_map(&c.dir).expect("reading the map")
+}
+
+#[test]
+fn clusters_start_balanced_and_osd_balance_evens_out_a_new_osd() {
+    let c = Cluster::up("balance", &["--osds", "4", "--pg-num", "256"]);
+    let born = map(&c);
+    let s = born.spread();
+    assert!(
+        s.max_over_mean() <= 1.10 && s.max <= 65 && s.min >= 63,
+        "a new cluster must be balanced: {s:?}"
+    );
+    assert!(!born.upmaps.is_empty(), "hashing alone was already even?");
+    let tree = c.ok(&["osd", "tree"]);
+    assert!(tree.contains("placement exceptions"), "{tree}");
+    // The OSDs serve what the exceptions place on them: one object in every PG is written
+    // and read back through the client, which routes by the same exceptions.
+    every_pg_serves(&c, &born);
+    let said = c.ok(&["osd", "balance"]);
+    assert!(
+        said.contains("moved 0 PGs"),
+        "nothing to do on a balanced map: {said}"
+    );
+    assert_eq!(
+        map(&c).epoch,
+        born.epoch,
+        "a no-op balance committed an epoch"
+    );
+
+    // A fifth OSD (on a host that does not run it yet): hashing gives it about a fifth.
+    c.ok(&[
+        "osd",
+        "add",
+        "--host",
+        "127.0.0.1",
+        "--port-base",
+        "31000",
+        "--in",
+        "--allow-single-copy-moves",
+    ]);
+    let grown = map(&c);
+    let err = c.fails(&["osd", "balance"]);
+    assert!(err.contains("single copy"), "{err}");
+    assert_eq!(
+        map(&c).epoch,
+        grown.epoch,
+        "a refused balance committed an epoch"
+    );
+    let dry = c.ok(&["osd", "balance", "--dry-run"]);
+    assert!(dry.contains("would move"), "{dry}");
+    assert_eq!(map(&c), grown, "a dry run changed the map");
+    let said = c.ok(&["osd", "balance", "--allow-single-copy-moves"]);
+    let balanced = map(&c);
+    assert_eq!(balanced.epoch, grown.epoch + 1, "{said}");
+    let s = balanced.spread();
+    // 256 / 5 = 51.2 per OSD.
+    assert!(s.max <= 53 && s.min >= 50, "{said}\n{s:?}");
+    let moved: usize = said
+        .split("moved ")
+        .nth(1)
+        .and_then(|r| r.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .expect("the number of PGs moved");
+    assert_eq!(moved, grown.moved_pgs(&balanced), "{said}");
+}
+
+fn every_pg_serves(c: &Cluster, m: &carmine_cluster::OsdMap) {
+    let pool = m.pools[0].clone();
+    let mut names = std::collections::BTreeMap::new();
+    for i in 0.. {
+        let name = format!("obj-{i}");
+        names.entry(m.object_pg(&pool, &name)).or_insert(name);
+        if names.len() == pool.pg_num as usize {
+            break;
+        }
+    }
+    let moved: Vec<_> = m.upmaps.keys().collect();
+    assert!(moved.iter().all(|pg| names.contains_key(pg)));
+    let cfg = carmine_client::ClientConfig {
+        key: carmine_localcluster::read_key(&c.dir).expect("the cluster key"),
+        ..Default::default()
+    };
+    let addrs: Vec<_> = m.osds.iter().flat_map(|o| o.reactors.clone()).collect();
+    carmine_reactor::block_on(async move {
+        let client = carmine_client::Client::connect(&addrs, cfg).await.unwrap();
+        for (pg, name) in &names {
+            let data = bytes::Bytes::from(format!("{pg:?} {name}"));
+            client.write(pool.id, name, 0, data.clone()).await.unwrap();
+            let back = client
+                .read(pool.id, name, 0, data.len() as u32)
+                .await
+                .unwrap();
+            assert_eq!(back, data, "{pg:?}");
+        }
+    });
+}
