@@ -15,8 +15,17 @@ pub struct EtcdMapStore {
 impl EtcdMapStore {
     /// The map of cluster `cluster` in the etcd reachable at `endpoints` (`http://host:port`).
     pub fn new(endpoints: &[String], cluster: &str) -> Result<Self, MapStoreError> {
+        Self::with_access(endpoints, &crate::EtcdAccess::default(), cluster)
+    }
+
+    /// Like [`EtcdMapStore::new`], over TLS and with etcd auth as `access` says.
+    pub fn with_access(
+        endpoints: &[String],
+        access: &crate::EtcdAccess,
+        cluster: &str,
+    ) -> Result<Self, MapStoreError> {
         Ok(Self {
-            etcd: Etcd::new(endpoints)?,
+            etcd: Etcd::with_access(endpoints, access)?,
             key: crate::keys::map(cluster),
         })
     }

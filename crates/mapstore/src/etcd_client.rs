@@ -1,8 +1,12 @@
 //! The few etcd v3 calls Carmine needs, through etcd's JSON gateway (`/v3/...`, etcd ≥ 3.4)
 //! with a blocking HTTP client: ranges, transactions, leases and watches. Keys and values
 //! travel base64-encoded; 64-bit integers travel as strings. Endpoints are tried in order, so
-//! any member of an etcd cluster will do. Decision 0006 says why not gRPC.
+//! any member of an etcd cluster will do. Decision 0006 says why not gRPC. Endpoints may be
+//! `https://` and etcd may have auth enabled ([`EtcdAccess`]): the client then authenticates
+//! once, sends the token with every call, and authenticates again when etcd says the token
+//! expired.
 
+use crate::access::{Credentials, EtcdAccess};
 use crate::MapStoreError;
 use base64::engine::general_purpose::STANDARD as B64;
 use base64::Engine;
@@ -22,6 +26,10 @@ pub struct Etcd {
     /// The endpoint that answered last: tried first, so a dead member costs one timeout
     /// once, not on every call.
     preferred: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    credentials: Option<Credentials>,
+    /// etcd's auth token for `credentials`, shared by the clones (one authentication per
+    /// process, not per thread).
+    token: std::sync::Arc<std::sync::Mutex<Option<String>>>,
 }
 
 impl std::fmt::Debug for Etcd {
@@ -61,13 +69,23 @@ pub enum Put<'a> {
 }
 
 impl Etcd {
+    /// A client of the etcd at `endpoints`, plain HTTP and without auth.
     pub fn new(endpoints: &[String]) -> Result<Self, MapStoreError> {
+        Self::with_access(endpoints, &EtcdAccess::default())
+    }
+
+    /// A client of the etcd at `endpoints` (`http://` or `https://`), with TLS files and
+    /// credentials from `access`.
+    pub fn with_access(endpoints: &[String], access: &EtcdAccess) -> Result<Self, MapStoreError> {
         if endpoints.is_empty() {
             return Err(MapStoreError::Invalid("no etcd endpoint given".into()));
         }
-        if let Some(bad) = endpoints.iter().find(|e| !e.starts_with("http://")) {
+        if let Some(bad) = endpoints
+            .iter()
+            .find(|e| !e.starts_with("http://") && !e.starts_with("https://"))
+        {
             return Err(MapStoreError::Invalid(format!(
-                "etcd endpoint {bad:?}: only http:// is supported so far"
+                "etcd endpoint {bad:?}: give http://host:port or https://host:port"
             )));
         }
         Ok(Self {
@@ -75,10 +93,72 @@ impl Etcd {
                 .iter()
                 .map(|e| e.trim_end_matches('/').to_owned())
                 .collect(),
-            agent: ureq::AgentBuilder::new().build(),
+            agent: access.agent()?,
             timeout: REQUEST_TIMEOUT,
             preferred: Default::default(),
+            credentials: access.credentials()?,
+            token: Default::default(),
         })
+    }
+
+    /// The auth token to send (authenticating first if there is none yet); `None` without
+    /// credentials.
+    fn token(&self, ep: &str) -> Result<Option<String>, MapStoreError> {
+        let Some(c) = &self.credentials else {
+            return Ok(None);
+        };
+        if let Some(t) = self.token.lock().expect("token lock").clone() {
+            return Ok(Some(t));
+        }
+        let body = json!({ "name": c.user, "password": c.password });
+        let res = self
+            .agent
+            .post(&format!("{ep}/v3/auth/authenticate"))
+            .timeout(self.timeout)
+            .send_string(&body.to_string());
+        let reply: Value = match res {
+            Ok(r) => serde_json::from_str(&r.into_string().unwrap_or_default()).unwrap_or_default(),
+            Err(ureq::Error::Status(code, r)) => {
+                let text = r.into_string().unwrap_or_default();
+                return Err(MapStoreError::Unavailable(format!(
+                    "{ep}: etcd refused user {:?}: HTTP {code}: {}",
+                    c.user,
+                    text.trim()
+                )));
+            }
+            Err(e) => return Err(MapStoreError::Unavailable(format!("{ep}: {e}"))),
+        };
+        let token = reply["token"]
+            .as_str()
+            .ok_or_else(|| bad_reply("an auth token", &reply))?
+            .to_owned();
+        *self.token.lock().expect("token lock") = Some(token.clone());
+        Ok(Some(token))
+    }
+
+    /// A request to `path` on `ep`, with the auth token if there are credentials.
+    fn request(
+        &self,
+        ep: &str,
+        path: &str,
+        timeout: Duration,
+    ) -> Result<ureq::Request, MapStoreError> {
+        let req = self.agent.post(&format!("{ep}{path}")).timeout(timeout);
+        Ok(match self.token(ep)? {
+            Some(t) => req.set("Authorization", &t),
+            None => req,
+        })
+    }
+
+    /// Whether etcd refused the call for its token (expired, or etcd restarted): the token
+    /// is dropped so the next call authenticates again.
+    fn token_refused(&self, code: u16, text: &str) -> bool {
+        let refused =
+            self.credentials.is_some() && (code == 401 || text.contains("invalid auth token"));
+        if refused {
+            *self.token.lock().expect("token lock") = None;
+        }
+        refused
     }
 
     /// The same client with a per-call timeout of `timeout`: lease keepers use a fraction of
@@ -101,37 +181,84 @@ impl Etcd {
         let first = self.preferred.load(Ordering::Relaxed) % n;
         for i in (0..n).map(|k| (first + k) % n) {
             let ep = &self.endpoints[i];
-            let res = self
-                .agent
-                .post(&format!("{ep}{path}"))
-                .timeout(self.timeout)
-                .send_string(&body.to_string());
-            match res {
-                Err(ureq::Error::Status(code, r)) if code >= 500 => {
-                    last = format!("{ep}: HTTP {code}: {}", r.into_string().unwrap_or_default());
+            // One more try with a fresh token if etcd refused the one we had.
+            for fresh_token in [false, true] {
+                let res = match self.request(ep, path, self.timeout) {
+                    Ok(req) => req.send_string(&body.to_string()),
+                    Err(e) => {
+                        last = e.to_string();
+                        break;
+                    }
+                };
+                match res {
+                    Err(ureq::Error::Status(code, r)) if code >= 500 => {
+                        last =
+                            format!("{ep}: HTTP {code}: {}", r.into_string().unwrap_or_default());
+                        break;
+                    }
+                    Ok(r) => {
+                        self.preferred.store(i, Ordering::Relaxed);
+                        let text = r.into_string().map_err(|e| {
+                            MapStoreError::Unavailable(format!(
+                                "{ep}{path}: reading the reply: {e}"
+                            ))
+                        })?;
+                        return serde_json::from_str(&text).map_err(|e| {
+                            MapStoreError::Unavailable(format!(
+                                "{ep}{path}: bad reply {text:?}: {e}"
+                            ))
+                        });
+                    }
+                    Err(ureq::Error::Status(code, r)) => {
+                        let text = r.into_string().unwrap_or_default();
+                        if !fresh_token && self.token_refused(code, &text) {
+                            continue;
+                        }
+                        return Err(MapStoreError::Unavailable(format!(
+                            "{ep}{path}: HTTP {code}: {}",
+                            text.trim()
+                        )));
+                    }
+                    Err(e) => {
+                        last = format!("{ep}: {e}");
+                        break;
+                    }
                 }
-                Ok(r) => {
-                    self.preferred.store(i, Ordering::Relaxed);
-                    let text = r.into_string().map_err(|e| {
-                        MapStoreError::Unavailable(format!("{ep}{path}: reading the reply: {e}"))
-                    })?;
-                    return serde_json::from_str(&text).map_err(|e| {
-                        MapStoreError::Unavailable(format!("{ep}{path}: bad reply {text:?}: {e}"))
-                    });
-                }
-                Err(ureq::Error::Status(code, r)) => {
-                    let text = r.into_string().unwrap_or_default();
-                    return Err(MapStoreError::Unavailable(format!(
-                        "{ep}{path}: HTTP {code}: {}",
-                        text.trim()
-                    )));
-                }
-                Err(e) => last = format!("{ep}: {e}"),
             }
         }
         Err(MapStoreError::Unavailable(format!(
             "no etcd endpoint answered (last: {last})"
         )))
+    }
+
+    /// Turns etcd's auth on with user `root` (role `root`) and `password`; steps already
+    /// done (a retry after a crash) are skipped. Called on an etcd without auth.
+    pub fn enable_auth(&self, password: &str) -> Result<(), MapStoreError> {
+        let steps = [
+            (
+                "/v3/auth/user/add",
+                json!({ "name": "root", "password": password }),
+            ),
+            ("/v3/auth/role/add", json!({ "name": "root" })),
+            (
+                "/v3/auth/user/grant",
+                json!({ "user": "root", "role": "root" }),
+            ),
+            ("/v3/auth/enable", json!({})),
+        ];
+        for (path, body) in steps {
+            match self.post(path, &body) {
+                Ok(_) => {}
+                Err(e) if e.to_string().contains("already") => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    }
+
+    /// Turns etcd's auth off (needs root's credentials). Every token issued so far dies.
+    pub fn disable_auth(&self) -> Result<(), MapStoreError> {
+        self.post("/v3/auth/disable", &json!({})).map(drop)
     }
 
     /// The value of `key` and the store's revision at the time of reading.
@@ -246,11 +373,10 @@ impl Etcd {
             if left.is_zero() {
                 return Ok(Vec::new());
             }
-            let res = self
-                .agent
-                .post(&format!("{ep}/v3/watch"))
-                .timeout(left)
-                .send_string(&create.to_string());
+            let res = self.request(ep, "/v3/watch", left).and_then(|req| {
+                req.send_string(&create.to_string())
+                    .map_err(|e| MapStoreError::Unavailable(e.to_string()))
+            });
             let body = match res {
                 Ok(r) => BufReader::new(r.into_reader()),
                 Err(e) => {

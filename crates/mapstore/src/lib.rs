@@ -9,13 +9,16 @@
 //! both win, and no epoch number is ever written twice. The calls block: they run on a control
 //! thread, never on a reactor (decision 0006).
 
+mod access;
 mod etcd;
 pub mod etcd_client;
 pub mod keys;
 mod local;
 pub mod membership;
 mod private_etcd;
+mod tls_material;
 
+pub use access::EtcdAccess;
 pub use etcd::EtcdMapStore;
 pub use local::LocalMapStore;
 pub use private_etcd::PrivateEtcd;

@@ -2,7 +2,8 @@
 //! loopback ports: what `cluster up --with-etcd` and the tests use, the way Ceph's vstart
 //! starts its monitors.
 
-use crate::MapStoreError;
+use crate::tls_material::TlsMaterial;
+use crate::{EtcdAccess, MapStoreError};
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -16,6 +17,9 @@ pub struct PrivateEtcd {
     child: Child,
     endpoint: String,
     dir: PathBuf,
+    /// How clients reach it: nothing for a plain one; TLS files and root's credentials for a
+    /// secured one.
+    access: EtcdAccess,
 }
 
 /// How many times a start is retried when etcd lost a race for its port.
@@ -48,26 +52,71 @@ impl PrivateEtcd {
     /// that lost its port to another process is retried on other ports (a data directory
     /// that the failed start created is removed first, so the retry starts clean).
     pub fn start(dir: &Path) -> Result<Self, MapStoreError> {
+        Self::start_with(dir, false)
+    }
+
+    /// Like [`PrivateEtcd::start`], secured: clients must present a certificate signed by the
+    /// etcd's own CA (TLS both ways), and etcd auth is on, with a root password. The material
+    /// is made once in `dir/etcd-tls` and reused by restarts; [`PrivateEtcd::access`] says
+    /// how to connect.
+    pub fn start_secure(dir: &Path) -> Result<Self, MapStoreError> {
+        Self::start_with(dir, true)
+    }
+
+    fn start_with(dir: &Path, secure: bool) -> Result<Self, MapStoreError> {
         std::fs::create_dir_all(dir)
             .map_err(|e| MapStoreError::Unavailable(format!("creating {}: {e}", dir.display())))?;
+        let tls = if secure {
+            Some(TlsMaterial::ensure(dir)?)
+        } else {
+            None
+        };
         let data = dir.join("etcd.data");
         let had_data = data.exists();
         let mut attempt = 0;
         loop {
             attempt += 1;
-            match Self::start_once(dir) {
+            match Self::start_once(dir, tls.as_ref()) {
                 Err(e) if attempt < START_ATTEMPTS && lost_port_race(&dir.join("etcd.log")) => {
                     tracing::warn!("private etcd lost its port at start, retrying: {e}");
                     if !had_data {
                         let _ = std::fs::remove_dir_all(&data);
                     }
                 }
-                other => return other,
+                Err(e) => return Err(e),
+                Ok(etcd) => {
+                    if secure {
+                        etcd.ensure_auth()?;
+                    }
+                    return Ok(etcd);
+                }
             }
         }
     }
 
-    fn start_once(dir: &Path) -> Result<Self, MapStoreError> {
+    /// Turns etcd auth on the first time a secured etcd starts (a marker file says it is done).
+    fn ensure_auth(&self) -> Result<(), MapStoreError> {
+        let marker = self.dir.join("etcd-tls").join("auth-enabled");
+        if marker.exists() {
+            return Ok(());
+        }
+        let without_user = EtcdAccess {
+            user: None,
+            password_file: None,
+            ..self.access.clone()
+        };
+        let password = self
+            .access
+            .credentials()?
+            .map(|c| c.password)
+            .expect("a secured etcd has credentials");
+        crate::etcd_client::Etcd::with_access(std::slice::from_ref(&self.endpoint), &without_user)?
+            .enable_auth(&password)?;
+        std::fs::write(&marker, b"")
+            .map_err(|e| MapStoreError::Unavailable(format!("{}: {e}", marker.display())))
+    }
+
+    fn start_once(dir: &Path, tls: Option<&TlsMaterial>) -> Result<Self, MapStoreError> {
         let unavailable = |what: String| MapStoreError::Unavailable(what);
         let client = free_port()?;
         let peer = loop {
@@ -76,11 +125,23 @@ impl PrivateEtcd {
                 break p;
             }
         };
-        let endpoint = format!("http://127.0.0.1:{client}");
+        let scheme = if tls.is_some() { "https" } else { "http" };
+        let endpoint = format!("{scheme}://127.0.0.1:{client}");
+        // One member on loopback: its peer port carries no traffic, so stays plain.
         let peer_url = format!("http://127.0.0.1:{peer}");
         let log = std::fs::File::create(dir.join("etcd.log"))
             .map_err(|e| unavailable(format!("creating etcd.log: {e}")))?;
-        let child = Command::new("etcd")
+        let mut cmd = Command::new("etcd");
+        if let Some(t) = tls {
+            cmd.arg("--cert-file")
+                .arg(&t.server_cert)
+                .arg("--key-file")
+                .arg(&t.server_key)
+                .arg("--trusted-ca-file")
+                .arg(&t.ca)
+                .arg("--client-cert-auth");
+        }
+        let child = cmd
             .arg("--name")
             .arg("carmine")
             .arg("--data-dir")
@@ -109,6 +170,7 @@ impl PrivateEtcd {
             child,
             endpoint,
             dir: dir.to_owned(),
+            access: tls.map(|t| t.client.clone()).unwrap_or_default(),
         };
         etcd.wait_healthy()?;
         Ok(etcd)
@@ -117,6 +179,7 @@ impl PrivateEtcd {
     fn wait_healthy(&mut self) -> Result<(), MapStoreError> {
         let deadline = Instant::now() + START_TIMEOUT;
         let url = format!("{}/health", self.endpoint);
+        let agent = self.access.agent()?;
         loop {
             if let Ok(Some(status)) = self.child.try_wait() {
                 return Err(MapStoreError::Unavailable(format!(
@@ -124,7 +187,8 @@ impl PrivateEtcd {
                     self.dir.join("etcd.log").display()
                 )));
             }
-            let healthy = ureq::get(&url)
+            let healthy = agent
+                .get(&url)
                 .timeout(Duration::from_secs(1))
                 .call()
                 .ok()
@@ -146,6 +210,11 @@ impl PrivateEtcd {
     /// The client URL, for [`crate::EtcdMapStore::new`].
     pub fn endpoint(&self) -> &str {
         &self.endpoint
+    }
+
+    /// How clients connect (TLS files and credentials of a secured etcd; empty otherwise).
+    pub fn access(&self) -> &EtcdAccess {
+        &self.access
     }
 
     pub fn pid(&self) -> u32 {

@@ -2,7 +2,10 @@
 //! (a private one from PATH; `.ci/run` installs Debian's etcd-server).
 
 use carmine_cluster::OsdMap;
-use carmine_mapstore::{update, EtcdMapStore, LocalMapStore, MapStore, MapStoreError, PrivateEtcd};
+use carmine_mapstore::etcd_client::{Etcd, Put};
+use carmine_mapstore::{
+    update, EtcdAccess, EtcdMapStore, LocalMapStore, MapStore, MapStoreError, PrivateEtcd,
+};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -70,6 +73,36 @@ fn etcd(name: &str) -> Backend {
                 ureq::post(&format!("{endpoint}/v3/kv/put"))
                     .send_string(&body.to_string())
                     .unwrap();
+            })
+        },
+        _etcd: Some(etcd),
+        dir,
+    }
+}
+
+/// etcd secured as a careful operator runs it: TLS both ways (client certificates required)
+/// and etcd auth on. Every call goes through TLS and carries a token.
+fn secure_etcd(name: &str) -> Backend {
+    let dir = temp_dir(&format!("tls-{name}"));
+    let etcd = PrivateEtcd::start_secure(&dir).expect("a secured private etcd");
+    let ep = vec![etcd.endpoint().to_owned()];
+    assert!(ep[0].starts_with("https://"), "{ep:?}");
+    let access = etcd.access().clone();
+    let cluster = name.to_owned();
+    let (make_ep, make_access) = (ep.clone(), access.clone());
+    Backend {
+        make: Arc::new(move || {
+            Box::new(EtcdMapStore::with_access(&make_ep, &make_access, &cluster).unwrap()) as Store
+        }),
+        damage: {
+            let store = EtcdMapStore::with_access(&ep, &access, name).unwrap();
+            Box::new(move || {
+                let put = Put::Put {
+                    key: store.key(),
+                    value: b"garbage, not a map",
+                    lease: 0,
+                };
+                assert!(store.etcd().txn(&[], &[put]).unwrap());
             })
         },
         _etcd: Some(etcd),
@@ -228,6 +261,9 @@ macro_rules! conformance {
         mod etcd_backend {
             $(#[test] fn $case() { super::$case(&super::etcd(stringify!($case))); })*
         }
+        mod secure_etcd_backend {
+            $(#[test] fn $case() { super::$case(&super::secure_etcd(stringify!($case))); })*
+        }
     };
 }
 
@@ -258,5 +294,127 @@ fn an_unreachable_etcd_is_an_error_not_a_hang() {
     ));
     assert!(t.elapsed() < Duration::from_secs(15));
     assert!(EtcdMapStore::new(&[], "x").is_err());
-    assert!(EtcdMapStore::new(&["https://a:1".into()], "x").is_err());
+    assert!(EtcdMapStore::new(&["ftp://a:1".into()], "x").is_err());
+}
+
+/// Whoever lacks one of the secured etcd's requirements is refused with an error that says
+/// which, and never reads or changes the map.
+#[test]
+fn a_secured_etcd_refuses_whoever_lacks_the_ca_the_certificate_or_the_password() {
+    let dir = temp_dir("tls-refusals");
+    let etcd = PrivateEtcd::start_secure(&dir).unwrap();
+    let ep = vec![etcd.endpoint().to_owned()];
+    let good = etcd.access().clone();
+    EtcdMapStore::with_access(&ep, &good, "c")
+        .unwrap()
+        .swap(None, &map(1, 1000))
+        .unwrap();
+    let fails = |access: &EtcdAccess| -> String {
+        match EtcdMapStore::with_access(&ep, access, "c").and_then(|s| s.get()) {
+            Ok(m) => panic!("read {m:?} with {access:?}"),
+            Err(e) => e.to_string(),
+        }
+    };
+    // Plain HTTP to a TLS port.
+    let plain = ep[0].replace("https://", "http://");
+    assert!(EtcdMapStore::new(&[plain], "c").unwrap().get().is_err());
+    // No CA: etcd's certificate is not trusted.
+    let e = fails(&EtcdAccess {
+        ca: None,
+        cert: None,
+        key: None,
+        ..good.clone()
+    });
+    assert!(
+        e.contains("certificate") || e.contains("UnknownIssuer"),
+        "{e}"
+    );
+    // A CA but no client certificate: etcd requires one.
+    let e = fails(&EtcdAccess {
+        cert: None,
+        key: None,
+        ..good.clone()
+    });
+    assert!(!e.is_empty());
+    // Another CA (a second secured etcd's): not etcd's.
+    let other_dir = temp_dir("tls-refusals-other");
+    let other = PrivateEtcd::start_secure(&other_dir).unwrap();
+    let e = fails(&EtcdAccess {
+        ca: other.access().ca.clone(),
+        ..good.clone()
+    });
+    assert!(
+        e.contains("certificate") || e.contains("UnknownIssuer"),
+        "{e}"
+    );
+    // The client certificate of another CA.
+    let e = fails(&EtcdAccess {
+        cert: other.access().cert.clone(),
+        key: other.access().key.clone(),
+        ..good.clone()
+    });
+    assert!(!e.is_empty());
+    // TLS right, no user: etcd auth refuses.
+    let e = fails(&EtcdAccess {
+        user: None,
+        password_file: None,
+        ..good.clone()
+    });
+    assert!(
+        e.contains("user name is empty") || e.contains("HTTP 4"),
+        "{e}"
+    );
+    // A wrong password.
+    let wrong = dir.join("wrong.password");
+    std::fs::write(&wrong, "not-it\n").unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&wrong, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let e = fails(&EtcdAccess {
+        password_file: Some(wrong.clone()),
+        ..good.clone()
+    });
+    assert!(e.contains("refused user \"root\""), "{e}");
+    // A password file others may read is refused before anything is sent.
+    std::fs::set_permissions(&wrong, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let e = fails(&EtcdAccess {
+        password_file: Some(wrong),
+        ..good.clone()
+    });
+    assert!(e.contains("chmod 600"), "{e}");
+    // The map is still the one written, read with the right access.
+    let m = EtcdMapStore::with_access(&ep, &good, "c")
+        .unwrap()
+        .get()
+        .unwrap();
+    assert_eq!(m.map(|m| m.epoch), Some(1));
+    drop((etcd, other));
+    let _ = std::fs::remove_dir_all(&dir);
+    let _ = std::fs::remove_dir_all(&other_dir);
+}
+
+/// Tokens die (they expire, or etcd forgets them when it restarts or auth is switched off and
+/// on): the client authenticates again instead of failing.
+#[test]
+fn a_dead_token_is_replaced_transparently() {
+    let dir = temp_dir("tls-token");
+    let etcd = PrivateEtcd::start_secure(&dir).unwrap();
+    let ep = vec![etcd.endpoint().to_owned()];
+    let client = Etcd::with_access(&ep, etcd.access()).unwrap();
+    client.get("/x").unwrap();
+    let root = Etcd::with_access(&ep, etcd.access()).unwrap();
+    root.disable_auth().unwrap();
+    let password = std::fs::read_to_string(etcd.access().password_file.as_ref().unwrap()).unwrap();
+    let anonymous = EtcdAccess {
+        user: None,
+        password_file: None,
+        ..etcd.access().clone()
+    };
+    Etcd::with_access(&ep, &anonymous)
+        .unwrap()
+        .enable_auth(password.trim())
+        .unwrap();
+    // `client` still holds the token from before: etcd refuses it, the client logs in again.
+    client.get("/x").unwrap();
+    drop(etcd);
+    let _ = std::fs::remove_dir_all(&dir);
 }
