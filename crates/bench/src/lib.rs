@@ -318,6 +318,7 @@ fn bench_carmine(a: &BenchArgs, cluster_dir: &std::path::Path) -> Result<Run> {
         host: [127, 0, 0, 1].into(),
         etcd: None,
         with_etcd: false,
+        etcd_access: Default::default(),
         managers: None,
         lease_ttl: None,
         down_out_grace: None,

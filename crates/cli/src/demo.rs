@@ -59,6 +59,7 @@ pub fn run(a: DemoArgs) -> Result<()> {
         host: [127, 0, 0, 1].into(),
         etcd: None,
         with_etcd: false,
+        etcd_access: Default::default(),
         managers: None,
         lease_ttl: None,
         down_out_grace: None,

@@ -34,7 +34,7 @@ struct Cli {
 enum Command {
     /// Run one OSD daemon in the foreground (normally started by `cluster up`), or change and
     /// show membership: `osd out|in|tree`.
-    Osd(osd::OsdCommand),
+    Osd(Box<osd::OsdCommand>),
     /// Run a manager in the foreground (normally started by `cluster up --with-etcd`): it
     /// marks OSDs up, down and out in new map epochs; one of several leads.
     Mgr(mgr::MgrArgs),
@@ -85,10 +85,12 @@ fn main() -> ExitCode {
         quiet_on_closed_stdout();
     }
     let result = match cli.command {
-        Command::Osd(c) => match (c.admin, c.daemon) {
-            (Some(admin), _) => osd_admin::run(admin),
-            (None, Some(daemon)) => osd::run(daemon),
-            (None, None) => Err(anyhow::anyhow!("give --id … to run an OSD, or out|in|tree")),
+        Command::Osd(c) => match (c.admin, c.daemon, c.etcd_access) {
+            (Some(admin), _, _) => osd_admin::run(admin),
+            (None, Some(daemon), access) => osd::run(daemon, &access),
+            (None, None, _) => Err(anyhow::anyhow!(
+                "give --id … to run an OSD, or out|in|add|rm|reweight|balance|tree"
+            )),
         },
         Command::Mgr(a) => mgr::run(a),
         Command::Store(c) => store::run(c),

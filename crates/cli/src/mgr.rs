@@ -17,6 +17,8 @@ pub struct MgrArgs {
     /// The cluster's name in etcd.
     #[arg(long)]
     pub cluster_name: String,
+    #[command(flatten)]
+    pub etcd_access: carmine_localcluster::EtcdAccessArgs,
     /// This manager's name (made unique per process with its pid and a random tag).
     #[arg(long, default_value = "mgr")]
     pub name: String,
@@ -39,6 +41,7 @@ pub fn run(a: MgrArgs) -> Result<()> {
     let tag: u32 = rand_tag();
     let cfg = ManagerConfig {
         endpoints: a.etcd,
+        access: a.etcd_access.access()?,
         cluster: a.cluster_name,
         name: format!("{}#{}-{tag:08x}", a.name, std::process::id()),
         lease_ttl: a.lease_ttl,

@@ -38,6 +38,10 @@ pub struct OsdCommand {
     pub admin: Option<crate::osd_admin::OsdAdmin>,
     #[command(flatten)]
     pub daemon: Option<OsdArgs>,
+    /// With --etcd: TLS files and credentials (flattened here, not in `OsdArgs`: clap does
+    /// not see an optional flattened group as present through a nested one).
+    #[command(flatten)]
+    pub etcd_access: carmine_localcluster::EtcdAccessArgs,
 }
 
 #[derive(Args, Debug)]
@@ -130,7 +134,7 @@ fn reactor_cpus(
     Ok((cpus, alloc.grid(&topo)))
 }
 
-fn map_source(a: &OsdArgs) -> Result<MapSource> {
+fn map_source(a: &OsdArgs, access: &carmine_localcluster::EtcdAccessArgs) -> Result<MapSource> {
     Ok(match (&a.map, &a.etcd) {
         (Some(path), _) => MapSource::File(path.clone()),
         (None, Some(endpoints)) => MapSource::Etcd {
@@ -139,6 +143,7 @@ fn map_source(a: &OsdArgs) -> Result<MapSource> {
                 .cluster_name
                 .clone()
                 .context("--cluster-name is required")?,
+            access: access.access()?,
         },
         (None, None) => bail!("give --map or --etcd"),
     })
@@ -154,8 +159,8 @@ fn load_map(source: &MapSource) -> Result<OsdMap> {
         .with_context(|| format!("no cluster map in {from}"))
 }
 
-pub fn run(a: OsdArgs) -> Result<()> {
-    let source = map_source(&a)?;
+pub fn run(a: OsdArgs, access: &carmine_localcluster::EtcdAccessArgs) -> Result<()> {
+    let source = map_source(&a, access)?;
     let map = load_map(&source)?;
     let epoch = map.epoch;
     let info = map

@@ -21,6 +21,7 @@ pub enum MapSource {
     Etcd {
         endpoints: Vec<String>,
         cluster: String,
+        access: carmine_mapstore::EtcdAccess,
     },
 }
 
@@ -28,7 +29,9 @@ impl MapSource {
     pub fn describe(&self) -> String {
         match self {
             MapSource::File(p) => p.display().to_string(),
-            MapSource::Etcd { endpoints, cluster } => {
+            MapSource::Etcd {
+                endpoints, cluster, ..
+            } => {
                 format!("etcd {} (cluster {cluster})", endpoints.join(","))
             }
         }
@@ -37,9 +40,11 @@ impl MapSource {
     pub fn open(&self) -> Result<Box<dyn MapStore + Send>> {
         Ok(match self {
             MapSource::File(p) => Box::new(LocalMapStore::new(p.clone())),
-            MapSource::Etcd { endpoints, cluster } => {
-                Box::new(EtcdMapStore::new(endpoints, cluster)?)
-            }
+            MapSource::Etcd {
+                endpoints,
+                cluster,
+                access,
+            } => Box::new(EtcdMapStore::with_access(endpoints, access, cluster)?),
         })
     }
 }
@@ -70,10 +75,14 @@ impl Control {
         let stop = Arc::new(AtomicBool::new(false));
         let keeper = match source {
             MapSource::File(_) => None,
-            MapSource::Etcd { endpoints, cluster } => {
+            MapSource::Etcd {
+                endpoints,
+                cluster,
+                access,
+            } => {
                 // Each call may take a quarter of the TTL, so a renewal can fail over to
                 // another member before the lease runs out.
-                let etcd = Etcd::new(endpoints)?.with_timeout(ttl / 4);
+                let etcd = Etcd::with_access(endpoints, access)?.with_timeout(ttl / 4);
                 let lease =
                     OsdLease::register(&etcd, cluster, &reg, ttl, ttl + Duration::from_secs(2))
                         .with_context(|| format!("registering osd.{} in etcd", reg.osd))?;

@@ -91,6 +91,8 @@ pub struct UpArgs {
     /// holds; `up` starts it, `down` stops it.
     #[arg(long)]
     pub with_etcd: bool,
+    #[command(flatten)]
+    pub etcd_access: EtcdAccessArgs,
     /// Cluster in etcd: manager processes to run (one leads, the others stand by) [2].
     #[arg(long)]
     pub managers: Option<u32>,
@@ -102,6 +104,46 @@ pub struct UpArgs {
     /// [600].
     #[arg(long)]
     pub down_out_grace: Option<u64>,
+}
+
+/// How to reach an etcd that is secured: TLS files and etcd auth (for `--etcd`; a private
+/// etcd makes its own).
+#[derive(Args, Debug, Clone, Default)]
+pub struct EtcdAccessArgs {
+    /// etcd over TLS (https:// endpoints): PEM file of the CA that signed etcd's certificate.
+    #[arg(long)]
+    pub etcd_ca: Option<PathBuf>,
+    /// PEM client certificate, for an etcd that requires one (--client-cert-auth).
+    #[arg(long, requires = "etcd_key")]
+    pub etcd_cert: Option<PathBuf>,
+    /// PEM private key of --etcd-cert.
+    #[arg(long, requires = "etcd_cert")]
+    pub etcd_key: Option<PathBuf>,
+    /// etcd user, when etcd auth is on.
+    #[arg(long, requires = "etcd_password_file")]
+    pub etcd_user: Option<String>,
+    /// File holding that user's password (first line; mode 0600).
+    #[arg(long, requires = "etcd_user")]
+    pub etcd_password_file: Option<PathBuf>,
+}
+
+impl EtcdAccessArgs {
+    /// The access these flags give, with absolute paths (daemons run in the cluster
+    /// directory, not where the command was typed).
+    pub fn access(&self) -> Result<carmine_mapstore::EtcdAccess> {
+        let abs = |p: &Option<PathBuf>| -> Result<Option<PathBuf>> {
+            p.as_ref()
+                .map(|p| std::path::absolute(p).with_context(|| format!("{}", p.display())))
+                .transpose()
+        };
+        Ok(carmine_mapstore::EtcdAccess {
+            ca: abs(&self.etcd_ca)?,
+            cert: abs(&self.etcd_cert)?,
+            key: abs(&self.etcd_key)?,
+            user: self.etcd_user.clone(),
+            password_file: abs(&self.etcd_password_file)?,
+        })
+    }
 }
 
 fn pid_file(dir: &Path, osd: u32) -> PathBuf {
@@ -138,9 +180,8 @@ pub fn describe_map_source(dir: &Path) -> Result<String> {
     let etcd = read_cluster_file(dir)?.and_then(|f| f.etcd);
     let mut s = match etcd {
         Some(e) => format!(
-            "--etcd {} --cluster-name {} --lease-ttl {}",
-            e.endpoints.join(","),
-            e.cluster,
+            "{} --lease-ttl {}",
+            e.osd_args().join(" "),
             e.lease_ttl_secs
         ),
         None => format!("--map {}", map_path(dir).display()),
@@ -432,9 +473,27 @@ pub fn up(a: &UpArgs) -> Result<Running> {
              (--with-etcd or --etcd); without one, nothing watches liveness"
         );
     }
+    let access = a.etcd_access.access()?;
+    if !access.is_empty() {
+        let external = settings
+            .as_ref()
+            .and_then(|f| f.etcd.as_ref())
+            .is_some_and(|e| !e.private);
+        let new_external = settings.is_none() && a.etcd.is_some();
+        if !external && !new_external {
+            bail!(
+                "--etcd-ca/--etcd-cert/--etcd-key/--etcd-user/--etcd-password-file are for an \
+                 etcd given with --etcd (a private etcd makes and keeps its own)"
+            );
+        }
+    }
     if let Some(f) = settings.as_mut() {
         if let Some(e) = f.etcd.as_mut() {
-            let tuned = e.with_flags(a);
+            let mut tuned = e.with_flags(a);
+            if !access.is_empty() {
+                // New paths for the same etcd (certificates renewed, say).
+                tuned.access = access.clone();
+            }
             if tuned != *e {
                 *e = tuned;
                 write_atomically(&dir.join(CLUSTER_FILE), &serde_json::to_vec_pretty(f)?)?;
@@ -646,12 +705,15 @@ fn new_cluster(
             managers: managers::MANAGERS_DEFAULT,
             lease_ttl_secs: maps::lease_ttl_default(),
             down_out_grace_secs: maps::grace_default(),
+            secure: true,
+            access: Default::default(),
         }
         .with_flags(a);
         let (e, _) = maps::ensure_private(dir, &wanted)?;
         notes.push(format!("started the private etcd: {}", e.describe()));
         Some(e)
     } else {
+        let access = a.etcd_access.access()?;
         a.etcd.as_ref().map(|endpoints| {
             maps::EtcdSettings {
                 endpoints: endpoints.clone(),
@@ -660,6 +722,8 @@ fn new_cluster(
                 managers: managers::MANAGERS_DEFAULT,
                 lease_ttl_secs: maps::lease_ttl_default(),
                 down_out_grace_secs: maps::grace_default(),
+                secure: false,
+                access,
             }
             .with_flags(a)
         })
@@ -851,10 +915,7 @@ fn start_osd(
     match etcd {
         None => cmd.arg("--map").arg(map_path(dir)),
         Some(e) => cmd
-            .arg("--etcd")
-            .arg(e.endpoints.join(","))
-            .arg("--cluster-name")
-            .arg(&e.cluster)
+            .args(e.osd_args())
             .arg("--lease-ttl")
             .arg(e.lease_ttl_secs.to_string()),
     };
@@ -912,7 +973,7 @@ fn start_managers(
     started: &[u32],
     e: &maps::EtcdSettings,
 ) -> Result<()> {
-    let etcd = carmine_mapstore::etcd_client::Etcd::new(&e.endpoints)?;
+    let etcd = e.client()?;
     let deadline = Instant::now() + READY_TIMEOUT;
     loop {
         let registered = carmine_mapstore::membership::registered(&etcd, &e.cluster)?;

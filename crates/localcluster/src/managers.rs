@@ -70,10 +70,7 @@ pub fn ensure(exe: &Path, dir: &Path, e: &EtcdSettings) -> Result<Vec<u32>> {
             .open(dir.join(format!("mgr.{i}.log")))?;
         let mut cmd = Command::new(exe);
         cmd.arg("mgr")
-            .arg("--etcd")
-            .arg(e.endpoints.join(","))
-            .arg("--cluster-name")
-            .arg(&e.cluster)
+            .args(e.osd_args())
             .arg("--name")
             .arg(format!("mgr.{i}"))
             .arg("--lease-ttl")

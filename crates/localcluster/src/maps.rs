@@ -4,7 +4,8 @@
 //! `down`), the way vstart runs monitors.
 
 use anyhow::{Context, Result};
-use carmine_mapstore::{EtcdMapStore, LocalMapStore, MapStore, PrivateEtcd};
+use carmine_mapstore::etcd_client::Etcd;
+use carmine_mapstore::{EtcdAccess, EtcdMapStore, LocalMapStore, MapStore, PrivateEtcd};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -29,6 +30,14 @@ pub(crate) struct EtcdSettings {
     /// How long an OSD stays down before it is marked out.
     #[serde(default = "grace_default")]
     pub down_out_grace_secs: u64,
+    /// The private etcd runs secured (TLS both ways, etcd auth): every new one does; one
+    /// made before this existed stays plain.
+    #[serde(default)]
+    pub secure: bool,
+    /// TLS files and credentials for reaching etcd (the private one's, or those given with
+    /// `--etcd`).
+    #[serde(default, skip_serializing_if = "EtcdAccess::is_empty")]
+    pub access: EtcdAccess,
 }
 
 fn managers_default() -> u32 {
@@ -54,15 +63,38 @@ impl EtcdSettings {
 
     pub fn describe(&self) -> String {
         format!(
-            "etcd {}{} key /carmine/{}/osdmap",
+            "etcd {}{}{} key /carmine/{}/osdmap",
             self.endpoints.join(","),
             if self.private {
                 " (private, in the cluster directory)"
             } else {
                 ""
             },
+            match (&self.access.ca, &self.access.user) {
+                (Some(_), Some(u)) => format!(" over TLS as {u}"),
+                (Some(_), None) => " over TLS".into(),
+                (None, Some(u)) => format!(" as {u}"),
+                (None, None) => String::new(),
+            },
             self.cluster
         )
+    }
+
+    /// A client of this etcd.
+    pub fn client(&self) -> Result<Etcd> {
+        Ok(Etcd::with_access(&self.endpoints, &self.access)?)
+    }
+
+    /// The flags that reach this etcd: endpoints, cluster name and access.
+    pub fn osd_args(&self) -> Vec<String> {
+        let mut v = vec![
+            "--etcd".to_owned(),
+            self.endpoints.join(","),
+            "--cluster-name".into(),
+            self.cluster.clone(),
+        ];
+        v.extend(self.access.to_args());
+        v
     }
 }
 
@@ -70,7 +102,11 @@ impl EtcdSettings {
 pub(crate) fn open(dir: &Path, etcd: Option<&EtcdSettings>) -> Result<Box<dyn MapStore>> {
     Ok(match etcd {
         None => Box::new(LocalMapStore::new(crate::map_path(dir))),
-        Some(e) => Box::new(EtcdMapStore::new(&e.endpoints, &e.cluster)?),
+        Some(e) => Box::new(EtcdMapStore::with_access(
+            &e.endpoints,
+            &e.access,
+            &e.cluster,
+        )?),
     })
 }
 
@@ -95,14 +131,20 @@ pub(crate) fn ensure_private(dir: &Path, e: &EtcdSettings) -> Result<(EtcdSettin
     if private_pid(dir).is_some() {
         return Ok((e.clone(), false));
     }
-    let etcd = PrivateEtcd::start(dir)?;
+    let etcd = if e.secure {
+        PrivateEtcd::start_secure(dir)?
+    } else {
+        PrivateEtcd::start(dir)?
+    };
     let endpoint = etcd.endpoint().to_owned();
+    let access = etcd.access().clone();
     let pid = etcd.detach();
     std::fs::write(dir.join(ETCD_PID), pid.to_string())
         .with_context(|| format!("writing {}", dir.join(ETCD_PID).display()))?;
     Ok((
         EtcdSettings {
             endpoints: vec![endpoint],
+            access,
             ..e.clone()
         },
         true,
@@ -133,9 +175,12 @@ pub(crate) fn stop_private(dir: &Path) -> Result<bool> {
 /// Forgets the private etcd's data (for `forget`).
 pub(crate) fn remove_private(dir: &Path) -> Result<()> {
     stop_private(dir)?;
-    let data = dir.join("etcd.data");
-    if data.exists() {
-        std::fs::remove_dir_all(&data).with_context(|| format!("removing {}", data.display()))?;
+    for d in ["etcd.data", "etcd-tls"] {
+        let data = dir.join(d);
+        if data.exists() {
+            std::fs::remove_dir_all(&data)
+                .with_context(|| format!("removing {}", data.display()))?;
+        }
     }
     Ok(())
 }

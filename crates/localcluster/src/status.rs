@@ -143,8 +143,9 @@ pub fn status(dir: &Path) -> Result<Status> {
     let mut mgr_line = String::new();
     if let Some(e) = &etcd {
         let running = managers::live(&dir).len();
-        let leader = carmine_mapstore::etcd_client::Etcd::new(&e.endpoints)
-            .and_then(|etcd| carmine_mapstore::membership::leader(&etcd, &e.cluster));
+        let leader = e
+            .client()
+            .and_then(|etcd| Ok(carmine_mapstore::membership::leader(&etcd, &e.cluster)?));
         match leader {
             Ok(Some(name)) => {
                 mgr_line = format!("{name} leads; {running} of {} running", e.managers)

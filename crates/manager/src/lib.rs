@@ -15,6 +15,8 @@ use std::time::{Duration, Instant, SystemTime};
 #[derive(Clone, Debug)]
 pub struct ManagerConfig {
     pub endpoints: Vec<String>,
+    /// TLS files and credentials for etcd.
+    pub access: carmine_mapstore::EtcdAccess,
     pub cluster: String,
     /// Unique to this process: what its leader key holds.
     pub name: String,
@@ -34,7 +36,7 @@ fn unix_now() -> u64 {
 /// Runs until `stop` is set, then resigns. Errors from etcd are logged and retried: a
 /// manager outlives an etcd outage and resumes when it is back.
 pub fn run(cfg: &ManagerConfig, stop: &AtomicBool) -> Result<(), MapStoreError> {
-    let store = EtcdMapStore::new(&cfg.endpoints, &cfg.cluster)?;
+    let store = EtcdMapStore::with_access(&cfg.endpoints, &cfg.access, &cfg.cluster)?;
     // Leadership calls may take a quarter of the TTL each: a renewal fails over to another
     // etcd member before the lease runs out.
     let etcd = store.etcd().clone().with_timeout(cfg.lease_ttl / 4);
