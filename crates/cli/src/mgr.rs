@@ -3,7 +3,7 @@
 
 use anyhow::Result;
 use carmine_manager::policy::Policy;
-use carmine_manager::ManagerConfig;
+use carmine_manager::{Backend, ManagerConfig};
 use clap::Args;
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
@@ -12,11 +12,20 @@ use std::time::Duration;
 #[derive(Args, Debug)]
 pub struct MgrArgs {
     /// The etcd holding the cluster (http://host:port, comma-separated members).
-    #[arg(long, value_delimiter = ',', required = true)]
-    pub etcd: Vec<String>,
+    #[arg(
+        long,
+        value_delimiter = ',',
+        required_unless_present = "map",
+        conflicts_with = "map",
+        requires = "cluster_name"
+    )]
+    pub etcd: Option<Vec<String>>,
     /// The cluster's name in etcd.
     #[arg(long)]
-    pub cluster_name: String,
+    pub cluster_name: Option<String>,
+    /// The cluster's map file (one host): OSDs register beside it, in `alive/`.
+    #[arg(long)]
+    pub map: Option<std::path::PathBuf>,
     #[command(flatten)]
     pub etcd_access: carmine_localcluster::EtcdAccessArgs,
     /// This manager's name (made unique per process with its pid and a random tag).
@@ -39,10 +48,19 @@ pub fn run(a: MgrArgs) -> Result<()> {
         signal_hook::flag::register(sig, stop.clone())?;
     }
     let tag: u32 = rand_tag();
+    let backend = match (a.etcd, a.map) {
+        (Some(endpoints), _) => Backend::Etcd {
+            endpoints,
+            access: a.etcd_access.access()?,
+            cluster: a.cluster_name.unwrap_or_default(),
+        },
+        (None, Some(map)) => Backend::Local {
+            map: std::path::absolute(map)?,
+        },
+        (None, None) => anyhow::bail!("give --etcd or --map"),
+    };
     let cfg = ManagerConfig {
-        endpoints: a.etcd,
-        access: a.etcd_access.access()?,
-        cluster: a.cluster_name,
+        backend,
         name: format!("{}#{}-{tag:08x}", a.name, std::process::id()),
         lease_ttl: a.lease_ttl,
         tick: a.tick,
@@ -51,10 +69,9 @@ pub fn run(a: MgrArgs) -> Result<()> {
         },
     };
     println!(
-        "{} started for cluster {} (etcd {}), lease TTL {:?}, down→out grace {:?}",
+        "{} started for {}, lease TTL {:?}, down→out grace {:?}",
         cfg.name,
-        cfg.cluster,
-        cfg.endpoints.join(","),
+        cfg.backend.describe(),
         cfg.lease_ttl,
         cfg.policy.down_out_grace
     );

@@ -161,6 +161,7 @@ fn load_map(source: &MapSource) -> Result<OsdMap> {
 
 pub fn run(a: OsdArgs, access: &carmine_localcluster::EtcdAccessArgs) -> Result<()> {
     let source = map_source(&a, access)?;
+    Control::check_not_running(&source, a.id)?;
     let map = load_map(&source)?;
     let epoch = map.epoch;
     let info = map

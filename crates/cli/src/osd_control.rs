@@ -1,12 +1,13 @@
 //! An OSD's control plane, on plain threads beside the reactors: it watches the map store for
-//! newer epochs (handed to the reactors, which switch on their own), and with etcd it keeps
-//! the OSD registered under a lease, so the managers see it alive or, once the lease runs
-//! out, dead. Nothing here is on the data path: with etcd unreachable, the reactors go on
+//! newer epochs (handed to the reactors, which switch on their own), and keeps the OSD
+//! registered so the managers see it alive: with etcd under a lease it renews (dead once the
+//! lease runs out), with a map file under a lock beside it (dead when the process is). Nothing here is on the data path: with etcd unreachable, the reactors go on
 //! serving the epoch they have.
 
 use anyhow::{Context, Result};
 use carmine_cluster::OsdMap;
 use carmine_mapstore::etcd_client::Etcd;
+use carmine_mapstore::local_membership::LocalOsdLock;
 use carmine_mapstore::membership::{OsdLease, Registration};
 use carmine_mapstore::{EtcdMapStore, LocalMapStore, MapStore};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -60,12 +61,15 @@ pub struct Control {
     maps: mpsc::Receiver<OsdMap>,
     watcher: Option<JoinHandle<()>>,
     keeper: Option<JoinHandle<Option<OsdLease>>>,
+    /// With a map file: the registration beside it, held (locked) while the process lives.
+    local: Option<LocalOsdLock>,
 }
 
 impl Control {
     /// Starts watching `source` for epochs after `epoch`. With etcd, first registers `reg`
     /// under a lease of `ttl` (waiting up to `ttl` + 2 s for a crashed predecessor's lease to
-    /// run out), then keeps it renewed.
+    /// run out), then keeps it renewed. With a map file, registers `reg` beside it under a
+    /// lock that lasts as long as the process.
     pub fn start(
         source: &MapSource,
         epoch: u32,
@@ -73,8 +77,16 @@ impl Control {
         ttl: Duration,
     ) -> Result<Control> {
         let stop = Arc::new(AtomicBool::new(false));
+        let mut local = None;
         let keeper = match source {
-            MapSource::File(_) => None,
+            MapSource::File(path) => {
+                let dir = path.parent().unwrap_or(std::path::Path::new("."));
+                let held = LocalOsdLock::register(dir, &reg)
+                    .with_context(|| format!("registering osd.{} in {}", reg.osd, dir.display()))?;
+                println!("osd.{} registered in {}", reg.osd, held.path().display());
+                local = Some(held);
+                None
+            }
             MapSource::Etcd {
                 endpoints,
                 cluster,
@@ -112,7 +124,25 @@ impl Control {
             maps,
             watcher: Some(watcher),
             keeper,
+            local,
         })
+    }
+
+    /// Refuses early (before the store is opened or a port bound) an OSD whose id a live
+    /// process on this host has registered beside the map file. With etcd the registration
+    /// itself waits for a crashed predecessor's lease, so there is nothing to check first.
+    pub fn check_not_running(source: &MapSource, osd: u32) -> Result<()> {
+        if let MapSource::File(path) = source {
+            let dir = path.parent().unwrap_or(std::path::Path::new("."));
+            if let Some(h) = carmine_mapstore::local_membership::local_holder(dir, osd)? {
+                anyhow::bail!(
+                    "osd.{osd} is already running: pid {} on {} holds its registration",
+                    h.pid,
+                    h.host
+                );
+            }
+        }
+        Ok(())
     }
 
     /// Waits up to `timeout` for a newer map; returns the newest that arrived, if any.
@@ -130,6 +160,8 @@ impl Control {
                 eprintln!("warning: deregistering from etcd: {e}");
             }
         }
+        // Unlocked: the managers see it go at once.
+        drop(self.local.take());
         // The watcher notices within a watch slice; the process does not wait for it.
         drop(self.watcher.take());
     }

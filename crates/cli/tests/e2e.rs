@@ -63,8 +63,10 @@ fn a_gibibyte_volume_written_through_osd_processes_reads_back_identically() {
 #[test]
 fn cluster_down_leaves_no_process_behind() {
     let c = Cluster::up("down", &["--osds", "2", "--reactors", "2"]);
+    assert_eq!(c.osd_pids().len(), 2);
+    // Two OSDs and the two managers.
     let pids = c.pids();
-    assert_eq!(pids.len(), 2);
+    assert_eq!(pids.len(), 4);
     assert!(pids.iter().all(|p| alive(*p)));
     let status = c.ok(&["cluster", "status"]);
     assert!(
@@ -73,7 +75,7 @@ fn cluster_down_leaves_no_process_behind() {
     );
     c.ok(&["cluster", "down"]);
     for p in pids {
-        assert!(!alive(p), "osd pid {p} survived cluster down");
+        assert!(!alive(p), "pid {p} survived cluster down");
     }
     assert!(c.pids().is_empty(), "pid files left behind");
     c.fails(&["cluster", "status"]);

@@ -1,6 +1,7 @@
-//! Liveness through etcd (issue #11): OSDs registered under leases, managers that mark them
-//! down and up in new epochs, OSDs and clients that follow the epochs, and an etcd outage
-//! that the data path does not notice. Real processes, a real (private) etcd.
+//! Liveness (issue #11): OSDs registered under etcd leases (or, with the map in a file, under
+//! locks beside it), managers that mark them down and up in new epochs, OSDs and clients that
+//! follow the epochs, and an etcd outage that the data path does not notice. Real processes,
+//! a real (private) etcd.
 
 mod common;
 
@@ -370,4 +371,73 @@ fn with_etcd_stopped_the_data_path_goes_on_and_changes_resume_after() {
         std::thread::sleep(Duration::from_millis(200));
     }
     assert!(read_volume(&c, "v", data.len()) == data, "data changed");
+}
+
+/// The same roles without etcd, for a cluster whose map is a file: an OSD is alive while its
+/// process holds the lock on its registration, so a kill -9 is seen at once (no lease to run
+/// out); one manager leads by holding a lock, and the standby takes over when it dies; a
+/// second process with a running OSD's id is refused.
+#[test]
+fn a_file_map_cluster_notices_deaths_at_once_and_its_standby_manager_takes_over() {
+    let c = Cluster::up("liveness-local", &["--osds", "3"]);
+    let status = c.ok(&["cluster", "status"]);
+    assert!(status.contains("health: HEALTH_OK"), "{status}");
+    assert!(status.contains("leads; 2 of 2 running"), "{status}");
+    let before = map(&c);
+
+    kill9(pid_of(&c, "osd.1.pid"));
+    let (down, took) = wait_map(&c, Duration::from_secs(3), |m| {
+        m.osd(1).is_some_and(|o| !o.up)
+    });
+    println!("file map: osd.1 marked down {took:?} after kill -9");
+    assert_eq!(down.epoch, before.epoch + 1, "one epoch for one change");
+    assert!(
+        down.osd(1).unwrap().in_,
+        "down, but still in: its PGs wait for it"
+    );
+    osds_follow(&c, &down);
+    let out = c.run(&["cluster", "status"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("1 osds down (osd.1)"), "{text}");
+
+    // The leader dies: the standby leads and notices the next death.
+    let leader_pid: i32 = text
+        .split("mgr: mgr.")
+        .nth(1)
+        .and_then(|s| s.split('#').nth(1))
+        .and_then(|s| s.split('-').next())
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("{text}"));
+    kill9(leader_pid);
+    kill9(pid_of(&c, "osd.2.pid"));
+    let (m, took) = wait_map(&c, Duration::from_secs(3), |m| {
+        m.osd(2).is_some_and(|o| !o.up)
+    });
+    println!("file map: osd.2 marked down {took:?} after killing it and the leading manager");
+    assert_eq!(m.epoch, down.epoch + 1);
+    let text = String::from_utf8_lossy(&c.run(&["cluster", "status"]).stdout).into_owned();
+    assert!(text.contains("leads; 1 of 2 running"), "{text}");
+    assert!(!text.contains(&format!("#{leader_pid}-")), "{text}");
+
+    // A second osd.0 is refused while the first runs, and changes nothing.
+    let out = c.run(&[
+        "osd",
+        "--id",
+        "0",
+        "--map",
+        &c.dir.join("osdmap").display().to_string(),
+        "--no-pin",
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(err.contains("osd.0 is already running: pid"), "{err}");
+    assert!(map(&c).osd(0).unwrap().up);
+
+    // `up` restarts what is missing; the map shows them up again.
+    let said = c.ok(&["cluster", "up", "--no-pin"]);
+    assert!(said.contains("restarting osd.1, osd.2"), "{said}");
+    assert!(said.contains("started mgr."), "{said}");
+    let up = map(&c);
+    assert!(up.osds.iter().all(|o| o.up), "{:?}", up.osds);
+    assert!(c.ok(&["cluster", "status"]).contains("HEALTH_OK"));
 }

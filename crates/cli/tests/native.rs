@@ -43,7 +43,7 @@ fn kill_nine_mid_write_load_loses_no_acknowledged_write() {
         "--size",
         &(BLOCKS * BLOCK).to_string(),
     ]);
-    let pids = c.pids();
+    let pids = c.osd_pids();
     assert_eq!(pids.len(), 1);
     let acked: Rc<RefCell<Vec<u64>>> = Rc::default();
     // Writers: 32 in flight over distinct blocks, until the OSD dies under them.

@@ -27,7 +27,7 @@ pub const DIR_DEFAULT: &str = "carmine-cluster";
 const MAP_FILE: &str = "osdmap";
 const KEY_FILE: &str = "cluster.key";
 /// How long `up` waits for every reactor to answer a ping.
-const READY_TIMEOUT: Duration = Duration::from_secs(20);
+pub(crate) const READY_TIMEOUT: Duration = Duration::from_secs(20);
 /// How long `down` waits after SIGTERM before SIGKILL.
 const STOP_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -387,16 +387,20 @@ pub fn store_path(dir: &Path, id: u32) -> PathBuf {
 
 /// What a cluster directory says about the cluster beyond its map: fixed at creation.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-struct ClusterFile {
+pub(crate) struct ClusterFile {
     store: String,
     /// Where the map lives when not in the file `osdmap`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    etcd: Option<maps::EtcdSettings>,
+    pub(crate) etcd: Option<maps::EtcdSettings>,
+    /// A cluster whose map is the file: its managers (none for one made before they
+    /// existed, unless `up --managers` asks).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) local_managers: Option<managers::LocalManagers>,
 }
 
 const CLUSTER_FILE: &str = "cluster.json";
 
-fn read_cluster_file(dir: &Path) -> Result<Option<ClusterFile>> {
+pub(crate) fn read_cluster_file(dir: &Path) -> Result<Option<ClusterFile>> {
     match std::fs::read(dir.join(CLUSTER_FILE)) {
         Ok(raw) => Ok(Some(serde_json::from_slice(&raw).with_context(|| {
             format!("parsing {}", dir.join(CLUSTER_FILE).display())
@@ -464,13 +468,12 @@ pub fn up(a: &UpArgs) -> Result<Running> {
     let mut early_notes = Vec::new();
     let mut settings = read_cluster_file(&dir)?;
     let mut started_etcd = false;
-    let etcd_flags = a.managers.is_some() || a.lease_ttl.is_some() || a.down_out_grace.is_some();
     let in_etcd =
         a.with_etcd || a.etcd.is_some() || settings.as_ref().is_some_and(|f| f.etcd.is_some());
-    if etcd_flags && !in_etcd {
+    if a.lease_ttl.is_some() && !in_etcd {
         bail!(
-            "--managers, --lease-ttl and --down-out-grace are for clusters whose map is in etcd \
-             (--with-etcd or --etcd); without one, nothing watches liveness"
+            "--lease-ttl is for clusters whose map is in etcd (--with-etcd or --etcd); with the \
+             map in a file, an OSD's registration goes with its process, without a lease"
         );
     }
     let access = a.etcd_access.access()?;
@@ -485,6 +488,18 @@ pub fn up(a: &UpArgs) -> Result<Running> {
                 "--etcd-ca/--etcd-cert/--etcd-key/--etcd-user/--etcd-password-file are for an \
                  etcd given with --etcd (a private etcd makes and keeps its own)"
             );
+        }
+    }
+    if let Some(f) = settings.as_mut().filter(|f| f.etcd.is_none()) {
+        let wanted = a.managers.is_some() || a.down_out_grace.is_some();
+        let now = match &f.local_managers {
+            Some(m) => Some(m.with_flags(a)),
+            None if wanted => Some(managers::LocalManagers::default().with_flags(a)),
+            None => None,
+        };
+        if now != f.local_managers {
+            f.local_managers = now;
+            write_atomically(&dir.join(CLUSTER_FILE), &serde_json::to_vec_pretty(f)?)?;
         }
     }
     if let Some(f) = settings.as_mut() {
@@ -551,9 +566,10 @@ fn up_from(
         .map(|o| o.id)
         .filter(|id| !live.iter().any(|(l, _)| l == id))
         .collect();
-    let managers_missing = etcd
+    let plan = read_cluster_file(&dir)?.and_then(|f| managers::Plan::of(&dir, &f));
+    let managers_missing = plan
         .as_ref()
-        .is_some_and(|e| managers::live(&dir).len() < e.managers as usize);
+        .is_some_and(|p| managers::live(&dir).len() < p.count as usize);
     if to_start.is_empty() && !managers_missing {
         bail!(
             "the cluster in {} is already running ({} OSDs); run `carmine cluster down` first",
@@ -591,8 +607,8 @@ fn up_from(
         children,
         notes,
     };
-    let ready = wait_ready(&mut running, &to_start).and_then(|()| match &etcd {
-        Some(e) => start_managers(&exe, &mut running, &to_start, e),
+    let ready = wait_ready(&mut running, &to_start).and_then(|()| match &plan {
+        Some(p) => managers::start(&exe, &mut running, &to_start, p, etcd.as_ref()),
         None => Ok(()),
     });
     if let Err(e) = ready {
@@ -741,6 +757,9 @@ fn new_cluster(
         &dir.join(CLUSTER_FILE),
         &serde_json::to_vec_pretty(&ClusterFile {
             store: store.clone(),
+            local_managers: etcd
+                .is_none()
+                .then(|| managers::LocalManagers::default().with_flags(a)),
             etcd: etcd.clone(),
         })?,
     )?;
@@ -961,72 +980,6 @@ fn start_osd(
         .stdout(log.try_clone()?)
         .stderr(log);
     cmd.spawn().with_context(|| format!("starting osd.{id}"))
-}
-
-/// For a cluster in etcd: waits until the OSDs just started are registered, starts the
-/// managers that do not run, and waits until the map shows those OSDs up (a restart after a
-/// crash finds them marked down). The managers start after the registrations, so they never
-/// see a starting OSD as dead.
-fn start_managers(
-    exe: &Path,
-    r: &mut Running,
-    started: &[u32],
-    e: &maps::EtcdSettings,
-) -> Result<()> {
-    let etcd = e.client()?;
-    let deadline = Instant::now() + READY_TIMEOUT;
-    loop {
-        let registered = carmine_mapstore::membership::registered(&etcd, &e.cluster)?;
-        let missing: Vec<String> = started
-            .iter()
-            .filter(|id| !registered.contains_key(id))
-            .map(|id| format!("osd.{id}"))
-            .collect();
-        if missing.is_empty() {
-            break;
-        }
-        if Instant::now() > deadline {
-            bail!(
-                "{} did not register in etcd within {READY_TIMEOUT:?}; see their logs",
-                missing.join(", ")
-            );
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    let new = managers::ensure(exe, &r.dir, e)?;
-    if !new.is_empty() {
-        let names: Vec<String> = new.iter().map(|i| format!("mgr.{i}")).collect();
-        r.notes.push(format!(
-            "started {} (lease TTL {} s, down→out grace {} s)",
-            names.join(", "),
-            e.lease_ttl_secs,
-            e.down_out_grace_secs
-        ));
-    }
-    if e.managers == 0 {
-        return Ok(());
-    }
-    let store = maps::open(&r.dir, Some(e))?;
-    loop {
-        let map = store.get()?.context("the cluster map vanished")?;
-        let down: Vec<String> = map
-            .osds
-            .iter()
-            .filter(|o| started.contains(&o.id) && !o.up)
-            .map(|o| format!("osd.{}", o.id))
-            .collect();
-        if down.is_empty() {
-            r.map = map;
-            return Ok(());
-        }
-        if Instant::now() > deadline {
-            bail!(
-                "the managers did not mark {} up within {READY_TIMEOUT:?}; see mgr.*.log",
-                down.join(", ")
-            );
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
 }
 
 /// Waits until every reactor of `osds` answers a ping, or reports the first OSD that died

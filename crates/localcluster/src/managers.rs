@@ -1,14 +1,166 @@
-//! The managers of a cluster whose map is in etcd: `up` starts them (processes of this
-//! binary, `carmine mgr`, working directory = the cluster directory, pid and log there) and
-//! `down` stops them. One leads at a time, elected through etcd; the others stand by.
+//! The managers of a cluster: `up` starts them (processes of this binary, `carmine mgr`,
+//! working directory = the cluster directory, pid and log there) and `down` stops them. One
+//! leads at a time (elected through etcd, or by a lock in the directory when the map is a
+//! file); the others stand by.
 
-use crate::maps::EtcdSettings;
-use anyhow::{Context, Result};
+use crate::maps::{self, EtcdSettings};
+use crate::{ClusterFile, Running, READY_TIMEOUT};
+use anyhow::{bail, Context, Result};
+use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-/// Managers a new etcd cluster runs: one leads, one stands by to take over.
+/// The managers of a cluster whose map is the file `osdmap`.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub(crate) struct LocalManagers {
+    pub count: u32,
+    pub down_out_grace_secs: u64,
+}
+
+impl Default for LocalManagers {
+    fn default() -> Self {
+        LocalManagers {
+            count: MANAGERS_DEFAULT,
+            down_out_grace_secs: maps::grace_default(),
+        }
+    }
+}
+
+impl LocalManagers {
+    pub fn with_flags(&self, a: &crate::UpArgs) -> Self {
+        LocalManagers {
+            count: a.managers.unwrap_or(self.count),
+            down_out_grace_secs: a.down_out_grace.unwrap_or(self.down_out_grace_secs),
+        }
+    }
+}
+
+/// How a cluster runs its managers: how many, with which rules, and the flags that tell
+/// them where the cluster is.
+pub(crate) struct Plan {
+    pub count: u32,
+    lease_ttl_secs: u64,
+    down_out_grace_secs: u64,
+    backend: Vec<String>,
+}
+
+impl Plan {
+    /// The managers the settings of the cluster in `dir` ask for, if any.
+    pub fn of(dir: &Path, f: &ClusterFile) -> Option<Plan> {
+        match (&f.etcd, &f.local_managers) {
+            (Some(e), _) => Some(Plan {
+                count: e.managers,
+                lease_ttl_secs: e.lease_ttl_secs,
+                down_out_grace_secs: e.down_out_grace_secs,
+                backend: e.osd_args(),
+            }),
+            (None, Some(m)) => Some(Plan {
+                count: m.count,
+                lease_ttl_secs: maps::lease_ttl_default(),
+                down_out_grace_secs: m.down_out_grace_secs,
+                backend: vec!["--map".into(), crate::map_path(dir).display().to_string()],
+            }),
+            (None, None) => None,
+        }
+    }
+}
+
+/// The OSDs registered as alive now: in etcd, or beside the map file.
+pub(crate) fn registered(dir: &Path, etcd: Option<&EtcdSettings>) -> Result<BTreeSet<u32>> {
+    Ok(match etcd {
+        Some(e) => carmine_mapstore::membership::registered(&e.client()?, &e.cluster)?
+            .into_keys()
+            .collect(),
+        None => carmine_mapstore::local_membership::local_registered(dir)?
+            .into_keys()
+            .collect(),
+    })
+}
+
+/// The leading manager's name, if one leads.
+pub(crate) fn leader(dir: &Path, etcd: Option<&EtcdSettings>) -> Result<Option<String>> {
+    Ok(match etcd {
+        Some(e) => carmine_mapstore::membership::leader(&e.client()?, &e.cluster)?,
+        None => carmine_mapstore::local_membership::local_leader(dir)?,
+    })
+}
+
+/// Waits until the OSDs just started are registered, starts the managers that do not run,
+/// and waits until the map shows those OSDs up (a restart after a crash finds them marked
+/// down). The managers start after the registrations, so they never see a starting OSD as
+/// dead.
+pub(crate) fn start(
+    exe: &Path,
+    r: &mut Running,
+    started: &[u32],
+    plan: &Plan,
+    etcd: Option<&EtcdSettings>,
+) -> Result<()> {
+    let deadline = Instant::now() + READY_TIMEOUT;
+    let where_ = if etcd.is_some() {
+        "in etcd"
+    } else {
+        "beside the map"
+    };
+    loop {
+        let registered = registered(&r.dir, etcd)?;
+        let missing: Vec<String> = started
+            .iter()
+            .filter(|id| !registered.contains(id))
+            .map(|id| format!("osd.{id}"))
+            .collect();
+        if missing.is_empty() {
+            break;
+        }
+        if Instant::now() > deadline {
+            bail!(
+                "{} did not register {where_} within {READY_TIMEOUT:?}; see their logs",
+                missing.join(", ")
+            );
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let new = ensure(exe, &r.dir, plan)?;
+    if !new.is_empty() {
+        let names: Vec<String> = new.iter().map(|i| format!("mgr.{i}")).collect();
+        let ttl = match etcd {
+            Some(_) => format!("lease TTL {} s, ", plan.lease_ttl_secs),
+            None => String::new(),
+        };
+        r.notes.push(format!(
+            "started {} ({ttl}down→out grace {} s)",
+            names.join(", "),
+            plan.down_out_grace_secs
+        ));
+    }
+    if plan.count == 0 {
+        return Ok(());
+    }
+    let store = maps::open(&r.dir, etcd)?;
+    loop {
+        let map = store.get()?.context("the cluster map vanished")?;
+        let down: Vec<String> = map
+            .osds
+            .iter()
+            .filter(|o| started.contains(&o.id) && !o.up)
+            .map(|o| format!("osd.{}", o.id))
+            .collect();
+        if down.is_empty() {
+            r.map = map;
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            bail!(
+                "the managers did not mark {} up within {READY_TIMEOUT:?}; see mgr.*.log",
+                down.join(", ")
+            );
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Managers a new cluster runs: one leads, one stands by to take over.
 pub const MANAGERS_DEFAULT: u32 = 2;
 /// How long `down` waits for a manager to exit after SIGTERM.
 const STOP_TIMEOUT: Duration = Duration::from_secs(10);
@@ -57,10 +209,10 @@ pub fn live(dir: &Path) -> Vec<(u32, i32)> {
 }
 
 /// Starts the managers of `dir` that do not run; returns their indexes.
-pub fn ensure(exe: &Path, dir: &Path, e: &EtcdSettings) -> Result<Vec<u32>> {
+pub(crate) fn ensure(exe: &Path, dir: &Path, plan: &Plan) -> Result<Vec<u32>> {
     let running = live(dir);
     let mut started = Vec::new();
-    for i in 0..e.managers {
+    for i in 0..plan.count {
         if running.iter().any(|(r, _)| *r == i) {
             continue;
         }
@@ -70,13 +222,13 @@ pub fn ensure(exe: &Path, dir: &Path, e: &EtcdSettings) -> Result<Vec<u32>> {
             .open(dir.join(format!("mgr.{i}.log")))?;
         let mut cmd = Command::new(exe);
         cmd.arg("mgr")
-            .args(e.osd_args())
+            .args(&plan.backend)
             .arg("--name")
             .arg(format!("mgr.{i}"))
             .arg("--lease-ttl")
-            .arg(e.lease_ttl_secs.to_string())
+            .arg(plan.lease_ttl_secs.to_string())
             .arg("--down-out-grace")
-            .arg(e.down_out_grace_secs.to_string());
+            .arg(plan.down_out_grace_secs.to_string());
         use std::os::unix::process::CommandExt;
         let child = cmd
             .current_dir(dir)

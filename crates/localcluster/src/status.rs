@@ -141,18 +141,15 @@ pub fn status(dir: &Path) -> Result<Status> {
         );
     }
     let mut mgr_line = String::new();
-    if let Some(e) = &etcd {
+    if let Some(plan) = read_cluster_file(&dir)?.and_then(|f| managers::Plan::of(&dir, &f)) {
         let running = managers::live(&dir).len();
-        let leader = e
-            .client()
-            .and_then(|etcd| Ok(carmine_mapstore::membership::leader(&etcd, &e.cluster)?));
-        match leader {
+        match managers::leader(&dir, etcd.as_ref()) {
             Ok(Some(name)) => {
-                mgr_line = format!("{name} leads; {running} of {} running", e.managers)
+                mgr_line = format!("{name} leads; {running} of {} running", plan.count)
             }
             Ok(None) => {
-                mgr_line = format!("no leader; {running} of {} running", e.managers);
-                if e.managers > 0 {
+                mgr_line = format!("no leader; {running} of {} running", plan.count);
+                if plan.count > 0 {
                     checks.add(
                         Health::Warn,
                         "no manager leads: OSD failures are not noticed".into(),
@@ -161,13 +158,13 @@ pub fn status(dir: &Path) -> Result<Status> {
             }
             Err(err) => {
                 mgr_line = format!("unknown ({err})");
-                checks.add(Health::Warn, format!("etcd: {err}"));
+                checks.add(Health::Warn, format!("{err}"));
             }
         }
-        if (running as u32) < e.managers && e.managers > 0 {
+        if (running as u32) < plan.count && plan.count > 0 {
             checks.add(
                 Health::Warn,
-                format!("{running} of {} managers running", e.managers),
+                format!("{running} of {} managers running", plan.count),
             );
         }
     }

@@ -14,6 +14,7 @@ mod etcd;
 pub mod etcd_client;
 pub mod keys;
 mod local;
+pub mod local_membership;
 pub mod membership;
 mod private_etcd;
 mod tls_material;

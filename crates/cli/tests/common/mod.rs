@@ -58,11 +58,24 @@ impl Cluster {
         String::from_utf8_lossy(&out.stderr).into_owned()
     }
 
+    /// The pids recorded for every daemon of the cluster: OSDs and managers.
     pub fn pids(&self) -> Vec<i32> {
+        self.pids_of("")
+    }
+
+    /// The pids recorded for its OSDs.
+    pub fn osd_pids(&self) -> Vec<i32> {
+        self.pids_of("osd.")
+    }
+
+    fn pids_of(&self, prefix: &str) -> Vec<i32> {
         std::fs::read_dir(&self.dir)
             .unwrap()
             .flatten()
-            .filter(|e| e.file_name().to_string_lossy().ends_with(".pid"))
+            .filter(|e| {
+                let n = e.file_name().to_string_lossy().into_owned();
+                n.starts_with(prefix) && n.ends_with(".pid")
+            })
             .map(|e| {
                 std::fs::read_to_string(e.path())
                     .unwrap()
