@@ -167,3 +167,61 @@ fn osds_serve_prometheus_metrics_that_promtool_accepts_and_that_count_the_io() {
     let (head, _) = scrape(&addr, "/other");
     assert!(head.starts_with("HTTP/1.1 404"), "{head}");
 }
+
+/// The store's space figures reach the metrics and `cluster status`, which warns as an OSD
+/// fills up (Ceph's nearfull at 85%).
+#[test]
+fn space_used_shows_in_metrics_and_status_and_a_nearly_full_osd_warns() {
+    // One OSD, one reactor, a 48 MiB memory store.
+    let c = Cluster::up("metrics-space", &["--memory-limit", "48M"]);
+    let addr = std::fs::read_to_string(c.dir.join("osd.0.metrics"))
+        .unwrap()
+        .trim()
+        .to_owned();
+    let capacity = "carmine_osd_store_capacity_bytes{osd=\"0\",reactor=\"0\"}";
+    let used = "carmine_osd_store_used_bytes{osd=\"0\",reactor=\"0\"}";
+    assert_eq!(
+        sample(&scrape(&addr, "/metrics").1, capacity),
+        (48 << 20) as f64
+    );
+    let status = c.ok(&["cluster", "status"]);
+    assert!(
+        status.contains("usage: 0.00 GiB used of 0.05 GiB"),
+        "{status}"
+    );
+
+    c.ok(&[
+        "volume",
+        "create",
+        "v",
+        "--size",
+        "64M",
+        "--object-size",
+        "1M",
+    ]);
+    let mut w = c
+        .cmd(&["volume", "write", "v", "--file", "-", "-q"])
+        .stdin(Stdio::piped())
+        .spawn()
+        .unwrap();
+    w.stdin
+        .take()
+        .unwrap()
+        .write_all(&vec![9u8; 44 << 20])
+        .unwrap();
+    assert!(w.wait().unwrap().success());
+    // Refreshed every second.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while sample(&scrape(&addr, "/metrics").1, used) < (44 << 20) as f64 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "used bytes never reached 44 MiB"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    let out = c.run(&["cluster", "status"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(!out.status.success(), "{text}");
+    assert!(text.contains("HEALTH_WARN"), "{text}");
+    assert!(text.contains("osd.0 is nearly full (9"), "{text}");
+}

@@ -1,6 +1,6 @@
 //! `cluster status`: a summary that reads like `ceph -s` (health with its reasons, the map
-//! epoch and where it lives, managers, OSDs up/in, PGs by state), then each OSD and reactor
-//! as found by pinging it.
+//! epoch and where it lives, managers, OSDs up/in, PGs by state, space used as the OSDs'
+//! metrics report it), then each OSD and reactor as found by pinging it.
 
 use crate::{live_osds, managers, map_path, ping, read_cluster_file};
 use anyhow::{Context, Result};
@@ -47,6 +47,46 @@ impl Checks {
     }
 }
 
+/// Space figures summed over OSDs, from their metrics.
+#[derive(Default)]
+struct Usage {
+    capacity: u64,
+    used: u64,
+    objects: u64,
+    osds: usize,
+}
+
+/// Ceph's defaults: warn when the busiest OSD is 85% full, error at 95% (writes then fail
+/// with NoSpace one by one).
+const NEARFULL: f64 = 0.85;
+const FULL: f64 = 0.95;
+
+/// An OSD's (capacity, used bytes, objects) summed over its reactors, read from its
+/// Prometheus endpoint; `None` if it does not answer.
+fn scrape_usage(addr: &str) -> Option<(u64, u64, u64)> {
+    let text = ureq::get(&format!("http://{addr}/metrics"))
+        .timeout(std::time::Duration::from_secs(1))
+        .call()
+        .ok()?
+        .into_string()
+        .ok()?;
+    let sum = |name: &str| -> u64 {
+        text.lines()
+            .filter(|l| l.starts_with(name) && l[name.len()..].starts_with('{'))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+            .sum()
+    };
+    Some((
+        sum("carmine_osd_store_capacity_bytes"),
+        sum("carmine_osd_store_used_bytes"),
+        sum("carmine_osd_store_objects"),
+    ))
+}
+
+fn gib(b: u64) -> String {
+    format!("{:.2} GiB", b as f64 / (1u64 << 30) as f64)
+}
+
 /// PGs whose placed OSDs are all down (none can serve them), over all pools.
 fn inactive_pgs(map: &OsdMap) -> usize {
     map.all_pgs()
@@ -64,11 +104,46 @@ pub fn status(dir: &Path) -> Result<Status> {
     let mut checks = Checks::default();
     let mut detail = String::new();
     let mut answering = 0;
+    let mut usage = Usage::default();
     for o in &map.osds {
         let pid = live.iter().find(|(id, _)| *id == o.id).map(|(_, p)| *p);
-        let metrics = std::fs::read_to_string(crate::metrics_path(&dir, o.id))
-            .map(|a| format!(", metrics http://{}/metrics", a.trim()))
+        let metrics_addr = std::fs::read_to_string(crate::metrics_path(&dir, o.id))
+            .ok()
+            .map(|a| a.trim().to_owned());
+        let metrics = metrics_addr
+            .as_ref()
+            .map(|a| format!(", metrics http://{a}/metrics"))
             .unwrap_or_default();
+        if let Some((cap, used, objects)) = metrics_addr
+            .as_deref()
+            .filter(|_| pid.is_some())
+            .and_then(scrape_usage)
+        {
+            usage.capacity += cap;
+            usage.used += used;
+            usage.objects += objects;
+            usage.osds += 1;
+            let full = if cap == 0 {
+                0.0
+            } else {
+                used as f64 / cap as f64
+            };
+            if full >= FULL {
+                checks.add(
+                    Health::Err,
+                    format!(
+                        "osd.{} is full ({:.0}%): writes to it fail",
+                        o.id,
+                        full * 100.0
+                    ),
+                );
+            } else if full >= NEARFULL {
+                checks.add(
+                    Health::Warn,
+                    format!("osd.{} is nearly full ({:.0}%)", o.id, full * 100.0),
+                );
+            }
+        }
         writeln!(
             detail,
             "  osd.{}: {}{}",
@@ -202,6 +277,18 @@ pub fn status(dir: &Path) -> Result<Status> {
         "  pgs: {total} total: {} active, {inactive} inactive",
         total - inactive
     )?;
+    if usage.osds > 0 {
+        writeln!(
+            t,
+            "  usage: {} used of {} ({:.1}%), {} objects (from {} of {} OSDs)",
+            gib(usage.used),
+            gib(usage.capacity),
+            100.0 * usage.used as f64 / usage.capacity.max(1) as f64,
+            usage.objects,
+            usage.osds,
+            map.osds.len()
+        )?;
+    }
     t.push_str(&detail);
     Ok(Status {
         text: t,

@@ -2,7 +2,7 @@
 
 use crate::reactor::{run_reactor, ControlMsg, ReactorSetup};
 use carmine_cluster::OsdMap;
-use carmine_reactor::{mailbox, spawn_reactor, MailboxSender, ReactorHandle};
+use carmine_reactor::{mailbox, spawn_reactor_in, MailboxSender, ReactorHandle};
 use carmine_types::OsdId;
 use std::net::TcpListener as StdTcpListener;
 use thiserror::Error;
@@ -180,7 +180,11 @@ impl Osd {
                 auth_key: cfg.auth_key.clone(),
             };
             let name = format!("osd{}-r{}", cfg.id, index);
-            let handle = spawn_reactor(name, cpu, move || run_reactor(setup))
+            // Every log line of the reactor says which OSD and reactor it is about (the
+            // epoch is in the events that change it: a span field recorded again would be
+            // printed twice by the fmt layer).
+            let span = tracing::info_span!("reactor", osd = cfg.id, reactor = index);
+            let handle = spawn_reactor_in(span, name, cpu, move || run_reactor(setup))
                 .map_err(|source| OsdError::Spawn { id: cfg.id, source })?;
             reactors.push((tx, handle));
         }

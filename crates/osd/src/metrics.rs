@@ -70,6 +70,9 @@ pub struct ReactorMetrics {
     epoch: AtomicU32,
     pgs: AtomicU64,
     store_failed: AtomicBool,
+    store_capacity: AtomicU64,
+    store_used: AtomicU64,
+    store_objects: AtomicU64,
 }
 
 /// Adds to a counter that only its reactor writes: a plain load and store rather than a
@@ -113,6 +116,12 @@ impl ReactorMetrics {
 
     pub(crate) fn set_store_failed(&self, failed: bool) {
         self.store_failed.store(failed, Ordering::Relaxed);
+    }
+
+    pub(crate) fn set_statfs(&self, s: carmine_store::StoreStatfs) {
+        self.store_capacity.store(s.bytes_total, Ordering::Relaxed);
+        self.store_used.store(s.bytes_used, Ordering::Relaxed);
+        self.store_objects.store(s.objects, Ordering::Relaxed);
     }
 
     /// Requests of `kind` counted so far (for tests and tools).
@@ -213,6 +222,27 @@ pub fn render(osd: u32, reactors: &[ReactorSource]) -> String {
         "gauge",
         "1 once the reactor's store shard has failed (it then refuses every request).",
         &|r| (r.metrics.store_failed.load(Ordering::Relaxed) as u8).to_string(),
+    );
+    per_reactor(
+        &mut t,
+        "carmine_osd_store_capacity_bytes",
+        "gauge",
+        "Capacity of the reactor's store shard (refreshed every second).",
+        &|r| load(&r.metrics.store_capacity).to_string(),
+    );
+    per_reactor(
+        &mut t,
+        "carmine_osd_store_used_bytes",
+        "gauge",
+        "Bytes the reactor's store shard holds (refreshed every second).",
+        &|r| load(&r.metrics.store_used).to_string(),
+    );
+    per_reactor(
+        &mut t,
+        "carmine_osd_store_objects",
+        "gauge",
+        "Objects in the reactor's store shard (refreshed every second).",
+        &|r| load(&r.metrics.store_objects).to_string(),
     );
     let secs = |ns: u64| format!("{:.9}", ns as f64 / 1e9);
     per_reactor(

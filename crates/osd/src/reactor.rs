@@ -68,6 +68,8 @@ pub(crate) struct Shard<S> {
 /// Connections per reactor that may be in the handshake at once: a peer that proves nothing
 /// cannot take the slots of real clients (`connections_max`) for the handshake's timeout.
 const HANDSHAKES_MAX: u32 = 64;
+/// How often a reactor refreshes its store's space figures in its metrics.
+const STATFS_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// Counts a connection as handshaking until dropped (also if its task is dropped midway).
 struct Handshaking<'a>(&'a Cell<u32>);
@@ -182,8 +184,6 @@ async fn serve<S: ObjectStore + 'static>(setup: ReactorSetup, store: S) -> Resul
     create_collections(&store, &view).await?;
     let fences = crate::fence::Fences::load(&store).await?;
     tracing::info!(
-        osd,
-        reactor = index,
         epoch = view.map.epoch,
         pgs = view.owned.len(),
         fenced_clients = fences.len(),
@@ -205,6 +205,17 @@ async fn serve<S: ObjectStore + 'static>(setup: ReactorSetup, store: S) -> Resul
     });
     let housekeeping = shard.clone();
     carmine_reactor::spawn(async move { housekeeping.store.background().await }).detach();
+    shard.metrics.set_statfs(shard.store.statfs());
+    let statfs = Rc::downgrade(&shard);
+    carmine_reactor::spawn(async move {
+        // Space figures for metrics and `cluster status`; ends once the shard is gone.
+        while let Some(shard) = statfs.upgrade() {
+            shard.metrics.set_statfs(shard.store.statfs());
+            drop(shard);
+            carmine_reactor::sleep(STATFS_EVERY).await;
+        }
+    })
+    .detach();
     loop {
         let accept = std::pin::pin!(listener.accept());
         let ctl = std::pin::pin!(control.recv());
@@ -272,8 +283,6 @@ async fn serve<S: ObjectStore + 'static>(setup: ReactorSetup, store: S) -> Resul
                 // until the view is swapped, requests for them get WrongTarget and retry.
                 create_collections(&shard.store, &view).await?;
                 tracing::info!(
-                    osd,
-                    reactor = index,
                     epoch = view.map.epoch,
                     pgs = view.owned.len(),
                     "new map epoch"
@@ -284,7 +293,7 @@ async fn serve<S: ObjectStore + 'static>(setup: ReactorSetup, store: S) -> Resul
             Either::Right((Some(ControlMsg::Shutdown) | None, _)) => break,
         }
     }
-    tracing::info!(osd, reactor = index, "reactor stopping");
+    tracing::info!("reactor stopping");
     shard.store.report();
     Ok(())
 }

@@ -19,7 +19,7 @@ pub use fifo::{FifoGuard, FifoLock};
 pub use load::{block_on_measured, LoadShare, LoadSnapshot, ReactorLoad};
 pub use mailbox::{mailbox, Mailbox, MailboxSender};
 pub use notify::Doorbell;
-pub use thread::{spawn_reactor, ReactorHandle};
+pub use thread::{spawn_reactor, spawn_reactor_in, ReactorHandle};
 pub use watchdog::Watchdog;
 
 pub use compio::net::{TcpListener, TcpStream, UnixListener, UnixStream};

@@ -42,11 +42,29 @@ where
     F: FnOnce() -> Fut + Send + 'static,
     Fut: Future<Output = T> + 'static,
 {
+    spawn_reactor_in(tracing::Span::none(), name, cpu, make)
+}
+
+/// Like [`spawn_reactor`], with `span` entered on the reactor thread for its whole life, so
+/// every event of every task it runs carries the span's fields (which OSD and reactor). Every
+/// task on a reactor thread is that reactor's, which is what makes one thread-wide span right.
+pub fn spawn_reactor_in<T, F, Fut>(
+    span: tracing::Span,
+    name: String,
+    cpu: Option<u32>,
+    make: F,
+) -> io::Result<ReactorHandle<T>>
+where
+    T: Send + 'static,
+    F: FnOnce() -> Fut + Send + 'static,
+    Fut: Future<Output = T> + 'static,
+{
     let load = Arc::new(ReactorLoad::default());
     let thread_load = load.clone();
     let join = std::thread::Builder::new()
         .name(name.clone())
         .spawn(move || {
+            let _entered = span.enter();
             if let Some(cpu) = cpu {
                 if let Err(e) = crate::cpu::pin_current_thread(cpu) {
                     tracing::warn!("cannot pin reactor to cpu {cpu}: {e}");

@@ -15,13 +15,13 @@ impl Cluster {
         let dir = std::env::temp_dir().join(format!("carmine-e2e-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         let c = Cluster { dir };
-        let out = c.run(
-            &[
-                &["cluster", "up", "--no-pin", "--memory-limit", "1536M"],
-                extra,
-            ]
-            .concat(),
-        );
+        // A memory budget that suits the test machine, unless the test sets its own.
+        let budget: &[&str] = if extra.contains(&"--memory-limit") {
+            &[]
+        } else {
+            &["--memory-limit", "1536M"]
+        };
+        let out = c.run(&[&["cluster", "up", "--no-pin"], budget, extra].concat());
         assert!(
             out.status.success(),
             "cluster up failed: {}",
