@@ -149,6 +149,29 @@ fn map_source(a: &OsdArgs, access: &carmine_localcluster::EtcdAccessArgs) -> Res
     })
 }
 
+/// The cluster key stored in etcd, if any.
+fn key_from_etcd(source: &MapSource) -> Result<Option<carmine_proto::auth::AuthKey>> {
+    let MapSource::Etcd {
+        endpoints,
+        cluster,
+        access,
+    } = source
+    else {
+        return Ok(None);
+    };
+    let store = carmine_mapstore::EtcdMapStore::with_access(endpoints, access, cluster)?;
+    let Some(hex) = store
+        .stored_key()
+        .context("reading the cluster key from etcd")?
+    else {
+        return Ok(None);
+    };
+    let key = carmine_proto::auth::AuthKey::parse_hex(&hex)
+        .context("the cluster key in etcd is not 64 hex characters")?;
+    println!("cluster key from etcd");
+    Ok(Some(key))
+}
+
 /// The map the OSD starts with; newer epochs arrive while it runs.
 fn load_map(source: &MapSource) -> Result<OsdMap> {
     let from = source.describe();
@@ -181,11 +204,13 @@ pub fn run(a: OsdArgs, access: &carmine_localcluster::EtcdAccessArgs) -> Result<
         },
         StoreKind::Native => native_store(&a, info.reactors.len() as u32)?,
     };
-    let auth_key = a
-        .key_file
-        .as_deref()
-        .map(carmine_proto::auth::AuthKey::load)
-        .transpose()?;
+    let auth_key = match (&a.key_file, &source) {
+        (Some(path), _) => Some(carmine_proto::auth::AuthKey::load(path)?),
+        // Without a key file, an OSD of a cluster in etcd takes the key etcd holds (only an
+        // authenticating etcd holds one): it must never serve unauthenticated by accident.
+        (None, MapSource::Etcd { .. }) => key_from_etcd(&source)?,
+        (None, MapSource::File(_)) => None,
+    };
     let signals = signal_hook::iterator::Signals::new([
         signal_hook::consts::SIGTERM,
         signal_hook::consts::SIGINT,

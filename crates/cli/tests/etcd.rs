@@ -199,6 +199,60 @@ fn a_cluster_uses_a_secured_etcd_given_its_certificates_and_password() {
         );
         std::thread::sleep(std::time::Duration::from_millis(100));
     }
+
+    // An OSD for another host needs no copy of the key file: etcd (which authenticates its
+    // clients) holds the key, and the OSD takes it from there.
+    let free = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let said = c.ok(&[
+        "osd",
+        "add",
+        "--host",
+        "127.0.0.1",
+        "--port-base",
+        &(free - 32).to_string(),
+        "--in",
+        "--allow-single-copy-moves",
+    ]);
+    let flags = said
+        .lines()
+        .find_map(|l| l.strip_prefix("start it on that host with: carmine "))
+        .unwrap_or_else(|| panic!("{said}"));
+    assert!(!flags.contains("--key-file"), "{flags}");
+    let args: Vec<&str> = flags.split_whitespace().collect();
+    let mut osd2 = std::process::Command::new(common::BIN)
+        .args(&args)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(15);
+    let m = loop {
+        let m = carmine_localcluster::read_map(&c.dir).unwrap();
+        if m.osd(2).is_some_and(|o| o.up) {
+            break m;
+        }
+        assert!(std::time::Instant::now() < deadline, "osd.2 never came up");
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    };
+    // It authenticates its peers with the cluster's key: none is refused, the key is let in.
+    let addr = m.osd(2).unwrap().reactors[0];
+    let key = carmine_localcluster::read_key(&c.dir).unwrap();
+    carmine_reactor::block_on(async move {
+        use carmine_proto::{Request, Status};
+        let bare = carmine_client::Connection::open(addr, 1).await.unwrap();
+        let err = bare.call(&Request::GetMap).await.unwrap_err();
+        assert_eq!(err.status(), Some(Status::AuthFailed), "{err}");
+        let keyed = carmine_client::Connection::open_with(addr, 1, key.as_ref())
+            .await
+            .unwrap();
+        keyed.call(&Request::GetMap).await.unwrap();
+    });
+    let _ = osd2.kill();
+    let _ = osd2.wait();
     drop(c);
     drop(etcd);
     let _ = std::fs::remove_dir_all(&etcd_dir);

@@ -186,7 +186,11 @@ pub fn describe_map_source(dir: &Path) -> Result<String> {
         ),
         None => format!("--map {}", map_path(dir).display()),
     };
-    if key_path(dir).exists() {
+    let in_etcd = read_cluster_file(dir)?
+        .and_then(|f| f.etcd)
+        .is_some_and(|e| maps::key_in_etcd(&e));
+    // With the key in (an authenticating) etcd, the OSD fetches it from there.
+    if key_path(dir).exists() && !in_etcd {
         s.push_str(&format!(" --key-file {}", key_path(dir).display()));
     }
     Ok(s)
@@ -557,6 +561,9 @@ fn up_from(
     // Before anything starts: a key others can read is refused, not used.
     let key = read_key(&dir)?;
     let etcd = read_cluster_file(&dir)?.and_then(|f| f.etcd);
+    if let (Some(e), Some(k)) = (&etcd, &key) {
+        maps::publish_key(e, k)?;
+    }
     let live = live_osds(&dir)?;
     // OSDs added on other hosts (`osd add --host`) are started there, not here.
     let to_start: Vec<u32> = map

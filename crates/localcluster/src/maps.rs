@@ -98,6 +98,32 @@ impl EtcdSettings {
     }
 }
 
+/// Puts the cluster key in etcd for OSDs on other hosts, when etcd authenticates its clients
+/// (otherwise anyone reaching etcd's port could read it, and the key file is copied by hand).
+/// Returns whether etcd holds this key now.
+pub(crate) fn publish_key(e: &EtcdSettings, key: &carmine_proto::auth::AuthKey) -> Result<bool> {
+    if !e.access.authenticates() {
+        return Ok(false);
+    }
+    let store = EtcdMapStore::with_access(&e.endpoints, &e.access, &e.cluster)?;
+    if !store.publish_key(&key.to_hex())? {
+        anyhow::bail!(
+            "etcd holds another key for cluster {} than this directory's cluster.key: \
+             refusing to start OSDs that would not let each other's clients in",
+            e.cluster
+        );
+    }
+    Ok(true)
+}
+
+/// Whether etcd holds the cluster's key (so an OSD started with `--etcd` fetches it).
+pub(crate) fn key_in_etcd(e: &EtcdSettings) -> bool {
+    e.access.authenticates()
+        && EtcdMapStore::with_access(&e.endpoints, &e.access, &e.cluster)
+            .and_then(|s| s.stored_key())
+            .is_ok_and(|k| k.is_some())
+}
+
 /// The map store of the cluster in `dir`.
 pub(crate) fn open(dir: &Path, etcd: Option<&EtcdSettings>) -> Result<Box<dyn MapStore>> {
     Ok(match etcd {

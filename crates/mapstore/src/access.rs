@@ -57,6 +57,12 @@ impl EtcdAccess {
         *self == EtcdAccess::default()
     }
 
+    /// Whether etcd can tell who is asking (a client certificate or a user): then what is
+    /// stored there is not for anyone who reaches its port.
+    pub fn authenticates(&self) -> bool {
+        self.cert.is_some() || self.user.is_some()
+    }
+
     /// The options as `carmine osd` and `carmine mgr` take them.
     pub fn to_args(&self) -> Vec<String> {
         let mut out = Vec::new();

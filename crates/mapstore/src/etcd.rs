@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 #[derive(Clone, Debug)]
 pub struct EtcdMapStore {
     etcd: Etcd,
+    cluster: String,
     key: String,
 }
 
@@ -26,6 +27,7 @@ impl EtcdMapStore {
     ) -> Result<Self, MapStoreError> {
         Ok(Self {
             etcd: Etcd::with_access(endpoints, access)?,
+            cluster: cluster.to_owned(),
             key: crate::keys::map(cluster),
         })
     }
@@ -36,6 +38,36 @@ impl EtcdMapStore {
 
     pub fn etcd(&self) -> &Etcd {
         &self.etcd
+    }
+
+    /// Stores the cluster key (hex) under the cluster, unless one is there already; returns
+    /// whether the stored key is `hex` (false: another key is stored, which is left alone).
+    pub fn publish_key(&self, hex: &str) -> Result<bool, MapStoreError> {
+        let key = crate::keys::cluster_key(self.cluster());
+        let put = Put::Put {
+            key: &key,
+            value: hex.as_bytes(),
+            lease: 0,
+        };
+        if self.etcd.txn(&[Compare::Absent(&key)], &[put])? {
+            return Ok(true);
+        }
+        Ok(self.stored_key()?.as_deref() == Some(hex))
+    }
+
+    /// The cluster key stored in etcd (hex), if any.
+    pub fn stored_key(&self) -> Result<Option<String>, MapStoreError> {
+        let key = crate::keys::cluster_key(self.cluster());
+        Ok(self
+            .etcd
+            .get(&key)?
+            .0
+            .map(|v| String::from_utf8_lossy(&v).trim().to_owned()))
+    }
+
+    /// The cluster's name (the `<c>` of `/carmine/<c>/`).
+    pub fn cluster(&self) -> &str {
+        &self.cluster
     }
 
     /// Like [`MapStore::swap`], but only while every one of `guards` holds too, in the same

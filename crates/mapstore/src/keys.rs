@@ -19,3 +19,9 @@ pub fn alive(cluster: &str, osd: u32) -> String {
 pub fn leader(cluster: &str) -> String {
     format!("/carmine/{cluster}/manager/leader")
 }
+
+/// The cluster's authentication key (hex), kept in etcd only when etcd is reached over TLS
+/// or with etcd auth, so OSDs on other hosts need no copy of the file.
+pub fn cluster_key(cluster: &str) -> String {
+    format!("/carmine/{cluster}/auth/key")
+}
