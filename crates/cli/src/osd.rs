@@ -243,6 +243,7 @@ pub fn run(a: OsdArgs, access: &carmine_localcluster::EtcdAccessArgs) -> Result<
         started: std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_secs()),
+        capacity: capacity(&a, info.reactors.len() as u64),
     };
     let mut osd = osd;
     let control = match Control::start(&source, epoch, registration, a.lease_ttl) {
@@ -277,6 +278,26 @@ pub fn run(a: OsdArgs, access: &carmine_localcluster::EtcdAccessArgs) -> Result<
     osd.shutdown()?;
     println!("osd.{} stopped", a.id);
     Ok(())
+}
+
+/// The store's size as the OSD registers it (what `osd reweight-by-capacity` sets weights
+/// from): the device's length, or the memory budget of all shards.
+fn capacity(a: &OsdArgs, reactors: u64) -> u64 {
+    match a.store {
+        StoreKind::Memory => a.memory_limit.saturating_mul(reactors),
+        StoreKind::Native => a
+            .device
+            .as_ref()
+            .and_then(|d| {
+                use std::io::Seek;
+                // A block device's metadata says 0 bytes; its end says its size.
+                std::fs::File::open(d)
+                    .ok()?
+                    .seek(std::io::SeekFrom::End(0))
+                    .ok()
+            })
+            .unwrap_or(0),
+    }
 }
 
 /// Checks (or with `--mkfs`, creates) the native store: one shard per reactor.

@@ -1,4 +1,4 @@
-//! `carmine osd out|in|add|rm|reweight|balance|tree`: membership changes an operator makes, as map epochs, and the
+//! `carmine osd out|in|add|rm|reweight|reweight-by-capacity|balance|tree`: membership changes an operator makes, as map epochs, and the
 //! view of OSDs by host. Changes are compare-and-swaps on the map store like the manager's,
 //! so they never overwrite an epoch someone else committed meanwhile.
 
@@ -46,9 +46,10 @@ pub enum OsdAdmin {
         /// Reactor r of OSD n listens on port BASE + 16n + r.
         #[arg(long, default_value_t = 6800)]
         port_base: u16,
-        /// Its share of PGs relative to the others (by convention its capacity in TiB).
-        #[arg(long, default_value_t = 1.0)]
-        weight: f64,
+        /// Its share of PGs relative to the others: its capacity in TiB [the mean weight of
+        /// the OSDs that are in; `osd reweight-by-capacity` sets it from what it registers].
+        #[arg(long)]
+        weight: Option<f64>,
         /// Mark it in at once: placement gives it PGs (see `in` for single-copy pools).
         #[arg(long = "in")]
         in_: bool,
@@ -61,6 +62,17 @@ pub enum OsdAdmin {
         dir: DirArg,
         id: u32,
         weight: f64,
+        #[arg(long)]
+        allow_single_copy_moves: bool,
+    },
+    /// Set the weight of every registered OSD from the capacity it registered (in TiB, as
+    /// Ceph's CRUSH weights): OSDs of twice the size get twice the PGs.
+    ReweightByCapacity {
+        #[command(flatten)]
+        dir: DirArg,
+        /// Print what would change, change nothing.
+        #[arg(long)]
+        dry_run: bool,
         #[arg(long)]
         allow_single_copy_moves: bool,
     },
@@ -123,7 +135,7 @@ pub fn run(cmd: OsdAdmin) -> Result<()> {
                 host_name,
                 reactors,
                 port_base,
-                weight: fixed_weight(weight)?,
+                weight: weight.map(fixed_weight).transpose()?,
                 in_,
             },
             allow_single_copy_moves,
@@ -135,6 +147,11 @@ pub fn run(cmd: OsdAdmin) -> Result<()> {
             allow_single_copy_moves,
         } => reweight(&dir.dir, id, fixed_weight(weight)?, allow_single_copy_moves),
         OsdAdmin::Rm { dir, id } => rm(&dir.dir, id),
+        OsdAdmin::ReweightByCapacity {
+            dir,
+            dry_run,
+            allow_single_copy_moves,
+        } => reweight_by_capacity(&dir.dir, dry_run, allow_single_copy_moves),
         OsdAdmin::Balance {
             dir,
             max_deviation,
@@ -194,7 +211,8 @@ struct NewOsd {
     host_name: Option<String>,
     reactors: Option<u32>,
     port_base: u16,
-    weight: u32,
+    /// `None`: the mean weight of the OSDs that are in.
+    weight: Option<u32>,
     in_: bool,
 }
 
@@ -264,6 +282,7 @@ fn add(dir: &std::path::Path, new: NewOsd, allow_moves: bool) -> Result<()> {
             )));
         }
         let name = host_name.clone().unwrap_or_else(|| host.to_string());
+        let weight = weight.unwrap_or_else(|| mean_weight(map));
         let mut next = map.clone();
         next.epoch = map.epoch + 1;
         next.osds.push(carmine_cluster::OsdInfo {
@@ -299,6 +318,72 @@ fn add(dir: &std::path::Path, new: NewOsd, allow_moves: bool) -> Result<()> {
         "start it on that host with: carmine osd --id {} {settings} --no-pin",
         o.id
     );
+    Ok(())
+}
+
+/// The mean weight of the OSDs that are in (1.0 when none is): what a new OSD gets unless
+/// told, so it takes about its share rather than all or nothing.
+fn mean_weight(map: &OsdMap) -> u32 {
+    let weights: Vec<u64> = map
+        .osds
+        .iter()
+        .filter(|o| o.in_ && o.weight > 0)
+        .map(|o| u64::from(o.weight))
+        .collect();
+    if weights.is_empty() {
+        return carmine_cluster::WEIGHT_ONE;
+    }
+    (weights.iter().sum::<u64>() / weights.len() as u64).max(1) as u32
+}
+
+fn reweight_by_capacity(dir: &std::path::Path, dry_run: bool, allow_moves: bool) -> Result<()> {
+    let registered = carmine_localcluster::registrations(dir)?;
+    let store = carmine_localcluster::map_store(dir)?;
+    let mut before = None;
+    let mut changes = Vec::new();
+    let stored = carmine_mapstore::update(store.as_ref(), 10, |current| {
+        let map = existing(current)?;
+        let mut next = map.clone();
+        changes.clear();
+        for o in &mut next.osds {
+            let Some(r) = registered.get(&o.id).filter(|r| r.capacity > 0) else {
+                continue;
+            };
+            let w = carmine_cluster::weight_of_capacity(r.capacity);
+            if w != o.weight {
+                changes.push((o.id, o.weight, w, r.capacity));
+                o.weight = w;
+            }
+        }
+        before = Some(map.clone());
+        if changes.is_empty() || dry_run {
+            return Ok(None);
+        }
+        refuse_single_copy_moves(map, &next, allow_moves)?;
+        next.epoch = map.epoch + 1;
+        Ok(Some(next))
+    })?
+    .context("the cluster has no map")?;
+    let one = carmine_cluster::WEIGHT_ONE as f64;
+    for (id, from, to, bytes) in &changes {
+        println!(
+            "osd.{id}: {:.1} GiB registered, weight {:.4} -> {:.4}",
+            *bytes as f64 / (1u64 << 30) as f64,
+            *from as f64 / one,
+            *to as f64 / one
+        );
+    }
+    if changes.is_empty() {
+        println!(
+            "every registered OSD already weighs its capacity; map epoch {}",
+            stored.epoch
+        );
+    } else if dry_run {
+        println!("dry run: nothing changed; map epoch {}", stored.epoch);
+    } else {
+        println!("map epoch {}", stored.epoch);
+        print_moved(before.as_ref(), &stored);
+    }
     Ok(())
 }
 

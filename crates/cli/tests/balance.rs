@@ -101,3 +101,43 @@ fn every_pg_serves(c: &Cluster, m: &carmine_cluster::OsdMap) {
         }
     });
 }
+
+/// Weights are capacities in TiB: a new cluster's OSDs weigh what their stores hold, an OSD
+/// added without a weight gets the mean, and `osd reweight-by-capacity` sets each registered
+/// OSD's weight from the capacity it registered.
+#[test]
+fn weights_follow_capacity() {
+    let c = Cluster::up(
+        "weights",
+        &["--osds", "2", "--reactors", "2", "--memory-limit", "512M"],
+    );
+    let m = map(&c);
+    // 2 reactors x 512 MiB = 1 GiB = 64 / 65536 TiB.
+    assert!(m.osds.iter().all(|o| o.weight == 64), "{:?}", m.osds);
+    let said = c.ok(&["osd", "reweight-by-capacity"]);
+    assert!(said.contains("already weighs its capacity"), "{said}");
+
+    c.ok(&["osd", "reweight", "1", "1.0", "--allow-single-copy-moves"]);
+    assert_eq!(map(&c).osd(1).unwrap().weight, carmine_cluster::WEIGHT_ONE);
+    let before = map(&c);
+    let dry = c.ok(&["osd", "reweight-by-capacity", "--dry-run"]);
+    assert!(
+        dry.contains("osd.1: 1.0 GiB registered, weight 1.0000 -> 0.0010"),
+        "{dry}"
+    );
+    assert_eq!(map(&c), before, "a dry run changed the map");
+    let err = c.fails(&["osd", "reweight-by-capacity"]);
+    assert!(err.contains("single copy"), "{err}");
+    c.ok(&["osd", "reweight-by-capacity", "--allow-single-copy-moves"]);
+    let after = map(&c);
+    assert_eq!(after.epoch, before.epoch + 1);
+    assert!(
+        after.osds.iter().all(|o| o.weight == 64),
+        "{:?}",
+        after.osds
+    );
+
+    // Added without a weight: the mean of those in, not 1 TiB against 1 GiB ones.
+    c.ok(&["osd", "add", "--host", "127.0.0.1", "--port-base", "31000"]);
+    assert_eq!(map(&c).osd(2).unwrap().weight, 64);
+}

@@ -60,6 +60,13 @@ pub(crate) fn log2_q32(x: u64) -> u64 {
 /// Weight 1.0 in the map's 16.16 fixed point.
 pub const WEIGHT_ONE: u32 = 0x10000;
 
+/// The weight of an OSD of `bytes` capacity: its size in TiB, as Ceph's CRUSH weights, in
+/// 16.16 fixed point (1 GiB is 64/65536); at least the smallest non-zero weight.
+pub fn weight_of_capacity(bytes: u64) -> u32 {
+    // 2^40 bytes per TiB over 2^16 per unit of weight.
+    (bytes >> 24).clamp(1, u32::MAX as u64) as u32
+}
+
 /// Straw2's draw for an OSD of `weight` (16.16) given its rendezvous `score`: `ln(u) / weight`
 /// with `u` uniform in (0, 1], here `log2(u)` in fixed point. The highest draw wins, and an OSD
 /// of twice the weight wins twice as often. Equal weights rank exactly as the scores do.

@@ -27,6 +27,8 @@ pub const DIR_DEFAULT: &str = "carmine-cluster";
 const MAP_FILE: &str = "osdmap";
 const KEY_FILE: &str = "cluster.key";
 /// How long `up` waits for every reactor to answer a ping.
+/// A native store file's size when `--device-size` is not given.
+const DEVICE_SIZE_DEFAULT: u64 = 4 << 30;
 pub(crate) const READY_TIMEOUT: Duration = Duration::from_secs(20);
 /// How long `down` waits after SIGTERM before SIGKILL.
 const STOP_TIMEOUT: Duration = Duration::from_secs(10);
@@ -194,6 +196,18 @@ pub fn describe_map_source(dir: &Path) -> Result<String> {
         s.push_str(&format!(" --key-file {}", key_path(dir).display()));
     }
     Ok(s)
+}
+
+/// The OSDs registered as alive now (in etcd, or beside the map file), with what they said
+/// about themselves.
+pub fn registrations(
+    dir: &Path,
+) -> Result<std::collections::BTreeMap<u32, carmine_mapstore::membership::Registration>> {
+    let etcd = read_cluster_file(dir)?.and_then(|f| f.etcd);
+    Ok(match etcd {
+        Some(e) => carmine_mapstore::membership::registered(&e.client()?, &e.cluster)?,
+        None => carmine_mapstore::local_membership::local_registered(dir)?,
+    })
 }
 
 /// The map store of the cluster in `dir` (its file, or its key in etcd).
@@ -696,11 +710,17 @@ fn new_cluster(
         }
     }
     let addrs = free_addrs(a.host, (osds * reactors) as usize)?;
+    // Weights are capacities in TiB, as the OSDs will register them.
+    let capacity = match store.as_str() {
+        "native" => a.device_size.unwrap_or(DEVICE_SIZE_DEFAULT),
+        _ => a.memory_limit.saturating_mul(u64::from(reactors)),
+    };
     let mut map = OsdMap {
         epoch: 1,
         osds: (0..osds)
-            .map(|id| {
-                OsdInfo::new(
+            .map(|id| OsdInfo {
+                weight: carmine_cluster::weight_of_capacity(capacity),
+                ..OsdInfo::new(
                     id,
                     &host_name(),
                     addrs[(id * reactors) as usize..((id + 1) * reactors) as usize].to_vec(),
@@ -964,7 +984,7 @@ fn start_osd(
         if !device.exists() {
             cmd.arg("--mkfs")
                 .arg("--device-size")
-                .arg(a.device_size.unwrap_or(4 << 30).to_string());
+                .arg(a.device_size.unwrap_or(DEVICE_SIZE_DEFAULT).to_string());
         }
         if a.no_fsync {
             cmd.arg("--durability").arg("process-crash");

@@ -6,7 +6,6 @@
 use crate::maps::{self, EtcdSettings};
 use crate::{ClusterFile, Running, READY_TIMEOUT};
 use anyhow::{bail, Context, Result};
-use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -66,18 +65,6 @@ impl Plan {
     }
 }
 
-/// The OSDs registered as alive now: in etcd, or beside the map file.
-pub(crate) fn registered(dir: &Path, etcd: Option<&EtcdSettings>) -> Result<BTreeSet<u32>> {
-    Ok(match etcd {
-        Some(e) => carmine_mapstore::membership::registered(&e.client()?, &e.cluster)?
-            .into_keys()
-            .collect(),
-        None => carmine_mapstore::local_membership::local_registered(dir)?
-            .into_keys()
-            .collect(),
-    })
-}
-
 /// The leading manager's name, if one leads.
 pub(crate) fn leader(dir: &Path, etcd: Option<&EtcdSettings>) -> Result<Option<String>> {
     Ok(match etcd {
@@ -104,10 +91,10 @@ pub(crate) fn start(
         "beside the map"
     };
     loop {
-        let registered = registered(&r.dir, etcd)?;
+        let registered = crate::registrations(&r.dir)?;
         let missing: Vec<String> = started
             .iter()
-            .filter(|id| !registered.contains(id))
+            .filter(|id| !registered.contains_key(id))
             .map(|id| format!("osd.{id}"))
             .collect();
         if missing.is_empty() {

@@ -136,6 +136,7 @@ mod tests {
                         pid: 100 + id,
                         reactors: o.reactors.clone(),
                         started: 1,
+                        capacity: 0,
                     },
                 )
             })

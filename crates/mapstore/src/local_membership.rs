@@ -244,6 +244,7 @@ mod tests {
             pid: std::process::id(),
             reactors: vec!["127.0.0.1:1".parse().unwrap()],
             started: 1,
+            capacity: 0,
         }
     }
 

@@ -19,6 +19,9 @@ pub struct Registration {
     pub reactors: Vec<SocketAddr>,
     /// When this incarnation started (Unix seconds).
     pub started: u64,
+    /// Its store's capacity in bytes (0: not said, by an OSD older than this field).
+    #[serde(default)]
+    pub capacity: u64,
 }
 
 /// An OSD's registration, held while it runs. Dropping it without [`OsdLease::release`]

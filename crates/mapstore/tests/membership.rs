@@ -43,6 +43,7 @@ fn reg(osd: u32, pid: u32) -> Registration {
         pid,
         reactors: vec![format!("127.0.0.1:{}", 7000 + osd).parse().unwrap()],
         started: 1,
+        capacity: 1 << 30,
     }
 }
 
