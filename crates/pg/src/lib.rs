@@ -1,0 +1,15 @@
+//! The replication protocol's core, without I/O (decision 0009): versions, the per-PG log, and
+//! the decisions peering makes — which member's history is authoritative, what each member
+//! must drop and fetch, and whether the PG may go active at all. Everything here is a plain
+//! function of its inputs, so the OSD and the deterministic simulator drive the same code, and
+//! property tests check it against histories generated at random.
+
+mod log;
+mod peering;
+mod version;
+
+pub use log::{Entry, LogError, OpKind, PgLog, ReqId, LOG_ENTRIES_DEFAULT};
+pub use peering::{
+    choose_authoritative, plan_member, uncovered_intervals, Interval, MemberPlan, Need, PeerInfo,
+};
+pub use version::Version;

@@ -1,0 +1,283 @@
+//! What peering decides, given what the members report: whose history is authoritative, what
+//! each member must drop and fetch, and whether every interval that may hold acknowledged
+//! writes has been heard from (decision 0009, points 4 and 5).
+
+use crate::log::{Entry, PgLog};
+use crate::version::Version;
+use carmine_types::OsdId;
+use std::collections::BTreeSet;
+
+/// What a member tells the primary about its copy of the PG.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PeerInfo {
+    pub osd: OsdId,
+    /// The epoch of the last interval in which this member went active with the PG: its log
+    /// holds everything acknowledged up to then.
+    pub last_epoch_started: u32,
+    pub head: Version,
+    pub tail: Version,
+}
+
+/// An interval that went active: the epoch it started in and its acting set.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Interval {
+    pub epoch: u32,
+    pub acting: Vec<OsdId>,
+}
+
+/// The member whose log is authoritative, as an index into `infos`: the newest last-active
+/// epoch first (its log holds everything acknowledged before it went active), then the newest
+/// head, then the longest log (the oldest tail), then the current primary, then the lowest id.
+/// `None` if `infos` is empty.
+pub fn choose_authoritative(infos: &[PeerInfo], primary: OsdId) -> Option<usize> {
+    infos
+        .iter()
+        .enumerate()
+        .max_by(|(_, a), (_, b)| {
+            a.last_epoch_started
+                .cmp(&b.last_epoch_started)
+                .then(a.head.cmp(&b.head))
+                .then(b.tail.cmp(&a.tail))
+                .then((a.osd == primary).cmp(&(b.osd == primary)))
+                .then(b.osd.cmp(&a.osd))
+        })
+        .map(|(i, _)| i)
+}
+
+/// The recorded intervals of which no member was heard from: while any is left, the PG may
+/// not go active (it could miss writes that interval acknowledged); it waits for one of its
+/// members.
+pub fn uncovered_intervals<'a>(
+    history: &'a [Interval],
+    heard: &BTreeSet<OsdId>,
+) -> Vec<&'a Interval> {
+    history
+        .iter()
+        .filter(|i| !i.acting.iter().any(|o| heard.contains(o)))
+        .collect()
+}
+
+/// What a member must fetch for an object it lacks.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Need {
+    pub oid: String,
+    /// The authoritative version of the object (its newest entry in the authoritative log),
+    /// or `None` if the log does not say: then the object as the authoritative member holds it.
+    pub version: Option<Version>,
+}
+
+/// What brings a member's copy to the authoritative history.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum MemberPlan {
+    /// It has exactly the authoritative history.
+    UpToDate,
+    /// Rewind to `merge` (dropping `divergent` entries, which were never acknowledged), append
+    /// the authoritative entries after `merge`, and fetch `missing` objects.
+    Recover {
+        merge: Version,
+        divergent: Vec<Entry>,
+        entries: Vec<Entry>,
+        missing: Vec<Need>,
+    },
+    /// The logs do not overlap enough to tell what differs: copy the whole PG, then take the
+    /// authoritative log.
+    Backfill,
+}
+
+/// The plan that makes `member`'s copy match `auth`'s. A version names one write cluster-wide
+/// (a primary's active epoch is unique to it), so two logs agree on every version they both
+/// hold; the newest version in both is where they part ("merge point").
+pub fn plan_member(auth: &PgLog, member: &PgLog) -> MemberPlan {
+    if member.head() < auth.tail() {
+        return MemberPlan::Backfill;
+    }
+    let mut merge = None;
+    let mut divergent = Vec::new();
+    for e in member.entries().rev() {
+        if e.version > auth.head() {
+            divergent.push(e.clone());
+        } else if auth.contains(e.version) {
+            merge = Some(e.version);
+            break;
+        } else if e.version <= auth.tail() {
+            // Older than what the authoritative log remembers: cannot tell.
+            return MemberPlan::Backfill;
+        } else {
+            divergent.push(e.clone());
+        }
+    }
+    let merge = match merge {
+        Some(m) => m,
+        // Everything the member logged diverged (or it logged nothing): they part at the
+        // member's tail, if that is in the authoritative history.
+        None => {
+            let t = member.tail();
+            if t == auth.tail() || auth.contains(t) {
+                t
+            } else {
+                return MemberPlan::Backfill;
+            }
+        }
+    };
+    divergent.reverse();
+    let entries: Vec<Entry> = auth.after(merge).cloned().collect();
+    if divergent.is_empty() && entries.is_empty() {
+        return MemberPlan::UpToDate;
+    }
+    let mut oids: BTreeSet<&str> = BTreeSet::new();
+    for e in entries.iter().chain(&divergent) {
+        oids.insert(&e.oid);
+    }
+    let missing = oids
+        .into_iter()
+        .map(|oid| Need {
+            oid: oid.to_owned(),
+            version: auth
+                .entries()
+                .rev()
+                .find(|e| e.oid == oid && e.version > merge)
+                .map(|e| e.version),
+        })
+        .collect();
+    MemberPlan::Recover {
+        merge,
+        divergent,
+        entries,
+        missing,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::log::OpKind;
+
+    fn e(epoch: u32, v: u64, oid: &str) -> Entry {
+        Entry {
+            version: Version::new(epoch, v),
+            oid: oid.into(),
+            kind: OpKind::Modify,
+            reqid: None,
+        }
+    }
+
+    fn log(entries: &[Entry]) -> PgLog {
+        let mut l = PgLog::new(100);
+        for x in entries {
+            l.append(x.clone()).unwrap();
+        }
+        l
+    }
+
+    fn info(osd: OsdId, les: u32, head: (u32, u64)) -> PeerInfo {
+        PeerInfo {
+            osd,
+            last_epoch_started: les,
+            head: Version::new(head.0, head.1),
+            tail: Version::ZERO,
+        }
+    }
+
+    #[test]
+    fn the_last_active_interval_wins_over_a_longer_older_history() {
+        // osd.0 holds writes of epoch 1 never acknowledged; osd.1 went active in epoch 2.
+        let infos = [info(0, 1, (1, 5)), info(1, 2, (1, 3)), info(2, 2, (1, 3))];
+        assert_eq!(
+            choose_authoritative(&infos, 2),
+            Some(2),
+            "ties go to the primary"
+        );
+        assert_eq!(
+            choose_authoritative(&infos, 0),
+            Some(1),
+            "then to the lowest id"
+        );
+        let infos = [info(0, 2, (2, 4)), info(1, 2, (1, 3))];
+        assert_eq!(
+            choose_authoritative(&infos, 1),
+            Some(0),
+            "then the newest head"
+        );
+        assert_eq!(choose_authoritative(&[], 0), None);
+    }
+
+    #[test]
+    fn a_member_behind_fetches_the_objects_of_the_entries_it_lacks() {
+        let auth = log(&[e(1, 1, "a"), e(1, 2, "b"), e(1, 3, "a")]);
+        let member = log(&[e(1, 1, "a")]);
+        let MemberPlan::Recover {
+            merge,
+            divergent,
+            entries,
+            missing,
+        } = plan_member(&auth, &member)
+        else {
+            panic!()
+        };
+        assert_eq!(merge, Version::new(1, 1));
+        assert!(divergent.is_empty());
+        assert_eq!(entries.len(), 2);
+        let want: Vec<(String, Option<Version>)> =
+            missing.into_iter().map(|n| (n.oid, n.version)).collect();
+        assert_eq!(
+            want,
+            vec![
+                ("a".into(), Some(Version::new(1, 3))),
+                ("b".into(), Some(Version::new(1, 2)))
+            ]
+        );
+        assert_eq!(plan_member(&auth, &auth.clone()), MemberPlan::UpToDate);
+    }
+
+    #[test]
+    fn unacknowledged_entries_of_an_old_primary_are_rolled_back() {
+        // Epoch 1 wrote 1..3 and reached the others up to 1; epoch 2 continued from there.
+        let auth = log(&[e(1, 1, "a"), e(2, 2, "c")]);
+        let old = log(&[e(1, 1, "a"), e(1, 2, "b"), e(1, 3, "a")]);
+        let MemberPlan::Recover {
+            merge,
+            divergent,
+            entries,
+            missing,
+        } = plan_member(&auth, &old)
+        else {
+            panic!()
+        };
+        assert_eq!(merge, Version::new(1, 1));
+        assert_eq!(divergent.len(), 2);
+        assert_eq!(entries, vec![e(2, 2, "c")]);
+        let oids: Vec<&str> = missing.iter().map(|n| n.oid.as_str()).collect();
+        assert_eq!(oids, vec!["a", "b", "c"]);
+        // "a" and "b" have no authoritative entry after the merge point: as the auth holds them.
+        assert_eq!(missing[0].version, None);
+    }
+
+    #[test]
+    fn logs_that_do_not_overlap_mean_backfill() {
+        let mut auth = PgLog::new(2);
+        for v in 1..=5 {
+            auth.append(e(1, v, "a")).unwrap();
+        }
+        let member = log(&[e(1, 1, "a"), e(1, 2, "a")]);
+        assert_eq!(plan_member(&auth, &member), MemberPlan::Backfill);
+        assert_eq!(plan_member(&auth, &PgLog::new(10)), MemberPlan::Backfill);
+    }
+
+    #[test]
+    fn an_interval_nobody_was_heard_from_blocks_activation() {
+        let history = vec![
+            Interval {
+                epoch: 3,
+                acting: vec![0, 1],
+            },
+            Interval {
+                epoch: 5,
+                acting: vec![2],
+            },
+        ];
+        let heard: BTreeSet<OsdId> = [0, 3].into();
+        let left = uncovered_intervals(&history, &heard);
+        assert_eq!(left, vec![&history[1]]);
+        assert!(uncovered_intervals(&history, &[1, 2].into()).is_empty());
+    }
+}
