@@ -198,6 +198,17 @@ fn refuse_single_copy_moves(
     Ok(())
 }
 
+/// `next` as the epoch after `map`, unless it moves PGs of a single-copy pool without leave.
+fn successor(
+    map: &OsdMap,
+    mut next: OsdMap,
+    allow_moves: bool,
+) -> Result<Option<OsdMap>, carmine_mapstore::MapStoreError> {
+    refuse_single_copy_moves(map, &next, allow_moves)?;
+    next.epoch = map.epoch + 1;
+    Ok(Some(next))
+}
+
 /// A weight in the map's 16.16 fixed point.
 fn fixed_weight(w: f64) -> Result<u32> {
     if !(0.0..65536.0).contains(&w) {
@@ -231,10 +242,8 @@ fn reweight(dir: &std::path::Path, id: u32, weight: u32, allow_moves: bool) -> R
             return Ok(None);
         }
         o.weight = weight;
-        next.epoch = map.epoch + 1;
-        refuse_single_copy_moves(map, &next, allow_moves)?;
         before = Some(map.clone());
-        Ok(Some(next))
+        successor(map, next, allow_moves)
     })?
     .context("the cluster has no map")?;
     println!(
@@ -284,7 +293,6 @@ fn add(dir: &std::path::Path, new: NewOsd, allow_moves: bool) -> Result<()> {
         let name = host_name.clone().unwrap_or_else(|| host.to_string());
         let weight = weight.unwrap_or_else(|| mean_weight(map));
         let mut next = map.clone();
-        next.epoch = map.epoch + 1;
         next.osds.push(carmine_cluster::OsdInfo {
             up: false,
             in_,
@@ -294,9 +302,8 @@ fn add(dir: &std::path::Path, new: NewOsd, allow_moves: bool) -> Result<()> {
             weight,
             ..carmine_cluster::OsdInfo::new(id, &name, endpoints)
         });
-        refuse_single_copy_moves(map, &next, allow_moves)?;
         before = Some(map.clone());
-        Ok(Some(next))
+        successor(map, next, allow_moves)
     })?
     .context("the cluster has no map")?;
     let o = stored.osds.last().expect("just added");
@@ -359,9 +366,7 @@ fn reweight_by_capacity(dir: &std::path::Path, dry_run: bool, allow_moves: bool)
         if changes.is_empty() || dry_run {
             return Ok(None);
         }
-        refuse_single_copy_moves(map, &next, allow_moves)?;
-        next.epoch = map.epoch + 1;
-        Ok(Some(next))
+        successor(map, next, allow_moves)
     })?
     .context("the cluster has no map")?;
     let one = carmine_cluster::WEIGHT_ONE as f64;
@@ -434,9 +439,7 @@ fn balance(
         if next.upmaps == map.upmaps || dry_run {
             return Ok(None);
         }
-        refuse_single_copy_moves(map, &next, allow_moves)?;
-        next.epoch = map.epoch + 1;
-        Ok(Some(next))
+        successor(map, next, allow_moves)
     })?
     .context("the cluster has no map")?;
     let (b, (done, after)) = (

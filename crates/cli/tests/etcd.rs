@@ -4,8 +4,6 @@
 mod common;
 
 use common::{alive, Cluster};
-use std::io::Write;
-use std::process::Stdio;
 
 fn etcd_pid(c: &Cluster) -> i32 {
     std::fs::read_to_string(c.dir.join("etcd.pid"))
@@ -59,13 +57,7 @@ fn a_cluster_with_its_map_in_a_private_etcd_restarts_from_it() {
 
     c.ok(&["volume", "create", "v", "--size", "8M"]);
     let data: Vec<u8> = (0..1 << 20).map(|i: u32| (i * 7 % 251) as u8).collect();
-    let mut w = c
-        .cmd(&["volume", "write", "v", "--file", "-", "-q"])
-        .stdin(Stdio::piped())
-        .spawn()
-        .unwrap();
-    w.stdin.take().unwrap().write_all(&data).unwrap();
-    assert!(w.wait().unwrap().success());
+    c.write_volume("v", &data);
 
     // `down` stops the OSDs and the private etcd.
     let etcd = etcd_pid(&c);

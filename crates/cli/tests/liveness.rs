@@ -8,9 +8,7 @@ mod common;
 use carmine_cluster::OsdMap;
 use carmine_proto::{Request, Response};
 use common::{alive, Cluster};
-use std::io::Write;
 use std::net::SocketAddr;
-use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 const TTL: u64 = 2;
@@ -102,16 +100,6 @@ fn osds_follow(c: &Cluster, m: &OsdMap) {
     }
 }
 
-fn write_volume(c: &Cluster, name: &str, data: &[u8]) {
-    let mut w = c
-        .cmd(&["volume", "write", name, "--file", "-", "-q"])
-        .stdin(Stdio::piped())
-        .spawn()
-        .unwrap();
-    w.stdin.take().unwrap().write_all(data).unwrap();
-    assert!(w.wait().unwrap().success());
-}
-
 fn read_volume(c: &Cluster, name: &str, len: usize) -> Vec<u8> {
     let out = c.run(&[
         "volume",
@@ -165,7 +153,7 @@ fn a_killed_osd_is_marked_down_in_a_new_epoch_and_up_again_when_restarted() {
         "1M",
     ]);
     let data: Vec<u8> = (0..8 << 20).map(|i: u32| (i * 13 % 251) as u8).collect();
-    write_volume(&c, "v", &data);
+    c.write_volume("v", &data);
     let before = map(&c);
     // A client that routes by the map, connected before the failure.
     let addrs: Vec<SocketAddr> = before
@@ -290,7 +278,7 @@ fn with_etcd_stopped_the_data_path_goes_on_and_changes_resume_after() {
         "1M",
     ]);
     let data: Vec<u8> = (0..4 << 20).map(|i: u32| (i * 29 % 253) as u8).collect();
-    write_volume(&c, "v", &data);
+    c.write_volume("v", &data);
     let before = map(&c);
     let etcd = pid_of(&c, "etcd.pid");
     // SAFETY: plain syscall on the private etcd this test's cluster started.

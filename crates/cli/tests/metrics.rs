@@ -50,17 +50,7 @@ fn osds_serve_prometheus_metrics_that_promtool_accepts_and_that_count_the_io() {
     let before = all(&addrs);
 
     c.ok(&["volume", "create", "v", "--size", "16M"]);
-    let mut w = c
-        .cmd(&["volume", "write", "v", "--file", "-", "-q"])
-        .stdin(Stdio::piped())
-        .spawn()
-        .unwrap();
-    w.stdin
-        .take()
-        .unwrap()
-        .write_all(&vec![7u8; 8 << 20])
-        .unwrap();
-    assert!(w.wait().unwrap().success());
+    c.write_volume("v", &vec![7u8; 8 << 20]);
     c.ok(&[
         "volume",
         "read",
@@ -199,17 +189,7 @@ fn space_used_shows_in_metrics_and_status_and_a_nearly_full_osd_warns() {
         "--object-size",
         "1M",
     ]);
-    let mut w = c
-        .cmd(&["volume", "write", "v", "--file", "-", "-q"])
-        .stdin(Stdio::piped())
-        .spawn()
-        .unwrap();
-    w.stdin
-        .take()
-        .unwrap()
-        .write_all(&vec![9u8; 44 << 20])
-        .unwrap();
-    assert!(w.wait().unwrap().success());
+    c.write_volume("v", &vec![9u8; 44 << 20]);
     // Refreshed every second.
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
     while sample(&scrape(&addr, "/metrics").1, used) < (44 << 20) as f64 {

@@ -1,7 +1,6 @@
 //! Restarts and careless operators (issue #10): a damaged superblock, a second `cluster up`,
 //! a non-blank device and a closed stdout must never cost data or crash the CLI.
 
-use std::io::Write;
 use std::process::{Command, Stdio};
 
 mod common;
@@ -9,17 +8,6 @@ mod common;
 use common::{alive, Cluster, BIN};
 
 const NATIVE: &[&str] = &["--store", "native", "--device-size", "512M"];
-
-fn write_volume(c: &Cluster, name: &str, data: &[u8]) {
-    let mut child = c
-        .cmd(&["volume", "write", name, "--file", "-"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::null())
-        .spawn()
-        .unwrap();
-    child.stdin.take().unwrap().write_all(data).unwrap();
-    assert!(child.wait().unwrap().success());
-}
 
 fn read_volume(c: &Cluster, name: &str, len: usize) -> Vec<u8> {
     let out = c.run(&[
@@ -80,7 +68,7 @@ fn a_damaged_superblock_never_reformats_the_store() {
     let c = Cluster::up("sb", NATIVE);
     c.ok(&["volume", "create", "v", "--size", "16M"]);
     let data = pattern(1 << 20, 7);
-    write_volume(&c, "v", &data);
+    c.write_volume("v", &data);
     c.ok(&["cluster", "down"]);
     let store = c.dir.join("osd.0.store");
 
@@ -106,7 +94,7 @@ fn cluster_up_on_an_existing_directory_restarts_that_cluster() {
     let c = Cluster::up("restart", &[NATIVE, &["--osds", "2"]].concat());
     c.ok(&["volume", "create", "v", "--size", "64M"]);
     let data = pattern(4 << 20, 3);
-    write_volume(&c, "v", &data);
+    c.write_volume("v", &data);
     let epoch = carmine_localcluster::read_map(&c.dir).unwrap().epoch;
     kill_all(&c);
 
@@ -328,7 +316,7 @@ fn a_full_disk_at_cluster_creation_leaves_no_half_made_cluster() {
     );
     let c = Cluster { dir: dir.clone() };
     c.ok(&["volume", "create", "v", "--size", "8M"]);
-    write_volume(&c, "v", &pattern(1 << 20, 9));
+    c.write_volume("v", &pattern(1 << 20, 9));
     assert_eq!(read_volume(&c, "v", 1 << 20), pattern(1 << 20, 9));
     c.ok(&["cluster", "down"]);
 }

@@ -58,6 +58,18 @@ impl Cluster {
         String::from_utf8_lossy(&out.stderr).into_owned()
     }
 
+    /// Writes `data` at the start of volume `name` through `carmine volume write`.
+    pub fn write_volume(&self, name: &str, data: &[u8]) {
+        use std::io::Write;
+        let mut w = self
+            .cmd(&["volume", "write", name, "--file", "-", "-q"])
+            .stdin(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        w.stdin.take().unwrap().write_all(data).unwrap();
+        assert!(w.wait().unwrap().success(), "volume write {name} failed");
+    }
+
     /// The pids recorded for every daemon of the cluster: OSDs and managers.
     pub fn pids(&self) -> Vec<i32> {
         self.pids_of("")
