@@ -5,10 +5,12 @@
 //! property tests check it against histories generated at random.
 
 mod log;
+mod member;
 mod peering;
 mod version;
 
 pub use log::{Entry, LogError, OpKind, PgLog, ReqId, LOG_ENTRIES_DEFAULT};
+pub use member::{Action, Event, Member, Msg};
 pub use peering::{
     choose_authoritative, plan_member, uncovered_intervals, Interval, MemberPlan, Need, PeerInfo,
 };

@@ -1,0 +1,649 @@
+//! One OSD's copy of one PG as an event-driven state machine (decision 0009): it peers when
+//! the acting set changes, and while active its primary replicates writes to every acting
+//! member and acknowledges a write once all of them have it. Events go in, actions come out;
+//! the host (the OSD, or the simulator) delivers messages, records intervals in the map
+//! store and answers clients.
+//!
+//! Objects are tracked by the version of their last write: the host derives an object's bytes
+//! from what that write carried, so recovery here moves versions, and the host moves data.
+
+use crate::log::{Entry, OpKind, PgLog, ReqId};
+use crate::peering::{
+    choose_authoritative, plan_member, uncovered_intervals, Interval, MemberPlan, PeerInfo,
+};
+use crate::version::Version;
+use carmine_types::OsdId;
+use std::collections::{BTreeMap, BTreeSet};
+
+/// What members of a PG send each other.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Msg {
+    /// The primary of `epoch` asks for a member's history.
+    Query {
+        epoch: u32,
+    },
+    /// A member's answer: its info, log and object versions.
+    Info {
+        epoch: u32,
+        info: PeerInfo,
+        log: PgLog,
+        objects: BTreeMap<String, Version>,
+    },
+    /// The authoritative history for the member: its log becomes `log`, and the objects
+    /// listed take the given versions (`None`: removed). `round` counts the primary's peering
+    /// rounds within the epoch (it peers again if the history changed under it); an active
+    /// primary also sends one to catch up a member that restarted within the interval.
+    Activate {
+        epoch: u32,
+        round: u32,
+        log: PgLog,
+        objects: Vec<(String, Option<Version>)>,
+    },
+    /// The member has the history up to `head`.
+    ActivateAck {
+        epoch: u32,
+        head: Version,
+    },
+    /// A write to apply (replica operation).
+    Rep {
+        epoch: u32,
+        entry: Entry,
+    },
+    RepAck {
+        epoch: u32,
+        version: Version,
+    },
+    /// A member of the acting set that has not been activated in this epoch (it restarted
+    /// within the interval, faster than the map noticed): the primary peers again.
+    NotActive {
+        epoch: u32,
+    },
+}
+
+/// What happens to a member.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Event {
+    /// A new map epoch: the PG's acting set in it (primary first; empty: no OSD serves it),
+    /// the intervals recorded in its history, and the pool's `min_size`.
+    Map {
+        epoch: u32,
+        acting: Vec<OsdId>,
+        history: Vec<Interval>,
+        min_size: usize,
+    },
+    Msg {
+        from: OsdId,
+        msg: Msg,
+    },
+    /// The map store recorded this member's interval (it may go active).
+    Recorded {
+        epoch: u32,
+    },
+    /// The history changed since this member read it (another primary recorded an interval):
+    /// peer again against `history`.
+    RecordFailed {
+        epoch: u32,
+        history: Vec<Interval>,
+    },
+    /// A client write to the PG (on the primary).
+    Write {
+        req: ReqId,
+        oid: String,
+        kind: OpKind,
+    },
+    /// Time passes: peering messages are sent again (the network may have lost them).
+    Tick,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Action {
+    Send {
+        to: OsdId,
+        msg: Msg,
+    },
+    /// Append `interval` to the PG's history if its last interval is still the one of epoch
+    /// `after` (a compare-and-swap in the map store; `None`: the history was empty); the host
+    /// answers with [`Event::Recorded`] or [`Event::RecordFailed`].
+    Record {
+        interval: Interval,
+        after: Option<u32>,
+    },
+    /// The write of `req` is acknowledged at `version`.
+    Ack {
+        req: ReqId,
+        version: Version,
+    },
+    /// The write of `req` is refused: this member is not the active primary (retry after the
+    /// next map).
+    Refuse {
+        req: ReqId,
+    },
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Role {
+    /// No map yet, or not in the acting set.
+    Stray,
+    /// Primary gathering infos.
+    Peering {
+        heard: BTreeMap<OsdId, (PeerInfo, PgLog, BTreeMap<String, Version>)>,
+    },
+    /// Primary waiting for activation acks and the history record.
+    Activating {
+        acked: BTreeSet<OsdId>,
+        recorded: bool,
+    },
+    Active,
+    /// Replica of the current interval.
+    Replica,
+}
+
+/// A write waiting for the acting set.
+#[derive(Clone, Debug)]
+struct Pending {
+    version: Version,
+    req: ReqId,
+    waiting: BTreeSet<OsdId>,
+}
+
+/// One OSD's copy of one PG. `log`, `objects` and `les` are its durable state: a host that
+/// crashes keeps them (see [`Member::restart`]).
+#[derive(Clone, Debug)]
+pub struct Member {
+    pub osd: OsdId,
+    pub log: PgLog,
+    pub objects: BTreeMap<String, Version>,
+    /// The last epoch in which this member went active with the PG.
+    pub les: u32,
+    epoch: u32,
+    acting: Vec<OsdId>,
+    history: Vec<Interval>,
+    min_size: usize,
+    role: Role,
+    pending: Vec<Pending>,
+    /// As a primary: the peering round within the epoch.
+    round: u32,
+    /// As a member: the (epoch, round) of the last activation it took.
+    activated: (u32, u32),
+}
+
+impl Member {
+    pub fn new(osd: OsdId, log_entries: usize) -> Self {
+        Member {
+            osd,
+            log: PgLog::new(log_entries),
+            objects: BTreeMap::new(),
+            les: 0,
+            epoch: 0,
+            acting: Vec::new(),
+            history: Vec::new(),
+            min_size: 1,
+            role: Role::Stray,
+            pending: Vec::new(),
+            round: 0,
+            activated: (0, 0),
+        }
+    }
+
+    /// The member after a crash: its durable state, nothing in memory.
+    pub fn restart(&self) -> Self {
+        Member {
+            log: self.log.clone(),
+            objects: self.objects.clone(),
+            les: self.les,
+            ..Member::new(self.osd, 1)
+        }
+    }
+
+    pub fn is_active_primary(&self) -> bool {
+        self.role == Role::Active
+    }
+
+    pub fn epoch(&self) -> u32 {
+        self.epoch
+    }
+
+    /// One line for logs: who, in which epoch and state, with what.
+    pub fn describe(&self) -> String {
+        let role = match &self.role {
+            Role::Stray => "stray".to_string(),
+            Role::Peering { heard } => {
+                format!("peering, heard {:?}", heard.keys().collect::<Vec<_>>())
+            }
+            Role::Activating { acked, recorded } => {
+                format!("activating, acked {acked:?}, recorded {recorded}")
+            }
+            Role::Active => format!("active, {} writes in flight", self.pending.len()),
+            Role::Replica => "replica".to_string(),
+        };
+        format!(
+            "osd.{} epoch {} acting {:?}: {role}; head {} les {}",
+            self.osd,
+            self.epoch,
+            self.acting,
+            self.log.head(),
+            self.les
+        )
+    }
+
+    pub fn handle(&mut self, ev: Event) -> Vec<Action> {
+        let mut out = Vec::new();
+        match ev {
+            Event::Map {
+                epoch,
+                acting,
+                history,
+                min_size,
+            } => self.on_map(epoch, acting, history, min_size, &mut out),
+            Event::Msg { from, msg } => self.on_msg(from, msg, &mut out),
+            Event::Recorded { epoch } => {
+                if epoch == self.epoch {
+                    if let Role::Activating { recorded, .. } = &mut self.role {
+                        *recorded = true;
+                    }
+                    self.maybe_active();
+                }
+            }
+            Event::RecordFailed { epoch, history } => {
+                if epoch == self.epoch && matches!(self.role, Role::Activating { .. }) {
+                    self.history = history;
+                    self.round += 1;
+                    self.role = Role::Peering {
+                        heard: BTreeMap::new(),
+                    };
+                    self.on_tick(&mut out);
+                }
+            }
+            Event::Write { req, oid, kind } => self.on_write(req, oid, kind, &mut out),
+            Event::Tick => self.on_tick(&mut out),
+        }
+        out
+    }
+
+    fn on_map(
+        &mut self,
+        epoch: u32,
+        acting: Vec<OsdId>,
+        history: Vec<Interval>,
+        min_size: usize,
+        out: &mut Vec<Action>,
+    ) {
+        if epoch <= self.epoch {
+            return;
+        }
+        // The same interval only if no epoch was missed: an OSD cut off for a while may get
+        // the same acting set back after other intervals went active without it.
+        let changed = acting != self.acting || epoch != self.epoch + 1;
+        self.epoch = epoch;
+        self.history = history;
+        self.min_size = min_size;
+        if !changed && matches!(self.role, Role::Active | Role::Replica) {
+            // Same interval: writes in flight go on (their replica messages carry the new
+            // epoch when sent again).
+            return;
+        }
+        // Writes in flight die with the interval: their clients retry in the next one, where
+        // the request id finds them if they survived peering.
+        for p in self.pending.drain(..) {
+            out.push(Action::Refuse { req: p.req });
+        }
+        self.acting = acting;
+        self.round = 0;
+        self.role = if self.acting.first() == Some(&self.osd) && self.acting.len() >= min_size {
+            Role::Peering {
+                heard: BTreeMap::new(),
+            }
+        } else {
+            Role::Stray
+        };
+        self.on_tick(out);
+    }
+
+    /// Whom the primary must hear from: its acting set and every recorded interval's members.
+    fn probe_set(&self) -> BTreeSet<OsdId> {
+        let mut s: BTreeSet<OsdId> = self.acting.iter().copied().collect();
+        for i in &self.history {
+            s.extend(i.acting.iter().copied());
+        }
+        s
+    }
+
+    fn info(&self) -> PeerInfo {
+        PeerInfo {
+            osd: self.osd,
+            last_epoch_started: self.les,
+            head: self.log.head(),
+            tail: self.log.tail(),
+        }
+    }
+
+    fn on_tick(&mut self, out: &mut Vec<Action>) {
+        let peering = matches!(self.role, Role::Peering { .. });
+        let mine = peering.then(|| (self.info(), self.log.clone(), self.objects.clone()));
+        let probe = if peering {
+            self.probe_set()
+        } else {
+            BTreeSet::new()
+        };
+        match &mut self.role {
+            Role::Peering { heard } => {
+                heard.insert(self.osd, mine.expect("peering"));
+                for o in probe {
+                    if !heard.contains_key(&o) {
+                        out.push(Action::Send {
+                            to: o,
+                            msg: Msg::Query { epoch: self.epoch },
+                        });
+                    }
+                }
+                self.try_activate(out);
+            }
+            Role::Activating { acked, recorded } => {
+                // Lost activations are sent again (they are idempotent).
+                let (acked, recorded) = (acked.clone(), *recorded);
+                for &o in self.acting.iter().filter(|o| !acked.contains(o)) {
+                    out.push(self.activation(o));
+                }
+                if !recorded {
+                    out.push(Action::Record {
+                        interval: Interval {
+                            epoch: self.epoch,
+                            acting: self.acting.clone(),
+                        },
+                        after: self.history.last().map(|i| i.epoch),
+                    });
+                }
+            }
+            Role::Active => {
+                // Writes whose replica messages were lost are sent again.
+                for p in &self.pending {
+                    if let Some(e) = self.log.entries().find(|e| e.version == p.version) {
+                        for &o in &p.waiting {
+                            out.push(Action::Send {
+                                to: o,
+                                msg: Msg::Rep {
+                                    epoch: self.epoch,
+                                    entry: e.clone(),
+                                },
+                            });
+                        }
+                    }
+                }
+            }
+            Role::Stray | Role::Replica => {}
+        }
+    }
+
+    /// The authoritative history as this primary holds it, for member `to`.
+    fn activation(&self, to: OsdId) -> Action {
+        Action::Send {
+            to,
+            msg: Msg::Activate {
+                epoch: self.epoch,
+                round: self.round,
+                log: self.log.clone(),
+                objects: self
+                    .objects
+                    .iter()
+                    .map(|(k, v)| (k.clone(), Some(*v)))
+                    .collect(),
+            },
+        }
+    }
+
+    /// Once every member to probe (acting set, and one of each recorded interval) answered:
+    /// choose the authoritative history, take it, and activate the acting set.
+    fn try_activate(&mut self, out: &mut Vec<Action>) {
+        let Role::Peering { heard } = &self.role else {
+            return;
+        };
+        let heard_ids: BTreeSet<OsdId> = heard.keys().copied().collect();
+        if !self.acting.iter().all(|o| heard_ids.contains(o))
+            || !uncovered_intervals(&self.history, &heard_ids).is_empty()
+        {
+            return;
+        }
+        let infos: Vec<PeerInfo> = heard.values().map(|h| h.0).collect();
+        let best = choose_authoritative(&infos, self.osd).expect("heard itself");
+        let (_, auth_log, auth_objects) = heard[&infos[best].osd].clone();
+        // The primary takes the authoritative history whole; members get what differs.
+        self.log.reset_to(&auth_log);
+        self.objects = auth_objects;
+        self.les = self.epoch;
+        self.role = Role::Activating {
+            acked: [self.osd].into(),
+            recorded: false,
+        };
+        self.on_tick(out);
+    }
+
+    fn maybe_active(&mut self) {
+        if let Role::Activating { acked, recorded } = &self.role {
+            if *recorded && self.acting.iter().all(|o| acked.contains(o)) {
+                self.role = Role::Active;
+            }
+        }
+    }
+
+    fn on_msg(&mut self, from: OsdId, msg: Msg, out: &mut Vec<Action>) {
+        match msg {
+            Msg::Query { epoch } => {
+                // Answer any primary at least as new as what this member knows.
+                if epoch >= self.epoch {
+                    out.push(Action::Send {
+                        to: from,
+                        msg: Msg::Info {
+                            epoch,
+                            info: self.info(),
+                            log: self.log.clone(),
+                            objects: self.objects.clone(),
+                        },
+                    });
+                }
+            }
+            Msg::Info {
+                epoch,
+                info,
+                log,
+                objects,
+            } => {
+                if epoch == self.epoch {
+                    if let Role::Peering { heard } = &mut self.role {
+                        heard.insert(from, (info, log, objects));
+                        self.try_activate(out);
+                    }
+                }
+            }
+            Msg::Activate {
+                epoch,
+                round,
+                log,
+                objects,
+            } => {
+                // Only from the primary of this member's current epoch. A repeated or late one
+                // of a round already taken must not undo the writes that followed it: it is
+                // taken only if it is of a later round, or carries more of the same history.
+                if epoch == self.epoch && self.acting.first() == Some(&from) {
+                    let newer = (epoch, round) > self.activated
+                        || ((epoch, round) == self.activated && log.head() > self.log.head());
+                    if newer {
+                        self.take_history(&log, objects);
+                        self.les = epoch;
+                        self.activated = (epoch, round);
+                        if self.osd != from {
+                            self.role = Role::Replica;
+                        }
+                    }
+                    if (epoch, round) == self.activated {
+                        out.push(Action::Send {
+                            to: from,
+                            msg: Msg::ActivateAck {
+                                epoch,
+                                head: log.head(),
+                            },
+                        });
+                    }
+                }
+            }
+            Msg::ActivateAck { epoch, head } => {
+                if epoch == self.epoch {
+                    match &mut self.role {
+                        Role::Activating { acked, .. } => {
+                            acked.insert(from);
+                        }
+                        Role::Active => {
+                            // A member caught up: it has every write up to `head`.
+                            for p in &mut self.pending {
+                                if p.version <= head {
+                                    p.waiting.remove(&from);
+                                }
+                            }
+                            self.ack_done(out);
+                        }
+                        _ => {}
+                    }
+                    self.maybe_active();
+                }
+            }
+            Msg::Rep { epoch, .. }
+                if epoch == self.epoch
+                    && self.role == Role::Stray
+                    && self.acting.first() == Some(&from)
+                    && self.acting.contains(&self.osd) =>
+            {
+                out.push(Action::Send {
+                    to: from,
+                    msg: Msg::NotActive { epoch },
+                });
+            }
+            Msg::NotActive { epoch } => {
+                // The history of this interval is the primary's: the member takes it whole.
+                if epoch == self.epoch && self.role == Role::Active && self.acting.contains(&from) {
+                    out.push(self.activation(from));
+                }
+            }
+            Msg::Rep { epoch, entry } => {
+                // Fenced: a write of another interval's primary is never applied.
+                if epoch == self.epoch
+                    && self.role == Role::Replica
+                    && self.acting.first() == Some(&from)
+                {
+                    // In order only: a gap (a lost message) waits for the primary to resend.
+                    if entry.version > self.log.head() && entry.version.v == self.log.head().v + 1 {
+                        self.apply(&entry);
+                    }
+                    if self.log.head() >= entry.version {
+                        out.push(Action::Send {
+                            to: from,
+                            msg: Msg::RepAck {
+                                epoch,
+                                version: entry.version,
+                            },
+                        });
+                    }
+                }
+            }
+            Msg::RepAck { epoch, version } => {
+                if epoch == self.epoch && self.role == Role::Active {
+                    for p in &mut self.pending {
+                        if p.version == version {
+                            p.waiting.remove(&from);
+                        }
+                    }
+                    self.ack_done(out);
+                }
+            }
+        }
+    }
+
+    /// Makes this member's copy the authoritative one described by `log` and `objects`.
+    fn take_history(&mut self, log: &PgLog, objects: Vec<(String, Option<Version>)>) {
+        match plan_member(log, &self.log) {
+            MemberPlan::UpToDate => {}
+            MemberPlan::Recover { merge, entries, .. } => {
+                self.log.rewind_to(merge);
+                for e in entries {
+                    self.log
+                        .append(e)
+                        .expect("authoritative entries follow the merge point");
+                }
+            }
+            MemberPlan::Backfill => self.log.reset_to(log),
+        }
+        // The objects as the authoritative copy has them (recovery and backfill in one step:
+        // the host moves the data).
+        let wanted: BTreeMap<String, Version> = objects
+            .into_iter()
+            .filter_map(|(k, v)| v.map(|v| (k, v)))
+            .collect();
+        self.objects = wanted;
+    }
+
+    fn apply(&mut self, e: &Entry) {
+        self.log.append(e.clone()).expect("newer than the head");
+        match e.kind {
+            OpKind::Modify => {
+                self.objects.insert(e.oid.clone(), e.version);
+            }
+            OpKind::Delete => {
+                self.objects.remove(&e.oid);
+            }
+        }
+    }
+
+    fn on_write(&mut self, req: ReqId, oid: String, kind: OpKind, out: &mut Vec<Action>) {
+        if self.role != Role::Active {
+            out.push(Action::Refuse { req });
+            return;
+        }
+        // A retry of a write already made is answered, not applied again; one still in
+        // flight is answered when it completes.
+        if let Some(e) = self.log.find_request(req) {
+            let version = e.version;
+            if !self.pending.iter().any(|p| p.version == version) {
+                out.push(Action::Ack { req, version });
+            }
+            return;
+        }
+        let entry = Entry {
+            version: self.log.head().next_in(self.epoch),
+            oid,
+            kind,
+            reqid: Some(req),
+        };
+        self.apply(&entry);
+        let waiting: BTreeSet<OsdId> = self
+            .acting
+            .iter()
+            .copied()
+            .filter(|o| *o != self.osd)
+            .collect();
+        for &o in &waiting {
+            out.push(Action::Send {
+                to: o,
+                msg: Msg::Rep {
+                    epoch: self.epoch,
+                    entry: entry.clone(),
+                },
+            });
+        }
+        self.pending.push(Pending {
+            version: entry.version,
+            req,
+            waiting,
+        });
+        self.ack_done(out);
+    }
+
+    /// Acknowledges in version order: a write is done once it and every earlier one are on
+    /// every acting member.
+    fn ack_done(&mut self, out: &mut Vec<Action>) {
+        while self.pending.first().is_some_and(|p| p.waiting.is_empty()) {
+            let p = self.pending.remove(0);
+            out.push(Action::Ack {
+                req: p.req,
+                version: p.version,
+            });
+        }
+    }
+}

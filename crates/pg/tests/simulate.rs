@@ -1,0 +1,404 @@
+//! The deterministic simulator (decision 0009, point 8), first cut: one PG of size 3 and
+//! min_size 2 on four OSDs, all on one thread from one seed. A simulated manager marks OSDs
+//! down and up (new epochs, new acting sets); OSDs crash (keeping their durable state) and
+//! come back; the network delays, reorders and drops messages and cuts an OSD off while the map
+//! still says it is up; a client with a map that lags behind writes and retries. After every
+//! step: when a member is the active primary, it holds every acknowledged write (or a newer
+//! one of the same object). At the end, with everything healed, the PG must be active and every
+//! acting member must hold exactly the primary's objects.
+//!
+//! `CARMINE_SIM_SEEDS` sets how many seeds run (CI: 300); `CARMINE_SIM_SEED` replays one.
+
+use carmine_pg::{Action, Event, Interval, Member, Msg, OpKind, ReqId, Version};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use std::collections::BTreeMap;
+
+const OSDS: u32 = 4;
+const SIZE: usize = 3;
+const MIN_SIZE: usize = 2;
+const STEPS: u64 = 3000;
+const OBJECTS: u32 = 8;
+
+struct Sim {
+    rng: StdRng,
+    now: u64,
+    members: Vec<Member>,
+    /// Whether each OSD's process runs.
+    running: Vec<bool>,
+    /// Whether the map says it is up.
+    up_in_map: Vec<bool>,
+    /// An OSD cut off from the network (still running).
+    cut: Option<u32>,
+    epoch: u32,
+    acting: Vec<u32>,
+    history: Vec<Interval>,
+    /// In flight: (deliver at, sequence) → (from, to, message).
+    net: BTreeMap<(u64, u64), (u32, u32, Msg)>,
+    seq: u64,
+    /// The client's view of the map: (epoch, primary), lagging behind.
+    client_view: (u32, Option<u32>),
+    /// Requests not answered yet: id → (object, last sent at).
+    outstanding: BTreeMap<u64, (String, u64)>,
+    next_req: u64,
+    /// Newest acknowledged version per object.
+    acked: BTreeMap<String, Version>,
+    acks: u64,
+    log: Vec<String>,
+    /// Log every delivered message (when replaying one seed).
+    trace: bool,
+}
+
+impl Sim {
+    fn new(seed: u64) -> Self {
+        let mut s = Sim {
+            rng: StdRng::seed_from_u64(seed),
+            now: 0,
+            members: (0..OSDS).map(|o| Member::new(o, 64)).collect(),
+            running: vec![true; OSDS as usize],
+            up_in_map: vec![true; OSDS as usize],
+            cut: None,
+            epoch: 0,
+            acting: Vec::new(),
+            history: Vec::new(),
+            net: BTreeMap::new(),
+            seq: 0,
+            client_view: (0, None),
+            outstanding: BTreeMap::new(),
+            next_req: 1,
+            acked: BTreeMap::new(),
+            acks: 0,
+            log: Vec::new(),
+            trace: std::env::var("CARMINE_SIM_SEED").is_ok(),
+        };
+        s.new_epoch();
+        s
+    }
+
+    /// The acting set placement gives: the first SIZE OSDs up in the map, in one fixed order
+    /// (as hashing gives for one PG).
+    fn placement(&self) -> Vec<u32> {
+        [2u32, 0, 3, 1]
+            .into_iter()
+            .filter(|o| self.up_in_map[*o as usize])
+            .take(SIZE)
+            .collect()
+    }
+
+    fn new_epoch(&mut self) {
+        self.epoch += 1;
+        self.acting = self.placement();
+        self.log.push(format!(
+            "t{} epoch {} acting {:?}",
+            self.now, self.epoch, self.acting
+        ));
+    }
+
+    /// Maps reach each OSD on its own time, and never across a cut: an old primary may go on
+    /// in an old epoch while a new interval starts.
+    fn spread_map(&mut self) {
+        for o in 0..OSDS {
+            let behind = self.members[o as usize].epoch() < self.epoch;
+            if behind
+                && self.running[o as usize]
+                && self.cut != Some(o)
+                && self.rng.random_bool(0.3)
+            {
+                self.deliver_map(o);
+            }
+        }
+    }
+
+    fn deliver_map(&mut self, o: u32) {
+        let ev = Event::Map {
+            epoch: self.epoch,
+            acting: self.acting.clone(),
+            history: self.history.clone(),
+            min_size: MIN_SIZE,
+        };
+        self.run(o, ev);
+    }
+
+    fn reachable(&self, a: u32, b: u32) -> bool {
+        self.running[a as usize]
+            && self.running[b as usize]
+            && (a == b || (self.cut != Some(a) && self.cut != Some(b)))
+    }
+
+    fn run(&mut self, o: u32, ev: Event) {
+        if !self.running[o as usize] {
+            return;
+        }
+        let actions = self.members[o as usize].handle(ev);
+        for a in actions {
+            match a {
+                Action::Send { to, msg } => {
+                    if !self.rng.random_bool(0.05) {
+                        let at = self.now + self.rng.random_range(1..8);
+                        self.seq += 1;
+                        self.net.insert((at, self.seq), (o, to, msg));
+                    }
+                }
+                Action::Record { interval, after } => {
+                    let last = self.history.last().map(|i| i.epoch);
+                    if last == after && interval.epoch > last.unwrap_or(0) {
+                        self.log
+                            .push(format!("t{} osd.{o} records {:?}", self.now, interval));
+                        let epoch = interval.epoch;
+                        self.history.push(interval);
+                        self.run(o, Event::Recorded { epoch });
+                    } else {
+                        let epoch = interval.epoch;
+                        let history = self.history.clone();
+                        self.run(o, Event::RecordFailed { epoch, history });
+                    }
+                }
+                Action::Ack { req, version } => {
+                    if let Some((oid, _)) = self.outstanding.remove(&req.tid) {
+                        self.log
+                            .push(format!("t{} osd.{o} acks {oid} {version}", self.now));
+                        let v = self.acked.entry(oid).or_default();
+                        *v = (*v).max(version);
+                        self.acks += 1;
+                    }
+                }
+                Action::Refuse { .. } => {}
+            }
+        }
+    }
+
+    fn client(&mut self) {
+        // The client's map lags: it learns the current epoch now and then.
+        if self.rng.random_bool(0.2) {
+            self.client_view = (self.epoch, self.acting.first().copied());
+        }
+        let Some(primary) = self.client_view.1 else {
+            return;
+        };
+        if self.outstanding.len() < 4 && self.rng.random_bool(0.3) {
+            let tid = self.next_req;
+            self.next_req += 1;
+            let oid = format!("o{}", self.rng.random_range(0..OBJECTS));
+            self.outstanding.insert(tid, (oid, 0));
+        }
+        // Send what is new, and retry what has waited long (same request id).
+        let due: Vec<(u64, String)> = self
+            .outstanding
+            .iter()
+            .filter(|(_, (_, sent))| *sent == 0 || self.now - sent > 40)
+            .map(|(t, (o, _))| (*t, o.clone()))
+            .collect();
+        for (tid, oid) in due {
+            self.outstanding.get_mut(&tid).expect("outstanding").1 = self.now;
+            if self.cut == Some(primary) {
+                continue; // the client cannot reach it either
+            }
+            let req = ReqId { client: 1, tid };
+            self.run(
+                primary,
+                Event::Write {
+                    req,
+                    oid,
+                    kind: OpKind::Modify,
+                },
+            );
+        }
+    }
+
+    fn faults(&mut self) {
+        let r: f64 = self.rng.random();
+        if r < 0.004 {
+            // Crash an OSD: the manager notices (down in a new epoch) a little later.
+            let o = self.rng.random_range(0..OSDS);
+            if self.running[o as usize] {
+                self.log.push(format!("t{} osd.{o} crashes", self.now));
+                self.running[o as usize] = false;
+                self.members[o as usize] = self.members[o as usize].restart();
+            }
+        } else if r < 0.008 {
+            // Restart a crashed OSD; the manager marks it up a little later.
+            let o = self.rng.random_range(0..OSDS);
+            if !self.running[o as usize] {
+                self.log.push(format!("t{} osd.{o} restarts", self.now));
+                self.running[o as usize] = true;
+                self.deliver_map(o);
+            }
+        } else if r < 0.010 {
+            // Cut an OSD off (it keeps running and the map keeps it up for a while).
+            if self.cut.is_none() {
+                let o = self.rng.random_range(0..OSDS);
+                self.log.push(format!("t{} osd.{o} cut off", self.now));
+                self.cut = Some(o);
+            }
+        } else if r < 0.013 {
+            if let Some(o) = self.cut.take() {
+                self.log.push(format!("t{} osd.{o} reconnected", self.now));
+            }
+        } else if r < 0.03 {
+            // The manager: the map follows who runs and is reachable (leases).
+            let seen: Vec<bool> = (0..OSDS)
+                .map(|o| self.running[o as usize] && self.cut != Some(o))
+                .collect();
+            if seen != self.up_in_map {
+                self.up_in_map = seen;
+                self.new_epoch();
+            }
+        }
+    }
+
+    /// One tick: faults (unless healed), maps, messages due, member ticks, the client.
+    fn step(&mut self, faults: bool) {
+        self.now += 1;
+        if faults {
+            self.faults();
+        } else {
+            self.client_view = (self.epoch, self.acting.first().copied());
+        }
+        self.spread_map();
+        // Deliver what is due.
+        let due: Vec<(u64, u64)> = self
+            .net
+            .range(..(self.now + 1, 0))
+            .map(|(k, _)| *k)
+            .collect();
+        for k in due {
+            let (from, to, msg) = self.net.remove(&k).expect("due");
+            if self.reachable(from, to) {
+                if self.trace {
+                    let what = match &msg {
+                        Msg::Rep { epoch, entry } => format!("Rep {epoch} {}", entry.version),
+                        Msg::RepAck { epoch, version } => format!("RepAck {epoch} {version}"),
+                        Msg::Activate { epoch, log, .. } => {
+                            format!("Activate {epoch} head {}", log.head())
+                        }
+                        Msg::Info { epoch, info, .. } => format!("Info {epoch} {info:?}"),
+                        other => format!("{other:?}"),
+                    };
+                    self.log.push(format!("t{} {from}->{to} {what}", self.now));
+                }
+                self.run(to, Event::Msg { from, msg });
+            }
+        }
+        if self.now.is_multiple_of(5) {
+            for o in 0..OSDS {
+                self.run(o, Event::Tick);
+            }
+        }
+        self.client();
+    }
+
+    /// The active primary of the current epoch holds every acknowledged write.
+    fn check(&self) -> Result<(), String> {
+        for m in &self.members {
+            if !self.running[m.osd as usize] || !m.is_active_primary() || m.epoch() != self.epoch {
+                continue;
+            }
+            for (oid, v) in &self.acked {
+                match m.objects.get(oid) {
+                    Some(have) if have >= v => {}
+                    other => {
+                        return Err(format!(
+                            "t{}: osd.{} is the active primary of epoch {} but {oid} is {other:?}, \
+                             acknowledged {v}",
+                            self.now, m.osd, self.epoch
+                        ))
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+fn run_seed(seed: u64) -> Result<(u64, u64), String> {
+    let mut sim = Sim::new(seed);
+    let fail = |sim: &Sim, e: String| {
+        let verbose = std::env::var("CARMINE_SIM_SEED").is_ok();
+        let tail: Vec<&String> = sim
+            .log
+            .iter()
+            .rev()
+            .filter(|l| verbose || !l.contains(" acks "))
+            .take(if verbose { 3000 } else { 40 })
+            .collect();
+        let tail: Vec<&String> = tail.into_iter().rev().collect();
+        let states: Vec<String> = sim.members.iter().map(|m| m.describe()).collect();
+        Err(format!(
+            "seed {seed}: {e}\nmembers: {states:#?}\nlast events:\n{tail:#?}"
+        ))
+    };
+    for _ in 0..STEPS {
+        sim.step(true);
+        if let Err(e) = sim.check() {
+            return fail(&sim, e);
+        }
+    }
+    // Heal: everything runs and is reachable; the map follows; let it settle.
+    sim.cut = None;
+    for o in 0..OSDS {
+        if !sim.running[o as usize] {
+            sim.running[o as usize] = true;
+            sim.deliver_map(o);
+        }
+    }
+    sim.up_in_map = vec![true; OSDS as usize];
+    sim.new_epoch();
+    let before = sim.acks;
+    for _ in 0..600 {
+        sim.step(false);
+        if let Err(e) = sim.check() {
+            return fail(&sim, e);
+        }
+    }
+    let primary = sim.acting[0];
+    let p = &sim.members[primary as usize];
+    if !p.is_active_primary() {
+        return fail(
+            &sim,
+            format!("healed for 600 ticks, but osd.{primary} is not active"),
+        );
+    }
+    if sim.acks == before {
+        let states: Vec<String> = sim.members.iter().map(|m| m.describe()).collect();
+        return fail(
+            &sim,
+            format!(
+                "healed, but no write was acknowledged; outstanding {:?}; {states:#?}",
+                sim.outstanding
+            ),
+        );
+    }
+    for &o in &sim.acting {
+        if sim.members[o as usize].objects != p.objects && sim.outstanding.is_empty() {
+            return fail(
+                &sim,
+                format!("osd.{o} differs from the primary osd.{primary} once quiet"),
+            );
+        }
+    }
+    Ok((sim.acks, sim.epoch as u64))
+}
+
+#[test]
+fn no_acknowledged_write_is_lost_under_crashes_partitions_and_lost_messages() {
+    if let Ok(seed) = std::env::var("CARMINE_SIM_SEED") {
+        let seed: u64 = seed.parse().expect("CARMINE_SIM_SEED is a number");
+        run_seed(seed).unwrap_or_else(|e| panic!("{e}"));
+        return;
+    }
+    let seeds: u64 = std::env::var("CARMINE_SIM_SEEDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(300);
+    let (mut acks, mut epochs) = (0, 0);
+    for seed in 0..seeds {
+        let (a, e) = run_seed(seed).unwrap_or_else(|e| panic!("{e}"));
+        acks += a;
+        epochs += e;
+    }
+    println!("{seeds} seeds: {acks} acknowledged writes over {epochs} epochs");
+    assert!(
+        acks > seeds * 50,
+        "the simulation hardly wrote anything: {acks}"
+    );
+}
