@@ -6,6 +6,11 @@
 //!
 //! Objects are tracked by the version of their last write: the host derives an object's bytes
 //! from what that write carried, so recovery here moves versions, and the host moves data.
+//!
+//! Nothing counts as done before it is durable: every change to the member's copy (a write, an
+//! activation) is handed to the host as [`Action::Persist`] — one store transaction holding the
+//! log entry and the object — and a replica acknowledges, and a primary counts itself, only once
+//! the host reports it with [`Event::Persisted`]. A crash loses what was not persisted.
 
 use crate::log::{Entry, OpKind, PgLog, ReqId};
 use crate::peering::{
@@ -93,6 +98,10 @@ pub enum Event {
     },
     /// Time passes: peering messages are sent again (the network may have lost them).
     Tick,
+    /// The host made the member's state as of [`Action::Persist`] `seq` durable.
+    Persisted {
+        seq: u64,
+    },
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -117,6 +126,11 @@ pub enum Action {
     /// next map).
     Refuse {
         req: ReqId,
+    },
+    /// Make the member's copy as it is now durable (its log and the objects it changed since
+    /// the last persist, in one transaction); answer with [`Event::Persisted`].
+    Persist {
+        seq: u64,
     },
 }
 
@@ -165,6 +179,16 @@ pub struct Member {
     round: u32,
     /// As a member: the (epoch, round) of the last activation it took.
     activated: (u32, u32),
+    /// Persists asked for, and the head each one makes durable.
+    persist_seq: u64,
+    persisting: std::collections::VecDeque<(u64, Version)>,
+    /// The newest head known durable, and the last persist completed.
+    durable_head: Version,
+    persisted: u64,
+    /// As a primary: the persist of the history it took at activation.
+    activation_persist: u64,
+    /// An activation to acknowledge once it is durable: (primary, epoch, head, persist seq).
+    activation_ack: Option<(OsdId, u32, Version, u64)>,
 }
 
 impl Member {
@@ -182,16 +206,79 @@ impl Member {
             pending: Vec::new(),
             round: 0,
             activated: (0, 0),
+            persist_seq: 0,
+            persisting: std::collections::VecDeque::new(),
+            durable_head: Version::ZERO,
+            persisted: 0,
+            activation_persist: 0,
+            activation_ack: None,
         }
     }
 
-    /// The member after a crash: its durable state, nothing in memory.
+    /// The member as a host restarts it from what it persisted (`self` being the state as of
+    /// its last completed persist): the durable state, nothing in memory.
     pub fn restart(&self) -> Self {
         Member {
             log: self.log.clone(),
             objects: self.objects.clone(),
             les: self.les,
+            durable_head: self.log.head(),
             ..Member::new(self.osd, 1)
+        }
+    }
+
+    /// Asks the host to persist the copy as it is now.
+    fn persist(&mut self, out: &mut Vec<Action>) -> u64 {
+        self.persist_seq += 1;
+        self.persisting
+            .push_back((self.persist_seq, self.log.head()));
+        out.push(Action::Persist {
+            seq: self.persist_seq,
+        });
+        self.persist_seq
+    }
+
+    fn on_persisted(&mut self, seq: u64, out: &mut Vec<Action>) {
+        self.persisted = self.persisted.max(seq);
+        while self.persisting.front().is_some_and(|(s, _)| *s <= seq) {
+            let (_, head) = self.persisting.pop_front().expect("front");
+            self.durable_head = head;
+        }
+        if let Some((to, epoch, head, at)) = self.activation_ack {
+            if seq >= at {
+                self.activation_ack = None;
+                if epoch == self.epoch {
+                    out.push(Action::Send {
+                        to,
+                        msg: Msg::ActivateAck { epoch, head },
+                    });
+                }
+            }
+        }
+        match self.role {
+            Role::Replica => {
+                if let Some(&primary) = self.acting.first() {
+                    // Cumulative: everything up to the durable head.
+                    out.push(Action::Send {
+                        to: primary,
+                        msg: Msg::RepAck {
+                            epoch: self.epoch,
+                            version: self.durable_head,
+                        },
+                    });
+                }
+            }
+            Role::Activating { .. } => self.maybe_active(),
+            Role::Active => {
+                let (me, durable) = (self.osd, self.durable_head);
+                for p in &mut self.pending {
+                    if p.version <= durable {
+                        p.waiting.remove(&me);
+                    }
+                }
+                self.ack_done(out);
+            }
+            _ => {}
         }
     }
 
@@ -256,6 +343,7 @@ impl Member {
             }
             Event::Write { req, oid, kind } => self.on_write(req, oid, kind, &mut out),
             Event::Tick => self.on_tick(&mut out),
+            Event::Persisted { seq } => self.on_persisted(seq, &mut out),
         }
         out
     }
@@ -358,7 +446,7 @@ impl Member {
                 // Writes whose replica messages were lost are sent again.
                 for p in &self.pending {
                     if let Some(e) = self.log.entries().find(|e| e.version == p.version) {
-                        for &o in &p.waiting {
+                        for &o in p.waiting.iter().filter(|o| **o != self.osd) {
                             out.push(Action::Send {
                                 to: o,
                                 msg: Msg::Rep {
@@ -410,6 +498,7 @@ impl Member {
         self.log.reset_to(&auth_log);
         self.objects = auth_objects;
         self.les = self.epoch;
+        self.activation_persist = self.persist(out);
         self.role = Role::Activating {
             acked: [self.osd].into(),
             recorded: false,
@@ -419,7 +508,11 @@ impl Member {
 
     fn maybe_active(&mut self) {
         if let Role::Activating { acked, recorded } = &self.role {
-            if *recorded && self.acting.iter().all(|o| acked.contains(o)) {
+            // Its own copy of the history durable too.
+            if *recorded
+                && self.acting.iter().all(|o| acked.contains(o))
+                && self.persisted >= self.activation_persist
+            {
                 self.role = Role::Active;
             }
         }
@@ -473,8 +566,10 @@ impl Member {
                         if self.osd != from {
                             self.role = Role::Replica;
                         }
-                    }
-                    if (epoch, round) == self.activated {
+                        let seq = self.persist(out);
+                        self.activation_ack = Some((from, epoch, log.head(), seq));
+                    } else if (epoch, round) == self.activated && self.activation_ack.is_none() {
+                        // A repeat of what is durable already: acknowledge it again.
                         out.push(Action::Send {
                             to: from,
                             msg: Msg::ActivateAck {
@@ -531,13 +626,14 @@ impl Member {
                     // In order only: a gap (a lost message) waits for the primary to resend.
                     if entry.version > self.log.head() && entry.version.v == self.log.head().v + 1 {
                         self.apply(&entry);
-                    }
-                    if self.log.head() >= entry.version {
+                        self.persist(out);
+                    } else if self.durable_head >= entry.version {
+                        // A resend of what is durable already (the ack was lost).
                         out.push(Action::Send {
                             to: from,
                             msg: Msg::RepAck {
                                 epoch,
-                                version: entry.version,
+                                version: self.durable_head,
                             },
                         });
                     }
@@ -545,8 +641,9 @@ impl Member {
             }
             Msg::RepAck { epoch, version } => {
                 if epoch == self.epoch && self.role == Role::Active {
+                    // Cumulative: the member has everything up to `version` durable.
                     for p in &mut self.pending {
-                        if p.version == version {
+                        if p.version <= version {
                             p.waiting.remove(&from);
                         }
                     }
@@ -612,13 +709,10 @@ impl Member {
             reqid: Some(req),
         };
         self.apply(&entry);
-        let waiting: BTreeSet<OsdId> = self
-            .acting
-            .iter()
-            .copied()
-            .filter(|o| *o != self.osd)
-            .collect();
-        for &o in &waiting {
+        self.persist(out);
+        // Every acting member, this one included: done once durable everywhere.
+        let waiting: BTreeSet<OsdId> = self.acting.iter().copied().collect();
+        for &o in waiting.iter().filter(|o| **o != self.osd) {
             out.push(Action::Send {
                 to: o,
                 msg: Msg::Rep {

@@ -1,7 +1,8 @@
 //! The deterministic simulator (decision 0009, point 8), first cut: one PG of size 3 and
 //! min_size 2 on four OSDs, all on one thread from one seed. A simulated manager marks OSDs
 //! down and up (new epochs, new acting sets); OSDs crash (keeping their durable state) and
-//! come back; the network delays, reorders and drops messages and cuts an OSD off while the map
+//! come back with what their disks hold (a write in flight at the crash may or may not have
+//! landed); the network delays, reorders and drops messages and cuts an OSD off while the map
 //! still says it is up; a client with a map that lags behind writes and retries. After every
 //! step: when a member is the active primary, it holds every acknowledged write (or a newer
 //! one of the same object). At the end, with everything healed, the PG must be active and every
@@ -24,6 +25,14 @@ struct Sim {
     rng: StdRng,
     now: u64,
     members: Vec<Member>,
+    /// What each OSD's disk holds: the member as of its last completed persist, and that
+    /// persist's (incarnation, sequence): a disk never goes back to an older one.
+    disks: Vec<Member>,
+    disk_at: Vec<(u64, u64)>,
+    /// Persists in flight: (done at, sequence) → (osd, incarnation, member seq, snapshot).
+    persists: BTreeMap<(u64, u64), (u32, u64, u64, Member)>,
+    /// Bumped at each crash: persists of an earlier incarnation are not reported to it.
+    incarnation: Vec<u64>,
     /// Whether each OSD's process runs.
     running: Vec<bool>,
     /// Whether the map says it is up.
@@ -55,6 +64,10 @@ impl Sim {
             rng: StdRng::seed_from_u64(seed),
             now: 0,
             members: (0..OSDS).map(|o| Member::new(o, 64)).collect(),
+            disks: (0..OSDS).map(|o| Member::new(o, 64)).collect(),
+            disk_at: vec![(0, 0); OSDS as usize],
+            persists: BTreeMap::new(),
+            incarnation: vec![0; OSDS as usize],
             running: vec![true; OSDS as usize],
             up_in_map: vec![true; OSDS as usize],
             cut: None,
@@ -119,6 +132,15 @@ impl Sim {
         self.run(o, ev);
     }
 
+    /// A persist reaches the disk; an older one completing late changes nothing (a journal
+    /// applies in order).
+    fn land(&mut self, o: u32, inc: u64, seq: u64, snapshot: Member) {
+        if (inc, seq) > self.disk_at[o as usize] {
+            self.disk_at[o as usize] = (inc, seq);
+            self.disks[o as usize] = snapshot;
+        }
+    }
+
     fn reachable(&self, a: u32, b: u32) -> bool {
         self.running[a as usize]
             && self.running[b as usize]
@@ -163,6 +185,14 @@ impl Sim {
                     }
                 }
                 Action::Refuse { .. } => {}
+                Action::Persist { seq } => {
+                    let at = self.now + self.rng.random_range(1..4);
+                    self.seq += 1;
+                    let snapshot = self.members[o as usize].clone();
+                    let inc = self.incarnation[o as usize];
+                    self.persists
+                        .insert((at, self.seq), (o, inc, seq, snapshot));
+                }
             }
         }
     }
@@ -213,7 +243,21 @@ impl Sim {
             if self.running[o as usize] {
                 self.log.push(format!("t{} osd.{o} crashes", self.now));
                 self.running[o as usize] = false;
-                self.members[o as usize] = self.members[o as usize].restart();
+                self.incarnation[o as usize] += 1;
+                // What was being written may or may not have reached the disk.
+                let torn: Vec<(u64, u64)> = self
+                    .persists
+                    .iter()
+                    .filter(|(_, p)| p.0 == o)
+                    .map(|(k, _)| *k)
+                    .collect();
+                for k in torn {
+                    let (_, inc, seq, snapshot) = self.persists.remove(&k).expect("listed");
+                    if self.rng.random_bool(0.5) {
+                        self.land(o, inc, seq, snapshot);
+                    }
+                }
+                self.members[o as usize] = self.disks[o as usize].restart();
             }
         } else if r < 0.008 {
             // Restart a crashed OSD; the manager marks it up a little later.
@@ -255,6 +299,19 @@ impl Sim {
             self.client_view = (self.epoch, self.acting.first().copied());
         }
         self.spread_map();
+        // Complete the persists that are due.
+        let done: Vec<(u64, u64)> = self
+            .persists
+            .range(..(self.now + 1, 0))
+            .map(|(k, _)| *k)
+            .collect();
+        for k in done {
+            let (o, inc, seq, snapshot) = self.persists.remove(&k).expect("due");
+            if inc == self.incarnation[o as usize] {
+                self.land(o, inc, seq, snapshot);
+                self.run(o, Event::Persisted { seq });
+            }
+        }
         // Deliver what is due.
         let due: Vec<(u64, u64)> = self
             .net
