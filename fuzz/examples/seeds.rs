@@ -272,6 +272,20 @@ fn map() -> OsdMap {
     }
 }
 
+fn pg_history(c: &mut Corpus) {
+    let mut h = carmine_pg::History::default();
+    for (after, epoch, acting) in [(None, 3, vec![0, 1, 2]), (Some(3), 5, vec![1, 2]), (Some(5), 9, vec![2, 3, 0])] {
+        assert!(h
+            .append(after, carmine_pg::Interval { epoch, acting })
+            .expect("a valid interval"));
+    }
+    let raw = h.encode();
+    carmine_pg::History::decode(raw.clone()).expect("seed history decodes");
+    c.put_both("pg_history", "three", &raw, raw.len() - 4);
+    let empty = carmine_pg::History::default().encode();
+    c.put_both("pg_history", "empty", &empty, empty.len() - 4);
+}
+
 fn cluster_and_volume(c: &mut Corpus) {
     let m = map().encode();
     OsdMap::decode(m.clone()).expect("seed map decodes");
@@ -593,6 +607,7 @@ fn main() {
     let mut c = Corpus { root, written: 0 };
     wire(&mut c);
     cluster_and_volume(&mut c);
+    pg_history(&mut c);
     nbd(&mut c);
     store_blocks(&mut c);
     journal(&mut c);

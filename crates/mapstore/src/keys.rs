@@ -25,3 +25,9 @@ pub fn leader(cluster: &str) -> String {
 pub fn cluster_key(cluster: &str) -> String {
     format!("/carmine/{cluster}/auth/key")
 }
+
+/// A PG's recorded history (decision 0009): the intervals that went active since it was last
+/// clean.
+pub fn pg_history(cluster: &str, pg: carmine_types::PgId) -> String {
+    format!("/carmine/{cluster}/pg/{}.{}/history", pg.pool, pg.seed)
+}

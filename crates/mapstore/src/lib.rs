@@ -16,12 +16,14 @@ pub mod keys;
 mod local;
 pub mod local_membership;
 pub mod membership;
+mod pg_history;
 mod private_etcd;
 mod tls_material;
 
 pub use access::EtcdAccess;
 pub use etcd::EtcdMapStore;
 pub use local::LocalMapStore;
+pub use pg_history::{EtcdPgHistory, LocalPgHistory, PgHistoryStore, Recorded};
 pub use private_etcd::PrivateEtcd;
 
 use carmine_cluster::{MapError, OsdMap};
@@ -47,6 +49,14 @@ pub enum MapStoreError {
     /// The backend could not be reached or failed (I/O, etcd down, bad reply).
     #[error("map store unavailable: {0}")]
     Unavailable(String),
+    /// A PG's recorded history does not decode: never overwritten (it may name the only OSDs
+    /// holding acknowledged writes).
+    #[error("the recorded history of pg {pg} is damaged: {source}")]
+    DamagedHistory {
+        pg: String,
+        #[source]
+        source: carmine_pg::HistoryError,
+    },
 }
 
 fn describe(m: &Option<Box<OsdMap>>) -> String {

@@ -4,11 +4,13 @@
 //! function of its inputs, so the OSD and the deterministic simulator drive the same code, and
 //! property tests check it against histories generated at random.
 
+mod history;
 mod log;
 mod member;
 mod peering;
 mod version;
 
+pub use history::{History, HistoryError, HISTORY_FORMAT_VERSION, HISTORY_INTERVALS_MAX};
 pub use log::{Entry, LogError, OpKind, PgLog, ReqId, LOG_ENTRIES_DEFAULT};
 pub use member::{Action, Event, Member, Msg};
 pub use peering::{

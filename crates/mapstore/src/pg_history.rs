@@ -1,0 +1,200 @@
+//! Where PGs' recorded histories live (decision 0009, point 4): beside the map, one record per
+//! PG — a file under `<dir>/pg-history/` on one host, a key `/carmine/<c>/pg/<pool>.<seed>/history`
+//! in etcd. A primary appends its interval with a compare-and-swap on the last one before it
+//! goes active, so of two primaries of different epochs at most one can activate on a history
+//! the other has not seen. Not in the map: it changes per PG, and epochs stay small.
+
+use crate::etcd_client::{Compare, Etcd, Put};
+use crate::MapStoreError;
+use carmine_pg::{History, Interval};
+use carmine_types::PgId;
+use std::fs::File;
+use std::io::Write;
+use std::os::fd::AsRawFd;
+use std::path::{Path, PathBuf};
+
+/// What a record attempt did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Recorded {
+    /// The interval is recorded.
+    Done,
+    /// The history was not what the caller saw: here it is; peer again against it.
+    Changed(History),
+}
+
+pub trait PgHistoryStore {
+    /// The PG's history (empty if none was recorded).
+    fn get(&self, pg: PgId) -> Result<History, MapStoreError>;
+
+    /// Appends `interval` if the newest recorded interval is still the one of epoch `after`
+    /// (`None`: none) and `interval` is newer.
+    fn record(
+        &self,
+        pg: PgId,
+        after: Option<u32>,
+        interval: Interval,
+    ) -> Result<Recorded, MapStoreError>;
+}
+
+fn damaged(pg: PgId, source: carmine_pg::HistoryError) -> MapStoreError {
+    MapStoreError::DamagedHistory {
+        pg: format!("{}.{}", pg.pool, pg.seed),
+        source,
+    }
+}
+
+fn decode(pg: PgId, raw: Option<Vec<u8>>) -> Result<History, MapStoreError> {
+    match raw {
+        None => Ok(History::default()),
+        Some(raw) => History::decode(raw.into()).map_err(|e| damaged(pg, e)),
+    }
+}
+
+/// Appends to `h` as [`PgHistoryStore::record`] says; `None` if the history changed.
+fn appended(
+    pg: PgId,
+    mut h: History,
+    after: Option<u32>,
+    interval: Interval,
+) -> Result<Result<History, History>, MapStoreError> {
+    let saw = h.clone();
+    match h.append(after, interval) {
+        Ok(true) => Ok(Ok(h)),
+        Ok(false) => Ok(Err(saw)),
+        Err(e) => Err(MapStoreError::Invalid(format!(
+            "pg {}.{}: {e}",
+            pg.pool, pg.seed
+        ))),
+    }
+}
+
+/// One host: a file per PG, changed under one `flock` and replaced by an atomic rename.
+#[derive(Clone, Debug)]
+pub struct LocalPgHistory {
+    dir: PathBuf,
+}
+
+impl LocalPgHistory {
+    /// The histories of the cluster whose directory is `dir` (kept in `dir/pg-history`).
+    pub fn new(dir: &Path) -> Self {
+        LocalPgHistory {
+            dir: dir.join("pg-history"),
+        }
+    }
+
+    fn path(&self, pg: PgId) -> PathBuf {
+        self.dir.join(format!("{}.{}", pg.pool, pg.seed))
+    }
+
+    fn read(&self, pg: PgId) -> Result<Option<Vec<u8>>, MapStoreError> {
+        let path = self.path(pg);
+        match std::fs::read(&path) {
+            Ok(raw) => Ok(Some(raw)),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(io(&path, e)),
+        }
+    }
+}
+
+fn io(path: &Path, e: std::io::Error) -> MapStoreError {
+    MapStoreError::Unavailable(format!("{}: {e}", path.display()))
+}
+
+impl PgHistoryStore for LocalPgHistory {
+    fn get(&self, pg: PgId) -> Result<History, MapStoreError> {
+        decode(pg, self.read(pg)?)
+    }
+
+    fn record(
+        &self,
+        pg: PgId,
+        after: Option<u32>,
+        interval: Interval,
+    ) -> Result<Recorded, MapStoreError> {
+        std::fs::create_dir_all(&self.dir).map_err(|e| io(&self.dir, e))?;
+        let lock_path = self.dir.join(".lock");
+        let lock = File::options()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&lock_path)
+            .map_err(|e| io(&lock_path, e))?;
+        // SAFETY: flock on a descriptor we own; released when `lock` is closed.
+        if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX) } != 0 {
+            return Err(io(&lock_path, std::io::Error::last_os_error()));
+        }
+        let current = decode(pg, self.read(pg)?)?;
+        let next = match appended(pg, current, after, interval)? {
+            Ok(h) => h,
+            Err(now) => return Ok(Recorded::Changed(now)),
+        };
+        let path = self.path(pg);
+        let tmp = path.with_extension("tmp");
+        let write = || -> std::io::Result<()> {
+            let mut f = File::create(&tmp)?;
+            f.write_all(&next.encode())?;
+            f.sync_all()?;
+            std::fs::rename(&tmp, &path)?;
+            File::open(&self.dir)?.sync_all()
+        };
+        write().map_err(|e| io(&path, e))?;
+        Ok(Recorded::Done)
+    }
+}
+
+/// Several hosts: a key per PG in etcd, changed by a transaction comparing the stored bytes.
+#[derive(Clone, Debug)]
+pub struct EtcdPgHistory {
+    etcd: Etcd,
+    cluster: String,
+}
+
+impl EtcdPgHistory {
+    pub fn new(etcd: Etcd, cluster: &str) -> Self {
+        EtcdPgHistory {
+            etcd,
+            cluster: cluster.to_owned(),
+        }
+    }
+}
+
+impl PgHistoryStore for EtcdPgHistory {
+    fn get(&self, pg: PgId) -> Result<History, MapStoreError> {
+        decode(
+            pg,
+            self.etcd
+                .get(&crate::keys::pg_history(&self.cluster, pg))?
+                .0,
+        )
+    }
+
+    fn record(
+        &self,
+        pg: PgId,
+        after: Option<u32>,
+        interval: Interval,
+    ) -> Result<Recorded, MapStoreError> {
+        let key = crate::keys::pg_history(&self.cluster, pg);
+        let (raw, _) = self.etcd.get(&key)?;
+        let current = decode(pg, raw.clone())?;
+        let next = match appended(pg, current, after, interval)? {
+            Ok(h) => h,
+            Err(now) => return Ok(Recorded::Changed(now)),
+        };
+        let compare = match &raw {
+            Some(r) => Compare::Value(&key, r),
+            None => Compare::Absent(&key),
+        };
+        let value = next.encode();
+        let put = Put::Put {
+            key: &key,
+            value: &value,
+            lease: 0,
+        };
+        if self.etcd.txn(&[compare], &[put])? {
+            return Ok(Recorded::Done);
+        }
+        // Someone recorded meanwhile: the caller peers again against what is there now.
+        Ok(Recorded::Changed(self.get(pg)?))
+    }
+}
