@@ -15,6 +15,7 @@ pub mod etcd_client;
 pub mod keys;
 mod local;
 pub mod local_membership;
+mod lockfile;
 pub mod membership;
 mod pg_history;
 mod private_etcd;

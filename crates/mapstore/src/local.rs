@@ -6,7 +6,6 @@ use crate::{check_swap, decode, MapStore, MapStoreError};
 use carmine_cluster::OsdMap;
 use std::fs::File;
 use std::io::Write;
-use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -38,18 +37,7 @@ impl LocalMapStore {
 
     /// An exclusive lock held while it lives: one swap at a time, across processes.
     fn lock(&self) -> Result<File, MapStoreError> {
-        let path = self.path.with_extension("lock");
-        let f = std::fs::OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(&path)
-            .map_err(|e| io(&path, e))?;
-        // SAFETY: flock on a descriptor we own; released when `f` is closed.
-        if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX) } != 0 {
-            return Err(io(&path, std::io::Error::last_os_error()));
-        }
-        Ok(f)
+        crate::lockfile::lock_exclusive(&self.path.with_extension("lock"))
     }
 }
 

@@ -65,18 +65,9 @@ struct DirGuard {
 
 impl DirGuard {
     fn take(dir: &Path) -> Result<Self, MapStoreError> {
-        let path = dir.join(".lock");
-        let f = File::options()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(&path)
-            .map_err(|e| io_err(&path, e))?;
-        // SAFETY: plain flock on an open descriptor; released when the file is closed.
-        if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX) } != 0 {
-            return Err(io_err(&path, std::io::Error::last_os_error()));
-        }
-        Ok(DirGuard { _file: f })
+        Ok(DirGuard {
+            _file: crate::lockfile::lock_exclusive(&dir.join(".lock"))?,
+        })
     }
 }
 

@@ -10,7 +10,6 @@ use carmine_pg::{History, Interval};
 use carmine_types::PgId;
 use std::fs::File;
 use std::io::Write;
-use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 
 /// What a record attempt did.
@@ -112,17 +111,7 @@ impl PgHistoryStore for LocalPgHistory {
         interval: Interval,
     ) -> Result<Recorded, MapStoreError> {
         std::fs::create_dir_all(&self.dir).map_err(|e| io(&self.dir, e))?;
-        let lock_path = self.dir.join(".lock");
-        let lock = File::options()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(&lock_path)
-            .map_err(|e| io(&lock_path, e))?;
-        // SAFETY: flock on a descriptor we own; released when `lock` is closed.
-        if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX) } != 0 {
-            return Err(io(&lock_path, std::io::Error::last_os_error()));
-        }
+        let _lock = crate::lockfile::lock_exclusive(&self.dir.join(".lock"))?;
         let current = decode(pg, self.read(pg)?)?;
         let next = match appended(pg, current, after, interval)? {
             Ok(h) => h,

@@ -13,20 +13,15 @@ use std::time::{Duration, Instant};
 
 type Store = Box<dyn MapStore + Send>;
 
+mod common;
+use common::TestDir;
+
 /// One backend under test: makes handles on the same stored map (one per thread, as separate
 /// processes would have), and can damage the stored bytes.
 struct Backend {
     make: Arc<dyn Fn() -> Store + Send + Sync>,
     damage: Box<dyn Fn()>,
-    _etcd: Option<PrivateEtcd>,
-    dir: PathBuf,
-}
-
-impl Drop for Backend {
-    fn drop(&mut self) {
-        self._etcd.take();
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
+    _dir: TestDir,
 }
 
 fn temp_dir(name: &str) -> PathBuf {
@@ -37,8 +32,8 @@ fn temp_dir(name: &str) -> PathBuf {
 }
 
 fn local(name: &str) -> Backend {
-    let dir = temp_dir(&format!("local-{name}"));
-    let path = dir.join("osdmap");
+    let dir = TestDir::new("mapstore-local", name);
+    let path = dir.dir.join("osdmap");
     let p = path.clone();
     Backend {
         make: Arc::new(move || Box::new(LocalMapStore::new(p.clone())) as Store),
@@ -48,16 +43,13 @@ fn local(name: &str) -> Backend {
             raw[mid] ^= 0x08;
             std::fs::write(&path, raw).unwrap();
         }),
-        _etcd: None,
-        dir,
+        _dir: dir,
     }
 }
 
 fn etcd(name: &str) -> Backend {
-    let dir = temp_dir(&format!("etcd-{name}"));
-    let etcd = PrivateEtcd::start(&dir)
-        .expect("these tests need etcd (Debian: apt-get install etcd-server; .ci/run installs it)");
-    let endpoint = etcd.endpoint().to_owned();
+    let dir = TestDir::with_etcd("mapstore-etcd", name);
+    let endpoint = dir.endpoint();
     let ep = vec![endpoint.clone()];
     let cluster = name.to_owned();
     let make_ep = ep.clone();
@@ -75,19 +67,19 @@ fn etcd(name: &str) -> Backend {
                     .unwrap();
             })
         },
-        _etcd: Some(etcd),
-        dir,
+        _dir: dir,
     }
 }
 
 /// etcd secured as a careful operator runs it: TLS both ways (client certificates required)
 /// and etcd auth on. Every call goes through TLS and carries a token.
 fn secure_etcd(name: &str) -> Backend {
-    let dir = temp_dir(&format!("tls-{name}"));
-    let etcd = PrivateEtcd::start_secure(&dir).expect("a secured private etcd");
+    let mut dir = TestDir::new("mapstore-tls", name);
+    let etcd = PrivateEtcd::start_secure(&dir.dir).expect("a secured private etcd");
     let ep = vec![etcd.endpoint().to_owned()];
     assert!(ep[0].starts_with("https://"), "{ep:?}");
     let access = etcd.access().clone();
+    dir.etcd = Some(etcd);
     let cluster = name.to_owned();
     let (make_ep, make_access) = (ep.clone(), access.clone());
     Backend {
@@ -105,8 +97,7 @@ fn secure_etcd(name: &str) -> Backend {
                 assert!(store.etcd().txn(&[], &[put]).unwrap());
             })
         },
-        _etcd: Some(etcd),
-        dir,
+        _dir: dir,
     }
 }
 

@@ -2,57 +2,39 @@
 //! saw, one winner when primaries race, damaged records reported and never overwritten.
 
 use carmine_mapstore::etcd_client::{Etcd, Put};
-use carmine_mapstore::{
-    EtcdPgHistory, LocalPgHistory, MapStoreError, PgHistoryStore, PrivateEtcd, Recorded,
-};
+use carmine_mapstore::{EtcdPgHistory, LocalPgHistory, MapStoreError, PgHistoryStore, Recorded};
 use carmine_pg::Interval;
 use carmine_types::PgId;
-use std::path::PathBuf;
 use std::sync::Arc;
 
 const PG: PgId = PgId { pool: 1, seed: 7 };
+
+mod common;
+use common::TestDir;
 
 struct Backend {
     store: Arc<dyn PgHistoryStore + Send + Sync>,
     /// Writes garbage where the PG's history is.
     damage: Box<dyn Fn()>,
-    _etcd: Option<PrivateEtcd>,
-    dir: PathBuf,
-}
-
-impl Drop for Backend {
-    fn drop(&mut self) {
-        self._etcd.take();
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
-
-fn temp_dir(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("carmine-pghist-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
+    _dir: TestDir,
 }
 
 fn local(name: &str) -> Backend {
-    let dir = temp_dir(&format!("local-{name}"));
-    let file = dir.join("pg-history").join("1.7");
+    let dir = TestDir::new("pghist-local", name);
+    let file = dir.dir.join("pg-history").join("1.7");
     Backend {
-        store: Arc::new(LocalPgHistory::new(&dir)),
+        store: Arc::new(LocalPgHistory::new(&dir.dir)),
         damage: Box::new(move || {
             std::fs::create_dir_all(file.parent().unwrap()).unwrap();
             std::fs::write(&file, b"not a history").unwrap();
         }),
-        _etcd: None,
-        dir,
+        _dir: dir,
     }
 }
 
 fn etcd(name: &str) -> Backend {
-    let dir = temp_dir(&format!("etcd-{name}"));
-    let etcd = PrivateEtcd::start(&dir)
-        .expect("these tests need etcd (Debian: apt-get install etcd-server; .ci/run installs it)");
-    let client = Etcd::new(&[etcd.endpoint().to_owned()]).unwrap();
+    let dir = TestDir::with_etcd("pghist-etcd", name);
+    let client = Etcd::new(&[dir.endpoint()]).unwrap();
     let raw = client.clone();
     Backend {
         store: Arc::new(EtcdPgHistory::new(client, "c")),
@@ -65,8 +47,7 @@ fn etcd(name: &str) -> Backend {
             };
             assert!(raw.txn(&[], &[put]).unwrap());
         }),
-        _etcd: Some(etcd),
-        dir,
+        _dir: dir,
     }
 }
 
