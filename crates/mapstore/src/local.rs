@@ -5,7 +5,6 @@
 use crate::{check_swap, decode, MapStore, MapStoreError};
 use carmine_cluster::OsdMap;
 use std::fs::File;
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -65,19 +64,7 @@ impl MapStore for LocalMapStore {
                 current: stored.map(decode).transpose()?.map(Box::new),
             });
         }
-        let tmp = self.path.with_extension("tmp");
-        let write = || -> std::io::Result<()> {
-            let mut f = File::create(&tmp)?;
-            f.write_all(&new.encode())?;
-            f.sync_all()?;
-            std::fs::rename(&tmp, &self.path)?;
-            // The rename itself is durable once the directory is.
-            if let Some(dir) = self.path.parent() {
-                File::open(dir)?.sync_all()?;
-            }
-            Ok(())
-        };
-        write().map_err(|e| io(&self.path, e))
+        crate::lockfile::replace_durably(&self.path, &new.encode())
     }
 
     fn wait_newer(&self, epoch: u32, timeout: Duration) -> Result<Option<OsdMap>, MapStoreError> {

@@ -8,8 +8,6 @@ use crate::etcd_client::{Compare, Etcd, Put};
 use crate::MapStoreError;
 use carmine_pg::{History, Interval};
 use carmine_types::PgId;
-use std::fs::File;
-use std::io::Write;
 use std::path::{Path, PathBuf};
 
 /// What a record attempt did.
@@ -117,16 +115,7 @@ impl PgHistoryStore for LocalPgHistory {
             Ok(h) => h,
             Err(now) => return Ok(Recorded::Changed(now)),
         };
-        let path = self.path(pg);
-        let tmp = path.with_extension("tmp");
-        let write = || -> std::io::Result<()> {
-            let mut f = File::create(&tmp)?;
-            f.write_all(&next.encode())?;
-            f.sync_all()?;
-            std::fs::rename(&tmp, &path)?;
-            File::open(&self.dir)?.sync_all()
-        };
-        write().map_err(|e| io(&path, e))?;
+        crate::lockfile::replace_durably(&self.path(pg), &next.encode())?;
         Ok(Recorded::Done)
     }
 }
