@@ -149,6 +149,8 @@ pub(crate) fn start(
 
 /// Managers a new cluster runs: one leads, one stands by to take over.
 pub const MANAGERS_DEFAULT: u32 = 2;
+/// How long `up` waits for a manager it started to be recognisable as one.
+const STARTED_WAIT: Duration = Duration::from_secs(2);
 /// How long `down` waits for a manager to exit after SIGTERM.
 const STOP_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -226,8 +228,15 @@ pub(crate) fn ensure(exe: &Path, dir: &Path, plan: &Plan) -> Result<Vec<u32>> {
             .spawn()
             .with_context(|| format!("starting mgr.{i}"))?;
         std::fs::write(pid_file(dir, i), child.id().to_string())?;
+        let pid = child.id() as i32;
         // Reaped by whoever outlives it; `down` stops it by pid.
         std::mem::forget(child);
+        // Until it has exec'd, the child still looks like this `up`, not a manager: a second
+        // `up` right after this one would not see it and start another.
+        let deadline = Instant::now() + STARTED_WAIT;
+        while !is_our_manager(pid, dir) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
+        }
         started.push(i);
     }
     Ok(started)
