@@ -54,6 +54,7 @@ fn requests() -> Vec<Request> {
             pg_seed: 7,
             epoch: 3,
             client: 0x1234_5678_9abc_def1,
+            tid: 0,
             oid: "rbd_data.00ff.0000000000000001".into(),
             ops,
         })
@@ -160,6 +161,7 @@ fn opcode_index(op: Opcode) -> u8 {
         Opcode::Object => 2,
         Opcode::Fence => 3,
         Opcode::Auth => 4,
+        Opcode::Peer => 5,
     }
 }
 
@@ -254,12 +256,14 @@ fn map() -> OsdMap {
                 name: "rbd".into(),
                 pg_num: 64,
                 size: 2,
+                min_size: 1,
             },
             Pool {
                 id: 2,
                 name: "meta".into(),
                 pg_num: 12,
                 size: 1,
+                min_size: 1,
             },
         ],
         // Placement exceptions, as the balancer writes them.
@@ -284,6 +288,69 @@ fn pg_history(c: &mut Corpus) {
     c.put_both("pg_history", "three", &raw, raw.len() - 4);
     let empty = carmine_pg::History::default().encode();
     c.put_both("pg_history", "empty", &empty, empty.len() - 4);
+}
+
+fn peer_message(c: &mut Corpus) {
+    use carmine_pg::envelope::{Body, ObjectCopy, PeerMessage};
+    use carmine_pg::{Entry, Msg, OpKind, PgLog, ReqId, Version};
+    let pg = carmine_types::PgId { pool: 1, seed: 3 };
+    let mut log = PgLog::new(64);
+    for v in 1..=3 {
+        log.append(Entry {
+            version: Version::new(2, v),
+            oid: format!("obj{v}"),
+            kind: OpKind::Modify,
+            reqid: Some(ReqId { client: 9, tid: v }),
+        })
+        .expect("in order");
+    }
+    let seeds = [
+        (
+            "rep",
+            Body::Pg {
+                msg: Msg::Rep {
+                    epoch: 2,
+                    entry: log.entries().next().expect("an entry").clone(),
+                },
+                ops: vec![OsdOp::Write {
+                    off: 0,
+                    data: Bytes::from_static(b"data"),
+                }],
+            },
+        ),
+        (
+            "activate",
+            Body::Pg {
+                msg: Msg::Activate {
+                    epoch: 2,
+                    round: 1,
+                    log: log.clone(),
+                    objects: vec![("obj1".into(), Some(Version::new(2, 1))), ("gone".into(), None)],
+                },
+                ops: vec![],
+            },
+        ),
+        ("pull", Body::Pull { oid: "obj1".into() }),
+        (
+            "pulled",
+            Body::Pulled {
+                oid: "obj1".into(),
+                version: Version::new(2, 1),
+                copy: Some(ObjectCopy {
+                    data: Bytes::from_static(b"data"),
+                    attrs: vec![("a".into(), Bytes::from_static(b"v"))],
+                    omap_header: Bytes::new(),
+                    omap: vec![(Bytes::from_static(b"k"), Bytes::from_static(b"v"))],
+                }),
+            },
+        ),
+    ];
+    for (name, body) in seeds {
+        let mut out = BytesMut::new();
+        PeerMessage { from: 1, pg, body }.encode(&mut out);
+        PeerMessage::decode(out.clone().freeze(), 64).expect("seed message decodes");
+        c.put("peer_message", name, &out);
+    }
 }
 
 fn cluster_and_volume(c: &mut Corpus) {
@@ -608,6 +675,7 @@ fn main() {
     wire(&mut c);
     cluster_and_volume(&mut c);
     pg_history(&mut c);
+    peer_message(&mut c);
     nbd(&mut c);
     store_blocks(&mut c);
     journal(&mut c);

@@ -36,8 +36,8 @@ fuzz_target!(|data: &[u8]| {
         FrameKind::Response
     };
     let opcode =
-        [Opcode::Ping, Opcode::GetMap, Opcode::Object, Opcode::Fence, Opcode::Auth]
-            [(sel as usize >> 1) % 5];
+        [Opcode::Ping, Opcode::GetMap, Opcode::Object, Opcode::Fence, Opcode::Auth, Opcode::Peer]
+            [(sel as usize >> 1) % 6];
     // Mostly OK; error replies and unknown status codes otherwise.
     let status = if sel & 0x80 == 0 { 0 } else { c.u8() as u16 };
     let request_id = c.u64();

@@ -224,6 +224,7 @@ pub fn run(a: OsdArgs, access: &carmine_localcluster::EtcdAccessArgs) -> Result<
         connections_max: a.connections_max,
         idle_timeout: Some(a.idle_timeout).filter(|t| !t.is_zero()),
         auth_key,
+        pg_history: Some(source.pg_history()?),
     })?;
     for (r, (addr, cpu)) in info.reactors.iter().zip(&reactor_cpus).enumerate() {
         let cpu = cpu.map_or("unpinned".to_string(), |c| format!("cpu {c}"));

@@ -38,6 +38,24 @@ impl MapSource {
         }
     }
 
+    /// Where the cluster's PG histories live: beside the map file, or in the same etcd.
+    pub fn pg_history(&self) -> Result<carmine_osd::SharedHistoryStore> {
+        Ok(match self {
+            MapSource::File(p) => {
+                let dir = p.parent().unwrap_or(std::path::Path::new("."));
+                Arc::new(carmine_mapstore::LocalPgHistory::new(dir))
+            }
+            MapSource::Etcd {
+                endpoints,
+                cluster,
+                access,
+            } => Arc::new(carmine_mapstore::EtcdPgHistory::new(
+                Etcd::with_access(endpoints, access)?,
+                cluster,
+            )),
+        })
+    }
+
     pub fn open(&self) -> Result<Box<dyn MapStore + Send>> {
         Ok(match self {
             MapSource::File(p) => Box::new(LocalMapStore::new(p.clone())),

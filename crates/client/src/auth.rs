@@ -24,10 +24,21 @@ pub(crate) async fn handshake(
     addr: SocketAddr,
     key: &AuthKey,
 ) -> Result<(), ClientError> {
+    handshake_as(stream, addr, key, CLIENT_ENTITY).await
+}
+
+/// The handshake on a fresh connection, naming itself `entity` (an OSD connecting to another
+/// says `osd.N`).
+pub async fn handshake_as(
+    stream: &mut TcpStream,
+    addr: SocketAddr,
+    key: &AuthKey,
+    entity: &str,
+) -> Result<(), ClientError> {
     let nonce: [u8; NONCE_LEN] = rand::random();
     let hello = Hello {
         nonce,
-        entity: CLIENT_ENTITY.into(),
+        entity: entity.into(),
     };
     let mut out = BytesMut::new();
     encode_frame(&mut out, FrameKind::Request, Opcode::Auth, 1, 0, |b| {
@@ -38,20 +49,14 @@ pub(crate) async fn handshake(
     let reply = read_frame(stream, addr, &mut rbuf).await?;
     check_ok(addr, &reply)?;
     let challenge = Challenge::decode(reply.payload).map_err(|e| failed(addr, e.to_string()))?;
-    if !key.verify(
-        true,
-        &nonce,
-        &challenge.nonce,
-        CLIENT_ENTITY,
-        &challenge.proof,
-    ) {
+    if !key.verify(true, &nonce, &challenge.nonce, entity, &challenge.proof) {
         return Err(failed(
             addr,
             "the OSD's proof does not match the cluster key: not this cluster's OSD, or \
              another key",
         ));
     }
-    let proof = key.client_proof(&nonce, &challenge.nonce, CLIENT_ENTITY);
+    let proof = key.client_proof(&nonce, &challenge.nonce, entity);
     let mut out = BytesMut::new();
     encode_frame(&mut out, FrameKind::Request, Opcode::Auth, 2, 0, |b| {
         encode_proof(b, &proof)

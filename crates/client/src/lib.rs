@@ -18,6 +18,7 @@
 //! connection broke because the OSD process died.
 
 mod auth;
+pub use auth::handshake_as;
 mod connection;
 mod error;
 
@@ -91,6 +92,8 @@ struct Inner {
     /// weighted draw each when weights differ) runs once per PG and epoch, not per request.
     routes: RefCell<HashMap<PgId, Option<SocketAddr>>>,
     conns: RefCell<HashMap<SocketAddr, Endpoint>>,
+    /// The number of the last object request: every retry of one carries the same.
+    last_tid: std::cell::Cell<u64>,
 }
 
 /// What the client knows about one OSD reactor endpoint.
@@ -188,6 +191,7 @@ impl Client {
                 }))),
                 routes: RefCell::new(HashMap::new()),
                 conns: RefCell::new(HashMap::new()),
+                last_tid: std::cell::Cell::new(0),
             }),
         };
         client.refresh_map().await?;
@@ -361,6 +365,11 @@ impl Client {
             pg_seed: 0,
             epoch: 0,
             client: self.inner.instance,
+            tid: {
+                let tid = self.inner.last_tid.get() + 1;
+                self.inner.last_tid.set(tid);
+                tid
+            },
             oid: oid.to_owned(),
             ops,
         };
@@ -397,6 +406,12 @@ impl Client {
                     self.refresh_map().await?;
                 }
                 Err(e) if e.is_connection_failure() && (idempotent || !e.in_doubt()) => {
+                    self.wait_in_outage(&mut outage, e).await?;
+                }
+                // The PG is peering or has too few copies up: nothing was applied; it is an
+                // outage of the PG. (A replicated PG also answers a retry it already applied
+                // from its log, by the request number.)
+                Err(e) if e.status() == Some(Status::PgInactive) => {
                     self.wait_in_outage(&mut outage, e).await?;
                 }
                 Err(e) => return Err(e),

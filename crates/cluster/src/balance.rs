@@ -202,6 +202,7 @@ mod tests {
                 name: "rbd".into(),
                 pg_num,
                 size,
+                min_size: 1,
             }],
             upmaps: Default::default(),
         }
@@ -371,15 +372,28 @@ mod tests {
         );
     }
 
-    #[test]
-    fn version_2_maps_are_still_read_without_exceptions() {
-        let m = cluster(3, 3, 16, 1);
-        let v3 = m.encode();
-        // A v2 map is a v3 map without the (here empty) exception count.
-        let mut raw = v3[..v3.len() - 8].to_vec();
-        raw[4..6].copy_from_slice(&2u16.to_le_bytes());
+    /// The map's encoding as an older format: without the last pool's `min_size` (v3), and
+    /// without the (here empty) exception count too (v2).
+    fn older(m: &OsdMap, version: u16) -> Bytes {
+        let v4 = m.encode();
+        // ... pool size, min_size | exception count (4) | crc (4)
+        let body = &v4[..v4.len() - 4];
+        let mut raw = body[..body.len() - 5].to_vec();
+        if version == 3 {
+            raw.extend_from_slice(&body[body.len() - 4..]);
+        }
+        raw[4..6].copy_from_slice(&version.to_le_bytes());
         let crc = carmine_types::crc32c(&raw);
         raw.extend_from_slice(&crc.to_le_bytes());
-        assert_eq!(OsdMap::decode(Bytes::from(raw)).unwrap(), m);
+        Bytes::from(raw)
+    }
+
+    #[test]
+    fn version_2_and_3_maps_are_still_read_with_min_size_1_and_no_exceptions() {
+        let m = cluster(3, 3, 16, 1);
+        assert_eq!(m.pools.len(), 1);
+        assert_eq!(m.pools[0].min_size, 1);
+        assert_eq!(OsdMap::decode(older(&m, 3)).unwrap(), m);
+        assert_eq!(OsdMap::decode(older(&m, 2)).unwrap(), m);
     }
 }

@@ -13,4 +13,6 @@ mod placement;
 
 pub use balance::Balanced;
 pub use map::{MapError, OsdInfo, OsdMap, Pool, Spread, Upmaps, MAP_FORMAT_VERSION};
-pub use placement::{object_to_pg_seed, stable_mod, weight_of_capacity, WEIGHT_ONE};
+pub use placement::{
+    object_to_pg_seed, pg_to_reactor_index, stable_mod, weight_of_capacity, WEIGHT_ONE,
+};

@@ -10,11 +10,13 @@ use std::net::SocketAddr;
 use thiserror::Error;
 
 const MAP_MAGIC: u32 = u32::from_le_bytes(*b"CMAP");
-pub const MAP_FORMAT_VERSION: u16 = 3;
+pub const MAP_FORMAT_VERSION: u16 = 4;
 /// Maps written before OSDs had `in`, a host and a down stamp: still read (all OSDs in).
 const MAP_FORMAT_V1: u16 = 1;
 /// Maps written before placement exceptions (upmaps): still read (none).
 const MAP_FORMAT_V2: u16 = 2;
+/// Maps written before pools had `min_size`: still read (`min_size` 1, as they served).
+const MAP_FORMAT_V3: u16 = 3;
 /// Placement exceptions per map: one per PG at most, and far fewer in practice (the balancer
 /// moves a few PGs per OSD).
 const UPMAPS_MAX: usize = 1 << 18;
@@ -104,8 +106,12 @@ pub struct Pool {
     pub id: PoolId,
     pub name: String,
     pub pg_num: u32,
-    /// Replica count. Placement already returns `size` OSDs; replication uses them later.
+    /// Copies of every object: placement gives each PG `size` OSDs on distinct hosts, and a
+    /// PG of more than one copy replicates every write to the up ones (decision 0009).
     pub size: u8,
+    /// Copies that must be up for a PG to take writes: with fewer, it waits rather than
+    /// accept a write it could lose with one more failure.
+    pub min_size: u8,
 }
 
 /// PGs per OSD (see [`OsdMap::spread`]).
@@ -152,6 +158,7 @@ impl OsdMap {
                 name: "rbd".into(),
                 pg_num,
                 size: 1,
+                min_size: 1,
             }],
             upmaps: Upmaps::new(),
         }
@@ -177,6 +184,12 @@ impl OsdMap {
             }
             if p.size == 0 || p.size > REPLICA_SIZE_MAX {
                 return invalid(format!("pool {:?} has size {}", p.name, p.size));
+            }
+            if p.min_size == 0 || p.min_size > p.size {
+                return invalid(format!(
+                    "pool {:?} has min_size {} for size {}",
+                    p.name, p.min_size, p.size
+                ));
             }
             if self.pools[..i]
                 .iter()
@@ -394,7 +407,11 @@ impl OsdMap {
         }
         e.count(self.pools.len());
         for p in &self.pools {
-            e.u32(p.id).str(&p.name).u32(p.pg_num).u8(p.size);
+            e.u32(p.id)
+                .str(&p.name)
+                .u32(p.pg_num)
+                .u8(p.size)
+                .u8(p.min_size);
         }
         e.count(self.upmaps.len());
         for (pg, items) in &self.upmaps {
@@ -484,6 +501,11 @@ impl OsdMap {
                 name: d.string("pool name", NAME_LEN_MAX)?,
                 pg_num: d.u32("pg_num")?,
                 size: d.u8("pool size")?,
+                min_size: if version > MAP_FORMAT_V3 {
+                    d.u8("pool min_size")?
+                } else {
+                    1
+                },
             });
         }
         let mut upmaps = Upmaps::new();
@@ -543,6 +565,7 @@ mod tests {
                 name: "rbd".into(),
                 pg_num: 64,
                 size: 1,
+                min_size: 1,
             }],
             upmaps: Default::default(),
         }

@@ -78,7 +78,7 @@ pub(crate) fn weighted_draw(score: u64, weight: u32) -> i128 {
 }
 
 /// Which of an OSD's `reactors` owns `pg`.
-pub(crate) fn pg_to_reactor_index(pg: PgId, reactors: u32) -> u32 {
+pub fn pg_to_reactor_index(pg: PgId, reactors: u32) -> u32 {
     debug_assert!(reactors > 0);
     (mix64(pg_hash(pg) as u64) % reactors as u64) as u32
 }

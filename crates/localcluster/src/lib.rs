@@ -732,6 +732,7 @@ fn new_cluster(
             name: a.pool.clone().unwrap_or_else(|| "rbd".into()),
             pg_num: a.pg_num.unwrap_or(64),
             size: 1,
+            min_size: 1,
         }],
         upmaps: Default::default(),
     };

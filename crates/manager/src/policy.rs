@@ -119,6 +119,7 @@ mod tests {
                 name: "rbd".into(),
                 pg_num: 16,
                 size: 2,
+                min_size: 1,
             }],
             upmaps: Default::default(),
         }

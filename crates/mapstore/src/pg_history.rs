@@ -19,7 +19,7 @@ pub enum Recorded {
     Changed(History),
 }
 
-pub trait PgHistoryStore {
+pub trait PgHistoryStore: std::fmt::Debug {
     /// The PG's history (empty if none was recorded).
     fn get(&self, pg: PgId) -> Result<History, MapStoreError>;
 
@@ -31,6 +31,21 @@ pub trait PgHistoryStore {
         after: Option<u32>,
         interval: Interval,
     ) -> Result<Recorded, MapStoreError>;
+
+    /// Drops every interval before the one of `epoch`, if that one is still the newest: once
+    /// it went active, its members hold everything acknowledged before it, so a later primary
+    /// needs to hear only from one of them. Returns whether the history was shortened.
+    fn settle(&self, pg: PgId, epoch: u32) -> Result<bool, MapStoreError>;
+}
+
+/// `h` cut to its newest interval, if that is the one of `epoch` and there is more before it.
+fn settled(h: &History, epoch: u32) -> Option<History> {
+    match h.intervals.last() {
+        Some(last) if last.epoch == epoch && h.intervals.len() > 1 => Some(History {
+            intervals: vec![last.clone()],
+        }),
+        _ => None,
+    }
 }
 
 fn damaged(pg: PgId, source: carmine_pg::HistoryError) -> MapStoreError {
@@ -118,6 +133,16 @@ impl PgHistoryStore for LocalPgHistory {
         crate::lockfile::replace_durably(&self.path(pg), &next.encode())?;
         Ok(Recorded::Done)
     }
+
+    fn settle(&self, pg: PgId, epoch: u32) -> Result<bool, MapStoreError> {
+        std::fs::create_dir_all(&self.dir).map_err(|e| io(&self.dir, e))?;
+        let _lock = crate::lockfile::lock_exclusive(&self.dir.join(".lock"))?;
+        let Some(next) = settled(&decode(pg, self.read(pg)?)?, epoch) else {
+            return Ok(false);
+        };
+        crate::lockfile::replace_durably(&self.path(pg), &next.encode())?;
+        Ok(true)
+    }
 }
 
 /// Several hosts: a key per PG in etcd, changed by a transaction comparing the stored bytes.
@@ -174,5 +199,24 @@ impl PgHistoryStore for EtcdPgHistory {
         }
         // Someone recorded meanwhile: the caller peers again against what is there now.
         Ok(Recorded::Changed(self.get(pg)?))
+    }
+
+    fn settle(&self, pg: PgId, epoch: u32) -> Result<bool, MapStoreError> {
+        let key = crate::keys::pg_history(&self.cluster, pg);
+        let (raw, _) = self.etcd.get(&key)?;
+        let Some(raw) = raw else {
+            return Ok(false);
+        };
+        let Some(next) = settled(&decode(pg, Some(raw.clone()))?, epoch) else {
+            return Ok(false);
+        };
+        let value = next.encode();
+        let put = Put::Put {
+            key: &key,
+            value: &value,
+            lease: 0,
+        };
+        // Another primary may have recorded meanwhile: then nothing is settled.
+        self.etcd.txn(&[Compare::Value(&key, &raw)], &[put])
     }
 }

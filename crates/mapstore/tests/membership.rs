@@ -131,6 +131,7 @@ fn map(epoch: u32) -> OsdMap {
             name: "rbd".into(),
             pg_num: 8,
             size: 1,
+            min_size: 1,
         }],
         upmaps: Default::default(),
     }

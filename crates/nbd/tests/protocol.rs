@@ -40,6 +40,7 @@ fn start_with(cfg: NbdConfig) -> (Osd, SocketAddr, Arc<NbdStats>) {
         connections_max: CONNECTIONS_MAX_DEFAULT,
         idle_timeout: Some(IDLE_TIMEOUT_DEFAULT),
         auth_key: None,
+        pg_history: None,
     })
     .unwrap();
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();

@@ -37,6 +37,9 @@ pub struct OsdConfig {
     /// The cluster key: every connection must complete the handshake with it before any
     /// request is read. `None` serves without authentication.
     pub auth_key: Option<carmine_proto::auth::AuthKey>,
+    /// Where PGs' histories are recorded (the map store). Required for pools of more than one
+    /// copy: without it their PGs never peer and take no requests.
+    pub pg_history: Option<crate::SharedHistoryStore>,
 }
 
 /// Default for [`OsdConfig::connections_max`].
@@ -157,6 +160,21 @@ impl Osd {
             listeners.push(l);
         }
         let map = std::sync::Arc::new(cfg.map.clone());
+        // One mailbox per reactor for the map store's answers, one worker making the calls.
+        let mut answers = Vec::new();
+        let mut history_clients = Vec::new();
+        if let Some(store) = &cfg.pg_history {
+            let mut senders = Vec::new();
+            for _ in 0..listeners.len() {
+                let (tx, rx) = mailbox(crate::replication::history::ANSWERS);
+                senders.push(tx);
+                answers.push(rx);
+            }
+            history_clients = crate::replication::history::start(store.clone(), senders)
+                .map_err(|source| OsdError::Spawn { id: cfg.id, source })?;
+        }
+        let mut answers = answers.into_iter();
+        let mut history_clients = history_clients.into_iter();
         let mut reactors = Vec::with_capacity(listeners.len());
         let mut reactor_metrics = Vec::with_capacity(listeners.len());
         for (index, (listener, cpu)) in listeners
@@ -178,6 +196,7 @@ impl Osd {
                 idle_timeout: cfg.idle_timeout,
                 metrics,
                 auth_key: cfg.auth_key.clone(),
+                history: history_clients.next().zip(answers.next()),
             };
             let name = format!("osd{}-r{}", cfg.id, index);
             // Every log line of the reactor says which OSD and reactor it is about (the

@@ -14,7 +14,7 @@ use carmine_types::PgId;
 
 /// Handles one request and counts it: its kind, whether it failed, its time in the reactor
 /// and its bytes in and out (two clock reads and a few relaxed adds).
-pub(crate) async fn handle_frame<S: ObjectStore>(
+pub(crate) async fn handle_frame<S: ObjectStore + 'static>(
     shard: &Shard<S>,
     frame: Frame,
     out: &mut BytesMut,
@@ -25,6 +25,11 @@ pub(crate) async fn handle_frame<S: ObjectStore>(
         carmine_proto::Opcode::Object => OpKind::Read,
         _ => OpKind::Other,
     };
+    if frame.header.opcode == carmine_proto::Opcode::Peer {
+        // One way: answered, if at all, by a message of our own.
+        crate::replication::on_peer(&shard.rc(), frame.payload);
+        return;
+    }
     let before = out.len();
     let (kind, ok) = answer(shard, frame, out, kind).await;
     shard
@@ -33,7 +38,7 @@ pub(crate) async fn handle_frame<S: ObjectStore>(
 }
 
 /// Writes the reply to `out`; returns the request's kind and whether it succeeded.
-async fn answer<S: ObjectStore>(
+async fn answer<S: ObjectStore + 'static>(
     shard: &Shard<S>,
     frame: Frame,
     out: &mut BytesMut,
@@ -138,7 +143,7 @@ fn is_single_read(req: &ObjectRequest) -> bool {
 
 /// The hot read path: the store copies the data straight into the send buffer behind the reply
 /// header, instead of into a buffer that is then copied again by the encoder.
-async fn read_straight_into_reply<S: ObjectStore>(
+async fn read_straight_into_reply<S: ObjectStore + 'static>(
     shard: &Shard<S>,
     req: ObjectRequest,
     id: u64,
@@ -146,6 +151,9 @@ async fn read_straight_into_reply<S: ObjectStore>(
 ) -> Result<(), ErrorReply> {
     let pg = route(shard, &req)?;
     let _in_progress = admit(shard, &req)?;
+    if replicated(shard, pg) {
+        crate::replication::check_readable(shard, pg)?;
+    }
     let [OsdOp::Read { off, len }] = req.ops[..] else {
         unreachable!("checked by is_single_read")
     };
@@ -166,7 +174,7 @@ async fn read_straight_into_reply<S: ObjectStore>(
     }
 }
 
-fn reject(status: Status, message: impl Into<String>) -> ErrorReply {
+pub(crate) fn reject(status: Status, message: impl Into<String>) -> ErrorReply {
     ErrorReply {
         status,
         op_index: None,
@@ -191,7 +199,7 @@ fn store_status(kind: StoreErrorKind) -> Status {
     }
 }
 
-fn from_store(e: StoreError, op_index: Option<usize>) -> ErrorReply {
+pub(crate) fn from_store(e: StoreError, op_index: Option<usize>) -> ErrorReply {
     ErrorReply {
         status: store_status(e.kind),
         op_index: op_index.map(|i| i as u16),
@@ -245,6 +253,16 @@ async fn caught_up<S>(shard: &Shard<S>, epoch: u32) -> bool {
     false
 }
 
+/// True if `pg`'s pool keeps more than one copy (its writes are replicated).
+fn replicated<S>(shard: &Shard<S>, pg: PgId) -> bool {
+    shard
+        .view
+        .borrow()
+        .map
+        .pool(pg.pool)
+        .is_ok_and(|p| p.size > 1)
+}
+
 /// Checks that the request is addressed to a PG this reactor owns in its map.
 fn route<S>(shard: &Shard<S>, req: &ObjectRequest) -> Result<PgId, ErrorReply> {
     let view = shard.view.borrow();
@@ -280,7 +298,7 @@ fn route<S>(shard: &Shard<S>, req: &ObjectRequest) -> Result<PgId, ErrorReply> {
     Ok(pg)
 }
 
-async fn handle_object<S: ObjectStore>(
+async fn handle_object<S: ObjectStore + 'static>(
     shard: &Shard<S>,
     req: ObjectRequest,
 ) -> Result<Vec<OpOutput>, ErrorReply> {
@@ -290,9 +308,17 @@ async fn handle_object<S: ObjectStore>(
         return Err(reject(Status::InvalidArgument, "empty object name"));
     }
     let writes = req.ops.iter().filter(|op| op.is_write()).count();
+    let replicated = replicated(shard, pg);
     match writes {
         0 if req.ops.is_empty() => Err(reject(Status::InvalidArgument, "request has no ops")),
+        0 if replicated => {
+            crate::replication::check_readable(shard, pg)?;
+            read_ops(shard, pg, &req).await
+        }
         0 => read_ops(shard, pg, &req).await,
+        n if n == req.ops.len() && replicated => {
+            crate::replication::write(&shard.rc(), pg, req).await
+        }
         n if n == req.ops.len() => write_ops(shard, pg, req).await,
         _ => Err(reject(
             Status::InvalidArgument,
@@ -301,7 +327,7 @@ async fn handle_object<S: ObjectStore>(
     }
 }
 
-async fn read_ops<S: ObjectStore>(
+async fn read_ops<S: ObjectStore + 'static>(
     shard: &Shard<S>,
     pg: PgId,
     req: &ObjectRequest,
@@ -360,22 +386,40 @@ async fn read_ops<S: ObjectStore>(
 }
 
 /// Translates write ops into one store transaction, so they apply all or nothing.
-async fn write_ops<S: ObjectStore>(
+async fn write_ops<S: ObjectStore + 'static>(
     shard: &Shard<S>,
     pg: PgId,
     req: ObjectRequest,
 ) -> Result<Vec<OpOutput>, ErrorReply> {
-    let store = &shard.store;
-    let oid = req.oid.as_str();
     let n = req.ops.len();
     let mut txn = Transaction::with_capacity(n + 1);
-    for op in req.ops {
+    add_ops(&mut txn, pg, &req.oid, req.ops)?;
+    shard
+        .store
+        .submit(txn)
+        .await
+        .map_err(|e| from_store(e, None))?;
+    Ok(vec![OpOutput::None; n])
+}
+
+/// Adds a request's write ops on object `oid` to `txn`.
+pub(crate) fn add_ops(
+    txn: &mut Transaction,
+    pg: PgId,
+    oid: &str,
+    ops: Vec<OsdOp>,
+) -> Result<(), ErrorReply> {
+    let first = txn.ops.len();
+    for op in ops {
         match op {
             // Check and create in one step: a compare in the same transaction, so two
             // exclusive creates racing on one object never both succeed.
             OsdOp::Create { exclusive } => {
                 if exclusive {
-                    if txn.ops.iter().any(|op| !matches!(op, Op::Compare { .. })) {
+                    if txn.ops[first..]
+                        .iter()
+                        .any(|op| !matches!(op, Op::Compare { .. }))
+                    {
                         return Err(reject(
                             Status::InvalidArgument,
                             "an exclusive create must come before every op but compares",
@@ -427,8 +471,7 @@ async fn write_ops<S: ObjectStore>(
             _ => unreachable!("read op in a write request"),
         }
     }
-    store.submit(txn).await.map_err(|e| from_store(e, None))?;
-    Ok(vec![OpOutput::None; n])
+    Ok(())
 }
 
 #[cfg(test)]
@@ -476,6 +519,8 @@ mod tests {
                 handshaking: Cell::new(0),
                 epoch_line: Default::default(),
                 idle_timeout: None,
+                replication: crate::replication::Replication::new(0, None, None),
+                me: std::rc::Weak::new(),
             };
             let ping = Request::Ping {
                 payload: bytes::Bytes::new(),

@@ -12,6 +12,7 @@ mod fence;
 mod handler;
 mod metrics;
 mod reactor;
+mod replication;
 
 pub use metrics::{serve_metrics, MetricsServer, ReactorMetrics, ReactorSource, LATENCY_BUCKETS};
 
@@ -19,3 +20,4 @@ pub use daemon::{
     Osd, OsdConfig, OsdError, StoreConfig, CONNECTIONS_MAX_DEFAULT, IDLE_TIMEOUT_DEFAULT,
 };
 pub use reactor::ControlMsg;
+pub use replication::history::SharedHistoryStore;

@@ -42,6 +42,12 @@ pub(crate) struct ReactorSetup {
     pub idle_timeout: Option<Duration>,
     pub metrics: Arc<crate::metrics::ReactorMetrics>,
     pub auth_key: Option<carmine_proto::auth::AuthKey>,
+    /// The map store's PG histories (through the OSD's worker thread) and this reactor's
+    /// mailbox for its answers; `None` if the OSD has no map store (one-copy pools only).
+    pub history: Option<(
+        crate::replication::history::HistoryClient,
+        Mailbox<crate::replication::history::Answer>,
+    )>,
 }
 
 /// Everything one reactor owns.
@@ -63,6 +69,17 @@ pub(crate) struct Shard<S> {
     pub epoch_line: carmine_reactor::FifoLock,
     /// See `OsdConfig::idle_timeout`.
     pub idle_timeout: Option<Duration>,
+    /// The PGs of pools with more than one copy that this reactor holds a copy of.
+    pub replication: crate::replication::Replication,
+    /// This shard itself, for the tasks its requests spawn.
+    pub me: std::rc::Weak<Shard<S>>,
+}
+
+impl<S> Shard<S> {
+    /// The shard as its tasks hold it (it lives as long as the reactor).
+    pub fn rc(&self) -> Rc<Shard<S>> {
+        self.me.upgrade().expect("the shard outlives its requests")
+    }
 }
 
 /// Connections per reactor that may be in the handshake at once: a peer that proves nothing
@@ -177,8 +194,13 @@ async fn serve<S: ObjectStore + 'static>(setup: ReactorSetup, store: S) -> Resul
         idle_timeout,
         metrics,
         auth_key,
+        history,
         ..
     } = setup;
+    let (history, answers) = match history {
+        Some((client, answers)) => (Some(client), Some(answers)),
+        None => (None, None),
+    };
     let listener = TcpListener::from_std(listener).map_err(|e| format!("listener: {e}"))?;
     let view = MapView::new(map, osd, index);
     create_collections(&store, &view).await?;
@@ -190,7 +212,7 @@ async fn serve<S: ObjectStore + 'static>(setup: ReactorSetup, store: S) -> Resul
         "reactor serving"
     );
     metrics.set_view(view.map.epoch, view.owned.len());
-    let shard = Rc::new(Shard {
+    let shard = Rc::new_cyclic(|me| Shard {
         osd,
         index,
         view: RefCell::new(Rc::new(view)),
@@ -198,11 +220,24 @@ async fn serve<S: ObjectStore + 'static>(setup: ReactorSetup, store: S) -> Resul
         connections: Cell::new(0),
         fences,
         metrics,
+        replication: crate::replication::Replication::new(osd, auth_key.clone(), history),
         auth_key,
         handshaking: Cell::new(0),
         epoch_line: Default::default(),
         idle_timeout,
+        me: me.clone(),
     });
+    if let Some(mut answers) = answers {
+        let weak = Rc::downgrade(&shard);
+        carmine_reactor::spawn(async move {
+            while let Some(answer) = answers.recv().await {
+                let Some(shard) = weak.upgrade() else { return };
+                crate::replication::on_answer(&shard, answer);
+            }
+        })
+        .detach();
+    }
+    crate::replication::start(&shard).await?;
     let housekeeping = shard.clone();
     carmine_reactor::spawn(async move { housekeeping.store.background().await }).detach();
     shard.metrics.set_statfs(shard.store.statfs());
@@ -289,6 +324,7 @@ async fn serve<S: ObjectStore + 'static>(setup: ReactorSetup, store: S) -> Resul
                 );
                 shard.metrics.set_view(view.map.epoch, view.owned.len());
                 *shard.view.borrow_mut() = Rc::new(view);
+                crate::replication::on_map(&shard).await?;
             }
             Either::Right((Some(ControlMsg::Shutdown) | None, _)) => break,
         }
@@ -305,7 +341,7 @@ async fn serve<S: ObjectStore + 'static>(setup: ReactorSetup, store: S) -> Resul
 /// Nothing is in flight while it reads, so a read that sees no byte for the idle timeout
 /// (a silent peer, or one that sent half a frame and stalled) ends the connection, and so does
 /// a write that sends nothing for that long (a peer that stopped reading its replies).
-async fn serve_connection<S: ObjectStore>(
+async fn serve_connection<S: ObjectStore + 'static>(
     shard: &Shard<S>,
     mut stream: TcpStream,
 ) -> Result<(), String> {

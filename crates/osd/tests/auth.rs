@@ -33,6 +33,7 @@ fn start(auth: Option<AuthKey>) -> (Osd, SocketAddr) {
         connections_max: CONNECTIONS_MAX_DEFAULT,
         idle_timeout: Some(IDLE_TIMEOUT_DEFAULT),
         auth_key: auth,
+        pg_history: None,
     })
     .unwrap();
     (osd, addr)
@@ -202,6 +203,7 @@ fn a_wrong_proof_and_a_replayed_handshake_are_refused_by_the_osd() {
             pg_seed: 0,
             epoch: 1,
             client: 0,
+            tid: 0,
             oid: "o".into(),
             ops: vec![carmine_proto::OsdOp::Write {
                 off: 0,
@@ -293,6 +295,7 @@ fn requests_to_an_osd_with_another_key_fail_as_authentication_errors_at_once() {
             name: "rbd".into(),
             pg_num: 16,
             size: 1,
+            min_size: 1,
         }],
         upmaps: Default::default(),
     };
@@ -308,6 +311,7 @@ fn requests_to_an_osd_with_another_key_fail_as_authentication_errors_at_once() {
                 connections_max: CONNECTIONS_MAX_DEFAULT,
                 idle_timeout: Some(IDLE_TIMEOUT_DEFAULT),
                 auth_key: Some(key(1 + id as u8)),
+                pg_history: None,
             })
             .unwrap()
         })

@@ -30,6 +30,7 @@ fn two_osd_map() -> OsdMap {
             name: "rbd".into(),
             pg_num: 16,
             size: 1,
+            min_size: 1,
         }],
         upmaps: Default::default(),
     }
@@ -46,6 +47,7 @@ fn start(map: &OsdMap) -> Osd {
         connections_max: CONNECTIONS_MAX_DEFAULT,
         idle_timeout: Some(IDLE_TIMEOUT_DEFAULT),
         auth_key: None,
+        pg_history: None,
     })
     .unwrap()
 }
@@ -67,6 +69,7 @@ fn stat(oid: &str, seed: u32, epoch: u32) -> Request {
         pg_seed: seed,
         epoch,
         client: 0,
+        tid: 0,
         oid: oid.into(),
         ops: vec![OsdOp::Stat],
     })
@@ -213,6 +216,7 @@ fn writes_waiting_for_an_epoch_apply_in_the_order_they_were_sent() {
         connections_max: CONNECTIONS_MAX_DEFAULT,
         idle_timeout: Some(IDLE_TIMEOUT_DEFAULT),
         auth_key: None,
+        pg_history: None,
     })
     .unwrap();
     let pg = map1.object_pg(&map1.pools[0], "o");
@@ -222,6 +226,7 @@ fn writes_waiting_for_an_epoch_apply_in_the_order_they_were_sent() {
             pg_seed: pg.seed,
             epoch: 2,
             client: 0,
+            tid: 0,
             oid: "o".into(),
             ops: vec![OsdOp::Write {
                 off: 0,
@@ -263,6 +268,7 @@ fn writes_waiting_for_an_epoch_apply_in_the_order_they_were_sent() {
             pg_seed: pg.seed,
             epoch: 2,
             client: 0,
+            tid: 0,
             oid: "o".into(),
             ops: vec![OsdOp::Read { off: 0, len: 4 }],
         });

@@ -79,6 +79,7 @@ impl Native {
                 connections_max: CONNECTIONS_MAX_DEFAULT,
                 idle_timeout: Some(carmine_osd::IDLE_TIMEOUT_DEFAULT),
                 auth_key: None,
+                pg_history: None,
             })
             .unwrap(),
         );
@@ -312,6 +313,7 @@ fn a_fenced_client_is_refused_everywhere_and_after_a_restart() {
             pg_seed: n.map.object_pg(n.map.pool(1).unwrap(), oid).seed,
             epoch: 1,
             client: a_instance,
+            tid: 0,
             oid: oid.clone(),
             ops: vec![OsdOp::Write {
                 off: 0,

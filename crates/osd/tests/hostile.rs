@@ -98,6 +98,7 @@ fn start(
         connections_max,
         idle_timeout,
         auth_key: None,
+        pg_history: None,
     })
     .unwrap();
     Native {
@@ -114,6 +115,7 @@ fn object_request(map: &OsdMap, oid: &str, ops: Vec<OsdOp>) -> Request {
         pg_seed: pg.seed,
         epoch: 1,
         client: 0,
+        tid: 0,
         oid: oid.into(),
         ops,
     })

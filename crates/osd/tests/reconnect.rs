@@ -53,6 +53,7 @@ fn start(map: &OsdMap) -> Osd {
         connections_max: CONNECTIONS_MAX_DEFAULT,
         idle_timeout: Some(IDLE_TIMEOUT_DEFAULT),
         auth_key: None,
+        pg_history: None,
     })
     .unwrap()
 }

@@ -36,6 +36,7 @@ fn start_with(reactors: usize, connections_max: u32) -> (Osd, OsdMap) {
             name: "rbd".into(),
             pg_num: 16,
             size: 1,
+            min_size: 1,
         }],
         upmaps: Default::default(),
     };
@@ -49,6 +50,7 @@ fn start_with(reactors: usize, connections_max: u32) -> (Osd, OsdMap) {
         connections_max,
         idle_timeout: Some(IDLE_TIMEOUT_DEFAULT),
         auth_key: None,
+        pg_history: None,
     })
     .unwrap();
     (osd, map)
@@ -107,6 +109,7 @@ fn unknown_pool_and_missing_object_are_clear_errors() {
             pg_seed: 0,
             epoch: 1,
             client: 0,
+            tid: 0,
             oid: "x".into(),
             ops: vec![OsdOp::Stat],
         });
@@ -133,6 +136,7 @@ fn request_for_a_pg_of_another_reactor_is_wrong_target() {
             pg_seed: pg.seed,
             epoch: 1,
             client: 0,
+            tid: 0,
             oid,
             ops: vec![OsdOp::Stat],
         });
@@ -252,6 +256,7 @@ fn client_disconnecting_mid_request_does_not_disturb_others() {
             pg_seed: 0,
             epoch: 1,
             client: 0,
+            tid: 0,
             oid: "x".into(),
             ops: vec![OsdOp::Write {
                 off: 0,
@@ -288,6 +293,7 @@ fn start_fails_clearly_when_the_endpoint_is_taken() {
             name: "rbd".into(),
             pg_num: 8,
             size: 1,
+            min_size: 1,
         }],
         upmaps: Default::default(),
     };
@@ -301,6 +307,7 @@ fn start_fails_clearly_when_the_endpoint_is_taken() {
         connections_max: CONNECTIONS_MAX_DEFAULT,
         idle_timeout: Some(IDLE_TIMEOUT_DEFAULT),
         auth_key: None,
+        pg_history: None,
     })
     .err()
     .unwrap();
@@ -358,6 +365,7 @@ fn a_reply_too_large_for_a_frame_is_a_clear_error_and_the_connection_lives_on() 
             pg_seed: pg.seed,
             epoch: 1,
             client: 0,
+            tid: 0,
             oid: "big".into(),
             ops: vec![
                 OsdOp::Read {
@@ -379,6 +387,7 @@ fn a_reply_too_large_for_a_frame_is_a_clear_error_and_the_connection_lives_on() 
             pg_seed: pg.seed,
             epoch: 1,
             client: 0,
+            tid: 0,
             oid: "big".into(),
             ops: vec![OsdOp::Read { off: 0, len: 4096 }],
         });

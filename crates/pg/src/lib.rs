@@ -4,15 +4,17 @@
 //! function of its inputs, so the OSD and the deterministic simulator drive the same code, and
 //! property tests check it against histories generated at random.
 
+pub mod envelope;
 mod history;
 mod log;
 mod member;
 mod peering;
 mod version;
+pub mod wire;
 
 pub use history::{History, HistoryError, HISTORY_FORMAT_VERSION, HISTORY_INTERVALS_MAX};
 pub use log::{Entry, LogError, OpKind, PgLog, ReqId, LOG_ENTRIES_DEFAULT};
-pub use member::{Action, Event, Member, Msg};
+pub use member::{Action, Event, Member, Msg, Persisting};
 pub use peering::{
     choose_authoritative, plan_member, uncovered_intervals, Interval, MemberPlan, Need, PeerInfo,
 };

@@ -61,6 +61,38 @@ impl PgLog {
         }
     }
 
+    /// A log from its parts as stored or sent: `entries` ascending within `(tail, head]`
+    /// (a log rewound to a merge point may end below its head). Keeps the newest `max`.
+    pub fn from_parts(
+        max: usize,
+        tail: Version,
+        head: Version,
+        entries: Vec<Entry>,
+    ) -> Result<Self, &'static str> {
+        if tail > head {
+            return Err("a log whose tail is past its head");
+        }
+        if entries.windows(2).any(|w| w[0].version >= w[1].version) {
+            return Err("log entries out of order");
+        }
+        if entries.first().is_some_and(|e| e.version <= tail)
+            || entries.last().is_some_and(|e| e.version > head)
+        {
+            return Err("log entries outside the log's span");
+        }
+        let mut log = PgLog {
+            tail,
+            entries: entries.into(),
+            head,
+            max: max.max(1),
+        };
+        while log.entries.len() > log.max {
+            let old = log.entries.pop_front().expect("longer than the bound");
+            log.tail = old.version;
+        }
+        Ok(log)
+    }
+
     /// The newest version the member has.
     pub fn head(&self) -> Version {
         self.head

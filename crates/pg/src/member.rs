@@ -131,7 +131,20 @@ pub enum Action {
     /// the last persist, in one transaction); answer with [`Event::Persisted`].
     Persist {
         seq: u64,
+        what: Persisting,
     },
+}
+
+/// What a persist makes durable, for a host that stores more than versions.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Persisting {
+    /// One write: the log's newest entry (its data came with the request or the replica
+    /// message).
+    Entry(Version),
+    /// A whole history taken at activation: the log and `objects` as they are now. Objects
+    /// whose version differs from what the host holds come from `source` (`None`: this
+    /// member already has every one of them, as the primary whose own history won).
+    History { source: Option<OsdId> },
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -227,15 +240,49 @@ impl Member {
         }
     }
 
+    /// A member as its host stored it: its log, object versions and last active epoch.
+    pub fn restore(osd: OsdId, log: PgLog, objects: BTreeMap<String, Version>, les: u32) -> Self {
+        Member {
+            durable_head: log.head(),
+            log,
+            objects,
+            les,
+            ..Member::new(osd, 1)
+        }
+    }
+
     /// Asks the host to persist the copy as it is now.
-    fn persist(&mut self, out: &mut Vec<Action>) -> u64 {
+    fn persist(&mut self, what: Persisting, out: &mut Vec<Action>) -> u64 {
         self.persist_seq += 1;
         self.persisting
             .push_back((self.persist_seq, self.log.head()));
         out.push(Action::Persist {
             seq: self.persist_seq,
+            what,
         });
         self.persist_seq
+    }
+
+    /// The version the next client write gets, if this member is the active primary and
+    /// nothing enters before it (a host that applies a conditional write on its own copy
+    /// first, with its log entry, asks for it; see [`Event::Write`]).
+    pub fn next_version(&self) -> Option<Version> {
+        (self.role == Role::Active).then(|| self.log.head().next_in(self.epoch))
+    }
+
+    /// The acting set of the current epoch, primary first.
+    pub fn acting(&self) -> &[OsdId] {
+        &self.acting
+    }
+
+    /// The PG's recorded history as this member last saw it.
+    pub fn history(&self) -> &[Interval] {
+        &self.history
+    }
+
+    /// Writes in flight (as the active primary).
+    pub fn writes_in_flight(&self) -> usize {
+        self.pending.len()
     }
 
     fn on_persisted(&mut self, seq: u64, out: &mut Vec<Action>) {
@@ -493,12 +540,14 @@ impl Member {
         }
         let infos: Vec<PeerInfo> = heard.values().map(|h| h.0).collect();
         let best = choose_authoritative(&infos, self.osd).expect("heard itself");
-        let (_, auth_log, auth_objects) = heard[&infos[best].osd].clone();
+        let source = infos[best].osd;
+        let (_, auth_log, auth_objects) = heard[&source].clone();
         // The primary takes the authoritative history whole; members get what differs.
         self.log.reset_to(&auth_log);
         self.objects = auth_objects;
         self.les = self.epoch;
-        self.activation_persist = self.persist(out);
+        let source = (source != self.osd).then_some(source);
+        self.activation_persist = self.persist(Persisting::History { source }, out);
         self.role = Role::Activating {
             acked: [self.osd].into(),
             recorded: false,
@@ -566,7 +615,8 @@ impl Member {
                         if self.osd != from {
                             self.role = Role::Replica;
                         }
-                        let seq = self.persist(out);
+                        let source = (self.osd != from).then_some(from);
+                        let seq = self.persist(Persisting::History { source }, out);
                         self.activation_ack = Some((from, epoch, log.head(), seq));
                     } else if (epoch, round) == self.activated && self.activation_ack.is_none() {
                         // A repeat of what is durable already: acknowledge it again.
@@ -626,7 +676,7 @@ impl Member {
                     // In order only: a gap (a lost message) waits for the primary to resend.
                     if entry.version > self.log.head() && entry.version.v == self.log.head().v + 1 {
                         self.apply(&entry);
-                        self.persist(out);
+                        self.persist(Persisting::Entry(entry.version), out);
                     } else if self.durable_head >= entry.version {
                         // A resend of what is durable already (the ack was lost).
                         out.push(Action::Send {
@@ -709,7 +759,7 @@ impl Member {
             reqid: Some(req),
         };
         self.apply(&entry);
-        self.persist(out);
+        self.persist(Persisting::Entry(entry.version), out);
         // Every acting member, this one included: done once durable everywhere.
         let waiting: BTreeSet<OsdId> = self.acting.iter().copied().collect();
         for &o in waiting.iter().filter(|o| **o != self.osd) {

@@ -185,7 +185,7 @@ impl Sim {
                     }
                 }
                 Action::Refuse { .. } => {}
-                Action::Persist { seq } => {
+                Action::Persist { seq, .. } => {
                     let at = self.now + self.rng.random_range(1..4);
                     self.seq += 1;
                     let snapshot = self.members[o as usize].clone();

@@ -7,7 +7,8 @@ use thiserror::Error;
 /// "CRMN" read as a little-endian u32.
 pub const FRAME_MAGIC: u32 = u32::from_le_bytes(*b"CRMN");
 /// 2: object requests carry the client instance; compare ops; fences.
-pub const PROTOCOL_VERSION: u8 = 2;
+/// 3: object requests carry the client's request number; messages between OSDs (`Peer`).
+pub const PROTOCOL_VERSION: u8 = 3;
 pub const FRAME_HEADER_LEN: usize = 32;
 /// Largest payload: the largest data op plus room for the request's metadata.
 pub const FRAME_PAYLOAD_MAX: u32 = IO_LEN_MAX + 256 * 1024;
@@ -45,6 +46,9 @@ pub enum Opcode {
     Fence = 4,
     /// The authentication handshake that opens a connection (see `auth`).
     Auth = 5,
+    /// A message from one OSD to another about a PG they serve (replication, peering,
+    /// recovery). One way: it gets no reply frame; answers are messages of their own.
+    Peer = 6,
 }
 
 impl Opcode {
@@ -55,6 +59,7 @@ impl Opcode {
             3 => Some(Self::Object),
             4 => Some(Self::Fence),
             5 => Some(Self::Auth),
+            6 => Some(Self::Peer),
             _ => None,
         }
     }

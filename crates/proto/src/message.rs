@@ -47,6 +47,9 @@ pub enum Status {
     /// The connection did not authenticate (no handshake, a wrong key, a replayed proof):
     /// the server closes it after this reply.
     AuthFailed = 18,
+    /// The PG is peering, recovering its history, or has fewer than `min_size` copies up: it
+    /// takes no request now. Retry (like an outage) until it is active.
+    PgInactive = 19,
 }
 
 impl Status {
@@ -72,6 +75,7 @@ impl Status {
             16 => CompareFailed,
             17 => Fenced,
             18 => AuthFailed,
+            19 => PgInactive,
             _ => return None,
         })
     }
@@ -95,6 +99,8 @@ pub enum ProtoError {
         "authentication messages come only first on a connection, and only where a key is set"
     )]
     Handshake,
+    #[error("messages between OSDs are not requests of a client, and get no reply")]
+    Peer,
 }
 
 /// One sub-operation on an object. Reads and writes are not mixed in one request: a request of
@@ -243,7 +249,7 @@ impl OsdOp {
         }
     }
 
-    fn encode(&self, e: &mut Encoder<'_, BytesMut>) {
+    pub fn encode(&self, e: &mut Encoder<'_, BytesMut>) {
         use OsdOp::*;
         e.u8(self.code());
         match self {
@@ -302,7 +308,8 @@ impl OsdOp {
         }
     }
 
-    fn decode(d: &mut Decoder, index: usize) -> Result<Result<Self, u8>, DecodeError> {
+    /// One op at `index` of a request: `Ok(Err(code))` for an op code this build does not know.
+    pub fn decode(d: &mut Decoder, index: usize) -> Result<Result<Self, u8>, DecodeError> {
         use OsdOp::*;
         let code = d.u8("op code")?;
         let keys = |d: &mut Decoder| -> Result<Vec<Bytes>, DecodeError> {
@@ -424,6 +431,9 @@ pub struct ObjectRequest {
     /// The client instance (random per `Client`, 0: anonymous), so an OSD can refuse the
     /// requests of a fenced client.
     pub client: u64,
+    /// The client's number for this request, the same on every retry of it: with `client`,
+    /// how a replicated PG recognises a write it already applied (0: none).
+    pub tid: u64,
     pub oid: String,
     pub ops: Vec<OsdOp>,
 }
@@ -574,6 +584,7 @@ pub fn encode_request(out: &mut BytesMut, request_id: u64, req: &Request) {
                     .u32(r.pg_seed)
                     .u32(r.epoch)
                     .u64(r.client)
+                    .u64(r.tid)
                     .str(&r.oid)
                     .count(r.ops.len());
                 r.ops.iter().for_each(|op| op.encode(&mut e));
@@ -706,6 +717,7 @@ impl Request {
                 let pg_seed = d.u32("pg").map_err(err)?;
                 let epoch = d.u32("epoch").map_err(err)?;
                 let client = d.u64("client").map_err(err)?;
+                let tid = d.u64("request number").map_err(err)?;
                 let oid = d.string("object name", OBJECT_NAME_LEN_MAX).map_err(err)?;
                 let n = d.count("op count", OPS_PER_REQUEST_MAX).map_err(err)?;
                 let mut ops = Vec::with_capacity(n);
@@ -720,10 +732,13 @@ impl Request {
                     pg_seed,
                     epoch,
                     client,
+                    tid,
                     oid,
                     ops,
                 })
             }
+            // Messages between OSDs are decoded by the OSD's replication layer.
+            Opcode::Peer => return Err(ProtoError::Peer),
             Opcode::Fence => Request::Fence {
                 client: d.u64("fenced client").map_err(err)?,
             },
@@ -781,6 +796,7 @@ impl Response {
             }
             Opcode::Fence => Response::Fenced,
             Opcode::Auth => return Err(ProtoError::Handshake),
+            Opcode::Peer => return Err(ProtoError::Peer),
         };
         d.finish("response").map_err(err)?;
         Ok(Ok(resp))

@@ -44,6 +44,7 @@ fn cluster() -> Cluster {
         connections_max: carmine_osd::CONNECTIONS_MAX_DEFAULT,
         idle_timeout: Some(carmine_osd::IDLE_TIMEOUT_DEFAULT),
         auth_key: None,
+        pg_history: None,
     })
     .unwrap();
     Cluster {

@@ -28,6 +28,7 @@ where
             name: "rbd".into(),
             pg_num: 32,
             size: 1,
+            min_size: 1,
         }],
         upmaps: Default::default(),
     };
@@ -41,6 +42,7 @@ where
         connections_max: carmine_osd::CONNECTIONS_MAX_DEFAULT,
         idle_timeout: Some(carmine_osd::IDLE_TIMEOUT_DEFAULT),
         auth_key: None,
+        pg_history: None,
     })
     .unwrap();
     carmine_reactor::block_on(async {

@@ -52,6 +52,7 @@ fn arb_request() -> impl Strategy<Value = Request> {
                     pg_seed,
                     epoch,
                     client,
+                    tid: 0,
                     oid,
                     ops
                 })
@@ -138,7 +139,7 @@ fn unknown_op_code_is_reported_with_its_index() {
     let mut buf = BytesMut::new();
     encode_frame(&mut buf, FrameKind::Request, Opcode::Object, 1, 0, |b| {
         let mut e = Encoder::new(b);
-        e.u32(1).u32(0).u32(1).u64(7).str("obj").count(2);
+        e.u32(1).u32(0).u32(1).u64(7).u64(1).str("obj").count(2);
         e.u8(2); // Stat
         e.u8(200); // unknown
     });
@@ -174,6 +175,7 @@ fn hostile_op_count_is_rejected_without_allocating() {
             .u32(0)
             .u32(1)
             .u64(7)
+            .u64(1)
             .str("obj")
             .u32(u32::MAX);
     });
@@ -196,6 +198,7 @@ fn write_data_shares_the_receive_buffer() {
         pg_seed: 0,
         epoch: 1,
         client: 0,
+        tid: 0,
         oid: "o".into(),
         ops: vec![OsdOp::Write { off: 0, data }],
     });

@@ -1,0 +1,156 @@
+//! The PG histories in the map store, seen from the reactors: the store's calls block (etcd
+//! over HTTP, or a file under a lock), so one worker thread per OSD makes them, and each
+//! reactor gets the answers in its own mailbox. A reactor never waits on one: a PG whose
+//! history has not come yet simply does not peer yet.
+
+use carmine_mapstore::{PgHistoryStore, Recorded};
+use carmine_pg::Interval;
+use carmine_reactor::MailboxSender;
+use carmine_types::PgId;
+use std::sync::mpsc::{sync_channel, SyncSender, TrySendError};
+use std::sync::Arc;
+
+/// Requests queued for the worker; past it a reactor tries again on its next tick.
+const QUEUE: usize = 4096;
+/// Answers a reactor's mailbox holds before the worker waits for it to take some.
+pub(crate) const ANSWERS: usize = 1024;
+
+pub type SharedHistoryStore = Arc<dyn PgHistoryStore + Send + Sync>;
+
+#[derive(Debug)]
+pub(crate) enum Ask {
+    Get {
+        pg: PgId,
+        epoch: u32,
+    },
+    Record {
+        pg: PgId,
+        epoch: u32,
+        after: Option<u32>,
+        interval: Interval,
+    },
+    /// The PG went active in `epoch` with every member: earlier intervals may go.
+    Settle {
+        pg: PgId,
+        epoch: u32,
+    },
+}
+
+#[derive(Debug)]
+pub(crate) enum Answer {
+    /// The PG's history, asked for in `epoch`.
+    Got {
+        pg: PgId,
+        epoch: u32,
+        history: Vec<Interval>,
+    },
+    Recorded {
+        pg: PgId,
+        epoch: u32,
+    },
+    Changed {
+        pg: PgId,
+        epoch: u32,
+        history: Vec<Interval>,
+    },
+    Settled {
+        pg: PgId,
+    },
+    /// The map store could not answer (unreachable, damaged record): asked again later.
+    Failed {
+        pg: PgId,
+        epoch: u32,
+        why: String,
+    },
+}
+
+/// A reactor's handle on the worker.
+#[derive(Clone)]
+pub(crate) struct HistoryClient {
+    reactor: usize,
+    tx: SyncSender<(usize, Ask)>,
+}
+
+impl HistoryClient {
+    /// False if the worker's queue is full or it is gone: ask again later.
+    pub fn ask(&self, ask: Ask) -> bool {
+        match self.tx.try_send((self.reactor, ask)) {
+            Ok(()) => true,
+            Err(TrySendError::Full(_)) | Err(TrySendError::Disconnected(_)) => false,
+        }
+    }
+}
+
+/// Starts the worker for `reactors` (one answer mailbox each); returns each reactor's client.
+pub(crate) fn start(
+    store: SharedHistoryStore,
+    mut reactors: Vec<MailboxSender<Answer>>,
+) -> std::io::Result<Vec<HistoryClient>> {
+    let (tx, rx) = sync_channel::<(usize, Ask)>(QUEUE);
+    let clients = (0..reactors.len())
+        .map(|reactor| HistoryClient {
+            reactor,
+            tx: tx.clone(),
+        })
+        .collect();
+    std::thread::Builder::new()
+        .name("pg-history".into())
+        .spawn(move || {
+            // Ends when every reactor's client is gone (the OSD stopped).
+            while let Ok((reactor, ask)) = rx.recv() {
+                let answer = answer(store.as_ref(), ask);
+                if reactors[reactor].send_blocking(answer).is_err() {
+                    // That reactor stopped; the others may still ask.
+                    continue;
+                }
+            }
+        })?;
+    Ok(clients)
+}
+
+fn answer(store: &(dyn PgHistoryStore + Send + Sync), ask: Ask) -> Answer {
+    match ask {
+        Ask::Get { pg, epoch } => match store.get(pg) {
+            Ok(h) => Answer::Got {
+                pg,
+                epoch,
+                history: h.intervals,
+            },
+            Err(e) => Answer::Failed {
+                pg,
+                epoch,
+                why: e.to_string(),
+            },
+        },
+        Ask::Record {
+            pg,
+            epoch,
+            after,
+            interval,
+        } => match store.record(pg, after, interval.clone()) {
+            Ok(Recorded::Done) => Answer::Recorded { pg, epoch },
+            // An earlier attempt of the same record made it (its answer was lost).
+            Ok(Recorded::Changed(h)) if h.intervals.last() == Some(&interval) => {
+                Answer::Recorded { pg, epoch }
+            }
+            Ok(Recorded::Changed(h)) => Answer::Changed {
+                pg,
+                epoch,
+                history: h.intervals,
+            },
+            Err(e) => Answer::Failed {
+                pg,
+                epoch,
+                why: e.to_string(),
+            },
+        },
+        Ask::Settle { pg, epoch } => match store.settle(pg, epoch) {
+            Ok(_) => Answer::Settled { pg },
+            Err(e) => Answer::Failed {
+                pg,
+                epoch,
+                why: e.to_string(),
+            },
+        },
+    }
+}

@@ -1,0 +1,562 @@
+//! Replicated PGs on one reactor (decision 0009): the host of `carmine_pg::Member`. It feeds
+//! each member the events of its PG — map epochs with the PG's recorded history, messages from
+//! the other members, client writes, store completions, ticks — and carries out what the
+//! member asks: messages to other OSDs' reactors (`peers`), records in the map store's PG
+//! history (`history`, on a worker thread), store transactions (`persist`), and answers to
+//! waiting clients (`write`).
+//!
+//! Everything runs on the reactor's thread; the member is borrowed only inside one
+//! synchronous step, never across an await. Pools of one copy do not come here: they are
+//! served as before, without a log.
+
+pub(crate) mod history;
+mod layout;
+mod peers;
+mod persist;
+mod pull;
+mod write;
+
+pub(crate) use carmine_pg::envelope::{Body, ObjectCopy, PeerMessage};
+pub(crate) use write::{check_readable, write};
+
+use crate::reactor::Shard;
+use carmine_cluster::{pg_to_reactor_index, OsdMap};
+use carmine_pg::{Action, Event, Member, Msg, OpKind, Persisting, ReqId, Version};
+use carmine_proto::OsdOp;
+use carmine_store::{ObjectStore, Transaction};
+use carmine_types::{OsdId, PgId};
+use futures::channel::oneshot;
+use history::{Answer, Ask, HistoryClient};
+use std::cell::{Cell, RefCell};
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::rc::Rc;
+use std::time::Duration;
+
+/// How often members resend what the network may have lost (peering messages, replica
+/// writes not yet acknowledged) and PGs waiting on the map store ask again.
+const TICK: Duration = Duration::from_millis(100);
+/// An active primary needs its ticks only to resend replica writes lost on a broken
+/// connection: every this many ticks.
+const ACTIVE_TICK_EVERY: u32 = 10;
+
+/// How a client write ended at the primary.
+#[derive(Debug)]
+pub(crate) enum Outcome {
+    Acked(Version),
+    /// Not applied here: the PG is not active (peering, or an interval ended under it).
+    Refused,
+}
+
+/// A change queued for the store, in the order the member asked for it.
+pub(crate) enum Job {
+    /// One write: its ops, and its log entry with the log's span after it.
+    Entry {
+        seq: u64,
+        entry: carmine_pg::Entry,
+        ops: Vec<OsdOp>,
+        tail: Version,
+        les: u32,
+    },
+    /// A write the primary applied itself before the member took it (a conditional write).
+    Applied { seq: u64 },
+    /// A whole history taken at activation.
+    History {
+        seq: u64,
+        log: carmine_pg::PgLog,
+        objects: BTreeMap<String, Version>,
+        les: u32,
+        source: Option<OsdId>,
+    },
+}
+
+/// One PG's member on this reactor, and what its host keeps beside it.
+pub(crate) struct PgReplica {
+    pub pg: PgId,
+    pub member: RefCell<Member>,
+    /// Changes waiting for the store, and whether a task is writing them.
+    pub jobs: RefCell<VecDeque<Job>>,
+    pub persisting: Cell<bool>,
+    /// What the store holds: each object's version (what recovery compares against).
+    pub held: RefCell<BTreeMap<String, Version>>,
+    /// The log entries stored, oldest first (trimmed with the log).
+    pub log_keys: RefCell<VecDeque<Version>>,
+    /// Conditional writes hold it while they check and apply; other writes pass through.
+    pub gate: carmine_reactor::FifoLock,
+    /// As primary: the ops of writes in flight, for resending them to replicas.
+    pub inflight_ops: RefCell<HashMap<Version, Vec<OsdOp>>>,
+    /// A conditional write this host applied itself at this version, before the member.
+    pub applied_locally: Cell<Option<Version>>,
+    /// The epoch a history was asked for, a record is in flight for, or was settled in.
+    pub asked: Cell<Option<u32>>,
+    pub recording: Cell<Option<u32>>,
+    pub settled: Cell<u32>,
+    /// Why this copy stopped (its store refused a change): it takes no more work.
+    pub broken: RefCell<Option<String>>,
+    ticks: Cell<u32>,
+}
+
+impl PgReplica {
+    fn new(pg: PgId, member: Member) -> Self {
+        let held = member.objects.clone();
+        let log_keys = member.log.entries().map(|e| e.version).collect();
+        PgReplica {
+            pg,
+            member: RefCell::new(member),
+            jobs: RefCell::new(VecDeque::new()),
+            persisting: Cell::new(false),
+            held: RefCell::new(held),
+            log_keys: RefCell::new(log_keys),
+            gate: Default::default(),
+            inflight_ops: RefCell::new(HashMap::new()),
+            applied_locally: Cell::new(None),
+            asked: Cell::new(None),
+            recording: Cell::new(None),
+            settled: Cell::new(0),
+            broken: RefCell::new(None),
+            ticks: Cell::new(0),
+        }
+    }
+}
+
+/// A reactor's replicated PGs.
+pub(crate) struct Replication {
+    pub osd: OsdId,
+    pub log_max: usize,
+    peers: peers::Peers,
+    pgs: RefCell<HashMap<PgId, Rc<PgReplica>>>,
+    waiters: RefCell<HashMap<ReqId, Vec<oneshot::Sender<Outcome>>>>,
+    history: Option<HistoryClient>,
+    pulls: RefCell<pull::Waiting>,
+}
+
+impl Replication {
+    pub fn new(
+        osd: OsdId,
+        key: Option<carmine_proto::auth::AuthKey>,
+        history: Option<HistoryClient>,
+    ) -> Self {
+        Replication {
+            osd,
+            log_max: carmine_pg::LOG_ENTRIES_DEFAULT,
+            peers: peers::Peers::new(osd, key),
+            pgs: RefCell::new(HashMap::new()),
+            waiters: RefCell::new(HashMap::new()),
+            history,
+            pulls: RefCell::new(Default::default()),
+        }
+    }
+
+    pub fn pg(&self, pg: PgId) -> Option<Rc<PgReplica>> {
+        self.pgs.borrow().get(&pg).cloned()
+    }
+}
+
+/// Loads the replicated PGs this shard holds, takes the current map, and starts the ticks.
+pub(crate) async fn start<S: ObjectStore + 'static>(shard: &Rc<Shard<S>>) -> Result<(), String> {
+    let repl = &shard.replication;
+    let loaded = layout::load_all(&shard.store, repl.log_max).await?;
+    let n = loaded.len();
+    for l in loaded {
+        let member = Member::restore(repl.osd, l.log, l.objects, l.les);
+        repl.pgs
+            .borrow_mut()
+            .insert(l.pg, Rc::new(PgReplica::new(l.pg, member)));
+    }
+    if n > 0 {
+        tracing::info!(pgs = n, "replicated PG copies loaded");
+    }
+    on_map(shard).await?;
+    let weak = Rc::downgrade(shard);
+    carmine_reactor::spawn(async move {
+        loop {
+            carmine_reactor::sleep(TICK).await;
+            let Some(shard) = weak.upgrade() else { return };
+            tick(&shard);
+        }
+    })
+    .detach();
+    Ok(())
+}
+
+/// The PGs of pools with more than one copy that this reactor serves in `map`: those placed
+/// on this OSD that hash to this reactor.
+fn placed_here(map: &OsdMap, osd: OsdId, reactor: u32) -> Vec<(PgId, u8)> {
+    let Some(me) = map.osd(osd) else {
+        return Vec::new();
+    };
+    let reactors = me.reactors.len() as u32;
+    map.pools
+        .iter()
+        .filter(|p| p.size > 1)
+        .flat_map(|p| (0..p.pg_num).map(move |seed| (PgId { pool: p.id, seed }, p.size)))
+        .filter(|(pg, size)| {
+            pg_to_reactor_index(*pg, reactors) == reactor
+                && map.pg_placement(*pg, *size).contains(&osd)
+        })
+        .collect()
+}
+
+/// A new map epoch (or the first): every member here learns it.
+pub(crate) async fn on_map<S: ObjectStore + 'static>(shard: &Rc<Shard<S>>) -> Result<(), String> {
+    let view = shard.view.borrow().clone();
+    let map = &view.map;
+    let repl = &shard.replication;
+    let placed = placed_here(map, shard.osd, shard.index);
+    // Collections first: a member may have to store a write as soon as it knows the epoch.
+    let existing = shard
+        .store
+        .list_collections()
+        .await
+        .map_err(|e| format!("listing PG collections: {e}"))?;
+    let mut txn = Transaction::new();
+    for (pg, _) in &placed {
+        if !existing.contains(pg) {
+            txn.create_collection(*pg);
+        }
+    }
+    if !txn.is_empty() {
+        shard
+            .store
+            .submit(txn)
+            .await
+            .map_err(|e| format!("creating replicated PG collections: {e}"))?;
+    }
+    for (pg, _) in &placed {
+        repl.pgs
+            .borrow_mut()
+            .entry(*pg)
+            .or_insert_with(|| Rc::new(PgReplica::new(*pg, Member::new(repl.osd, repl.log_max))));
+    }
+    let all: Vec<Rc<PgReplica>> = repl.pgs.borrow().values().cloned().collect();
+    for pgr in all {
+        feed_map(shard, &pgr, map);
+    }
+    Ok(())
+}
+
+/// Gives `pgr`'s member the epoch of `map`, with the PG's history when it is to be primary
+/// of a new interval (asked of the map store first; the answer feeds the map then).
+fn feed_map<S: ObjectStore + 'static>(shard: &Rc<Shard<S>>, pgr: &Rc<PgReplica>, map: &OsdMap) {
+    let Ok(pool) = map.pool(pgr.pg.pool) else {
+        return;
+    };
+    let acting = map.pg_osds(pgr.pg, pool.size);
+    let (epoch, current, same) = {
+        let m = pgr.member.borrow();
+        (
+            m.epoch(),
+            m.history().to_vec(),
+            m.acting() == acting.as_slice(),
+        )
+    };
+    if map.epoch <= epoch {
+        return;
+    }
+    let primary = acting.first() == Some(&shard.osd);
+    let history = if !primary {
+        // Only a primary peers; the others need no history.
+        Vec::new()
+    } else if same && map.epoch == epoch + 1 {
+        current
+    } else {
+        ask_history(shard, pgr, map.epoch);
+        return;
+    };
+    let ev = Event::Map {
+        epoch: map.epoch,
+        acting,
+        history,
+        min_size: pool.min_size as usize,
+    };
+    drive(shard, pgr, ev, None);
+}
+
+fn ask_history<S>(shard: &Shard<S>, pgr: &PgReplica, epoch: u32) {
+    if pgr.asked.get() == Some(epoch) {
+        return;
+    }
+    let Some(h) = &shard.replication.history else {
+        tracing::error!(
+            pg = %pgr.pg,
+            "this OSD has no map store for PG histories: the PG cannot peer"
+        );
+        return;
+    };
+    if h.ask(Ask::Get { pg: pgr.pg, epoch }) {
+        pgr.asked.set(Some(epoch));
+    }
+}
+
+/// An answer of the map store's worker.
+pub(crate) fn on_answer<S: ObjectStore + 'static>(shard: &Rc<Shard<S>>, answer: Answer) {
+    let repl = &shard.replication;
+    let pg = match &answer {
+        Answer::Got { pg, .. }
+        | Answer::Recorded { pg, .. }
+        | Answer::Changed { pg, .. }
+        | Answer::Settled { pg, .. }
+        | Answer::Failed { pg, .. } => *pg,
+    };
+    let Some(pgr) = repl.pg(pg) else { return };
+    match answer {
+        Answer::Got { epoch, history, .. } => {
+            pgr.asked.set(None);
+            let map = shard.view.borrow().map.clone();
+            // Asked for an older epoch: a newer ask is (or will be) made.
+            if map.epoch != epoch {
+                return;
+            }
+            let Ok(pool) = map.pool(pg.pool) else { return };
+            let ev = Event::Map {
+                epoch,
+                acting: map.pg_osds(pg, pool.size),
+                history,
+                min_size: pool.min_size as usize,
+            };
+            drive(shard, &pgr, ev, None);
+        }
+        Answer::Recorded { epoch, .. } => {
+            pgr.recording.set(None);
+            drive(shard, &pgr, Event::Recorded { epoch }, None);
+        }
+        Answer::Changed { epoch, history, .. } => {
+            pgr.recording.set(None);
+            drive(shard, &pgr, Event::RecordFailed { epoch, history }, None);
+        }
+        Answer::Settled { .. } => {}
+        Answer::Failed { epoch, why, .. } => {
+            tracing::warn!(%pg, epoch, "PG history: {why}; asking again");
+            pgr.asked.set(None);
+            pgr.recording.set(None);
+            if pgr.settled.get() == epoch {
+                pgr.settled.set(0);
+            }
+        }
+    }
+}
+
+/// Every tick: members resend, and PGs still waiting on the map store ask again.
+fn tick<S: ObjectStore + 'static>(shard: &Rc<Shard<S>>) {
+    let map = shard.view.borrow().map.clone();
+    let all: Vec<Rc<PgReplica>> = shard.replication.pgs.borrow().values().cloned().collect();
+    for pgr in all {
+        if pgr.broken.borrow().is_some() {
+            continue;
+        }
+        let n = pgr.ticks.get().wrapping_add(1);
+        pgr.ticks.set(n);
+        let (behind, active) = {
+            let m = pgr.member.borrow();
+            (m.epoch() < map.epoch, m.is_active_primary())
+        };
+        if behind {
+            feed_map(shard, &pgr, &map);
+        }
+        if !active || n % ACTIVE_TICK_EVERY == 0 {
+            drive(shard, &pgr, Event::Tick, None);
+        }
+    }
+}
+
+/// Runs one event through `pgr`'s member and carries out its actions. `ops` are the ops of
+/// the write the event brings (a client write, or a replica write), if any.
+pub(crate) fn drive<S: ObjectStore + 'static>(
+    shard: &Rc<Shard<S>>,
+    pgr: &Rc<PgReplica>,
+    ev: Event,
+    ops: Option<&[OsdOp]>,
+) {
+    if pgr.broken.borrow().is_some() {
+        return;
+    }
+    let actions = pgr.member.borrow_mut().handle(ev);
+    for action in actions {
+        match action {
+            Action::Send { to, msg } => {
+                let ops = match &msg {
+                    Msg::Rep { entry, .. } => {
+                        match pgr.inflight_ops.borrow().get(&entry.version) {
+                            Some(ops) => ops.clone(),
+                            None => {
+                                // Never send a write without its data.
+                                tracing::error!(pg = %pgr.pg, version = %entry.version,
+                                    "no ops kept for a replica write: not sent");
+                                continue;
+                            }
+                        }
+                    }
+                    _ => Vec::new(),
+                };
+                send(shard, to, pgr.pg, Body::Pg { msg, ops });
+            }
+            Action::Record { interval, after } => {
+                let epoch = interval.epoch;
+                if pgr.recording.get() == Some(epoch) {
+                    continue;
+                }
+                if let Some(h) = &shard.replication.history {
+                    if h.ask(Ask::Record {
+                        pg: pgr.pg,
+                        epoch,
+                        after,
+                        interval,
+                    }) {
+                        pgr.recording.set(Some(epoch));
+                    }
+                }
+            }
+            Action::Ack { req, version } => {
+                pgr.inflight_ops.borrow_mut().remove(&version);
+                finish(shard, req, Outcome::Acked(version));
+            }
+            Action::Refuse { req } => finish(shard, req, Outcome::Refused),
+            Action::Persist { seq, what } => queue_persist(shard, pgr, seq, what, ops),
+        }
+    }
+    let (active, epoch, idle) = {
+        let m = pgr.member.borrow();
+        (m.is_active_primary(), m.epoch(), m.writes_in_flight() == 0)
+    };
+    if idle {
+        pgr.inflight_ops.borrow_mut().clear();
+    }
+    if active && pgr.settled.get() < epoch {
+        if let Some(h) = &shard.replication.history {
+            if h.ask(Ask::Settle { pg: pgr.pg, epoch }) {
+                pgr.settled.set(epoch);
+            }
+        }
+    }
+}
+
+fn finish<S>(shard: &Shard<S>, req: ReqId, outcome: Outcome) {
+    let Some(waiters) = shard.replication.waiters.borrow_mut().remove(&req) else {
+        return;
+    };
+    let mut outcome = Some(outcome);
+    let n = waiters.len();
+    for (i, w) in waiters.into_iter().enumerate() {
+        // Every retry of one request waits for the same outcome.
+        let o = if i + 1 == n {
+            outcome.take().expect("once")
+        } else {
+            match outcome.as_ref().expect("kept for the last") {
+                Outcome::Acked(v) => Outcome::Acked(*v),
+                Outcome::Refused => Outcome::Refused,
+            }
+        };
+        let _ = w.send(o);
+    }
+}
+
+fn queue_persist<S: ObjectStore + 'static>(
+    shard: &Rc<Shard<S>>,
+    pgr: &Rc<PgReplica>,
+    seq: u64,
+    what: Persisting,
+    ops: Option<&[OsdOp]>,
+) {
+    let job = {
+        let m = pgr.member.borrow();
+        match what {
+            Persisting::Entry(v) if pgr.applied_locally.get() == Some(v) => Job::Applied { seq },
+            Persisting::Entry(v) => {
+                let Some(entry) = m.log.entries().rev().find(|e| e.version == v).cloned() else {
+                    drop(m);
+                    fail(pgr, format!("entry {v} to persist is not in the log"));
+                    return;
+                };
+                let Some(ops) = ops else {
+                    drop(m);
+                    fail(pgr, format!("entry {v} to persist came without its ops"));
+                    return;
+                };
+                Job::Entry {
+                    seq,
+                    entry,
+                    ops: ops.to_vec(),
+                    tail: m.log.tail(),
+                    les: m.les,
+                }
+            }
+            Persisting::History { source } => Job::History {
+                seq,
+                log: m.log.clone(),
+                objects: m.objects.clone(),
+                les: m.les,
+                source,
+            },
+        }
+    };
+    pgr.jobs.borrow_mut().push_back(job);
+    if !pgr.persisting.replace(true) {
+        let (shard, pgr) = (shard.clone(), pgr.clone());
+        carmine_reactor::spawn(async move { persist::run(&shard, &pgr).await }).detach();
+    }
+}
+
+/// This copy can no longer be trusted to follow its member: it stops taking work, loudly.
+pub(crate) fn fail(pgr: &PgReplica, why: String) {
+    tracing::error!(pg = %pgr.pg, "replicated PG copy stopped: {why}");
+    pgr.broken.borrow_mut().get_or_insert(why);
+}
+
+/// Sends `body` about `pg` to the reactor of OSD `to` that serves it.
+pub(crate) fn send<S>(shard: &Shard<S>, to: OsdId, pg: PgId, body: Body) {
+    if to == shard.osd {
+        return;
+    }
+    let addr = {
+        let view = shard.view.borrow();
+        let Some(o) = view.map.osd(to) else {
+            return;
+        };
+        o.reactors[pg_to_reactor_index(pg, o.reactors.len() as u32) as usize]
+    };
+    let msg = PeerMessage {
+        from: shard.osd,
+        pg,
+        body,
+    };
+    shard.replication.peers.send(addr, |b| msg.encode(b));
+}
+
+/// A `Peer` frame from another OSD.
+pub(crate) fn on_peer<S: ObjectStore + 'static>(shard: &Rc<Shard<S>>, payload: bytes::Bytes) {
+    let repl = &shard.replication;
+    let msg = match PeerMessage::decode(payload, repl.log_max) {
+        Ok(m) => m,
+        Err(e) => {
+            tracing::warn!("undecodable message from another OSD: {e}");
+            return;
+        }
+    };
+    let PeerMessage { from, pg, body } = msg;
+    match body {
+        Body::Pg { msg, ops } => match repl.pg(pg) {
+            Some(pgr) => drive(shard, &pgr, Event::Msg { from, msg }, Some(&ops)),
+            None => {
+                // A primary asks every member any recorded interval had: an OSD that holds
+                // nothing of the PG says so, with an empty history.
+                if let Msg::Query { .. } = msg {
+                    let mut blank = Member::new(repl.osd, repl.log_max);
+                    for a in blank.handle(Event::Msg { from, msg }) {
+                        if let Action::Send { to, msg } = a {
+                            send(shard, to, pg, Body::Pg { msg, ops: vec![] });
+                        }
+                    }
+                }
+            }
+        },
+        Body::Pull { oid } => pull::serve(shard, from, pg, oid),
+        Body::Pulled { oid, version, copy } => pull::arrived(shard, pg, oid, version, copy),
+    }
+}
+
+/// The kind of log entry a write makes: a delete if it ends by removing the object.
+pub(crate) fn op_kind(ops: &[OsdOp]) -> OpKind {
+    match ops.last() {
+        Some(OsdOp::Remove) => OpKind::Delete,
+        _ => OpKind::Modify,
+    }
+}

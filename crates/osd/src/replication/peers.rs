@@ -1,0 +1,122 @@
+//! Outgoing connections from one reactor to the reactors of other OSDs that serve the same
+//! PGs. One connection per destination endpoint, opened on first use, authenticated as this
+//! OSD (`osd.N`), written by one task per connection: senders append framed messages to its
+//! outbox and ring, so a burst of replica messages leaves in one write. One way only: the
+//! other side answers with messages on its own connection to us.
+//!
+//! A message is not guaranteed to arrive (the connection may break, the outbox may be full):
+//! the PG protocol sends again what matters on its ticks, as it must over any network.
+
+use bytes::BytesMut;
+use carmine_proto::{encode_frame, FrameKind, Opcode};
+use carmine_reactor::io::write_all;
+use carmine_reactor::Doorbell;
+use carmine_reactor::TcpStream;
+use carmine_types::OsdId;
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::rc::Rc;
+use std::time::{Duration, Instant};
+
+/// Bytes one destination may have waiting; past it, messages are dropped (and resent on the
+/// protocol's next tick) rather than grow without bound behind a slow or dead peer.
+const OUTBOX_BYTES_MAX: usize = 64 << 20;
+/// After a failed connection attempt, no new one for this long (messages meanwhile drop).
+const RECONNECT_PAUSE: Duration = Duration::from_millis(100);
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+
+#[derive(Default)]
+struct Outbox {
+    buf: RefCell<BytesMut>,
+    bell: Doorbell,
+    /// A task owns a connection (or is opening one) and drains `buf`.
+    running: Cell<bool>,
+    failed_at: Cell<Option<Instant>>,
+}
+
+pub(crate) struct Peers {
+    me: OsdId,
+    key: Option<carmine_proto::auth::AuthKey>,
+    outboxes: RefCell<HashMap<SocketAddr, Rc<Outbox>>>,
+}
+
+impl Peers {
+    pub fn new(me: OsdId, key: Option<carmine_proto::auth::AuthKey>) -> Self {
+        Peers {
+            me,
+            key,
+            outboxes: RefCell::new(HashMap::new()),
+        }
+    }
+
+    /// Queues one `Peer` frame whose payload `fill` writes, for `to`.
+    pub fn send(&self, to: SocketAddr, fill: impl FnOnce(&mut BytesMut)) {
+        let outbox = self.outboxes.borrow_mut().entry(to).or_default().clone();
+        if outbox
+            .failed_at
+            .get()
+            .is_some_and(|t| t.elapsed() < RECONNECT_PAUSE)
+            || outbox.buf.borrow().len() >= OUTBOX_BYTES_MAX
+        {
+            tracing::debug!(%to, "peer message dropped: no connection, or a full outbox");
+            return;
+        }
+        encode_frame(
+            &mut outbox.buf.borrow_mut(),
+            FrameKind::Request,
+            Opcode::Peer,
+            0,
+            0,
+            fill,
+        );
+        outbox.bell.ring();
+        if !outbox.running.replace(true) {
+            let key = self.key.clone();
+            let me = self.me;
+            carmine_reactor::spawn(async move {
+                if let Err(e) = drain(to, me, key, &outbox).await {
+                    tracing::info!(%to, "peer connection ended: {e}");
+                    outbox.failed_at.set(Some(Instant::now()));
+                }
+                // What was queued for a dead connection is lost; the protocol resends.
+                outbox.buf.borrow_mut().clear();
+                outbox.running.set(false);
+            })
+            .detach();
+        }
+    }
+}
+
+async fn drain(
+    to: SocketAddr,
+    me: OsdId,
+    key: Option<carmine_proto::auth::AuthKey>,
+    outbox: &Outbox,
+) -> Result<(), String> {
+    let mut stream = carmine_reactor::timeout(CONNECT_TIMEOUT, TcpStream::connect(to))
+        .await
+        .map_err(|_| format!("no connection within {CONNECT_TIMEOUT:?}"))?
+        .map_err(|e| format!("connect: {e}"))?;
+    if stream.local_addr().ok() == Some(to) {
+        return Err("connected to itself: nothing listens there".into());
+    }
+    let _ = stream.set_nodelay(true);
+    if let Some(key) = &key {
+        carmine_client::handshake_as(&mut stream, to, key, &format!("osd.{me}"))
+            .await
+            .map_err(|e| e.to_string())?;
+    }
+    let mut spare = BytesMut::new();
+    loop {
+        if outbox.buf.borrow().is_empty() {
+            outbox.bell.wait().await;
+            continue;
+        }
+        let buf = std::mem::replace(&mut *outbox.buf.borrow_mut(), std::mem::take(&mut spare));
+        let (res, mut buf) = write_all(&mut stream, buf).await;
+        res.map_err(|e| format!("write: {e}"))?;
+        buf.clear();
+        spare = buf;
+    }
+}

@@ -1,0 +1,308 @@
+//! Client requests on a replicated PG, at its primary. A write gets its version from the
+//! member, is applied here and sent to every other acting member at once, and is answered
+//! when every one of them has it durable. A write that may fail in the store (a compare, an
+//! exclusive create, a remove…) is first applied here alone, with its log entry, once the PG
+//! has nothing else in flight: only a write that succeeded is replicated, so every copy
+//! applies the same changes. Reads are served only by an active primary, which holds every
+//! acknowledged write.
+
+use super::{drive, layout, op_kind, Outcome, PgReplica};
+use crate::handler::{add_ops, from_store, reject};
+use crate::reactor::Shard;
+use carmine_pg::{Entry, Event, ReqId};
+use carmine_proto::{ErrorReply, ObjectRequest, OpOutput, OsdOp, Status};
+use carmine_store::{ObjectStore, Transaction};
+use carmine_types::limits::{ATTR_NAME_LEN_MAX, IO_LEN_MAX, OBJECT_SIZE_MAX, VALUE_LEN_MAX};
+use carmine_types::PgId;
+use futures::channel::oneshot;
+use std::rc::Rc;
+use std::time::Duration;
+
+/// How long a conditional write waits for the writes before it to be durable.
+const QUIET_WAIT: Duration = Duration::from_secs(10);
+const QUIET_POLL: Duration = Duration::from_millis(1);
+
+fn inactive(pg: PgId, why: &str) -> ErrorReply {
+    reject(Status::PgInactive, format!("pg {pg}: {why}"))
+}
+
+/// `Ok` if reads of `pg` may be served here now.
+pub(crate) fn check_readable<S>(shard: &Shard<S>, pg: PgId) -> Result<(), ErrorReply> {
+    match shard.replication.pg(pg) {
+        Some(p) if p.member.borrow().is_active_primary() && p.broken.borrow().is_none() => Ok(()),
+        Some(p) if p.broken.borrow().is_some() => Err(reject(
+            Status::Io,
+            format!(
+                "pg {pg}: this copy stopped: {}",
+                p.broken.borrow().as_deref().unwrap_or("")
+            ),
+        )),
+        _ => Err(inactive(pg, "not active here yet (peering)")),
+    }
+}
+
+/// Ops whose application may fail in the store, depending on what it holds: such a write is
+/// applied at the primary before it is replicated.
+fn may_fail(op: &OsdOp) -> bool {
+    !matches!(
+        op,
+        OsdOp::Create { exclusive: false }
+            | OsdOp::Write { .. }
+            | OsdOp::WriteFull { .. }
+            | OsdOp::Zero { .. }
+            | OsdOp::Truncate { .. }
+            | OsdOp::SetXattr { .. }
+            | OsdOp::OmapSet { .. }
+            | OsdOp::OmapSetHeader { .. }
+    )
+}
+
+/// The limits the store enforces, checked before a write gets a version: a write every
+/// copy would refuse must never enter the log.
+fn check_limits(ops: &[OsdOp]) -> Result<(), ErrorReply> {
+    let bad = |m: String| Err(reject(Status::InvalidArgument, m));
+    for op in ops {
+        match op {
+            OsdOp::Write { off, data }
+                if off.saturating_add(data.len() as u64) > OBJECT_SIZE_MAX =>
+            {
+                return bad(format!(
+                    "write past the largest object size {OBJECT_SIZE_MAX}"
+                ))
+            }
+            OsdOp::Write { data, .. } | OsdOp::WriteFull { data }
+                if data.len() > IO_LEN_MAX as usize =>
+            {
+                return bad(format!(
+                    "a write of {} bytes, more than {IO_LEN_MAX}",
+                    data.len()
+                ))
+            }
+            OsdOp::Zero { off, len } if off.saturating_add(*len) > OBJECT_SIZE_MAX => {
+                return bad(format!(
+                    "zeroing past the largest object size {OBJECT_SIZE_MAX}"
+                ))
+            }
+            OsdOp::Truncate { size } if *size > OBJECT_SIZE_MAX => {
+                return bad(format!(
+                    "truncating past the largest object size {OBJECT_SIZE_MAX}"
+                ))
+            }
+            OsdOp::SetXattr { name, value }
+                if name.is_empty()
+                    || name.len() > ATTR_NAME_LEN_MAX
+                    || value.len() > VALUE_LEN_MAX =>
+            {
+                return bad("an attribute name or value out of bounds".into())
+            }
+            OsdOp::OmapSet { kvs }
+                if kvs
+                    .iter()
+                    .any(|(k, v)| k.len() > VALUE_LEN_MAX || v.len() > VALUE_LEN_MAX) =>
+            {
+                return bad("an omap key or value out of bounds".into())
+            }
+            OsdOp::OmapSetHeader { data } if data.len() > VALUE_LEN_MAX => {
+                return bad("an omap header out of bounds".into())
+            }
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+/// What replicas apply of a write that passed its checks here: no compares, and a create
+/// that is no longer exclusive (it was, here).
+fn replicated_ops(ops: &[OsdOp]) -> Vec<OsdOp> {
+    ops.iter()
+        .filter(|op| !matches!(op, OsdOp::CmpXattr { .. } | OsdOp::CmpOmap { .. }))
+        .map(|op| match op {
+            OsdOp::Create { .. } => OsdOp::Create { exclusive: false },
+            other => other.clone(),
+        })
+        .collect()
+}
+
+pub(crate) async fn write<S: ObjectStore + 'static>(
+    shard: &Rc<Shard<S>>,
+    pg: PgId,
+    req: ObjectRequest,
+) -> Result<Vec<OpOutput>, ErrorReply> {
+    let pgr = shard
+        .replication
+        .pg(pg)
+        .ok_or_else(|| inactive(pg, "no copy of it here yet"))?;
+    if let Some(why) = pgr.broken.borrow().as_deref() {
+        return Err(reject(
+            Status::Io,
+            format!("pg {pg}: this copy stopped: {why}"),
+        ));
+    }
+    check_limits(&req.ops)?;
+    let n = req.ops.len();
+    let reqid = match (req.client, req.tid) {
+        (0, _) | (_, 0) => ReqId {
+            // Anonymous: a request id no other request has, so it is never taken for one.
+            client: 0,
+            tid: rand::random(),
+        },
+        (client, tid) => ReqId { client, tid },
+    };
+    let kind = op_kind(&req.ops);
+    let waiter = if req.ops.iter().any(may_fail) {
+        let _turn = pgr.gate.lock().await;
+        conditional(shard, &pgr, reqid, req).await?
+    } else {
+        if !pgr.gate.is_idle() {
+            // Behind a conditional write that came first.
+            drop(pgr.gate.lock().await);
+        }
+        enter(shard, &pgr, reqid, &req.oid, kind, req.ops, None)
+    };
+    match waiter.await {
+        Ok(Outcome::Acked(_)) => Ok(vec![OpOutput::None; n]),
+        Ok(Outcome::Refused) | Err(_) => Err(inactive(
+            pg,
+            "the write was not applied: the PG's interval ended (retry)",
+        )),
+    }
+}
+
+/// Hands a write to the member; the receiver gets its outcome.
+fn enter<S: ObjectStore + 'static>(
+    shard: &Rc<Shard<S>>,
+    pgr: &Rc<PgReplica>,
+    req: ReqId,
+    oid: &str,
+    kind: carmine_pg::OpKind,
+    ops: Vec<OsdOp>,
+    applied_at: Option<carmine_pg::Version>,
+) -> oneshot::Receiver<Outcome> {
+    let (tx, rx) = oneshot::channel();
+    shard
+        .replication
+        .waiters
+        .borrow_mut()
+        .entry(req)
+        .or_default()
+        .push(tx);
+    let next = pgr.member.borrow().next_version();
+    if let Some(v) = next {
+        pgr.inflight_ops.borrow_mut().insert(v, ops.clone());
+    }
+    pgr.applied_locally.set(applied_at);
+    drive(
+        shard,
+        pgr,
+        Event::Write {
+            req,
+            oid: oid.to_string(),
+            kind,
+        },
+        Some(&ops),
+    );
+    pgr.applied_locally.set(None);
+    if let Some(v) = next {
+        // Not a new entry (refused, or a retry answered from the log): nothing to resend.
+        let entered = pgr
+            .member
+            .borrow()
+            .log
+            .entries()
+            .next_back()
+            .is_some_and(|e| e.version == v && e.reqid == Some(req));
+        if !entered {
+            pgr.inflight_ops.borrow_mut().remove(&v);
+        }
+    }
+    rx
+}
+
+/// A write that may fail: applied here first, alone, with its log entry; replicated only if
+/// the store took it.
+async fn conditional<S: ObjectStore + 'static>(
+    shard: &Rc<Shard<S>>,
+    pgr: &Rc<PgReplica>,
+    reqid: ReqId,
+    req: ObjectRequest,
+) -> Result<oneshot::Receiver<Outcome>, ErrorReply> {
+    let pg = pgr.pg;
+    let kind = op_kind(&req.ops);
+    let replicated = replicated_ops(&req.ops);
+    // A retry of a write already made is answered from the log, not applied again.
+    if pgr.member.borrow().log.find_request(reqid).is_some() {
+        return Ok(enter(shard, pgr, reqid, &req.oid, kind, replicated, None));
+    }
+    // Everything before it durable here, so the store's checks see every earlier write.
+    let start = std::time::Instant::now();
+    loop {
+        let quiet = pgr.member.borrow().writes_in_flight() == 0
+            && pgr.jobs.borrow().is_empty()
+            && !pgr.persisting.get();
+        if quiet {
+            break;
+        }
+        if start.elapsed() > QUIET_WAIT {
+            return Err(inactive(pg, "writes before this one are not durable yet"));
+        }
+        carmine_reactor::sleep(QUIET_POLL).await;
+    }
+    let (version, tail, les, trimmed) = {
+        let m = pgr.member.borrow();
+        let Some(version) = m.next_version() else {
+            return Err(inactive(pg, "not active here (peering)"));
+        };
+        let entry = Entry {
+            version,
+            oid: req.oid.clone(),
+            kind,
+            reqid: Some(reqid),
+        };
+        let mut after = m.log.clone();
+        after
+            .append(entry)
+            .map_err(|e| reject(Status::Internal, e.to_string()))?;
+        let keys = pgr.log_keys.borrow();
+        let trimmed: Vec<_> = keys
+            .iter()
+            .take_while(|v| **v <= after.tail())
+            .copied()
+            .collect();
+        (version, after.tail(), m.les, trimmed)
+    };
+    let entry = Entry {
+        version,
+        oid: req.oid.clone(),
+        kind,
+        reqid: Some(reqid),
+    };
+    let mut txn = Transaction::new();
+    add_ops(&mut txn, pg, &req.oid, req.ops)?;
+    layout::add_entry(
+        &mut txn,
+        pg,
+        &entry,
+        trimmed.iter().map(|v| layout::log_key(*v)).collect(),
+    );
+    layout::set_meta(&mut txn, pg, tail, version, les);
+    shard
+        .store
+        .submit(txn)
+        .await
+        .map_err(|e| from_store(e, None))?;
+    {
+        let mut keys = pgr.log_keys.borrow_mut();
+        keys.retain(|v| !trimmed.contains(v));
+        keys.push_back(version);
+        let mut held = pgr.held.borrow_mut();
+        match kind {
+            carmine_pg::OpKind::Modify => held.insert(req.oid.clone(), version),
+            carmine_pg::OpKind::Delete => held.remove(&req.oid),
+        };
+    }
+    // Nothing entered meanwhile (the gate is held and the PG was quiet), so the member gives
+    // it the version stored with it; if the interval ended meanwhile it is refused, and the
+    // next peering finds the entry here and decides.
+    let rx = enter(shard, pgr, reqid, &req.oid, kind, replicated, Some(version));
+    Ok(rx)
+}

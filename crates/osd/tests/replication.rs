@@ -1,0 +1,223 @@
+//! Replicated pools on OSDs in this process: writes reach every copy before they are
+//! acknowledged, a PG goes on with one OSD gone, refuses writes below `min_size`, and an OSD
+//! that comes back empty is filled from the others before it serves.
+
+use bytes::Bytes;
+use carmine_client::{Client, ClientConfig, ClientError};
+use carmine_cluster::{OsdInfo, OsdMap, Pool};
+use carmine_mapstore::LocalPgHistory;
+use carmine_osd::{Osd, OsdConfig, StoreConfig, CONNECTIONS_MAX_DEFAULT, IDLE_TIMEOUT_DEFAULT};
+use carmine_proto::{OpOutput, OsdOp, Status};
+use std::net::{SocketAddr, TcpListener};
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// A directory for the PG histories, removed at the end.
+struct TempDir(std::path::PathBuf);
+
+impl TempDir {
+    fn new(name: &str) -> Self {
+        let p = std::env::temp_dir().join(format!("carmine-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&p);
+        std::fs::create_dir_all(&p).unwrap();
+        TempDir(p)
+    }
+
+    fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn free_addr() -> SocketAddr {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+}
+
+fn three_osd_map(reactors: usize) -> OsdMap {
+    OsdMap {
+        epoch: 1,
+        osds: (0..3)
+            .map(|id| {
+                OsdInfo::new(
+                    id,
+                    &format!("host{id}"),
+                    (0..reactors).map(|_| free_addr()).collect(),
+                )
+            })
+            .collect(),
+        pools: vec![Pool {
+            id: 1,
+            name: "rbd".into(),
+            pg_num: 8,
+            size: 3,
+            min_size: 2,
+        }],
+        upmaps: Default::default(),
+    }
+}
+
+fn start(id: u32, map: &OsdMap, histories: &Path) -> Osd {
+    Osd::start(OsdConfig {
+        id,
+        map: map.clone(),
+        reactor_cpus: vec![None; map.osds[0].reactors.len()],
+        store: StoreConfig::Memory {
+            memory_limit_bytes: 256 << 20,
+        },
+        connections_max: CONNECTIONS_MAX_DEFAULT,
+        idle_timeout: Some(IDLE_TIMEOUT_DEFAULT),
+        auth_key: None,
+        pg_history: Some(Arc::new(LocalPgHistory::new(histories))),
+    })
+    .unwrap()
+}
+
+fn data(i: usize, round: u8) -> Bytes {
+    Bytes::from(vec![i as u8 ^ round.wrapping_mul(37); 4096 + i])
+}
+
+fn bootstrap(map: &OsdMap) -> Vec<SocketAddr> {
+    map.osds.iter().flat_map(|o| o.reactors.clone()).collect()
+}
+
+async fn client(map: &OsdMap, retry: Duration) -> Client {
+    Client::connect(
+        &bootstrap(map),
+        ClientConfig {
+            retry_timeout: retry,
+            ..ClientConfig::default()
+        },
+    )
+    .await
+    .unwrap()
+}
+
+async fn write(c: &Client, i: usize, round: u8) -> Result<(), ClientError> {
+    c.execute(
+        1,
+        &format!("obj{i}"),
+        vec![OsdOp::WriteFull {
+            data: data(i, round),
+        }],
+    )
+    .await
+    .map(|_| ())
+}
+
+async fn check(c: &Client, i: usize, round: u8) {
+    let out = c
+        .execute(1, &format!("obj{i}"), vec![OsdOp::Read { off: 0, len: 0 }])
+        .await
+        .unwrap_or_else(|e| panic!("reading obj{i}: {e}"));
+    match &out[..] {
+        [OpOutput::Data(d)] => assert_eq!(d, &data(i, round), "obj{i} of round {round}"),
+        other => panic!("{other:?}"),
+    }
+}
+
+/// Hands `map` to every running OSD.
+fn publish(osds: &mut [Option<Osd>], map: &OsdMap) {
+    for o in osds.iter_mut().flatten() {
+        o.apply_map(map.clone()).unwrap();
+    }
+}
+
+fn next(map: &mut OsdMap, change: impl FnOnce(&mut OsdMap)) {
+    map.epoch += 1;
+    change(map);
+}
+
+#[test]
+fn copies_survive_the_loss_of_osds_and_an_empty_osd_is_filled_before_it_serves() {
+    let dir = TempDir::new("replication");
+    let mut map = three_osd_map(2);
+    let mut osds: Vec<Option<Osd>> = (0..3).map(|id| Some(start(id, &map, dir.path()))).collect();
+    const N: usize = 24;
+    carmine_reactor::block_on(async {
+        let c = client(&map, Duration::from_secs(20)).await;
+        for i in 0..N {
+            write(&c, i, 1).await.unwrap();
+        }
+        for i in 0..N {
+            check(&c, i, 1).await;
+        }
+    });
+
+    // osd.0 goes away with its memory: every PG goes on with the other two copies.
+    osds[0].take().unwrap().shutdown().unwrap();
+    next(&mut map, |m| m.osds[0].up = false);
+    publish(&mut osds, &map);
+    carmine_reactor::block_on(async {
+        let c = client(&map, Duration::from_secs(20)).await;
+        for i in 0..N {
+            check(&c, i, 1).await;
+        }
+        // Degraded writes: two copies, min_size 2.
+        for i in 0..N / 2 {
+            write(&c, i, 2).await.unwrap();
+        }
+    });
+
+    // osd.0 comes back empty (a new disk): it must be filled before the PGs use it.
+    osds[0] = Some(start(0, &map, dir.path()));
+    next(&mut map, |m| m.osds[0].up = true);
+    publish(&mut osds, &map);
+    carmine_reactor::block_on(async {
+        let c = client(&map, Duration::from_secs(20)).await;
+        for i in 0..N {
+            check(&c, i, if i < N / 2 { 2 } else { 1 }).await;
+        }
+        for i in N / 2..N {
+            write(&c, i, 3).await.unwrap();
+        }
+    });
+
+    // osd.1 goes: two copies left.
+    osds[1].take().unwrap().shutdown().unwrap();
+    next(&mut map, |m| m.osds[1].up = false);
+    publish(&mut osds, &map);
+    let expected = |i: usize| if i < N / 2 { 2 } else { 3 };
+    carmine_reactor::block_on(async {
+        let c = client(&map, Duration::from_secs(20)).await;
+        for i in 0..N {
+            check(&c, i, expected(i)).await;
+        }
+    });
+
+    // osd.2 goes too: one copy is below min_size, so writes wait and then fail; nothing is
+    // accepted with one copy.
+    osds[2].take().unwrap().shutdown().unwrap();
+    next(&mut map, |m| m.osds[2].up = false);
+    publish(&mut osds, &map);
+    carmine_reactor::block_on(async {
+        let c = client(&map, Duration::from_millis(800)).await;
+        let err = write(&c, 0, 9).await.unwrap_err();
+        assert!(
+            matches!(&err, ClientError::Unavailable { last, .. } if last.status() == Some(Status::PgInactive)),
+            "{err}"
+        );
+    });
+
+    // With min_size 1, osd.0 alone serves: it holds every write, those it missed while it was
+    // away included — recovery filled it.
+    next(&mut map, |m| m.pools[0].min_size = 1);
+    publish(&mut osds, &map);
+    carmine_reactor::block_on(async {
+        let c = client(&map, Duration::from_secs(20)).await;
+        for i in 0..N {
+            check(&c, i, expected(i)).await;
+        }
+    });
+    for o in osds.into_iter().flatten() {
+        o.shutdown().unwrap();
+    }
+}

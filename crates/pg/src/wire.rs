@@ -1,0 +1,360 @@
+//! The encodings of what members send each other ([`Msg`]) and of the parts of a member's
+//! state that a host persists (log entries, versions). Versioned by the frame that carries
+//! them (protocol version 3) and the record that stores them; every count and string is
+//! bounded before anything is allocated, so a hostile peer costs one message, never a panic.
+
+use crate::log::{Entry, OpKind, PgLog, ReqId};
+use crate::member::Msg;
+use crate::peering::PeerInfo;
+use crate::version::Version;
+use bytes::{BufMut, BytesMut};
+use carmine_types::limits::OBJECT_NAME_LEN_MAX;
+use carmine_types::{DecodeError, Decoder, Encoder};
+use std::collections::BTreeMap;
+
+/// Entries one message may carry: a log is bounded by its own limit, far below this.
+pub const LOG_ENTRIES_MAX: usize = 1 << 16;
+/// Objects one message may list: a PG's whole object list travels in peering messages.
+pub const OBJECTS_MAX: usize = 1 << 22;
+
+const MSG_QUERY: u8 = 1;
+const MSG_INFO: u8 = 2;
+const MSG_ACTIVATE: u8 = 3;
+const MSG_ACTIVATE_ACK: u8 = 4;
+const MSG_REP: u8 = 5;
+const MSG_REP_ACK: u8 = 6;
+const MSG_NOT_ACTIVE: u8 = 7;
+
+pub fn encode_version<B: BufMut>(e: &mut Encoder<'_, B>, v: Version) {
+    e.u32(v.epoch).u64(v.v);
+}
+
+pub fn decode_version(d: &mut Decoder) -> Result<Version, DecodeError> {
+    Ok(Version::new(d.u32("version epoch")?, d.u64("version")?))
+}
+
+pub fn encode_entry<B: BufMut>(e: &mut Encoder<'_, B>, entry: &Entry) {
+    encode_version(e, entry.version);
+    e.str(&entry.oid).u8(match entry.kind {
+        OpKind::Modify => 1,
+        OpKind::Delete => 2,
+    });
+    match entry.reqid {
+        None => {
+            e.u8(0);
+        }
+        Some(r) => {
+            e.u8(1).u64(r.client).u64(r.tid);
+        }
+    }
+}
+
+pub fn decode_entry(d: &mut Decoder) -> Result<Entry, DecodeError> {
+    let version = decode_version(d)?;
+    let oid = d.string("entry object", OBJECT_NAME_LEN_MAX)?;
+    let kind = match d.u8("entry kind")? {
+        1 => OpKind::Modify,
+        2 => OpKind::Delete,
+        k => {
+            return Err(DecodeError::Invalid {
+                what: "entry kind",
+                found: k as u64,
+            })
+        }
+    };
+    let reqid = match d.bool("entry request")? {
+        false => None,
+        true => Some(ReqId {
+            client: d.u64("entry client")?,
+            tid: d.u64("entry request number")?,
+        }),
+    };
+    Ok(Entry {
+        version,
+        oid,
+        kind,
+        reqid,
+    })
+}
+
+pub fn encode_log<B: BufMut>(e: &mut Encoder<'_, B>, log: &PgLog) {
+    encode_version(e, log.tail());
+    encode_version(e, log.head());
+    e.count(log.len());
+    for entry in log.entries() {
+        encode_entry(e, entry);
+    }
+}
+
+/// A log as sent; `max` is the receiver's own bound (it keeps what it keeps).
+pub fn decode_log(d: &mut Decoder, max: usize) -> Result<PgLog, DecodeError> {
+    let tail = decode_version(d)?;
+    let head = decode_version(d)?;
+    let n = d.count("log entries", LOG_ENTRIES_MAX)?;
+    let mut entries = Vec::with_capacity(n.min(4096));
+    for _ in 0..n {
+        entries.push(decode_entry(d)?);
+    }
+    PgLog::from_parts(max, tail, head, entries).map_err(|why| DecodeError::Invalid {
+        what: why,
+        found: n as u64,
+    })
+}
+
+fn encode_objects<'a, B: BufMut>(
+    e: &mut Encoder<'_, B>,
+    n: usize,
+    objects: impl Iterator<Item = (&'a str, Option<Version>)>,
+) {
+    e.count(n);
+    for (oid, v) in objects {
+        e.str(oid);
+        match v {
+            None => {
+                e.u8(0);
+            }
+            Some(v) => {
+                e.u8(1);
+                encode_version(e, v);
+            }
+        }
+    }
+}
+
+fn decode_objects(d: &mut Decoder) -> Result<Vec<(String, Option<Version>)>, DecodeError> {
+    let n = d.count("object count", OBJECTS_MAX)?;
+    let mut out = Vec::with_capacity(n.min(4096));
+    for _ in 0..n {
+        let oid = d.string("object name", OBJECT_NAME_LEN_MAX)?;
+        let v = match d.bool("object present")? {
+            false => None,
+            true => Some(decode_version(d)?),
+        };
+        out.push((oid, v));
+    }
+    Ok(out)
+}
+
+pub fn encode_msg(out: &mut BytesMut, msg: &Msg) {
+    let mut e = Encoder::new(out);
+    match msg {
+        Msg::Query { epoch } => {
+            e.u8(MSG_QUERY).u32(*epoch);
+        }
+        Msg::Info {
+            epoch,
+            info,
+            log,
+            objects,
+        } => {
+            e.u8(MSG_INFO)
+                .u32(*epoch)
+                .u32(info.osd)
+                .u32(info.last_epoch_started);
+            encode_version(&mut e, info.head);
+            encode_version(&mut e, info.tail);
+            encode_log(&mut e, log);
+            encode_objects(
+                &mut e,
+                objects.len(),
+                objects.iter().map(|(k, v)| (k.as_str(), Some(*v))),
+            );
+        }
+        Msg::Activate {
+            epoch,
+            round,
+            log,
+            objects,
+        } => {
+            e.u8(MSG_ACTIVATE).u32(*epoch).u32(*round);
+            encode_log(&mut e, log);
+            encode_objects(
+                &mut e,
+                objects.len(),
+                objects.iter().map(|(k, v)| (k.as_str(), *v)),
+            );
+        }
+        Msg::ActivateAck { epoch, head } => {
+            e.u8(MSG_ACTIVATE_ACK).u32(*epoch);
+            encode_version(&mut e, *head);
+        }
+        Msg::Rep { epoch, entry } => {
+            e.u8(MSG_REP).u32(*epoch);
+            encode_entry(&mut e, entry);
+        }
+        Msg::RepAck { epoch, version } => {
+            e.u8(MSG_REP_ACK).u32(*epoch);
+            encode_version(&mut e, *version);
+        }
+        Msg::NotActive { epoch } => {
+            e.u8(MSG_NOT_ACTIVE).u32(*epoch);
+        }
+    }
+}
+
+/// One message; `log_max` bounds the logs it carries as the receiver keeps them.
+pub fn decode_msg(d: &mut Decoder, log_max: usize) -> Result<Msg, DecodeError> {
+    let tag = d.u8("message kind")?;
+    let epoch = d.u32("message epoch")?;
+    Ok(match tag {
+        MSG_QUERY => Msg::Query { epoch },
+        MSG_INFO => {
+            let osd = d.u32("info osd")?;
+            let last_epoch_started = d.u32("info last epoch started")?;
+            let head = decode_version(d)?;
+            let tail = decode_version(d)?;
+            let log = decode_log(d, log_max)?;
+            let mut objects = BTreeMap::new();
+            for (oid, v) in decode_objects(d)? {
+                let Some(v) = v else {
+                    return Err(DecodeError::Invalid {
+                        what: "an info lists a removed object",
+                        found: 0,
+                    });
+                };
+                objects.insert(oid, v);
+            }
+            Msg::Info {
+                epoch,
+                info: PeerInfo {
+                    osd,
+                    last_epoch_started,
+                    head,
+                    tail,
+                },
+                log,
+                objects,
+            }
+        }
+        MSG_ACTIVATE => Msg::Activate {
+            epoch,
+            round: d.u32("activation round")?,
+            log: decode_log(d, log_max)?,
+            objects: decode_objects(d)?,
+        },
+        MSG_ACTIVATE_ACK => Msg::ActivateAck {
+            epoch,
+            head: decode_version(d)?,
+        },
+        MSG_REP => Msg::Rep {
+            epoch,
+            entry: decode_entry(d)?,
+        },
+        MSG_REP_ACK => Msg::RepAck {
+            epoch,
+            version: decode_version(d)?,
+        },
+        MSG_NOT_ACTIVE => Msg::NotActive { epoch },
+        other => {
+            return Err(DecodeError::Invalid {
+                what: "message kind",
+                found: other as u64,
+            })
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(v: u64, oid: &str) -> Entry {
+        Entry {
+            version: Version::new(3, v),
+            oid: oid.into(),
+            kind: if v.is_multiple_of(2) {
+                OpKind::Delete
+            } else {
+                OpKind::Modify
+            },
+            reqid: (!v.is_multiple_of(3)).then_some(ReqId { client: 7, tid: v }),
+        }
+    }
+
+    fn log() -> PgLog {
+        let mut l = PgLog::new(4);
+        for v in 1..=6 {
+            l.append(entry(v, &format!("o{v}"))).unwrap();
+        }
+        l
+    }
+
+    fn round_trip(m: &Msg) -> Msg {
+        let mut b = BytesMut::new();
+        encode_msg(&mut b, m);
+        let mut d = Decoder::new(b.freeze());
+        let back = decode_msg(&mut d, 4).unwrap();
+        d.finish("message").unwrap();
+        back
+    }
+
+    #[test]
+    fn every_message_round_trips() {
+        let msgs = [
+            Msg::Query { epoch: 9 },
+            Msg::Info {
+                epoch: 9,
+                info: PeerInfo {
+                    osd: 2,
+                    last_epoch_started: 5,
+                    head: Version::new(3, 6),
+                    tail: Version::new(3, 2),
+                },
+                log: log(),
+                objects: [("a".to_string(), Version::new(3, 5))].into(),
+            },
+            Msg::Activate {
+                epoch: 9,
+                round: 2,
+                log: log(),
+                objects: vec![("a".into(), Some(Version::new(3, 5))), ("b".into(), None)],
+            },
+            Msg::ActivateAck {
+                epoch: 9,
+                head: Version::new(3, 6),
+            },
+            Msg::Rep {
+                epoch: 9,
+                entry: entry(7, "x"),
+            },
+            Msg::RepAck {
+                epoch: 9,
+                version: Version::new(9, 7),
+            },
+            Msg::NotActive { epoch: 9 },
+        ];
+        for m in &msgs {
+            assert_eq!(&round_trip(m), m);
+        }
+    }
+
+    #[test]
+    fn truncated_or_damaged_messages_are_errors_not_panics() {
+        let mut b = BytesMut::new();
+        encode_msg(
+            &mut b,
+            &Msg::Activate {
+                epoch: 1,
+                round: 0,
+                log: log(),
+                objects: vec![("a".into(), None)],
+            },
+        );
+        let full = b.freeze();
+        for cut in 0..full.len() {
+            let mut d = Decoder::new(full.slice(..cut));
+            assert!(decode_msg(&mut d, 4).is_err(), "cut at {cut}");
+        }
+        // A log whose entries are out of order, or newer than its head, is refused.
+        let mut bad = BytesMut::new();
+        let mut e = Encoder::new(&mut bad);
+        e.u8(MSG_ACTIVATE).u32(1).u32(0);
+        encode_version(&mut e, Version::ZERO);
+        encode_version(&mut e, Version::new(1, 1));
+        e.count(2);
+        encode_entry(&mut e, &entry(2, "a"));
+        encode_entry(&mut e, &entry(1, "a"));
+        e.count(0);
+        assert!(decode_msg(&mut Decoder::new(bad.freeze()), 4).is_err());
+    }
+}
