@@ -203,8 +203,15 @@ impl Osd {
             // epoch is in the events that change it: a span field recorded again would be
             // printed twice by the fmt layer).
             let span = tracing::info_span!("reactor", osd = cfg.id, reactor = index);
-            let handle = spawn_reactor_in(span, name, cpu, move || run_reactor(setup))
-                .map_err(|source| OsdError::Spawn { id: cfg.id, source })?;
+            let handle = spawn_reactor_in(span, name, cpu, move || async move {
+                let result = run_reactor(setup).await;
+                // Said at once: the control thread notices only on its next check.
+                if let Err(e) = &result {
+                    tracing::error!("reactor stopped: {e}");
+                }
+                result
+            })
+            .map_err(|source| OsdError::Spawn { id: cfg.id, source })?;
             reactors.push((tx, handle));
         }
         Ok(Osd {

@@ -3,15 +3,15 @@
 //! that comes back empty is filled from the others before it serves.
 
 use bytes::Bytes;
-use carmine_client::{Client, ClientConfig, ClientError};
+use carmine_client::{Client, ClientConfig, ClientError, Connection};
 use carmine_cluster::{OsdInfo, OsdMap, Pool};
-use carmine_mapstore::LocalPgHistory;
+use carmine_mapstore::{LocalPgHistory, PgHistoryStore};
 use carmine_osd::{Osd, OsdConfig, StoreConfig, CONNECTIONS_MAX_DEFAULT, IDLE_TIMEOUT_DEFAULT};
-use carmine_proto::{OpOutput, OsdOp, Status};
+use carmine_proto::{OpOutput, OsdOp, Request, Response, Status};
 use std::net::{SocketAddr, TcpListener};
 use std::path::Path;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// A directory for the PG histories, removed at the end.
 struct TempDir(std::path::PathBuf);
@@ -124,10 +124,68 @@ async fn check(c: &Client, i: usize, round: u8) {
     }
 }
 
-/// Hands `map` to every running OSD.
-fn publish(osds: &mut [Option<Osd>], map: &OsdMap) {
+/// Hands `map` to every running OSD, and waits until every PG with enough copies up went
+/// active in it with all of them (its recorded history settled to that one interval): only
+/// then may the next OSD fail without the PG having to wait for one that is gone.
+fn publish(osds: &mut [Option<Osd>], map: &OsdMap, histories: &Path) {
     for o in osds.iter_mut().flatten() {
         o.apply_map(map.clone()).unwrap();
+    }
+    // Every reactor of a running OSD serves the new epoch.
+    let running: Vec<SocketAddr> = osds
+        .iter()
+        .flatten()
+        .flat_map(|o| map.osd(o.id()).unwrap().reactors.clone())
+        .collect();
+    carmine_reactor::block_on(async {
+        for addr in running {
+            let deadline = Instant::now() + Duration::from_secs(10);
+            loop {
+                // A connection made while a restarted OSD comes up may be reset: ask again.
+                let served = match Connection::open(addr, 4).await {
+                    Ok(conn) => match conn.call(&Request::GetMap).await {
+                        Ok(Response::Map { encoded }) => OsdMap::decode(encoded).unwrap().epoch,
+                        Ok(other) => panic!("{other:?}"),
+                        Err(_) => 0,
+                    },
+                    Err(_) => 0,
+                };
+                if served >= map.epoch {
+                    break;
+                }
+                assert!(
+                    Instant::now() < deadline,
+                    "{addr} never took epoch {}",
+                    map.epoch
+                );
+                carmine_reactor::sleep(Duration::from_millis(5)).await;
+            }
+        }
+    });
+    wait_settled(map, histories);
+}
+
+fn wait_settled(map: &OsdMap, histories: &Path) {
+    let store = LocalPgHistory::new(histories);
+    let pool = &map.pools[0];
+    let deadline = Instant::now() + Duration::from_secs(30);
+    for pg in map.all_pgs() {
+        let acting = map.pg_osds(pg, pool.size);
+        if acting.len() < pool.min_size as usize {
+            continue;
+        }
+        loop {
+            let h = store.get(pg).unwrap();
+            if matches!(&h.intervals[..], [i] if i.acting == acting && i.epoch == map.epoch) {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "pg {pg} never settled in epoch {}: {h:?}",
+                map.epoch
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
     }
 }
 
@@ -138,10 +196,17 @@ fn next(map: &mut OsdMap, change: impl FnOnce(&mut OsdMap)) {
 
 #[test]
 fn copies_survive_the_loss_of_osds_and_an_empty_osd_is_filled_before_it_serves() {
+    if std::env::var_os("RUST_LOG").is_some() {
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+            .with_test_writer()
+            .try_init();
+    }
     let dir = TempDir::new("replication");
     let mut map = three_osd_map(2);
     let mut osds: Vec<Option<Osd>> = (0..3).map(|id| Some(start(id, &map, dir.path()))).collect();
     const N: usize = 24;
+    wait_settled(&map, dir.path());
     carmine_reactor::block_on(async {
         let c = client(&map, Duration::from_secs(20)).await;
         for i in 0..N {
@@ -155,7 +220,7 @@ fn copies_survive_the_loss_of_osds_and_an_empty_osd_is_filled_before_it_serves()
     // osd.0 goes away with its memory: every PG goes on with the other two copies.
     osds[0].take().unwrap().shutdown().unwrap();
     next(&mut map, |m| m.osds[0].up = false);
-    publish(&mut osds, &map);
+    publish(&mut osds, &map, dir.path());
     carmine_reactor::block_on(async {
         let c = client(&map, Duration::from_secs(20)).await;
         for i in 0..N {
@@ -170,7 +235,7 @@ fn copies_survive_the_loss_of_osds_and_an_empty_osd_is_filled_before_it_serves()
     // osd.0 comes back empty (a new disk): it must be filled before the PGs use it.
     osds[0] = Some(start(0, &map, dir.path()));
     next(&mut map, |m| m.osds[0].up = true);
-    publish(&mut osds, &map);
+    publish(&mut osds, &map, dir.path());
     carmine_reactor::block_on(async {
         let c = client(&map, Duration::from_secs(20)).await;
         for i in 0..N {
@@ -184,7 +249,7 @@ fn copies_survive_the_loss_of_osds_and_an_empty_osd_is_filled_before_it_serves()
     // osd.1 goes: two copies left.
     osds[1].take().unwrap().shutdown().unwrap();
     next(&mut map, |m| m.osds[1].up = false);
-    publish(&mut osds, &map);
+    publish(&mut osds, &map, dir.path());
     let expected = |i: usize| if i < N / 2 { 2 } else { 3 };
     carmine_reactor::block_on(async {
         let c = client(&map, Duration::from_secs(20)).await;
@@ -194,10 +259,11 @@ fn copies_survive_the_loss_of_osds_and_an_empty_osd_is_filled_before_it_serves()
     });
 
     // osd.2 goes too: one copy is below min_size, so writes wait and then fail; nothing is
-    // accepted with one copy.
+    // accepted with one copy. (A write in flight when the epoch changed would be in doubt:
+    // applied on some copies maybe, and found by its retry. This one comes after.)
     osds[2].take().unwrap().shutdown().unwrap();
     next(&mut map, |m| m.osds[2].up = false);
-    publish(&mut osds, &map);
+    publish(&mut osds, &map, dir.path());
     carmine_reactor::block_on(async {
         let c = client(&map, Duration::from_millis(800)).await;
         let err = write(&c, 0, 9).await.unwrap_err();
@@ -210,7 +276,7 @@ fn copies_survive_the_loss_of_osds_and_an_empty_osd_is_filled_before_it_serves()
     // With min_size 1, osd.0 alone serves: it holds every write, those it missed while it was
     // away included — recovery filled it.
     next(&mut map, |m| m.pools[0].min_size = 1);
-    publish(&mut osds, &map);
+    publish(&mut osds, &map, dir.path());
     carmine_reactor::block_on(async {
         let c = client(&map, Duration::from_secs(20)).await;
         for i in 0..N {

@@ -90,6 +90,13 @@ pub enum Event {
         epoch: u32,
         history: Vec<Interval>,
     },
+    /// The PG's recorded history as the map store has it now, read in `epoch`: a primary
+    /// still gathering infos probes by it from then on (a map comes with the history the
+    /// host knew, which may be behind; the record's compare-and-swap catches any that is).
+    History {
+        epoch: u32,
+        history: Vec<Interval>,
+    },
     /// A client write to the PG (on the primary).
     Write {
         req: ReqId,
@@ -386,6 +393,14 @@ impl Member {
                         heard: BTreeMap::new(),
                     };
                     self.on_tick(&mut out);
+                }
+            }
+            Event::History { epoch, history } => {
+                if epoch == self.epoch && history != self.history {
+                    if let Role::Peering { .. } = self.role {
+                        self.history = history;
+                        self.on_tick(&mut out);
+                    }
                 }
             }
             Event::Write { req, oid, kind } => self.on_write(req, oid, kind, &mut out),

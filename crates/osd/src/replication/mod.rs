@@ -90,6 +90,8 @@ pub(crate) struct PgReplica {
     pub asked: Cell<Option<u32>>,
     pub recording: Cell<Option<u32>>,
     pub settled: Cell<u32>,
+    /// The epoch in which the history was last read from the map store.
+    pub fetched: Cell<u32>,
     /// Why this copy stopped (its store refused a change): it takes no more work.
     pub broken: RefCell<Option<String>>,
     ticks: Cell<u32>,
@@ -112,6 +114,7 @@ impl PgReplica {
             asked: Cell::new(None),
             recording: Cell::new(None),
             settled: Cell::new(0),
+            fetched: Cell::new(0),
             broken: RefCell::new(None),
             ticks: Cell::new(0),
         }
@@ -196,23 +199,34 @@ fn placed_here(map: &OsdMap, osd: OsdId, reactor: u32) -> Vec<(PgId, u8)> {
         .collect()
 }
 
-/// A new map epoch (or the first): every member here learns it.
+/// A new map epoch (or the first): every member here learns it. Members that exist learn it
+/// before this returns to its first await, so no request sees the reactor's new epoch with a
+/// member still in the old one.
 pub(crate) async fn on_map<S: ObjectStore + 'static>(shard: &Rc<Shard<S>>) -> Result<(), String> {
     let view = shard.view.borrow().clone();
     let map = &view.map;
     let repl = &shard.replication;
-    let placed = placed_here(map, shard.osd, shard.index);
-    // Collections first: a member may have to store a write as soon as it knows the epoch.
+    let all: Vec<Rc<PgReplica>> = repl.pgs.borrow().values().cloned().collect();
+    for pgr in all {
+        feed_map(shard, &pgr, map);
+    }
+    let new: Vec<PgId> = placed_here(map, shard.osd, shard.index)
+        .into_iter()
+        .map(|(pg, _)| pg)
+        .filter(|pg| repl.pg(*pg).is_none())
+        .collect();
+    if new.is_empty() {
+        return Ok(());
+    }
+    // A new copy's collection first: its member may store a write as soon as it peers.
     let existing = shard
         .store
         .list_collections()
         .await
         .map_err(|e| format!("listing PG collections: {e}"))?;
     let mut txn = Transaction::new();
-    for (pg, _) in &placed {
-        if !existing.contains(pg) {
-            txn.create_collection(*pg);
-        }
+    for pg in new.iter().filter(|pg| !existing.contains(pg)) {
+        txn.create_collection(*pg);
     }
     if !txn.is_empty() {
         shard
@@ -221,27 +235,28 @@ pub(crate) async fn on_map<S: ObjectStore + 'static>(shard: &Rc<Shard<S>>) -> Re
             .await
             .map_err(|e| format!("creating replicated PG collections: {e}"))?;
     }
-    for (pg, _) in &placed {
-        repl.pgs
-            .borrow_mut()
-            .entry(*pg)
-            .or_insert_with(|| Rc::new(PgReplica::new(*pg, Member::new(repl.osd, repl.log_max))));
-    }
-    let all: Vec<Rc<PgReplica>> = repl.pgs.borrow().values().cloned().collect();
-    for pgr in all {
-        feed_map(shard, &pgr, map);
+    // The newest map: another may have come while the collections were made.
+    let map = shard.view.borrow().map.clone();
+    for pg in new {
+        if repl.pg(pg).is_some() {
+            continue;
+        }
+        let pgr = Rc::new(PgReplica::new(pg, Member::new(repl.osd, repl.log_max)));
+        repl.pgs.borrow_mut().insert(pg, pgr.clone());
+        feed_map(shard, &pgr, &map);
     }
     Ok(())
 }
 
-/// Gives `pgr`'s member the epoch of `map`, with the PG's history when it is to be primary
-/// of a new interval (asked of the map store first; the answer feeds the map then).
+/// Gives `pgr`'s member the epoch of `map` at once (so no write enters an interval that
+/// ended), with the PG's history as this member knew it; a primary of a new interval also asks
+/// the map store for the history as it is now, and gets it when the answer comes.
 fn feed_map<S: ObjectStore + 'static>(shard: &Rc<Shard<S>>, pgr: &Rc<PgReplica>, map: &OsdMap) {
     let Ok(pool) = map.pool(pgr.pg.pool) else {
         return;
     };
     let acting = map.pg_osds(pgr.pg, pool.size);
-    let (epoch, current, same) = {
+    let (epoch, history, same) = {
         let m = pgr.member.borrow();
         (
             m.epoch(),
@@ -252,16 +267,9 @@ fn feed_map<S: ObjectStore + 'static>(shard: &Rc<Shard<S>>, pgr: &Rc<PgReplica>,
     if map.epoch <= epoch {
         return;
     }
-    let primary = acting.first() == Some(&shard.osd);
-    let history = if !primary {
-        // Only a primary peers; the others need no history.
-        Vec::new()
-    } else if same && map.epoch == epoch + 1 {
-        current
-    } else {
+    if acting.first() == Some(&shard.osd) && !(same && map.epoch == epoch + 1) {
         ask_history(shard, pgr, map.epoch);
-        return;
-    };
+    }
     let ev = Event::Map {
         epoch: map.epoch,
         acting,
@@ -301,19 +309,9 @@ pub(crate) fn on_answer<S: ObjectStore + 'static>(shard: &Rc<Shard<S>>, answer: 
     match answer {
         Answer::Got { epoch, history, .. } => {
             pgr.asked.set(None);
-            let map = shard.view.borrow().map.clone();
-            // Asked for an older epoch: a newer ask is (or will be) made.
-            if map.epoch != epoch {
-                return;
-            }
-            let Ok(pool) = map.pool(pg.pool) else { return };
-            let ev = Event::Map {
-                epoch,
-                acting: map.pg_osds(pg, pool.size),
-                history,
-                min_size: pool.min_size as usize,
-            };
-            drive(shard, &pgr, ev, None);
+            pgr.fetched.set(pgr.fetched.get().max(epoch));
+            // (An answer for an older epoch is ignored by the member.)
+            drive(shard, &pgr, Event::History { epoch, history }, None);
         }
         Answer::Recorded { epoch, .. } => {
             pgr.recording.set(None);
@@ -345,12 +343,20 @@ fn tick<S: ObjectStore + 'static>(shard: &Rc<Shard<S>>) {
         }
         let n = pgr.ticks.get().wrapping_add(1);
         pgr.ticks.set(n);
-        let (behind, active) = {
+        let (behind, active, epoch, primary) = {
             let m = pgr.member.borrow();
-            (m.epoch() < map.epoch, m.is_active_primary())
+            (
+                m.epoch() < map.epoch,
+                m.is_active_primary(),
+                m.epoch(),
+                m.acting().first() == Some(&shard.osd),
+            )
         };
         if behind {
             feed_map(shard, &pgr, &map);
+        } else if primary && !active && pgr.fetched.get() < epoch {
+            // Peering without the store's history yet (the ask failed, or is queued).
+            ask_history(shard, &pgr, epoch);
         }
         if !active || n % ACTIVE_TICK_EVERY == 0 {
             drive(shard, &pgr, Event::Tick, None);

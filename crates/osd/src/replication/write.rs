@@ -159,11 +159,21 @@ pub(crate) async fn write<S: ObjectStore + 'static>(
         }
         enter(shard, &pgr, reqid, &req.oid, kind, req.ops, None)
     };
+    let mut waiter = waiter;
+    if let Ok(Some(outcome)) = waiter.try_recv() {
+        // Answered at once: a retry found in the log, or refused before it entered.
+        return match outcome {
+            Outcome::Acked(_) => Ok(vec![OpOutput::None; n]),
+            Outcome::Refused => Err(inactive(pg, "not active here (peering); nothing applied")),
+        };
+    }
     match waiter.await {
         Ok(Outcome::Acked(_)) => Ok(vec![OpOutput::None; n]),
+        // It may be on some copies: the PG recognises its retry by the request number and
+        // answers it from the log if it survived peering, or applies it if it did not.
         Ok(Outcome::Refused) | Err(_) => Err(inactive(
             pg,
-            "the write was not applied: the PG's interval ended (retry)",
+            "the PG's interval ended with the write in flight (in doubt): retry it",
         )),
     }
 }
