@@ -162,6 +162,10 @@ pub struct BenchArgs {
     /// OSD processes.
     #[arg(long, default_value_t = 1)]
     pub osds: u32,
+    /// Copies of every object (the pool's size; min_size is size - size/2). On one machine the
+    /// copies share its cores: compare CPU per I/O.
+    #[arg(long, default_value_t = 1)]
+    pub size: u8,
     /// Reactor placement policy over the OSD cpu set: default, osd or socket.
     #[arg(long, default_value = "default")]
     pub cpu_policy: CpuPolicy,
@@ -315,6 +319,8 @@ fn bench_carmine(a: &BenchArgs, cluster_dir: &std::path::Path) -> Result<Run> {
         no_pin: false,
         pool: Some("rbd".into()),
         pg_num: Some(64),
+        size: Some(a.size),
+        min_size: None,
         host: [127, 0, 0, 1].into(),
         etcd: None,
         with_etcd: false,

@@ -74,6 +74,8 @@ pub struct Run {
     pub client_cpu: u32,
     pub reactors: u32,
     pub osds: u32,
+    /// Copies of every object (the pool's size).
+    pub size: u8,
     pub cpu_policy: String,
     /// `memory`, or `native` (with `fsync` false when acknowledged without fdatasync).
     pub store: String,
@@ -116,6 +118,7 @@ impl Run {
             client_cpu: a.client_cpu,
             reactors: a.reactors,
             osds: a.osds,
+            size: a.size,
             cpu_policy: a.cpu_policy.to_string(),
             store: a.store.clone(),
             fsync: !a.no_fsync,
@@ -151,9 +154,13 @@ fn system(run: &Run) -> String {
         );
     }
     format!(
-        "Carmine, {} OSD(s) x {} reactor(s) on cpu {} (cpu policy {}), {} store",
+        "Carmine, {} OSD(s) x {} reactor(s), {} on cpu {} (cpu policy {}), {} store",
         run.osds,
         run.reactors,
+        match run.size {
+            1 => "1 copy".to_string(),
+            n => format!("{n} copies (min {})", n - n / 2),
+        },
         run.osd_cpu,
         run.cpu_policy,
         match (run.store.as_str(), run.fsync) {

@@ -56,6 +56,8 @@ pub fn run(a: DemoArgs) -> Result<()> {
         no_pin: false,
         pool: Some("rbd".into()),
         pg_num: Some(64),
+        size: Some(1),
+        min_size: None,
         host: [127, 0, 0, 1].into(),
         etcd: None,
         with_etcd: false,

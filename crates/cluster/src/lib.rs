@@ -12,7 +12,9 @@ mod map;
 mod placement;
 
 pub use balance::Balanced;
-pub use map::{MapError, OsdInfo, OsdMap, Pool, Spread, Upmaps, MAP_FORMAT_VERSION};
+pub use map::{
+    MapError, OsdInfo, OsdMap, Pool, Spread, Upmaps, MAP_FORMAT_VERSION, REPLICA_SIZE_MAX,
+};
 pub use placement::{
     object_to_pg_seed, pg_to_reactor_index, stable_mod, weight_of_capacity, WEIGHT_ONE,
 };

@@ -82,6 +82,12 @@ pub struct UpArgs {
     /// Placement groups in that pool [64].
     #[arg(long)]
     pub pg_num: Option<u32>,
+    /// Copies of every object in that pool [new cluster: 3 with 3 OSDs or more, else 1].
+    #[arg(long)]
+    pub size: Option<u8>,
+    /// Copies that must be up for a PG to take requests [new cluster: size - size/2].
+    #[arg(long)]
+    pub min_size: Option<u8>,
     /// Address the OSDs listen on.
     #[arg(long, default_value = "127.0.0.1")]
     pub host: std::net::IpAddr,
@@ -106,6 +112,26 @@ pub struct UpArgs {
     /// [600].
     #[arg(long)]
     pub down_out_grace: Option<u64>,
+}
+
+/// The new pool's copies and `min_size`: as asked, or 3 (min 2) once there are 3 OSDs, else
+/// one copy; never more copies than OSDs.
+fn pool_copies(a: &UpArgs, osds: u32) -> Result<(u8, u8)> {
+    let size = a.size.unwrap_or(if osds >= 3 { 3 } else { 1 });
+    if size == 0 || size > carmine_cluster::REPLICA_SIZE_MAX {
+        bail!(
+            "--size {size}: a pool keeps 1 to {} copies",
+            carmine_cluster::REPLICA_SIZE_MAX
+        );
+    }
+    if u32::from(size) > osds {
+        bail!("--size {size} needs at least {size} OSDs (the cluster has {osds})");
+    }
+    let min_size = a.min_size.unwrap_or(size - size / 2);
+    if min_size == 0 || min_size > size {
+        bail!("--min-size {min_size}: between 1 and the pool's size ({size})");
+    }
+    Ok((size, min_size))
 }
 
 /// How to reach an etcd that is secured: TLS files and etcd auth (for `--etcd`; a private
@@ -650,13 +676,17 @@ fn up_from(
     let reactors = running.map.osds.first().map_or(0, |o| o.reactors.len());
     let pool = &running.map.pools[0];
     running.notes.push(format!(
-        "cluster up in {}: {} OSD(s) x {} reactor(s), {} store, pool {:?} with {} PGs, map epoch {}",
+        "cluster up in {}: {} OSD(s) x {} reactor(s), {} store, pool {:?} with {} PGs, {} cop{} \
+         (min {}), map epoch {}",
         dir.display(),
         running.map.osds.len(),
         reactors,
         store,
         pool.name,
         pool.pg_num,
+        pool.size,
+        if pool.size == 1 { "y" } else { "ies" },
+        pool.min_size,
         running.map.epoch
     ));
     for o in &running.map.osds {
@@ -709,6 +739,7 @@ fn new_cluster(
             }
         }
     }
+    let (size, min_size) = pool_copies(a, osds)?;
     let addrs = free_addrs(a.host, (osds * reactors) as usize)?;
     // Weights are capacities in TiB, as the OSDs will register them.
     let capacity = match store.as_str() {
@@ -731,8 +762,8 @@ fn new_cluster(
             id: 1,
             name: a.pool.clone().unwrap_or_else(|| "rbd".into()),
             pg_num: a.pg_num.unwrap_or(64),
-            size: 1,
-            min_size: 1,
+            size,
+            min_size,
         }],
         upmaps: Default::default(),
     };
@@ -852,6 +883,12 @@ fn existing_cluster(
         "pg-num",
         a.pg_num.map(|v| v.to_string()),
         pool.pg_num.to_string(),
+    );
+    check("size", a.size.map(|v| v.to_string()), pool.size.to_string());
+    check(
+        "min-size",
+        a.min_size.map(|v| v.to_string()),
+        pool.min_size.to_string(),
     );
     let here = |e: Option<&maps::EtcdSettings>| match e {
         Some(e) if e.private => "a private etcd".to_string(),
