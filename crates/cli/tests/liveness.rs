@@ -119,6 +119,8 @@ fn read_volume(c: &Cluster, name: &str, len: usize) -> Vec<u8> {
     out.stdout
 }
 
+/// One copy per PG: these tests are about liveness, where a down OSD's PGs wait for it (with
+/// copies, tests/replication.rs).
 fn etcd_cluster(name: &str) -> Cluster {
     Cluster::up(
         name,
@@ -126,6 +128,8 @@ fn etcd_cluster(name: &str) -> Cluster {
             "--with-etcd",
             "--osds",
             "3",
+            "--size",
+            "1",
             "--lease-ttl",
             &TTL.to_string(),
             "--store",

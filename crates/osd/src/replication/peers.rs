@@ -24,7 +24,12 @@ use std::time::{Duration, Instant};
 const OUTBOX_BYTES_MAX: usize = 64 << 20;
 /// After a failed connection attempt, no new one for this long (messages meanwhile drop).
 const RECONNECT_PAUSE: Duration = Duration::from_millis(100);
+/// Connecting and the handshake, together: a connection that lands in the backlog of a
+/// listener nobody accepts on (a killed OSD's socket that the kernel has not torn down yet)
+/// must not hold this destination's messages for ever.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+/// A write that sends nothing for this long (the peer stopped reading) ends the connection.
+const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
 
 #[derive(Default)]
 struct Outbox {
@@ -94,9 +99,32 @@ async fn drain(
     key: Option<carmine_proto::auth::AuthKey>,
     outbox: &Outbox,
 ) -> Result<(), String> {
-    let mut stream = carmine_reactor::timeout(CONNECT_TIMEOUT, TcpStream::connect(to))
+    let mut stream = carmine_reactor::timeout(CONNECT_TIMEOUT, connect(to, me, key))
         .await
-        .map_err(|_| format!("no connection within {CONNECT_TIMEOUT:?}"))?
+        .map_err(|_| format!("not connected and authenticated within {CONNECT_TIMEOUT:?}"))??;
+    let mut spare = BytesMut::new();
+    loop {
+        if outbox.buf.borrow().is_empty() {
+            outbox.bell.wait().await;
+            continue;
+        }
+        let buf = std::mem::replace(&mut *outbox.buf.borrow_mut(), std::mem::take(&mut spare));
+        let (res, mut buf) = carmine_reactor::timeout(WRITE_TIMEOUT, write_all(&mut stream, buf))
+            .await
+            .map_err(|_| format!("the peer took nothing for {WRITE_TIMEOUT:?}"))?;
+        res.map_err(|e| format!("write: {e}"))?;
+        buf.clear();
+        spare = buf;
+    }
+}
+
+async fn connect(
+    to: SocketAddr,
+    me: OsdId,
+    key: Option<carmine_proto::auth::AuthKey>,
+) -> Result<TcpStream, String> {
+    let mut stream = TcpStream::connect(to)
+        .await
         .map_err(|e| format!("connect: {e}"))?;
     if stream.local_addr().ok() == Some(to) {
         return Err("connected to itself: nothing listens there".into());
@@ -107,16 +135,5 @@ async fn drain(
             .await
             .map_err(|e| e.to_string())?;
     }
-    let mut spare = BytesMut::new();
-    loop {
-        if outbox.buf.borrow().is_empty() {
-            outbox.bell.wait().await;
-            continue;
-        }
-        let buf = std::mem::replace(&mut *outbox.buf.borrow_mut(), std::mem::take(&mut spare));
-        let (res, mut buf) = write_all(&mut stream, buf).await;
-        res.map_err(|e| format!("write: {e}"))?;
-        buf.clear();
-        spare = buf;
-    }
+    Ok(stream)
 }
