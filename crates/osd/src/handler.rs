@@ -510,6 +510,7 @@ mod tests {
                     encoded: map.encode(),
                     map: std::sync::Arc::new(map),
                     owned: HashSet::from([pg]),
+                    replicated: false,
                 })),
                 store,
                 connections: Cell::new(0),

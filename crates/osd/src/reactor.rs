@@ -110,6 +110,8 @@ pub(crate) struct MapView {
     pub encoded: bytes::Bytes,
     /// The PGs whose primary is this reactor in `map`.
     pub owned: HashSet<PgId>,
+    /// Some pool keeps more than one copy.
+    pub replicated: bool,
 }
 
 impl MapView {
@@ -117,6 +119,7 @@ impl MapView {
         MapView {
             encoded: map.encode(),
             owned: map.pgs_of_reactor(osd, reactor).into_iter().collect(),
+            replicated: map.pools.iter().any(|p| p.size > 1),
             map,
         }
     }
@@ -290,7 +293,12 @@ async fn serve<S: ObjectStore + 'static>(setup: ReactorSetup, store: S) -> Resul
                             shard.metrics.refused_auth();
                             Err(format!("not authenticated: {e}"))
                         }
-                        Ok(()) if S::NEVER_SUSPENDS => serve_connection(&shard, stream).await,
+                        // A replicated write waits for the other copies even on a store
+                        // that never suspends: such a cluster's connections must keep many
+                        // requests in flight.
+                        Ok(()) if S::NEVER_SUSPENDS && !shard.view.borrow().replicated => {
+                            serve_connection(&shard, stream).await
+                        }
                         Ok(()) => serve_connection_concurrently(&shard, stream).await,
                     };
                     if let Err(e) = served {
