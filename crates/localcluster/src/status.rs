@@ -87,11 +87,23 @@ fn gib(b: u64) -> String {
     format!("{:.2} GiB", b as f64 / (1u64 << 30) as f64)
 }
 
-/// PGs whose placed OSDs are all down (none can serve them), over all pools.
-fn inactive_pgs(map: &OsdMap) -> usize {
-    map.all_pgs()
-        .filter(|pg| map.pg_primary(*pg).is_none())
-        .count()
+/// PGs by what the map says of their copies, over all pools: inactive (no OSD placed for
+/// them is up, or fewer than the pool's `min_size`: they take no request) and undersized
+/// (enough up to serve, fewer than `size`: a further failure may stop them).
+fn pg_copies(map: &OsdMap) -> (usize, usize) {
+    let (mut inactive, mut undersized) = (0, 0);
+    for pg in map.all_pgs() {
+        let Ok(pool) = map.pool(pg.pool) else {
+            continue;
+        };
+        let up = map.pg_osds(pg, pool.size).len();
+        if up == 0 || up < pool.min_size as usize {
+            inactive += 1;
+        } else if up < pool.size as usize {
+            undersized += 1;
+        }
+    }
+    (inactive, undersized)
 }
 
 pub fn status(dir: &Path) -> Result<Status> {
@@ -200,7 +212,7 @@ pub fn status(dir: &Path) -> Result<Status> {
             format!("{} osds down ({})", down.len(), down.join(", ")),
         );
     }
-    let inactive = inactive_pgs(&map);
+    let (inactive, undersized) = pg_copies(&map);
     let total: usize = map.pools.iter().map(|p| p.pg_num as usize).sum();
     if inactive > 0 {
         let h = if inactive == total {
@@ -211,7 +223,17 @@ pub fn status(dir: &Path) -> Result<Status> {
         checks.add(
             h,
             format!(
-                "Reduced data availability: {inactive} pgs inactive (every OSD placed for them is down)"
+                "Reduced data availability: {inactive} pgs inactive (fewer of their OSDs up \
+                 than the pool's min_size)"
+            ),
+        );
+    }
+    if undersized > 0 {
+        checks.add(
+            Health::Warn,
+            format!(
+                "Degraded data redundancy: {undersized} pgs undersized (fewer copies up than \
+                 the pool's size)"
             ),
         );
     }
@@ -268,13 +290,13 @@ pub fn status(dir: &Path) -> Result<Status> {
     for p in &map.pools {
         writeln!(
             t,
-            "  pool {} {:?}: pg_num {}, size {}",
-            p.id, p.name, p.pg_num, p.size
+            "  pool {} {:?}: pg_num {}, size {}, min_size {}",
+            p.id, p.name, p.pg_num, p.size, p.min_size
         )?;
     }
     writeln!(
         t,
-        "  pgs: {total} total: {} active, {inactive} inactive",
+        "  pgs: {total} total: {} active ({undersized} undersized), {inactive} inactive",
         total - inactive
     )?;
     if usage.osds > 0 {

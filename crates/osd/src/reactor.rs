@@ -558,6 +558,8 @@ async fn serve_connection_concurrently<S: ObjectStore + 'static>(
     let mut watch = Watch::new(shard.idle_timeout);
     // Bytes of a partial frame held when the current read started.
     let mut pending = 0usize;
+    // The receive buffer holds no whole frame (it was decoded up to a partial one).
+    let mut no_whole_frame = true;
     loop {
         // Decode what was read, as far as the in-flight and backlog bounds allow.
         while !closed
@@ -566,7 +568,10 @@ async fn serve_connection_concurrently<S: ObjectStore + 'static>(
         {
             let frame = match try_decode_frame(&mut rbuf) {
                 Ok(Some(frame)) => frame,
-                Ok(None) => break,
+                Ok(None) => {
+                    no_whole_frame = true;
+                    break;
+                }
                 Err(e) => {
                     failure = Some(format!("bad frame: {e}"));
                     closed = true;
@@ -617,8 +622,12 @@ async fn serve_connection_concurrently<S: ObjectStore + 'static>(
                 )),
             };
         }
+        // A read takes the receive buffer until bytes arrive: it must not start while that
+        // holds whole requests a bound kept back (their client waits for their replies, not
+        // sending more, and the connection would hang).
         if reading.is_none()
             && !closed
+            && no_whole_frame
             && inflight.len() < CONNECTION_INFLIGHT_MAX
             && wbuf.len() < CONNECTION_BACKLOG_BYTES
             && inflight_bytes < CONNECTION_INFLIGHT_BYTES
@@ -646,6 +655,7 @@ async fn serve_connection_concurrently<S: ObjectStore + 'static>(
                 reading = None;
                 reader = Some(r);
                 rbuf = buf;
+                no_whole_frame = false;
                 match res {
                     Ok(0) => closed = true,
                     Ok(n) => {

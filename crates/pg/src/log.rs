@@ -3,7 +3,7 @@
 //! where a retried request finds the answer it already had.
 
 use crate::version::Version;
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use thiserror::Error;
 
 /// Entries a PG keeps by default (Ceph's `osd_min_pg_log_entries` is 250 to 3,000).
@@ -49,6 +49,9 @@ pub struct PgLog {
     /// The version of the newest entry, kept when entries are trimmed away.
     head: Version,
     max: usize,
+    /// The entry of each request id in `entries`: a write's duplicate check is one lookup,
+    /// not a scan of the log.
+    by_request: HashMap<ReqId, Version>,
 }
 
 impl PgLog {
@@ -58,6 +61,7 @@ impl PgLog {
             entries: VecDeque::new(),
             head: Version::ZERO,
             max: max.max(1),
+            by_request: HashMap::new(),
         }
     }
 
@@ -85,11 +89,17 @@ impl PgLog {
             entries: entries.into(),
             head,
             max: max.max(1),
+            by_request: HashMap::new(),
         };
         while log.entries.len() > log.max {
             let old = log.entries.pop_front().expect("longer than the bound");
             log.tail = old.version;
         }
+        log.by_request = log
+            .entries
+            .iter()
+            .filter_map(|e| e.reqid.map(|r| (r, e.version)))
+            .collect();
         Ok(log)
     }
 
@@ -125,12 +135,24 @@ impl PgLog {
             });
         }
         self.head = e.version;
+        if let Some(r) = e.reqid {
+            self.by_request.insert(r, e.version);
+        }
         self.entries.push_back(e);
         while self.entries.len() > self.max {
             let old = self.entries.pop_front().expect("longer than the bound");
+            self.forget_request(&old);
             self.tail = old.version;
         }
         Ok(())
+    }
+
+    fn forget_request(&mut self, e: &Entry) {
+        if let Some(r) = e.reqid {
+            if self.by_request.get(&r) == Some(&e.version) {
+                self.by_request.remove(&r);
+            }
+        }
     }
 
     /// Whether version `v` is in the log (within its span and present).
@@ -145,7 +167,8 @@ impl PgLog {
     /// The entry of an earlier request with id `r`, if it is still in the log: a retry is
     /// answered from it, not applied again.
     pub fn find_request(&self, r: ReqId) -> Option<&Entry> {
-        self.entries.iter().rev().find(|e| e.reqid == Some(r))
+        let v = *self.by_request.get(&r)?;
+        self.find(v).map(|i| &self.entries[i])
     }
 
     /// Entries newer than `v`, oldest first.
@@ -159,6 +182,9 @@ impl PgLog {
     pub fn rewind_to(&mut self, v: Version) -> Vec<Entry> {
         let start = self.entries.partition_point(|e| e.version <= v);
         let dropped: Vec<Entry> = self.entries.drain(start..).collect();
+        for e in &dropped {
+            self.forget_request(e);
+        }
         if !dropped.is_empty() || v < self.head {
             self.head = v.max(self.tail);
         }

@@ -80,35 +80,37 @@ async fn entries<S: ObjectStore>(
     let mut last = 0;
     let mut span = None;
     let mut changed: Vec<(String, Option<Version>)> = Vec::new();
-    let mut stored: Vec<Version> = Vec::new();
-    let mut keys = pgr.log_keys.borrow().clone();
-    for job in jobs {
-        match job {
-            Job::Applied { seq } => last = last.max(seq),
-            Job::Entry {
-                seq,
-                entry,
-                ops,
-                tail,
-                les,
-            } => {
-                crate::handler::add_ops(&mut txn, pg, &entry.oid, ops)
-                    .map_err(|e| format!("write {}: {}", entry.version, e.message))?;
-                keys.push_back(entry.version);
-                let mut trimmed = Vec::new();
-                while keys.front().is_some_and(|v| *v <= tail) {
-                    trimmed.push(layout::log_key(keys.pop_front().expect("front")));
+    {
+        // Updated as we go (a failed transaction stops this copy); never held across the
+        // store's await.
+        let mut keys = pgr.log_keys.borrow_mut();
+        for job in jobs {
+            match job {
+                Job::Applied { seq } => last = last.max(seq),
+                Job::Entry {
+                    seq,
+                    entry,
+                    ops,
+                    tail,
+                    les,
+                } => {
+                    crate::handler::add_ops(&mut txn, pg, &entry.oid, ops)
+                        .map_err(|e| format!("write {}: {}", entry.version, e.message))?;
+                    keys.push_back(entry.version);
+                    let mut trimmed = Vec::new();
+                    while keys.front().is_some_and(|v| *v <= tail) {
+                        trimmed.push(layout::log_key(keys.pop_front().expect("front")));
+                    }
+                    layout::add_entry(&mut txn, pg, &entry, trimmed);
+                    changed.push((
+                        entry.oid.clone(),
+                        (entry.kind == OpKind::Modify).then_some(entry.version),
+                    ));
+                    span = Some((tail, entry.version, les));
+                    last = last.max(seq);
                 }
-                layout::add_entry(&mut txn, pg, &entry, trimmed);
-                changed.push((
-                    entry.oid.clone(),
-                    (entry.kind == OpKind::Modify).then_some(entry.version),
-                ));
-                stored.push(entry.version);
-                span = Some((tail, entry.version, les));
-                last = last.max(seq);
+                Job::History { .. } => unreachable!("histories are taken alone"),
             }
-            Job::History { .. } => unreachable!("histories are taken alone"),
         }
     }
     if let Some((tail, head, les)) = span {
@@ -125,7 +127,6 @@ async fn entries<S: ObjectStore>(
                 None => held.remove(&oid),
             };
         }
-        *pgr.log_keys.borrow_mut() = keys;
     }
     Ok(Done::Persisted(last))
 }
