@@ -109,48 +109,38 @@ pub(crate) fn start(
 }
 
 fn answer(store: &(dyn PgHistoryStore + Send + Sync), ask: Ask) -> Answer {
-    match ask {
-        Ask::Get { pg, epoch } => match store.get(pg) {
-            Ok(h) => Answer::Got {
-                pg,
-                epoch,
-                history: h.intervals,
-            },
-            Err(e) => Answer::Failed {
-                pg,
-                epoch,
-                why: e.to_string(),
-            },
-        },
-        Ask::Record {
+    let (pg, epoch) = match &ask {
+        Ask::Get { pg, epoch } | Ask::Record { pg, epoch, .. } | Ask::Settle { pg, epoch } => {
+            (*pg, *epoch)
+        }
+    };
+    let answered = match ask {
+        Ask::Get { .. } => store.get(pg).map(|h| Answer::Got {
             pg,
             epoch,
-            after,
-            interval,
-        } => match store.record(pg, after, interval.clone()) {
-            Ok(Recorded::Done) => Answer::Recorded { pg, epoch },
-            // An earlier attempt of the same record made it (its answer was lost).
-            Ok(Recorded::Changed(h)) if h.intervals.last() == Some(&interval) => {
-                Answer::Recorded { pg, epoch }
-            }
-            Ok(Recorded::Changed(h)) => Answer::Changed {
-                pg,
-                epoch,
-                history: h.intervals,
-            },
-            Err(e) => Answer::Failed {
-                pg,
-                epoch,
-                why: e.to_string(),
-            },
-        },
-        Ask::Settle { pg, epoch } => match store.settle(pg, epoch) {
-            Ok(_) => Answer::Settled { pg },
-            Err(e) => Answer::Failed {
-                pg,
-                epoch,
-                why: e.to_string(),
-            },
-        },
-    }
+            history: h.intervals,
+        }),
+        Ask::Record {
+            after, interval, ..
+        } => store
+            .record(pg, after, interval.clone())
+            .map(|recorded| match recorded {
+                Recorded::Done => Answer::Recorded { pg, epoch },
+                // An earlier attempt of the same record made it (its answer was lost).
+                Recorded::Changed(h) if h.intervals.last() == Some(&interval) => {
+                    Answer::Recorded { pg, epoch }
+                }
+                Recorded::Changed(h) => Answer::Changed {
+                    pg,
+                    epoch,
+                    history: h.intervals,
+                },
+            }),
+        Ask::Settle { .. } => store.settle(pg, epoch).map(|_| Answer::Settled { pg }),
+    };
+    answered.unwrap_or_else(|e| Answer::Failed {
+        pg,
+        epoch,
+        why: e.to_string(),
+    })
 }
