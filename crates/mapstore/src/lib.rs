@@ -24,7 +24,7 @@ mod tls_material;
 pub use access::EtcdAccess;
 pub use etcd::EtcdMapStore;
 pub use local::LocalMapStore;
-pub use pg_history::{EtcdPgHistory, LocalPgHistory, PgHistoryStore, Recorded};
+pub use pg_history::{Change, EtcdPgHistory, LocalPgHistory, PgHistoryStore, Recorded};
 pub use private_etcd::PrivateEtcd;
 
 use carmine_cluster::{MapError, OsdMap};

@@ -23,6 +23,14 @@ pub trait PgHistoryStore: std::fmt::Debug {
     /// The PG's history (empty if none was recorded).
     fn get(&self, pg: PgId) -> Result<History, MapStoreError>;
 
+    /// Replaces the PG's history by what `edit` makes of it (`None`: leave it), as one step
+    /// against every other writer: the one place each backend makes it atomic.
+    fn change(
+        &self,
+        pg: PgId,
+        edit: &mut dyn FnMut(&History) -> Result<Option<History>, MapStoreError>,
+    ) -> Result<Change, MapStoreError>;
+
     /// Appends `interval` if the newest recorded interval is still the one of epoch `after`
     /// (`None`: none) and `interval` is newer.
     fn record(
@@ -30,12 +38,34 @@ pub trait PgHistoryStore: std::fmt::Debug {
         pg: PgId,
         after: Option<u32>,
         interval: Interval,
-    ) -> Result<Recorded, MapStoreError>;
+    ) -> Result<Recorded, MapStoreError> {
+        let mut interval = Some(interval);
+        let edit = &mut |h: &History| {
+            let i = interval.take().expect("edited once");
+            appended(pg, h.clone(), after, i).map(Result::ok)
+        };
+        Ok(match self.change(pg, edit)? {
+            Change::Replaced => Recorded::Done,
+            // Someone recorded meanwhile: the caller peers again against what is there now.
+            Change::Kept(now) => Recorded::Changed(now),
+        })
+    }
 
     /// Drops every interval before the one of `epoch`, if that one is still the newest: once
     /// it went active, its members hold everything acknowledged before it, so a later primary
     /// needs to hear only from one of them. Returns whether the history was shortened.
-    fn settle(&self, pg: PgId, epoch: u32) -> Result<bool, MapStoreError>;
+    fn settle(&self, pg: PgId, epoch: u32) -> Result<bool, MapStoreError> {
+        let edit = &mut |h: &History| Ok(settled(h, epoch));
+        Ok(matches!(self.change(pg, edit)?, Change::Replaced))
+    }
+}
+
+/// What [`PgHistoryStore::change`] did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Change {
+    Replaced,
+    /// Left as it is (the edit declined, or another writer changed it first): here it is now.
+    Kept(History),
 }
 
 /// `h` cut to its newest interval, if that is the one of `epoch` and there is more before it.
@@ -62,7 +92,8 @@ fn decode(pg: PgId, raw: Option<Vec<u8>>) -> Result<History, MapStoreError> {
     }
 }
 
-/// Appends to `h` as [`PgHistoryStore::record`] says; `None` if the history changed.
+/// Appends to `h` as [`PgHistoryStore::record`] says; `Err` (the history as it is) if it
+/// changed.
 fn appended(
     pg: PgId,
     mut h: History,
@@ -117,31 +148,19 @@ impl PgHistoryStore for LocalPgHistory {
         decode(pg, self.read(pg)?)
     }
 
-    fn record(
+    fn change(
         &self,
         pg: PgId,
-        after: Option<u32>,
-        interval: Interval,
-    ) -> Result<Recorded, MapStoreError> {
+        edit: &mut dyn FnMut(&History) -> Result<Option<History>, MapStoreError>,
+    ) -> Result<Change, MapStoreError> {
         std::fs::create_dir_all(&self.dir).map_err(|e| io(&self.dir, e))?;
         let _lock = crate::lockfile::lock_exclusive(&self.dir.join(".lock"))?;
         let current = decode(pg, self.read(pg)?)?;
-        let next = match appended(pg, current, after, interval)? {
-            Ok(h) => h,
-            Err(now) => return Ok(Recorded::Changed(now)),
+        let Some(next) = edit(&current)? else {
+            return Ok(Change::Kept(current));
         };
         crate::lockfile::replace_durably(&self.path(pg), &next.encode())?;
-        Ok(Recorded::Done)
-    }
-
-    fn settle(&self, pg: PgId, epoch: u32) -> Result<bool, MapStoreError> {
-        std::fs::create_dir_all(&self.dir).map_err(|e| io(&self.dir, e))?;
-        let _lock = crate::lockfile::lock_exclusive(&self.dir.join(".lock"))?;
-        let Some(next) = settled(&decode(pg, self.read(pg)?)?, epoch) else {
-            return Ok(false);
-        };
-        crate::lockfile::replace_durably(&self.path(pg), &next.encode())?;
-        Ok(true)
+        Ok(Change::Replaced)
     }
 }
 
@@ -171,18 +190,16 @@ impl PgHistoryStore for EtcdPgHistory {
         )
     }
 
-    fn record(
+    fn change(
         &self,
         pg: PgId,
-        after: Option<u32>,
-        interval: Interval,
-    ) -> Result<Recorded, MapStoreError> {
+        edit: &mut dyn FnMut(&History) -> Result<Option<History>, MapStoreError>,
+    ) -> Result<Change, MapStoreError> {
         let key = crate::keys::pg_history(&self.cluster, pg);
         let (raw, _) = self.etcd.get(&key)?;
         let current = decode(pg, raw.clone())?;
-        let next = match appended(pg, current, after, interval)? {
-            Ok(h) => h,
-            Err(now) => return Ok(Recorded::Changed(now)),
+        let Some(next) = edit(&current)? else {
+            return Ok(Change::Kept(current));
         };
         let compare = match &raw {
             Some(r) => Compare::Value(&key, r),
@@ -195,28 +212,8 @@ impl PgHistoryStore for EtcdPgHistory {
             lease: 0,
         };
         if self.etcd.txn(&[compare], &[put])? {
-            return Ok(Recorded::Done);
+            return Ok(Change::Replaced);
         }
-        // Someone recorded meanwhile: the caller peers again against what is there now.
-        Ok(Recorded::Changed(self.get(pg)?))
-    }
-
-    fn settle(&self, pg: PgId, epoch: u32) -> Result<bool, MapStoreError> {
-        let key = crate::keys::pg_history(&self.cluster, pg);
-        let (raw, _) = self.etcd.get(&key)?;
-        let Some(raw) = raw else {
-            return Ok(false);
-        };
-        let Some(next) = settled(&decode(pg, Some(raw.clone()))?, epoch) else {
-            return Ok(false);
-        };
-        let value = next.encode();
-        let put = Put::Put {
-            key: &key,
-            value: &value,
-            lease: 0,
-        };
-        // Another primary may have recorded meanwhile: then nothing is settled.
-        self.etcd.txn(&[Compare::Value(&key, &raw)], &[put])
+        Ok(Change::Kept(self.get(pg)?))
     }
 }

@@ -555,7 +555,8 @@ pub(crate) fn on_peer<S: ObjectStore + 'static>(shard: &Rc<Shard<S>>, payload: b
             }
         },
         Body::Pull { oid } => pull::serve(shard, from, pg, oid),
-        Body::Pulled { oid, version, copy } => pull::arrived(shard, pg, oid, version, copy),
+        // (The version is the sender's view; the puller labels the copy with the one it wants.)
+        Body::Pulled { oid, copy, .. } => pull::arrived(shard, pg, oid, copy),
     }
 }
 

@@ -55,13 +55,7 @@ pub(super) async fn fetch<S>(
 }
 
 /// An answer to a pull: every caller waiting for that object gets it.
-pub(super) fn arrived<S>(
-    shard: &Shard<S>,
-    pg: PgId,
-    oid: String,
-    _version: Version,
-    copy: Option<ObjectCopy>,
-) {
+pub(super) fn arrived<S>(shard: &Shard<S>, pg: PgId, oid: String, copy: Option<ObjectCopy>) {
     let Some(waiters) = shard.replication.pulls.borrow_mut().remove(&(pg, oid)) else {
         return;
     };
