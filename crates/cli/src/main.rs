@@ -9,6 +9,7 @@ mod osd;
 mod osd_admin;
 mod osd_control;
 mod pattern;
+mod pg;
 mod size;
 mod store;
 mod volume;
@@ -38,6 +39,9 @@ enum Command {
     /// Run a manager in the foreground (normally started by `cluster up --with-etcd`): it
     /// marks OSDs up, down and out in new map epochs; one of several leads.
     Mgr(mgr::MgrArgs),
+    /// Scrub a PG's copies against each other, and repair the bad ones.
+    #[command(subcommand)]
+    Pg(pg::PgCommand),
     /// Format, check and inspect native-store devices offline.
     #[command(subcommand)]
     Store(store::StoreCommand),
@@ -95,6 +99,7 @@ fn main() -> ExitCode {
             )),
         },
         Command::Mgr(a) => mgr::run(a),
+        Command::Pg(c) => pg::run(c),
         Command::Store(c) => store::run(c),
         Command::Cluster(c) => cluster::run(c),
         Command::Volume(c) => volume::run(c),

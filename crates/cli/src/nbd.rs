@@ -241,7 +241,9 @@ pub(crate) fn parse_duration(s: &str) -> Result<Duration, String> {
         "ms" => n / 1000.0,
         "s" => n,
         "m" => n * 60.0,
-        _ => return Err(format!("unknown unit in {s:?} (use ms, s or m)")),
+        "h" => n * 3600.0,
+        "d" => n * 86400.0,
+        _ => return Err(format!("unknown unit in {s:?} (use ms, s, m, h or d)")),
     };
     Duration::try_from_secs_f64(secs).map_err(|e| format!("invalid duration {s:?}: {e}"))
 }

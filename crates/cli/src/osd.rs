@@ -102,6 +102,14 @@ pub struct OsdArgs {
     /// "500ms". 0 never closes one.
     #[arg(long, default_value = "600", value_parser = crate::nbd::parse_duration)]
     pub idle_timeout: Duration,
+    /// How often each replicated PG's copies are compared (lists, versions, sizes) on their
+    /// own: seconds, or "30m", "24h". 0 never.
+    #[arg(long, default_value = "24h", value_parser = crate::nbd::parse_duration)]
+    pub scrub_interval: Duration,
+    /// How often each replicated PG's copies are compared byte for byte (every copy read in
+    /// full). 0 never.
+    #[arg(long, default_value = "7d", value_parser = crate::nbd::parse_duration)]
+    pub deep_scrub_interval: Duration,
     /// The cluster key (64 hex characters, a file of mode 0600): every connection must
     /// authenticate with it before any request is read. Without it, none is asked for.
     #[arg(long)]
@@ -225,6 +233,10 @@ pub fn run(a: OsdArgs, access: &carmine_localcluster::EtcdAccessArgs) -> Result<
         idle_timeout: Some(a.idle_timeout).filter(|t| !t.is_zero()),
         auth_key,
         pg_history: Some(source.pg_history()?),
+        scrub: carmine_osd::ScrubSchedule {
+            light: Some(a.scrub_interval).filter(|t| !t.is_zero()),
+            deep: Some(a.deep_scrub_interval).filter(|t| !t.is_zero()),
+        },
     })?;
     for (r, (addr, cpu)) in info.reactors.iter().zip(&reactor_cpus).enumerate() {
         let cpu = cpu.map_or("unpinned".to_string(), |c| format!("cpu {c}"));

@@ -75,6 +75,7 @@ impl ClientError {
             Response::Map { .. } => "map",
             Response::Object { .. } => "object reply",
             Response::Fenced => "fence confirmation",
+            Response::Scrubbed(_) => "scrub report",
         };
         ClientError::Unexpected {
             detail: format!("{addr} answered with a {kind}"),

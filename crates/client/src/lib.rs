@@ -226,6 +226,55 @@ impl Client {
         Ok(())
     }
 
+    /// Scrubs PG `seed` of `pool` at its primary, which compares every member's copy of
+    /// each object (and with a repair rewrites the bad ones), and returns its report. A PG
+    /// still peering is waited for like an outage; a scrub that already runs is refused.
+    pub async fn scrub(
+        &self,
+        pool: PoolId,
+        seed: u32,
+        mode: carmine_proto::ScrubMode,
+    ) -> Result<carmine_proto::ScrubReport, ClientError> {
+        let pg = carmine_types::PgId { pool, seed };
+        let mut outage = None;
+        let mut attempt = 0;
+        loop {
+            let map = self.map();
+            let addr = match map
+                .pg_primary(pg)
+                .and_then(|(osd, r)| Some(map.osd(osd)?.reactors[r as usize]))
+            {
+                Some(a) => a,
+                None => {
+                    self.wait_in_outage(&mut outage, ClientError::NoOsd { pg })
+                        .await?;
+                    continue;
+                }
+            };
+            let req = Request::Scrub {
+                pool,
+                pg_seed: seed,
+                epoch: map.epoch,
+                mode,
+            };
+            match self.call(addr, &req).await {
+                Ok(Response::Scrubbed(r)) => return Ok(r),
+                Ok(other) => return Err(ClientError::unexpected(addr, &other)),
+                Err(e)
+                    if e.status() == Some(Status::WrongTarget)
+                        && attempt < self.inner.cfg.retries_max =>
+                {
+                    attempt += 1;
+                    self.refresh_map().await?;
+                }
+                Err(e) if e.is_connection_failure() || e.status() == Some(Status::PgInactive) => {
+                    self.wait_in_outage(&mut outage, e).await?;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
     /// The map this client routes by.
     pub fn map(&self) -> Rc<OsdMap> {
         self.inner.map.borrow().clone()

@@ -54,6 +54,8 @@ struct Usage {
     used: u64,
     objects: u64,
     osds: usize,
+    /// PGs whose last scrub left a bad copy, counted by their primaries.
+    inconsistent: u64,
 }
 
 /// Ceph's defaults: warn when the busiest OSD is 85% full, error at 95% (writes then fail
@@ -61,9 +63,9 @@ struct Usage {
 const NEARFULL: f64 = 0.85;
 const FULL: f64 = 0.95;
 
-/// An OSD's (capacity, used bytes, objects) summed over its reactors, read from its
-/// Prometheus endpoint; `None` if it does not answer.
-fn scrape_usage(addr: &str) -> Option<(u64, u64, u64)> {
+/// An OSD's (capacity, used bytes, objects, inconsistent PGs) summed over its reactors, read
+/// from its Prometheus endpoint; `None` if it does not answer.
+fn scrape_usage(addr: &str) -> Option<(u64, u64, u64, u64)> {
     let text = ureq::get(&format!("http://{addr}/metrics"))
         .timeout(std::time::Duration::from_secs(1))
         .call()
@@ -80,6 +82,7 @@ fn scrape_usage(addr: &str) -> Option<(u64, u64, u64)> {
         sum("carmine_osd_store_capacity_bytes"),
         sum("carmine_osd_store_used_bytes"),
         sum("carmine_osd_store_objects"),
+        sum("carmine_osd_pgs_inconsistent"),
     ))
 }
 
@@ -126,7 +129,7 @@ pub fn status(dir: &Path) -> Result<Status> {
             .as_ref()
             .map(|a| format!(", metrics http://{a}/metrics"))
             .unwrap_or_default();
-        if let Some((cap, used, objects)) = metrics_addr
+        if let Some((cap, used, objects, inconsistent)) = metrics_addr
             .as_deref()
             .filter(|_| pid.is_some())
             .and_then(scrape_usage)
@@ -135,6 +138,7 @@ pub fn status(dir: &Path) -> Result<Status> {
             usage.used += used;
             usage.objects += objects;
             usage.osds += 1;
+            usage.inconsistent += inconsistent;
             let full = if cap == 0 {
                 0.0
             } else {
@@ -234,6 +238,16 @@ pub fn status(dir: &Path) -> Result<Status> {
             format!(
                 "Degraded data redundancy: {undersized} pgs undersized (fewer copies up than \
                  the pool's size)"
+            ),
+        );
+    }
+    if usage.inconsistent > 0 {
+        checks.add(
+            Health::Err,
+            format!(
+                "Possible data damage: {} pgs inconsistent (the OSD logs name the objects; \
+                 `carmine pg repair PGID` rewrites the bad copies)",
+                usage.inconsistent
             ),
         );
     }

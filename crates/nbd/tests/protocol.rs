@@ -41,6 +41,7 @@ fn start_with(cfg: NbdConfig) -> (Osd, SocketAddr, Arc<NbdStats>) {
         idle_timeout: Some(IDLE_TIMEOUT_DEFAULT),
         auth_key: None,
         pg_history: None,
+        scrub: Default::default(),
     })
     .unwrap();
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();

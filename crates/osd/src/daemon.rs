@@ -40,6 +40,8 @@ pub struct OsdConfig {
     /// Where PGs' histories are recorded (the map store). Required for pools of more than one
     /// copy: without it their PGs never peer and take no requests.
     pub pg_history: Option<crate::SharedHistoryStore>,
+    /// When replicated PGs are scrubbed on their own.
+    pub scrub: crate::ScrubSchedule,
 }
 
 /// Default for [`OsdConfig::connections_max`].
@@ -197,6 +199,7 @@ impl Osd {
                 metrics,
                 auth_key: cfg.auth_key.clone(),
                 history: history_clients.next().zip(answers.next()),
+                scrub: cfg.scrub,
             };
             let name = format!("osd{}-r{}", cfg.id, index);
             // Every log line of the reactor says which OSD and reactor it is about (the

@@ -80,6 +80,12 @@ async fn answer<S: ObjectStore + 'static>(
             }
             Err(e) => Err(reject(Status::Busy, e)),
         },
+        Ok(Request::Scrub {
+            pool,
+            pg_seed,
+            epoch,
+            mode,
+        }) => scrub_request(shard, pool, pg_seed, epoch, mode).await,
         // A client that knows a newer epoch than this reactor must not be served by the
         // older one: wait (briefly) for the newer map to arrive here.
         Ok(Request::Object(req)) if !caught_up(shard, req.epoch).await => Err(reject(
@@ -157,21 +163,107 @@ async fn read_straight_into_reply<S: ObjectStore + 'static>(
     let [OsdOp::Read { off, len }] = req.ops[..] else {
         unreachable!("checked by is_single_read")
     };
-    let reply = begin_data_reply(out, id);
-    match shard
-        .store
-        .read_into(pg, &req.oid, off, len as u64, out)
-        .await
-    {
-        Ok(_) => {
-            reply.finish(out);
-            Ok(())
-        }
-        Err(e) => {
-            reply.abandon(out);
-            Err(from_store(e, Some(0)))
+    let mut repaired = false;
+    loop {
+        let reply = begin_data_reply(out, id);
+        match shard
+            .store
+            .read_into(pg, &req.oid, off, len as u64, out)
+            .await
+        {
+            Ok(_) => {
+                reply.finish(out);
+                return Ok(());
+            }
+            Err(e) => {
+                reply.abandon(out);
+                if !repaired && read_repairable(shard, pg, &e) {
+                    repair_for_read(shard, pg, &req.oid, &e).await?;
+                    repaired = true;
+                    continue;
+                }
+                return Err(from_store(e, Some(0)));
+            }
         }
     }
+}
+
+/// True if a read of `pg` that failed with `e` may be healed from another copy: a bad local
+/// copy of an object of a replicated PG.
+fn read_repairable<S>(shard: &Shard<S>, pg: PgId, e: &StoreError) -> bool {
+    e.kind == StoreErrorKind::Corrupt && replicated(shard, pg)
+}
+
+/// Rewrites the local copy of `oid` from another member after `e`; the error to answer with
+/// if that fails.
+async fn repair_for_read<S: ObjectStore + 'static>(
+    shard: &Shard<S>,
+    pg: PgId,
+    oid: &str,
+    e: &dyn std::fmt::Display,
+) -> Result<(), ErrorReply> {
+    crate::replication::repair_for_read(&shard.rc(), pg, oid)
+        .await
+        .map_err(|why| ErrorReply {
+            status: Status::Corrupt,
+            op_index: None,
+            message: format!("{e}; and no repair from another copy: {why}"),
+        })
+}
+
+/// An operator's scrub of one replicated PG, at its primary.
+async fn scrub_request<S: ObjectStore + 'static>(
+    shard: &Shard<S>,
+    pool: carmine_types::PoolId,
+    seed: u32,
+    epoch: u32,
+    mode: carmine_proto::ScrubMode,
+) -> Result<Response, ErrorReply> {
+    if !caught_up(shard, epoch).await {
+        return Err(reject(
+            Status::WrongTarget,
+            format!(
+                "osd.{} is at map epoch {}, behind the client's {epoch}",
+                shard.osd,
+                shard.view.borrow().map.epoch
+            ),
+        ));
+    }
+    let pg = PgId { pool, seed };
+    {
+        let view = shard.view.borrow();
+        let p = view
+            .map
+            .pool(pool)
+            .map_err(|e| reject(Status::PoolNotFound, e.to_string()))?;
+        if seed >= p.pg_num {
+            return Err(reject(
+                Status::InvalidArgument,
+                format!("pg {pg} beyond pg_num {}", p.pg_num),
+            ));
+        }
+        if p.size < 2 {
+            return Err(reject(
+                Status::InvalidArgument,
+                format!(
+                    "pool {} keeps one copy: there is nothing to compare",
+                    p.name
+                ),
+            ));
+        }
+        if !view.owned.contains(&pg) {
+            return Err(reject(
+                Status::WrongTarget,
+                format!(
+                    "pg {pg} is not served by osd.{} reactor {}",
+                    shard.osd, shard.index
+                ),
+            ));
+        }
+    }
+    crate::replication::scrub(&shard.rc(), pg, mode)
+        .await
+        .map(Response::Scrubbed)
 }
 
 pub(crate) fn reject(status: Status, message: impl Into<String>) -> ErrorReply {
@@ -313,7 +405,13 @@ async fn handle_object<S: ObjectStore + 'static>(
         0 if req.ops.is_empty() => Err(reject(Status::InvalidArgument, "request has no ops")),
         0 if replicated => {
             crate::replication::check_readable(shard, pg)?;
-            read_ops(shard, pg, &req).await
+            match read_ops(shard, pg, &req).await {
+                Err(e) if e.status == Status::Corrupt => {
+                    repair_for_read(shard, pg, &req.oid, &e).await?;
+                    read_ops(shard, pg, &req).await
+                }
+                r => r,
+            }
         }
         0 => read_ops(shard, pg, &req).await,
         n if n == req.ops.len() && replicated => {
@@ -520,7 +618,12 @@ mod tests {
                 handshaking: Cell::new(0),
                 epoch_line: Default::default(),
                 idle_timeout: None,
-                replication: crate::replication::Replication::new(0, None, None),
+                replication: crate::replication::Replication::new(
+                    0,
+                    None,
+                    None,
+                    Default::default(),
+                ),
                 me: std::rc::Weak::new(),
             };
             let ping = Request::Ping {

@@ -21,3 +21,4 @@ pub use daemon::{
 };
 pub use reactor::ControlMsg;
 pub use replication::history::SharedHistoryStore;
+pub use replication::ScrubSchedule;

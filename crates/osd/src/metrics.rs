@@ -73,6 +73,11 @@ pub struct ReactorMetrics {
     store_capacity: AtomicU64,
     store_used: AtomicU64,
     store_objects: AtomicU64,
+    pgs_inconsistent: AtomicU64,
+    scrubs: AtomicU64,
+    deep_scrubs: AtomicU64,
+    scrub_findings: AtomicU64,
+    read_repairs: AtomicU64,
 }
 
 /// Adds to a counter that only its reactor writes: a plain load and store rather than a
@@ -116,6 +121,27 @@ impl ReactorMetrics {
 
     pub(crate) fn set_store_failed(&self, failed: bool) {
         self.store_failed.store(failed, Ordering::Relaxed);
+    }
+
+    /// A scrub of one PG ended with `findings` bad copies, `unrepaired` of them left so.
+    pub(crate) fn scrubbed(&self, deep: bool, findings: u64) {
+        add(
+            if deep {
+                &self.deep_scrubs
+            } else {
+                &self.scrubs
+            },
+            1,
+        );
+        add(&self.scrub_findings, findings);
+    }
+
+    pub(crate) fn set_pgs_inconsistent(&self, n: u64) {
+        self.pgs_inconsistent.store(n, Ordering::Relaxed);
+    }
+
+    pub(crate) fn read_repaired(&self) {
+        add(&self.read_repairs, 1);
     }
 
     pub(crate) fn set_statfs(&self, s: carmine_store::StoreStatfs) {
@@ -222,6 +248,41 @@ pub fn render(osd: u32, reactors: &[ReactorSource]) -> String {
         "gauge",
         "1 once the reactor's store shard has failed (it then refuses every request).",
         &|r| (r.metrics.store_failed.load(Ordering::Relaxed) as u8).to_string(),
+    );
+    per_reactor(
+        &mut t,
+        "carmine_osd_pgs_inconsistent",
+        "gauge",
+        "PGs this reactor is primary of whose last scrub left a bad copy unrepaired.",
+        &|r| load(&r.metrics.pgs_inconsistent).to_string(),
+    );
+    per_reactor(
+        &mut t,
+        "carmine_osd_scrubs_total",
+        "counter",
+        "Light scrubs of PGs completed as their primary.",
+        &|r| load(&r.metrics.scrubs).to_string(),
+    );
+    per_reactor(
+        &mut t,
+        "carmine_osd_deep_scrubs_total",
+        "counter",
+        "Deep scrubs (and repairs) of PGs completed as their primary.",
+        &|r| load(&r.metrics.deep_scrubs).to_string(),
+    );
+    per_reactor(
+        &mut t,
+        "carmine_osd_scrub_findings_total",
+        "counter",
+        "Bad copies of objects that scrubs found.",
+        &|r| load(&r.metrics.scrub_findings).to_string(),
+    );
+    per_reactor(
+        &mut t,
+        "carmine_osd_read_repairs_total",
+        "counter",
+        "Reads that met a bad local copy and rewrote it from another member before answering.",
+        &|r| load(&r.metrics.read_repairs).to_string(),
     );
     per_reactor(
         &mut t,

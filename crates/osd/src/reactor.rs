@@ -48,6 +48,7 @@ pub(crate) struct ReactorSetup {
         crate::replication::history::HistoryClient,
         Mailbox<crate::replication::history::Answer>,
     )>,
+    pub scrub: crate::ScrubSchedule,
 }
 
 /// Everything one reactor owns.
@@ -198,6 +199,7 @@ async fn serve<S: ObjectStore + 'static>(setup: ReactorSetup, store: S) -> Resul
         metrics,
         auth_key,
         history,
+        scrub,
         ..
     } = setup;
     let (history, answers) = match history {
@@ -223,7 +225,7 @@ async fn serve<S: ObjectStore + 'static>(setup: ReactorSetup, store: S) -> Resul
         connections: Cell::new(0),
         fences,
         metrics,
-        replication: crate::replication::Replication::new(osd, auth_key.clone(), history),
+        replication: crate::replication::Replication::new(osd, auth_key.clone(), history, scrub),
         auth_key,
         handshaking: Cell::new(0),
         epoch_line: Default::default(),

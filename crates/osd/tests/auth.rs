@@ -34,6 +34,7 @@ fn start(auth: Option<AuthKey>) -> (Osd, SocketAddr) {
         idle_timeout: Some(IDLE_TIMEOUT_DEFAULT),
         auth_key: auth,
         pg_history: None,
+        scrub: Default::default(),
     })
     .unwrap();
     (osd, addr)
@@ -312,6 +313,7 @@ fn requests_to_an_osd_with_another_key_fail_as_authentication_errors_at_once() {
                 idle_timeout: Some(IDLE_TIMEOUT_DEFAULT),
                 auth_key: Some(key(1 + id as u8)),
                 pg_history: None,
+                scrub: Default::default(),
             })
             .unwrap()
         })

@@ -48,6 +48,7 @@ fn start(map: &OsdMap) -> Osd {
         idle_timeout: Some(IDLE_TIMEOUT_DEFAULT),
         auth_key: None,
         pg_history: None,
+        scrub: Default::default(),
     })
     .unwrap()
 }
@@ -217,6 +218,7 @@ fn writes_waiting_for_an_epoch_apply_in_the_order_they_were_sent() {
         idle_timeout: Some(IDLE_TIMEOUT_DEFAULT),
         auth_key: None,
         pg_history: None,
+        scrub: Default::default(),
     })
     .unwrap();
     let pg = map1.object_pg(&map1.pools[0], "o");

@@ -80,6 +80,7 @@ impl Native {
                 idle_timeout: Some(carmine_osd::IDLE_TIMEOUT_DEFAULT),
                 auth_key: None,
                 pg_history: None,
+                scrub: Default::default(),
             })
             .unwrap(),
         );

@@ -99,6 +99,7 @@ fn start(
         idle_timeout,
         auth_key: None,
         pg_history: None,
+        scrub: Default::default(),
     })
     .unwrap();
     Native {

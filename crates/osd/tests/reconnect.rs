@@ -54,6 +54,7 @@ fn start(map: &OsdMap) -> Osd {
         idle_timeout: Some(IDLE_TIMEOUT_DEFAULT),
         auth_key: None,
         pg_history: None,
+        scrub: Default::default(),
     })
     .unwrap()
 }

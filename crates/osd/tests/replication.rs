@@ -1,13 +1,17 @@
 //! Replicated pools on OSDs in this process: writes reach every copy before they are
-//! acknowledged, a PG goes on with one OSD gone, refuses writes below `min_size`, and an OSD
-//! that comes back empty is filled from the others before it serves.
+//! acknowledged, a PG goes on with one OSD gone, refuses writes below `min_size`, an OSD
+//! that comes back empty is filled from the others before it serves, and scrubs find copies
+//! that differ, which repairs rewrite.
 
 use bytes::Bytes;
 use carmine_client::{Client, ClientConfig, ClientError, Connection};
 use carmine_cluster::{OsdInfo, OsdMap, Pool};
 use carmine_mapstore::{LocalPgHistory, PgHistoryStore};
 use carmine_osd::{Osd, OsdConfig, StoreConfig, CONNECTIONS_MAX_DEFAULT, IDLE_TIMEOUT_DEFAULT};
-use carmine_proto::{OpOutput, OsdOp, Request, Response, Status};
+use carmine_pg::envelope::{Body, ObjectCopy, PeerMessage};
+use carmine_pg::Version;
+use carmine_proto::{encode_frame, FrameKind, Opcode};
+use carmine_proto::{OpOutput, OsdOp, Request, Response, ScrubMode, ScrubReport, Status};
 use std::net::{SocketAddr, TcpListener};
 use std::path::Path;
 use std::sync::Arc;
@@ -77,6 +81,7 @@ fn start(id: u32, map: &OsdMap, histories: &Path) -> Osd {
         idle_timeout: Some(IDLE_TIMEOUT_DEFAULT),
         auth_key: None,
         pg_history: Some(Arc::new(LocalPgHistory::new(histories))),
+        scrub: Default::default(),
     })
     .unwrap()
 }
@@ -284,6 +289,169 @@ fn copies_survive_the_loss_of_osds_and_an_empty_osd_is_filled_before_it_serves()
         }
     });
     for o in osds.into_iter().flatten() {
+        o.shutdown().unwrap();
+    }
+}
+
+/// Hands `msg` to the reactor at `addr` as if another OSD sent it (this cluster has no key):
+/// how the test changes a copy behind its PG's back.
+fn forge(addr: SocketAddr, msg: &PeerMessage) {
+    use std::io::Write;
+    let mut frame = bytes::BytesMut::new();
+    encode_frame(&mut frame, FrameKind::Request, Opcode::Peer, 1, 0, |b| {
+        msg.encode(b)
+    });
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.write_all(&frame).unwrap();
+}
+
+/// Deep-scrubs `seed` until it reports `n` findings (the forged pushes apply in the
+/// background).
+async fn findings(c: &Client, seed: u32, n: u64) -> ScrubReport {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let r = c.scrub(1, seed, ScrubMode::Deep).await.unwrap();
+        if r.findings_total >= n {
+            assert_eq!(r.findings_total, n, "{r:#?}");
+            assert_eq!(r.unrepaired(), n, "a deep scrub repairs nothing: {r:#?}");
+            return r;
+        }
+        assert!(Instant::now() < deadline, "{n} findings never came: {r:#?}");
+        carmine_reactor::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[test]
+fn scrub_finds_copies_changed_behind_the_pgs_back_and_repair_rewrites_them() {
+    let dir = TempDir::new("scrub");
+    let map = three_osd_map(1);
+    let osds: Vec<Osd> = (0..3).map(|id| start(id, &map, dir.path())).collect();
+    wait_settled(&map, dir.path());
+    const N: usize = 16;
+    let pool = &map.pools[0];
+    let placed = |oid: &str| {
+        let pg = map.object_pg(pool, oid);
+        let acting = map.pg_osds(pg, pool.size);
+        (pg, acting[0], acting[1])
+    };
+    let reactor = |osd: u32| map.osd(osd).unwrap().reactors[0];
+    let push = |oid: &str, pg, from, version, copy| PeerMessage {
+        from,
+        pg,
+        body: Body::Push {
+            epoch: map.epoch,
+            token: 1,
+            oid: oid.into(),
+            version,
+            copy,
+        },
+    };
+    carmine_reactor::block_on(async {
+        let c = client(&map, Duration::from_secs(20)).await;
+        for i in 0..N {
+            write(&c, i, 1).await.unwrap();
+        }
+        // Clean to begin with; a deep scrub counts every object once.
+        let mut objects = 0;
+        for seed in 0..pool.pg_num {
+            for mode in [ScrubMode::Light, ScrubMode::Deep] {
+                let r = c.scrub(1, seed, mode).await.unwrap();
+                assert_eq!((r.findings_total, r.acting.len()), (0, 3), "{r:#?}");
+                objects += r.objects * (mode == ScrubMode::Deep) as u64;
+            }
+        }
+        assert_eq!(objects, N as u64);
+
+        // A replica's obj3 becomes another write's copy: the scrub names the version it
+        // should have.
+        let (pg3, primary3, replica3) = placed("obj3");
+        let copy = |data: Bytes| {
+            Some(ObjectCopy {
+                data,
+                ..Default::default()
+            })
+        };
+        forge(
+            reactor(replica3),
+            &push(
+                "obj3",
+                pg3,
+                primary3,
+                Version::new(1, 999),
+                copy(data(3, 7)),
+            ),
+        );
+        let r = findings(&c, pg3.seed, 1).await;
+        let f = &r.findings[0];
+        assert_eq!((f.oid.as_str(), f.osd), ("obj3", replica3));
+        let want = f.what.rsplit("want ").next().unwrap();
+        let (e, v) = want.split_once('\'').expect(&f.what);
+        let want = Version::new(e.parse().unwrap(), v.parse().unwrap());
+
+        // Now the right version with one byte flipped: only a deep scrub sees it. And a
+        // stray object beside it.
+        let mut bad = data(3, 1).to_vec();
+        bad[100] ^= 1;
+        forge(
+            reactor(replica3),
+            &push("obj3", pg3, primary3, want, copy(bad.into())),
+        );
+        forge(
+            reactor(replica3),
+            &push("stray", pg3, primary3, want, copy(Bytes::from_static(b"x"))),
+        );
+        let r = findings(&c, pg3.seed, 2).await;
+        let mut what: Vec<(&str, &str)> = r
+            .findings
+            .iter()
+            .map(|f| (f.oid.as_str(), f.what.as_str()))
+            .collect();
+        what.sort();
+        assert_eq!(
+            what,
+            vec![
+                ("obj3", "data checksum differs"),
+                ("stray", "stray: the PG holds no such object")
+            ]
+        );
+        let light = c.scrub(1, pg3.seed, ScrubMode::Light).await.unwrap();
+        assert_eq!(light.findings_total, 1, "only the stray: {light:#?}");
+
+        // A replica loses obj5.
+        let (pg5, primary5, replica5) = placed("obj5");
+        forge(
+            reactor(replica5),
+            &push("obj5", pg5, primary5, Version::ZERO, None),
+        );
+        let expect5 = if pg5 == pg3 { 3 } else { 1 };
+        let r = findings(&c, pg5.seed, expect5).await;
+        assert!(
+            r.findings
+                .iter()
+                .any(|f| f.oid == "obj5" && f.osd == replica5 && f.what == "missing"),
+            "{r:#?}"
+        );
+
+        // Repair rewrites every bad copy and checks again; then every PG is clean, every
+        // object reads back, and the PGs take writes.
+        let mut damaged = vec![pg3.seed, pg5.seed];
+        damaged.dedup();
+        for seed in damaged {
+            let r = c.scrub(1, seed, ScrubMode::Repair).await.unwrap();
+            assert!(r.findings_total > 0, "{r:#?}");
+            assert_eq!(r.unrepaired(), 0, "{r:#?}");
+        }
+        for seed in 0..pool.pg_num {
+            let r = c.scrub(1, seed, ScrubMode::Deep).await.unwrap();
+            assert_eq!(r.findings_total, 0, "pg seed {seed}: {r:#?}");
+        }
+        for i in 0..N {
+            check(&c, i, 1).await;
+            write(&c, i, 2).await.unwrap();
+            check(&c, i, 2).await;
+        }
+    });
+    for o in osds {
         o.shutdown().unwrap();
     }
 }

@@ -51,6 +51,7 @@ fn start_with(reactors: usize, connections_max: u32) -> (Osd, OsdMap) {
         idle_timeout: Some(IDLE_TIMEOUT_DEFAULT),
         auth_key: None,
         pg_history: None,
+        scrub: Default::default(),
     })
     .unwrap();
     (osd, map)
@@ -308,6 +309,7 @@ fn start_fails_clearly_when_the_endpoint_is_taken() {
         idle_timeout: Some(IDLE_TIMEOUT_DEFAULT),
         auth_key: None,
         pg_history: None,
+        scrub: Default::default(),
     })
     .err()
     .unwrap();

@@ -2,6 +2,7 @@
 //! protocol's messages (`carmine_pg::Msg`, with the ops of a replicated write), and the
 //! object copies recovery pulls. Layout in docs/format/wire.md ("Messages between OSDs").
 
+use crate::scrub::{decode_scrub_map, encode_scrub_map, ScrubMap};
 use crate::wire::{decode_msg, decode_version, encode_msg, encode_version};
 use crate::{Msg, Version};
 use bytes::{Bytes, BytesMut};
@@ -12,6 +13,12 @@ use carmine_types::{DecodeError, Decoder, Encoder, OsdId, PgId};
 const KIND_PG: u8 = 1;
 const KIND_PULL: u8 = 2;
 const KIND_PULLED: u8 = 3;
+const KIND_SCRUB_ASK: u8 = 4;
+const KIND_SCRUB_MAP: u8 = 5;
+const KIND_PUSH: u8 = 6;
+const KIND_PUSHED: u8 = 7;
+/// The longest reason a member gives for refusing a scrub or a push.
+const REASON_LEN_MAX: usize = 1024;
 /// Attributes and omap entries one object copy may carry.
 const ATTRS_MAX: usize = 1 << 16;
 const ATTR_LEN_MAX: usize = carmine_types::limits::ATTR_NAME_LEN_MAX;
@@ -40,6 +47,116 @@ pub enum Body {
         version: Version,
         copy: Option<ObjectCopy>,
     },
+    /// The primary of `epoch` asks for the member's report of the PG's objects named after
+    /// `after` up to and including `upto` (`None`: from the start, to the end), with checksums
+    /// if `deep`. The primary holds back writes to the PG until every member answered.
+    ScrubAsk {
+        epoch: u32,
+        token: u64,
+        after: Option<String>,
+        upto: Option<String>,
+        deep: bool,
+    },
+    /// The answer, or why the member cannot give it (not in that interval).
+    ScrubMap {
+        token: u64,
+        map: Result<ScrubMap, String>,
+    },
+    /// Repair: the member's copy of `oid` becomes `copy` at `version` (`None`: it goes).
+    Push {
+        epoch: u32,
+        token: u64,
+        oid: String,
+        version: Version,
+        copy: Option<ObjectCopy>,
+    },
+    /// The push is durable, or why it is not.
+    Pushed {
+        token: u64,
+        result: Result<(), String>,
+    },
+}
+
+fn encode_opt_str<B: bytes::BufMut>(e: &mut Encoder<'_, B>, s: &Option<String>) {
+    match s {
+        None => e.u8(0),
+        Some(s) => e.u8(1).str(s),
+    };
+}
+
+fn decode_opt_str(d: &mut Decoder, what: &'static str) -> Result<Option<String>, DecodeError> {
+    Ok(match d.bool(what)? {
+        false => None,
+        true => Some(d.string(what, OBJECT_NAME_LEN_MAX)?),
+    })
+}
+
+fn encode_reason<B: bytes::BufMut>(e: &mut Encoder<'_, B>, r: &Result<(), String>) {
+    match r {
+        Ok(()) => e.u8(0),
+        Err(why) => {
+            let mut end = why.len().min(REASON_LEN_MAX);
+            while !why.is_char_boundary(end) {
+                end -= 1;
+            }
+            e.u8(1).str(&why[..end])
+        }
+    };
+}
+
+fn decode_reason(d: &mut Decoder) -> Result<Result<(), String>, DecodeError> {
+    Ok(match d.bool("refused")? {
+        false => Ok(()),
+        true => Err(d.string("reason", REASON_LEN_MAX)?),
+    })
+}
+
+fn encode_copy<B: bytes::BufMut>(e: &mut Encoder<'_, B>, copy: &Option<ObjectCopy>) {
+    match copy {
+        None => {
+            e.u8(0);
+        }
+        Some(c) => {
+            e.u8(1).bytes(&c.data).count(c.attrs.len());
+            for (k, v) in &c.attrs {
+                e.str(k).bytes(v);
+            }
+            e.bytes(&c.omap_header).count(c.omap.len());
+            for (k, v) in &c.omap {
+                e.bytes(k).bytes(v);
+            }
+        }
+    }
+}
+
+fn decode_copy(d: &mut Decoder) -> Result<Option<ObjectCopy>, DecodeError> {
+    if !d.bool("object present")? {
+        return Ok(None);
+    }
+    let data = d.bytes("object data", IO_LEN_MAX as usize)?;
+    let n = d.count("attribute count", ATTRS_MAX)?;
+    let mut attrs = Vec::with_capacity(n.min(64));
+    for _ in 0..n {
+        attrs.push((
+            d.string("attribute name", ATTR_LEN_MAX)?,
+            d.bytes("attribute value", IO_LEN_MAX as usize)?,
+        ));
+    }
+    let omap_header = d.bytes("omap header", IO_LEN_MAX as usize)?;
+    let n = d.count("omap count", OMAP_MAX)?;
+    let mut omap = Vec::with_capacity(n.min(1024));
+    for _ in 0..n {
+        omap.push((
+            d.bytes("omap key", KEY_LEN_MAX)?,
+            d.bytes("omap value", IO_LEN_MAX as usize)?,
+        ));
+    }
+    Ok(Some(ObjectCopy {
+        data,
+        attrs,
+        omap_header,
+        omap,
+    }))
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -70,21 +187,48 @@ impl PeerMessage {
                 let mut e = Encoder::new(out);
                 e.u8(KIND_PULLED).str(oid);
                 encode_version(&mut e, *version);
-                match copy {
-                    None => {
+                encode_copy(&mut e, copy);
+            }
+            Body::ScrubAsk {
+                epoch,
+                token,
+                after,
+                upto,
+                deep,
+            } => {
+                let mut e = Encoder::new(out);
+                e.u8(KIND_SCRUB_ASK).u32(*epoch).u64(*token);
+                encode_opt_str(&mut e, after);
+                encode_opt_str(&mut e, upto);
+                e.bool(*deep);
+            }
+            Body::ScrubMap { token, map } => {
+                let mut e = Encoder::new(out);
+                e.u8(KIND_SCRUB_MAP).u64(*token);
+                match map {
+                    Ok(m) => {
                         e.u8(0);
+                        encode_scrub_map(&mut e, m);
                     }
-                    Some(c) => {
-                        e.u8(1).bytes(&c.data).count(c.attrs.len());
-                        for (k, v) in &c.attrs {
-                            e.str(k).bytes(v);
-                        }
-                        e.bytes(&c.omap_header).count(c.omap.len());
-                        for (k, v) in &c.omap {
-                            e.bytes(k).bytes(v);
-                        }
-                    }
+                    Err(why) => encode_reason(&mut e, &Err(why.clone())),
                 }
+            }
+            Body::Push {
+                epoch,
+                token,
+                oid,
+                version,
+                copy,
+            } => {
+                let mut e = Encoder::new(out);
+                e.u8(KIND_PUSH).u32(*epoch).u64(*token).str(oid);
+                encode_version(&mut e, *version);
+                encode_copy(&mut e, copy);
+            }
+            Body::Pushed { token, result } => {
+                let mut e = Encoder::new(out);
+                e.u8(KIND_PUSHED).u64(*token);
+                encode_reason(&mut e, result);
             }
         }
     }
@@ -118,40 +262,37 @@ impl PeerMessage {
             KIND_PULL => Body::Pull {
                 oid: d.string("object name", OBJECT_NAME_LEN_MAX)?,
             },
-            KIND_PULLED => {
-                let oid = d.string("object name", OBJECT_NAME_LEN_MAX)?;
-                let version = decode_version(&mut d)?;
-                let copy = match d.bool("object present")? {
-                    false => None,
-                    true => {
-                        let data = d.bytes("object data", IO_LEN_MAX as usize)?;
-                        let n = d.count("attribute count", ATTRS_MAX)?;
-                        let mut attrs = Vec::with_capacity(n.min(64));
-                        for _ in 0..n {
-                            attrs.push((
-                                d.string("attribute name", ATTR_LEN_MAX)?,
-                                d.bytes("attribute value", IO_LEN_MAX as usize)?,
-                            ));
-                        }
-                        let omap_header = d.bytes("omap header", IO_LEN_MAX as usize)?;
-                        let n = d.count("omap count", OMAP_MAX)?;
-                        let mut omap = Vec::with_capacity(n.min(1024));
-                        for _ in 0..n {
-                            omap.push((
-                                d.bytes("omap key", KEY_LEN_MAX)?,
-                                d.bytes("omap value", IO_LEN_MAX as usize)?,
-                            ));
-                        }
-                        Some(ObjectCopy {
-                            data,
-                            attrs,
-                            omap_header,
-                            omap,
-                        })
-                    }
+            KIND_PULLED => Body::Pulled {
+                oid: d.string("object name", OBJECT_NAME_LEN_MAX)?,
+                version: decode_version(&mut d)?,
+                copy: decode_copy(&mut d)?,
+            },
+            KIND_SCRUB_ASK => Body::ScrubAsk {
+                epoch: d.u32("epoch")?,
+                token: d.u64("scrub token")?,
+                after: decode_opt_str(&mut d, "scrub range start")?,
+                upto: decode_opt_str(&mut d, "scrub range end")?,
+                deep: d.bool("deep scrub")?,
+            },
+            KIND_SCRUB_MAP => {
+                let token = d.u64("scrub token")?;
+                let map = match decode_reason(&mut d)? {
+                    Ok(()) => Ok(decode_scrub_map(&mut d)?),
+                    Err(why) => Err(why),
                 };
-                Body::Pulled { oid, version, copy }
+                Body::ScrubMap { token, map }
             }
+            KIND_PUSH => Body::Push {
+                epoch: d.u32("epoch")?,
+                token: d.u64("push token")?,
+                oid: d.string("object name", OBJECT_NAME_LEN_MAX)?,
+                version: decode_version(&mut d)?,
+                copy: decode_copy(&mut d)?,
+            },
+            KIND_PUSHED => Body::Pushed {
+                token: d.u64("push token")?,
+                result: decode_reason(&mut d)?,
+            },
             k => {
                 return Err(DecodeError::Invalid {
                     what: "peer message kind",
@@ -212,6 +353,61 @@ mod tests {
                     omap_header: Bytes::from_static(b"h"),
                     omap: vec![(Bytes::from_static(b"k"), Bytes::from_static(b"v"))],
                 }),
+            },
+        });
+        round_trip(&PeerMessage {
+            from: 1,
+            pg,
+            body: Body::ScrubAsk {
+                epoch: 9,
+                token: 3,
+                after: Some("a".into()),
+                upto: None,
+                deep: true,
+            },
+        });
+        round_trip(&PeerMessage {
+            from: 1,
+            pg,
+            body: Body::ScrubMap {
+                token: 3,
+                map: Ok(crate::scrub::ScrubMap {
+                    objects: vec![crate::scrub::ScrubObject {
+                        oid: "b".into(),
+                        version: Version::new(9, 1),
+                        size: 4096,
+                        digest: None,
+                        error: Some("Corrupt".into()),
+                    }],
+                    truncated: false,
+                }),
+            },
+        });
+        round_trip(&PeerMessage {
+            from: 1,
+            pg,
+            body: Body::ScrubMap {
+                token: 4,
+                map: Err("not in epoch 9".into()),
+            },
+        });
+        round_trip(&PeerMessage {
+            from: 0,
+            pg,
+            body: Body::Push {
+                epoch: 9,
+                token: 5,
+                oid: "b".into(),
+                version: Version::new(9, 1),
+                copy: Some(ObjectCopy::default()),
+            },
+        });
+        round_trip(&PeerMessage {
+            from: 2,
+            pg,
+            body: Body::Pushed {
+                token: 5,
+                result: Err("no space".into()),
             },
         });
         round_trip(&PeerMessage {

@@ -9,6 +9,7 @@ mod history;
 mod log;
 mod member;
 mod peering;
+pub mod scrub;
 mod version;
 pub mod wire;
 

@@ -344,6 +344,12 @@ impl Member {
         self.epoch
     }
 
+    /// A replica that took the current interval's activation: it holds every write its
+    /// primary acknowledged in this epoch.
+    pub fn is_activated_replica(&self) -> bool {
+        self.role == Role::Replica && self.activated.0 == self.epoch
+    }
+
     /// One line for logs: who, in which epoch and state, with what.
     pub fn describe(&self) -> String {
         let role = match &self.role {

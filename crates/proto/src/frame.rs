@@ -49,6 +49,8 @@ pub enum Opcode {
     /// A message from one OSD to another about a PG they serve (replication, peering,
     /// recovery). One way: it gets no reply frame; answers are messages of their own.
     Peer = 6,
+    /// Compare (and repair) a PG's copies; sent to the PG's primary, answered with a report.
+    Scrub = 7,
 }
 
 impl Opcode {
@@ -60,6 +62,7 @@ impl Opcode {
             4 => Some(Self::Fence),
             5 => Some(Self::Auth),
             6 => Some(Self::Peer),
+            7 => Some(Self::Scrub),
             _ => None,
         }
     }

@@ -10,6 +10,7 @@
 pub mod auth;
 mod frame;
 mod message;
+mod scrub;
 
 pub use frame::{begin_frame, peek_frame_header, try_decode_frame, Frame, OpenFrame};
 pub use frame::{
@@ -20,3 +21,4 @@ pub use message::{
     begin_data_reply, encode_error, encode_request, encode_response, DataReply, ErrorReply,
     ObjectRequest, OpOutput, OsdOp, ProtoError, Request, Response, Status,
 };
+pub use scrub::{ScrubFinding, ScrubMode, ScrubReport, SCRUB_FINDINGS_MAX};

@@ -450,6 +450,14 @@ pub enum Request {
     Fence {
         client: u64,
     },
+    /// Compare the copies of PG `pool`.`pg_seed` (at its primary, in the client's map
+    /// `epoch`); answered with the report once the whole PG was scrubbed.
+    Scrub {
+        pool: PoolId,
+        pg_seed: u32,
+        epoch: u32,
+        mode: crate::ScrubMode,
+    },
 }
 
 /// What one read op produced. Write ops produce `None`.
@@ -543,6 +551,7 @@ pub enum Response {
     Map { encoded: Bytes },
     Object { outputs: Vec<OpOutput> },
     Fenced,
+    Scrubbed(crate::ScrubReport),
 }
 
 /// A failed request: the status, the failing op's index when one op failed, and a message.
@@ -571,6 +580,7 @@ pub fn encode_request(out: &mut BytesMut, request_id: u64, req: &Request) {
         Request::GetMap => Opcode::GetMap,
         Request::Object(_) => Opcode::Object,
         Request::Fence { .. } => Opcode::Fence,
+        Request::Scrub { .. } => Opcode::Scrub,
     };
     encode_frame(out, FrameKind::Request, opcode, request_id, 0, |b| {
         let mut e = Encoder::new(b);
@@ -592,6 +602,14 @@ pub fn encode_request(out: &mut BytesMut, request_id: u64, req: &Request) {
             Request::Fence { client } => {
                 e.u64(*client);
             }
+            Request::Scrub {
+                pool,
+                pg_seed,
+                epoch,
+                mode,
+            } => {
+                e.u32(*pool).u32(*pg_seed).u32(*epoch).u8(*mode as u8);
+            }
         }
     });
 }
@@ -602,6 +620,7 @@ pub fn encode_response(out: &mut BytesMut, request_id: u64, resp: &Response) {
         Response::Map { .. } => Opcode::GetMap,
         Response::Object { .. } => Opcode::Object,
         Response::Fenced => Opcode::Fence,
+        Response::Scrubbed(_) => Opcode::Scrub,
     };
     encode_frame(
         out,
@@ -623,6 +642,7 @@ pub fn encode_response(out: &mut BytesMut, request_id: u64, resp: &Response) {
                     outputs.iter().for_each(|o| o.encode(&mut e));
                 }
                 Response::Fenced => {}
+                Response::Scrubbed(r) => r.encode(&mut e),
             }
         },
     );
@@ -742,6 +762,20 @@ impl Request {
             Opcode::Fence => Request::Fence {
                 client: d.u64("fenced client").map_err(err)?,
             },
+            Opcode::Scrub => Request::Scrub {
+                pool: d.u32("pool").map_err(err)?,
+                pg_seed: d.u32("pg").map_err(err)?,
+                epoch: d.u32("epoch").map_err(err)?,
+                mode: {
+                    let m = d.u8("scrub mode").map_err(err)?;
+                    crate::ScrubMode::from_u8(m).ok_or_else(|| {
+                        err(DecodeError::Invalid {
+                            what: "scrub mode",
+                            found: m as u64,
+                        })
+                    })?
+                },
+            },
             Opcode::Auth => return Err(ProtoError::Handshake),
         };
         d.finish("request").map_err(err)?;
@@ -795,6 +829,7 @@ impl Response {
                 Response::Object { outputs }
             }
             Opcode::Fence => Response::Fenced,
+            Opcode::Scrub => Response::Scrubbed(crate::ScrubReport::decode(&mut d).map_err(err)?),
             Opcode::Auth => return Err(ProtoError::Handshake),
             Opcode::Peer => return Err(ProtoError::Peer),
         };

@@ -45,6 +45,7 @@ fn cluster() -> Cluster {
         idle_timeout: Some(carmine_osd::IDLE_TIMEOUT_DEFAULT),
         auth_key: None,
         pg_history: None,
+        scrub: Default::default(),
     })
     .unwrap();
     Cluster {

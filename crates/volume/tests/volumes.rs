@@ -43,6 +43,7 @@ where
         idle_timeout: Some(carmine_osd::IDLE_TIMEOUT_DEFAULT),
         auth_key: None,
         pg_history: None,
+        scrub: Default::default(),
     })
     .unwrap();
     carmine_reactor::block_on(async {

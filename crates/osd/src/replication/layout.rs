@@ -103,6 +103,20 @@ pub(crate) fn add_entry(txn: &mut Transaction, pg: PgId, entry: &Entry, trimmed:
     }
 }
 
+/// Sets (or, with `None`, removes) the version the PG's state gives object `oid` (a repair
+/// that rewrote the object's copy here).
+pub(crate) fn set_object_version(txn: &mut Transaction, pg: PgId, oid: &str, v: Option<Version>) {
+    let meta = meta_oid(pg);
+    match v {
+        Some(v) => txn.omap_set(
+            META_COLLECTION,
+            &meta,
+            vec![(object_key(oid), version_value(v))],
+        ),
+        None => txn.omap_rm(META_COLLECTION, &meta, vec![object_key(oid)]),
+    };
+}
+
 /// The log's span and the last active epoch, as they are after the entries of `txn`.
 pub(crate) fn set_meta(txn: &mut Transaction, pg: PgId, tail: Version, head: Version, les: u32) {
     txn.omap_set(

@@ -14,9 +14,12 @@ mod layout;
 mod peers;
 mod persist;
 mod pull;
+mod scrub;
 mod write;
 
 pub(crate) use carmine_pg::envelope::{Body, ObjectCopy, PeerMessage};
+pub use scrub::ScrubSchedule;
+pub(crate) use scrub::{repair_for_read, scrub};
 pub(crate) use write::{check_readable, write};
 
 use crate::reactor::Shard;
@@ -94,11 +97,12 @@ pub(crate) struct PgReplica {
     pub fetched: Cell<u32>,
     /// Why this copy stopped (its store refused a change): it takes no more work.
     pub broken: RefCell<Option<String>>,
+    pub scrub: scrub::ScrubState,
     ticks: Cell<u32>,
 }
 
 impl PgReplica {
-    fn new(pg: PgId, member: Member) -> Self {
+    fn new(pg: PgId, member: Member, schedule: &ScrubSchedule) -> Self {
         let held = member.objects.clone();
         let log_keys = member.log.entries().map(|e| e.version).collect();
         PgReplica {
@@ -116,6 +120,7 @@ impl PgReplica {
             settled: Cell::new(0),
             fetched: Cell::new(0),
             broken: RefCell::new(None),
+            scrub: scrub::ScrubState::new(schedule),
             ticks: Cell::new(0),
         }
     }
@@ -130,6 +135,10 @@ pub(crate) struct Replication {
     waiters: RefCell<HashMap<ReqId, Vec<oneshot::Sender<Outcome>>>>,
     history: Option<HistoryClient>,
     pulls: RefCell<pull::Waiting>,
+    scrub_schedule: ScrubSchedule,
+    /// Replies to scrub asks and pushes this primary waits for, by token: (member, waiter).
+    replies: RefCell<HashMap<u64, (OsdId, oneshot::Sender<Body>)>>,
+    next_token: Cell<u64>,
 }
 
 impl Replication {
@@ -137,6 +146,7 @@ impl Replication {
         osd: OsdId,
         key: Option<carmine_proto::auth::AuthKey>,
         history: Option<HistoryClient>,
+        scrub_schedule: ScrubSchedule,
     ) -> Self {
         Replication {
             osd,
@@ -146,6 +156,9 @@ impl Replication {
             waiters: RefCell::new(HashMap::new()),
             history,
             pulls: RefCell::new(Default::default()),
+            scrub_schedule,
+            replies: RefCell::new(HashMap::new()),
+            next_token: Cell::new(0),
         }
     }
 
@@ -161,9 +174,10 @@ pub(crate) async fn start<S: ObjectStore + 'static>(shard: &Rc<Shard<S>>) -> Res
     let n = loaded.len();
     for l in loaded {
         let member = Member::restore(repl.osd, l.log, l.objects, l.les);
-        repl.pgs
-            .borrow_mut()
-            .insert(l.pg, Rc::new(PgReplica::new(l.pg, member)));
+        repl.pgs.borrow_mut().insert(
+            l.pg,
+            Rc::new(PgReplica::new(l.pg, member, &repl.scrub_schedule)),
+        );
     }
     if n > 0 {
         tracing::info!(pgs = n, "replicated PG copies loaded");
@@ -178,6 +192,7 @@ pub(crate) async fn start<S: ObjectStore + 'static>(shard: &Rc<Shard<S>>) -> Res
         }
     })
     .detach();
+    carmine_reactor::spawn(scrub::run_schedule(Rc::downgrade(shard))).detach();
     Ok(())
 }
 
@@ -241,7 +256,11 @@ pub(crate) async fn on_map<S: ObjectStore + 'static>(shard: &Rc<Shard<S>>) -> Re
         if repl.pg(pg).is_some() {
             continue;
         }
-        let pgr = Rc::new(PgReplica::new(pg, Member::new(repl.osd, repl.log_max)));
+        let pgr = Rc::new(PgReplica::new(
+            pg,
+            Member::new(repl.osd, repl.log_max),
+            &repl.scrub_schedule,
+        ));
         repl.pgs.borrow_mut().insert(pg, pgr.clone());
         feed_map(shard, &pgr, &map);
     }
@@ -555,8 +574,24 @@ pub(crate) fn on_peer<S: ObjectStore + 'static>(shard: &Rc<Shard<S>>, payload: b
             }
         },
         Body::Pull { oid } => pull::serve(shard, from, pg, oid),
-        // (The version is the sender's view; the puller labels the copy with the one it wants.)
-        Body::Pulled { oid, copy, .. } => pull::arrived(shard, pg, oid, copy),
+        Body::Pulled { oid, version, copy } => pull::arrived(shard, pg, oid, version, copy),
+        Body::ScrubAsk {
+            epoch,
+            token,
+            after,
+            upto,
+            deep,
+        } => scrub::answer(shard, from, pg, epoch, token, (after, upto), deep),
+        Body::Push {
+            epoch,
+            token,
+            oid,
+            version,
+            copy,
+        } => scrub::take_push(shard, from, pg, epoch, token, oid, version, copy),
+        Body::ScrubMap { token, .. } | Body::Pushed { token, .. } => {
+            scrub::reply_arrived(shard, from, token, body)
+        }
     }
 }
 

@@ -179,7 +179,9 @@ async fn take_history<S: ObjectStore + 'static>(
                 return Ok(Done::Superseded);
             }
             match pull::fetch(shard, pg, from, &oid).await {
-                Some(copy) => break copy,
+                // (The sender's version is its own view; this copy is labelled `v`, the
+                // version the history wants: the source's log won, so they agree.)
+                Some((_, copy)) => break copy,
                 None => carmine_reactor::sleep(PULL_RETRY).await,
             }
         };
@@ -212,7 +214,12 @@ async fn take_history<S: ObjectStore + 'static>(
 }
 
 /// Adds to `txn` the ops that recreate object `oid` as `c` describes.
-fn install(txn: &mut Transaction, pg: carmine_types::PgId, oid: &str, c: super::ObjectCopy) {
+pub(super) fn install(
+    txn: &mut Transaction,
+    pg: carmine_types::PgId,
+    oid: &str,
+    c: super::ObjectCopy,
+) {
     txn.touch(pg, oid);
     if !c.data.is_empty() {
         txn.write(pg, oid, 0, c.data);

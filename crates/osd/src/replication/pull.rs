@@ -21,16 +21,14 @@ const OMAP_PAGE: usize = 1024;
 const COPY_OVERHEAD_MAX: usize = 256 * 1024;
 
 /// Pulls waiting for their answer, by PG and object.
-pub(crate) type Waiting = HashMap<(PgId, String), Vec<oneshot::Sender<Option<ObjectCopy>>>>;
+pub(crate) type Waiting = HashMap<(PgId, String), Vec<oneshot::Sender<Pulled>>>;
 
-/// Asks `from` for object `oid` of `pg`: `Some(copy)` (`Some(None)`: it has no such object),
-/// or `None` if no answer came in time.
-pub(super) async fn fetch<S>(
-    shard: &Shard<S>,
-    pg: PgId,
-    from: OsdId,
-    oid: &str,
-) -> Option<Option<ObjectCopy>> {
+/// A pull's answer: the version the sender holds the object at, and the object (`None`: it
+/// has no such object).
+pub(crate) type Pulled = (Version, Option<ObjectCopy>);
+
+/// Asks `from` for object `oid` of `pg`: its answer, or `None` if none came in time.
+pub(super) async fn fetch<S>(shard: &Shard<S>, pg: PgId, from: OsdId, oid: &str) -> Option<Pulled> {
     let (tx, rx) = oneshot::channel();
     shard
         .replication
@@ -55,12 +53,18 @@ pub(super) async fn fetch<S>(
 }
 
 /// An answer to a pull: every caller waiting for that object gets it.
-pub(super) fn arrived<S>(shard: &Shard<S>, pg: PgId, oid: String, copy: Option<ObjectCopy>) {
+pub(super) fn arrived<S>(
+    shard: &Shard<S>,
+    pg: PgId,
+    oid: String,
+    version: Version,
+    copy: Option<ObjectCopy>,
+) {
     let Some(waiters) = shard.replication.pulls.borrow_mut().remove(&(pg, oid)) else {
         return;
     };
     for w in waiters {
-        let _ = w.send(copy.clone());
+        let _ = w.send((version, copy.clone()));
     }
 }
 
@@ -87,7 +91,7 @@ pub(super) fn serve<S: ObjectStore + 'static>(
     .detach();
 }
 
-async fn read_copy<S: ObjectStore>(
+pub(super) async fn read_copy<S: ObjectStore>(
     store: &S,
     pg: PgId,
     oid: &str,

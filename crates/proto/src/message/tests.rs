@@ -41,6 +41,14 @@ fn arb_request() -> impl Strategy<Value = Request> {
         arb_bytes(64).prop_map(|payload| Request::Ping { payload }),
         Just(Request::GetMap),
         any::<u64>().prop_map(|client| Request::Fence { client }),
+        (any::<u32>(), any::<u32>(), any::<u32>(), 0u8..3).prop_map(
+            |(pool, pg_seed, epoch, mode)| Request::Scrub {
+                pool,
+                pg_seed,
+                epoch,
+                mode: crate::ScrubMode::from_u8(mode).unwrap(),
+            }
+        ),
         (
             (any::<u32>(), any::<u32>(), any::<u32>(), any::<u64>()),
             "[a-z0-9._]{1,40}",
@@ -102,7 +110,7 @@ proptest! {
 
     /// Garbage inside a correctly checksummed frame must give a typed error, never a panic.
     #[test]
-    fn random_payloads_never_panic_the_message_decoders(payload in proptest::collection::vec(any::<u8>(), 0..256), op in 1u16..4, status in 0u16..20) {
+    fn random_payloads_never_panic_the_message_decoders(payload in proptest::collection::vec(any::<u8>(), 0..256), op in 1u16..8, status in 0u16..20) {
         for kind in [FrameKind::Request, FrameKind::Response] {
             let mut buf = BytesMut::new();
             let opcode = match op { 1 => Opcode::Ping, 2 => Opcode::GetMap, _ => Opcode::Object };
@@ -234,4 +242,41 @@ fn data_reply_is_byte_identical_to_an_object_response() {
     b.extend_from_slice(&data);
     reply.finish(&mut b);
     assert_eq!(&b[13..], &a[..]);
+}
+
+#[test]
+fn scrub_reports_round_trip_and_truncations_are_errors() {
+    let report = crate::ScrubReport {
+        epoch: 12,
+        acting: vec![2, 0, 1],
+        mode: crate::ScrubMode::Repair,
+        objects: 40,
+        bytes: 40 << 22,
+        findings_total: 3,
+        findings: vec![
+            crate::ScrubFinding {
+                oid: "rbd_data.1.0".into(),
+                osd: 1,
+                what: "data checksum differs".into(),
+                repaired: true,
+            },
+            crate::ScrubFinding {
+                oid: "rbd_data.1.7".into(),
+                osd: 0,
+                what: "missing".into(),
+                repaired: false,
+            },
+        ],
+    };
+    assert_eq!(report.unrepaired(), 2);
+    let resp = Response::Scrubbed(report);
+    let mut buf = BytesMut::new();
+    encode_response(&mut buf, 5, &resp);
+    let frame = decode_one(&mut buf);
+    assert_eq!(Response::decode(&frame).unwrap().unwrap(), resp);
+    for cut in 0..frame.payload.len() {
+        let mut f = frame.clone();
+        f.payload = frame.payload.slice(..cut);
+        assert!(Response::decode(&f).is_err(), "cut at {cut}");
+    }
 }
