@@ -129,3 +129,154 @@ fn three_copies_survive_kill_9_and_osds_that_come_back_empty_are_refilled() {
     kill9(osd_pid(&c, 2));
     assert!(read_volume(&c, 16 * MIB) == expected, "data at the end");
 }
+
+/// Flips a byte inside every place `needle` lies in OSD `id`'s native-store file (the OSD is
+/// stopped); returns how many there were.
+fn corrupt_on_disk(c: &Cluster, id: u32, needle: &[u8]) -> usize {
+    use std::os::unix::fs::FileExt;
+    let path = carmine_localcluster::store_path(&c.dir, id);
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&path)
+        .unwrap();
+    let len = file.metadata().unwrap().len();
+    let mut found = 0;
+    let mut buf = vec![0u8; 8 << 20];
+    let mut off = 0u64;
+    while off < len {
+        let n = file.read_at(&mut buf, off).unwrap();
+        if n == 0 {
+            break;
+        }
+        let mut at = 0;
+        while let Some(i) = buf[at..n].windows(needle.len()).position(|w| w == needle) {
+            let pos = off + (at + i) as u64 + 10;
+            let mut b = [0u8; 1];
+            file.read_at(&mut b, pos).unwrap();
+            file.write_at(&[b[0] ^ 0x5a], pos).unwrap();
+            found += 1;
+            at += i + needle.len();
+        }
+        if n < buf.len() {
+            break;
+        }
+        // Overlap the next read by the needle's length, so a match across reads is seen.
+        off += (n - needle.len()) as u64;
+    }
+    file.sync_all().unwrap();
+    found
+}
+
+/// The sum of metric `name` over OSD `id`'s reactors.
+fn metric(c: &Cluster, id: u32, name: &str) -> u64 {
+    let addr = std::fs::read_to_string(carmine_localcluster::metrics_path(&c.dir, id)).unwrap();
+    let text = ureq::get(&format!("http://{}/metrics", addr.trim()))
+        .call()
+        .unwrap()
+        .into_string()
+        .unwrap();
+    text.lines()
+        .filter(|l| l.starts_with(name) && l[name.len()..].starts_with('{'))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+        .sum()
+}
+
+#[test]
+fn a_block_corrupted_on_disk_is_found_by_deep_scrub_repaired_and_never_read() {
+    let c = Cluster::up(
+        "scrub",
+        &[
+            "--osds",
+            "3",
+            "--pg-num",
+            "8",
+            "--store",
+            "native",
+            "--device-size",
+            "512M",
+            "--reactors",
+            "1",
+        ],
+    );
+    const MIB: usize = 1 << 20;
+    c.ok(&[
+        "volume",
+        "create",
+        "v",
+        "--size",
+        "8M",
+        "--object-size",
+        "1M",
+    ]);
+    let data = pattern(8 * MIB, 3);
+    c.write_volume("v", &data);
+    wait_clean(&c);
+    let clean = c.ok(&["pg", "deep-scrub", "--pool", "rbd"]);
+    assert!(clean.contains("8 PGs: 0 bad copies found"), "{clean}");
+    let info = c.ok(&["volume", "info", "v"]);
+    let id = info
+        .lines()
+        .find_map(|l| l.strip_prefix("id: "))
+        .unwrap()
+        .trim()
+        .to_owned();
+    let map = carmine_localcluster::read_map(&c.dir).unwrap();
+    let pool = &map.pools[0];
+    let acting = |objno: u64| {
+        let oid = format!("carmine_data.{id}.{objno:016x}");
+        map.pg_osds(map.object_pg(pool, &oid), pool.size)
+    };
+    // A block of `objno` on OSD `osd` goes bad while it is down; it comes back with it.
+    let damage = |objno: u64, osd: u32| {
+        let off = objno as usize * MIB + 8192;
+        kill9(osd_pid(&c, osd));
+        std::thread::sleep(Duration::from_millis(200));
+        let n = corrupt_on_disk(&c, osd, &data[off..off + 256]);
+        assert!(
+            n >= 1,
+            "the block of object {objno} is not on osd.{osd}'s disk"
+        );
+        c.ok(&["cluster", "up"]);
+        wait_clean(&c);
+    };
+
+    // A replica's copy: a deep scrub finds it unreadable, the cluster says so, reads stay
+    // right (they are the primary's), and a repair rewrites it.
+    let replica = acting(2)[1];
+    damage(2, replica);
+    let out = c.run(&["pg", "deep-scrub", "--pool", "rbd"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    eprintln!("{text}");
+    assert!(!out.status.success(), "{text}");
+    assert!(
+        text.contains(&format!("on osd.{replica}: unreadable: Corrupt")),
+        "{text}"
+    );
+    let out = c.run(&["cluster", "status"]);
+    let status = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && status.contains("HEALTH_ERR: Possible data damage: 1 pgs"),
+        "{status}"
+    );
+    assert!(read_volume(&c, 8 * MIB) == data, "a read met the bad copy");
+    let repaired = c.ok(&["pg", "repair", "--pool", "rbd"]);
+    eprintln!("{repaired}");
+    assert!(
+        repaired.contains("1 bad copies found, 1 repaired"),
+        "{repaired}"
+    );
+    let clean = c.ok(&["pg", "deep-scrub", "--pool", "rbd"]);
+    assert!(clean.contains("8 PGs: 0 bad copies found"), "{clean}");
+    let status = c.ok(&["cluster", "status"]);
+    assert!(status.contains("HEALTH_OK"), "{status}");
+
+    // The primary's copy: the read that meets it is answered from another copy, which
+    // rewrites it; nothing is left for a scrub.
+    let primary = acting(5)[0];
+    damage(5, primary);
+    assert!(read_volume(&c, 8 * MIB) == data, "a read met the bad copy");
+    assert_eq!(metric(&c, primary, "carmine_osd_read_repairs_total"), 1);
+    let clean = c.ok(&["pg", "deep-scrub", "--pool", "rbd"]);
+    assert!(clean.contains("8 PGs: 0 bad copies found"), "{clean}");
+}
