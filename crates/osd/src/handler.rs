@@ -12,12 +12,40 @@ use carmine_store::{Expect, ObjectStore, Op, StoreError, StoreErrorKind, Transac
 use carmine_types::limits::LIST_LIMIT_MAX;
 use carmine_types::PgId;
 
+/// Who is at the other end of a connection, as its handshake proved.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Sender {
+    /// The cluster has no key: nobody proves anything.
+    Unauthenticated,
+    Osd(carmine_types::OsdId),
+    Client,
+}
+
+impl Sender {
+    pub(crate) fn of(entity: &str) -> Sender {
+        match entity.strip_prefix("osd.").and_then(|n| n.parse().ok()) {
+            Some(id) => Sender::Osd(id),
+            None => Sender::Client,
+        }
+    }
+
+    /// May this sender speak for OSD `from` in a message between OSDs?
+    pub(crate) fn may_speak_for(self, from: carmine_types::OsdId) -> bool {
+        match self {
+            Sender::Unauthenticated => true,
+            Sender::Osd(id) => id == from,
+            Sender::Client => false,
+        }
+    }
+}
+
 /// Handles one request and counts it: its kind, whether it failed, its time in the reactor
 /// and its bytes in and out (two clock reads and a few relaxed adds).
 pub(crate) async fn handle_frame<S: ObjectStore + 'static>(
     shard: &Shard<S>,
     frame: Frame,
     out: &mut BytesMut,
+    sender: Sender,
 ) {
     let started = std::time::Instant::now();
     let received = carmine_proto::FRAME_HEADER_LEN + frame.header.payload_len as usize;
@@ -27,7 +55,7 @@ pub(crate) async fn handle_frame<S: ObjectStore + 'static>(
     };
     if frame.header.opcode == carmine_proto::Opcode::Peer {
         // One way: answered, if at all, by a message of our own.
-        crate::replication::on_peer(&shard.rc(), frame.payload);
+        crate::replication::on_peer(&shard.rc(), frame.payload, sender);
         return;
     }
     let before = out.len();
@@ -630,7 +658,7 @@ mod tests {
                 payload: bytes::Bytes::new(),
             };
             let mut out = BytesMut::new();
-            handle_frame(&shard, frame(&ping), &mut out).await;
+            handle_frame(&shard, frame(&ping), &mut out, Sender::Unauthenticated).await;
             let reply = try_decode_frame(&mut out).unwrap().unwrap();
             assert!(matches!(
                 Response::decode(&reply),
@@ -643,7 +671,7 @@ mod tests {
             t.create_collection(pg);
             assert!(shard.store.submit(t).await.is_err());
             let mut out = BytesMut::new();
-            handle_frame(&shard, frame(&ping), &mut out).await;
+            handle_frame(&shard, frame(&ping), &mut out, Sender::Unauthenticated).await;
             let reply = try_decode_frame(&mut out).unwrap().unwrap();
             let err = Response::decode(&reply).unwrap().unwrap_err();
             assert_eq!(err.status, Status::Io);

@@ -2,7 +2,7 @@
 //! store shard. Everything here runs on a single pinned thread; shared state is `Rc`.
 
 use crate::daemon::StoreConfig;
-use crate::handler::handle_frame;
+use crate::handler::{handle_frame, Sender};
 use bytes::BytesMut;
 use carmine_cluster::OsdMap;
 use carmine_nativestore::{FileDevice, NativeStore};
@@ -286,9 +286,12 @@ async fn serve<S: ObjectStore + 'static>(setup: ReactorSetup, store: S) -> Resul
                             let _handshaking = Handshaking::new(&shard.handshaking);
                             crate::auth::authenticate(&mut stream, key)
                                 .await
-                                .map(|entity| tracing::debug!(%peer, entity, "authenticated"))
+                                .map(|entity| {
+                                    tracing::debug!(%peer, entity, "authenticated");
+                                    Sender::of(&entity)
+                                })
                         }
-                        None => Ok(()),
+                        None => Ok(Sender::Unauthenticated),
                     };
                     let served = match authenticated {
                         Err(e) => {
@@ -298,10 +301,10 @@ async fn serve<S: ObjectStore + 'static>(setup: ReactorSetup, store: S) -> Resul
                         // A replicated write waits for the other copies even on a store
                         // that never suspends: such a cluster's connections must keep many
                         // requests in flight.
-                        Ok(()) if S::NEVER_SUSPENDS && !shard.view.borrow().replicated => {
-                            serve_connection(&shard, stream).await
+                        Ok(sender) if S::NEVER_SUSPENDS && !shard.view.borrow().replicated => {
+                            serve_connection(&shard, stream, sender).await
                         }
-                        Ok(()) => serve_connection_concurrently(&shard, stream).await,
+                        Ok(sender) => serve_connection_concurrently(&shard, stream, sender).await,
                     };
                     if let Err(e) = served {
                         tracing::info!(%peer, "connection closed: {e}");
@@ -354,6 +357,7 @@ async fn serve<S: ObjectStore + 'static>(setup: ReactorSetup, store: S) -> Resul
 async fn serve_connection<S: ObjectStore + 'static>(
     shard: &Shard<S>,
     mut stream: TcpStream,
+    sender: Sender,
 ) -> Result<(), String> {
     let mut rbuf = BytesMut::new();
     let mut room = ReadRoom::default();
@@ -364,7 +368,7 @@ async fn serve_connection<S: ObjectStore + 'static>(
     loop {
         loop {
             match try_decode_frame(&mut rbuf) {
-                Ok(Some(frame)) => handle_frame(shard, frame, &mut wbuf).await,
+                Ok(Some(frame)) => handle_frame(shard, frame, &mut wbuf, sender).await,
                 Ok(None) => break,
                 // The stream can no longer be trusted: drop this connection only.
                 Err(e) => {
@@ -534,6 +538,7 @@ type WriteDone = ((std::io::Result<()>, BytesMut), TcpStream);
 async fn serve_connection_concurrently<S: ObjectStore + 'static>(
     shard: &Rc<Shard<S>>,
     stream: TcpStream,
+    sender: Sender,
 ) -> Result<(), String> {
     let (reader, writer) = stream.into_split();
     let mut rbuf = BytesMut::new();
@@ -585,7 +590,7 @@ async fn serve_connection_concurrently<S: ObjectStore + 'static>(
             let cost = carmine_proto::FRAME_HEADER_LEN + frame.payload.len();
             let mut request: LocalBoxFuture<'static, Done> = Box::pin(async move {
                 let mut out = BytesMut::new();
-                handle_frame(&shard, frame, &mut out).await;
+                handle_frame(&shard, frame, &mut out, sender).await;
                 (out, cost)
             });
             match futures::poll!(request.as_mut()) {

@@ -10,6 +10,7 @@ use carmine_mapstore::{LocalPgHistory, PgHistoryStore};
 use carmine_osd::{Osd, OsdConfig, StoreConfig, CONNECTIONS_MAX_DEFAULT, IDLE_TIMEOUT_DEFAULT};
 use carmine_pg::envelope::{Body, ObjectCopy, PeerMessage};
 use carmine_pg::Version;
+use carmine_proto::auth::AuthKey;
 use carmine_proto::{encode_frame, FrameKind, Opcode};
 use carmine_proto::{OpOutput, OsdOp, Request, Response, ScrubMode, ScrubReport, Status};
 use std::net::{SocketAddr, TcpListener};
@@ -70,6 +71,10 @@ fn three_osd_map(reactors: usize) -> OsdMap {
 }
 
 fn start(id: u32, map: &OsdMap, histories: &Path) -> Osd {
+    start_keyed(id, map, histories, None)
+}
+
+fn start_keyed(id: u32, map: &OsdMap, histories: &Path, auth_key: Option<AuthKey>) -> Osd {
     Osd::start(OsdConfig {
         id,
         map: map.clone(),
@@ -79,7 +84,7 @@ fn start(id: u32, map: &OsdMap, histories: &Path) -> Osd {
         },
         connections_max: CONNECTIONS_MAX_DEFAULT,
         idle_timeout: Some(IDLE_TIMEOUT_DEFAULT),
-        auth_key: None,
+        auth_key,
         pg_history: Some(Arc::new(LocalPgHistory::new(histories))),
         scrub: Default::default(),
     })
@@ -95,10 +100,15 @@ fn bootstrap(map: &OsdMap) -> Vec<SocketAddr> {
 }
 
 async fn client(map: &OsdMap, retry: Duration) -> Client {
+    keyed_client(map, retry, None).await
+}
+
+async fn keyed_client(map: &OsdMap, retry: Duration, key: Option<AuthKey>) -> Client {
     Client::connect(
         &bootstrap(map),
         ClientConfig {
             retry_timeout: retry,
+            key,
             ..ClientConfig::default()
         },
     )
@@ -293,16 +303,19 @@ fn copies_survive_the_loss_of_osds_and_an_empty_osd_is_filled_before_it_serves()
     }
 }
 
-/// Hands `msg` to the reactor at `addr` as if another OSD sent it (this cluster has no key):
-/// how the test changes a copy behind its PG's back.
-fn forge(addr: SocketAddr, msg: &PeerMessage) {
-    use std::io::Write;
+/// Hands `msg` to the reactor at `addr` over a connection authenticated as `entity`: how the
+/// test changes a copy behind its PG's back (as `osd.N`, the primary), or tries to.
+async fn forge(addr: SocketAddr, key: &AuthKey, entity: &str, msg: &PeerMessage) {
     let mut frame = bytes::BytesMut::new();
     encode_frame(&mut frame, FrameKind::Request, Opcode::Peer, 1, 0, |b| {
         msg.encode(b)
     });
-    let mut s = std::net::TcpStream::connect(addr).unwrap();
-    s.write_all(&frame).unwrap();
+    let mut s = carmine_reactor::TcpStream::connect(addr).await.unwrap();
+    carmine_client::handshake_as(&mut s, addr, key, entity)
+        .await
+        .unwrap();
+    let (res, _) = carmine_reactor::io::write_all(&mut s, frame).await;
+    res.unwrap();
 }
 
 /// Deep-scrubs `seed` until it reports `n` findings (the forged pushes apply in the
@@ -325,7 +338,10 @@ async fn findings(c: &Client, seed: u32, n: u64) -> ScrubReport {
 fn scrub_finds_copies_changed_behind_the_pgs_back_and_repair_rewrites_them() {
     let dir = TempDir::new("scrub");
     let map = three_osd_map(1);
-    let osds: Vec<Osd> = (0..3).map(|id| start(id, &map, dir.path())).collect();
+    let key = AuthKey::from_bytes([7; 32]);
+    let osds: Vec<Osd> = (0..3)
+        .map(|id| start_keyed(id, &map, dir.path(), Some(key.clone())))
+        .collect();
     wait_settled(&map, dir.path());
     const N: usize = 16;
     let pool = &map.pools[0];
@@ -347,7 +363,7 @@ fn scrub_finds_copies_changed_behind_the_pgs_back_and_repair_rewrites_them() {
         },
     };
     carmine_reactor::block_on(async {
-        let c = client(&map, Duration::from_secs(20)).await;
+        let c = keyed_client(&map, Duration::from_secs(20), Some(key.clone())).await;
         for i in 0..N {
             write(&c, i, 1).await.unwrap();
         }
@@ -371,16 +387,22 @@ fn scrub_finds_copies_changed_behind_the_pgs_back_and_repair_rewrites_them() {
                 ..Default::default()
             })
         };
-        forge(
-            reactor(replica3),
-            &push(
-                "obj3",
-                pg3,
-                primary3,
-                Version::new(1, 999),
-                copy(data(3, 7)),
-            ),
+        let stale = push(
+            "obj3",
+            pg3,
+            primary3,
+            Version::new(1, 999),
+            copy(data(3, 7)),
         );
+        // Neither a client nor another OSD may speak for the primary.
+        let other = (0..3).find(|o| *o != primary3 && *o != replica3).unwrap();
+        forge(reactor(replica3), &key, "client.admin", &stale).await;
+        forge(reactor(replica3), &key, &format!("osd.{other}"), &stale).await;
+        carmine_reactor::sleep(Duration::from_millis(300)).await;
+        let r = c.scrub(1, pg3.seed, ScrubMode::Deep).await.unwrap();
+        assert_eq!(r.findings_total, 0, "a forged push was taken: {r:#?}");
+        let as_primary = format!("osd.{primary3}");
+        forge(reactor(replica3), &key, &as_primary, &stale).await;
         let r = findings(&c, pg3.seed, 1).await;
         let f = &r.findings[0];
         assert_eq!((f.oid.as_str(), f.osd), ("obj3", replica3));
@@ -392,14 +414,10 @@ fn scrub_finds_copies_changed_behind_the_pgs_back_and_repair_rewrites_them() {
         // stray object beside it.
         let mut bad = data(3, 1).to_vec();
         bad[100] ^= 1;
-        forge(
-            reactor(replica3),
-            &push("obj3", pg3, primary3, want, copy(bad.into())),
-        );
-        forge(
-            reactor(replica3),
-            &push("stray", pg3, primary3, want, copy(Bytes::from_static(b"x"))),
-        );
+        let flipped = push("obj3", pg3, primary3, want, copy(bad.into()));
+        forge(reactor(replica3), &key, &as_primary, &flipped).await;
+        let stray = push("stray", pg3, primary3, want, copy(Bytes::from_static(b"x")));
+        forge(reactor(replica3), &key, &as_primary, &stray).await;
         let r = findings(&c, pg3.seed, 2).await;
         let mut what: Vec<(&str, &str)> = r
             .findings
@@ -419,10 +437,8 @@ fn scrub_finds_copies_changed_behind_the_pgs_back_and_repair_rewrites_them() {
 
         // A replica loses obj5.
         let (pg5, primary5, replica5) = placed("obj5");
-        forge(
-            reactor(replica5),
-            &push("obj5", pg5, primary5, Version::ZERO, None),
-        );
+        let lost = push("obj5", pg5, primary5, Version::ZERO, None);
+        forge(reactor(replica5), &key, &format!("osd.{primary5}"), &lost).await;
         let expect5 = if pg5 == pg3 { 3 } else { 1 };
         let r = findings(&c, pg5.seed, expect5).await;
         assert!(

@@ -546,8 +546,12 @@ pub(crate) fn send<S>(shard: &Shard<S>, to: OsdId, pg: PgId, body: Body) {
     shard.replication.peers.send(addr, |b| msg.encode(b));
 }
 
-/// A `Peer` frame from another OSD.
-pub(crate) fn on_peer<S: ObjectStore + 'static>(shard: &Rc<Shard<S>>, payload: bytes::Bytes) {
+/// A `Peer` frame from another OSD (or from whoever `sender` is).
+pub(crate) fn on_peer<S: ObjectStore + 'static>(
+    shard: &Rc<Shard<S>>,
+    payload: bytes::Bytes,
+    sender: crate::handler::Sender,
+) {
     let repl = &shard.replication;
     let msg = match PeerMessage::decode(payload, repl.log_max) {
         Ok(m) => m,
@@ -557,6 +561,16 @@ pub(crate) fn on_peer<S: ObjectStore + 'static>(shard: &Rc<Shard<S>>, payload: b
         }
     };
     let PeerMessage { from, pg, body } = msg;
+    if !sender.may_speak_for(from) {
+        // Only an OSD speaks for itself: a client (or another OSD) cannot rewrite copies,
+        // take part in peering or answer for a member.
+        tracing::warn!(
+            ?sender,
+            from,
+            "message for osd.{from} refused from {sender:?}"
+        );
+        return;
+    }
     match body {
         Body::Pg { msg, ops } => match repl.pg(pg) {
             Some(pgr) => drive(shard, &pgr, Event::Msg { from, msg }, Some(&ops)),
