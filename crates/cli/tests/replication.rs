@@ -280,3 +280,103 @@ fn a_block_corrupted_on_disk_is_found_by_deep_scrub_repaired_and_never_read() {
     let clean = c.ok(&["pg", "deep-scrub", "--pool", "rbd"]);
     assert!(clean.contains("8 PGs: 0 bad copies found"), "{clean}");
 }
+
+#[test]
+fn a_fourth_osd_added_under_writes_takes_a_quarter_of_the_copies_and_loses_nothing() {
+    let c = Cluster::up("grow", &["--osds", "3", "--pg-num", "32"]);
+    const MIB: u64 = 1 << 20;
+    const SIZE: u64 = 32 * MIB;
+    const BLOCK: u64 = 64 << 10;
+    c.ok(&[
+        "volume",
+        "create",
+        "v",
+        "--size",
+        "32M",
+        "--object-size",
+        "1M",
+    ]);
+    let start = pattern(SIZE as usize, 5);
+    c.write_volume("v", &start);
+    wait_clean(&c);
+
+    // A writer overwrites 64 KiB blocks one after another, each a new pattern, until told to
+    // stop; then it reads the whole volume back and compares it with what it wrote.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let writer = {
+        let (dir, stop) = (c.dir.clone(), stop.clone());
+        let mut expected = start.clone();
+        std::thread::spawn(move || {
+            carmine_reactor::block_on(async move {
+                let client = carmine_localcluster::connect(&dir).await.unwrap();
+                let pool = client.pool_id("rbd").unwrap();
+                let image = carmine_volume::Volumes::new(client, pool)
+                    .open("v")
+                    .await
+                    .unwrap();
+                let mut n = 0u64;
+                let deadline = Instant::now() + Duration::from_secs(120);
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    assert!(
+                        Instant::now() < deadline,
+                        "the writer never got told to stop"
+                    );
+                    let off = (n * 7 % (SIZE / BLOCK)) * BLOCK;
+                    let data = pattern(BLOCK as usize, 1000 + n);
+                    image
+                        .write(off, bytes::Bytes::from(data.clone()))
+                        .await
+                        .unwrap_or_else(|e| panic!("write {n} at {off}: {e}"));
+                    expected[off as usize..(off + BLOCK) as usize].copy_from_slice(&data);
+                    n += 1;
+                }
+                let back = image.read(0, SIZE).await.unwrap();
+                assert!(
+                    back[..] == expected[..],
+                    "the volume differs after {n} writes"
+                );
+                image.close().await.unwrap();
+                n
+            })
+        })
+    };
+    std::thread::sleep(Duration::from_millis(300));
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    c.ok(&[
+        "osd",
+        "add",
+        "--host",
+        "127.0.0.1",
+        "--host-name",
+        &carmine_localcluster::host_name(),
+        "--port-base",
+        &(port - 48).to_string(),
+        "--in",
+    ]);
+    c.ok(&["cluster", "up"]);
+    let took = wait_clean(&c);
+    std::thread::sleep(Duration::from_millis(300));
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let writes = writer.join().expect("the writer failed");
+    let map = carmine_localcluster::read_map(&c.dir).unwrap();
+    let pool = &map.pools[0];
+    let moved = map
+        .all_pgs()
+        .filter(|pg| map.pg_osds(*pg, pool.size).contains(&3))
+        .count();
+    eprintln!(
+        "{writes} writes of 64 KiB went on while osd.3 joined; every PG clean again {took:?} \
+         after `cluster up`; {moved} of 32 PGs have a copy on osd.3"
+    );
+    // Three copies of each PG over four OSDs: osd.3 takes about a quarter of the 96 copies,
+    // one in about three PGs of four (24 of 32; the hash gives 22 here).
+    assert!((16..=31).contains(&moved), "{moved} PGs moved");
+    let clean = c.ok(&["pg", "deep-scrub", "--pool", "rbd"]);
+    assert!(clean.contains("32 PGs: 0 bad copies found"), "{clean}");
+    let status = c.ok(&["cluster", "status"]);
+    assert!(status.contains("HEALTH_OK"), "{status}");
+}

@@ -339,7 +339,7 @@ fn scrub_finds_copies_changed_behind_the_pgs_back_and_repair_rewrites_them() {
     let dir = TempDir::new("scrub");
     let map = three_osd_map(1);
     let key = AuthKey::from_bytes([7; 32]);
-    let osds: Vec<Osd> = (0..3)
+    let mut osds: Vec<Osd> = (0..3)
         .map(|id| start_keyed(id, &map, dir.path(), Some(key.clone())))
         .collect();
     wait_settled(&map, dir.path());
@@ -465,6 +465,20 @@ fn scrub_finds_copies_changed_behind_the_pgs_back_and_repair_rewrites_them() {
             check(&c, i, 1).await;
             write(&c, i, 2).await.unwrap();
             check(&c, i, 2).await;
+        }
+    });
+    // A new epoch that changes no acting set continues every interval: the replicas
+    // activated in the old epoch still answer scrubs.
+    let mut map = map.clone();
+    next(&mut map, |_| {});
+    for o in &mut osds {
+        o.apply_map(map.clone()).unwrap();
+    }
+    carmine_reactor::block_on(async {
+        let c = keyed_client(&map, Duration::from_secs(5), Some(key.clone())).await;
+        for seed in 0..map.pools[0].pg_num {
+            let r = c.scrub(1, seed, ScrubMode::Light).await.unwrap();
+            assert_eq!((r.epoch, r.findings_total), (map.epoch, 0), "{r:#?}");
         }
     });
     for o in osds {

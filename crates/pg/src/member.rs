@@ -199,6 +199,8 @@ pub struct Member {
     round: u32,
     /// As a member: the (epoch, round) of the last activation it took.
     activated: (u32, u32),
+    /// The epoch the current interval (this acting set, no epoch missed) began in.
+    interval_start: u32,
     /// Persists asked for, and the head each one makes durable.
     persist_seq: u64,
     persisting: std::collections::VecDeque<(u64, Version)>,
@@ -226,6 +228,7 @@ impl Member {
             pending: Vec::new(),
             round: 0,
             activated: (0, 0),
+            interval_start: 0,
             persist_seq: 0,
             persisting: std::collections::VecDeque::new(),
             durable_head: Version::ZERO,
@@ -347,7 +350,7 @@ impl Member {
     /// A replica that took the current interval's activation: it holds every write its
     /// primary acknowledged in this epoch.
     pub fn is_activated_replica(&self) -> bool {
-        self.role == Role::Replica && self.activated.0 == self.epoch
+        self.role == Role::Replica && self.activated.0 >= self.interval_start
     }
 
     /// One line for logs: who, in which epoch and state, with what.
@@ -430,6 +433,9 @@ impl Member {
         // The same interval only if no epoch was missed: an OSD cut off for a while may get
         // the same acting set back after other intervals went active without it.
         let changed = acting != self.acting || epoch != self.epoch + 1;
+        if changed {
+            self.interval_start = epoch;
+        }
         self.epoch = epoch;
         self.history = history;
         self.min_size = min_size;
