@@ -299,6 +299,15 @@ fn a_fourth_osd_added_under_writes_takes_a_quarter_of_the_copies_and_loses_nothi
     let start = pattern(SIZE as usize, 5);
     c.write_volume("v", &start);
     wait_clean(&c);
+    // Objects stored: three copies of each, and each copy's PG state (read once the
+    // metrics, refreshed every second, show the writes).
+    std::thread::sleep(Duration::from_millis(1500));
+    let stored = |osds: u32| -> Vec<u64> {
+        (0..osds)
+            .map(|id| metric(&c, id, "carmine_osd_store_objects"))
+            .collect()
+    };
+    let before = stored(3);
 
     // A writer overwrites 64 KiB blocks one after another, each a new pattern, until told to
     // stop; then it reads the whole volume back and compares it with what it wrote.
@@ -379,4 +388,26 @@ fn a_fourth_osd_added_under_writes_takes_a_quarter_of_the_copies_and_loses_nothi
     assert!(clean.contains("32 PGs: 0 bad copies found"), "{clean}");
     let status = c.ok(&["cluster", "status"]);
     assert!(status.contains("HEALTH_OK"), "{status}");
+    // The copies the old OSDs no longer serve go: each holds less than before, and the four
+    // hold what the three held.
+    let t = Instant::now();
+    let total = |v: &[u64]| v.iter().sum::<u64>();
+    loop {
+        let now = stored(4);
+        if total(&now) == total(&before) && (0..3).all(|i| now[i] < before[i]) {
+            eprintln!(
+                "objects stored per OSD: {before:?} before osd.3 came, {now:?} once the strays \
+                 went ({:?} later)",
+                t.elapsed()
+            );
+            break;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(30),
+            "objects stored per OSD: {now:?}, {before:?} before osd.3 came"
+        );
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    let clean = c.ok(&["pg", "deep-scrub", "--pool", "rbd"]);
+    assert!(clean.contains("32 PGs: 0 bad copies found"), "{clean}");
 }

@@ -14,6 +14,7 @@ mod layout;
 mod peers;
 mod persist;
 mod pull;
+mod purge;
 mod scrub;
 mod write;
 
@@ -41,6 +42,9 @@ const TICK: Duration = Duration::from_millis(100);
 /// An active primary needs its ticks only to resend replica writes lost on a broken
 /// connection: every this many ticks.
 const ACTIVE_TICK_EVERY: u32 = 10;
+/// A copy of a PG this OSD no longer serves asks whether the PG is clean elsewhere (and the
+/// copy may go) every this many ticks.
+const STRAY_CHECK_EVERY: u32 = 50;
 
 /// How a client write ended at the primary.
 #[derive(Debug)]
@@ -62,6 +66,8 @@ pub(crate) enum Job {
     },
     /// A write the primary applied itself before the member took it (a conditional write).
     Applied { seq: u64 },
+    /// Remove this OSD's stray copy of the PG (its member already forgot it).
+    Purge,
     /// A whole history taken at activation.
     History {
         seq: u64,
@@ -329,6 +335,7 @@ pub(crate) fn on_answer<S: ObjectStore + 'static>(shard: &Rc<Shard<S>>, answer: 
         Answer::Got { epoch, history, .. } => {
             pgr.asked.set(None);
             pgr.fetched.set(pgr.fetched.get().max(epoch));
+            purge::consider(shard, &pgr, &history);
             // (An answer for an older epoch is ignored by the member.)
             drive(shard, &pgr, Event::History { epoch, history }, None);
         }
@@ -371,10 +378,16 @@ fn tick<S: ObjectStore + 'static>(shard: &Rc<Shard<S>>) {
                 m.acting().first() == Some(&shard.osd),
             )
         };
+        let stray = {
+            let m = pgr.member.borrow();
+            purge::holds_state(&m) && !m.acting().contains(&shard.osd)
+        };
         if behind {
             feed_map(shard, &pgr, &map);
         } else if primary && !active && pgr.fetched.get() < epoch {
             // Peering without the store's history yet (the ask failed, or is queued).
+            ask_history(shard, &pgr, epoch);
+        } else if stray && n % STRAY_CHECK_EVERY == 0 {
             ask_history(shard, &pgr, epoch);
         }
         if !active || n % ACTIVE_TICK_EVERY == 0 {
@@ -513,6 +526,11 @@ fn queue_persist<S: ObjectStore + 'static>(
             },
         }
     };
+    queue_job(shard, pgr, job);
+}
+
+/// Queues `job` for `pgr`'s persist task, starting it if it is not running.
+fn queue_job<S: ObjectStore + 'static>(shard: &Rc<Shard<S>>, pgr: &Rc<PgReplica>, job: Job) {
     pgr.jobs.borrow_mut().push_back(job);
     if !pgr.persisting.replace(true) {
         let (shard, pgr) = (shard.clone(), pgr.clone());

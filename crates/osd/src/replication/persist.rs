@@ -19,7 +19,8 @@ const PULL_RETRY: Duration = Duration::from_millis(200);
 enum Done {
     /// Everything up to this persist is durable.
     Persisted(u64),
-    /// A newer whole history was queued meanwhile: this one was abandoned for it.
+    /// Nothing for the member to hear: a newer whole history was queued meanwhile (this one
+    /// was abandoned for it), or a stray copy was removed.
     Superseded,
 }
 
@@ -31,17 +32,19 @@ pub(super) async fn run<S: ObjectStore + 'static>(shard: &Rc<Shard<S>>, pgr: &Rc
                 pgr.persisting.set(false);
                 return;
             }
-            // A whole history replaces everything queued before it.
+            // A whole history replaces every write queued before it (a removal stays: the
+            // history must be taken after it).
             if let Some(i) = q.iter().rposition(|j| matches!(j, Job::History { .. })) {
-                q.drain(..i);
+                let kept: Vec<Job> = q.drain(..i).filter(|j| matches!(j, Job::Purge)).collect();
+                for j in kept.into_iter().rev() {
+                    q.push_front(j);
+                }
             }
-            if matches!(q.front(), Some(Job::History { .. })) {
+            let alone = |j: &Job| matches!(j, Job::History { .. } | Job::Purge);
+            if q.front().is_some_and(alone) {
                 q.pop_front().into_iter().collect()
             } else {
-                let n = q
-                    .iter()
-                    .position(|j| matches!(j, Job::History { .. }))
-                    .unwrap_or(q.len());
+                let n = q.iter().position(alone).unwrap_or(q.len());
                 q.drain(..n).collect()
             }
         };
@@ -54,6 +57,9 @@ pub(super) async fn run<S: ObjectStore + 'static>(shard: &Rc<Shard<S>>, pgr: &Rc
                 les,
                 source,
             }) => take_history(shard, pgr, seq, log, objects, les, source).await,
+            Some(Job::Purge) => super::purge::run(shard, pgr)
+                .await
+                .map(|()| Done::Superseded),
             Some(first) => entries(shard, pgr, std::iter::once(first).chain(batch).collect()).await,
             None => continue,
         };
@@ -109,7 +115,7 @@ async fn entries<S: ObjectStore>(
                     span = Some((tail, entry.version, les));
                     last = last.max(seq);
                 }
-                Job::History { .. } => unreachable!("histories are taken alone"),
+                Job::History { .. } | Job::Purge => unreachable!("taken alone"),
             }
         }
     }
@@ -135,7 +141,7 @@ fn superseded(pgr: &PgReplica) -> bool {
     pgr.jobs
         .borrow()
         .iter()
-        .any(|j| matches!(j, Job::History { .. }))
+        .any(|j| matches!(j, Job::History { .. } | Job::Purge))
 }
 
 /// Makes the store hold the history `log` and `objects` describe: objects whose version

@@ -1,0 +1,100 @@
+//! Stray copies: once a PG is clean on an acting set without this OSD (it was moved by an
+//! added OSD, a reweight or an `osd out`), the copy left here is removed, so space follows
+//! placement. Clean means the PG's recorded history settled to one interval whose acting set
+//! has every copy the pool keeps, and the map agrees: that interval went active only once each
+//! of its members had every acknowledged write durable, so nothing here is needed any more.
+//!
+//! The member forgets the PG at once (it answers any primary's query as a member with
+//! nothing), and the store removal goes through the PG's persist queue, so that if the PG
+//! comes back here before the removal ends, its new history is taken only after it. The PG's
+//! state record goes first: a crash part-way leaves only objects no state names, which a
+//! later backfill overwrites and a scrub reports as stray.
+
+use super::{feed_map, Job, PgReplica};
+use crate::reactor::Shard;
+use carmine_pg::{Interval, Member};
+use carmine_store::{ObjectStore, Transaction};
+use std::rc::Rc;
+
+/// Objects removed per transaction.
+const BATCH: usize = 256;
+
+/// True if this member has anything stored for its PG: objects, a log, or the record of an
+/// activation (every copy that went active has a state record, empty PG or not).
+pub(super) fn holds_state(m: &Member) -> bool {
+    m.les > 0 || !m.objects.is_empty() || m.log.head() != carmine_pg::Version::ZERO
+}
+
+/// True if `pgr`'s copy is a stray that the history `history` (just read from the map store)
+/// shows is no longer needed.
+fn removable<S>(shard: &Shard<S>, pgr: &PgReplica, history: &[Interval]) -> bool {
+    let view = shard.view.borrow();
+    let Ok(pool) = view.map.pool(pgr.pg.pool) else {
+        return false;
+    };
+    let acting = view.map.pg_osds(pgr.pg, pool.size);
+    let m = pgr.member.borrow();
+    holds_state(&m)
+        && m.epoch() == view.map.epoch
+        && !m.acting().contains(&shard.osd)
+        && !acting.contains(&shard.osd)
+        && acting.len() == pool.size as usize
+        && matches!(history, [i] if i.acting == acting && i.epoch <= view.map.epoch)
+}
+
+/// Removes `pgr`'s copy if `history` shows it is a stray no longer needed.
+pub(crate) fn consider<S: ObjectStore + 'static>(
+    shard: &Rc<Shard<S>>,
+    pgr: &Rc<PgReplica>,
+    history: &[Interval],
+) {
+    if pgr.broken.borrow().is_some() || !removable(shard, pgr, history) {
+        return;
+    }
+    let objects = pgr.held.borrow().len();
+    tracing::info!(pg = %pgr.pg, objects, "removing the stray copy of a PG that is clean elsewhere");
+    *pgr.member.borrow_mut() = Member::new(shard.osd, shard.replication.log_max);
+    pgr.held.borrow_mut().clear();
+    pgr.log_keys.borrow_mut().clear();
+    pgr.inflight_ops.borrow_mut().clear();
+    let map = shard.view.borrow().map.clone();
+    feed_map(shard, pgr, &map);
+    super::queue_job(shard, pgr, Job::Purge);
+}
+
+/// Removes the PG's state record, then every object of its collection.
+pub(super) async fn run<S: ObjectStore>(shard: &Shard<S>, pgr: &PgReplica) -> Result<(), String> {
+    let pg = pgr.pg;
+    let mut txn = Transaction::new();
+    let meta = super::layout::meta_oid(pg);
+    txn.touch(crate::fence::META_COLLECTION, &meta)
+        .remove(crate::fence::META_COLLECTION, &meta);
+    shard
+        .store
+        .submit(txn)
+        .await
+        .map_err(|e| format!("removing the stray PG's state: {e}"))?;
+    let mut removed = 0;
+    loop {
+        let page = shard
+            .store
+            .list_objects(pg, None, BATCH)
+            .await
+            .map_err(|e| format!("listing the stray PG: {e}"))?;
+        if page.items.is_empty() {
+            break;
+        }
+        let mut txn = Transaction::new();
+        for oid in &page.items {
+            txn.remove(pg, oid);
+        }
+        shard
+            .store
+            .submit(txn)
+            .await
+            .map_err(|e| format!("removing the stray PG's objects: {e}"))?;
+        removed += page.items.len();
+    }
+    tracing::info!(%pg, removed, "stray copy removed");
+    Ok(())
+}
