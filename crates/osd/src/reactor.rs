@@ -256,11 +256,21 @@ async fn serve<S: ObjectStore + 'static>(setup: ReactorSetup, store: S) -> Resul
         }
     })
     .detach();
+    // One accept stays in flight across control messages: an accept dropped after the
+    // kernel took a connection would lose that connection, and its client would wait for
+    // answers that never come.
+    let mut accept = std::pin::pin!(listener.accept());
     loop {
-        let accept = std::pin::pin!(listener.accept());
         let ctl = std::pin::pin!(control.recv());
-        match select(accept, ctl).await {
-            Either::Left((Ok((stream, peer)), _)) => {
+        let event = match select(accept.as_mut(), ctl).await {
+            Either::Left((accepted, _)) => Either::Left(accepted),
+            Either::Right((msg, _)) => Either::Right(msg),
+        };
+        if matches!(event, Either::Left(_)) {
+            accept.set(listener.accept());
+        }
+        match event {
+            Either::Left(Ok((stream, peer))) => {
                 if shard.connections.get() >= connections_max {
                     // Each connection may hold a few MiB of buffers: refuse rather than grow.
                     tracing::warn!(%peer, "refusing connection: {connections_max} already open");
@@ -317,12 +327,12 @@ async fn serve<S: ObjectStore + 'static>(setup: ReactorSetup, store: S) -> Resul
                 })
                 .detach();
             }
-            Either::Left((Err(e), _)) => {
+            Either::Left(Err(e)) => {
                 // Out of file descriptors and the like: keep serving existing connections.
                 tracing::warn!("accept failed: {e}");
                 carmine_reactor::sleep(std::time::Duration::from_millis(10)).await;
             }
-            Either::Right((Some(ControlMsg::Map(map)), _)) => {
+            Either::Right(Some(ControlMsg::Map(map))) => {
                 if map.epoch <= shard.view.borrow().map.epoch {
                     continue;
                 }
@@ -339,7 +349,7 @@ async fn serve<S: ObjectStore + 'static>(setup: ReactorSetup, store: S) -> Resul
                 *shard.view.borrow_mut() = Rc::new(view);
                 crate::replication::on_map(&shard).await?;
             }
-            Either::Right((Some(ControlMsg::Shutdown) | None, _)) => break,
+            Either::Right(Some(ControlMsg::Shutdown) | None) => break,
         }
     }
     tracing::info!("reactor stopping");

@@ -40,11 +40,31 @@ impl Drop for TempDir {
     }
 }
 
+/// The tests of this file run one at a time: each picks free ports by binding and releasing
+/// them, and two clusters started at once could be handed the same one.
+static ONE_CLUSTER_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+    ONE_CLUSTER_AT_A_TIME
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// A port nothing listens on, never one handed out before in this process (the kernel may
+/// give a just-released port again).
 fn free_addr() -> SocketAddr {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
+    static GIVEN: std::sync::Mutex<Vec<SocketAddr>> = std::sync::Mutex::new(Vec::new());
+    let mut given = GIVEN.lock().unwrap();
+    loop {
+        let a = TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap();
+        if !given.contains(&a) {
+            given.push(a);
+            return a;
+        }
+    }
 }
 
 fn three_osd_map(reactors: usize) -> OsdMap {
@@ -157,13 +177,23 @@ fn publish(osds: &mut [Option<Osd>], map: &OsdMap, histories: &Path) {
             let deadline = Instant::now() + Duration::from_secs(10);
             loop {
                 // A connection made while a restarted OSD comes up may be reset: ask again.
-                let served = match Connection::open(addr, 4).await {
-                    Ok(conn) => match conn.call(&Request::GetMap).await {
-                        Ok(Response::Map { encoded }) => OsdMap::decode(encoded).unwrap().epoch,
+                let ask = async {
+                    let conn = Connection::open(addr, 4).await.ok()?;
+                    match conn.call(&Request::GetMap).await {
+                        Ok(Response::Map { encoded }) => {
+                            Some(OsdMap::decode(encoded).unwrap().epoch)
+                        }
                         Ok(other) => panic!("{other:?}"),
-                        Err(_) => 0,
-                    },
-                    Err(_) => 0,
+                        Err(_) => None,
+                    }
+                };
+                // (A bounded wait: a reply that never comes must fail the test, not hang it.)
+                let served = match carmine_reactor::timeout(Duration::from_secs(1), ask).await {
+                    Ok(epoch) => epoch.unwrap_or(0),
+                    Err(_) => {
+                        eprintln!("{addr} did not answer GetMap within 1 s; asking again");
+                        0
+                    }
                 };
                 if served >= map.epoch {
                     break;
@@ -217,6 +247,7 @@ fn copies_survive_the_loss_of_osds_and_an_empty_osd_is_filled_before_it_serves()
             .with_test_writer()
             .try_init();
     }
+    let _serial = one_at_a_time();
     let dir = TempDir::new("replication");
     let mut map = three_osd_map(2);
     let mut osds: Vec<Option<Osd>> = (0..3).map(|id| Some(start(id, &map, dir.path()))).collect();
@@ -336,6 +367,7 @@ async fn findings(c: &Client, seed: u32, n: u64) -> ScrubReport {
 
 #[test]
 fn scrub_finds_copies_changed_behind_the_pgs_back_and_repair_rewrites_them() {
+    let _serial = one_at_a_time();
     let dir = TempDir::new("scrub");
     let map = three_osd_map(1);
     let key = AuthKey::from_bytes([7; 32]);
