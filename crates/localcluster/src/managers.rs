@@ -133,11 +133,16 @@ pub(crate) fn start(
             .filter(|o| started.contains(&o.id) && !o.up)
             .map(|o| format!("osd.{}", o.id))
             .collect();
-        if down.is_empty() {
+        // Done once they are up and a manager leads (so `status` right after `up` finds
+        // the cluster watched, not "no manager leads").
+        if down.is_empty() && leader(&r.dir, etcd)?.is_some() {
             r.map = map;
             return Ok(());
         }
         if Instant::now() > deadline {
+            if down.is_empty() {
+                bail!("no manager took the lead within {READY_TIMEOUT:?}; see mgr.*.log");
+            }
             bail!(
                 "the managers did not mark {} up within {READY_TIMEOUT:?}; see mgr.*.log",
                 down.join(", ")
