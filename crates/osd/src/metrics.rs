@@ -150,6 +150,16 @@ impl ReactorMetrics {
         self.store_objects.store(s.objects, Ordering::Relaxed);
     }
 
+    /// PGs this reactor is primary of whose last scrub left a bad copy (for tests and tools).
+    pub fn pgs_inconsistent(&self) -> u64 {
+        self.pgs_inconsistent.load(Ordering::Relaxed)
+    }
+
+    /// Deep scrubs completed as primary (for tests and tools).
+    pub fn deep_scrubs(&self) -> u64 {
+        self.deep_scrubs.load(Ordering::Relaxed)
+    }
+
     /// Requests of `kind` counted so far (for tests and tools).
     pub fn ops(&self, kind: &str) -> u64 {
         KINDS.iter().find(|(n, _)| *n == kind).map_or(0, |(_, k)| {

@@ -7,7 +7,9 @@ use bytes::Bytes;
 use carmine_client::{Client, ClientConfig, ClientError, Connection};
 use carmine_cluster::{OsdInfo, OsdMap, Pool};
 use carmine_mapstore::{LocalPgHistory, PgHistoryStore};
-use carmine_osd::{Osd, OsdConfig, StoreConfig, CONNECTIONS_MAX_DEFAULT, IDLE_TIMEOUT_DEFAULT};
+use carmine_osd::{
+    Osd, OsdConfig, ScrubSchedule, StoreConfig, CONNECTIONS_MAX_DEFAULT, IDLE_TIMEOUT_DEFAULT,
+};
 use carmine_pg::envelope::{Body, ObjectCopy, PeerMessage};
 use carmine_pg::Version;
 use carmine_proto::auth::AuthKey;
@@ -95,6 +97,16 @@ fn start(id: u32, map: &OsdMap, histories: &Path) -> Osd {
 }
 
 fn start_keyed(id: u32, map: &OsdMap, histories: &Path, auth_key: Option<AuthKey>) -> Osd {
+    start_with(id, map, histories, auth_key, Default::default())
+}
+
+fn start_with(
+    id: u32,
+    map: &OsdMap,
+    histories: &Path,
+    auth_key: Option<AuthKey>,
+    scrub: ScrubSchedule,
+) -> Osd {
     Osd::start(OsdConfig {
         id,
         map: map.clone(),
@@ -106,7 +118,7 @@ fn start_keyed(id: u32, map: &OsdMap, histories: &Path, auth_key: Option<AuthKey
         idle_timeout: Some(IDLE_TIMEOUT_DEFAULT),
         auth_key,
         pg_history: Some(Arc::new(LocalPgHistory::new(histories))),
-        scrub: Default::default(),
+        scrub,
     })
     .unwrap()
 }
@@ -512,6 +524,79 @@ fn scrub_finds_copies_changed_behind_the_pgs_back_and_repair_rewrites_them() {
             let r = c.scrub(1, seed, ScrubMode::Light).await.unwrap();
             assert_eq!((r.epoch, r.findings_total), (map.epoch, 0), "{r:#?}");
         }
+    });
+    for o in osds {
+        o.shutdown().unwrap();
+    }
+}
+
+/// The sum over `osds`' reactors of one of their counters.
+fn total(osds: &[Osd], counter: impl Fn(&carmine_osd::ReactorMetrics) -> u64) -> u64 {
+    osds.iter()
+        .flat_map(|o| o.metrics_sources())
+        .map(|r| counter(&r.metrics))
+        .sum()
+}
+
+#[test]
+fn scheduled_deep_scrubs_find_a_bad_copy_on_their_own() {
+    let _serial = one_at_a_time();
+    let dir = TempDir::new("scheduled-scrub");
+    let map = three_osd_map(1);
+    let key = AuthKey::from_bytes([9; 32]);
+    let schedule = ScrubSchedule {
+        light: None,
+        deep: Some(Duration::from_millis(300)),
+    };
+    let osds: Vec<Osd> = (0..3)
+        .map(|id| start_with(id, &map, dir.path(), Some(key.clone()), schedule))
+        .collect();
+    wait_settled(&map, dir.path());
+    let pool = &map.pools[0];
+    let pg = map.object_pg(pool, "obj3");
+    let acting = map.pg_osds(pg, pool.size);
+    carmine_reactor::block_on(async {
+        let c = keyed_client(&map, Duration::from_secs(20), Some(key.clone())).await;
+        for i in 0..8 {
+            write(&c, i, 1).await.unwrap();
+        }
+        let stale = PeerMessage {
+            from: acting[0],
+            pg,
+            body: Body::Push {
+                epoch: map.epoch,
+                token: 1,
+                oid: "obj3".into(),
+                version: Version::new(1, 999),
+                copy: Some(ObjectCopy::default()),
+            },
+        };
+        let replica = map.osd(acting[1]).unwrap().reactors[0];
+        forge(replica, &key, &format!("osd.{}", acting[0]), &stale).await;
+        // Nobody asks: the primary's schedule finds it.
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while total(&osds, |m| m.pgs_inconsistent()) != 1 {
+            assert!(
+                Instant::now() < deadline,
+                "no scheduled scrub found the bad copy"
+            );
+            carmine_reactor::sleep(Duration::from_millis(50)).await;
+        }
+        assert!(total(&osds, |m| m.deep_scrubs()) > 0);
+        // A repair (which may first meet a scheduled scrub of the PG in progress) clears it.
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let r = loop {
+            match c.scrub(1, pg.seed, ScrubMode::Repair).await {
+                Ok(r) => break r,
+                Err(e) if e.status() == Some(Status::Busy) && Instant::now() < deadline => {
+                    carmine_reactor::sleep(Duration::from_millis(20)).await
+                }
+                Err(e) => panic!("repair: {e}"),
+            }
+        };
+        assert_eq!((r.findings_total, r.unrepaired()), (1, 0), "{r:#?}");
+        assert_eq!(total(&osds, |m| m.pgs_inconsistent()), 0);
+        check(&c, 3, 1).await;
     });
     for o in osds {
         o.shutdown().unwrap();

@@ -40,8 +40,9 @@ const QUIET_POLL: Duration = Duration::from_millis(1);
 const READ_PIECE: u64 = 4 << 20;
 /// Store listing page size.
 const LIST_PAGE: usize = 1024;
-/// How often the schedule looks for PGs due.
+/// How often the schedule looks for PGs due (more often only for shorter intervals).
 const SCHEDULE_CHECK: Duration = Duration::from_secs(5);
+const SCHEDULE_CHECK_MIN: Duration = Duration::from_millis(100);
 /// When a scheduled scrub that could not complete is tried again.
 const RETRY_LATER: Duration = Duration::from_secs(60);
 
@@ -738,8 +739,19 @@ pub(crate) async fn repair_for_read<S: ObjectStore + 'static>(
 
 /// Runs the scheduled scrubs of the PGs this reactor is primary of, one at a time.
 pub(crate) async fn run_schedule<S: ObjectStore + 'static>(weak: std::rc::Weak<Shard<S>>) {
+    let every = {
+        let Some(shard) = weak.upgrade() else { return };
+        let s = shard.replication.scrub_schedule;
+        [s.light, s.deep]
+            .into_iter()
+            .flatten()
+            .min()
+            .map_or(SCHEDULE_CHECK, |d| {
+                d.clamp(SCHEDULE_CHECK_MIN, SCHEDULE_CHECK)
+            })
+    };
     loop {
-        carmine_reactor::sleep(SCHEDULE_CHECK).await;
+        carmine_reactor::sleep(every).await;
         let Some(shard) = weak.upgrade() else { return };
         let now = Instant::now();
         let due: Vec<(PgId, ScrubMode)> = shard
