@@ -56,6 +56,27 @@ struct Usage {
     osds: usize,
     /// PGs whose last scrub left a bad copy, counted by their primaries.
     inconsistent: u64,
+    /// Replicated PGs by state as their primaries report them, and recovery's figures.
+    active: u64,
+    peering: u64,
+    to_recover: u64,
+    recovered_objects: u64,
+    recovered_bytes: u64,
+}
+
+impl Usage {
+    fn add(&mut self, o: &Usage) {
+        self.capacity += o.capacity;
+        self.used += o.used;
+        self.objects += o.objects;
+        self.osds += o.osds;
+        self.inconsistent += o.inconsistent;
+        self.active += o.active;
+        self.peering += o.peering;
+        self.to_recover += o.to_recover;
+        self.recovered_objects += o.recovered_objects;
+        self.recovered_bytes += o.recovered_bytes;
+    }
 }
 
 /// Ceph's defaults: warn when the busiest OSD is 85% full, error at 95% (writes then fail
@@ -63,9 +84,9 @@ struct Usage {
 const NEARFULL: f64 = 0.85;
 const FULL: f64 = 0.95;
 
-/// An OSD's (capacity, used bytes, objects, inconsistent PGs) summed over its reactors, read
-/// from its Prometheus endpoint; `None` if it does not answer.
-fn scrape_usage(addr: &str) -> Option<(u64, u64, u64, u64)> {
+/// One OSD's figures summed over its reactors, read from its Prometheus endpoint; `None` if it
+/// does not answer.
+fn scrape_usage(addr: &str) -> Option<Usage> {
     let text = ureq::get(&format!("http://{addr}/metrics"))
         .timeout(std::time::Duration::from_secs(1))
         .call()
@@ -78,12 +99,18 @@ fn scrape_usage(addr: &str) -> Option<(u64, u64, u64, u64)> {
             .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
             .sum()
     };
-    Some((
-        sum("carmine_osd_store_capacity_bytes"),
-        sum("carmine_osd_store_used_bytes"),
-        sum("carmine_osd_store_objects"),
-        sum("carmine_osd_pgs_inconsistent"),
-    ))
+    Some(Usage {
+        capacity: sum("carmine_osd_store_capacity_bytes"),
+        used: sum("carmine_osd_store_used_bytes"),
+        objects: sum("carmine_osd_store_objects"),
+        osds: 1,
+        inconsistent: sum("carmine_osd_pgs_inconsistent"),
+        active: sum("carmine_osd_pgs_active"),
+        peering: sum("carmine_osd_pgs_peering"),
+        to_recover: sum("carmine_osd_objects_to_recover"),
+        recovered_objects: sum("carmine_osd_recovered_objects_total"),
+        recovered_bytes: sum("carmine_osd_recovered_bytes_total"),
+    })
 }
 
 fn gib(b: u64) -> String {
@@ -129,16 +156,13 @@ pub fn status(dir: &Path) -> Result<Status> {
             .as_ref()
             .map(|a| format!(", metrics http://{a}/metrics"))
             .unwrap_or_default();
-        if let Some((cap, used, objects, inconsistent)) = metrics_addr
+        if let Some(this) = metrics_addr
             .as_deref()
             .filter(|_| pid.is_some())
             .and_then(scrape_usage)
         {
-            usage.capacity += cap;
-            usage.used += used;
-            usage.objects += objects;
-            usage.osds += 1;
-            usage.inconsistent += inconsistent;
+            usage.add(&this);
+            let (cap, used) = (this.capacity, this.used);
             let full = if cap == 0 {
                 0.0
             } else {
@@ -241,6 +265,24 @@ pub fn status(dir: &Path) -> Result<Status> {
             ),
         );
     }
+    if usage.peering > 0 {
+        checks.add(
+            Health::Warn,
+            format!(
+                "Reduced data availability: {} pgs peering (not active yet)",
+                usage.peering
+            ),
+        );
+    }
+    if usage.to_recover > 0 {
+        checks.add(
+            Health::Warn,
+            format!(
+                "Degraded data redundancy: {} objects to recover",
+                usage.to_recover
+            ),
+        );
+    }
     if usage.inconsistent > 0 {
         checks.add(
             Health::Err,
@@ -313,6 +355,19 @@ pub fn status(dir: &Path) -> Result<Status> {
         "  pgs: {total} total: {} active ({undersized} undersized), {inactive} inactive",
         total - inactive
     )?;
+    if usage.osds > 0 && map.pools.iter().any(|p| p.size > 1) {
+        writeln!(
+            t,
+            "  pg states (as their primaries report): {} active, {} peering, {} inconsistent; \
+             {} objects to recover, {} recovered ({}) since the OSDs started",
+            usage.active,
+            usage.peering,
+            usage.inconsistent,
+            usage.to_recover,
+            usage.recovered_objects,
+            gib(usage.recovered_bytes),
+        )?;
+    }
     if usage.osds > 0 {
         writeln!(
             t,

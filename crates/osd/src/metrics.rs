@@ -78,6 +78,11 @@ pub struct ReactorMetrics {
     deep_scrubs: AtomicU64,
     scrub_findings: AtomicU64,
     read_repairs: AtomicU64,
+    pgs_active: AtomicU64,
+    pgs_peering: AtomicU64,
+    objects_to_recover: AtomicU64,
+    recovered_objects: AtomicU64,
+    recovered_bytes: AtomicU64,
 }
 
 /// Adds to a counter that only its reactor writes: a plain load and store rather than a
@@ -138,6 +143,19 @@ impl ReactorMetrics {
 
     pub(crate) fn set_pgs_inconsistent(&self, n: u64) {
         self.pgs_inconsistent.store(n, Ordering::Relaxed);
+    }
+
+    /// The replicated PGs this reactor is primary of, by state, and the objects its copies
+    /// still have to fetch (refreshed every tick).
+    pub(crate) fn set_pg_states(&self, active: u64, peering: u64, to_recover: u64) {
+        self.pgs_active.store(active, Ordering::Relaxed);
+        self.pgs_peering.store(peering, Ordering::Relaxed);
+        self.objects_to_recover.store(to_recover, Ordering::Relaxed);
+    }
+
+    pub(crate) fn recovered(&self, bytes: u64) {
+        add(&self.recovered_objects, 1);
+        add(&self.recovered_bytes, bytes);
     }
 
     pub(crate) fn read_repaired(&self) {
@@ -258,6 +276,42 @@ pub fn render(osd: u32, reactors: &[ReactorSource]) -> String {
         "gauge",
         "1 once the reactor's store shard has failed (it then refuses every request).",
         &|r| (r.metrics.store_failed.load(Ordering::Relaxed) as u8).to_string(),
+    );
+    per_reactor(
+        &mut t,
+        "carmine_osd_pgs_active",
+        "gauge",
+        "Replicated PGs this reactor is the active primary of.",
+        &|r| load(&r.metrics.pgs_active).to_string(),
+    );
+    per_reactor(
+        &mut t,
+        "carmine_osd_pgs_peering",
+        "gauge",
+        "Replicated PGs this reactor is primary of that are not active yet (peering, or \
+         waiting for their members to take the history).",
+        &|r| load(&r.metrics.pgs_peering).to_string(),
+    );
+    per_reactor(
+        &mut t,
+        "carmine_osd_objects_to_recover",
+        "gauge",
+        "Objects this reactor's PG copies still have to fetch from another member.",
+        &|r| load(&r.metrics.objects_to_recover).to_string(),
+    );
+    per_reactor(
+        &mut t,
+        "carmine_osd_recovered_objects_total",
+        "counter",
+        "Objects this reactor's PG copies fetched from other members (recovery, backfill).",
+        &|r| load(&r.metrics.recovered_objects).to_string(),
+    );
+    per_reactor(
+        &mut t,
+        "carmine_osd_recovered_bytes_total",
+        "counter",
+        "Data bytes of the objects fetched from other members.",
+        &|r| load(&r.metrics.recovered_bytes).to_string(),
     );
     per_reactor(
         &mut t,

@@ -32,9 +32,12 @@ impl Cluster {
 
     pub fn cmd(&self, args: &[&str]) -> Command {
         let mut c = Command::new(BIN);
-        c.args(args)
-            .env("CARMINE_DIR", &self.dir)
-            .env_remove("CARMINE_LOG");
+        c.args(args).env("CARMINE_DIR", &self.dir);
+        // Daemons log at warn unless CARMINE_TEST_OSD_LOG says otherwise (for debugging).
+        match std::env::var_os("CARMINE_TEST_OSD_LOG") {
+            Some(filter) => c.env("CARMINE_LOG", filter),
+            None => c.env_remove("CARMINE_LOG"),
+        };
         c
     }
 
@@ -102,6 +105,11 @@ impl Cluster {
 impl Drop for Cluster {
     fn drop(&mut self) {
         let _ = self.run(&["cluster", "down"]);
+        if std::thread::panicking() && std::env::var_os("CARMINE_KEEP_FAILED").is_some() {
+            // The logs of a failed test, for whoever debugs it.
+            eprintln!("kept {} (CARMINE_KEEP_FAILED)", self.dir.display());
+            return;
+        }
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }

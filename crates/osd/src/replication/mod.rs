@@ -103,6 +103,10 @@ pub(crate) struct PgReplica {
     pub fetched: Cell<u32>,
     /// Why this copy stopped (its store refused a change): it takes no more work.
     pub broken: RefCell<Option<String>>,
+    /// Objects a history being taken still has to fetch.
+    pub to_recover: Cell<u64>,
+    /// The member the last history taken from another was copied from.
+    pub last_source: Cell<Option<OsdId>>,
     pub scrub: scrub::ScrubState,
     ticks: Cell<u32>,
 }
@@ -126,6 +130,8 @@ impl PgReplica {
             settled: Cell::new(0),
             fetched: Cell::new(0),
             broken: RefCell::new(None),
+            to_recover: Cell::new(0),
+            last_source: Cell::new(None),
             scrub: scrub::ScrubState::new(schedule),
             ticks: Cell::new(0),
         }
@@ -363,6 +369,19 @@ pub(crate) fn on_answer<S: ObjectStore + 'static>(shard: &Rc<Shard<S>>, answer: 
 fn tick<S: ObjectStore + 'static>(shard: &Rc<Shard<S>>) {
     let map = shard.view.borrow().map.clone();
     let all: Vec<Rc<PgReplica>> = shard.replication.pgs.borrow().values().cloned().collect();
+    let (mut active, mut peering, mut to_recover) = (0, 0, 0);
+    for pgr in &all {
+        let m = pgr.member.borrow();
+        if m.acting().first() == Some(&shard.osd) {
+            if m.is_active_primary() {
+                active += 1;
+            } else {
+                peering += 1;
+            }
+        }
+        to_recover += pgr.to_recover.get();
+    }
+    shard.metrics.set_pg_states(active, peering, to_recover);
     for pgr in all {
         if pgr.broken.borrow().is_some() {
             continue;

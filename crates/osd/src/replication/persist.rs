@@ -9,6 +9,7 @@ use super::{drive, fail, layout, pull, Job, PgReplica};
 use crate::reactor::Shard;
 use carmine_pg::{Event, OpKind, Version};
 use carmine_store::{ObjectStore, Transaction};
+use carmine_types::OsdId;
 use std::collections::BTreeMap;
 use std::rc::Rc;
 use std::time::Duration;
@@ -32,14 +33,9 @@ pub(super) async fn run<S: ObjectStore + 'static>(shard: &Rc<Shard<S>>, pgr: &Rc
                 pgr.persisting.set(false);
                 return;
             }
-            // A whole history replaces every write queued before it (a removal stays: the
-            // history must be taken after it).
-            if let Some(i) = q.iter().rposition(|j| matches!(j, Job::History { .. })) {
-                let kept: Vec<Job> = q.drain(..i).filter(|j| matches!(j, Job::Purge)).collect();
-                for j in kept.into_iter().rev() {
-                    q.push_front(j);
-                }
-            }
+            // Strictly in order. A history must not drop the writes queued before it: the
+            // history it describes may hold them (a write in flight when the interval ended
+            // is in the log the new primary took), and their data exists nowhere else.
             let alone = |j: &Job| matches!(j, Job::History { .. } | Job::Purge);
             if q.front().is_some_and(alone) {
                 q.pop_front().into_iter().collect()
@@ -137,11 +133,13 @@ async fn entries<S: ObjectStore>(
     Ok(Done::Persisted(last))
 }
 
+/// A history being taken may be abandoned for the next one only if nothing else is queued
+/// before it: a write queued between them was made on top of the first.
 fn superseded(pgr: &PgReplica) -> bool {
     pgr.jobs
         .borrow()
-        .iter()
-        .any(|j| matches!(j, Job::History { .. } | Job::Purge))
+        .front()
+        .is_some_and(|j| matches!(j, Job::History { .. } | Job::Purge))
 }
 
 /// Makes the store hold the history `log` and `objects` describe: objects whose version
@@ -174,36 +172,58 @@ async fn take_history<S: ObjectStore + 'static>(
     if !missing.is_empty() {
         tracing::info!(%pg, objects = missing.len(), ?source, "recovering objects");
     }
+    pgr.to_recover.set(missing.len() as u64);
+    // Who may hold the objects: the member whose history won, then the one an earlier
+    // history was being copied from (a primary that peers again within its epoch presents
+    // the history it took as its own, before its copy of it is complete), then the others.
+    if source.is_some() {
+        pgr.last_source.set(source);
+    }
+    let mut candidates: Vec<OsdId> = source.into_iter().chain(pgr.last_source.get()).collect();
+    for o in pgr.member.borrow().acting() {
+        if *o != shard.osd && !candidates.contains(o) {
+            candidates.push(*o);
+        }
+    }
+    candidates.dedup();
     for (oid, v) in missing {
-        let Some(from) = source else {
-            // The primary's own history won: it cannot lack its own objects.
-            tracing::error!(%pg, oid, version = %v, "object missing and no member to copy it from");
-            continue;
-        };
-        let copy = loop {
+        let mut complained = false;
+        let copy = 'found: loop {
             if superseded(pgr) || pgr.broken.borrow().is_some() {
+                pgr.to_recover.set(0);
                 return Ok(Done::Superseded);
             }
-            match pull::fetch(shard, pg, from, &oid).await {
-                // (The sender's version is its own view; this copy is labelled `v`, the
-                // version the history wants: the source's log won, so they agree.)
-                Some((_, copy)) => break copy,
-                None => carmine_reactor::sleep(PULL_RETRY).await,
+            for &from in &candidates {
+                // Only a copy of that very version: a member may have taken the history
+                // already and still be fetching the object itself.
+                if let Some((held, Some(copy))) = pull::fetch(shard, pg, from, &oid).await {
+                    if held == v {
+                        break 'found copy;
+                    }
+                }
             }
+            if !complained {
+                complained = true;
+                tracing::error!(%pg, oid, version = %v, ?candidates,
+                    "no member sent this object at its version yet: the PG waits for one");
+            }
+            carmine_reactor::sleep(PULL_RETRY).await;
         };
         let mut txn = Transaction::new();
         // Whatever this copy held of it goes (touch first: removing needs an object).
         txn.touch(pg, &oid).remove(pg, &oid);
-        if let Some(c) = copy {
-            install(&mut txn, pg, &oid, c);
+        let bytes = copy.data.len() as u64;
+        install(&mut txn, pg, &oid, copy);
+        let stored = shard.store.submit(txn).await;
+        if let Err(e) = stored {
+            pgr.to_recover.set(0);
+            return Err(format!("storing recovered object {oid:?}: {e}"));
         }
-        shard
-            .store
-            .submit(txn)
-            .await
-            .map_err(|e| format!("storing recovered object {oid:?}: {e}"))?;
         pgr.held.borrow_mut().insert(oid, v);
+        shard.metrics.recovered(bytes);
+        pgr.to_recover.set(pgr.to_recover.get().saturating_sub(1));
     }
+    pgr.to_recover.set(0);
     let mut txn = Transaction::new();
     for oid in &gone {
         txn.touch(pg, oid).remove(pg, oid);

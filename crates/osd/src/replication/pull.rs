@@ -77,13 +77,23 @@ pub(super) fn serve<S: ObjectStore + 'static>(
 ) {
     let shard = shard.clone();
     carmine_reactor::spawn(async move {
-        let version = shard
-            .replication
-            .pg(pg)
-            .and_then(|p| p.member.borrow().objects.get(&oid).copied())
-            .unwrap_or(Version::ZERO);
+        // The version the store holds, not the one the member's history names: a member
+        // that took a history may still be fetching the object. Read on both sides of the
+        // copy, so a write landing meanwhile never gets another version's label.
+        let held = || {
+            shard
+                .replication
+                .pg(pg)
+                .and_then(|p| p.held.borrow().get(&oid).copied())
+                .unwrap_or(Version::ZERO)
+        };
+        let version = held();
         match read_copy(&shard.store, pg, &oid).await {
-            Ok(copy) => send(&shard, from, pg, Body::Pulled { oid, version, copy }),
+            Ok(copy) if held() == version => {
+                send(&shard, from, pg, Body::Pulled { oid, version, copy })
+            }
+            // Changed under the copy: no answer, the puller asks again.
+            Ok(_) => {}
             // No answer: the puller asks again, and a store that cannot read says so here.
             Err(e) => tracing::warn!(%pg, oid, "cannot copy the object for osd.{from}: {e}"),
         }
