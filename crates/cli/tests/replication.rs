@@ -129,13 +129,22 @@ fn three_copies_survive_kill_9_and_osds_that_come_back_empty_are_refilled() {
     // It comes back with an empty memory store; peering copies every object to it.
     c.ok(&["cluster", "up"]);
     eprintln!("osd.0 refilled in {:?}", wait_clean(&c));
-    let status = healthy(&c);
-    // The primaries say so too, and the objects osd.0 fetched are counted.
-    let states = status
-        .lines()
-        .find(|l| l.contains("pg states"))
-        .unwrap_or_else(|| panic!("{status}"));
-    assert!(states.contains("16 active, 0 peering, 0 inconsistent; 0 objects to recover"));
+    // The primaries say so too (within a few of their 100 ms reports), and the objects
+    // osd.0 fetched are counted.
+    let start = Instant::now();
+    let states = loop {
+        let status = healthy(&c);
+        let states = status
+            .lines()
+            .find(|l| l.contains("pg states"))
+            .unwrap_or_else(|| panic!("{status}"))
+            .to_owned();
+        if states.contains("16 active, 0 peering, 0 inconsistent; 0 objects to recover") {
+            break states;
+        }
+        assert!(start.elapsed() < Duration::from_secs(10), "{states}");
+        std::thread::sleep(Duration::from_millis(100));
+    };
     let recovered: u64 = states
         .split(" recovered (")
         .next()
