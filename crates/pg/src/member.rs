@@ -597,8 +597,12 @@ impl Member {
     fn on_msg(&mut self, from: OsdId, msg: Msg, out: &mut Vec<Action>) {
         match msg {
             Msg::Query { epoch } => {
-                // Answer any primary at least as new as what this member knows.
-                if epoch >= self.epoch {
+                // Only once this member is in that epoch itself: a member still in an older
+                // interval may go on acknowledging writes there (as a primary, or a replica),
+                // and an answer given before would leave them out of the history the new
+                // primary takes, which would then roll them back. The primary asks again on
+                // its ticks until the map reaches this member.
+                if epoch == self.epoch {
                     out.push(Action::Send {
                         to: from,
                         msg: Msg::Info {

@@ -616,6 +616,16 @@ pub(crate) fn on_peer<S: ObjectStore + 'static>(
                 // nothing of the PG says so, with an empty history.
                 if let Msg::Query { .. } = msg {
                     let mut blank = Member::new(repl.osd, repl.log_max);
+                    // In this reactor's epoch, as any member answers.
+                    let map = shard.view.borrow().map.clone();
+                    if let Ok(pool) = map.pool(pg.pool) {
+                        blank.handle(Event::Map {
+                            epoch: map.epoch,
+                            acting: map.pg_osds(pg, pool.size),
+                            history: Vec::new(),
+                            min_size: pool.min_size as usize,
+                        });
+                    }
                     for a in blank.handle(Event::Msg { from, msg }) {
                         if let Action::Send { to, msg } = a {
                             send(shard, to, pg, Body::Pg { msg, ops: vec![] });
