@@ -112,6 +112,14 @@ pub(crate) struct PgReplica {
 }
 
 impl PgReplica {
+    /// Nothing in flight and nothing waiting for the store: every write this copy took is
+    /// durable (as primary: on every acting member too).
+    pub fn is_quiet(&self) -> bool {
+        self.member.borrow().writes_in_flight() == 0
+            && self.jobs.borrow().is_empty()
+            && !self.persisting.get()
+    }
+
     fn new(pg: PgId, member: Member, schedule: &ScrubSchedule) -> Self {
         let held = member.objects.clone();
         let log_keys = member.log.entries().map(|e| e.version).collect();

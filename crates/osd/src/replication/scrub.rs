@@ -258,7 +258,7 @@ async fn quiesce(pgr: &PgReplica, epoch: u32) -> Result<(), ErrorReply> {
                     "its interval ended during the scrub: run it again",
                 ));
             }
-            if m.writes_in_flight() == 0 && pgr.jobs.borrow().is_empty() && !pgr.persisting.get() {
+            if pgr.is_quiet() {
                 return Ok(());
             }
         }

@@ -246,10 +246,7 @@ async fn conditional<S: ObjectStore + 'static>(
     // Everything before it durable here, so the store's checks see every earlier write.
     let start = std::time::Instant::now();
     loop {
-        let quiet = pgr.member.borrow().writes_in_flight() == 0
-            && pgr.jobs.borrow().is_empty()
-            && !pgr.persisting.get();
-        if quiet {
+        if pgr.is_quiet() {
             break;
         }
         if start.elapsed() > QUIET_WAIT {
