@@ -172,6 +172,10 @@ enum Role {
     Replica,
 }
 
+/// A member's copy as a primary that peers sees it: its log, object versions and last active
+/// epoch.
+type Copy = (PgLog, BTreeMap<String, Version>, u32);
+
 /// A write waiting for the acting set.
 #[derive(Clone, Debug)]
 struct Pending {
@@ -201,9 +205,13 @@ pub struct Member {
     activated: (u32, u32),
     /// The epoch the current interval (this acting set, no epoch missed) began in.
     interval_start: u32,
-    /// Persists asked for, and the head each one makes durable.
+    /// Persists asked for: the head each one makes durable, and for one that takes a history,
+    /// the copy as it was before (what the disk holds until it lands: a history may wait
+    /// long for its data, and a query is answered from this meanwhile).
     persist_seq: u64,
-    persisting: std::collections::VecDeque<(u64, Version)>,
+    persisting: std::collections::VecDeque<(u64, Version, Option<Box<Copy>>)>,
+    /// The copy before the history being taken now, for its persist.
+    before_history: Option<Box<Copy>>,
     /// The newest head known durable, and the last persist completed.
     durable_head: Version,
     persisted: u64,
@@ -231,6 +239,7 @@ impl Member {
             interval_start: 0,
             persist_seq: 0,
             persisting: std::collections::VecDeque::new(),
+            before_history: None,
             durable_head: Version::ZERO,
             persisted: 0,
             activation_persist: 0,
@@ -264,8 +273,16 @@ impl Member {
     /// Asks the host to persist the copy as it is now.
     fn persist(&mut self, what: Persisting, out: &mut Vec<Action>) -> u64 {
         self.persist_seq += 1;
+        let before = match what {
+            Persisting::History { .. } => Some(
+                self.before_history
+                    .take()
+                    .expect("a history is begun before it is persisted"),
+            ),
+            Persisting::Entry(_) => None,
+        };
         self.persisting
-            .push_back((self.persist_seq, self.log.head()));
+            .push_back((self.persist_seq, self.log.head(), before));
         out.push(Action::Persist {
             seq: self.persist_seq,
             what,
@@ -297,8 +314,8 @@ impl Member {
 
     fn on_persisted(&mut self, seq: u64, out: &mut Vec<Action>) {
         self.persisted = self.persisted.max(seq);
-        while self.persisting.front().is_some_and(|(s, _)| *s <= seq) {
-            let (_, head) = self.persisting.pop_front().expect("front");
+        while self.persisting.front().is_some_and(|(s, _, _)| *s <= seq) {
+            let (_, head, _) = self.persisting.pop_front().expect("front");
             self.durable_head = head;
         }
         if let Some((to, epoch, head, at)) = self.activation_ack {
@@ -470,6 +487,33 @@ impl Member {
         s
     }
 
+    /// Remembers the copy as it is before a history is taken over it.
+    fn begin_history(&mut self) {
+        self.before_history = Some(Box::new((self.log.clone(), self.objects.clone(), self.les)));
+    }
+
+    /// What this member can say of its copy to a primary that peers: only what its disk
+    /// holds, since the answer may become the authoritative history (a history naming writes
+    /// a crash would lose leaves the members that take it waiting for data nobody holds).
+    /// `None` while writes are on their way to the disk: asked again on the next tick.
+    fn durable_answer(&self) -> Option<(PeerInfo, PgLog, BTreeMap<String, Version>)> {
+        match self.persisting.front() {
+            None => Some((self.info(), self.log.clone(), self.objects.clone())),
+            // A history waits for its data: the disk holds the copy from before it.
+            Some((_, _, Some(before))) => {
+                let (log, objects, les) = &**before;
+                let info = PeerInfo {
+                    osd: self.osd,
+                    last_epoch_started: *les,
+                    head: log.head(),
+                    tail: log.tail(),
+                };
+                Some((info, log.clone(), objects.clone()))
+            }
+            Some((_, _, None)) => None,
+        }
+    }
+
     fn info(&self) -> PeerInfo {
         PeerInfo {
             osd: self.osd,
@@ -481,7 +525,7 @@ impl Member {
 
     fn on_tick(&mut self, out: &mut Vec<Action>) {
         let peering = matches!(self.role, Role::Peering { .. });
-        let mine = peering.then(|| (self.info(), self.log.clone(), self.objects.clone()));
+        let mine = if peering { self.durable_answer() } else { None };
         let probe = if peering {
             self.probe_set()
         } else {
@@ -489,7 +533,9 @@ impl Member {
         };
         match &mut self.role {
             Role::Peering { heard } => {
-                heard.insert(self.osd, mine.expect("peering"));
+                if let Some(mine) = mine {
+                    heard.insert(self.osd, mine);
+                }
                 for o in probe {
                     if !heard.contains_key(&o) {
                         out.push(Action::Send {
@@ -570,6 +616,7 @@ impl Member {
         let source = infos[best].osd;
         let (_, auth_log, auth_objects) = heard[&source].clone();
         // The primary takes the authoritative history whole; members get what differs.
+        self.begin_history();
         self.log.reset_to(&auth_log);
         self.objects = auth_objects;
         self.les = self.epoch;
@@ -602,16 +649,19 @@ impl Member {
                 // and an answer given before would leave them out of the history the new
                 // primary takes, which would then roll them back. The primary asks again on
                 // its ticks until the map reaches this member.
+                // And only with what its disk holds (see `durable_answer`).
                 if epoch == self.epoch {
-                    out.push(Action::Send {
-                        to: from,
-                        msg: Msg::Info {
-                            epoch,
-                            info: self.info(),
-                            log: self.log.clone(),
-                            objects: self.objects.clone(),
-                        },
-                    });
+                    if let Some((info, log, objects)) = self.durable_answer() {
+                        out.push(Action::Send {
+                            to: from,
+                            msg: Msg::Info {
+                                epoch,
+                                info,
+                                log,
+                                objects,
+                            },
+                        });
+                    }
                 }
             }
             Msg::Info {
@@ -640,6 +690,7 @@ impl Member {
                     let newer = (epoch, round) > self.activated
                         || ((epoch, round) == self.activated && log.head() > self.log.head());
                     if newer {
+                        self.begin_history();
                         self.take_history(&log, objects);
                         self.les = epoch;
                         self.activated = (epoch, round);

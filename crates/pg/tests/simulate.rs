@@ -54,6 +54,8 @@ struct Sim {
     acked: BTreeMap<String, Version>,
     acks: u64,
     log: Vec<String>,
+    /// Invariants broken inside a step (reported by `check`).
+    violations: Vec<String>,
     /// Log every delivered message (when replaying one seed).
     trace: bool,
 }
@@ -82,6 +84,7 @@ impl Sim {
             acked: BTreeMap::new(),
             acks: 0,
             log: Vec::new(),
+            violations: Vec::new(),
             trace: std::env::var("CARMINE_SIM_SEED").is_ok(),
         };
         s.new_epoch();
@@ -155,6 +158,20 @@ impl Sim {
         for a in actions {
             match a {
                 Action::Send { to, msg } => {
+                    // An answer to a query describes the member's disk: a history taken as
+                    // authoritative from writes that were still in memory is gone after a
+                    // crash, and members that take it wait forever for data nobody has.
+                    if let Msg::Info { log, objects, .. } = &msg {
+                        let disk = &self.disks[o as usize];
+                        if log.head() != disk.log.head() || *objects != disk.objects {
+                            self.violations.push(format!(
+                                "t{}: osd.{o} answers a query with head {} while its disk has {}",
+                                self.now,
+                                log.head(),
+                                disk.log.head()
+                            ));
+                        }
+                    }
                     if !self.rng.random_bool(0.05) {
                         let at = self.now + self.rng.random_range(1..8);
                         self.seq += 1;
@@ -344,8 +361,12 @@ impl Sim {
         self.client();
     }
 
-    /// The active primary of the current epoch holds every acknowledged write.
+    /// The active primary of the current epoch holds every acknowledged write, and no
+    /// invariant broke during the step.
     fn check(&self) -> Result<(), String> {
+        if let Some(v) = self.violations.first() {
+            return Err(v.clone());
+        }
         for m in &self.members {
             if !self.running[m.osd as usize] || !m.is_active_primary() || m.epoch() != self.epoch {
                 continue;
