@@ -10,6 +10,7 @@ mod osd_admin;
 mod osd_control;
 mod pattern;
 mod pg;
+mod pool;
 mod size;
 mod store;
 mod volume;
@@ -44,6 +45,9 @@ enum Command {
     /// Run a manager in the foreground (normally started by `cluster up --with-etcd`): it
     /// marks OSDs up, down and out in new map epochs; one of several leads.
     Mgr(mgr::MgrArgs),
+    /// Add and list pools: each has its own copies, min_size and PG count.
+    #[command(subcommand)]
+    Pool(pool::PoolCommand),
     /// Scrub a PG's copies against each other, and repair the bad ones.
     #[command(subcommand)]
     Pg(pg::PgCommand),
@@ -104,6 +108,7 @@ fn main() -> ExitCode {
             )),
         },
         Command::Mgr(a) => mgr::run(a),
+        Command::Pool(c) => pool::run(c),
         Command::Pg(c) => pg::run(c),
         Command::Store(c) => store::run(c),
         Command::Cluster(c) => cluster::run(c),

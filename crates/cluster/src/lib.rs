@@ -13,7 +13,8 @@ mod placement;
 
 pub use balance::Balanced;
 pub use map::{
-    MapError, OsdInfo, OsdMap, Pool, Spread, Upmaps, MAP_FORMAT_VERSION, REPLICA_SIZE_MAX,
+    MapError, OsdInfo, OsdMap, Pool, Spread, Upmaps, MAP_FORMAT_VERSION, PG_NUM_MAX,
+    REPLICA_SIZE_MAX,
 };
 pub use placement::{
     object_to_pg_seed, pg_to_reactor_index, stable_mod, weight_of_capacity, WEIGHT_ONE,

@@ -1,0 +1,211 @@
+//! `carmine pool create|ls`: pools beside the one `cluster up` makes, each with its own
+//! number of copies, `min_size` and PG count. A new pool is a new map epoch; the OSDs serve
+//! (and, with more than one copy, peer) its PGs as soon as they see it.
+
+use anyhow::{Context, Result};
+use carmine_cluster::{OsdMap, Pool, PG_NUM_MAX, REPLICA_SIZE_MAX};
+use carmine_localcluster::DirArg;
+use carmine_mapstore::MapStoreError;
+use clap::{Args, Subcommand};
+
+#[derive(Subcommand, Debug)]
+pub enum PoolCommand {
+    /// Add a pool. Its PGs are placed on the OSDs that are in, each copy on another host
+    /// while there are enough hosts.
+    Create(CreateArgs),
+    /// List the pools: id, name, copies, min_size, PGs.
+    Ls {
+        #[command(flatten)]
+        dir: DirArg,
+    },
+}
+
+#[derive(Args, Debug)]
+pub struct CreateArgs {
+    pub name: String,
+    /// Copies of every object [3 with 3 OSDs or more, else 1].
+    #[arg(long)]
+    pub size: Option<u8>,
+    /// Copies that must be up for a PG to take requests [size - size/2].
+    #[arg(long)]
+    pub min_size: Option<u8>,
+    /// Placement groups [64].
+    #[arg(long, default_value_t = 64)]
+    pub pg_num: u32,
+    #[command(flatten)]
+    pub dir: DirArg,
+}
+
+pub fn run(cmd: PoolCommand) -> Result<()> {
+    match cmd {
+        PoolCommand::Create(a) => create(&a),
+        PoolCommand::Ls { dir } => {
+            let map = carmine_localcluster::read_map(&dir.dir)?;
+            print!("{}", list(&map));
+            Ok(())
+        }
+    }
+}
+
+fn list(map: &OsdMap) -> String {
+    let mut s = format!(
+        "{:>4}  {:<16} {:>5} {:>8} {:>6}\n",
+        "id", "name", "size", "min_size", "pgs"
+    );
+    for p in &map.pools {
+        s.push_str(&format!(
+            "{:>4}  {:<16} {:>5} {:>8} {:>6}\n",
+            p.id, p.name, p.size, p.min_size, p.pg_num
+        ));
+    }
+    s
+}
+
+/// The next map with pool `a` added, or why it cannot be.
+fn with_pool(map: &OsdMap, a: &CreateArgs) -> Result<OsdMap, String> {
+    if a.name.is_empty() || a.name.len() > 64 || a.name.chars().any(|c| c.is_control()) {
+        return Err(format!(
+            "{:?}: a pool name is 1 to 64 printable characters",
+            a.name
+        ));
+    }
+    if map.pools.iter().any(|p| p.name == a.name) {
+        return Err(format!("pool {:?} exists already", a.name));
+    }
+    let size = a.size.unwrap_or(if map.osds.len() >= 3 { 3 } else { 1 });
+    if size == 0 || size > REPLICA_SIZE_MAX {
+        return Err(format!(
+            "--size {size}: a pool keeps 1 to {REPLICA_SIZE_MAX} copies"
+        ));
+    }
+    if usize::from(size) > map.osds.len() {
+        return Err(format!(
+            "--size {size} needs at least {size} OSDs (the map has {})",
+            map.osds.len()
+        ));
+    }
+    let min_size = a.min_size.unwrap_or(size - size / 2);
+    if min_size == 0 || min_size > size {
+        return Err(format!(
+            "--min-size {min_size}: between 1 and the pool's size ({size})"
+        ));
+    }
+    if a.pg_num == 0 || a.pg_num > PG_NUM_MAX {
+        return Err(format!("--pg-num {}: 1 to {PG_NUM_MAX}", a.pg_num));
+    }
+    let id = map.pools.iter().map(|p| p.id).max().unwrap_or(0) + 1;
+    if id == u32::MAX {
+        return Err("no pool id is left".into());
+    }
+    let mut next = map.clone();
+    next.epoch = map.epoch + 1;
+    next.pools.push(Pool {
+        id,
+        name: a.name.clone(),
+        pg_num: a.pg_num,
+        size,
+        min_size,
+    });
+    next.validate().map_err(|e| e.to_string())?;
+    Ok(next)
+}
+
+fn create(a: &CreateArgs) -> Result<()> {
+    let store = carmine_localcluster::map_store(&a.dir.dir)?;
+    let stored = carmine_mapstore::update(store.as_ref(), 10, |current| {
+        let map = current.ok_or_else(|| {
+            MapStoreError::Invalid("the cluster has no map (is a cluster up there?)".into())
+        })?;
+        with_pool(map, a).map(Some).map_err(MapStoreError::Invalid)
+    })?
+    .context("the cluster has no map")?;
+    let pool = stored
+        .pools
+        .iter()
+        .find(|p| p.name == a.name)
+        .context("the stored map lacks the new pool")?;
+    let hosts: std::collections::BTreeSet<&str> =
+        stored.osds.iter().map(|o| o.host.as_str()).collect();
+    if usize::from(pool.size) > hosts.len() {
+        eprintln!(
+            "note: {} copies on {} host(s): some copies of a PG share a host, and a host's \
+             failure can take more than one",
+            pool.size,
+            hosts.len()
+        );
+    }
+    println!(
+        "pool {} ({:?}): {} cop{}, min_size {}, {} PGs; map epoch {}",
+        pool.id,
+        pool.name,
+        pool.size,
+        if pool.size == 1 { "y" } else { "ies" },
+        pool.min_size,
+        pool.pg_num,
+        stored.epoch
+    );
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use carmine_cluster::OsdInfo;
+
+    fn map(hosts: &[&str]) -> OsdMap {
+        let mut m = OsdMap::single_osd(vec!["127.0.0.1:6800".parse().unwrap()], 8);
+        m.osds = hosts
+            .iter()
+            .enumerate()
+            .map(|(i, h)| {
+                OsdInfo::new(
+                    i as u32,
+                    h,
+                    vec![format!("127.0.0.1:{}", 6900 + i).parse().unwrap()],
+                )
+            })
+            .collect();
+        m
+    }
+
+    fn args(name: &str, size: Option<u8>, min_size: Option<u8>, pg_num: u32) -> CreateArgs {
+        CreateArgs {
+            name: name.into(),
+            size,
+            min_size,
+            pg_num,
+            dir: DirArg {
+                dir: "unused".into(),
+            },
+        }
+    }
+
+    #[test]
+    fn a_pool_gets_the_next_id_and_epoch_with_the_defaults_of_its_cluster() {
+        let m = map(&["a", "b", "c"]);
+        let next = with_pool(&m, &args("rep", None, None, 32)).unwrap();
+        assert_eq!(next.epoch, m.epoch + 1);
+        let p = next.pools.last().unwrap();
+        assert_eq!((p.id, p.size, p.min_size, p.pg_num), (2, 3, 2, 32));
+        assert_eq!(next.pools.len(), m.pools.len() + 1);
+        assert!(list(&next).contains("rep"));
+    }
+
+    #[test]
+    fn bad_pools_are_refused_with_the_reason() {
+        let m = map(&["a", "b", "a"]);
+        let refused = |a: CreateArgs, why: &str| {
+            let e = with_pool(&m, &a).unwrap_err();
+            assert!(e.contains(why), "{e}");
+        };
+        refused(args("rbd", Some(1), None, 8), "exists already");
+        refused(args("r", Some(4), None, 8), "at least 4 OSDs");
+        refused(args("r", Some(2), Some(3), 8), "--min-size 3");
+        refused(args("r", Some(0), None, 8), "1 to");
+        refused(args("r", Some(2), None, 0), "--pg-num 0");
+        refused(args("r", Some(2), None, PG_NUM_MAX + 1), "--pg-num");
+        refused(args("", Some(2), None, 8), "pool name");
+        // Copies share a host only when there are too few hosts (placement's rule).
+        assert!(with_pool(&m, &args("r", Some(3), None, 8)).is_ok());
+    }
+}
