@@ -224,6 +224,9 @@ pub fn run(a: OsdArgs, access: &carmine_localcluster::EtcdAccessArgs) -> Result<
         signal_hook::consts::SIGINT,
     ])
     .context("installing signal handlers")?;
+    // With etcd, clients are served only while the lease surely holds (decision 0009).
+    let lease = matches!(source, MapSource::Etcd { .. })
+        .then(|| std::sync::Arc::new(carmine_osd::LeaseClock::new(a.lease_ttl)));
     let osd = Osd::start(OsdConfig {
         id: a.id,
         map,
@@ -237,6 +240,7 @@ pub fn run(a: OsdArgs, access: &carmine_localcluster::EtcdAccessArgs) -> Result<
             light: Some(a.scrub_interval).filter(|t| !t.is_zero()),
             deep: Some(a.deep_scrub_interval).filter(|t| !t.is_zero()),
         },
+        lease: lease.clone(),
     })?;
     for (r, (addr, cpu)) in info.reactors.iter().zip(&reactor_cpus).enumerate() {
         let cpu = cpu.map_or("unpinned".to_string(), |c| format!("cpu {c}"));
@@ -259,7 +263,7 @@ pub fn run(a: OsdArgs, access: &carmine_localcluster::EtcdAccessArgs) -> Result<
         capacity: capacity(&a, info.reactors.len() as u64),
     };
     let mut osd = osd;
-    let control = match Control::start(&source, epoch, registration, a.lease_ttl) {
+    let control = match Control::start(&source, epoch, registration, a.lease_ttl, lease) {
         Ok(c) => c,
         Err(e) => {
             let _ = osd.shutdown();

@@ -10,11 +10,12 @@ use carmine_mapstore::etcd_client::Etcd;
 use carmine_mapstore::local_membership::LocalOsdLock;
 use carmine_mapstore::membership::{OsdLease, Registration};
 use carmine_mapstore::{EtcdMapStore, LocalMapStore, MapStore};
+use carmine_osd::LeaseClock;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
 use std::sync::Arc;
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// Where the OSD's map comes from.
 pub enum MapSource {
@@ -86,13 +87,14 @@ pub struct Control {
 impl Control {
     /// Starts watching `source` for epochs after `epoch`. With etcd, first registers `reg`
     /// under a lease of `ttl` (waiting up to `ttl` + 2 s for a crashed predecessor's lease to
-    /// run out), then keeps it renewed. With a map file, registers `reg` beside it under a
-    /// lock that lasts as long as the process.
+    /// run out), then keeps it renewed, telling `clock` how long the lease surely holds. With
+    /// a map file, registers `reg` beside it under a lock that lasts as long as the process.
     pub fn start(
         source: &MapSource,
         epoch: u32,
         reg: Registration,
         ttl: Duration,
+        clock: Option<Arc<LeaseClock>>,
     ) -> Result<Control> {
         let stop = Arc::new(AtomicBool::new(false));
         let mut local = None;
@@ -113,6 +115,7 @@ impl Control {
                 // Each call may take a quarter of the TTL, so a renewal can fail over to
                 // another member before the lease runs out.
                 let etcd = Etcd::with_access(endpoints, access)?.with_timeout(ttl / 4);
+                let sent = Instant::now();
                 let lease =
                     OsdLease::register(&etcd, cluster, &reg, ttl, ttl + Duration::from_secs(2))
                         .with_context(|| format!("registering osd.{} in etcd", reg.osd))?;
@@ -121,11 +124,16 @@ impl Control {
                     reg.osd,
                     ttl.as_secs()
                 );
+                if let Some(c) = &clock {
+                    c.resume_at_epoch(source.open()?.get()?.map_or(0, |m| m.epoch));
+                    c.renewed(sent);
+                }
                 let stop = stop.clone();
+                let maps = source.open()?;
                 Some(
                     std::thread::Builder::new()
                         .name(format!("osd{}-lease", reg.osd))
-                        .spawn(move || keep_registered(lease, &stop))?,
+                        .spawn(move || keep_registered(lease, maps, clock, &stop))?,
                 )
             }
         };
@@ -185,30 +193,71 @@ impl Control {
     }
 }
 
-fn keep_registered(mut lease: OsdLease, stop: &AtomicBool) -> Option<OsdLease> {
-    let every = lease.ttl() / 3;
+/// Renews the lease every third of its TTL (every tenth while renewals fail), and keeps
+/// `clock` told how long it surely holds. A renewal after the OSD stopped trusting its lease
+/// also reads the map epoch etcd holds then: the reactors serve again only from that epoch on.
+fn keep_registered(
+    mut lease: OsdLease,
+    maps: Box<dyn MapStore + Send>,
+    clock: Option<Arc<LeaseClock>>,
+    stop: &AtomicBool,
+) -> Option<OsdLease> {
     let mut failing = false;
+    let mut fenced = false;
     while !stop.load(Ordering::Relaxed) {
-        match lease.renew() {
+        if let Some(c) = &clock {
+            if c.lapsed() && !fenced {
+                fenced = true;
+                eprintln!(
+                    "the lease was not renewed within {:.0}% of its TTL: serving no client until \
+                     it is (the cluster may mark this OSD down)",
+                    carmine_osd::LEASE_TRUSTED_SHARE * 100.0
+                );
+            }
+        }
+        let sent = Instant::now();
+        let renewed = match lease.renew() {
             Ok(true) => {
                 if failing {
                     println!("etcd reachable again; registration renewed");
                 }
-                failing = false;
+                true
             }
             Ok(false) => {
                 println!(
                     "the registration had lapsed (etcd unreachable too long); registered again"
                 );
-                failing = false;
+                true
             }
             Err(e) => {
                 if !failing {
                     eprintln!("renewing the registration: {e}; retrying");
                 }
-                failing = true;
+                false
+            }
+        };
+        failing = !renewed;
+        if let (true, Some(c)) = (renewed, &clock) {
+            if !c.lapsed() {
+                c.renewed(sent);
+            } else {
+                // The cluster may have moved on meanwhile: serve by the epoch it is at now.
+                match maps.get() {
+                    Ok(m) => {
+                        let epoch = m.map_or(0, |m| m.epoch);
+                        c.resume_at_epoch(epoch);
+                        c.renewed(sent);
+                        fenced = false;
+                        println!("lease renewed: serving clients again from map epoch {epoch}");
+                    }
+                    Err(e) => {
+                        eprintln!("lease renewed, but reading the map failed: {e}; retrying");
+                        failing = true;
+                    }
+                }
             }
         }
+        let every = lease.ttl() / if failing { 10 } else { 3 };
         // Sleep in short steps so a stop is prompt.
         let mut slept = Duration::ZERO;
         while slept < every && !stop.load(Ordering::Relaxed) {

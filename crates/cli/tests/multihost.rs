@@ -62,9 +62,9 @@ fn ip(args: &[&str]) {
     );
 }
 
-fn build_net() -> Net {
+fn build_net(test: u32) -> Net {
     let net = Net {
-        tag: format!("cm{}", std::process::id() % 100_000),
+        tag: format!("cm{}{test}", std::process::id() % 10_000),
     };
     ip(&["link", "add", &net.bridge(), "type", "bridge"]);
     ip(&["link", "set", &net.bridge(), "up"]);
@@ -124,20 +124,9 @@ impl Drop for Cluster {
     }
 }
 
-fn map(dir: &Path) -> carmine_cluster::OsdMap {
+fn map(c: &Cluster) -> carmine_cluster::OsdMap {
     // The map is in etcd on host 1: read it from there.
-    let out = ok({
-        let mut c = Command::new("ip");
-        c.args([
-            "netns",
-            "exec",
-            &format!("cm{}h1", std::process::id() % 100_000),
-            BIN,
-        ])
-        .args(["osd", "tree"])
-        .env("CARMINE_DIR", dir);
-        c
-    });
+    let out = ok(carmine_in(&c.net.ns(1), &c.dir, &["osd", "tree"]));
     let epoch: u32 = out
         .lines()
         .next()
@@ -168,14 +157,14 @@ fn map(dir: &Path) -> carmine_cluster::OsdMap {
 }
 
 fn wait_for(
-    dir: &Path,
+    c: &Cluster,
     what: &str,
     limit: Duration,
     done: impl Fn(&carmine_cluster::OsdMap) -> bool,
 ) -> Duration {
     let start = Instant::now();
     loop {
-        let m = map(dir);
+        let m = map(c);
         if done(&m) {
             return start.elapsed();
         }
@@ -192,12 +181,16 @@ fn wait_for(
     }
 }
 
-#[test]
-fn three_hosts_and_a_client_over_real_tcp_with_a_partition_and_its_healing() {
+/// The tests share the machine's two cores: one cluster of three hosts at a time.
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// etcd, the managers and osd.0 on host 1, osd.1 on host 2, osd.2 on host 3, all up; `None`
+/// (skipped) without root. `test` keeps the namespaces of different tests apart.
+fn three_hosts(test: u32, phase: &dyn Fn(&str)) -> Option<Cluster> {
     // SAFETY: plain syscall.
     if unsafe { libc::geteuid() } != 0 {
         eprintln!("skipped: network namespaces need root");
-        return;
+        return None;
     }
     if Command::new("etcd")
         .arg("--version")
@@ -207,10 +200,8 @@ fn three_hosts_and_a_client_over_real_tcp_with_a_partition_and_its_healing() {
     {
         panic!("this test needs etcd (Debian: apt-get install etcd-server; .ci/run installs it)");
     }
-    let t0 = Instant::now();
-    let phase = |what: &str| println!("{:>6.1} s  {what}", t0.elapsed().as_secs_f64());
-    let net = build_net();
-    let dir = std::env::temp_dir().join(format!("carmine-multihost-{}", std::process::id()));
+    let net = build_net(test);
+    let dir = std::env::temp_dir().join(format!("carmine-multihost-{}-{test}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     let mut c = Cluster {
@@ -218,7 +209,7 @@ fn three_hosts_and_a_client_over_real_tcp_with_a_partition_and_its_healing() {
         net,
         remote: Vec::new(),
     };
-    let (h1, h4) = (c.net.ns(1), c.net.ns(4));
+    let h1 = c.net.ns(1);
 
     // etcd on host 1, reachable by every host at its address.
     let a1 = Net::addr(1);
@@ -313,12 +304,12 @@ fn three_hosts_and_a_client_over_real_tcp_with_a_partition_and_its_healing() {
         let args: Vec<&str> = flags.split_whitespace().collect();
         let child = carmine_in(&c.net.ns(host), &dir, &args)
             .stdout(std::fs::File::create(dir.join(format!("osd.{id}.remote.log"))).unwrap())
-            .stderr(Stdio::null())
+            .stderr(std::fs::File::create(dir.join(format!("osd.{id}.remote.err"))).unwrap())
             .spawn()
             .unwrap();
         c.remote.push(child);
     }
-    wait_for(&dir, "all three OSDs up", Duration::from_secs(20), |m| {
+    wait_for(&c, "all three OSDs up", Duration::from_secs(20), |m| {
         m.osds.len() == 3 && m.osds.iter().all(|o| o.up && o.in_)
     });
     phase("three OSDs up");
@@ -327,6 +318,19 @@ fn three_hosts_and_a_client_over_real_tcp_with_a_partition_and_its_healing() {
         tree.contains("host host2") && tree.contains("host host3"),
         "{tree}"
     );
+    Some(c)
+}
+
+#[test]
+fn three_hosts_and_a_client_over_real_tcp_with_a_partition_and_its_healing() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let t0 = Instant::now();
+    let phase = |what: &str| println!("{:>6.1} s  {what}", t0.elapsed().as_secs_f64());
+    let Some(c) = three_hosts(1, &phase) else {
+        return;
+    };
+    let dir = c.dir.clone();
+    let h4 = c.net.ns(4);
 
     // The client, on host 4, writes and reads through all three hosts.
     ok(carmine_in(
@@ -383,7 +387,7 @@ fn three_hosts_and_a_client_over_real_tcp_with_a_partition_and_its_healing() {
     // Partition host 3: osd.2 cannot renew its lease; it is marked down.
     c.net.set_link(3, false);
     let took = wait_for(
-        &dir,
+        &c,
         "osd.2 down after the partition",
         Duration::from_secs(TTL + 8),
         |m| m.osds.iter().any(|o| o.id == 2 && !o.up),
@@ -399,7 +403,7 @@ fn three_hosts_and_a_client_over_real_tcp_with_a_partition_and_its_healing() {
     // Healed: it registers again and is up in a new epoch; the data is all there.
     c.net.set_link(3, true);
     let took = wait_for(
-        &dir,
+        &c,
         "osd.2 up after healing",
         Duration::from_secs(TTL + 10),
         |m| m.osds.iter().all(|o| o.up),
@@ -424,4 +428,207 @@ fn three_hosts_and_a_client_over_real_tcp_with_a_partition_and_its_healing() {
         std::fs::read(&back).unwrap() == data,
         "data changed across the partition"
     );
+}
+
+/// Reads 4 KiB at `off` of NBD export `export` inside namespace `ns` and checks it against
+/// `byte`: `Some(true)` if every byte is `byte`, `Some(false)` if the data differs, `None` if
+/// the read failed or did not finish within `limit`.
+fn nbd_read_is(ns: &str, export: &str, off: u64, byte: u8, limit: Duration) -> Option<bool> {
+    let out = Command::new("timeout")
+        .arg(limit.as_secs().to_string())
+        .args(["ip", "netns", "exec", ns, "qemu-io", "-r", "-f", "raw"])
+        .arg(format!("nbd://127.0.0.1:10809/{export}"))
+        .arg("-c")
+        .arg(format!("read -P {byte:#x} {off} 4k"))
+        .output()
+        .expect("running qemu-io");
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    if text.contains("Pattern verification failed") {
+        Some(false)
+    } else if out.status.success() && text.contains("read 4096/4096 bytes") {
+        Some(true)
+    } else {
+        None
+    }
+}
+
+/// Issue #12's partition test. A pool of three copies over three hosts; a client on host 3
+/// (an NBD gateway that opened the volume while all was well) stays on osd.2's side of the
+/// partition. Once host 3 is cut off, the rest of the cluster marks osd.2 down, its PGs'
+/// clients fail over, and a client on host 4 overwrites the whole volume. The gateway on
+/// host 3 must never read the old data after that: osd.2 stopped serving clients once its
+/// lease could have run out, which is before the new primaries could take a write. Healed,
+/// osd.2 rejoins, catches up, and every copy matches.
+#[test]
+fn a_partitioned_osd_serves_nothing_stale_and_catches_up_once_healed() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    if Command::new("qemu-io").arg("--version").output().is_err() {
+        panic!("this test needs qemu-io (Debian: apt-get install qemu-utils; .ci/run installs it)");
+    }
+    let t0 = Instant::now();
+    let phase = |what: &str| println!("{:>6.1} s  {what}", t0.elapsed().as_secs_f64());
+    let Some(mut c) = three_hosts(2, &phase) else {
+        return;
+    };
+    let dir = c.dir.clone();
+    let (h1, h3, h4) = (c.net.ns(1), c.net.ns(3), c.net.ns(4));
+    let said = ok(carmine_in(
+        &h1,
+        &dir,
+        &[
+            "pool",
+            "create",
+            "rep",
+            "--size",
+            "3",
+            "--min-size",
+            "2",
+            "--pg-num",
+            "16",
+        ],
+    ));
+    assert!(said.contains("3 copies, min_size 2"), "{said}");
+    const OBJECT: u64 = 1 << 20;
+    const OBJECTS: u64 = 16;
+    let vol = |args: &[&str]| {
+        let mut all = vec!["volume"];
+        all.extend_from_slice(args);
+        all.extend_from_slice(&["--pool", "rep"]);
+        carmine_in(&h4, &dir, &all)
+    };
+    ok(vol(&[
+        "create",
+        "r",
+        "--size",
+        "16M",
+        "--object-size",
+        "1M",
+    ]));
+    let old = dir.join("old");
+    std::fs::write(&old, vec![0xaau8; (OBJECT * OBJECTS) as usize]).unwrap();
+    ok(vol(&["write", "r", "--file", old.to_str().unwrap(), "-q"]));
+    phase("16 MiB written to a pool of three copies");
+
+    // The gateway on host 3, read-only (it takes no lock), with the volume open.
+    let gateway = carmine_in(
+        &h3,
+        &dir,
+        &[
+            "nbd",
+            "serve",
+            "--export",
+            "r",
+            "--pool",
+            "rep",
+            "--read-only",
+            "--retry-timeout",
+            "3s",
+        ],
+    )
+    .stdout(std::fs::File::create(dir.join("gateway.log")).unwrap())
+    .stderr(std::fs::File::create(dir.join("gateway.err")).unwrap())
+    .spawn()
+    .unwrap();
+    c.remote.push(gateway);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while nbd_read_is(&h3, "r", 0, 0xaa, Duration::from_secs(5)) != Some(true) {
+        assert!(
+            Instant::now() < deadline,
+            "the gateway on host 3 never served"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    phase("the gateway on host 3 reads the volume");
+
+    // Cut host 3 off. The other side marks osd.2 down and its PGs fail over; the client
+    // there overwrites every object.
+    c.net.set_link(3, false);
+    let cut = Instant::now();
+    let new = dir.join("new");
+    std::fs::write(&new, vec![0xbbu8; (OBJECT * OBJECTS) as usize]).unwrap();
+    ok(vol(&["write", "r", "--file", new.to_str().unwrap(), "-q"]));
+    let stall = cut.elapsed();
+    println!("host 4 overwrote the volume {stall:?} after the cut (lease TTL {TTL} s)");
+    assert!(
+        stall < Duration::from_secs(TTL + 20),
+        "the failover took {stall:?}"
+    );
+    phase("overwritten on the majority side");
+
+    // Every object through the gateway on host 3: never the old data. (Objects whose
+    // primary is on the other side just fail; those osd.2 was primary of are refused by it.)
+    let reads: Vec<_> = (0..OBJECTS)
+        .map(|i| {
+            let h3 = h3.clone();
+            std::thread::spawn(move || {
+                nbd_read_is(&h3, "r", i * OBJECT, 0xaa, Duration::from_secs(12))
+            })
+        })
+        .collect();
+    let outcomes: Vec<Option<bool>> = reads.into_iter().map(|t| t.join().unwrap()).collect();
+    // Some(false): other data; None: the read failed or timed out.
+    println!("reads of the old data on the cut-off side, per object: {outcomes:?}");
+    let stale: Vec<u64> = (0..OBJECTS)
+        .filter(|i| outcomes[*i as usize] == Some(true))
+        .collect();
+    assert!(
+        stale.is_empty(),
+        "objects {stale:?} read back their old data on the cut-off side after the other side \
+         acknowledged new data ({outcomes:?})"
+    );
+    let log = std::fs::read_to_string(dir.join("osd.2.remote.log")).unwrap_or_default();
+    let err = std::fs::read_to_string(dir.join("osd.2.remote.err")).unwrap_or_default();
+    assert!(
+        (log.clone() + &err).contains("serving no client"),
+        "osd.2 never said it stopped serving: {log}{err}"
+    );
+    phase("no stale read on the cut-off side");
+
+    // Healed: osd.2 comes back, catches up, and every copy of every object matches.
+    c.net.set_link(3, true);
+    let took = wait_for(
+        &c,
+        "osd.2 up after healing",
+        Duration::from_secs(TTL + 15),
+        |m| m.osds.iter().all(|o| o.up),
+    );
+    println!("osd.2 up again {took:?} after the link came back");
+    let back = dir.join("back");
+    ok(vol(&[
+        "read",
+        "r",
+        "--length",
+        "16M",
+        "--file",
+        back.to_str().unwrap(),
+        "-q",
+    ]));
+    assert!(
+        std::fs::read(&back).unwrap() == std::fs::read(&new).unwrap(),
+        "the volume is not what host 4 wrote"
+    );
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let out = carmine_in(&h4, &dir, &["pg", "deep-scrub", "--pool", "rep"])
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).into_owned()
+            + &String::from_utf8_lossy(&out.stderr);
+        // Every PG scrubbed on three copies, none bad.
+        let on_three = text
+            .lines()
+            .filter_map(|l| l.split_once(" on ")?.1.split_once(':'))
+            .filter(|(osds, _)| osds.split(", ").count() == 3)
+            .count();
+        if out.status.success() && text.contains("16 PGs: 0 bad copies found") && on_three == 16 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the copies do not match after healing: {text}"
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    phase("healed: osd.2 caught up, deep scrub clean");
 }

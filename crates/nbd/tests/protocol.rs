@@ -42,6 +42,7 @@ fn start_with(cfg: NbdConfig) -> (Osd, SocketAddr, Arc<NbdStats>) {
         auth_key: None,
         pg_history: None,
         scrub: Default::default(),
+        lease: None,
     })
     .unwrap();
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();

@@ -42,6 +42,9 @@ pub struct OsdConfig {
     pub pg_history: Option<crate::SharedHistoryStore>,
     /// When replicated PGs are scrubbed on their own.
     pub scrub: crate::ScrubSchedule,
+    /// The OSD's lease in etcd, as its renewals go: clients are refused once it may have run
+    /// out (see `lease`). `None`: no lease (a map file), never refused for it.
+    pub lease: Option<std::sync::Arc<crate::LeaseClock>>,
 }
 
 /// Default for [`OsdConfig::connections_max`].
@@ -200,6 +203,7 @@ impl Osd {
                 auth_key: cfg.auth_key.clone(),
                 history: history_clients.next().zip(answers.next()),
                 scrub: cfg.scrub,
+                lease: cfg.lease.clone(),
             };
             let name = format!("osd{}-r{}", cfg.id, index);
             // Every log line of the reactor says which OSD and reactor it is about (the

@@ -332,6 +332,17 @@ fn admit<'a, S>(
     shard: &'a Shard<S>,
     req: &ObjectRequest,
 ) -> Result<crate::fence::InProgress<'a>, ErrorReply> {
+    if let Some(why) = shard
+        .lease
+        .as_ref()
+        .and_then(|l| l.refusal(shard.view.borrow().map.epoch))
+    {
+        shard.metrics.lease_refused();
+        return Err(reject(
+            Status::PgInactive,
+            format!("osd.{} takes no requests: {why}", shard.osd),
+        ));
+    }
     shard.fences.admit(req.client).map_err(|()| {
         reject(
             Status::Fenced,
@@ -646,6 +657,7 @@ mod tests {
                 handshaking: Cell::new(0),
                 epoch_line: Default::default(),
                 idle_timeout: None,
+                lease: None,
                 replication: crate::replication::Replication::new(
                     0,
                     None,

@@ -10,6 +10,7 @@ mod auth;
 mod daemon;
 mod fence;
 mod handler;
+mod lease;
 mod metrics;
 mod reactor;
 mod replication;
@@ -19,6 +20,7 @@ pub use metrics::{serve_metrics, MetricsServer, ReactorMetrics, ReactorSource, L
 pub use daemon::{
     Osd, OsdConfig, OsdError, StoreConfig, CONNECTIONS_MAX_DEFAULT, IDLE_TIMEOUT_DEFAULT,
 };
+pub use lease::{LeaseClock, LEASE_TRUSTED_SHARE};
 pub use reactor::ControlMsg;
 pub use replication::history::SharedHistoryStore;
 pub use replication::ScrubSchedule;

@@ -78,6 +78,7 @@ pub struct ReactorMetrics {
     deep_scrubs: AtomicU64,
     scrub_findings: AtomicU64,
     read_repairs: AtomicU64,
+    lease_refusals: AtomicU64,
     pgs_active: AtomicU64,
     pgs_peering: AtomicU64,
     objects_to_recover: AtomicU64,
@@ -156,6 +157,10 @@ impl ReactorMetrics {
     pub(crate) fn recovered(&self, bytes: u64) {
         add(&self.recovered_objects, 1);
         add(&self.recovered_bytes, bytes);
+    }
+
+    pub(crate) fn lease_refused(&self) {
+        add(&self.lease_refusals, 1);
     }
 
     pub(crate) fn read_repaired(&self) {
@@ -347,6 +352,13 @@ pub fn render(osd: u32, reactors: &[ReactorSource]) -> String {
         "counter",
         "Reads that met a bad local copy and rewrote it from another member before answering.",
         &|r| load(&r.metrics.read_repairs).to_string(),
+    );
+    per_reactor(
+        &mut t,
+        "carmine_osd_lease_refusals_total",
+        "counter",
+        "Client requests refused because the OSD's lease in etcd may have run out.",
+        &|r| load(&r.metrics.lease_refusals).to_string(),
     );
     per_reactor(
         &mut t,

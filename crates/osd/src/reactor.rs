@@ -49,6 +49,7 @@ pub(crate) struct ReactorSetup {
         Mailbox<crate::replication::history::Answer>,
     )>,
     pub scrub: crate::ScrubSchedule,
+    pub lease: Option<Arc<crate::LeaseClock>>,
 }
 
 /// Everything one reactor owns.
@@ -72,6 +73,8 @@ pub(crate) struct Shard<S> {
     pub idle_timeout: Option<Duration>,
     /// The PGs of pools with more than one copy that this reactor holds a copy of.
     pub replication: crate::replication::Replication,
+    /// See `OsdConfig::lease`.
+    pub lease: Option<Arc<crate::LeaseClock>>,
     /// This shard itself, for the tasks its requests spawn.
     pub me: std::rc::Weak<Shard<S>>,
 }
@@ -200,6 +203,7 @@ async fn serve<S: ObjectStore + 'static>(setup: ReactorSetup, store: S) -> Resul
         auth_key,
         history,
         scrub,
+        lease,
         ..
     } = setup;
     let (history, answers) = match history {
@@ -230,6 +234,7 @@ async fn serve<S: ObjectStore + 'static>(setup: ReactorSetup, store: S) -> Resul
         handshaking: Cell::new(0),
         epoch_line: Default::default(),
         idle_timeout,
+        lease,
         me: me.clone(),
     });
     if let Some(mut answers) = answers {

@@ -119,6 +119,7 @@ fn start_with(
         auth_key,
         pg_history: Some(Arc::new(LocalPgHistory::new(histories))),
         scrub,
+        lease: None,
     })
     .unwrap()
 }

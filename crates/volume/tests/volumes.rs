@@ -44,6 +44,7 @@ where
         auth_key: None,
         pg_history: None,
         scrub: Default::default(),
+        lease: None,
     })
     .unwrap();
     carmine_reactor::block_on(async {
