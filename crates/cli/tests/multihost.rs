@@ -551,7 +551,7 @@ fn a_partitioned_osd_serves_nothing_stale_and_catches_up_once_healed() {
     let stall = cut.elapsed();
     println!("host 4 overwrote the volume {stall:?} after the cut (lease TTL {TTL} s)");
     assert!(
-        stall < Duration::from_secs(TTL + 20),
+        stall < Duration::from_secs(TTL + 10),
         "the failover took {stall:?}"
     );
     phase("overwritten on the majority side");

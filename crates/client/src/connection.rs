@@ -26,6 +26,10 @@ pub struct Connection {
     next_id: Cell<u64>,
     failed: RefCell<Option<String>>,
     permits: async_lock::Semaphore,
+    /// Replies received so far: the client's watchdog compares it between ticks to spot a
+    /// connection that has requests out and hears nothing back (a partitioned or hung OSD,
+    /// which TCP alone reports only after many minutes).
+    replies: Cell<u64>,
 }
 
 impl Connection {
@@ -67,6 +71,7 @@ impl Connection {
             next_id: Cell::new(1),
             failed: RefCell::new(None),
             permits: async_lock::Semaphore::new(inflight_max),
+            replies: Cell::new(0),
         });
         carmine_reactor::spawn(read_loop(conn.clone(), rd)).detach();
         carmine_reactor::spawn(write_loop(conn.clone(), wr)).detach();
@@ -86,19 +91,41 @@ impl Connection {
         self.fail("closed by the client".into());
     }
 
-    fn fail(&self, reason: String) {
+    /// Requests awaiting a reply, and replies received so far.
+    pub fn progress(&self) -> (usize, u64) {
+        (self.pending.borrow().len(), self.replies.get())
+    }
+
+    /// Closes the connection for `reason`, which the requests in flight fail with (as
+    /// `Disconnected` and in doubt: they may be resent).
+    pub fn fail(&self, reason: String) {
+        let addr = self.addr;
+        self.fail_with(reason.clone(), || ClientError::Disconnected {
+            addr,
+            reason: reason.clone(),
+            in_doubt: true,
+        });
+    }
+
+    /// Closes the connection because it answered nothing for `waited` while its OSD is up:
+    /// the requests in flight fail with `TimedOut`, which is not resent (the OSD may still
+    /// apply them).
+    pub fn time_out(&self, waited: std::time::Duration) {
+        let addr = self.addr;
+        self.fail_with(format!("no reply for {waited:?}"), || {
+            ClientError::TimedOut { addr, waited }
+        });
+    }
+
+    fn fail_with(&self, reason: String, error: impl Fn() -> ClientError) {
         if self.failed.borrow().is_some() {
             return;
         }
-        *self.failed.borrow_mut() = Some(reason.clone());
+        *self.failed.borrow_mut() = Some(reason);
         // These requests were handed to the connection: whether the server applied them is
         // unknown.
         for (_, tx) in self.pending.borrow_mut().drain() {
-            let _ = tx.send(Err(ClientError::Disconnected {
-                addr: self.addr,
-                reason: reason.clone(),
-                in_doubt: true,
-            }));
+            let _ = tx.send(Err(error()));
         }
         self.doorbell.ring();
     }
@@ -187,6 +214,7 @@ async fn read_loop(conn: Rc<Connection>, mut stream: TcpStream) {
                         ));
                         return;
                     };
+                    conn.replies.set(conn.replies.get() + 1);
                     let _ = tx.send(Ok(frame));
                 }
                 Ok(None) => break,

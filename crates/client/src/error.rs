@@ -28,6 +28,11 @@ pub enum ClientError {
         waited: Duration,
         last: Box<ClientError>,
     },
+    /// The request was sent and the OSD, still up in the map, has answered nothing on its
+    /// connection for `waited`: the client closed it. The request may still be applied there
+    /// later, so it is not resent: the caller decides.
+    #[error("no reply from {addr} for {waited:?} although it is up in the map; the request may still be applied there")]
+    TimedOut { addr: SocketAddr, waited: Duration },
     /// The connection handshake failed: a wrong or missing key on either side.
     #[error("authentication with {addr} failed: {detail}")]
     Auth { addr: SocketAddr, detail: String },
@@ -66,7 +71,10 @@ impl ClientError {
     /// True if the request may have been applied although it failed: it was sent, then the
     /// connection broke before the reply came back.
     pub fn in_doubt(&self) -> bool {
-        matches!(self, ClientError::Disconnected { in_doubt: true, .. })
+        matches!(
+            self,
+            ClientError::Disconnected { in_doubt: true, .. } | ClientError::TimedOut { .. }
+        )
     }
 
     pub(crate) fn unexpected(addr: SocketAddr, resp: &Response) -> Self {

@@ -16,6 +16,16 @@
 //! or keys); otherwise the failure goes to the caller, who knows what the op meant. This
 //! relies on the in-doubt attempt not being applied after the resent one, which holds when the
 //! connection broke because the OSD process died.
+//!
+//! A connection can also stay open and go silent: the OSD's host was cut off, or the process
+//! hangs, and TCP would report it only after many minutes. A watchdog task looks at every
+//! connection each `WATCH_TICK`; one with requests out and no reply for a tick is asked for
+//! its map on that connection, and if it does not answer either, the client re-reads the map
+//! from the other OSDs and closes the connection once the map says that OSD is down: its PGs
+//! have new primaries and the requests on it retry as above. One still up in the map and
+//! silent for `retry_timeout` is closed too, but its requests fail as `TimedOut` (in doubt,
+//! not resent): the OSD may still apply them, after a resend and a later write would be. A
+//! retry is given only what is left of the retry timeout.
 
 mod auth;
 pub use auth::handshake_as;
@@ -36,9 +46,15 @@ use std::net::SocketAddr;
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
-/// How long one attempt to open a connection may take. Refused connections (the OSD process is
-/// gone) fail at once; this bounds a connect to an address that does not answer at all.
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// Default for [`ClientConfig::connect_timeout`]. An OSD on the same network completes the
+/// TCP and authentication handshakes in milliseconds even when busy (the kernel answers the
+/// SYN); an address that has not answered in a second is most likely cut off, and the request
+/// is better off re-reading the map than waiting on it. A lost SYN costs one retry.
+pub const CONNECT_TIMEOUT_DEFAULT: Duration = Duration::from_secs(1);
+
+/// How often the client looks for connections with requests out and no reply since the last
+/// look.
+const WATCH_TICK: Duration = Duration::from_millis(500);
 
 #[derive(Clone, Debug)]
 pub struct ClientConfig {
@@ -54,6 +70,10 @@ pub struct ClientConfig {
     /// failed attempt up to `retry_backoff_max`.
     pub retry_backoff_min: Duration,
     pub retry_backoff_max: Duration,
+    /// How long one attempt to open a connection may take. Refused connections (the OSD
+    /// process is gone) fail at once; this bounds a connect to an address that does not
+    /// answer at all (a host cut off or down).
+    pub connect_timeout: Duration,
     /// The cluster key: every connection starts with the handshake that proves this client
     /// and the OSD both hold it. `None` for clusters without authentication.
     pub key: Option<carmine_proto::auth::AuthKey>,
@@ -70,6 +90,7 @@ impl Default for ClientConfig {
             retry_timeout: RETRY_TIMEOUT_DEFAULT,
             retry_backoff_min: Duration::from_millis(10),
             retry_backoff_max: Duration::from_secs(1),
+            connect_timeout: CONNECT_TIMEOUT_DEFAULT,
             key: None,
         }
     }
@@ -94,6 +115,11 @@ struct Inner {
     conns: RefCell<HashMap<SocketAddr, Endpoint>>,
     /// The number of the last object request: every retry of one carries the same.
     last_tid: std::cell::Cell<u64>,
+    /// Held during a map refresh: the many requests that want one at the same moment (an OSD
+    /// went away under all of them) share it instead of asking the cluster once each.
+    refreshing: async_lock::Mutex<()>,
+    /// Map refreshes finished so far (tells a request that waited behind one that it is done).
+    refreshes: std::cell::Cell<u64>,
 }
 
 /// What the client knows about one OSD reactor endpoint.
@@ -110,6 +136,12 @@ struct Endpoint {
     /// When opening a connection first failed, until one opens again: the outage is logged
     /// once per endpoint, not once per waiting request.
     down_since: Option<Instant>,
+    /// The reply count and time at which the watchdog saw the open connection with requests
+    /// out, while no reply came since; `None` while it is idle or replies keep coming.
+    quiet_since: Option<(u64, Instant)>,
+    /// Requests out and no reply for at least a watchdog tick: a map refresh does not wait
+    /// on this connection.
+    silent: bool,
 }
 
 /// Why the last attempt to open a connection failed, as the requests that waited behind it
@@ -146,6 +178,27 @@ impl OpenFailure {
 impl Endpoint {
     fn usable(&self) -> Option<Rc<Connection>> {
         self.conn.as_ref().filter(|c| c.is_usable()).cloned()
+    }
+
+    /// Notes this tick's look at the connection; returns for how long it has had requests
+    /// out and heard nothing, if it has for a tick or more.
+    fn watch(&mut self, now: Instant) -> Option<Duration> {
+        let progress = self.usable().map(|c| c.progress());
+        let quiet = match (progress, self.quiet_since) {
+            (Some((out, replies)), Some((seen, since))) if out > 0 && seen == replies => {
+                Some(now - since)
+            }
+            (Some((out, replies)), _) if out > 0 => {
+                self.quiet_since = Some((replies, now));
+                None
+            }
+            _ => {
+                self.quiet_since = None;
+                None
+            }
+        };
+        self.silent = quiet.is_some();
+        quiet
     }
 }
 
@@ -192,9 +245,12 @@ impl Client {
                 routes: RefCell::new(HashMap::new()),
                 conns: RefCell::new(HashMap::new()),
                 last_tid: std::cell::Cell::new(0),
+                refreshing: async_lock::Mutex::new(()),
+                refreshes: std::cell::Cell::new(0),
             }),
         };
         client.refresh_map().await?;
+        carmine_reactor::spawn(watch_connections(Rc::downgrade(&client.inner))).detach();
         Ok(client)
     }
 
@@ -282,29 +338,62 @@ impl Client {
 
     /// Fetches the map again from the bootstrap addresses, then from any known up OSD: takes
     /// the first newer map, or gives up after a few answers that had none newer (OSDs learn
-    /// new epochs at their own pace, so one stale answer is not the last word).
+    /// new epochs at their own pace, so one stale answer is not the last word). Addresses that
+    /// failed to connect are asked last, open connections that went silent not at all, and no
+    /// answer is awaited for longer than twice the connect timeout. A refresh already under
+    /// way is joined, not repeated.
     pub async fn refresh_map(&self) -> Result<(), ClientError> {
+        let done = self.inner.refreshes.get();
+        let _one = self.inner.refreshing.lock().await;
+        if self.inner.refreshes.get() != done {
+            return Ok(());
+        }
+        let res = self.ask_for_newer_map().await;
+        self.inner.refreshes.set(done + 1);
+        res
+    }
+
+    async fn ask_for_newer_map(&self) -> Result<(), ClientError> {
         let map = self.map();
         let known = map
             .osds
             .iter()
             .filter(|o| o.up)
             .flat_map(|o| o.reactors.iter().copied());
-        let candidates: Vec<SocketAddr> =
+        let mut candidates: Vec<SocketAddr> =
             self.inner.bootstrap.iter().copied().chain(known).collect();
+        let mut tried = std::collections::HashSet::new();
+        candidates.retain(|a| tried.insert(*a));
+        {
+            // An open connection that went silent will not answer this either; one that
+            // failed to open may open now, but is asked after the others.
+            let conns = self.inner.conns.borrow();
+            candidates.retain(|a| {
+                !conns
+                    .get(a)
+                    .is_some_and(|ep| ep.silent && ep.usable().is_some())
+            });
+            candidates.sort_by_key(|a| conns.get(a).is_some_and(|ep| ep.down_since.is_some()));
+        }
+        let patience = self.inner.cfg.connect_timeout * 2;
         let mut last_err = ClientError::NoAddress;
         let mut answers = 0;
-        let mut tried = std::collections::HashSet::new();
         for addr in candidates {
-            if !tried.insert(addr) {
-                continue;
-            }
-            match self.call(addr, &Request::GetMap).await {
+            let answer = carmine_reactor::timeout(patience, self.call(addr, &Request::GetMap))
+                .await
+                .unwrap_or_else(|_| {
+                    Err(ClientError::Connect {
+                        addr,
+                        source: std::io::Error::new(
+                            std::io::ErrorKind::TimedOut,
+                            format!("no map within {patience:?}"),
+                        ),
+                    })
+                });
+            match answer {
                 Ok(Response::Map { encoded }) => {
                     let map = OsdMap::decode(encoded).map_err(ClientError::Map)?;
-                    if map.epoch > self.map().epoch {
-                        *self.inner.map.borrow_mut() = Rc::new(map);
-                        self.inner.routes.borrow_mut().clear();
+                    if self.adopt_if_newer(map) {
                         return Ok(());
                     }
                     answers += 1;
@@ -320,6 +409,86 @@ impl Client {
             return Ok(());
         }
         Err(last_err)
+    }
+
+    /// Routes by `map` from now on if it is newer than the current one.
+    fn adopt_if_newer(&self, map: OsdMap) -> bool {
+        if map.epoch <= self.map().epoch {
+            return false;
+        }
+        *self.inner.map.borrow_mut() = Rc::new(map);
+        self.inner.routes.borrow_mut().clear();
+        true
+    }
+
+    /// One look of the watchdog. A connection that has had requests out and no reply for a
+    /// tick is asked for its map, on that very connection: an OSD that is only slow answers
+    /// (and may have a newer map), a cut-off or hung one does not. For those the client
+    /// re-reads the map from the others and closes the connection if the map says the OSD is
+    /// down (or no longer lists it), so that its requests fail over to the PGs' new primaries
+    /// instead of waiting for TCP to give up; or once it has been silent for `retry_timeout`,
+    /// failing its requests as `TimedOut`.
+    async fn close_silent_connections(&self) {
+        let now = Instant::now();
+        let silent: Vec<(SocketAddr, Rc<Connection>, Duration)> = self
+            .inner
+            .conns
+            .borrow_mut()
+            .iter_mut()
+            .filter_map(|(a, ep)| {
+                let quiet = ep.watch(now)?;
+                Some((*a, ep.usable()?, quiet))
+            })
+            .collect();
+        if silent.is_empty() {
+            return;
+        }
+        let patience = self.inner.cfg.connect_timeout;
+        let probes = silent
+            .iter()
+            .map(|(_, conn, _)| carmine_reactor::timeout(patience, conn.call(&Request::GetMap)));
+        let answers = futures::future::join_all(probes).await;
+        let mut unanswered = Vec::new();
+        for ((addr, conn, quiet), answer) in silent.into_iter().zip(answers) {
+            match answer {
+                Ok(Ok(Response::Map { encoded })) => {
+                    if let Ok(map) = OsdMap::decode(encoded) {
+                        self.adopt_if_newer(map);
+                    }
+                }
+                _ => unanswered.push((addr, conn, quiet + patience)),
+            }
+        }
+        if unanswered.is_empty() {
+            return;
+        }
+        if let Err(e) = self.refresh_map().await {
+            tracing::debug!("map refresh for silent connections: {e}");
+        }
+        let map = self.map();
+        let retry_timeout = self.inner.cfg.retry_timeout;
+        for (addr, conn, quiet) in unanswered {
+            let reason = match map.osds.iter().find(|o| o.reactors.contains(&addr)) {
+                Some(o) if !o.up => format!("osd.{} is down in map epoch {}", o.id, map.epoch),
+                None => format!("no OSD has this address in map epoch {}", map.epoch),
+                // Up in the map and silent (a hung disk, a link down between this client and
+                // it only): its requests may still be applied there, after a resend and a
+                // later write to the same place would be. They fail instead, in doubt.
+                _ if !retry_timeout.is_zero() && quiet >= retry_timeout => {
+                    tracing::warn!("{addr}: no reply for {quiet:?}: closing the connection");
+                    conn.time_out(quiet);
+                    continue;
+                }
+                _ => continue,
+            };
+            // Its PGs have other primaries now, and it serves nothing in this epoch: a resend
+            // goes there, and the silent OSD cannot complete the request any more.
+            tracing::warn!(
+                "{addr}: no reply for {quiet:?} and {reason}: closing the connection, its \
+                 requests retry at the new primaries"
+            );
+            conn.fail(format!("{reason} (no reply for {quiet:?})"));
+        }
     }
 
     pub fn pool_id(&self, name: &str) -> Result<PoolId, ClientError> {
@@ -352,8 +521,9 @@ impl Client {
                 return Err(failure.error(addr));
             }
         }
+        let connect_timeout = self.inner.cfg.connect_timeout;
         let opened = carmine_reactor::timeout(
-            CONNECT_TIMEOUT,
+            connect_timeout,
             Connection::open_with(
                 addr,
                 self.inner.cfg.inflight_max,
@@ -366,7 +536,7 @@ impl Client {
                 addr,
                 source: std::io::Error::new(
                     std::io::ErrorKind::TimedOut,
-                    format!("no answer within {CONNECT_TIMEOUT:?}"),
+                    format!("no answer within {connect_timeout:?}"),
                 ),
             })
         });
@@ -436,7 +606,29 @@ impl Client {
                 Err(e) => return Err(e),
             };
             let req_msg = Request::Object(req);
-            let res = self.call(addr, &req_msg).await;
+            let res = match &outage {
+                None => self.call(addr, &req_msg).await,
+                // A retry gets only what is left of the retry timeout: an OSD that takes the
+                // request and then goes silent must not hold it past that.
+                Some(o) => {
+                    let left = self
+                        .inner
+                        .cfg
+                        .retry_timeout
+                        .saturating_sub(o.since.elapsed());
+                    carmine_reactor::timeout(left, self.call(addr, &req_msg))
+                        .await
+                        .unwrap_or_else(|_| {
+                            Err(ClientError::Disconnected {
+                                addr,
+                                reason: format!(
+                                    "no reply within the retry timeout ({left:?} left)"
+                                ),
+                                in_doubt: true,
+                            })
+                        })
+                }
+            };
             let Request::Object(r) = req_msg else {
                 unreachable!()
             };
@@ -565,6 +757,17 @@ impl Client {
 
     pub async fn remove(&self, pool: PoolId, oid: &str) -> Result<(), ClientError> {
         self.execute(pool, oid, vec![OsdOp::Remove]).await.map(drop)
+    }
+}
+
+/// Runs [`Client::close_silent_connections`] every tick while the client exists.
+async fn watch_connections(inner: std::rc::Weak<Inner>) {
+    loop {
+        carmine_reactor::sleep(WATCH_TICK).await;
+        let Some(inner) = inner.upgrade() else {
+            return;
+        };
+        Client { inner }.close_silent_connections().await;
     }
 }
 

@@ -20,6 +20,9 @@ enum Action {
     Error(Status),
     /// Close the connection without answering: the request is in doubt.
     Hangup,
+    /// Never answer anything again on this connection, and keep it open: a hung or
+    /// partitioned OSD, as TCP sees it.
+    Silent,
 }
 
 type Script = dyn Fn(&Request, usize) -> Action + Send + Sync;
@@ -29,24 +32,31 @@ type Script = dyn Fn(&Request, usize) -> Action + Send + Sync;
 struct FakeOsd {
     addr: SocketAddr,
     seen: Arc<Mutex<Vec<Request>>>,
+    /// The encoded map it answers `GetMap` with.
+    map: Arc<Mutex<Bytes>>,
 }
 
 impl FakeOsd {
     fn start(script: impl Fn(&Request, usize) -> Action + Send + Sync + 'static) -> FakeOsd {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = listener.local_addr().unwrap();
-        let map = OsdMap::single_osd(vec![addr], 8).encode();
+        let map = Arc::new(Mutex::new(OsdMap::single_osd(vec![addr], 8).encode()));
         let seen: Arc<Mutex<Vec<Request>>> = Arc::default();
         let script: Arc<Script> = Arc::new(script);
         let log = seen.clone();
+        let served = map.clone();
         std::thread::spawn(move || {
             for conn in listener.incoming() {
                 let Ok(conn) = conn else { return };
-                let (map, log, script) = (map.clone(), log.clone(), script.clone());
+                let (map, log, script) = (served.clone(), log.clone(), script.clone());
                 std::thread::spawn(move || serve(conn, map, log, &*script));
             }
         });
-        FakeOsd { addr, seen }
+        FakeOsd { addr, seen, map }
+    }
+
+    fn set_map(&self, map: &OsdMap) {
+        *self.map.lock().unwrap() = map.encode();
     }
 
     fn seen(&self) -> Vec<Request> {
@@ -56,7 +66,7 @@ impl FakeOsd {
 
 fn serve(
     mut conn: std::net::TcpStream,
-    map: Bytes,
+    map: Arc<Mutex<Bytes>>,
     log: Arc<Mutex<Vec<Request>>>,
     script: &Script,
 ) {
@@ -72,7 +82,7 @@ fn serve(
                     &mut out,
                     id,
                     &Response::Map {
-                        encoded: map.clone(),
+                        encoded: map.lock().unwrap().clone(),
                     },
                 );
             } else {
@@ -94,6 +104,10 @@ fn serve(
                         },
                     ),
                     Action::Hangup => return,
+                    Action::Silent => {
+                        while conn.read(&mut chunk).is_ok_and(|n| n > 0) {}
+                        return;
+                    }
                 }
             }
             if conn.write_all(&out).is_err() {
@@ -310,4 +324,77 @@ fn a_fence_that_an_osd_refuses_fails() {
         let err = c.fence(42).await.unwrap_err();
         assert_eq!(err.status(), Some(Status::Busy));
     });
+}
+
+#[test]
+fn a_request_to_an_osd_gone_silent_fails_over_once_the_map_marks_it_down() {
+    // osd.0 takes the write and never answers; the cluster then marks it down and osd.1
+    // takes its PGs. The client must not wait on the silent connection for TCP to give up.
+    let silent = FakeOsd::start(|_, _| Action::Silent);
+    let heir = FakeOsd::start(|req, _| Action::Reply(ok_object(object_ops(req))));
+    let mut moved = OsdMap::single_osd(vec![heir.addr], 8);
+    moved.epoch = 2;
+    moved.osds[0].id = 1;
+    let mut gone = moved.osds[0].clone();
+    gone.id = 0;
+    gone.up = false;
+    gone.reactors = vec![silent.addr];
+    moved.osds.insert(0, gone);
+    let waited = carmine_reactor::block_on(async {
+        let c = Client::connect(&[silent.addr, heir.addr], cfg(Duration::from_secs(30)))
+            .await
+            .unwrap();
+        silent.set_map(&moved);
+        heir.set_map(&moved);
+        let t = Instant::now();
+        carmine_reactor::timeout(
+            Duration::from_secs(10),
+            c.write(1, "obj", 0, Bytes::from_static(b"x")),
+        )
+        .await
+        .expect("the write waited on the silent OSD")
+        .unwrap();
+        t.elapsed()
+    });
+    assert_eq!(silent.seen().len(), 1, "sent to the silent OSD once");
+    assert_eq!(heir.seen().len(), 1, "then to the new primary");
+    match (&silent.seen()[0], &heir.seen()[0]) {
+        (Request::Object(a), Request::Object(b)) => {
+            assert_eq!((a.client, a.tid), (b.client, b.tid), "the same request");
+            assert_eq!(b.epoch, 2, "routed by the new map");
+        }
+        other => panic!("unexpected requests {other:?}"),
+    }
+    // A tick to notice, a connect timeout for the probe: about 2 s.
+    assert!(
+        waited < Duration::from_secs(5),
+        "failed over after {waited:?}"
+    );
+}
+
+#[test]
+fn a_connection_silent_for_the_retry_timeout_is_given_up() {
+    let silent = FakeOsd::start(|_, _| Action::Silent);
+    let (err, waited) = carmine_reactor::block_on(async {
+        let c = Client::connect(&[silent.addr], cfg(Duration::from_secs(1)))
+            .await
+            .unwrap();
+        let t = Instant::now();
+        let err = carmine_reactor::timeout(Duration::from_secs(10), c.read(1, "obj", 0, 1))
+            .await
+            .expect("the read waited forever on a silent OSD")
+            .unwrap_err();
+        (err, t.elapsed())
+    });
+    assert!(
+        matches!(err, ClientError::TimedOut { .. }) && err.in_doubt(),
+        "expected TimedOut, got {err}"
+    );
+    assert_eq!(
+        silent.seen().len(),
+        1,
+        "not resent: it may still be applied there"
+    );
+    // A tick to notice, the probe: about 2 s (without the watchdog: never).
+    assert!(waited < Duration::from_secs(8), "gave up after {waited:?}");
 }
