@@ -478,3 +478,193 @@ fn grow(name: &str, writes: bool) {
     let clean = c.ok(&["pg", "deep-scrub", "--pool", "rbd"]);
     assert!(clean.contains("32 PGs: 0 bad copies found"), "{clean}");
 }
+
+/// What the writer of the kill test knows about one 4 KiB block: the sequence number of its
+/// last acknowledged write, and those of writes that failed after it (in doubt: they may or
+/// may not have been applied).
+#[derive(Default, Clone)]
+struct BlockLedger {
+    acked: Option<u32>,
+    in_doubt: Vec<u32>,
+}
+
+/// Block `b`'s content as written by write `seq`: its number, the sequence number, then bytes
+/// that differ per write.
+fn block_content(b: u32, seq: u32) -> Vec<u8> {
+    let mut data = pattern(4096, (u64::from(b) << 32) | u64::from(seq));
+    data[..4].copy_from_slice(&b.to_le_bytes());
+    data[4..8].copy_from_slice(&seq.to_le_bytes());
+    data
+}
+
+/// The OSD that is primary of the most PGs in the current map, other than `not`.
+fn busiest_primary(c: &Cluster, not: Option<u32>) -> u32 {
+    let map = carmine_localcluster::read_map(&c.dir).unwrap();
+    let mut count = std::collections::BTreeMap::<u32, usize>::new();
+    for pg in map.all_pgs() {
+        if let Some((osd, _)) = map.pg_primary(pg).filter(|(o, _)| Some(*o) != not) {
+            *count.entry(osd).or_default() += 1;
+        }
+    }
+    count.into_iter().max_by_key(|(_, n)| *n).unwrap().0
+}
+
+#[test]
+fn the_primary_of_busy_pgs_killed_mid_write_again_and_again_loses_no_acknowledged_write() {
+    // Native stores: a killed OSD comes back with what its disk held, torn writes included.
+    let c = Cluster::up(
+        "kill-primary",
+        &[
+            "--osds",
+            "3",
+            "--pg-num",
+            "16",
+            "--store",
+            "native",
+            "--device-size",
+            "512M",
+        ],
+    );
+    c.ok(&[
+        "volume",
+        "create",
+        "v",
+        "--size",
+        "16M",
+        "--object-size",
+        "1M",
+    ]);
+    wait_clean(&c);
+    const BLOCKS: u32 = 4096;
+    const DEPTH: u32 = 16;
+    const ROUNDS: usize = 6;
+
+    // A writer keeps DEPTH writes of 4 KiB in flight to distinct random blocks, each with a
+    // new sequence number, and records what was acknowledged and what failed; then it reads
+    // every block back and checks it holds its last acknowledged write or a later one in
+    // doubt.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let acked = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let writer = {
+        let (dir, stop, acked) = (c.dir.clone(), stop.clone(), acked.clone());
+        std::thread::spawn(move || {
+            carmine_reactor::block_on(async move {
+                let client = carmine_localcluster::connect(&dir).await.unwrap();
+                let pool = client.pool_id("rbd").unwrap();
+                let image = carmine_volume::Volumes::new(client, pool)
+                    .open("v")
+                    .await
+                    .unwrap();
+                let mut ledger = vec![BlockLedger::default(); BLOCKS as usize];
+                let mut errors = Vec::new();
+                let mut seq = 0u32;
+                let mut x = 0x2545_F491_4F6C_DD1Du64;
+                let deadline = Instant::now() + Duration::from_secs(240);
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) && seq < 2_000_000 {
+                    assert!(Instant::now() < deadline, "never told to stop");
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    // DEPTH distinct blocks: a random start, a stride that never repeats.
+                    let first = (x % u64::from(BLOCKS)) as u32;
+                    let batch: Vec<(u32, u32)> = (0..DEPTH)
+                        .map(|i| ((first + i * 257) % BLOCKS, seq + i))
+                        .collect();
+                    seq += DEPTH;
+                    let results = futures::future::join_all(batch.iter().map(|&(b, s)| {
+                        image.write(u64::from(b) * 4096, bytes::Bytes::from(block_content(b, s)))
+                    }))
+                    .await;
+                    for (&(b, s), r) in batch.iter().zip(results) {
+                        let l = &mut ledger[b as usize];
+                        match r {
+                            Ok(()) => {
+                                l.acked = Some(s);
+                                l.in_doubt.clear();
+                                acked.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                            }
+                            Err(e) => {
+                                l.in_doubt.push(s);
+                                errors.push(format!("write {s} to block {b}: {e}"));
+                            }
+                        }
+                    }
+                }
+                let back = image.read(0, u64::from(BLOCKS) * 4096).await.unwrap();
+                let mut wrong = Vec::new();
+                for (b, l) in ledger.iter().enumerate() {
+                    let got = &back[b * 4096..(b + 1) * 4096];
+                    let seq = u32::from_le_bytes(got[4..8].try_into().unwrap());
+                    let fits = |s: u32| got == block_content(b as u32, s).as_slice();
+                    let ok = match l.acked {
+                        None => got.iter().all(|&v| v == 0) || l.in_doubt.iter().any(|&s| fits(s)),
+                        Some(a) => fits(a) || l.in_doubt.iter().any(|&s| s > a && fits(s)),
+                    };
+                    if !ok {
+                        wrong.push(format!(
+                            "block {b}: last acknowledged {:?}, in doubt {:?}, holds {seq}",
+                            l.acked, l.in_doubt
+                        ));
+                    }
+                }
+                image.close().await.unwrap();
+                (seq, errors, wrong)
+            })
+        })
+    };
+
+    let mut killed = Vec::new();
+    for round in 0..ROUNDS {
+        // Let writes flow, then kill the primary of the most PGs while they do.
+        let before = acked.load(std::sync::atomic::Ordering::Relaxed);
+        let t = Instant::now();
+        while acked.load(std::sync::atomic::Ordering::Relaxed) < before + 2000 {
+            assert!(
+                t.elapsed() < Duration::from_secs(60),
+                "round {round}: writes do not go on"
+            );
+            assert!(!writer.is_finished(), "the writer stopped");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        // Each round another OSD than the last, so every one dies mid-write in turn.
+        let victim = busiest_primary(&c, killed.last().copied());
+        kill9(osd_pid(&c, victim));
+        let at = acked.load(std::sync::atomic::Ordering::Relaxed);
+        let t = Instant::now();
+        while acked.load(std::sync::atomic::Ordering::Relaxed) < at + 500 {
+            assert!(
+                t.elapsed() < Duration::from_secs(60),
+                "round {round}: no write acknowledged after osd.{victim} died"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let stall = t.elapsed();
+        // It comes back with its disk, catches up, and the PGs settle on three copies again.
+        c.ok(&["cluster", "up"]);
+        let clean = wait_clean(&c);
+        eprintln!(
+            "round {round}: killed osd.{victim} with {at} writes acknowledged; 500 more in \
+             {stall:?}; clean again {clean:?} after its restart"
+        );
+        killed.push(victim);
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let (writes, errors, wrong) = writer.join().unwrap();
+    eprintln!(
+        "{writes} writes, killed {killed:?}, {} errors, {} blocks wrong",
+        errors.len(),
+        wrong.len()
+    );
+    assert!(
+        wrong.is_empty(),
+        "acknowledged writes lost: {:?}",
+        &wrong[..wrong.len().min(20)]
+    );
+    assert!(
+        errors.is_empty(),
+        "writes failed: {:?}",
+        &errors[..errors.len().min(20)]
+    );
+    let scrub = c.ok(&["pg", "deep-scrub", "--pool", "rbd"]);
+    assert!(scrub.contains("0 bad copies"), "{scrub}");
+}
