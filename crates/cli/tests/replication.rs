@@ -333,11 +333,8 @@ fn a_fourth_osd_added_takes_a_quarter_of_the_copies_and_the_old_ones_let_theirs_
 
 /// Failed about once in eight runs before members answered a new primary's query only once in
 /// its epoch themselves (an old primary kept acknowledging writes after its answer, and the
-/// new primary rolled them back); 12 of 12 since. Kept out of the suite until it has a longer
-/// clean record (issue #12): `cargo test --release -p carmine-cli --test replication --
-/// --ignored`.
+/// new primary rolled them back); 27 of 27 clean since, so it is back in the suite.
 #[test]
-#[ignore = "kept out of CI until its fix has a longer clean record (issue #12)"]
 fn a_fourth_osd_added_under_writes_takes_a_quarter_of_the_copies_and_loses_nothing() {
     grow("grow-load", true);
 }
