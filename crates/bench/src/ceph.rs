@@ -1,5 +1,6 @@
 //! `--target fio-rbd`: the same sweep against a real Ceph, through fio's rbd engine (librbd).
-//! By default a throw-away single-node cluster from Debian's packages, brought up by the
+//! By default a throw-away single-node cluster from Debian's packages — as many OSDs as
+//! `--osds`, a pool of `--size` copies, tcmalloc preloaded when installed — brought up by the
 //! built-in copy of bench/ceph/vstart-ceph.sh and torn down by pid; or an existing cluster.
 
 use crate::report::{CephInfo, Run};
@@ -18,6 +19,8 @@ struct Cluster {
     owned: Option<PathBuf>,
     pool: String,
     image: Option<String>,
+    /// Whether the throw-away cluster's OSDs run with tcmalloc preloaded.
+    tcmalloc: Option<bool>,
 }
 
 fn vstart(args: &[&str]) -> Result<String> {
@@ -57,7 +60,7 @@ fn ceph_cmd(tool: &str, conf: &Path, args: &[&str]) -> Result<String> {
 }
 
 impl Cluster {
-    fn start(dir: &Path, store: &str, osd_cpu: &str) -> Result<Self> {
+    fn start(dir: &Path, store: &str, osd_cpu: &str, osds: u32, size: u8) -> Result<Self> {
         for tool in ["ceph-mon", "ceph-osd", "ceph-mgr", "rbd", "fio"] {
             if Command::new(tool).arg("--version").output().is_err() {
                 bail!(
@@ -69,22 +72,28 @@ impl Cluster {
         std::fs::create_dir_all(dir)?;
         let dir = dir.canonicalize()?;
         let d = dir.to_string_lossy().into_owned();
-        eprintln!("starting a throw-away Ceph ({store}) in {d}");
+        eprintln!("starting a throw-away Ceph ({store}, {osds} OSDs, size {size}) in {d}");
+        let (osds, size) = (osds.to_string(), size.to_string());
+        let args = ["up", &d, store, osd_cpu, &osds, &size];
         // One retry: a throw-away cluster occasionally fails to come up (seen once: its OSD
         // refused by the mon at boot); a fresh one with a new fsid and port does.
-        if let Err(first) = vstart(&["up", &d, store, osd_cpu]) {
-            eprintln!("the throw-away Ceph did not come up, retrying once: {first:#}");
-            let _ = vstart(&["down", &d]);
-            if let Err(e) = vstart(&["up", &d, store, osd_cpu]) {
+        let said = match vstart(&args) {
+            Ok(said) => said,
+            Err(first) => {
+                eprintln!("the throw-away Ceph did not come up, retrying once: {first:#}");
                 let _ = vstart(&["down", &d]);
-                return Err(e.context(format!("first attempt: {first:#}")));
+                vstart(&args).map_err(|e| {
+                    let _ = vstart(&["down", &d]);
+                    e.context(format!("first attempt: {first:#}"))
+                })?
             }
-        }
+        };
         Ok(Cluster {
             conf: dir.join("ceph.conf"),
             owned: Some(dir),
             pool: "rbd".into(),
             image: None,
+            tcmalloc: Some(said.lines().any(|l| l == "TCMALLOC=yes")),
         })
     }
 
@@ -94,6 +103,7 @@ impl Cluster {
             owned: None,
             pool: pool.into(),
             image: None,
+            tcmalloc: None,
         }
     }
 
@@ -124,10 +134,9 @@ impl Cluster {
     /// The ceph-osd processes to sample: the throw-away cluster's, or every local one.
     fn osd_pids(&self) -> Vec<i32> {
         if let Some(dir) = &self.owned {
-            return std::fs::read_to_string(dir.join("osd.0.pid"))
-                .ok()
-                .and_then(|p| p.trim().parse().ok())
-                .into_iter()
+            return (0..)
+                .map_while(|id| std::fs::read_to_string(dir.join(format!("osd.{id}.pid"))).ok())
+                .filter_map(|p| p.trim().parse().ok())
                 .collect();
         }
         std::fs::read_dir("/proc")
@@ -193,7 +202,7 @@ fn remove_data(dir: &Path) {
 pub fn bench(a: &BenchArgs, dir: &Path) -> Result<Run> {
     let mut cluster = match &a.ceph_conf {
         Some(conf) => Cluster::existing(conf, &a.ceph_pool),
-        None => Cluster::start(dir, &a.ceph_store, &a.osd_cpu)?,
+        None => Cluster::start(dir, &a.ceph_store, &a.osd_cpu, a.osds, a.size)?,
     };
     cluster.wait_clean(Duration::from_secs(120))?;
     let image = format!("carmine-bench-{}", std::process::id());
@@ -223,6 +232,9 @@ pub fn bench(a: &BenchArgs, dir: &Path) -> Result<Run> {
         },
         version: cluster.version(),
         throwaway: cluster.owned.is_some(),
+        osds: cluster.owned.is_some().then_some(a.osds),
+        size: cluster.owned.is_some().then_some(a.size),
+        tcmalloc: cluster.tcmalloc,
     });
     Ok(run)
 }

@@ -103,6 +103,12 @@ pub struct CephInfo {
     pub store: String,
     pub version: String,
     pub throwaway: bool,
+    /// The throw-away cluster's OSDs and its pool's copies (an existing cluster's: unknown).
+    pub osds: Option<u32>,
+    pub size: Option<u8>,
+    /// Whether tcmalloc was preloaded into the throw-away cluster's OSDs (Debian's are built
+    /// without it).
+    pub tcmalloc: Option<bool>,
 }
 
 impl Run {
@@ -141,17 +147,25 @@ impl Run {
 /// Who served the I/O, in words.
 fn system(run: &Run) -> String {
     if let Some(c) = &run.ceph {
-        return format!(
-            "Ceph ({}), 1 classic OSD with {} on cpu {}{}",
-            c.version,
-            c.store,
-            run.osd_cpu,
-            if c.throwaway {
-                ", throw-away single-node cluster (bench/ceph/vstart-ceph.sh), pool size 1"
-            } else {
-                ""
-            }
-        );
+        return match (c.osds, c.size) {
+            (Some(osds), Some(size)) if c.throwaway => format!(
+                "Ceph ({}), {osds} classic OSD(s) with {} on cpu {}, tcmalloc {}, throw-away \
+                 single-node cluster (bench/ceph/vstart-ceph.sh), pool size {size} (min_size {})",
+                c.version,
+                c.store,
+                run.osd_cpu,
+                if c.tcmalloc == Some(true) {
+                    "preloaded"
+                } else {
+                    "not preloaded"
+                },
+                size - size / 2
+            ),
+            _ => format!(
+                "Ceph ({}), classic OSDs with {}, an existing cluster",
+                c.version, c.store
+            ),
+        };
     }
     format!(
         "Carmine, {} OSD(s) x {} reactor(s), {} on cpu {} (cpu policy {}), {} store",
