@@ -608,21 +608,20 @@ impl Client {
             let req_msg = Request::Object(req);
             let res = match &outage {
                 None => self.call(addr, &req_msg).await,
-                // A retry gets only what is left of the retry timeout: an OSD that takes the
-                // request and then goes silent must not hold it past that.
+                // A retry gets what is left of the retry timeout, and at least a connect
+                // timeout (the last attempt must reach the OSD to learn why it fails): an OSD
+                // that takes the request and then goes silent must not hold it much past that.
                 Some(o) => {
-                    let left = self
-                        .inner
-                        .cfg
-                        .retry_timeout
-                        .saturating_sub(o.since.elapsed());
+                    let cfg = &self.inner.cfg;
+                    let left = (cfg.retry_timeout.saturating_sub(o.since.elapsed()))
+                        .max(cfg.connect_timeout);
                     carmine_reactor::timeout(left, self.call(addr, &req_msg))
                         .await
                         .unwrap_or_else(|_| {
                             Err(ClientError::Disconnected {
                                 addr,
                                 reason: format!(
-                                    "no reply within the retry timeout ({left:?} left)"
+                                    "no reply within the retry timeout ({left:?} given)"
                                 ),
                                 in_doubt: true,
                             })

@@ -603,3 +603,87 @@ fn scheduled_deep_scrubs_find_a_bad_copy_on_their_own() {
         o.shutdown().unwrap();
     }
 }
+
+/// An OSD that restarts faster than the map notices (no new epoch) comes back as a member of
+/// the same interval, empty: it answers the primary's writes with `NotActive`, the primary
+/// sends it the interval's history, and it copies every object from the others while the
+/// client keeps all of them in flight. The writes wait for it (it is in the acting set) and
+/// then go on; every copy ends up the same.
+#[test]
+fn an_osd_restarted_within_its_interval_catches_up_while_writes_go_on() {
+    if std::env::var_os("RUST_LOG").is_some() {
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+            .with_test_writer()
+            .try_init();
+    }
+    let _serial = one_at_a_time();
+    let dir = TempDir::new("restart-in-interval");
+    let map = three_osd_map(1);
+    let mut osds: Vec<Option<Osd>> = (0..3).map(|id| Some(start(id, &map, dir.path()))).collect();
+    const N: usize = 16;
+    wait_settled(&map, dir.path());
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let round = Arc::new(std::sync::atomic::AtomicU8::new(1));
+    // A writer overwrites every object, round after round, all in flight at once.
+    let writer = {
+        let (map, stop, round) = (map.clone(), stop.clone(), round.clone());
+        std::thread::spawn(move || {
+            carmine_reactor::block_on(async move {
+                let c = client(&map, Duration::from_secs(20)).await;
+                let mut r = 1u8;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    r = r.wrapping_add(1).max(1);
+                    let t = Instant::now();
+                    let all = futures::future::join_all((0..N).map(|i| write(&c, i, r))).await;
+                    for (i, res) in all.into_iter().enumerate() {
+                        res.unwrap_or_else(|e| panic!("round {r}, obj{i}: {e}"));
+                    }
+                    assert!(
+                        t.elapsed() < Duration::from_secs(15),
+                        "round {r} took {:?}: the PGs are wedged",
+                        t.elapsed()
+                    );
+                    round.store(r, std::sync::atomic::Ordering::Relaxed);
+                }
+                r
+            })
+        })
+    };
+    let rounds_done = |n: u8| {
+        let from = round.load(std::sync::atomic::Ordering::Relaxed);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while round
+            .load(std::sync::atomic::Ordering::Relaxed)
+            .wrapping_sub(from)
+            < n
+        {
+            assert!(!writer.is_finished(), "the writer stopped");
+            assert!(Instant::now() < deadline, "writes do not go on");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    };
+    rounds_done(3);
+    // osd.2 restarts empty, and the map never says it was gone.
+    osds[2].take().unwrap().shutdown().unwrap();
+    osds[2] = Some(start(2, &map, dir.path()));
+    rounds_done(20);
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let last = writer.join().unwrap();
+    // Every copy holds the last round: the primaries read theirs, and a deep scrub compares
+    // them all.
+    carmine_reactor::block_on(async {
+        let c = client(&map, Duration::from_secs(20)).await;
+        for i in 0..N {
+            check(&c, i, last).await;
+        }
+        for seed in 0..map.pools[0].pg_num {
+            // No finding, on all three copies.
+            let report = findings(&c, seed, 0).await;
+            assert_eq!(report.acting.len(), 3, "pg {seed}: {report:?}");
+        }
+    });
+    for o in osds.into_iter().flatten() {
+        o.shutdown().unwrap();
+    }
+}

@@ -214,6 +214,10 @@ async fn take_history<S: ObjectStore + 'static>(
         txn.touch(pg, &oid).remove(pg, &oid);
         let bytes = copy.data.len() as u64;
         install(&mut txn, pg, &oid, copy);
+        // The PG's state says which version the store now holds, in the same transaction: a
+        // crash before the history is complete must not leave the object labelled with the
+        // version it had before.
+        layout::set_object_version(&mut txn, pg, &oid, Some(v));
         let stored = shard.store.submit(txn).await;
         if let Err(e) = stored {
             pgr.to_recover.set(0);
