@@ -664,4 +664,6 @@ fn the_primary_of_busy_pgs_killed_mid_write_again_and_again_loses_no_acknowledge
     );
     let scrub = c.ok(&["pg", "deep-scrub", "--pool", "rbd"]);
     assert!(scrub.contains("0 bad copies"), "{scrub}");
+    let status = healthy(&c);
+    assert!(status.contains("osd: 3 osds: 3 up, 3 in"), "{status}");
 }
