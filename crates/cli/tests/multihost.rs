@@ -401,14 +401,7 @@ fn three_hosts_and_a_client_over_real_tcp_with_a_partition_and_its_healing() {
 
     phase("partitioned");
     // Healed: it registers again and is up in a new epoch; the data is all there.
-    c.net.set_link(3, true);
-    let took = wait_for(
-        &c,
-        "osd.2 up after healing",
-        Duration::from_secs(TTL + 10),
-        |m| m.osds.iter().all(|o| o.up),
-    );
-    println!("osd.2 up again {took:?} after the link came back");
+    heal(&c, Duration::from_secs(TTL + 10));
     let _ = std::fs::remove_file(&back);
     ok(carmine_in(
         &h4,
@@ -433,6 +426,15 @@ fn three_hosts_and_a_client_over_real_tcp_with_a_partition_and_its_healing() {
 /// Reads 4 KiB at `off` of NBD export `export` inside namespace `ns` and checks it against
 /// `byte`: `Some(true)` if every byte is `byte`, `Some(false)` if the data differs, `None` if
 /// the read failed or did not finish within `limit`.
+/// Restores host 3's link and waits up to `limit` for osd.2 to be up again.
+fn heal(c: &Cluster, limit: Duration) {
+    c.net.set_link(3, true);
+    let took = wait_for(c, "osd.2 up after healing", limit, |m| {
+        m.osds.iter().all(|o| o.up)
+    });
+    println!("osd.2 up again {took:?} after the link came back");
+}
+
 fn nbd_read_is(ns: &str, export: &str, off: u64, byte: u8, limit: Duration) -> Option<bool> {
     let out = Command::new("timeout")
         .arg(limit.as_secs().to_string())
@@ -586,14 +588,7 @@ fn a_partitioned_osd_serves_nothing_stale_and_catches_up_once_healed() {
     phase("no stale read on the cut-off side");
 
     // Healed: osd.2 comes back, catches up, and every copy of every object matches.
-    c.net.set_link(3, true);
-    let took = wait_for(
-        &c,
-        "osd.2 up after healing",
-        Duration::from_secs(TTL + 15),
-        |m| m.osds.iter().all(|o| o.up),
-    );
-    println!("osd.2 up again {took:?} after the link came back");
+    heal(&c, Duration::from_secs(TTL + 15));
     let back = dir.join("back");
     ok(vol(&[
         "read",

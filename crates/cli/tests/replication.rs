@@ -339,6 +339,16 @@ fn a_fourth_osd_added_under_writes_takes_a_quarter_of_the_copies_and_loses_nothi
     grow("grow-load", true);
 }
 
+/// Volume `v` of pool `rbd` of the cluster in `dir`, opened for writing.
+async fn open_volume(dir: &std::path::Path) -> carmine_volume::Image {
+    let client = carmine_localcluster::connect(dir).await.unwrap();
+    let pool = client.pool_id("rbd").unwrap();
+    carmine_volume::Volumes::new(client, pool)
+        .open("v")
+        .await
+        .unwrap()
+}
+
 /// Three OSDs, 32 PGs, a 32 MiB volume; osd.3 is added and started while a writer overwrites
 /// 64 KiB blocks (if `writes`) or stands by, and the whole volume is checked at the end.
 fn grow(name: &str, writes: bool) {
@@ -376,12 +386,7 @@ fn grow(name: &str, writes: bool) {
         let mut expected = start.clone();
         std::thread::spawn(move || {
             carmine_reactor::block_on(async move {
-                let client = carmine_localcluster::connect(&dir).await.unwrap();
-                let pool = client.pool_id("rbd").unwrap();
-                let image = carmine_volume::Volumes::new(client, pool)
-                    .open("v")
-                    .await
-                    .unwrap();
+                let image = open_volume(&dir).await;
                 let mut n = 0u64;
                 let deadline = Instant::now() + Duration::from_secs(120);
                 while !stop.load(std::sync::atomic::Ordering::Relaxed) {
@@ -546,12 +551,7 @@ fn the_primary_of_busy_pgs_killed_mid_write_again_and_again_loses_no_acknowledge
         let (dir, stop, acked) = (c.dir.clone(), stop.clone(), acked.clone());
         std::thread::spawn(move || {
             carmine_reactor::block_on(async move {
-                let client = carmine_localcluster::connect(&dir).await.unwrap();
-                let pool = client.pool_id("rbd").unwrap();
-                let image = carmine_volume::Volumes::new(client, pool)
-                    .open("v")
-                    .await
-                    .unwrap();
+                let image = open_volume(&dir).await;
                 let mut ledger = vec![BlockLedger::default(); BLOCKS as usize];
                 let mut errors = Vec::new();
                 let mut seq = 0u32;

@@ -381,15 +381,7 @@ impl Client {
         for addr in candidates {
             let answer = carmine_reactor::timeout(patience, self.call(addr, &Request::GetMap))
                 .await
-                .unwrap_or_else(|_| {
-                    Err(ClientError::Connect {
-                        addr,
-                        source: std::io::Error::new(
-                            std::io::ErrorKind::TimedOut,
-                            format!("no map within {patience:?}"),
-                        ),
-                    })
-                });
+                .unwrap_or_else(|_| Err(timed_out(addr, format!("no map within {patience:?}"))));
             match answer {
                 Ok(Response::Map { encoded }) => {
                     let map = OsdMap::decode(encoded).map_err(ClientError::Map)?;
@@ -532,13 +524,10 @@ impl Client {
         )
         .await
         .unwrap_or_else(|_| {
-            Err(ClientError::Connect {
+            Err(timed_out(
                 addr,
-                source: std::io::Error::new(
-                    std::io::ErrorKind::TimedOut,
-                    format!("no answer within {connect_timeout:?}"),
-                ),
-            })
+                format!("no answer within {connect_timeout:?}"),
+            ))
         });
         let mut conns = self.inner.conns.borrow_mut();
         let ep = conns.get_mut(&addr).expect("endpoints are never removed");
@@ -756,6 +745,14 @@ impl Client {
 
     pub async fn remove(&self, pool: PoolId, oid: &str) -> Result<(), ClientError> {
         self.execute(pool, oid, vec![OsdOp::Remove]).await.map(drop)
+    }
+}
+
+/// An attempt to reach `addr` that took too long, as a connection failure (retried).
+fn timed_out(addr: SocketAddr, what: String) -> ClientError {
+    ClientError::Connect {
+        addr,
+        source: std::io::Error::new(std::io::ErrorKind::TimedOut, what),
     }
 }
 
