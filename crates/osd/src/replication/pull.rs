@@ -111,7 +111,7 @@ pub(super) async fn read_copy<S: ObjectStore>(
         Err(e) if e.kind == StoreErrorKind::ObjectNotFound => return Ok(None),
         Err(e) => return Err(e.to_string()),
     };
-    if stat.size as usize > carmine_types::limits::IO_LEN_MAX as usize {
+    if stat.size > super::write::REPLICATED_OBJECT_SIZE_MAX {
         return Err(format!(
             "{} bytes: larger than one recovery message carries",
             stat.size

@@ -57,10 +57,21 @@ fn may_fail(op: &OsdOp) -> bool {
     )
 }
 
+/// The largest object a replicated PG keeps: recovery copies an object to a member in one
+/// message (`pull`), so a larger one could never be copied and its PG would wait for it
+/// forever. Volumes' objects are at most this size.
+pub(crate) const REPLICATED_OBJECT_SIZE_MAX: u64 = IO_LEN_MAX as u64;
+
 /// The limits the store enforces, checked before a write gets a version: a write every
-/// copy would refuse must never enter the log.
+/// copy would refuse must never enter the log. And objects no larger than recovery carries.
 fn check_limits(ops: &[OsdOp]) -> Result<(), ErrorReply> {
     let bad = |m: String| Err(reject(Status::InvalidArgument, m));
+    let too_large = || {
+        bad(format!(
+            "objects of replicated pools are at most {REPLICATED_OBJECT_SIZE_MAX} bytes \
+             (recovery copies an object in one message)"
+        ))
+    };
     for op in ops {
         match op {
             OsdOp::Write { off, data }
@@ -69,6 +80,22 @@ fn check_limits(ops: &[OsdOp]) -> Result<(), ErrorReply> {
                 return bad(format!(
                     "write past the largest object size {OBJECT_SIZE_MAX}"
                 ))
+            }
+            OsdOp::Write { off, data }
+                if off.saturating_add(data.len() as u64) > REPLICATED_OBJECT_SIZE_MAX =>
+            {
+                return too_large()
+            }
+            OsdOp::Zero { off, len }
+                if off.saturating_add(*len) > REPLICATED_OBJECT_SIZE_MAX
+                    && off.saturating_add(*len) <= OBJECT_SIZE_MAX =>
+            {
+                return too_large()
+            }
+            OsdOp::Truncate { size }
+                if *size > REPLICATED_OBJECT_SIZE_MAX && *size <= OBJECT_SIZE_MAX =>
+            {
+                return too_large()
             }
             OsdOp::Write { data, .. } | OsdOp::WriteFull { data }
                 if data.len() > IO_LEN_MAX as usize =>
@@ -312,4 +339,34 @@ async fn conditional<S: ObjectStore + 'static>(
     // next peering finds the entry here and decides.
     let rx = enter(shard, pgr, reqid, &req.oid, kind, replicated, Some(version));
     Ok(rx)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bytes::Bytes;
+
+    #[test]
+    fn a_replicated_object_never_grows_past_what_recovery_carries() {
+        let at = |off: u64, len: usize| OsdOp::Write {
+            off,
+            data: Bytes::from(vec![0u8; len]),
+        };
+        let max = REPLICATED_OBJECT_SIZE_MAX;
+        assert!(check_limits(&[at(max - 4096, 4096)]).is_ok());
+        let err = check_limits(&[at(max - 4096, 4097)]).unwrap_err();
+        assert_eq!(err.status, Status::InvalidArgument);
+        assert!(err.message.contains("recovery"), "{}", err.message);
+        assert!(check_limits(&[at(max, 1)]).is_err());
+        assert!(check_limits(&[OsdOp::Truncate { size: max }]).is_ok());
+        assert!(check_limits(&[OsdOp::Truncate { size: max + 1 }]).is_err());
+        assert!(check_limits(&[OsdOp::Zero { off: max, len: 1 }]).is_err());
+        // Past the store's own limit, the store's reason.
+        let err = check_limits(&[OsdOp::Truncate { size: u64::MAX }]).unwrap_err();
+        assert!(
+            err.message.contains("largest object size"),
+            "{}",
+            err.message
+        );
+    }
 }
