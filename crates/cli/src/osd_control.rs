@@ -124,12 +124,12 @@ impl Control {
                     reg.osd,
                     ttl.as_secs()
                 );
+                let maps = source.open()?;
                 if let Some(c) = &clock {
-                    c.resume_at_epoch(source.open()?.get()?.map_or(0, |m| m.epoch));
+                    c.resume_at_epoch(maps.get()?.map_or(0, |m| m.epoch));
                     c.renewed(sent);
                 }
                 let stop = stop.clone();
-                let maps = source.open()?;
                 Some(
                     std::thread::Builder::new()
                         .name(format!("osd{}-lease", reg.osd))

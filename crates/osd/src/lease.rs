@@ -83,10 +83,6 @@ impl LeaseClock {
             )
         })
     }
-
-    pub fn ttl(&self) -> Duration {
-        self.ttl
-    }
 }
 
 #[cfg(test)]

@@ -252,14 +252,19 @@ fn next(map: &mut OsdMap, change: impl FnOnce(&mut OsdMap)) {
     change(map);
 }
 
-#[test]
-fn copies_survive_the_loss_of_osds_and_an_empty_osd_is_filled_before_it_serves() {
+/// With RUST_LOG set, the OSDs' logs go to the test's output.
+fn log_if_asked() {
     if std::env::var_os("RUST_LOG").is_some() {
         let _ = tracing_subscriber::fmt()
             .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
             .with_test_writer()
             .try_init();
     }
+}
+
+#[test]
+fn copies_survive_the_loss_of_osds_and_an_empty_osd_is_filled_before_it_serves() {
+    log_if_asked();
     let _serial = one_at_a_time();
     let dir = TempDir::new("replication");
     let mut map = three_osd_map(2);
@@ -611,12 +616,7 @@ fn scheduled_deep_scrubs_find_a_bad_copy_on_their_own() {
 /// then go on; every copy ends up the same.
 #[test]
 fn an_osd_restarted_within_its_interval_catches_up_while_writes_go_on() {
-    if std::env::var_os("RUST_LOG").is_some() {
-        let _ = tracing_subscriber::fmt()
-            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
-            .with_test_writer()
-            .try_init();
-    }
+    log_if_asked();
     let _serial = one_at_a_time();
     let dir = TempDir::new("restart-in-interval");
     let map = three_osd_map(1);
