@@ -110,6 +110,10 @@ pub struct OsdArgs {
     /// full). 0 never.
     #[arg(long, default_value = "7d", value_parser = crate::nbd::parse_duration)]
     pub deep_scrub_interval: Duration,
+    /// MiB per second each reactor copies to recover replicated PGs in the background
+    /// (objects a client waits for are copied first, whatever the rate). 0: no limit.
+    #[arg(long, default_value_t = carmine_osd::RECOVERY_RATE_DEFAULT >> 20)]
+    pub recovery_rate_mib: u64,
     /// The cluster key (64 hex characters, a file of mode 0600): every connection must
     /// authenticate with it before any request is read. Without it, none is asked for.
     #[arg(long)]
@@ -239,6 +243,9 @@ pub fn run(a: OsdArgs, access: &carmine_localcluster::EtcdAccessArgs) -> Result<
         scrub: carmine_osd::ScrubSchedule {
             light: Some(a.scrub_interval).filter(|t| !t.is_zero()),
             deep: Some(a.deep_scrub_interval).filter(|t| !t.is_zero()),
+        },
+        recovery: carmine_osd::RecoveryConfig {
+            rate: Some(a.recovery_rate_mib << 20).filter(|r| *r > 0),
         },
         lease: lease.clone(),
     })?;

@@ -83,6 +83,35 @@ impl Usage {
 /// with NoSpace one by one).
 const NEARFULL: f64 = 0.85;
 const FULL: f64 = 0.95;
+/// While objects are being recovered, how long `status` watches the recovery counters to
+/// tell its rate.
+const RECOVERY_SAMPLE: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Recovery's pace over a short sample: bytes and objects per second.
+struct RecoveryRate {
+    bytes_per_sec: f64,
+    objects_per_sec: f64,
+}
+
+/// Samples the recovery counters of the OSDs at `addrs` again after [`RECOVERY_SAMPLE`].
+fn recovery_rate(addrs: &[String], before: &Usage) -> RecoveryRate {
+    let start = std::time::Instant::now();
+    std::thread::sleep(RECOVERY_SAMPLE);
+    let mut after = Usage::default();
+    for a in addrs {
+        if let Some(u) = scrape_usage(a) {
+            after.add(&u);
+        }
+    }
+    let secs = start.elapsed().as_secs_f64();
+    RecoveryRate {
+        bytes_per_sec: after.recovered_bytes.saturating_sub(before.recovered_bytes) as f64 / secs,
+        objects_per_sec: after
+            .recovered_objects
+            .saturating_sub(before.recovered_objects) as f64
+            / secs,
+    }
+}
 
 /// One OSD's figures summed over its reactors, read from its Prometheus endpoint; `None` if it
 /// does not answer.
@@ -147,6 +176,7 @@ pub fn status(dir: &Path) -> Result<Status> {
     let mut detail = String::new();
     let mut answering = 0;
     let mut usage = Usage::default();
+    let mut scraped: Vec<String> = Vec::new();
     for o in &map.osds {
         let pid = live.iter().find(|(id, _)| *id == o.id).map(|(_, p)| *p);
         let metrics_addr = std::fs::read_to_string(crate::metrics_path(&dir, o.id))
@@ -162,6 +192,7 @@ pub fn status(dir: &Path) -> Result<Status> {
             .and_then(scrape_usage)
         {
             usage.add(&this);
+            scraped.extend(metrics_addr.clone());
             let (cap, used) = (this.capacity, this.used);
             let full = if cap == 0 {
                 0.0
@@ -265,9 +296,30 @@ pub fn status(dir: &Path) -> Result<Status> {
             ),
         );
     }
-    // Peering and recovery after a change last moments here (recovery completes before a
-    // PG serves): they are shown on the PG states line, not judged as health, so a status
-    // taken right after `up` or a restart does not flap.
+    // Peering after a change lasts moments: it is shown on the PG states line, not judged
+    // as health. Recovery runs in the background while PGs serve, and may take long: objects
+    // with fewer copies than their pool keeps are a warning, with recovery's pace.
+    let rate = (usage.to_recover > 0).then(|| recovery_rate(&scraped, &usage));
+    if let Some(r) = &rate {
+        let eta = if r.objects_per_sec > 0.0 {
+            format!(
+                ", about {:.0} s left",
+                (usage.to_recover as f64 / r.objects_per_sec).ceil()
+            )
+        } else {
+            String::new()
+        };
+        checks.add(
+            Health::Warn,
+            format!(
+                "Degraded data redundancy: {} objects lack a copy on some OSD; recovering at \
+                 {:.1} MiB/s, {:.0} objects/s{eta}",
+                usage.to_recover,
+                r.bytes_per_sec / (1u64 << 20) as f64,
+                r.objects_per_sec
+            ),
+        );
+    }
     if usage.inconsistent > 0 {
         checks.add(
             Health::Err,

@@ -42,6 +42,7 @@ fn start_with(cfg: NbdConfig) -> (Osd, SocketAddr, Arc<NbdStats>) {
         auth_key: None,
         pg_history: None,
         scrub: Default::default(),
+        recovery: Default::default(),
         lease: None,
     })
     .unwrap();

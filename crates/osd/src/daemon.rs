@@ -42,6 +42,8 @@ pub struct OsdConfig {
     pub pg_history: Option<crate::SharedHistoryStore>,
     /// When replicated PGs are scrubbed on their own.
     pub scrub: crate::ScrubSchedule,
+    /// How fast replicated PGs recover in the background.
+    pub recovery: crate::RecoveryConfig,
     /// The OSD's lease in etcd, as its renewals go: clients are refused once it may have run
     /// out (see `lease`). `None`: no lease (a map file), never refused for it.
     pub lease: Option<std::sync::Arc<crate::LeaseClock>>,
@@ -203,6 +205,7 @@ impl Osd {
                 auth_key: cfg.auth_key.clone(),
                 history: history_clients.next().zip(answers.next()),
                 scrub: cfg.scrub,
+                recovery: cfg.recovery,
                 lease: cfg.lease.clone(),
             };
             let name = format!("osd{}-r{}", cfg.id, index);

@@ -187,6 +187,7 @@ async fn read_straight_into_reply<S: ObjectStore + 'static>(
     let _in_progress = admit(shard, &req)?;
     if replicated(shard, pg) {
         crate::replication::check_readable(shard, pg)?;
+        crate::replication::await_readable(&shard.rc(), pg, &req.oid).await?;
     }
     let [OsdOp::Read { off, len }] = req.ops[..] else {
         unreachable!("checked by is_single_read")
@@ -444,6 +445,7 @@ async fn handle_object<S: ObjectStore + 'static>(
         0 if req.ops.is_empty() => Err(reject(Status::InvalidArgument, "request has no ops")),
         0 if replicated => {
             crate::replication::check_readable(shard, pg)?;
+            crate::replication::await_readable(&shard.rc(), pg, &req.oid).await?;
             match read_ops(shard, pg, &req).await {
                 Err(e) if e.status == Status::Corrupt => {
                     repair_for_read(shard, pg, &req.oid, &e).await?;
@@ -662,6 +664,7 @@ mod tests {
                     0,
                     None,
                     None,
+                    Default::default(),
                     Default::default(),
                 ),
                 me: std::rc::Weak::new(),

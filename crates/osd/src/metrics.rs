@@ -178,6 +178,16 @@ impl ReactorMetrics {
         self.pgs_inconsistent.load(Ordering::Relaxed)
     }
 
+    /// Objects this reactor's PG copies lack, as of the last tick (for tests and tools).
+    pub fn objects_to_recover(&self) -> u64 {
+        self.objects_to_recover.load(Ordering::Relaxed)
+    }
+
+    /// Objects this reactor's PG copies fetched from other members (for tests and tools).
+    pub fn recovered_objects(&self) -> u64 {
+        self.recovered_objects.load(Ordering::Relaxed)
+    }
+
     /// Deep scrubs completed as primary (for tests and tools).
     pub fn deep_scrubs(&self) -> u64 {
         self.deep_scrubs.load(Ordering::Relaxed)

@@ -49,6 +49,7 @@ pub(crate) struct ReactorSetup {
         Mailbox<crate::replication::history::Answer>,
     )>,
     pub scrub: crate::ScrubSchedule,
+    pub recovery: crate::RecoveryConfig,
     pub lease: Option<Arc<crate::LeaseClock>>,
 }
 
@@ -203,6 +204,7 @@ async fn serve<S: ObjectStore + 'static>(setup: ReactorSetup, store: S) -> Resul
         auth_key,
         history,
         scrub,
+        recovery,
         lease,
         ..
     } = setup;
@@ -229,7 +231,13 @@ async fn serve<S: ObjectStore + 'static>(setup: ReactorSetup, store: S) -> Resul
         connections: Cell::new(0),
         fences,
         metrics,
-        replication: crate::replication::Replication::new(osd, auth_key.clone(), history, scrub),
+        replication: crate::replication::Replication::new(
+            osd,
+            auth_key.clone(),
+            history,
+            scrub,
+            recovery,
+        ),
         auth_key,
         handshaking: Cell::new(0),
         epoch_line: Default::default(),

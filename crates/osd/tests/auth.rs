@@ -35,6 +35,7 @@ fn start(auth: Option<AuthKey>) -> (Osd, SocketAddr) {
         auth_key: auth,
         pg_history: None,
         scrub: Default::default(),
+        recovery: Default::default(),
         lease: None,
     })
     .unwrap();
@@ -315,6 +316,7 @@ fn requests_to_an_osd_with_another_key_fail_as_authentication_errors_at_once() {
                 auth_key: Some(key(1 + id as u8)),
                 pg_history: None,
                 scrub: Default::default(),
+                recovery: Default::default(),
                 lease: None,
             })
             .unwrap()

@@ -49,6 +49,7 @@ fn start(map: &OsdMap) -> Osd {
         auth_key: None,
         pg_history: None,
         scrub: Default::default(),
+        recovery: Default::default(),
         lease: None,
     })
     .unwrap()
@@ -220,6 +221,7 @@ fn writes_waiting_for_an_epoch_apply_in_the_order_they_were_sent() {
         auth_key: None,
         pg_history: None,
         scrub: Default::default(),
+        recovery: Default::default(),
         lease: None,
     })
     .unwrap();

@@ -81,6 +81,7 @@ impl Native {
                 auth_key: None,
                 pg_history: None,
                 scrub: Default::default(),
+                recovery: Default::default(),
                 lease: None,
             })
             .unwrap(),

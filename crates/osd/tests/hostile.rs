@@ -100,6 +100,7 @@ fn start(
         auth_key: None,
         pg_history: None,
         scrub: Default::default(),
+        recovery: Default::default(),
         lease: None,
     })
     .unwrap();

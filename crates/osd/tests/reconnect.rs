@@ -55,6 +55,7 @@ fn start(map: &OsdMap) -> Osd {
         auth_key: None,
         pg_history: None,
         scrub: Default::default(),
+        recovery: Default::default(),
         lease: None,
     })
     .unwrap()

@@ -1,14 +1,16 @@
 //! Replicated pools on OSDs in this process: writes reach every copy before they are
 //! acknowledged, a PG goes on with one OSD gone, refuses writes below `min_size`, an OSD
-//! that comes back empty is filled from the others before it serves, and scrubs find copies
-//! that differ, which repairs rewrite.
+//! that comes back empty is filled from the others in the background while its PGs serve
+//! (objects a client waits for first), and scrubs find copies that differ, which repairs
+//! rewrite.
 
 use bytes::Bytes;
 use carmine_client::{Client, ClientConfig, ClientError, Connection};
 use carmine_cluster::{OsdInfo, OsdMap, Pool};
 use carmine_mapstore::{LocalPgHistory, PgHistoryStore};
 use carmine_osd::{
-    Osd, OsdConfig, ScrubSchedule, StoreConfig, CONNECTIONS_MAX_DEFAULT, IDLE_TIMEOUT_DEFAULT,
+    Osd, OsdConfig, RecoveryConfig, ScrubSchedule, StoreConfig, CONNECTIONS_MAX_DEFAULT,
+    IDLE_TIMEOUT_DEFAULT,
 };
 use carmine_pg::envelope::{Body, ObjectCopy, PeerMessage};
 use carmine_pg::Version;
@@ -107,6 +109,17 @@ fn start_with(
     auth_key: Option<AuthKey>,
     scrub: ScrubSchedule,
 ) -> Osd {
+    start_recovering(id, map, histories, auth_key, scrub, Default::default())
+}
+
+fn start_recovering(
+    id: u32,
+    map: &OsdMap,
+    histories: &Path,
+    auth_key: Option<AuthKey>,
+    scrub: ScrubSchedule,
+    recovery: RecoveryConfig,
+) -> Osd {
     Osd::start(OsdConfig {
         id,
         map: map.clone(),
@@ -119,6 +132,7 @@ fn start_with(
         auth_key,
         pg_history: Some(Arc::new(LocalPgHistory::new(histories))),
         scrub,
+        recovery,
         lease: None,
     })
     .unwrap()
@@ -173,9 +187,16 @@ async fn check(c: &Client, i: usize, round: u8) {
 }
 
 /// Hands `map` to every running OSD, and waits until every PG with enough copies up went
-/// active in it with all of them (its recorded history settled to that one interval): only
-/// then may the next OSD fail without the PG having to wait for one that is gone.
+/// active in it with all of them and is clean (its recorded history settled to that one
+/// interval): only then may the next OSD fail without the PG having to wait for one that is
+/// gone.
 fn publish(osds: &mut [Option<Osd>], map: &OsdMap, histories: &Path) {
+    hand_out(osds, map);
+    wait_settled(map, histories);
+}
+
+/// Hands `map` to every running OSD and waits until each of their reactors serves it.
+fn hand_out(osds: &mut [Option<Osd>], map: &OsdMap) {
     for o in osds.iter_mut().flatten() {
         o.apply_map(map.clone()).unwrap();
     }
@@ -220,7 +241,6 @@ fn publish(osds: &mut [Option<Osd>], map: &OsdMap, histories: &Path) {
             }
         }
     });
-    wait_settled(map, histories);
 }
 
 fn wait_settled(map: &OsdMap, histories: &Path) {
@@ -263,7 +283,7 @@ fn log_if_asked() {
 }
 
 #[test]
-fn copies_survive_the_loss_of_osds_and_an_empty_osd_is_filled_before_it_serves() {
+fn copies_survive_the_loss_of_osds_and_an_empty_osd_is_filled_again() {
     log_if_asked();
     let _serial = one_at_a_time();
     let dir = TempDir::new("replication");
@@ -296,7 +316,7 @@ fn copies_survive_the_loss_of_osds_and_an_empty_osd_is_filled_before_it_serves()
         }
     });
 
-    // osd.0 comes back empty (a new disk): it must be filled before the PGs use it.
+    // osd.0 comes back empty (a new disk): it is filled (the PGs settle once it is).
     osds[0] = Some(start(0, &map, dir.path()));
     next(&mut map, |m| m.osds[0].up = true);
     publish(&mut osds, &map, dir.path());
@@ -681,6 +701,142 @@ fn an_osd_restarted_within_its_interval_catches_up_while_writes_go_on() {
             // No finding, on all three copies.
             let report = findings(&c, seed, 0).await;
             assert_eq!(report.acting.len(), 3, "pg {seed}: {report:?}");
+        }
+    });
+    for o in osds.into_iter().flatten() {
+        o.shutdown().unwrap();
+    }
+}
+
+/// Objects of the background-recovery test: 256 KiB each, different per object and round.
+fn big(i: usize, round: u8) -> Bytes {
+    Bytes::from(
+        (0..256 << 10)
+            .map(|b: usize| (b / 4096 + i * 7 + round as usize * 31) as u8)
+            .collect::<Vec<u8>>(),
+    )
+}
+
+#[test]
+fn a_copy_that_comes_back_empty_is_refilled_in_the_background_while_its_pgs_serve() {
+    log_if_asked();
+    let _serial = one_at_a_time();
+    let dir = TempDir::new("background-recovery");
+    let mut map = three_osd_map(1);
+    // 1 MiB/s: the 16 MiB below would take ~16 s to copy back at that pace.
+    let slow = RecoveryConfig {
+        rate: Some(1 << 20),
+    };
+    let start = |id: u32, map: &OsdMap| {
+        start_recovering(id, map, dir.path(), None, Default::default(), slow)
+    };
+    let mut osds: Vec<Option<Osd>> = (0..3).map(|id| Some(start(id, &map))).collect();
+    const N: usize = 64;
+    wait_settled(&map, dir.path());
+    let obj = |i: usize| format!("big{i}");
+    let put = |c: &Client, i: usize, round: u8| {
+        let (c, oid) = (c.clone(), obj(i));
+        async move {
+            c.execute(
+                1,
+                &oid,
+                vec![OsdOp::WriteFull {
+                    data: big(i, round),
+                }],
+            )
+            .await
+            .map(|_| ())
+        }
+    };
+    let get = |c: &Client, i: usize| {
+        let (c, oid) = (c.clone(), obj(i));
+        async move {
+            match &c
+                .execute(1, &oid, vec![OsdOp::Read { off: 0, len: 0 }])
+                .await
+                .unwrap_or_else(|e| panic!("reading {oid}: {e}"))[..]
+            {
+                [OpOutput::Data(d)] => d.clone(),
+                other => panic!("{other:?}"),
+            }
+        }
+    };
+    carmine_reactor::block_on(async {
+        let c = client(&map, Duration::from_secs(20)).await;
+        for i in 0..N {
+            put(&c, i, 1).await.unwrap();
+        }
+    });
+
+    // osd.0 goes with its memory, and comes back empty.
+    osds[0].take().unwrap().shutdown().unwrap();
+    next(&mut map, |m| m.osds[0].up = false);
+    publish(&mut osds, &map, dir.path());
+    osds[0] = Some(start(0, &map));
+    next(&mut map, |m| m.osds[0].up = true);
+    hand_out(&mut osds, &map);
+
+    // Its PGs serve at once: every object reads back, and half are overwritten (each write
+    // waits for osd.0 to hold its object, which it fetches first, whatever the rate).
+    let began = Instant::now();
+    carmine_reactor::block_on(async {
+        let c = client(&map, Duration::from_secs(20)).await;
+        for i in 0..N {
+            assert_eq!(get(&c, i).await, big(i, 1), "{} of round 1", obj(i));
+        }
+        for i in (0..N).step_by(2) {
+            put(&c, i, 2).await.unwrap();
+        }
+    });
+    let served_in = began.elapsed();
+    // Served while recovery was still going on: the copy still lacked objects.
+    std::thread::sleep(Duration::from_millis(300));
+    let lacking: u64 = osds
+        .iter()
+        .flatten()
+        .flat_map(|o| o.metrics_sources())
+        .map(|r| r.metrics.objects_to_recover())
+        .sum();
+    assert!(
+        lacking > 0,
+        "osd.0 was refilled in {served_in:?}, before the reads and writes ended: \
+         the test shows nothing of background recovery"
+    );
+    eprintln!(
+        "served {N} reads and {} writes in {served_in:?} with {lacking} objects still to recover",
+        N / 2
+    );
+
+    // It completes: the PGs settle on the three copies.
+    wait_settled(&map, dir.path());
+    let recovered: u64 = osds
+        .iter()
+        .flatten()
+        .flat_map(|o| o.metrics_sources())
+        .map(|r| r.metrics.recovered_objects())
+        .sum();
+    assert!(recovered >= N as u64, "{recovered} objects recovered");
+
+    // osd.0 alone (min_size 1) holds every object, the overwritten ones at round 2.
+    for id in [1, 2] {
+        osds[id].take().unwrap().shutdown().unwrap();
+    }
+    next(&mut map, |m| {
+        m.osds[1].up = false;
+        m.osds[2].up = false;
+        m.pools[0].min_size = 1;
+    });
+    publish(&mut osds, &map, dir.path());
+    carmine_reactor::block_on(async {
+        let c = client(&map, Duration::from_secs(20)).await;
+        for i in 0..N {
+            let round = if i % 2 == 0 { 2 } else { 1 };
+            assert_eq!(
+                get(&c, i).await,
+                big(i, round),
+                "{} of round {round}",
+                obj(i)
+            );
         }
     });
     for o in osds.into_iter().flatten() {

@@ -52,6 +52,7 @@ fn start_with(reactors: usize, connections_max: u32) -> (Osd, OsdMap) {
         auth_key: None,
         pg_history: None,
         scrub: Default::default(),
+        recovery: Default::default(),
         lease: None,
     })
     .unwrap();
@@ -311,6 +312,7 @@ fn start_fails_clearly_when_the_endpoint_is_taken() {
         auth_key: None,
         pg_history: None,
         scrub: Default::default(),
+        recovery: Default::default(),
         lease: None,
     })
     .err()

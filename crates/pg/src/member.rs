@@ -20,6 +20,10 @@ use crate::version::Version;
 use carmine_types::OsdId;
 use std::collections::{BTreeMap, BTreeSet};
 
+/// Objects an active primary asks a member about per tick, when the member was said to lack
+/// some (to learn of recoveries whose reports were lost).
+const LACKS_ASKED: usize = 16;
+
 /// What members of a PG send each other.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Msg {
@@ -27,12 +31,14 @@ pub enum Msg {
     Query {
         epoch: u32,
     },
-    /// A member's answer: its info, log and object versions.
+    /// A member's answer: its info, log and object versions, and which of those objects its
+    /// store does not hold yet (it took a history and is still recovering them).
     Info {
         epoch: u32,
         info: PeerInfo,
         log: PgLog,
         objects: BTreeMap<String, Version>,
+        missing: BTreeSet<String>,
     },
     /// The authoritative history for the member: its log becomes `log`, and the objects
     /// listed take the given versions (`None`: removed). `round` counts the primary's peering
@@ -44,10 +50,13 @@ pub enum Msg {
         log: PgLog,
         objects: Vec<(String, Option<Version>)>,
     },
-    /// The member has the history up to `head`.
+    /// The member took the activation of `round` and has the history up to `head` durable;
+    /// its store still lacks the objects `missing` (it recovers them in the background).
     ActivateAck {
         epoch: u32,
+        round: u32,
         head: Version,
+        missing: BTreeSet<String>,
     },
     /// A write to apply (replica operation).
     Rep {
@@ -62,6 +71,19 @@ pub enum Msg {
     /// within the interval, faster than the map noticed): the primary peers again.
     NotActive {
         epoch: u32,
+    },
+    /// The member's store now holds `oid` as the history of activation `round` names it.
+    Recovered {
+        epoch: u32,
+        round: u32,
+        oid: String,
+    },
+    /// The primary believes the member lacks these objects: the member answers `Recovered`
+    /// for those it holds, and with `urgent` (a client waits) recovers the others first.
+    Lacks {
+        epoch: u32,
+        oids: Vec<String>,
+        urgent: bool,
     },
 }
 
@@ -109,6 +131,13 @@ pub enum Event {
     Persisted {
         seq: u64,
     },
+    /// The host's store now holds `oid` at `version`, durably (it copied the object from a
+    /// member that had it): the object is no longer missing here if that is the version the
+    /// member's history names.
+    Recovered {
+        oid: String,
+        version: Version,
+    },
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -134,6 +163,10 @@ pub enum Action {
     Refuse {
         req: ReqId,
     },
+    /// Recover `oid` (one of [`Member::missing`]) before the others: a client waits for it.
+    RecoverFirst {
+        oid: String,
+    },
     /// Make the member's copy as it is now durable (its log and the objects it changed since
     /// the last persist, in one transaction); answer with [`Event::Persisted`].
     Persist {
@@ -148,9 +181,10 @@ pub enum Persisting {
     /// One write: the log's newest entry (its data came with the request or the replica
     /// message).
     Entry(Version),
-    /// A whole history taken at activation: the log and `objects` as they are now. Objects
-    /// whose version differs from what the host holds come from `source` (`None`: this
-    /// member already has every one of them, as the primary whose own history won).
+    /// A whole history taken at activation: the log, `objects` and `missing` as they are
+    /// now. The missing objects are recovered afterwards, in the background, and reported
+    /// with [`Event::Recovered`]; `source` is the member whose history won (`None`: this
+    /// member), the first to ask for them.
     History { source: Option<OsdId> },
 }
 
@@ -160,7 +194,7 @@ enum Role {
     Stray,
     /// Primary gathering infos.
     Peering {
-        heard: BTreeMap<OsdId, (PeerInfo, PgLog, BTreeMap<String, Version>)>,
+        heard: BTreeMap<OsdId, Answer>,
     },
     /// Primary waiting for activation acks and the history record.
     Activating {
@@ -172,25 +206,56 @@ enum Role {
     Replica,
 }
 
-/// A member's copy as a primary that peers sees it: its log, object versions and last active
-/// epoch.
-type Copy = (PgLog, BTreeMap<String, Version>, u32);
+/// A member's copy as a primary that peers sees it: its log, object versions, the objects it
+/// lacks, and last active epoch.
+type Copy = (
+    PgLog,
+    BTreeMap<String, Version>,
+    BTreeMap<String, Version>,
+    u32,
+);
+
+/// A member's answer to a query: info, log, object versions, and the objects it lacks.
+type Answer = (PeerInfo, PgLog, BTreeMap<String, Version>, BTreeSet<String>);
+
+/// What a copy says of its store once the store holds `oid` at `version`: no longer missing
+/// if that is the version it needs; missing if it names another version than the one now
+/// held.
+fn stored(
+    objects: &BTreeMap<String, Version>,
+    missing: &mut BTreeMap<String, Version>,
+    oid: &str,
+    version: Version,
+) {
+    if missing.get(oid) == Some(&version) {
+        missing.remove(oid);
+    } else if let Some(&v) = objects.get(oid) {
+        if v != version {
+            missing.insert(oid.to_string(), v);
+        }
+    }
+}
 
 /// A write waiting for the acting set.
 #[derive(Clone, Debug)]
 struct Pending {
     version: Version,
+    oid: String,
     req: ReqId,
     waiting: BTreeSet<OsdId>,
 }
 
-/// One OSD's copy of one PG. `log`, `objects` and `les` are its durable state: a host that
-/// crashes keeps them (see [`Member::restart`]).
+/// One OSD's copy of one PG. `log`, `objects`, `missing` and `les` are its durable state: a
+/// host that crashes keeps them (see [`Member::restart`]).
 #[derive(Clone, Debug)]
 pub struct Member {
     pub osd: OsdId,
     pub log: PgLog,
+    /// Each object's version as the PG's history names it.
     pub objects: BTreeMap<String, Version>,
+    /// The objects of `objects` this member's store does not hold at that version yet: taken
+    /// with a history, recovered in the background (the version is the one it needs).
+    pub missing: BTreeMap<String, Version>,
     /// The last epoch in which this member went active with the PG.
     pub les: u32,
     epoch: u32,
@@ -217,8 +282,20 @@ pub struct Member {
     persisted: u64,
     /// As a primary: the persist of the history it took at activation.
     activation_persist: u64,
-    /// An activation to acknowledge once it is durable: (primary, epoch, head, persist seq).
-    activation_ack: Option<(OsdId, u32, Version, u64)>,
+    /// An activation to acknowledge once it is durable: (primary, epoch, round, head,
+    /// persist seq).
+    activation_ack: Option<(OsdId, u32, u32, Version, u64)>,
+    /// As a primary: what each other acting member lacks, as its activation acknowledgement
+    /// and later recoveries said (`None`: not told since it was activated again: it may
+    /// lack anything).
+    peer_missing: BTreeMap<OsdId, Option<BTreeSet<String>>>,
+    /// As a primary: the newest head each member acknowledged.
+    acked_head: BTreeMap<OsdId, Version>,
+    /// As a primary: the round of the activation each member was last sent (a member that
+    /// restarted within the interval gets one of its own); its reports count only in it.
+    member_round: BTreeMap<OsdId, u32>,
+    /// As a primary gathering infos: objects no member heard from holds (it waits for more).
+    unfound: usize,
 }
 
 impl Member {
@@ -227,6 +304,7 @@ impl Member {
             osd,
             log: PgLog::new(log_entries),
             objects: BTreeMap::new(),
+            missing: BTreeMap::new(),
             les: 0,
             epoch: 0,
             acting: Vec::new(),
@@ -244,6 +322,10 @@ impl Member {
             persisted: 0,
             activation_persist: 0,
             activation_ack: None,
+            peer_missing: BTreeMap::new(),
+            acked_head: BTreeMap::new(),
+            member_round: BTreeMap::new(),
+            unfound: 0,
         }
     }
 
@@ -253,18 +335,27 @@ impl Member {
         Member {
             log: self.log.clone(),
             objects: self.objects.clone(),
+            missing: self.missing.clone(),
             les: self.les,
             durable_head: self.log.head(),
             ..Member::new(self.osd, 1)
         }
     }
 
-    /// A member as its host stored it: its log, object versions and last active epoch.
-    pub fn restore(osd: OsdId, log: PgLog, objects: BTreeMap<String, Version>, les: u32) -> Self {
+    /// A member as its host stored it: its log, object versions, the objects it lacks and
+    /// last active epoch.
+    pub fn restore(
+        osd: OsdId,
+        log: PgLog,
+        objects: BTreeMap<String, Version>,
+        missing: BTreeMap<String, Version>,
+        les: u32,
+    ) -> Self {
         Member {
             durable_head: log.head(),
             log,
             objects,
+            missing,
             les,
             ..Member::new(osd, 1)
         }
@@ -318,13 +409,18 @@ impl Member {
             let (_, head, _) = self.persisting.pop_front().expect("front");
             self.durable_head = head;
         }
-        if let Some((to, epoch, head, at)) = self.activation_ack {
+        if let Some((to, epoch, round, head, at)) = self.activation_ack {
             if seq >= at {
                 self.activation_ack = None;
                 if epoch == self.epoch {
                     out.push(Action::Send {
                         to,
-                        msg: Msg::ActivateAck { epoch, head },
+                        msg: Msg::ActivateAck {
+                            epoch,
+                            round,
+                            head,
+                            missing: self.missing.keys().cloned().collect(),
+                        },
                     });
                 }
             }
@@ -345,11 +441,143 @@ impl Member {
             Role::Activating { .. } => self.maybe_active(),
             Role::Active => {
                 let (me, durable) = (self.osd, self.durable_head);
-                for p in &mut self.pending {
-                    if p.version <= durable {
-                        p.waiting.remove(&me);
-                    }
+                self.acked_head.insert(me, durable);
+                self.count_acked(me);
+                self.ack_done(out);
+            }
+            _ => {}
+        }
+    }
+
+    /// True if `member`'s store may lack `oid` (as this primary knows).
+    fn lacks(&self, member: OsdId, oid: &str) -> bool {
+        if member == self.osd {
+            return self.missing.contains_key(oid);
+        }
+        match self.peer_missing.get(&member) {
+            Some(Some(m)) => m.contains(oid),
+            // Not told: it may lack anything.
+            _ => true,
+        }
+    }
+
+    /// Counts the writes `member` has durable (up to the head it acknowledged, with their
+    /// object's data: a write whose object it still lacks is not on it yet).
+    fn count_acked(&mut self, member: OsdId) {
+        let head = self
+            .acked_head
+            .get(&member)
+            .copied()
+            .unwrap_or(Version::ZERO);
+        let lacking: Vec<bool> = self
+            .pending
+            .iter()
+            .map(|p| self.lacks(member, &p.oid))
+            .collect();
+        for (p, lacks) in self.pending.iter_mut().zip(lacking) {
+            if p.version <= head && !lacks {
+                p.waiting.remove(&member);
+            }
+        }
+    }
+
+    /// The acting members (this one included) whose store lacks `oid`: a write to it must
+    /// wait until they recovered it (its ops may change part of the object only), and so must
+    /// a read at this primary if it is among them.
+    pub fn lacking(&self, oid: &str) -> Vec<OsdId> {
+        if self.role != Role::Active {
+            return Vec::new();
+        }
+        self.acting
+            .iter()
+            .copied()
+            .filter(|m| self.lacks(*m, oid))
+            .collect()
+    }
+
+    /// Asks the members that lack `oid` to recover it first (a client waits for it).
+    pub fn hasten(&mut self, oid: &str) -> Vec<Action> {
+        let mut out = Vec::new();
+        for m in self.lacking(oid) {
+            if m == self.osd {
+                out.push(Action::RecoverFirst { oid: oid.into() });
+            } else {
+                out.push(Action::Send {
+                    to: m,
+                    msg: Msg::Lacks {
+                        epoch: self.epoch,
+                        oids: vec![oid.into()],
+                        urgent: true,
+                    },
+                });
+            }
+        }
+        out
+    }
+
+    /// Active, and every acting member holds every object: nothing is degraded, and the PG's
+    /// recorded history may shrink to this interval.
+    pub fn is_clean(&self) -> bool {
+        self.role == Role::Active
+            && self.missing.is_empty()
+            && self
+                .acting
+                .iter()
+                .filter(|m| **m != self.osd)
+                .all(|m| matches!(self.peer_missing.get(m), Some(Some(s)) if s.is_empty()))
+    }
+
+    /// Objects the acting members lack in all, as this primary knows (members not told count
+    /// as lacking every object).
+    pub fn degraded(&self) -> usize {
+        let mut n = self.missing.len();
+        for m in self.acting.iter().filter(|m| **m != self.osd) {
+            n += match self.peer_missing.get(m) {
+                Some(Some(s)) => s.len(),
+                _ => self.objects.len(),
+            };
+        }
+        n
+    }
+
+    /// What the host may recover now: the missing objects, once the history that named them
+    /// is durable (a recovery must not land before the history it completes).
+    pub fn recoverable(&self) -> Option<&BTreeMap<String, Version>> {
+        let taking = self.persisting.iter().any(|(_, _, b)| b.is_some());
+        (!taking && !self.missing.is_empty()).then_some(&self.missing)
+    }
+
+    fn on_recovered(&mut self, oid: String, version: Version, out: &mut Vec<Action>) {
+        // The copies a query is answered from while a history is on its way to the disk
+        // describe the store too.
+        let befores = self
+            .persisting
+            .iter_mut()
+            .filter_map(|(_, _, b)| b.as_deref_mut())
+            .chain(self.before_history.as_deref_mut());
+        for (_, objects, missing, _) in befores {
+            stored(objects, missing, &oid, version);
+        }
+        if self.missing.get(&oid) != Some(&version) {
+            return;
+        }
+        self.missing.remove(&oid);
+        match self.role {
+            Role::Replica => {
+                if let Some(&primary) = self.acting.first() {
+                    out.push(Action::Send {
+                        to: primary,
+                        msg: Msg::Recovered {
+                            epoch: self.epoch,
+                            round: self.activated.1,
+                            oid,
+                        },
+                    });
                 }
+            }
+            Role::Active => {
+                let me = self.osd;
+                self.count_acked(me);
                 self.ack_done(out);
             }
             _ => {}
@@ -374,22 +602,29 @@ impl Member {
     pub fn describe(&self) -> String {
         let role = match &self.role {
             Role::Stray => "stray".to_string(),
-            Role::Peering { heard } => {
-                format!("peering, heard {:?}", heard.keys().collect::<Vec<_>>())
-            }
+            Role::Peering { heard } => format!(
+                "peering, heard {:?}, {} objects unfound",
+                heard.keys().collect::<Vec<_>>(),
+                self.unfound
+            ),
             Role::Activating { acked, recorded } => {
                 format!("activating, acked {acked:?}, recorded {recorded}")
             }
-            Role::Active => format!("active, {} writes in flight", self.pending.len()),
+            Role::Active => format!(
+                "active, {} writes in flight, {} objects degraded",
+                self.pending.len(),
+                self.degraded()
+            ),
             Role::Replica => "replica".to_string(),
         };
         format!(
-            "osd.{} epoch {} acting {:?}: {role}; head {} les {}",
+            "osd.{} epoch {} acting {:?}: {role}; head {} les {}, {} missing here",
             self.osd,
             self.epoch,
             self.acting,
             self.log.head(),
-            self.les
+            self.les,
+            self.missing.len()
         )
     }
 
@@ -432,6 +667,7 @@ impl Member {
             Event::Write { req, oid, kind } => self.on_write(req, oid, kind, &mut out),
             Event::Tick => self.on_tick(&mut out),
             Event::Persisted { seq } => self.on_persisted(seq, &mut out),
+            Event::Recovered { oid, version } => self.on_recovered(oid, version, &mut out),
         }
         out
     }
@@ -489,26 +725,41 @@ impl Member {
 
     /// Remembers the copy as it is before a history is taken over it.
     fn begin_history(&mut self) {
-        self.before_history = Some(Box::new((self.log.clone(), self.objects.clone(), self.les)));
+        self.before_history = Some(Box::new((
+            self.log.clone(),
+            self.objects.clone(),
+            self.missing.clone(),
+            self.les,
+        )));
     }
 
     /// What this member can say of its copy to a primary that peers: only what its disk
     /// holds, since the answer may become the authoritative history (a history naming writes
     /// a crash would lose leaves the members that take it waiting for data nobody holds).
     /// `None` while writes are on their way to the disk: asked again on the next tick.
-    fn durable_answer(&self) -> Option<(PeerInfo, PgLog, BTreeMap<String, Version>)> {
+    fn durable_answer(&self) -> Option<Answer> {
         match self.persisting.front() {
-            None => Some((self.info(), self.log.clone(), self.objects.clone())),
-            // A history waits for its data: the disk holds the copy from before it.
+            None => Some((
+                self.info(),
+                self.log.clone(),
+                self.objects.clone(),
+                self.missing.keys().cloned().collect(),
+            )),
+            // A history on its way to the disk: the disk holds the copy from before it.
             Some((_, _, Some(before))) => {
-                let (log, objects, les) = &**before;
+                let (log, objects, missing, les) = &**before;
                 let info = PeerInfo {
                     osd: self.osd,
                     last_epoch_started: *les,
                     head: log.head(),
                     tail: log.tail(),
                 };
-                Some((info, log.clone(), objects.clone()))
+                Some((
+                    info,
+                    log.clone(),
+                    objects.clone(),
+                    missing.keys().cloned().collect(),
+                ))
             }
             Some((_, _, None)) => None,
         }
@@ -563,6 +814,23 @@ impl Member {
                 }
             }
             Role::Active => {
+                // A member activated again and not heard from since: its activation again.
+                // One said to lack objects: asked whether it still does (its reports may
+                // have been lost, or overtaken by its activation's acknowledgement).
+                for &o in self.acting.iter().filter(|o| **o != self.osd) {
+                    match self.peer_missing.get(&o) {
+                        Some(Some(m)) if m.is_empty() => {}
+                        Some(Some(m)) => out.push(Action::Send {
+                            to: o,
+                            msg: Msg::Lacks {
+                                epoch: self.epoch,
+                                oids: m.iter().take(LACKS_ASKED).cloned().collect(),
+                                urgent: false,
+                            },
+                        }),
+                        _ => out.push(self.activation(o)),
+                    }
+                }
                 // Writes whose replica messages were lost are sent again.
                 for p in &self.pending {
                     if let Some(e) = self.log.entries().find(|e| e.version == p.version) {
@@ -588,7 +856,7 @@ impl Member {
             to,
             msg: Msg::Activate {
                 epoch: self.epoch,
-                round: self.round,
+                round: self.member_round.get(&to).copied().unwrap_or(self.round),
                 log: self.log.clone(),
                 objects: self
                     .objects
@@ -599,8 +867,9 @@ impl Member {
         }
     }
 
-    /// Once every member to probe (acting set, and one of each recorded interval) answered:
-    /// choose the authoritative history, take it, and activate the acting set.
+    /// Once every member to probe (acting set, and one of each recorded interval) answered,
+    /// and every object of the authoritative history is held by one of them: take that
+    /// history, and activate the acting set.
     fn try_activate(&mut self, out: &mut Vec<Action>) {
         let Role::Peering { heard } = &self.role else {
             return;
@@ -614,19 +883,54 @@ impl Member {
         let infos: Vec<PeerInfo> = heard.values().map(|h| h.0).collect();
         let best = choose_authoritative(&infos, self.osd).expect("heard itself");
         let source = infos[best].osd;
-        let (_, auth_log, auth_objects) = heard[&source].clone();
+        let (_, auth_log, auth_objects, _) = heard[&source].clone();
+        // Every object must exist somewhere it can be recovered from: a member that went
+        // active with a history and crashed before recovering an object names data it never
+        // held. The members of older intervals may hold it; until one answers, the PG waits.
+        let holds = |(_, _, objects, missing): &Answer, oid: &String, v: &Version| {
+            objects.get(oid) == Some(v) && !missing.contains(oid)
+        };
+        let unfound = auth_objects
+            .iter()
+            .filter(|(o, v)| !heard.values().any(|a| holds(a, o, v)))
+            .count();
+        self.unfound = unfound;
+        if unfound > 0 {
+            return;
+        }
         // The primary takes the authoritative history whole; members get what differs.
         self.begin_history();
         self.log.reset_to(&auth_log);
-        self.objects = auth_objects;
+        self.adopt_objects(auth_objects);
         self.les = self.epoch;
         let source = (source != self.osd).then_some(source);
         self.activation_persist = self.persist(Persisting::History { source }, out);
+        self.peer_missing.clear();
+        self.acked_head.clear();
+        self.member_round = self.acting.iter().map(|o| (*o, self.round)).collect();
         self.role = Role::Activating {
             acked: [self.osd].into(),
             recorded: false,
         };
         self.on_tick(out);
+    }
+
+    /// Takes `wanted` as the objects' versions; those this member's store does not hold at
+    /// that version become missing.
+    fn adopt_objects(&mut self, wanted: BTreeMap<String, Version>) {
+        let held = |o: &String| {
+            self.objects
+                .get(o)
+                .filter(|_| !self.missing.contains_key(o))
+                .copied()
+        };
+        let missing: BTreeMap<String, Version> = wanted
+            .iter()
+            .filter(|(o, v)| held(o) != Some(**v))
+            .map(|(o, v)| (o.clone(), *v))
+            .collect();
+        self.missing = missing;
+        self.objects = wanted;
     }
 
     fn maybe_active(&mut self) {
@@ -651,7 +955,7 @@ impl Member {
                 // its ticks until the map reaches this member.
                 // And only with what its disk holds (see `durable_answer`).
                 if epoch == self.epoch {
-                    if let Some((info, log, objects)) = self.durable_answer() {
+                    if let Some((info, log, objects, missing)) = self.durable_answer() {
                         out.push(Action::Send {
                             to: from,
                             msg: Msg::Info {
@@ -659,6 +963,7 @@ impl Member {
                                 info,
                                 log,
                                 objects,
+                                missing,
                             },
                         });
                     }
@@ -669,10 +974,11 @@ impl Member {
                 info,
                 log,
                 objects,
+                missing,
             } => {
                 if epoch == self.epoch {
                     if let Role::Peering { heard } = &mut self.role {
-                        heard.insert(from, (info, log, objects));
+                        heard.insert(from, (info, log, objects, missing));
                         self.try_activate(out);
                     }
                 }
@@ -699,37 +1005,88 @@ impl Member {
                         }
                         let source = (self.osd != from).then_some(from);
                         let seq = self.persist(Persisting::History { source }, out);
-                        self.activation_ack = Some((from, epoch, log.head(), seq));
+                        self.activation_ack = Some((from, epoch, round, log.head(), seq));
                     } else if (epoch, round) == self.activated && self.activation_ack.is_none() {
                         // A repeat of what is durable already: acknowledge it again.
                         out.push(Action::Send {
                             to: from,
                             msg: Msg::ActivateAck {
                                 epoch,
+                                round,
                                 head: log.head(),
+                                missing: self.missing.keys().cloned().collect(),
                             },
                         });
                     }
                 }
             }
-            Msg::ActivateAck { epoch, head } => {
-                if epoch == self.epoch {
+            Msg::ActivateAck {
+                epoch,
+                round,
+                head,
+                missing,
+            } => {
+                // Only for this round's activation: an acknowledgement from before the
+                // member restarted may list fewer missing objects than it lacks now.
+                if epoch == self.epoch && self.member_round.get(&from) == Some(&round) {
                     match &mut self.role {
                         Role::Activating { acked, .. } => {
                             acked.insert(from);
+                            self.peer_missing.insert(from, Some(missing));
+                            let h = self.acked_head.entry(from).or_default();
+                            *h = (*h).max(head);
                         }
                         Role::Active => {
-                            // A member caught up: it has every write up to `head`.
-                            for p in &mut self.pending {
-                                if p.version <= head {
-                                    p.waiting.remove(&from);
-                                }
-                            }
+                            // A member caught up: it has every write up to `head`, but the
+                            // data only of the objects it does not lack.
+                            self.peer_missing.insert(from, Some(missing));
+                            let h = self.acked_head.entry(from).or_default();
+                            *h = (*h).max(head);
+                            self.count_acked(from);
                             self.ack_done(out);
                         }
                         _ => {}
                     }
                     self.maybe_active();
+                }
+            }
+            Msg::Recovered { epoch, round, oid } => {
+                if epoch == self.epoch
+                    && self.member_round.get(&from) == Some(&round)
+                    && self.acting.contains(&from)
+                {
+                    if let Some(Some(m)) = self.peer_missing.get_mut(&from) {
+                        m.remove(&oid);
+                    }
+                    if self.role == Role::Active {
+                        self.count_acked(from);
+                        self.ack_done(out);
+                    }
+                }
+            }
+            Msg::Lacks {
+                epoch,
+                oids,
+                urgent,
+            } => {
+                if epoch == self.epoch
+                    && self.role == Role::Replica
+                    && self.acting.first() == Some(&from)
+                {
+                    for oid in oids {
+                        if !self.missing.contains_key(&oid) {
+                            out.push(Action::Send {
+                                to: from,
+                                msg: Msg::Recovered {
+                                    epoch,
+                                    round: self.activated.1,
+                                    oid,
+                                },
+                            });
+                        } else if urgent {
+                            out.push(Action::RecoverFirst { oid });
+                        }
+                    }
                 }
             }
             Msg::Rep { epoch, .. }
@@ -744,8 +1101,14 @@ impl Member {
                 });
             }
             Msg::NotActive { epoch } => {
-                // The history of this interval is the primary's: the member takes it whole.
+                // The history of this interval is the primary's: the member takes it whole,
+                // in a new round, so that what it said before restarting no longer counts.
                 if epoch == self.epoch && self.role == Role::Active && self.acting.contains(&from) {
+                    if self.peer_missing.get(&from) != Some(&None) {
+                        self.round += 1;
+                        self.member_round.insert(from, self.round);
+                        self.peer_missing.insert(from, None);
+                    }
                     out.push(self.activation(from));
                 }
             }
@@ -774,11 +1137,9 @@ impl Member {
             Msg::RepAck { epoch, version } => {
                 if epoch == self.epoch && self.role == Role::Active {
                     // Cumulative: the member has everything up to `version` durable.
-                    for p in &mut self.pending {
-                        if p.version <= version {
-                            p.waiting.remove(&from);
-                        }
-                    }
+                    let h = self.acked_head.entry(from).or_default();
+                    *h = (*h).max(version);
+                    self.count_acked(from);
                     self.ack_done(out);
                 }
             }
@@ -805,7 +1166,7 @@ impl Member {
             .into_iter()
             .filter_map(|(k, v)| v.map(|v| (k, v)))
             .collect();
-        self.objects = wanted;
+        self.adopt_objects(wanted);
     }
 
     fn apply(&mut self, e: &Entry) {
@@ -813,9 +1174,15 @@ impl Member {
         match e.kind {
             OpKind::Modify => {
                 self.objects.insert(e.oid.clone(), e.version);
+                // A write to an object this member lacks (its primary did not know) leaves
+                // it lacking, at the new version.
+                if let Some(v) = self.missing.get_mut(&e.oid) {
+                    *v = e.version;
+                }
             }
             OpKind::Delete => {
                 self.objects.remove(&e.oid);
+                self.missing.remove(&e.oid);
             }
         }
     }
@@ -827,16 +1194,27 @@ impl Member {
         }
         // A retry of a write already made is answered, not applied again; one still in
         // flight is answered when it completes.
+        // (Once every acting member holds its object: one that joined since may not yet.)
         if let Some(e) = self.log.find_request(req) {
-            let version = e.version;
-            if !self.pending.iter().any(|p| p.version == version) {
+            let (version, oid) = (e.version, e.oid.clone());
+            if !self.lacking(&oid).is_empty() {
+                out.push(Action::Refuse { req });
+                out.extend(self.hasten(&oid));
+            } else if !self.pending.iter().any(|p| p.version == version) {
                 out.push(Action::Ack { req, version });
             }
             return;
         }
+        // An object some acting member lacks is recovered there first (the host waits for
+        // it before it hands the write over; one that did not is told to retry).
+        if !self.lacking(&oid).is_empty() {
+            out.push(Action::Refuse { req });
+            out.extend(self.hasten(&oid));
+            return;
+        }
         let entry = Entry {
             version: self.log.head().next_in(self.epoch),
-            oid,
+            oid: oid.clone(),
             kind,
             reqid: Some(req),
         };
@@ -855,6 +1233,7 @@ impl Member {
         }
         self.pending.push(Pending {
             version: entry.version,
+            oid,
             req,
             waiting,
         });

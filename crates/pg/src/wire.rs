@@ -10,7 +10,7 @@ use crate::version::Version;
 use bytes::{BufMut, BytesMut};
 use carmine_types::limits::OBJECT_NAME_LEN_MAX;
 use carmine_types::{DecodeError, Decoder, Encoder};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 /// Entries one message may carry: a log is bounded by its own limit, far below this.
 pub const LOG_ENTRIES_MAX: usize = 1 << 16;
@@ -24,6 +24,28 @@ const MSG_ACTIVATE_ACK: u8 = 4;
 const MSG_REP: u8 = 5;
 const MSG_REP_ACK: u8 = 6;
 const MSG_NOT_ACTIVE: u8 = 7;
+const MSG_RECOVERED: u8 = 8;
+const MSG_LACKS: u8 = 9;
+
+fn encode_names<'a, B: BufMut>(
+    e: &mut Encoder<'_, B>,
+    n: usize,
+    names: impl Iterator<Item = &'a String>,
+) {
+    e.count(n);
+    for name in names {
+        e.str(name);
+    }
+}
+
+fn decode_names(d: &mut Decoder) -> Result<Vec<String>, DecodeError> {
+    let n = d.count("object name count", OBJECTS_MAX)?;
+    let mut out = Vec::with_capacity(n.min(4096));
+    for _ in 0..n {
+        out.push(d.string("object name", OBJECT_NAME_LEN_MAX)?);
+    }
+    Ok(out)
+}
 
 pub fn encode_version<B: BufMut>(e: &mut Encoder<'_, B>, v: Version) {
     e.u32(v.epoch).u64(v.v);
@@ -146,6 +168,7 @@ pub fn encode_msg(out: &mut BytesMut, msg: &Msg) {
             info,
             log,
             objects,
+            missing,
         } => {
             e.u8(MSG_INFO)
                 .u32(*epoch)
@@ -159,6 +182,7 @@ pub fn encode_msg(out: &mut BytesMut, msg: &Msg) {
                 objects.len(),
                 objects.iter().map(|(k, v)| (k.as_str(), Some(*v))),
             );
+            encode_names(&mut e, missing.len(), missing.iter());
         }
         Msg::Activate {
             epoch,
@@ -174,9 +198,15 @@ pub fn encode_msg(out: &mut BytesMut, msg: &Msg) {
                 objects.iter().map(|(k, v)| (k.as_str(), *v)),
             );
         }
-        Msg::ActivateAck { epoch, head } => {
-            e.u8(MSG_ACTIVATE_ACK).u32(*epoch);
+        Msg::ActivateAck {
+            epoch,
+            round,
+            head,
+            missing,
+        } => {
+            e.u8(MSG_ACTIVATE_ACK).u32(*epoch).u32(*round);
             encode_version(&mut e, *head);
+            encode_names(&mut e, missing.len(), missing.iter());
         }
         Msg::Rep { epoch, entry } => {
             e.u8(MSG_REP).u32(*epoch);
@@ -188,6 +218,17 @@ pub fn encode_msg(out: &mut BytesMut, msg: &Msg) {
         }
         Msg::NotActive { epoch } => {
             e.u8(MSG_NOT_ACTIVE).u32(*epoch);
+        }
+        Msg::Recovered { epoch, round, oid } => {
+            e.u8(MSG_RECOVERED).u32(*epoch).u32(*round).str(oid);
+        }
+        Msg::Lacks {
+            epoch,
+            oids,
+            urgent,
+        } => {
+            e.u8(MSG_LACKS).u32(*epoch).u8(u8::from(*urgent));
+            encode_names(&mut e, oids.len(), oids.iter());
         }
     }
 }
@@ -214,6 +255,16 @@ pub fn decode_msg(d: &mut Decoder, log_max: usize) -> Result<Msg, DecodeError> {
                 };
                 objects.insert(oid, v);
             }
+            let mut missing = BTreeSet::new();
+            for oid in decode_names(d)? {
+                if !objects.contains_key(&oid) {
+                    return Err(DecodeError::Invalid {
+                        what: "an info says an object it does not list is missing",
+                        found: 0,
+                    });
+                }
+                missing.insert(oid);
+            }
             Msg::Info {
                 epoch,
                 info: PeerInfo {
@@ -224,6 +275,7 @@ pub fn decode_msg(d: &mut Decoder, log_max: usize) -> Result<Msg, DecodeError> {
                 },
                 log,
                 objects,
+                missing,
             }
         }
         MSG_ACTIVATE => Msg::Activate {
@@ -234,7 +286,9 @@ pub fn decode_msg(d: &mut Decoder, log_max: usize) -> Result<Msg, DecodeError> {
         },
         MSG_ACTIVATE_ACK => Msg::ActivateAck {
             epoch,
+            round: d.u32("activation round")?,
             head: decode_version(d)?,
+            missing: decode_names(d)?.into_iter().collect(),
         },
         MSG_REP => Msg::Rep {
             epoch,
@@ -245,6 +299,16 @@ pub fn decode_msg(d: &mut Decoder, log_max: usize) -> Result<Msg, DecodeError> {
             version: decode_version(d)?,
         },
         MSG_NOT_ACTIVE => Msg::NotActive { epoch },
+        MSG_RECOVERED => Msg::Recovered {
+            epoch,
+            round: d.u32("activation round")?,
+            oid: d.string("object name", OBJECT_NAME_LEN_MAX)?,
+        },
+        MSG_LACKS => Msg::Lacks {
+            epoch,
+            urgent: d.bool("urgency")?,
+            oids: decode_names(d)?,
+        },
         other => {
             return Err(DecodeError::Invalid {
                 what: "message kind",
@@ -301,7 +365,12 @@ mod tests {
                     tail: Version::new(3, 2),
                 },
                 log: log(),
-                objects: [("a".to_string(), Version::new(3, 5))].into(),
+                objects: [
+                    ("a".to_string(), Version::new(3, 5)),
+                    ("b".to_string(), Version::new(3, 1)),
+                ]
+                .into(),
+                missing: ["b".to_string()].into(),
             },
             Msg::Activate {
                 epoch: 9,
@@ -311,7 +380,9 @@ mod tests {
             },
             Msg::ActivateAck {
                 epoch: 9,
+                round: 3,
                 head: Version::new(3, 6),
+                missing: ["a".to_string(), "c".to_string()].into(),
             },
             Msg::Rep {
                 epoch: 9,
@@ -322,10 +393,42 @@ mod tests {
                 version: Version::new(9, 7),
             },
             Msg::NotActive { epoch: 9 },
+            Msg::Recovered {
+                epoch: 9,
+                round: 1,
+                oid: "a".into(),
+            },
+            Msg::Lacks {
+                epoch: 9,
+                oids: vec!["a".into(), "b".into()],
+                urgent: true,
+            },
         ];
         for m in &msgs {
             assert_eq!(&round_trip(m), m);
         }
+    }
+
+    #[test]
+    fn an_info_that_says_an_unlisted_object_is_missing_is_refused() {
+        let mut b = BytesMut::new();
+        encode_msg(
+            &mut b,
+            &Msg::Info {
+                epoch: 9,
+                info: PeerInfo {
+                    osd: 2,
+                    last_epoch_started: 5,
+                    head: Version::new(3, 6),
+                    tail: Version::new(3, 2),
+                },
+                log: log(),
+                objects: BTreeMap::new(),
+                missing: ["ghost".to_string()].into(),
+            },
+        );
+        let err = decode_msg(&mut Decoder::new(b.freeze()), 4).unwrap_err();
+        assert!(err.to_string().contains("does not list"), "{err}");
     }
 
     #[test]

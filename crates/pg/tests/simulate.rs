@@ -4,16 +4,19 @@
 //! come back with what their disks hold (a write in flight at the crash may or may not have
 //! landed); the network delays, reorders and drops messages and cuts an OSD off while the map
 //! still says it is up; a client with a map that lags behind writes and retries. After every
-//! step: when a member is the active primary, it holds every acknowledged write (or a newer
-//! one of the same object). At the end, with everything healed, the PG must be active and every
-//! acting member must hold exactly the primary's objects.
+//! step: when a member is the active primary, its history holds every acknowledged write (or
+//! a newer one of the same object), and an object its store still lacks is held by some disk;
+//! when a write is acknowledged, every acting member's disk holds its data. Members recover
+//! what they lack in the background by pulling it from a member whose disk holds it. At the
+//! end, with everything healed, the PG must be active and clean, and every acting member must
+//! hold exactly the primary's objects.
 //!
 //! `CARMINE_SIM_SEEDS` sets how many seeds run (CI: 300); `CARMINE_SIM_SEED` replays one.
 
 use carmine_pg::{Action, Event, Interval, Member, Msg, OpKind, ReqId, Version};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 const OSDS: u32 = 4;
 const SIZE: usize = 3;
@@ -58,6 +61,11 @@ struct Sim {
     violations: Vec<String>,
     /// Log every delivered message (when replaying one seed).
     trace: bool,
+    /// Pulls in flight: (done at, sequence) → (puller, incarnation, object, version).
+    pulls: BTreeMap<(u64, u64), (u32, u64, String, Version)>,
+    /// Objects each OSD was asked to recover first.
+    urgent: Vec<BTreeSet<String>>,
+    recovered: u64,
 }
 
 impl Sim {
@@ -86,6 +94,9 @@ impl Sim {
             log: Vec::new(),
             violations: Vec::new(),
             trace: std::env::var("CARMINE_SIM_SEED").is_ok(),
+            pulls: BTreeMap::new(),
+            urgent: vec![BTreeSet::new(); OSDS as usize],
+            recovered: 0,
         };
         s.new_epoch();
         s
@@ -161,14 +172,26 @@ impl Sim {
                     // An answer to a query describes the member's disk: a history taken as
                     // authoritative from writes that were still in memory is gone after a
                     // crash, and members that take it wait forever for data nobody has.
-                    if let Msg::Info { log, objects, .. } = &msg {
+                    if let Msg::Info {
+                        log,
+                        objects,
+                        missing,
+                        ..
+                    } = &msg
+                    {
                         let disk = &self.disks[o as usize];
-                        if log.head() != disk.log.head() || *objects != disk.objects {
+                        let disk_missing: BTreeSet<String> = disk.missing.keys().cloned().collect();
+                        if log.head() != disk.log.head()
+                            || *objects != disk.objects
+                            || *missing != disk_missing
+                        {
                             self.violations.push(format!(
-                                "t{}: osd.{o} answers a query with head {} while its disk has {}",
+                                "t{}: osd.{o} answers a query with head {} while its disk has {} \
+                                 (missing {missing:?} / {disk_missing:?}, objects {objects:?} / {:?})",
                                 self.now,
                                 log.head(),
-                                disk.log.head()
+                                disk.log.head(),
+                                disk.objects
                             ));
                         }
                     }
@@ -193,6 +216,21 @@ impl Sim {
                     }
                 }
                 Action::Ack { req, version } => {
+                    if let Some((oid, _)) = self.outstanding.get(&req.tid).cloned() {
+                        // On every acting member's disk, data and all (or overwritten since).
+                        for &m in self.members[o as usize].acting() {
+                            let disk = &self.disks[m as usize];
+                            let held = disk.objects.get(&oid).copied();
+                            let lacks = disk.missing.contains_key(&oid);
+                            if held < Some(version) || (held == Some(version) && lacks) {
+                                self.violations.push(format!(
+                                    "t{}: osd.{o} acknowledges {oid} {version} but osd.{m}'s \
+                                     disk has {held:?}, missing: {lacks}",
+                                    self.now
+                                ));
+                            }
+                        }
+                    }
                     if let Some((oid, _)) = self.outstanding.remove(&req.tid) {
                         self.log
                             .push(format!("t{} osd.{o} acks {oid} {version}", self.now));
@@ -202,6 +240,9 @@ impl Sim {
                     }
                 }
                 Action::Refuse { .. } => {}
+                Action::RecoverFirst { oid } => {
+                    self.urgent[o as usize].insert(oid);
+                }
                 Action::Persist { seq, .. } => {
                     let at = self.now + self.rng.random_range(1..4);
                     self.seq += 1;
@@ -211,6 +252,80 @@ impl Sim {
                         .insert((at, self.seq), (o, inc, seq, snapshot));
                 }
             }
+        }
+    }
+
+    /// A disk's state once its store holds `oid` at `version`.
+    fn stored(disk: &mut Member, oid: &str, version: Version) {
+        if disk.missing.get(oid) == Some(&version) {
+            disk.missing.remove(oid);
+        } else if let Some(&v) = disk.objects.get(oid) {
+            if v != version {
+                // Its state names another version than the store now holds.
+                disk.missing.insert(oid.to_string(), v);
+            }
+        }
+    }
+
+    /// Members pull what they lack from a member whose disk holds it, urgent objects first.
+    fn recover(&mut self) {
+        for o in 0..OSDS {
+            let i = o as usize;
+            if !self.running[i] || self.cut == Some(o) || !self.rng.random_bool(0.3) {
+                continue;
+            }
+            let Some(missing) = self.members[i].recoverable() else {
+                continue;
+            };
+            let missing: Vec<(String, Version)> =
+                missing.iter().map(|(k, v)| (k.clone(), *v)).collect();
+            let pick = missing
+                .iter()
+                .find(|(k, _)| self.urgent[i].contains(k))
+                .cloned()
+                .unwrap_or_else(|| missing[self.rng.random_range(0..missing.len())].clone());
+            let (oid, v) = pick;
+            if self.pulls.values().any(|p| p.0 == o && p.2 == oid) {
+                continue;
+            }
+            let source = (0..OSDS).find(|&s| {
+                let d = &self.disks[s as usize];
+                s != o
+                    && self.reachable(o, s)
+                    && d.objects.get(&oid) == Some(&v)
+                    && !d.missing.contains_key(&oid)
+            });
+            if source.is_some() {
+                let at = self.now + self.rng.random_range(1..6);
+                self.seq += 1;
+                let inc = self.incarnation[i];
+                self.pulls.insert((at, self.seq), (o, inc, oid, v));
+            }
+        }
+        let done: Vec<(u64, u64)> = self
+            .pulls
+            .range(..(self.now + 1, 0))
+            .map(|(k, _)| *k)
+            .collect();
+        for k in done {
+            let (o, inc, oid, version) = self.pulls.remove(&k).expect("due");
+            let i = o as usize;
+            if inc != self.incarnation[i] || !self.running[i] {
+                continue;
+            }
+            // The store holds it durably before the member hears: the disk, and the states
+            // on their way to it, say so.
+            Self::stored(&mut self.disks[i], &oid, version);
+            for p in self.persists.values_mut().filter(|p| p.0 == o) {
+                Self::stored(&mut p.3, &oid, version);
+            }
+            self.urgent[i].remove(&oid);
+            self.recovered += 1;
+            if self.trace {
+                self.log
+                    .push(format!("t{} osd.{o} recovered {oid} {version}", self.now));
+            }
+            self.run(o, Event::Recovered { oid, version });
         }
     }
 
@@ -275,6 +390,7 @@ impl Sim {
                     }
                 }
                 self.members[o as usize] = self.disks[o as usize].restart();
+                self.urgent[o as usize].clear();
             }
         } else if r < 0.008 {
             // Restart a crashed OSD; the manager marks it up a little later.
@@ -358,6 +474,7 @@ impl Sim {
                 self.run(o, Event::Tick);
             }
         }
+        self.recover();
         self.client();
     }
 
@@ -372,6 +489,19 @@ impl Sim {
                 continue;
             }
             for (oid, v) in &self.acked {
+                if let Some(need) = m.missing.get(oid) {
+                    let somewhere = self
+                        .disks
+                        .iter()
+                        .any(|d| d.objects.get(oid) == Some(need) && !d.missing.contains_key(oid));
+                    if !somewhere {
+                        return Err(format!(
+                            "t{}: osd.{} is the active primary and lacks {oid} {need}, \
+                             which no disk holds",
+                            self.now, m.osd
+                        ));
+                    }
+                }
                 match m.objects.get(oid) {
                     Some(have) if have >= v => {}
                     other => {
@@ -446,15 +576,25 @@ fn run_seed(seed: u64) -> Result<(u64, u64), String> {
             ),
         );
     }
+    if !p.is_clean() {
+        return fail(
+            &sim,
+            format!("healed for 600 ticks, but osd.{primary} is not clean"),
+        );
+    }
     for &o in &sim.acting {
-        if sim.members[o as usize].objects != p.objects && sim.outstanding.is_empty() {
+        let m = &sim.members[o as usize];
+        if !m.missing.is_empty() {
+            return fail(&sim, format!("healed, but osd.{o} still lacks objects"));
+        }
+        if m.objects != p.objects && sim.outstanding.is_empty() {
             return fail(
                 &sim,
                 format!("osd.{o} differs from the primary osd.{primary} once quiet"),
             );
         }
     }
-    Ok((sim.acks, sim.epoch as u64))
+    Ok((sim.acks, sim.recovered))
 }
 
 #[test]
@@ -468,13 +608,17 @@ fn no_acknowledged_write_is_lost_under_crashes_partitions_and_lost_messages() {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(300);
-    let (mut acks, mut epochs) = (0, 0);
+    let (mut acks, mut recovered) = (0, 0);
     for seed in 0..seeds {
-        let (a, e) = run_seed(seed).unwrap_or_else(|e| panic!("{e}"));
+        let (a, r) = run_seed(seed).unwrap_or_else(|e| panic!("{e}"));
         acks += a;
-        epochs += e;
+        recovered += r;
     }
-    println!("{seeds} seeds: {acks} acknowledged writes over {epochs} epochs");
+    println!("{seeds} seeds: {acks} acknowledged writes, {recovered} objects recovered");
+    assert!(
+        recovered > seeds,
+        "the simulation hardly recovered anything in the background: {recovered}"
+    );
     assert!(
         acks > seeds * 50,
         "the simulation hardly wrote anything: {acks}"

@@ -46,6 +46,7 @@ fn cluster() -> Cluster {
         auth_key: None,
         pg_history: None,
         scrub: Default::default(),
+        recovery: Default::default(),
         lease: None,
     })
     .unwrap();

@@ -44,6 +44,7 @@ where
         auth_key: None,
         pg_history: None,
         scrub: Default::default(),
+        recovery: Default::default(),
         lease: None,
     })
     .unwrap();

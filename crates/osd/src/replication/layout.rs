@@ -4,8 +4,11 @@
 //! (`pg.<pool>.<seed>`). Every change to it goes in the same transaction as the write it
 //! describes, so a log entry exists exactly when its write does (decision 0009, point 3).
 //!
-//! Omap keys: `m` → tail, head (version: epoch u32, counter u64, big-endian) and les (u32);
-//! `l` + version → the encoded entry; `o` + object name → the object's version.
+//! Omap keys: `m` → record version (u8: 2; 1 is read too), tail, head (version: epoch u32,
+//! counter u64, big-endian) and les (u32); `l` + version → the encoded entry; `o` + object name
+//! → the version of the object the store holds; `n` + object name → the version the PG's
+//! history names for an object the store does not hold at that version yet (it is being
+//! recovered; the store may hold an older version, under `o`, or none).
 
 use crate::fence::META_COLLECTION;
 use bytes::{BufMut, Bytes, BytesMut};
@@ -19,7 +22,10 @@ const META_PREFIX: &str = "pg.";
 const KEY_META: &[u8] = b"m";
 const KEY_LOG: u8 = b'l';
 const KEY_OBJECT: u8 = b'o';
-const META_RECORD_VERSION: u8 = 1;
+const KEY_MISSING: u8 = b'n';
+const META_RECORD_VERSION: u8 = 2;
+/// Records of version 1 have no missing objects; they are read as they are.
+const META_RECORD_VERSIONS_READ: [u8; 2] = [1, 2];
 /// Omap entries read per call when loading a PG's state.
 const LOAD_PAGE: usize = 1024;
 
@@ -64,6 +70,13 @@ pub(crate) fn object_key(oid: &str) -> Bytes {
     k.freeze()
 }
 
+pub(crate) fn missing_key(oid: &str) -> Bytes {
+    let mut k = BytesMut::with_capacity(1 + oid.len());
+    k.put_u8(KEY_MISSING);
+    k.put_slice(oid.as_bytes());
+    k.freeze()
+}
+
 pub(crate) fn meta_value(tail: Version, head: Version, les: u32) -> Bytes {
     let mut b = BytesMut::with_capacity(29);
     b.put_u8(META_RECORD_VERSION);
@@ -84,23 +97,51 @@ pub(crate) fn version_value(v: Version) -> Bytes {
 }
 
 /// Adds to `txn` what makes `entry` durable in the PG's state; `trimmed` are the log keys
-/// that fell off the tail (the span itself goes in with [`set_meta`]).
-pub(crate) fn add_entry(txn: &mut Transaction, pg: PgId, entry: &Entry, trimmed: Vec<Bytes>) {
+/// that fell off the tail (the span itself goes in with [`set_meta`]). `lacking`: the store
+/// does not hold the object (it is being recovered), so the write's data is not applied and
+/// the object stays missing, at the entry's version.
+pub(crate) fn add_entry(
+    txn: &mut Transaction,
+    pg: PgId,
+    entry: &Entry,
+    lacking: bool,
+    trimmed: Vec<Bytes>,
+) {
     let meta = meta_oid(pg);
     let mut kvs = vec![(log_key(entry.version), entry_value(entry))];
     match entry.kind {
+        carmine_pg::OpKind::Modify if lacking => {
+            kvs.push((missing_key(&entry.oid), version_value(entry.version)));
+            txn.omap_set(META_COLLECTION, &meta, kvs);
+        }
         carmine_pg::OpKind::Modify => {
             kvs.push((object_key(&entry.oid), version_value(entry.version)));
             txn.omap_set(META_COLLECTION, &meta, kvs);
         }
         carmine_pg::OpKind::Delete => {
             txn.omap_set(META_COLLECTION, &meta, kvs);
-            txn.omap_rm(META_COLLECTION, &meta, vec![object_key(&entry.oid)]);
+            txn.omap_rm(
+                META_COLLECTION,
+                &meta,
+                vec![object_key(&entry.oid), missing_key(&entry.oid)],
+            );
         }
     }
     if !trimmed.is_empty() {
         txn.omap_rm(META_COLLECTION, &meta, trimmed);
     }
+}
+
+/// The store now holds `oid` at the version its history names (a recovery copied it here):
+/// it is no longer missing.
+pub(crate) fn set_recovered(txn: &mut Transaction, pg: PgId, oid: &str, v: Version) {
+    let meta = meta_oid(pg);
+    txn.omap_set(
+        META_COLLECTION,
+        &meta,
+        vec![(object_key(oid), version_value(v))],
+    );
+    txn.omap_rm(META_COLLECTION, &meta, vec![missing_key(oid)]);
 }
 
 /// Sets (or, with `None`, removes) the version the PG's state gives object `oid` (a repair
@@ -126,12 +167,14 @@ pub(crate) fn set_meta(txn: &mut Transaction, pg: PgId, tail: Version, head: Ver
     );
 }
 
-/// Replaces the PG's whole state (an activation that took another history).
+/// Replaces the PG's whole state (an activation that took another history): `held`, the
+/// versions the store holds, and `missing`, those the history names that it does not hold.
 pub(crate) fn replace_all(
     txn: &mut Transaction,
     pg: PgId,
     log: &PgLog,
-    objects: &BTreeMap<String, Version>,
+    held: &BTreeMap<String, Version>,
+    missing: &BTreeMap<String, Version>,
     les: u32,
 ) {
     let meta = meta_oid(pg);
@@ -141,10 +184,11 @@ pub(crate) fn replace_all(
         .entries()
         .map(|e| (log_key(e.version), entry_value(e)))
         .collect();
+    kvs.extend(held.iter().map(|(o, v)| (object_key(o), version_value(*v))));
     kvs.extend(
-        objects
+        missing
             .iter()
-            .map(|(o, v)| (object_key(o), version_value(*v))),
+            .map(|(o, v)| (missing_key(o), version_value(*v))),
     );
     kvs.push((
         Bytes::from_static(KEY_META),
@@ -157,8 +201,20 @@ pub(crate) fn replace_all(
 pub(crate) struct Loaded {
     pub pg: PgId,
     pub log: PgLog,
-    pub objects: BTreeMap<String, Version>,
+    /// The versions the store holds.
+    pub held: BTreeMap<String, Version>,
+    /// The versions the history names where the store does not hold them.
+    pub missing: BTreeMap<String, Version>,
     pub les: u32,
+}
+
+impl Loaded {
+    /// Each object's version as the history names it.
+    pub fn objects(&self) -> BTreeMap<String, Version> {
+        let mut o = self.held.clone();
+        o.extend(self.missing.iter().map(|(k, v)| (k.clone(), *v)));
+        o
+    }
 }
 
 /// Every replicated PG state this shard holds. A record that does not decode fails the
@@ -194,7 +250,8 @@ async fn load_one<S: ObjectStore>(store: &S, pg: PgId, log_max: usize) -> Result
     let oid = meta_oid(pg);
     let bad = |what: &str| format!("PG {}.{} state: {what}", pg.pool, pg.seed);
     let mut entries = Vec::new();
-    let mut objects = BTreeMap::new();
+    let mut held = BTreeMap::new();
+    let mut missing = BTreeMap::new();
     let mut meta = None;
     let mut after: Option<Bytes> = None;
     loop {
@@ -212,11 +269,14 @@ async fn load_one<S: ObjectStore>(store: &S, pg: PgId, log_max: usize) -> Result
                     }
                     entries.push(e);
                 }
-                Some(&KEY_OBJECT) => {
+                Some(&kind @ (KEY_OBJECT | KEY_MISSING)) => {
                     let name = std::str::from_utf8(&k[1..])
                         .map_err(|_| bad("an object name that is not UTF-8"))?;
                     let v = version_from(v).ok_or_else(|| bad("an object version"))?;
-                    objects.insert(name.to_string(), v);
+                    match kind {
+                        KEY_OBJECT => held.insert(name.to_string(), v),
+                        _ => missing.insert(name.to_string(), v),
+                    };
                 }
                 _ if &k[..] == KEY_META => meta = Some(v.clone()),
                 _ => return Err(bad("an unknown key")),
@@ -228,17 +288,27 @@ async fn load_one<S: ObjectStore>(store: &S, pg: PgId, log_max: usize) -> Result
         }
     }
     let meta = meta.ok_or_else(|| bad("no tail, head and last active epoch"))?;
-    if meta.len() != 29 || meta[0] != META_RECORD_VERSION {
-        return Err(bad("an unknown record version"));
+    if meta.len() != 29 || !META_RECORD_VERSIONS_READ.contains(&meta[0]) {
+        return Err(bad(&format!(
+            "an unknown record version {} (this build reads {META_RECORD_VERSIONS_READ:?})",
+            meta.first().copied().unwrap_or(0)
+        )));
+    }
+    if meta[0] == 1 && !missing.is_empty() {
+        return Err(bad("missing objects in a record of version 1"));
     }
     let tail = version_from(&meta[1..13]).expect("12 bytes");
     let head = version_from(&meta[13..25]).expect("12 bytes");
     let les = u32::from_be_bytes(meta[25..29].try_into().expect("4 bytes"));
     let log = PgLog::from_parts(log_max, tail, head, entries).map_err(bad)?;
+    // A missing object the store holds at that very version after all (a crash between
+    // the two records cannot leave this, but a repair may): it is not missing.
+    missing.retain(|o, v| held.get(o) != Some(v));
     Ok(Loaded {
         pg,
         log,
-        objects,
+        held,
+        missing,
         les,
     })
 }

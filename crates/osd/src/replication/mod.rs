@@ -15,13 +15,15 @@ mod peers;
 mod persist;
 mod pull;
 mod purge;
+mod recover;
 mod scrub;
 mod write;
 
 pub(crate) use carmine_pg::envelope::{Body, ObjectCopy, PeerMessage};
+pub use recover::{RecoveryConfig, RECOVERY_RATE_DEFAULT};
 pub use scrub::ScrubSchedule;
 pub(crate) use scrub::{repair_for_read, scrub};
-pub(crate) use write::{check_readable, write};
+pub(crate) use write::{await_readable, check_readable, write};
 
 use crate::reactor::Shard;
 use carmine_cluster::{pg_to_reactor_index, OsdMap};
@@ -63,6 +65,8 @@ pub(crate) enum Job {
         ops: Vec<OsdOp>,
         tail: Version,
         les: u32,
+        /// The store lacks the object (it is being recovered): only the log entry is stored.
+        lacking: bool,
     },
     /// A write the primary applied itself before the member took it (a conditional write).
     Applied { seq: u64 },
@@ -73,8 +77,17 @@ pub(crate) enum Job {
         seq: u64,
         log: carmine_pg::PgLog,
         objects: BTreeMap<String, Version>,
+        missing: BTreeMap<String, Version>,
         les: u32,
         source: Option<OsdId>,
+    },
+    /// An object recovered from another member, to store if it is still missing at that
+    /// version; `done` hears whether it was.
+    Recovered {
+        oid: String,
+        version: Version,
+        copy: ObjectCopy,
+        done: oneshot::Sender<bool>,
     },
 }
 
@@ -103,8 +116,9 @@ pub(crate) struct PgReplica {
     pub fetched: Cell<u32>,
     /// Why this copy stopped (its store refused a change): it takes no more work.
     pub broken: RefCell<Option<String>>,
-    /// Objects a history being taken still has to fetch.
-    pub to_recover: Cell<u64>,
+    /// Whether the recovery task runs, and the objects a client waits for.
+    pub recovering: Cell<bool>,
+    pub urgent: RefCell<std::collections::BTreeSet<String>>,
     /// The member the last history taken from another was copied from.
     pub last_source: Cell<Option<OsdId>>,
     pub scrub: scrub::ScrubState,
@@ -120,8 +134,13 @@ impl PgReplica {
             && !self.persisting.get()
     }
 
-    fn new(pg: PgId, member: Member, schedule: &ScrubSchedule) -> Self {
-        let held = member.objects.clone();
+    /// `held`: the versions of the objects the store holds.
+    fn new(
+        pg: PgId,
+        member: Member,
+        held: BTreeMap<String, Version>,
+        schedule: &ScrubSchedule,
+    ) -> Self {
         let log_keys = member.log.entries().map(|e| e.version).collect();
         PgReplica {
             pg,
@@ -138,7 +157,8 @@ impl PgReplica {
             settled: Cell::new(0),
             fetched: Cell::new(0),
             broken: RefCell::new(None),
-            to_recover: Cell::new(0),
+            recovering: Cell::new(false),
+            urgent: RefCell::new(Default::default()),
             last_source: Cell::new(None),
             scrub: scrub::ScrubState::new(schedule),
             ticks: Cell::new(0),
@@ -159,6 +179,7 @@ pub(crate) struct Replication {
     /// Replies to scrub asks and pushes this primary waits for, by token: (member, waiter).
     replies: RefCell<HashMap<u64, (OsdId, oneshot::Sender<Body>)>>,
     next_token: Cell<u64>,
+    budget: recover::Budget,
 }
 
 impl Replication {
@@ -167,6 +188,7 @@ impl Replication {
         key: Option<carmine_proto::auth::AuthKey>,
         history: Option<HistoryClient>,
         scrub_schedule: ScrubSchedule,
+        recovery: RecoveryConfig,
     ) -> Self {
         Replication {
             osd,
@@ -179,6 +201,7 @@ impl Replication {
             scrub_schedule,
             replies: RefCell::new(HashMap::new()),
             next_token: Cell::new(0),
+            budget: recover::Budget::new(recovery),
         }
     }
 
@@ -193,10 +216,15 @@ pub(crate) async fn start<S: ObjectStore + 'static>(shard: &Rc<Shard<S>>) -> Res
     let loaded = layout::load_all(&shard.store, repl.log_max).await?;
     let n = loaded.len();
     for l in loaded {
-        let member = Member::restore(repl.osd, l.log, l.objects, l.les);
+        let objects = l.objects();
+        let member = Member::restore(repl.osd, l.log, objects, l.missing, l.les);
+        if !member.missing.is_empty() {
+            tracing::info!(pg = %l.pg, objects = member.missing.len(),
+                "this copy still lacks objects: it recovers them once peered");
+        }
         repl.pgs.borrow_mut().insert(
             l.pg,
-            Rc::new(PgReplica::new(l.pg, member, &repl.scrub_schedule)),
+            Rc::new(PgReplica::new(l.pg, member, l.held, &repl.scrub_schedule)),
         );
     }
     if n > 0 {
@@ -279,6 +307,7 @@ pub(crate) async fn on_map<S: ObjectStore + 'static>(shard: &Rc<Shard<S>>) -> Re
         let pgr = Rc::new(PgReplica::new(
             pg,
             Member::new(repl.osd, repl.log_max),
+            BTreeMap::new(),
             &repl.scrub_schedule,
         ));
         repl.pgs.borrow_mut().insert(pg, pgr.clone());
@@ -387,7 +416,7 @@ fn tick<S: ObjectStore + 'static>(shard: &Rc<Shard<S>>) {
                 peering += 1;
             }
         }
-        to_recover += pgr.to_recover.get();
+        to_recover += m.missing.len() as u64;
     }
     shard.metrics.set_pg_states(active, peering, to_recover);
     for pgr in all {
@@ -420,6 +449,7 @@ fn tick<S: ObjectStore + 'static>(shard: &Rc<Shard<S>>) {
         if !active || n % ACTIVE_TICK_EVERY == 0 {
             drive(shard, &pgr, Event::Tick, None);
         }
+        recover::kick(shard, &pgr);
     }
 }
 
@@ -435,6 +465,34 @@ pub(crate) fn drive<S: ObjectStore + 'static>(
         return;
     }
     let actions = pgr.member.borrow_mut().handle(ev);
+    carry_out(shard, pgr, actions, ops);
+    let (clean, epoch, idle) = {
+        let m = pgr.member.borrow();
+        (m.is_clean(), m.epoch(), m.writes_in_flight() == 0)
+    };
+    if idle {
+        pgr.inflight_ops.borrow_mut().clear();
+    }
+    // The recorded history shrinks to this interval once every member holds every object:
+    // until then, members of earlier intervals may hold objects no acting member has yet.
+    if clean && pgr.settled.get() < epoch {
+        if let Some(h) = &shard.replication.history {
+            if h.ask(Ask::Settle { pg: pgr.pg, epoch }) {
+                pgr.settled.set(epoch);
+            }
+        }
+    }
+    recover::kick(shard, pgr);
+}
+
+/// Carries out what `pgr`'s member asked for. `ops` are the ops of the write the event that
+/// caused them brought, if any.
+fn carry_out<S: ObjectStore + 'static>(
+    shard: &Rc<Shard<S>>,
+    pgr: &Rc<PgReplica>,
+    actions: Vec<Action>,
+    ops: Option<&[OsdOp]>,
+) {
     for action in actions {
         match action {
             Action::Send { to, msg } => {
@@ -476,22 +534,22 @@ pub(crate) fn drive<S: ObjectStore + 'static>(
             }
             Action::Refuse { req } => finish(shard, req, Outcome::Refused),
             Action::Persist { seq, what } => queue_persist(shard, pgr, seq, what, ops),
-        }
-    }
-    let (active, epoch, idle) = {
-        let m = pgr.member.borrow();
-        (m.is_active_primary(), m.epoch(), m.writes_in_flight() == 0)
-    };
-    if idle {
-        pgr.inflight_ops.borrow_mut().clear();
-    }
-    if active && pgr.settled.get() < epoch {
-        if let Some(h) = &shard.replication.history {
-            if h.ask(Ask::Settle { pg: pgr.pg, epoch }) {
-                pgr.settled.set(epoch);
+            Action::RecoverFirst { oid } => {
+                pgr.urgent.borrow_mut().insert(oid);
             }
         }
     }
+}
+
+/// Asks the members that lack `oid` to recover it first (a client waits for it).
+pub(crate) fn hasten<S: ObjectStore + 'static>(
+    shard: &Rc<Shard<S>>,
+    pgr: &Rc<PgReplica>,
+    oid: &str,
+) {
+    let actions = pgr.member.borrow_mut().hasten(oid);
+    carry_out(shard, pgr, actions, None);
+    recover::kick(shard, pgr);
 }
 
 fn finish<S>(shard: &Shard<S>, req: ReqId, outcome: Outcome) {
@@ -538,6 +596,7 @@ fn queue_persist<S: ObjectStore + 'static>(
                 };
                 Job::Entry {
                     seq,
+                    lacking: m.missing.contains_key(&entry.oid),
                     entry,
                     ops: ops.to_vec(),
                     tail: m.log.tail(),
@@ -548,6 +607,7 @@ fn queue_persist<S: ObjectStore + 'static>(
                 seq,
                 log: m.log.clone(),
                 objects: m.objects.clone(),
+                missing: m.missing.clone(),
                 les: m.les,
                 source,
             },
@@ -557,7 +617,11 @@ fn queue_persist<S: ObjectStore + 'static>(
 }
 
 /// Queues `job` for `pgr`'s persist task, starting it if it is not running.
-fn queue_job<S: ObjectStore + 'static>(shard: &Rc<Shard<S>>, pgr: &Rc<PgReplica>, job: Job) {
+pub(super) fn queue_job<S: ObjectStore + 'static>(
+    shard: &Rc<Shard<S>>,
+    pgr: &Rc<PgReplica>,
+    job: Job,
+) {
     pgr.jobs.borrow_mut().push_back(job);
     if !pgr.persisting.replace(true) {
         let (shard, pgr) = (shard.clone(), pgr.clone());

@@ -1,21 +1,18 @@
 //! Writing a member's changes to the store, in the order the member asked for them: one task
 //! per PG while it has changes queued. Consecutive writes go in one transaction (a group
 //! commit per PG: a burst of replica writes costs one store commit); a whole history taken at
-//! activation first copies the objects this copy lacks from the member that has them, then
-//! replaces the PG's state in one transaction. The member hears `Persisted` only once the
-//! store says durable, so nothing is acknowledged before it is.
+//! activation replaces the PG's state in one transaction, naming the objects this copy lacks
+//! (recovered afterwards, in the background: `recover`), and a recovered object is stored with
+//! the record that it is no longer missing. The member hears `Persisted` (or `Recovered`) only
+//! once the store says durable, so nothing is acknowledged before it is.
 
-use super::{drive, fail, layout, pull, Job, PgReplica};
+use super::{drive, fail, layout, Job, PgReplica};
 use crate::reactor::Shard;
 use carmine_pg::{Event, OpKind, Version};
 use carmine_store::{ObjectStore, Transaction};
 use carmine_types::OsdId;
 use std::collections::BTreeMap;
 use std::rc::Rc;
-use std::time::Duration;
-
-/// Pause between attempts to pull an object from a member that did not answer.
-const PULL_RETRY: Duration = Duration::from_millis(200);
 
 enum Done {
     /// Everything up to this persist is durable.
@@ -36,7 +33,8 @@ pub(super) async fn run<S: ObjectStore + 'static>(shard: &Rc<Shard<S>>, pgr: &Rc
             // Strictly in order. A history must not drop the writes queued before it: the
             // history it describes may hold them (a write in flight when the interval ended
             // is in the log the new primary took), and their data exists nowhere else.
-            let alone = |j: &Job| matches!(j, Job::History { .. } | Job::Purge);
+            let alone =
+                |j: &Job| matches!(j, Job::History { .. } | Job::Purge | Job::Recovered { .. });
             if q.front().is_some_and(alone) {
                 q.pop_front().into_iter().collect()
             } else {
@@ -50,9 +48,25 @@ pub(super) async fn run<S: ObjectStore + 'static>(shard: &Rc<Shard<S>>, pgr: &Rc
                 seq,
                 log,
                 objects,
+                missing,
                 les,
                 source,
-            }) => take_history(shard, pgr, seq, log, objects, les, source).await,
+            }) => take_history(shard, pgr, seq, log, objects, missing, les, source).await,
+            Some(Job::Recovered {
+                oid,
+                version,
+                copy,
+                done,
+            }) => match store_recovered(shard, pgr, &oid, version, copy).await {
+                Ok(stored) => {
+                    if stored {
+                        drive(shard, pgr, Event::Recovered { oid, version }, None);
+                    }
+                    let _ = done.send(stored);
+                    continue;
+                }
+                Err(e) => Err(e),
+            },
             Some(Job::Purge) => super::purge::run(shard, pgr)
                 .await
                 .map(|()| Done::Superseded),
@@ -60,7 +74,10 @@ pub(super) async fn run<S: ObjectStore + 'static>(shard: &Rc<Shard<S>>, pgr: &Rc
             None => continue,
         };
         match result {
-            Ok(Done::Persisted(seq)) => drive(shard, pgr, Event::Persisted { seq }, None),
+            Ok(Done::Persisted(seq)) => {
+                drive(shard, pgr, Event::Persisted { seq }, None);
+                already_held(shard, pgr);
+            }
             Ok(Done::Superseded) => {}
             Err(why) => {
                 fail(pgr, why);
@@ -95,23 +112,40 @@ async fn entries<S: ObjectStore>(
                     ops,
                     tail,
                     les,
+                    lacking,
                 } => {
-                    crate::handler::add_ops(&mut txn, pg, &entry.oid, ops)
-                        .map_err(|e| format!("write {}: {}", entry.version, e.message))?;
+                    let modify = entry.kind == OpKind::Modify;
+                    if modify && lacking {
+                        // The store lacks the object: the write's data would land on a stale
+                        // copy, or none. The object stays missing, at this version, and is
+                        // recovered whole. (The primary waits for its members to hold an
+                        // object before it writes it; this is the case of a member that
+                        // restarted and took its activation again meanwhile.)
+                        tracing::warn!(%pg, oid = entry.oid, version = %entry.version,
+                            "a write to an object this copy lacks: only its log entry is kept");
+                    } else {
+                        if !modify {
+                            // Removing needs an object: this copy may lack it.
+                            txn.touch(pg, &entry.oid);
+                        }
+                        crate::handler::add_ops(&mut txn, pg, &entry.oid, ops)
+                            .map_err(|e| format!("write {}: {}", entry.version, e.message))?;
+                    }
                     keys.push_back(entry.version);
                     let mut trimmed = Vec::new();
                     while keys.front().is_some_and(|v| *v <= tail) {
                         trimmed.push(layout::log_key(keys.pop_front().expect("front")));
                     }
-                    layout::add_entry(&mut txn, pg, &entry, trimmed);
-                    changed.push((
-                        entry.oid.clone(),
-                        (entry.kind == OpKind::Modify).then_some(entry.version),
-                    ));
+                    layout::add_entry(&mut txn, pg, &entry, modify && lacking, trimmed);
+                    if !(modify && lacking) {
+                        changed.push((entry.oid.clone(), modify.then_some(entry.version)));
+                    }
                     span = Some((tail, entry.version, les));
                     last = last.max(seq);
                 }
-                Job::History { .. } | Job::Purge => unreachable!("taken alone"),
+                Job::History { .. } | Job::Purge | Job::Recovered { .. } => {
+                    unreachable!("taken alone")
+                }
             }
         }
     }
@@ -133,35 +167,28 @@ async fn entries<S: ObjectStore>(
     Ok(Done::Persisted(last))
 }
 
-/// A history being taken may be abandoned for the next one only if nothing else is queued
-/// before it: a write queued between them was made on top of the first.
-fn superseded(pgr: &PgReplica) -> bool {
-    pgr.jobs
-        .borrow()
-        .front()
-        .is_some_and(|j| matches!(j, Job::History { .. } | Job::Purge))
-}
-
-/// Makes the store hold the history `log` and `objects` describe: objects whose version
-/// differs from what is held come from `source`, objects no longer listed go.
+/// Makes the store hold the history `log` and `objects` describe: objects it no longer
+/// lists go; those it names at a version the store does not hold (`missing`) are recorded as
+/// such, and recovered afterwards.
+#[allow(clippy::too_many_arguments)]
 async fn take_history<S: ObjectStore + 'static>(
     shard: &Rc<Shard<S>>,
     pgr: &PgReplica,
     seq: u64,
     log: carmine_pg::PgLog,
     objects: BTreeMap<String, Version>,
+    missing: BTreeMap<String, Version>,
     les: u32,
-    source: Option<carmine_types::OsdId>,
+    source: Option<OsdId>,
 ) -> Result<Done, String> {
     let pg = pgr.pg;
-    let missing: Vec<(String, Version)> = {
-        let held = pgr.held.borrow();
-        objects
-            .iter()
-            .filter(|(o, v)| held.get(*o) != Some(*v))
-            .map(|(o, v)| (o.clone(), *v))
-            .collect()
-    };
+    let held: BTreeMap<String, Version> = pgr
+        .held
+        .borrow()
+        .iter()
+        .filter(|(o, _)| objects.contains_key(*o))
+        .map(|(o, v)| (o.clone(), *v))
+        .collect();
     let gone: Vec<String> = pgr
         .held
         .borrow()
@@ -169,78 +196,88 @@ async fn take_history<S: ObjectStore + 'static>(
         .filter(|o| !objects.contains_key(*o))
         .cloned()
         .collect();
-    if !missing.is_empty() {
-        tracing::info!(%pg, objects = missing.len(), ?source, "recovering objects");
+    // Held after all at the version named (the member did not know): not missing; the
+    // member hears it once this is durable.
+    let missing: BTreeMap<String, Version> = missing
+        .into_iter()
+        .filter(|(o, v)| held.get(o) != Some(v))
+        .collect();
+    // Every object the history names is held at that version, or missing.
+    if let Some((o, _)) = objects
+        .iter()
+        .find(|(o, v)| held.get(*o) != Some(*v) && !missing.contains_key(*o))
+    {
+        return Err(format!(
+            "the history taken names {o:?} at a version this copy neither holds nor lacks"
+        ));
     }
-    pgr.to_recover.set(missing.len() as u64);
-    // Who may hold the objects: the member whose history won, then the one an earlier
-    // history was being copied from (a primary that peers again within its epoch presents
-    // the history it took as its own, before its copy of it is complete), then the others.
+    if !missing.is_empty() {
+        tracing::info!(%pg, objects = missing.len(), ?source,
+            "took the PG's history; recovering the objects this copy lacks in the background");
+    }
     if source.is_some() {
         pgr.last_source.set(source);
     }
-    let mut candidates: Vec<OsdId> = source.into_iter().chain(pgr.last_source.get()).collect();
-    for o in pgr.member.borrow().acting() {
-        if *o != shard.osd && !candidates.contains(o) {
-            candidates.push(*o);
-        }
-    }
-    candidates.dedup();
-    for (oid, v) in missing {
-        let mut complained = false;
-        let copy = 'found: loop {
-            if superseded(pgr) || pgr.broken.borrow().is_some() {
-                pgr.to_recover.set(0);
-                return Ok(Done::Superseded);
-            }
-            for &from in &candidates {
-                // Only a copy of that very version: a member may have taken the history
-                // already and still be fetching the object itself.
-                if let Some((held, Some(copy))) = pull::fetch(shard, pg, from, &oid).await {
-                    if held == v {
-                        break 'found copy;
-                    }
-                }
-            }
-            if !complained {
-                complained = true;
-                tracing::error!(%pg, oid, version = %v, ?candidates,
-                    "no member sent this object at its version yet: the PG waits for one");
-            }
-            carmine_reactor::sleep(PULL_RETRY).await;
-        };
-        let mut txn = Transaction::new();
-        // Whatever this copy held of it goes (touch first: removing needs an object).
-        txn.touch(pg, &oid).remove(pg, &oid);
-        let bytes = copy.data.len() as u64;
-        install(&mut txn, pg, &oid, copy);
-        // The PG's state says which version the store now holds, in the same transaction: a
-        // crash before the history is complete must not leave the object labelled with the
-        // version it had before.
-        layout::set_object_version(&mut txn, pg, &oid, Some(v));
-        let stored = shard.store.submit(txn).await;
-        if let Err(e) = stored {
-            pgr.to_recover.set(0);
-            return Err(format!("storing recovered object {oid:?}: {e}"));
-        }
-        pgr.held.borrow_mut().insert(oid, v);
-        shard.metrics.recovered(bytes);
-        pgr.to_recover.set(pgr.to_recover.get().saturating_sub(1));
-    }
-    pgr.to_recover.set(0);
     let mut txn = Transaction::new();
     for oid in &gone {
         txn.touch(pg, oid).remove(pg, oid);
     }
-    layout::replace_all(&mut txn, pg, &log, &objects, les);
+    layout::replace_all(&mut txn, pg, &log, &held, &missing, les);
     shard
         .store
         .submit(txn)
         .await
         .map_err(|e| format!("storing the PG's history: {e}"))?;
-    *pgr.held.borrow_mut() = objects;
+    *pgr.held.borrow_mut() = held;
     *pgr.log_keys.borrow_mut() = log.entries().map(|e| e.version).collect();
     Ok(Done::Persisted(seq))
+}
+
+/// Objects the member lacks that the store holds at the very version needed (a history named
+/// a version this copy had, but as missing): the member hears they are held.
+fn already_held<S: ObjectStore + 'static>(shard: &Rc<Shard<S>>, pgr: &Rc<PgReplica>) {
+    let found: Vec<(String, Version)> = {
+        let m = pgr.member.borrow();
+        let held = pgr.held.borrow();
+        match m.recoverable() {
+            Some(missing) => missing
+                .iter()
+                .filter(|(o, v)| held.get(*o) == Some(*v))
+                .map(|(o, v)| (o.clone(), *v))
+                .collect(),
+            None => Vec::new(),
+        }
+    };
+    for (oid, version) in found {
+        drive(shard, pgr, Event::Recovered { oid, version }, None);
+    }
+}
+
+/// Stores a recovered object if the member still lacks it at that version: the object and
+/// the record that it is held, in one transaction. `Ok(false)`: no longer wanted.
+async fn store_recovered<S: ObjectStore>(
+    shard: &Shard<S>,
+    pgr: &PgReplica,
+    oid: &str,
+    version: Version,
+    copy: super::ObjectCopy,
+) -> Result<bool, String> {
+    if pgr.member.borrow().missing.get(oid) != Some(&version) {
+        return Ok(false);
+    }
+    let pg = pgr.pg;
+    let mut txn = Transaction::new();
+    // Whatever this copy held of it goes (touch first: removing needs an object).
+    txn.touch(pg, oid).remove(pg, oid);
+    install(&mut txn, pg, oid, copy);
+    layout::set_recovered(&mut txn, pg, oid, version);
+    shard
+        .store
+        .submit(txn)
+        .await
+        .map_err(|e| format!("storing recovered object {oid:?}: {e}"))?;
+    pgr.held.borrow_mut().insert(oid.to_string(), version);
+    Ok(true)
 }
 
 /// Adds to `txn` the ops that recreate object `oid` as `c` describes.

@@ -22,7 +22,10 @@ const BATCH: usize = 256;
 /// True if this member has anything stored for its PG: objects, a log, or the record of an
 /// activation (every copy that went active has a state record, empty PG or not).
 pub(super) fn holds_state(m: &Member) -> bool {
-    m.les > 0 || !m.objects.is_empty() || m.log.head() != carmine_pg::Version::ZERO
+    m.les > 0
+        || !m.objects.is_empty()
+        || !m.missing.is_empty()
+        || m.log.head() != carmine_pg::Version::ZERO
 }
 
 /// True if `pgr`'s copy is a stray that the history `history` (just read from the map store)

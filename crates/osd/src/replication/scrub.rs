@@ -115,6 +115,13 @@ pub(crate) async fn scrub<S: ObjectStore + 'static>(
         if !m.is_active_primary() {
             return Err(inactive(pg, "a scrub runs at the PG's active primary"));
         }
+        if !m.is_clean() {
+            // Copies still being recovered differ by design; a scrub compares settled ones.
+            return Err(inactive(
+                pg,
+                &format!("{} objects are still being recovered", m.degraded()),
+            ));
+        }
         (m.epoch(), m.acting().to_vec())
     };
     if pgr.scrub.running.replace(true) {

@@ -21,6 +21,11 @@ use std::time::Duration;
 /// How long a conditional write waits for the writes before it to be durable.
 const QUIET_WAIT: Duration = Duration::from_secs(10);
 const QUIET_POLL: Duration = Duration::from_millis(1);
+/// How long a request waits for the members that lack its object to recover it, how often it
+/// looks, and how often it asks them again to hurry.
+const RECOVERY_WAIT: Duration = Duration::from_secs(30);
+const RECOVERY_POLL: Duration = Duration::from_millis(2);
+const HASTEN_EVERY: Duration = Duration::from_millis(500);
 
 fn inactive(pg: PgId, why: &str) -> ErrorReply {
     reject(Status::PgInactive, format!("pg {pg}: {why}"))
@@ -38,6 +43,63 @@ pub(crate) fn check_readable<S>(shard: &Shard<S>, pg: PgId) -> Result<(), ErrorR
             ),
         )),
         _ => Err(inactive(pg, "not active here yet (peering)")),
+    }
+}
+
+/// Waits until no acting member that `reader_only` cares about lacks `oid`: for a write, every
+/// acting member (its ops may change part of the object, which must be whole first); for a
+/// read, this primary. Asks them to recover it first meanwhile. A PG that is not active here
+/// waits for nothing: its request is refused as before.
+async fn await_objects<S: ObjectStore + 'static>(
+    shard: &Rc<Shard<S>>,
+    pgr: &Rc<PgReplica>,
+    oid: &str,
+    reader_only: bool,
+) -> Result<(), ErrorReply> {
+    let start = std::time::Instant::now();
+    let mut hastened: Option<std::time::Instant> = None;
+    loop {
+        let waiting = {
+            let m = pgr.member.borrow();
+            let lacking = m.lacking(oid);
+            if reader_only {
+                lacking.contains(&shard.osd)
+            } else {
+                !lacking.is_empty()
+            }
+        };
+        if !waiting {
+            return Ok(());
+        }
+        if let Some(why) = pgr.broken.borrow().as_deref() {
+            return Err(reject(
+                Status::Io,
+                format!("pg {}: this copy stopped: {why}", pgr.pg),
+            ));
+        }
+        if start.elapsed() > RECOVERY_WAIT {
+            return Err(inactive(
+                pgr.pg,
+                &format!("object {oid:?} is still being recovered; retry"),
+            ));
+        }
+        if hastened.is_none_or(|t| t.elapsed() > HASTEN_EVERY) {
+            super::hasten(shard, pgr, oid);
+            hastened = Some(std::time::Instant::now());
+        }
+        carmine_reactor::sleep(RECOVERY_POLL).await;
+    }
+}
+
+/// Waits until this primary holds `oid` (it may be recovering it), for a read.
+pub(crate) async fn await_readable<S: ObjectStore + 'static>(
+    shard: &Rc<Shard<S>>,
+    pg: PgId,
+    oid: &str,
+) -> Result<(), ErrorReply> {
+    match shard.replication.pg(pg) {
+        Some(pgr) => await_objects(shard, &pgr, oid, true).await,
+        None => Ok(()),
     }
 }
 
@@ -176,6 +238,8 @@ pub(crate) async fn write<S: ObjectStore + 'static>(
         (client, tid) => ReqId { client, tid },
     };
     let kind = op_kind(&req.ops);
+    // Every acting member holds the object before it is written.
+    await_objects(shard, &pgr, &req.oid, false).await?;
     let waiter = if req.ops.iter().any(may_fail) {
         let _turn = pgr.gate.lock().await;
         conditional(shard, &pgr, reqid, req).await?
@@ -316,6 +380,7 @@ async fn conditional<S: ObjectStore + 'static>(
         &mut txn,
         pg,
         &entry,
+        false,
         trimmed.iter().map(|v| layout::log_key(*v)).collect(),
     );
     layout::set_meta(&mut txn, pg, tail, version, les);

@@ -1,0 +1,240 @@
+//! Recovery in the background (decision 0009, point 7): a PG copy goes active as soon as
+//! every member has taken the authoritative history, and each member then fetches the objects
+//! its store lacks ([`Member::missing`](carmine_pg::Member)) one at a time, from a member that
+//! holds them, behind client I/O: at a configured rate per reactor, except the objects a
+//! client waits for, which go first and are not held back by the rate.
+//!
+//! A fetched object is stored through the PG's persist queue ([`Job::Recovered`]), in order
+//! with the copy's other changes, and in one transaction with the record saying it is no
+//! longer missing; only then does the member hear [`Event::Recovered`].
+
+use super::{pull, queue_job, Job, PgReplica};
+use crate::reactor::Shard;
+use carmine_pg::Version;
+use carmine_store::ObjectStore;
+use carmine_types::OsdId;
+use futures::channel::oneshot;
+use std::cell::Cell;
+use std::collections::BTreeSet;
+use std::rc::Rc;
+use std::time::{Duration, Instant};
+
+/// Default for [`RecoveryConfig::rate`]: bytes per second per reactor.
+pub const RECOVERY_RATE_DEFAULT: u64 = 128 << 20;
+/// Pause before asking again for an object no member sent.
+const RETRY_PAUSE: Duration = Duration::from_millis(200);
+/// How long a recovery held back by the rate sleeps before it looks for urgent objects.
+const READY_SLICE: Duration = Duration::from_millis(10);
+
+/// How fast replicated PGs recover in the background.
+#[derive(Clone, Copy, Debug)]
+pub struct RecoveryConfig {
+    /// Bytes per second each reactor copies for recovery, objects a client waits for aside.
+    /// `None`: as fast as the members send.
+    pub rate: Option<u64>,
+}
+
+impl Default for RecoveryConfig {
+    fn default() -> Self {
+        RecoveryConfig {
+            rate: Some(RECOVERY_RATE_DEFAULT),
+        }
+    }
+}
+
+/// A reactor's recovery budget: a token bucket of one second's worth of bytes, which a copy
+/// overdraws and then waits out.
+pub(crate) struct Budget {
+    rate: Option<u64>,
+    /// Bytes available (negative: owed) as of `at`.
+    tokens: Cell<i64>,
+    at: Cell<Instant>,
+}
+
+impl Budget {
+    pub fn new(cfg: RecoveryConfig) -> Self {
+        Budget {
+            rate: cfg.rate.filter(|r| *r > 0),
+            tokens: Cell::new(cfg.rate.unwrap_or(0) as i64),
+            at: Cell::new(Instant::now()),
+        }
+    }
+
+    fn refill(&self, rate: u64) {
+        let now = Instant::now();
+        let earned = now.duration_since(self.at.get()).as_secs_f64() * rate as f64;
+        self.at.set(now);
+        let t = (self.tokens.get() as f64 + earned).min(rate as f64);
+        self.tokens.set(t as i64);
+    }
+
+    /// Waits until the budget is not in debt, or `interrupt` says something more pressing
+    /// came (it is asked every [`READY_SLICE`]).
+    async fn ready(&self, interrupt: impl Fn() -> bool) {
+        let Some(rate) = self.rate else { return };
+        loop {
+            self.refill(rate);
+            let t = self.tokens.get();
+            if t >= 0 || interrupt() {
+                return;
+            }
+            let wait = Duration::from_secs_f64((-t) as f64 / rate as f64);
+            carmine_reactor::sleep(wait.clamp(Duration::from_millis(1), READY_SLICE)).await;
+        }
+    }
+
+    fn spend(&self, bytes: u64) {
+        if let Some(rate) = self.rate {
+            self.refill(rate);
+            self.tokens.set(self.tokens.get() - bytes as i64);
+        }
+    }
+}
+
+/// Starts `pgr`'s recovery task if its member lacks objects it may fetch now and none runs.
+pub(crate) fn kick<S: ObjectStore + 'static>(shard: &Rc<Shard<S>>, pgr: &Rc<PgReplica>) {
+    if pgr.recovering.get() || pgr.broken.borrow().is_some() {
+        return;
+    }
+    if pgr.member.borrow().recoverable().is_none() {
+        return;
+    }
+    pgr.recovering.set(true);
+    let (shard, pgr) = (shard.clone(), pgr.clone());
+    carmine_reactor::spawn(async move {
+        run(&shard, &pgr).await;
+        pgr.recovering.set(false);
+        // Work may have come while the task was ending.
+        kick(&shard, &pgr);
+    })
+    .detach();
+}
+
+/// The next object to fetch: one a client waits for, else the first after `after` in name
+/// order (wrapping around), skipping those no member sent lately.
+fn next(
+    pgr: &PgReplica,
+    after: &Option<String>,
+    failed: &BTreeSet<String>,
+) -> Option<(String, Version, bool)> {
+    let m = pgr.member.borrow();
+    let missing = m.recoverable()?;
+    let mut urgent = pgr.urgent.borrow_mut();
+    urgent.retain(|o| missing.contains_key(o));
+    if let Some(o) = urgent.iter().next() {
+        return Some((o.clone(), missing[o], true));
+    }
+    let start = after.as_deref().unwrap_or("");
+    let pick = missing
+        .range::<str, _>((std::ops::Bound::Excluded(start), std::ops::Bound::Unbounded))
+        .chain(missing.iter())
+        .find(|(o, _)| !failed.contains(*o));
+    match pick {
+        Some((o, v)) => Some((o.clone(), *v, false)),
+        // Every one failed lately: try them all again.
+        None => missing.iter().next().map(|(o, v)| (o.clone(), *v, false)),
+    }
+}
+
+/// Who may hold the objects: the primary, the member whose history won, the others of the
+/// acting set, then every member of the recorded intervals (one of them held each object
+/// when the history was chosen).
+fn candidates<S>(shard: &Shard<S>, pgr: &PgReplica) -> Vec<OsdId> {
+    let m = pgr.member.borrow();
+    let mut c: Vec<OsdId> = Vec::new();
+    let from_history = m.history().iter().flat_map(|i| i.acting.iter().copied());
+    for o in m
+        .acting()
+        .iter()
+        .copied()
+        .take(1)
+        .chain(pgr.last_source.get())
+        .chain(m.acting().iter().copied())
+        .chain(from_history)
+    {
+        if o != shard.osd && !c.contains(&o) {
+            c.push(o);
+        }
+    }
+    c
+}
+
+async fn run<S: ObjectStore + 'static>(shard: &Rc<Shard<S>>, pgr: &Rc<PgReplica>) {
+    let pg = pgr.pg;
+    let mut after: Option<String> = None;
+    let mut failed: BTreeSet<String> = BTreeSet::new();
+    let mut complained: BTreeSet<String> = BTreeSet::new();
+    let started = Instant::now();
+    let mut count = 0u64;
+    loop {
+        if pgr.broken.borrow().is_some() {
+            return;
+        }
+        let Some((oid, version, urgent)) = next(pgr, &after, &failed) else {
+            if count > 0 {
+                tracing::info!(%pg, objects = count, secs = started.elapsed().as_secs_f64(),
+                    "recovered in the background");
+            }
+            return;
+        };
+        if !urgent {
+            shard
+                .replication
+                .budget
+                .ready(|| !pgr.urgent.borrow().is_empty())
+                .await;
+            if !pgr.urgent.borrow().is_empty() {
+                continue;
+            }
+        }
+        let mut got = None;
+        for from in candidates(shard, pgr) {
+            // Only a copy of that very version: a member may be recovering it itself.
+            if let Some((held, Some(copy))) = pull::fetch(shard, pg, from, &oid).await {
+                if held == version {
+                    got = Some(copy);
+                    break;
+                }
+            }
+            // Stop early if the object is no longer wanted (a new history came).
+            if pgr.member.borrow().missing.get(&oid) != Some(&version) {
+                break;
+            }
+        }
+        let Some(copy) = got else {
+            if pgr.member.borrow().missing.get(&oid) == Some(&version) {
+                if complained.insert(oid.clone()) {
+                    tracing::warn!(%pg, oid, %version,
+                        "no member sent this object at its version yet: asking again");
+                }
+                failed.insert(oid.clone());
+                after = Some(oid);
+                carmine_reactor::sleep(RETRY_PAUSE).await;
+            }
+            continue;
+        };
+        failed.remove(&oid);
+        let bytes = copy.data.len() as u64;
+        // The rate holds back the background only: a client waits for an urgent object.
+        if !urgent {
+            shard.replication.budget.spend(bytes);
+        }
+        let (tx, rx) = oneshot::channel();
+        queue_job(
+            shard,
+            pgr,
+            Job::Recovered {
+                oid: oid.clone(),
+                version,
+                copy,
+                done: tx,
+            },
+        );
+        // One object at a time per PG: its copy is in memory until stored.
+        if let Ok(true) = rx.await {
+            shard.metrics.recovered(bytes);
+            count += 1;
+        }
+        after = Some(oid);
+    }
+}
