@@ -469,12 +469,22 @@ impl Member {
             .get(&member)
             .copied()
             .unwrap_or(Version::ZERO);
-        let lacking: Vec<bool> = self
-            .pending
-            .iter()
-            .map(|p| self.lacks(member, &p.oid))
-            .collect();
-        for (p, lacks) in self.pending.iter_mut().zip(lacking) {
+        // Field by field, so that nothing is allocated per acknowledgement.
+        let (pending, missing) = (&mut self.pending, &self.missing);
+        let peer = if member == self.osd {
+            None
+        } else {
+            match self.peer_missing.get(&member) {
+                Some(Some(m)) => Some(m),
+                // Not told: it may lack anything.
+                _ => return,
+            }
+        };
+        for p in pending.iter_mut() {
+            let lacks = match peer {
+                Some(m) => m.contains(&p.oid),
+                None => missing.contains_key(&p.oid),
+            };
             if p.version <= head && !lacks {
                 p.waiting.remove(&member);
             }
