@@ -187,7 +187,9 @@ async fn read_straight_into_reply<S: ObjectStore + 'static>(
     let _in_progress = admit(shard, &req)?;
     if replicated(shard, pg) {
         crate::replication::check_readable(shard, pg)?;
-        crate::replication::await_readable(&shard.rc(), pg, &req.oid).await?;
+        if crate::replication::lacks_here(shard, pg, &req.oid) {
+            crate::replication::await_readable(&shard.rc(), pg, &req.oid).await?;
+        }
     }
     let [OsdOp::Read { off, len }] = req.ops[..] else {
         unreachable!("checked by is_single_read")
@@ -445,7 +447,9 @@ async fn handle_object<S: ObjectStore + 'static>(
         0 if req.ops.is_empty() => Err(reject(Status::InvalidArgument, "request has no ops")),
         0 if replicated => {
             crate::replication::check_readable(shard, pg)?;
-            crate::replication::await_readable(&shard.rc(), pg, &req.oid).await?;
+            if crate::replication::lacks_here(shard, pg, &req.oid) {
+                crate::replication::await_readable(&shard.rc(), pg, &req.oid).await?;
+            }
             match read_ops(shard, pg, &req).await {
                 Err(e) if e.status == Status::Corrupt => {
                     repair_for_read(shard, pg, &req.oid, &e).await?;

@@ -240,7 +240,6 @@ fn stored(
 #[derive(Clone, Debug)]
 struct Pending {
     version: Version,
-    oid: String,
     req: ReqId,
     waiting: BTreeSet<OsdId>,
 }
@@ -470,25 +469,37 @@ impl Member {
             .copied()
             .unwrap_or(Version::ZERO);
         // Field by field, so that nothing is allocated per acknowledgement.
-        let (pending, missing) = (&mut self.pending, &self.missing);
-        let peer = if member == self.osd {
-            None
+        let (pending, log) = (&mut self.pending, &self.log);
+        let (own, peer) = if member == self.osd {
+            (Some(&self.missing).filter(|m| !m.is_empty()), None)
         } else {
             match self.peer_missing.get(&member) {
-                Some(Some(m)) => Some(m),
+                Some(Some(m)) => (None, Some(m).filter(|m| !m.is_empty())),
                 // Not told: it may lack anything.
                 _ => return,
             }
         };
-        for p in pending.iter_mut() {
-            let lacks = match peer {
-                Some(m) => m.contains(&p.oid),
-                None => missing.contains_key(&p.oid),
-            };
-            if p.version <= head && !lacks {
+        let lacks = |oid: &str| {
+            own.is_some_and(|m| m.contains_key(oid)) || peer.is_some_and(|m| m.contains(oid))
+        };
+        let some_lacking = own.is_some() || peer.is_some();
+        for p in pending.iter_mut().filter(|p| p.version <= head) {
+            let lacks = some_lacking
+                && log
+                    .entries()
+                    .rev()
+                    .find(|e| e.version == p.version)
+                    // (Writes in flight are the log's newest entries.)
+                    .is_none_or(|e| lacks(&e.oid));
+            if !lacks {
                 p.waiting.remove(&member);
             }
         }
+    }
+
+    /// True if some acting member (this one included) lacks `oid`; see [`Member::lacking`].
+    pub fn any_lacks(&self, oid: &str) -> bool {
+        self.role == Role::Active && self.acting.iter().any(|m| self.lacks(*m, oid))
     }
 
     /// The acting members (this one included) whose store lacks `oid`: a write to it must
@@ -1207,7 +1218,7 @@ impl Member {
         // (Once every acting member holds its object: one that joined since may not yet.)
         if let Some(e) = self.log.find_request(req) {
             let (version, oid) = (e.version, e.oid.clone());
-            if !self.lacking(&oid).is_empty() {
+            if self.any_lacks(&oid) {
                 out.push(Action::Refuse { req });
                 out.extend(self.hasten(&oid));
             } else if !self.pending.iter().any(|p| p.version == version) {
@@ -1217,14 +1228,14 @@ impl Member {
         }
         // An object some acting member lacks is recovered there first (the host waits for
         // it before it hands the write over; one that did not is told to retry).
-        if !self.lacking(&oid).is_empty() {
+        if self.any_lacks(&oid) {
             out.push(Action::Refuse { req });
             out.extend(self.hasten(&oid));
             return;
         }
         let entry = Entry {
             version: self.log.head().next_in(self.epoch),
-            oid: oid.clone(),
+            oid,
             kind,
             reqid: Some(req),
         };
@@ -1243,7 +1254,6 @@ impl Member {
         }
         self.pending.push(Pending {
             version: entry.version,
-            oid,
             req,
             waiting,
         });

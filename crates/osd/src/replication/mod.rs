@@ -23,7 +23,7 @@ pub(crate) use carmine_pg::envelope::{Body, ObjectCopy, PeerMessage};
 pub use recover::{RecoveryConfig, RECOVERY_RATE_DEFAULT};
 pub use scrub::ScrubSchedule;
 pub(crate) use scrub::{repair_for_read, scrub};
-pub(crate) use write::{await_readable, check_readable, write};
+pub(crate) use write::{await_readable, check_readable, lacks_here, write};
 
 use crate::reactor::Shard;
 use carmine_cluster::{pg_to_reactor_index, OsdMap};
@@ -466,16 +466,16 @@ pub(crate) fn drive<S: ObjectStore + 'static>(
     }
     let actions = pgr.member.borrow_mut().handle(ev);
     carry_out(shard, pgr, actions, ops);
-    let (clean, epoch, idle) = {
+    let (epoch, idle) = {
         let m = pgr.member.borrow();
-        (m.is_clean(), m.epoch(), m.writes_in_flight() == 0)
+        (m.epoch(), m.writes_in_flight() == 0)
     };
     if idle {
         pgr.inflight_ops.borrow_mut().clear();
     }
     // The recorded history shrinks to this interval once every member holds every object:
     // until then, members of earlier intervals may hold objects no acting member has yet.
-    if clean && pgr.settled.get() < epoch {
+    if pgr.settled.get() < epoch && pgr.member.borrow().is_clean() {
         if let Some(h) = &shard.replication.history {
             if h.ask(Ask::Settle { pg: pgr.pg, epoch }) {
                 pgr.settled.set(epoch);

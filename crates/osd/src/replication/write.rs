@@ -91,6 +91,14 @@ async fn await_objects<S: ObjectStore + 'static>(
     }
 }
 
+/// True if this copy of `pg` lacks `oid` (a read must wait for [`await_readable`]).
+pub(crate) fn lacks_here<S>(shard: &Shard<S>, pg: PgId, oid: &str) -> bool {
+    shard
+        .replication
+        .pg(pg)
+        .is_some_and(|p| p.member.borrow().missing.contains_key(oid))
+}
+
 /// Waits until this primary holds `oid` (it may be recovering it), for a read.
 pub(crate) async fn await_readable<S: ObjectStore + 'static>(
     shard: &Rc<Shard<S>>,
@@ -239,7 +247,9 @@ pub(crate) async fn write<S: ObjectStore + 'static>(
     };
     let kind = op_kind(&req.ops);
     // Every acting member holds the object before it is written.
-    await_objects(shard, &pgr, &req.oid, false).await?;
+    if pgr.member.borrow().any_lacks(&req.oid) {
+        await_objects(shard, &pgr, &req.oid, false).await?;
+    }
     let waiter = if req.ops.iter().any(may_fail) {
         let _turn = pgr.gate.lock().await;
         conditional(shard, &pgr, reqid, req).await?
