@@ -317,6 +317,7 @@ fn bench_carmine(a: &BenchArgs, cluster_dir: &std::path::Path) -> Result<Run> {
         cpu_policy: a.cpu_policy,
         cpu_set: Some(a.osd_cpu.clone()),
         no_pin: false,
+        recovery_rate_mib: None,
         pool: Some("rbd".into()),
         pg_num: Some(64),
         size: Some(a.size),

@@ -76,6 +76,10 @@ pub struct UpArgs {
     /// Do not pin reactors.
     #[arg(long)]
     pub no_pin: bool,
+    /// MiB per second each OSD reactor copies to recover replicated PGs in the background
+    /// (the OSDs' own default if not given; 0: no limit).
+    #[arg(long)]
+    pub recovery_rate_mib: Option<u64>,
     /// Name of the pool created with the cluster [rbd].
     #[arg(long)]
     pub pool: Option<String>,
@@ -1037,6 +1041,9 @@ fn start_osd(
     }
     if a.no_pin {
         cmd.arg("--no-pin");
+    }
+    if let Some(r) = a.recovery_rate_mib {
+        cmd.arg("--recovery-rate-mib").arg(r.to_string());
     }
     // Own process group: a Ctrl-C aimed at the shell does not take the cluster down.
     use std::os::unix::process::CommandExt;

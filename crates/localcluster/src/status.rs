@@ -62,6 +62,9 @@ struct Usage {
     to_recover: u64,
     recovered_objects: u64,
     recovered_bytes: u64,
+    /// Recovery's pace over the OSDs' last ten seconds.
+    recovery_bytes_per_sec: f64,
+    recovery_objects_per_sec: f64,
 }
 
 impl Usage {
@@ -76,6 +79,8 @@ impl Usage {
         self.to_recover += o.to_recover;
         self.recovered_objects += o.recovered_objects;
         self.recovered_bytes += o.recovered_bytes;
+        self.recovery_bytes_per_sec += o.recovery_bytes_per_sec;
+        self.recovery_objects_per_sec += o.recovery_objects_per_sec;
     }
 }
 
@@ -83,36 +88,6 @@ impl Usage {
 /// with NoSpace one by one).
 const NEARFULL: f64 = 0.85;
 const FULL: f64 = 0.95;
-/// While objects are being recovered, how long `status` watches the recovery counters to
-/// tell its rate.
-const RECOVERY_SAMPLE: std::time::Duration = std::time::Duration::from_secs(1);
-
-/// Recovery's pace over a short sample: bytes and objects per second.
-struct RecoveryRate {
-    bytes_per_sec: f64,
-    objects_per_sec: f64,
-}
-
-/// Samples the recovery counters of the OSDs at `addrs` again after [`RECOVERY_SAMPLE`].
-fn recovery_rate(addrs: &[String], before: &Usage) -> RecoveryRate {
-    let start = std::time::Instant::now();
-    std::thread::sleep(RECOVERY_SAMPLE);
-    let mut after = Usage::default();
-    for a in addrs {
-        if let Some(u) = scrape_usage(a) {
-            after.add(&u);
-        }
-    }
-    let secs = start.elapsed().as_secs_f64();
-    RecoveryRate {
-        bytes_per_sec: after.recovered_bytes.saturating_sub(before.recovered_bytes) as f64 / secs,
-        objects_per_sec: after
-            .recovered_objects
-            .saturating_sub(before.recovered_objects) as f64
-            / secs,
-    }
-}
-
 /// One OSD's figures summed over its reactors, read from its Prometheus endpoint; `None` if it
 /// does not answer.
 fn scrape_usage(addr: &str) -> Option<Usage> {
@@ -122,12 +97,13 @@ fn scrape_usage(addr: &str) -> Option<Usage> {
         .ok()?
         .into_string()
         .ok()?;
-    let sum = |name: &str| -> u64 {
+    let sum_f = |name: &str| -> f64 {
         text.lines()
             .filter(|l| l.starts_with(name) && l[name.len()..].starts_with('{'))
-            .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
             .sum()
     };
+    let sum = |name: &str| -> u64 { sum_f(name) as u64 };
     Some(Usage {
         capacity: sum("carmine_osd_store_capacity_bytes"),
         used: sum("carmine_osd_store_used_bytes"),
@@ -139,6 +115,8 @@ fn scrape_usage(addr: &str) -> Option<Usage> {
         to_recover: sum("carmine_osd_objects_to_recover"),
         recovered_objects: sum("carmine_osd_recovered_objects_total"),
         recovered_bytes: sum("carmine_osd_recovered_bytes_total"),
+        recovery_bytes_per_sec: sum_f("carmine_osd_recovery_bytes_per_second"),
+        recovery_objects_per_sec: sum_f("carmine_osd_recovery_objects_per_second"),
     })
 }
 
@@ -176,7 +154,6 @@ pub fn status(dir: &Path) -> Result<Status> {
     let mut detail = String::new();
     let mut answering = 0;
     let mut usage = Usage::default();
-    let mut scraped: Vec<String> = Vec::new();
     for o in &map.osds {
         let pid = live.iter().find(|(id, _)| *id == o.id).map(|(_, p)| *p);
         let metrics_addr = std::fs::read_to_string(crate::metrics_path(&dir, o.id))
@@ -192,7 +169,6 @@ pub fn status(dir: &Path) -> Result<Status> {
             .and_then(scrape_usage)
         {
             usage.add(&this);
-            scraped.extend(metrics_addr.clone());
             let (cap, used) = (this.capacity, this.used);
             let full = if cap == 0 {
                 0.0
@@ -299,12 +275,12 @@ pub fn status(dir: &Path) -> Result<Status> {
     // Peering after a change lasts moments: it is shown on the PG states line, not judged
     // as health. Recovery runs in the background while PGs serve, and may take long: objects
     // with fewer copies than their pool keeps are a warning, with recovery's pace.
-    let rate = (usage.to_recover > 0).then(|| recovery_rate(&scraped, &usage));
-    if let Some(r) = &rate {
-        let eta = if r.objects_per_sec > 0.0 {
+    if usage.to_recover > 0 {
+        let (bps, ops) = (usage.recovery_bytes_per_sec, usage.recovery_objects_per_sec);
+        let eta = if ops > 0.0 {
             format!(
                 ", about {:.0} s left",
-                (usage.to_recover as f64 / r.objects_per_sec).ceil()
+                (usage.to_recover as f64 / ops).ceil()
             )
         } else {
             String::new()
@@ -313,10 +289,10 @@ pub fn status(dir: &Path) -> Result<Status> {
             Health::Warn,
             format!(
                 "Degraded data redundancy: {} objects lack a copy on some OSD; recovering at \
-                 {:.1} MiB/s, {:.0} objects/s{eta}",
+                 {:.1} MiB/s, {:.1} objects/s over the last 10 s{eta}",
                 usage.to_recover,
-                r.bytes_per_sec / (1u64 << 20) as f64,
-                r.objects_per_sec
+                bps / (1u64 << 20) as f64,
+                ops
             ),
         );
     }

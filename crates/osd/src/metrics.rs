@@ -84,6 +84,9 @@ pub struct ReactorMetrics {
     objects_to_recover: AtomicU64,
     recovered_objects: AtomicU64,
     recovered_bytes: AtomicU64,
+    /// Recovery's pace over the last seconds: bytes/s, and thousandths of objects/s.
+    recovery_bytes_per_sec: AtomicU64,
+    recovery_milli_objects_per_sec: AtomicU64,
 }
 
 /// Adds to a counter that only its reactor writes: a plain load and store rather than a
@@ -157,6 +160,21 @@ impl ReactorMetrics {
     pub(crate) fn recovered(&self, bytes: u64) {
         add(&self.recovered_objects, 1);
         add(&self.recovered_bytes, bytes);
+    }
+
+    /// Objects and data bytes recovered so far.
+    pub(crate) fn recovered_totals(&self) -> (u64, u64) {
+        (
+            self.recovered_objects.load(Ordering::Relaxed),
+            self.recovered_bytes.load(Ordering::Relaxed),
+        )
+    }
+
+    pub(crate) fn set_recovery_pace(&self, bytes_per_sec: f64, objects_per_sec: f64) {
+        self.recovery_bytes_per_sec
+            .store(bytes_per_sec as u64, Ordering::Relaxed);
+        self.recovery_milli_objects_per_sec
+            .store((objects_per_sec * 1000.0) as u64, Ordering::Relaxed);
     }
 
     pub(crate) fn lease_refused(&self) {
@@ -327,6 +345,25 @@ pub fn render(osd: u32, reactors: &[ReactorSource]) -> String {
         "counter",
         "Data bytes of the objects fetched from other members.",
         &|r| load(&r.metrics.recovered_bytes).to_string(),
+    );
+    per_reactor(
+        &mut t,
+        "carmine_osd_recovery_bytes_per_second",
+        "gauge",
+        "Data bytes fetched from other members per second, over the last ten seconds.",
+        &|r| load(&r.metrics.recovery_bytes_per_sec).to_string(),
+    );
+    per_reactor(
+        &mut t,
+        "carmine_osd_recovery_objects_per_second",
+        "gauge",
+        "Objects fetched from other members per second, over the last ten seconds.",
+        &|r| {
+            format!(
+                "{:.3}",
+                load(&r.metrics.recovery_milli_objects_per_sec) as f64 / 1000.0
+            )
+        },
     );
     per_reactor(
         &mut t,

@@ -180,6 +180,7 @@ pub(crate) struct Replication {
     replies: RefCell<HashMap<u64, (OsdId, oneshot::Sender<Body>)>>,
     next_token: Cell<u64>,
     budget: recover::Budget,
+    pace: RefCell<recover::Pace>,
 }
 
 impl Replication {
@@ -202,6 +203,7 @@ impl Replication {
             replies: RefCell::new(HashMap::new()),
             next_token: Cell::new(0),
             budget: recover::Budget::new(recovery),
+            pace: RefCell::new(recover::Pace::new()),
         }
     }
 
@@ -419,6 +421,9 @@ fn tick<S: ObjectStore + 'static>(shard: &Rc<Shard<S>>) {
         to_recover += m.missing.len() as u64;
     }
     shard.metrics.set_pg_states(active, peering, to_recover);
+    let (objects, bytes) = shard.metrics.recovered_totals();
+    let (bps, ops) = shard.replication.pace.borrow_mut().update(objects, bytes);
+    shard.metrics.set_recovery_pace(bps, ops);
     for pgr in all {
         if pgr.broken.borrow().is_some() {
             continue;

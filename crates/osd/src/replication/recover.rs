@@ -25,6 +25,10 @@ pub const RECOVERY_RATE_DEFAULT: u64 = 128 << 20;
 const RETRY_PAUSE: Duration = Duration::from_millis(200);
 /// How long a recovery held back by the rate sleeps before it looks for urgent objects.
 const READY_SLICE: Duration = Duration::from_millis(10);
+/// What a copy takes from the budget before its size is known (a volume object's size), so
+/// that the PGs of a reactor do not all start copying on the same second's budget; the
+/// difference is settled once the object arrives.
+const RESERVED: i64 = 4 << 20;
 
 /// How fast replicated PGs recover in the background.
 #[derive(Clone, Copy, Debug)]
@@ -83,11 +87,56 @@ impl Budget {
         }
     }
 
-    fn spend(&self, bytes: u64) {
+    /// Takes `bytes` from the budget (negative: gives them back).
+    fn spend(&self, bytes: i64) {
         if let Some(rate) = self.rate {
             self.refill(rate);
-            self.tokens.set(self.tokens.get() - bytes as i64);
+            self.tokens.set(self.tokens.get() - bytes);
         }
+    }
+}
+
+/// Recovery's pace over a sliding window of about ten seconds, from the recovery counters
+/// sampled once a second.
+pub(crate) struct Pace {
+    /// (when, objects, bytes), oldest first.
+    samples: std::collections::VecDeque<(Instant, u64, u64)>,
+}
+
+/// The window [`Pace`] averages over, in one-second samples.
+const PACE_SAMPLES: usize = 11;
+
+impl Pace {
+    pub fn new() -> Self {
+        Pace {
+            samples: std::collections::VecDeque::with_capacity(PACE_SAMPLES + 1),
+        }
+    }
+
+    /// Takes the counters' values now; answers (bytes/s, objects/s) over the window.
+    pub fn update(&mut self, objects: u64, bytes: u64) -> (f64, f64) {
+        let now = Instant::now();
+        if self
+            .samples
+            .back()
+            .is_none_or(|(t, _, _)| now.duration_since(*t) >= Duration::from_secs(1))
+        {
+            self.samples.push_back((now, objects, bytes));
+            if self.samples.len() > PACE_SAMPLES {
+                self.samples.pop_front();
+            }
+        }
+        let Some(&(t0, o0, b0)) = self.samples.front() else {
+            return (0.0, 0.0);
+        };
+        let secs = now.duration_since(t0).as_secs_f64();
+        if secs < 0.5 {
+            return (0.0, 0.0);
+        }
+        (
+            bytes.saturating_sub(b0) as f64 / secs,
+            objects.saturating_sub(o0) as f64 / secs,
+        )
     }
 }
 
@@ -187,6 +236,8 @@ async fn run<S: ObjectStore + 'static>(shard: &Rc<Shard<S>>, pgr: &Rc<PgReplica>
                 continue;
             }
         }
+        let reserved = if urgent { 0 } else { RESERVED };
+        shard.replication.budget.spend(reserved);
         let mut got = None;
         for from in candidates(shard, pgr) {
             // Only a copy of that very version: a member may be recovering it itself.
@@ -202,6 +253,7 @@ async fn run<S: ObjectStore + 'static>(shard: &Rc<Shard<S>>, pgr: &Rc<PgReplica>
             }
         }
         let Some(copy) = got else {
+            shard.replication.budget.spend(-reserved);
             if pgr.member.borrow().missing.get(&oid) == Some(&version) {
                 if complained.insert(oid.clone()) {
                     tracing::warn!(%pg, oid, %version,
@@ -217,7 +269,7 @@ async fn run<S: ObjectStore + 'static>(shard: &Rc<Shard<S>>, pgr: &Rc<PgReplica>
         let bytes = copy.data.len() as u64;
         // The rate holds back the background only: a client waits for an urgent object.
         if !urgent {
-            shard.replication.budget.spend(bytes);
+            shard.replication.budget.spend(bytes as i64 - reserved);
         }
         let (tx, rx) = oneshot::channel();
         queue_job(
