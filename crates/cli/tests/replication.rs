@@ -1,6 +1,7 @@
 //! Replication with real processes (issue #12): three OSDs keep three copies; an OSD killed
 //! with SIGKILL costs the clients a short stall and no data; one that comes back empty is
-//! filled again, so that losing each of the others in turn still loses nothing.
+//! filled again in the background while its PGs serve, so that losing each of the others in
+//! turn still loses nothing.
 
 mod common;
 
@@ -126,8 +127,40 @@ fn three_copies_survive_kill_9_and_osds_that_come_back_empty_are_refilled() {
     );
     assert!(!alive(victim));
 
-    // It comes back with an empty memory store; peering copies every object to it.
-    c.ok(&["cluster", "up"]);
+    // It comes back with an empty memory store, and fetches every object in the background
+    // at 2 MiB/s (16 MiB: about 8 s), while its PGs serve: `cluster status` says so, the
+    // whole volume reads back meanwhile (what osd.0 lacks as a primary it fetches first),
+    // and the copy is still short of objects after that read.
+    c.ok(&["cluster", "up", "--recovery-rate-mib", "2"]);
+    let degraded = |c: &Cluster| {
+        let out = c.run(&["cluster", "status"]);
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        text.lines()
+            .find(|l| l.contains("Degraded data redundancy"))
+            .map(str::to_owned)
+    };
+    let start = Instant::now();
+    let before = loop {
+        if let Some(line) = degraded(&c) {
+            break line;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "osd.0 came back empty, but cluster status never said the PGs were degraded"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    eprintln!("while osd.0 recovers: {}", before.trim());
+    assert!(
+        read_volume(&c, 16 * MIB) == expected,
+        "data while osd.0 recovers"
+    );
+    let after = degraded(&c);
+    assert!(
+        after.is_some(),
+        "osd.0 recovered everything before the read ended: nothing showed it in the background"
+    );
+    eprintln!("after reading it all: {}", after.unwrap_or_default().trim());
     eprintln!("osd.0 refilled in {:?}", wait_clean(&c));
     // The primaries say so too (within a few of their 100 ms reports), and the objects
     // osd.0 fetched are counted.
