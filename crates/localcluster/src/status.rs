@@ -60,6 +60,7 @@ struct Usage {
     active: u64,
     peering: u64,
     to_recover: u64,
+    unfound: u64,
     recovered_objects: u64,
     recovered_bytes: u64,
     /// Recovery's pace over the OSDs' last ten seconds.
@@ -77,6 +78,7 @@ impl Usage {
         self.active += o.active;
         self.peering += o.peering;
         self.to_recover += o.to_recover;
+        self.unfound += o.unfound;
         self.recovered_objects += o.recovered_objects;
         self.recovered_bytes += o.recovered_bytes;
         self.recovery_bytes_per_sec += o.recovery_bytes_per_sec;
@@ -113,6 +115,7 @@ fn scrape_usage(addr: &str) -> Option<Usage> {
         active: sum("carmine_osd_pgs_active"),
         peering: sum("carmine_osd_pgs_peering"),
         to_recover: sum("carmine_osd_objects_to_recover"),
+        unfound: sum("carmine_osd_objects_unfound"),
         recovered_objects: sum("carmine_osd_recovered_objects_total"),
         recovered_bytes: sum("carmine_osd_recovered_bytes_total"),
         recovery_bytes_per_sec: sum_f("carmine_osd_recovery_bytes_per_second"),
@@ -293,6 +296,17 @@ pub fn status(dir: &Path) -> Result<Status> {
                 usage.to_recover,
                 bps / (1u64 << 20) as f64,
                 ops
+            ),
+        );
+    }
+    if usage.unfound > 0 {
+        checks.add(
+            Health::Err,
+            format!(
+                "Reduced data availability: {} objects unfound: their PGs wait, peering, for \
+                 an OSD that holds them (start the OSDs that are down; the primaries' logs \
+                 name the PGs)",
+                usage.unfound
             ),
         );
     }

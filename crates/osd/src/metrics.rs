@@ -82,6 +82,7 @@ pub struct ReactorMetrics {
     pgs_active: AtomicU64,
     pgs_peering: AtomicU64,
     objects_to_recover: AtomicU64,
+    objects_unfound: AtomicU64,
     recovered_objects: AtomicU64,
     recovered_bytes: AtomicU64,
     /// Recovery's pace over the last seconds: bytes/s, and thousandths of objects/s.
@@ -151,10 +152,11 @@ impl ReactorMetrics {
 
     /// The replicated PGs this reactor is primary of, by state, and the objects its copies
     /// still have to fetch (refreshed every tick).
-    pub(crate) fn set_pg_states(&self, active: u64, peering: u64, to_recover: u64) {
+    pub(crate) fn set_pg_states(&self, active: u64, peering: u64, to_recover: u64, unfound: u64) {
         self.pgs_active.store(active, Ordering::Relaxed);
         self.pgs_peering.store(peering, Ordering::Relaxed);
         self.objects_to_recover.store(to_recover, Ordering::Relaxed);
+        self.objects_unfound.store(unfound, Ordering::Relaxed);
     }
 
     pub(crate) fn recovered(&self, bytes: u64) {
@@ -199,6 +201,12 @@ impl ReactorMetrics {
     /// Objects this reactor's PG copies lack, as of the last tick (for tests and tools).
     pub fn objects_to_recover(&self) -> u64 {
         self.objects_to_recover.load(Ordering::Relaxed)
+    }
+
+    /// Objects the PGs this reactor is primary of cannot find, as of the last tick (for tests
+    /// and tools).
+    pub fn objects_unfound(&self) -> u64 {
+        self.objects_unfound.load(Ordering::Relaxed)
     }
 
     /// Objects this reactor's PG copies fetched from other members (for tests and tools).
@@ -331,6 +339,14 @@ pub fn render(osd: u32, reactors: &[ReactorSource]) -> String {
         "gauge",
         "Objects this reactor's PG copies still have to fetch from another member.",
         &|r| load(&r.metrics.objects_to_recover).to_string(),
+    );
+    per_reactor(
+        &mut t,
+        "carmine_osd_objects_unfound",
+        "gauge",
+        "Objects that PGs this reactor is primary of need and no member it heard from holds: \
+         the PG waits, peering, for an OSD that does.",
+        &|r| load(&r.metrics.objects_unfound).to_string(),
     );
     per_reactor(
         &mut t,

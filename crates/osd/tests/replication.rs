@@ -843,3 +843,119 @@ fn a_copy_that_comes_back_empty_is_refilled_in_the_background_while_its_pgs_serv
         o.shutdown().unwrap();
     }
 }
+
+/// The sum over `osds`' reactors of the objects their PGs cannot find.
+fn unfound(osds: &[Option<Osd>]) -> u64 {
+    osds.iter()
+        .flatten()
+        .flat_map(|o| o.metrics_sources())
+        .map(|r| r.metrics.objects_unfound())
+        .sum()
+}
+
+#[test]
+fn objects_whose_every_holder_lost_its_disk_are_reported_unfound_and_never_served_empty() {
+    log_if_asked();
+    let _serial = one_at_a_time();
+    let dir = TempDir::new("unfound");
+    let mut map = three_osd_map(1);
+    // osd.2 comes back to copy nothing in the background (one byte a second).
+    let start = |id: u32, map: &OsdMap, rate: Option<u64>| {
+        start_recovering(
+            id,
+            map,
+            dir.path(),
+            None,
+            Default::default(),
+            RecoveryConfig { rate },
+        )
+    };
+    let mut osds: Vec<Option<Osd>> = (0..3).map(|id| Some(start(id, &map, None))).collect();
+    const N: usize = 16;
+    wait_settled(&map, dir.path());
+    carmine_reactor::block_on(async {
+        let c = client(&map, Duration::from_secs(20)).await;
+        for i in 0..N {
+            write(&c, i, 1).await.unwrap();
+        }
+    });
+    // osd.2 loses its disk and comes back empty; its PGs serve while it lacks everything.
+    osds[2].take().unwrap().shutdown().unwrap();
+    next(&mut map, |m| m.osds[2].up = false);
+    publish(&mut osds, &map, dir.path());
+    osds[2] = Some(start(2, &map, Some(1)));
+    next(&mut map, |m| m.osds[2].up = true);
+    hand_out(&mut osds, &map);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let lacking = |o: &Osd| -> u64 {
+        o.metrics_sources()
+            .iter()
+            .map(|r| r.metrics.objects_to_recover())
+            .sum()
+    };
+    while lacking(osds[2].as_ref().unwrap()) == 0 {
+        assert!(
+            Instant::now() < deadline,
+            "osd.2 never took the PGs' histories"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // Then the two OSDs that hold the data lose their disks too, and come back empty. (At
+    // its rate, osd.2 fetched at most the one object its first second's budget allowed.)
+    let fetched: u64 = osds[2]
+        .as_ref()
+        .unwrap()
+        .metrics_sources()
+        .iter()
+        .map(|r| r.metrics.recovered_objects())
+        .sum();
+    assert!(
+        fetched <= 1,
+        "osd.2 fetched {fetched} objects at one byte a second"
+    );
+    let lost = N as u64 - fetched;
+    for id in [0, 1] {
+        osds[id].take().unwrap().shutdown().unwrap();
+    }
+    next(&mut map, |m| {
+        m.osds[0].up = false;
+        m.osds[1].up = false;
+        m.pools[0].min_size = 1;
+    });
+    hand_out(&mut osds, &map);
+    for id in [0, 1] {
+        osds[id as usize] = Some(start(id, &map, None));
+    }
+    next(&mut map, |m| {
+        m.osds[0].up = true;
+        m.osds[1].up = true;
+    });
+    hand_out(&mut osds, &map);
+    // osd.2's copy names every object and holds none, and no OSD holds them: the PGs wait
+    // and say how many objects they cannot find, rather than serve them empty.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while unfound(&osds) != lost {
+        assert!(
+            Instant::now() < deadline,
+            "{} objects reported unfound, {lost} lost",
+            unfound(&osds)
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    carmine_reactor::block_on(async {
+        let c = client(&map, Duration::from_millis(800)).await;
+        for i in 0..N {
+            let got = c
+                .execute(1, &format!("obj{i}"), vec![OsdOp::Read { off: 0, len: 0 }])
+                .await;
+            assert!(
+                matches!(&got, Err(ClientError::Unavailable { last, .. })
+                    if last.status() == Some(Status::PgInactive)),
+                "obj{i}: {got:?}"
+            );
+        }
+    });
+    for o in osds.into_iter().flatten() {
+        o.shutdown().unwrap();
+    }
+}

@@ -536,6 +536,15 @@ impl Member {
         out
     }
 
+    /// As a primary gathering infos: objects of the authoritative history that no member it
+    /// heard holds (it waits for a member that does).
+    pub fn unfound(&self) -> usize {
+        match self.role {
+            Role::Peering { .. } => self.unfound,
+            _ => 0,
+        }
+    }
+
     /// Active, and every acting member holds every object: nothing is degraded, and the PG's
     /// recorded history may shrink to this interval.
     pub fn is_clean(&self) -> bool {

@@ -118,6 +118,8 @@ pub(crate) struct PgReplica {
     pub broken: RefCell<Option<String>>,
     /// Whether the recovery task runs, and the objects a client waits for.
     pub recovering: Cell<bool>,
+    /// Whether the log said this PG waits for unfound objects.
+    unfound_said: Cell<bool>,
     pub urgent: RefCell<std::collections::BTreeSet<String>>,
     /// The member the last history taken from another was copied from.
     pub last_source: Cell<Option<OsdId>>,
@@ -158,6 +160,7 @@ impl PgReplica {
             fetched: Cell::new(0),
             broken: RefCell::new(None),
             recovering: Cell::new(false),
+            unfound_said: Cell::new(false),
             urgent: RefCell::new(Default::default()),
             last_source: Cell::new(None),
             scrub: scrub::ScrubState::new(schedule),
@@ -408,7 +411,7 @@ pub(crate) fn on_answer<S: ObjectStore + 'static>(shard: &Rc<Shard<S>>, answer: 
 fn tick<S: ObjectStore + 'static>(shard: &Rc<Shard<S>>) {
     let map = shard.view.borrow().map.clone();
     let all: Vec<Rc<PgReplica>> = shard.replication.pgs.borrow().values().cloned().collect();
-    let (mut active, mut peering, mut to_recover) = (0, 0, 0);
+    let (mut active, mut peering, mut to_recover, mut unfound) = (0, 0, 0, 0);
     for pgr in &all {
         let m = pgr.member.borrow();
         if m.acting().first() == Some(&shard.osd) {
@@ -419,8 +422,19 @@ fn tick<S: ObjectStore + 'static>(shard: &Rc<Shard<S>>) {
             }
         }
         to_recover += m.missing.len() as u64;
+        let lost = m.unfound() as u64;
+        unfound += lost;
+        if lost > 0 && !pgr.unfound_said.replace(true) {
+            tracing::error!(pg = %pgr.pg, objects = lost, history = ?m.history(),
+                "objects of this PG are held by no member heard from: it waits for an OSD \
+                 of its recorded intervals that holds them");
+        } else if lost == 0 {
+            pgr.unfound_said.set(false);
+        }
     }
-    shard.metrics.set_pg_states(active, peering, to_recover);
+    shard
+        .metrics
+        .set_pg_states(active, peering, to_recover, unfound);
     let (objects, bytes) = shard.metrics.recovered_totals();
     let (bps, ops) = shard.replication.pace.borrow_mut().update(objects, bytes);
     shard.metrics.set_recovery_pace(bps, ops);
