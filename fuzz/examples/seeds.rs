@@ -162,6 +162,7 @@ fn opcode_index(op: Opcode) -> u8 {
         Opcode::Fence => 3,
         Opcode::Auth => 4,
         Opcode::Peer => 5,
+        Opcode::Scrub => 6,
     }
 }
 
@@ -191,6 +192,7 @@ fn wire(c: &mut Corpus) {
             Request::GetMap => Opcode::GetMap,
             Request::Fence { .. } => Opcode::Fence,
             Request::Object(_) => Opcode::Object,
+            Request::Scrub { .. } => Opcode::Scrub,
         };
         c.put("frame_decoder", &format!("request{i}"), &b);
         c.put(
@@ -208,6 +210,7 @@ fn wire(c: &mut Corpus) {
             Response::Map { .. } => Opcode::GetMap,
             Response::Fenced => Opcode::Fence,
             Response::Object { .. } => Opcode::Object,
+            Response::Scrubbed(_) => Opcode::Scrub,
         };
         c.put("frame_decoder", &format!("response{i}"), &b);
         c.put(
@@ -278,7 +281,11 @@ fn map() -> OsdMap {
 
 fn pg_history(c: &mut Corpus) {
     let mut h = carmine_pg::History::default();
-    for (after, epoch, acting) in [(None, 3, vec![0, 1, 2]), (Some(3), 5, vec![1, 2]), (Some(5), 9, vec![2, 3, 0])] {
+    for (after, epoch, acting) in [
+        (None, 3, vec![0, 1, 2]),
+        (Some(3), 5, vec![1, 2]),
+        (Some(5), 9, vec![2, 3, 0]),
+    ] {
         assert!(h
             .append(after, carmine_pg::Interval { epoch, acting })
             .expect("a valid interval"));
@@ -325,7 +332,66 @@ fn peer_message(c: &mut Corpus) {
                     epoch: 2,
                     round: 1,
                     log: log.clone(),
-                    objects: vec![("obj1".into(), Some(Version::new(2, 1))), ("gone".into(), None)],
+                    objects: vec![
+                        ("obj1".into(), Some(Version::new(2, 1))),
+                        ("gone".into(), None),
+                    ],
+                },
+                ops: vec![],
+            },
+        ),
+        (
+            "info",
+            Body::Pg {
+                msg: Msg::Info {
+                    epoch: 2,
+                    info: carmine_pg::PeerInfo {
+                        osd: 1,
+                        last_epoch_started: 2,
+                        head: log.head(),
+                        tail: log.tail(),
+                    },
+                    log: log.clone(),
+                    objects: [
+                        ("obj1".to_string(), Version::new(2, 1)),
+                        ("obj2".to_string(), Version::new(2, 2)),
+                    ]
+                    .into(),
+                    missing: ["obj2".to_string()].into(),
+                },
+                ops: vec![],
+            },
+        ),
+        (
+            "activate_ack",
+            Body::Pg {
+                msg: Msg::ActivateAck {
+                    epoch: 2,
+                    round: 1,
+                    head: log.head(),
+                    missing: ["obj2".to_string(), "obj3".to_string()].into(),
+                },
+                ops: vec![],
+            },
+        ),
+        (
+            "recovered",
+            Body::Pg {
+                msg: Msg::Recovered {
+                    epoch: 2,
+                    round: 1,
+                    oid: "obj2".into(),
+                },
+                ops: vec![],
+            },
+        ),
+        (
+            "lacks",
+            Body::Pg {
+                msg: Msg::Lacks {
+                    epoch: 2,
+                    oids: vec!["obj2".into(), "obj3".into()],
+                    urgent: true,
                 },
                 ops: vec![],
             },

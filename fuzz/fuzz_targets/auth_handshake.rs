@@ -19,7 +19,9 @@ fuzz_target!(|data: &[u8]| {
             h.encode(&mut again);
         }
         1 => {
-            let Ok(c) = Challenge::decode(raw) else { return };
+            let Ok(c) = Challenge::decode(raw) else {
+                return;
+            };
             c.encode(&mut again);
         }
         _ => {
@@ -27,5 +29,9 @@ fuzz_target!(|data: &[u8]| {
             encode_proof(&mut again, &p);
         }
     }
-    assert_eq!(&again[..], body, "a decoded handshake message re-encodes to its bytes");
+    assert_eq!(
+        &again[..],
+        body,
+        "a decoded handshake message re-encodes to its bytes"
+    );
 });

@@ -35,9 +35,15 @@ fuzz_target!(|data: &[u8]| {
     } else {
         FrameKind::Response
     };
-    let opcode =
-        [Opcode::Ping, Opcode::GetMap, Opcode::Object, Opcode::Fence, Opcode::Auth, Opcode::Peer]
-            [(sel as usize >> 1) % 6];
+    let opcode = [
+        Opcode::Ping,
+        Opcode::GetMap,
+        Opcode::Object,
+        Opcode::Fence,
+        Opcode::Auth,
+        Opcode::Peer,
+        Opcode::Scrub,
+    ][(sel as usize >> 1) % 7];
     // Mostly OK; error replies and unknown status codes otherwise.
     let status = if sel & 0x80 == 0 { 0 } else { c.u8() as u16 };
     let request_id = c.u64();

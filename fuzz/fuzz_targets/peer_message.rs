@@ -12,5 +12,8 @@ fuzz_target!(|data: &[u8]| {
     };
     let mut out = BytesMut::new();
     m.encode(&mut out);
-    assert_eq!(PeerMessage::decode(out.freeze(), 64).expect("an encoded message decodes"), m);
+    assert_eq!(
+        PeerMessage::decode(out.freeze(), 64).expect("an encoded message decodes"),
+        m
+    );
 });

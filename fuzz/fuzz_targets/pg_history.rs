@@ -18,9 +18,20 @@ fuzz_target!(|data: &[u8]| {
     let Ok(mut h) = History::decode(Bytes::from(raw)) else {
         return;
     };
-    assert_eq!(History::decode(h.encode()).expect("an encoded history decodes"), h);
+    assert_eq!(
+        History::decode(h.encode()).expect("an encoded history decodes"),
+        h
+    );
     let next = h.last_epoch().map_or(1, |e| e.saturating_add(1));
-    if h.append(h.last_epoch(), Interval { epoch: next, acting: vec![0, 1] }).unwrap_or(false) {
+    if h.append(
+        h.last_epoch(),
+        Interval {
+            epoch: next,
+            acting: vec![0, 1],
+        },
+    )
+    .unwrap_or(false)
+    {
         assert_eq!(History::decode(h.encode()).expect("still decodes"), h);
     }
 });
