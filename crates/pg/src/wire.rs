@@ -343,6 +343,21 @@ mod tests {
         l
     }
 
+    fn info(objects: BTreeMap<String, Version>, missing: &[&str]) -> Msg {
+        Msg::Info {
+            epoch: 9,
+            info: PeerInfo {
+                osd: 2,
+                last_epoch_started: 5,
+                head: Version::new(3, 6),
+                tail: Version::new(3, 2),
+            },
+            log: log(),
+            objects,
+            missing: missing.iter().map(|m| m.to_string()).collect(),
+        }
+    }
+
     fn round_trip(m: &Msg) -> Msg {
         let mut b = BytesMut::new();
         encode_msg(&mut b, m);
@@ -356,22 +371,14 @@ mod tests {
     fn every_message_round_trips() {
         let msgs = [
             Msg::Query { epoch: 9 },
-            Msg::Info {
-                epoch: 9,
-                info: PeerInfo {
-                    osd: 2,
-                    last_epoch_started: 5,
-                    head: Version::new(3, 6),
-                    tail: Version::new(3, 2),
-                },
-                log: log(),
-                objects: [
+            info(
+                [
                     ("a".to_string(), Version::new(3, 5)),
                     ("b".to_string(), Version::new(3, 1)),
                 ]
                 .into(),
-                missing: ["b".to_string()].into(),
-            },
+                &["b"],
+            ),
             Msg::Activate {
                 epoch: 9,
                 round: 2,
@@ -412,21 +419,7 @@ mod tests {
     #[test]
     fn an_info_that_says_an_unlisted_object_is_missing_is_refused() {
         let mut b = BytesMut::new();
-        encode_msg(
-            &mut b,
-            &Msg::Info {
-                epoch: 9,
-                info: PeerInfo {
-                    osd: 2,
-                    last_epoch_started: 5,
-                    head: Version::new(3, 6),
-                    tail: Version::new(3, 2),
-                },
-                log: log(),
-                objects: BTreeMap::new(),
-                missing: ["ghost".to_string()].into(),
-            },
-        );
+        encode_msg(&mut b, &info(BTreeMap::new(), &["ghost"]));
         let err = decode_msg(&mut Decoder::new(b.freeze()), 4).unwrap_err();
         assert!(err.to_string().contains("does not list"), "{err}");
     }

@@ -1,0 +1,172 @@
+//! What members of a PG send each other, what happens to a member, and what it asks its
+//! host to do.
+
+use crate::log::{Entry, OpKind, PgLog, ReqId};
+use crate::peering::{Interval, PeerInfo};
+use crate::version::Version;
+use carmine_types::OsdId;
+use std::collections::{BTreeMap, BTreeSet};
+
+/// What members of a PG send each other.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Msg {
+    /// The primary of `epoch` asks for a member's history.
+    Query {
+        epoch: u32,
+    },
+    /// A member's answer: its info, log and object versions, and which of those objects its
+    /// store does not hold yet (it took a history and is still recovering them).
+    Info {
+        epoch: u32,
+        info: PeerInfo,
+        log: PgLog,
+        objects: BTreeMap<String, Version>,
+        missing: BTreeSet<String>,
+    },
+    /// The authoritative history for the member: its log becomes `log`, and the objects
+    /// listed take the given versions (`None`: removed). `round` counts the primary's peering
+    /// rounds within the epoch (it peers again if the history changed under it); an active
+    /// primary also sends one to catch up a member that restarted within the interval.
+    Activate {
+        epoch: u32,
+        round: u32,
+        log: PgLog,
+        objects: Vec<(String, Option<Version>)>,
+    },
+    /// The member took the activation of `round` and has the history up to `head` durable;
+    /// its store still lacks the objects `missing` (it recovers them in the background).
+    ActivateAck {
+        epoch: u32,
+        round: u32,
+        head: Version,
+        missing: BTreeSet<String>,
+    },
+    /// A write to apply (replica operation).
+    Rep {
+        epoch: u32,
+        entry: Entry,
+    },
+    RepAck {
+        epoch: u32,
+        version: Version,
+    },
+    /// A member of the acting set that has not been activated in this epoch (it restarted
+    /// within the interval, faster than the map noticed): the primary peers again.
+    NotActive {
+        epoch: u32,
+    },
+    /// The member's store now holds `oid` as the history of activation `round` names it.
+    Recovered {
+        epoch: u32,
+        round: u32,
+        oid: String,
+    },
+    /// The primary believes the member lacks these objects: the member answers `Recovered`
+    /// for those it holds, and with `urgent` (a client waits) recovers the others first.
+    Lacks {
+        epoch: u32,
+        oids: Vec<String>,
+        urgent: bool,
+    },
+}
+
+/// What happens to a member.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Event {
+    /// A new map epoch: the PG's acting set in it (primary first; empty: no OSD serves it),
+    /// the intervals recorded in its history, and the pool's `min_size`.
+    Map {
+        epoch: u32,
+        acting: Vec<OsdId>,
+        history: Vec<Interval>,
+        min_size: usize,
+    },
+    Msg {
+        from: OsdId,
+        msg: Msg,
+    },
+    /// The map store recorded this member's interval (it may go active).
+    Recorded {
+        epoch: u32,
+    },
+    /// The history changed since this member read it (another primary recorded an interval):
+    /// peer again against `history`.
+    RecordFailed {
+        epoch: u32,
+        history: Vec<Interval>,
+    },
+    /// The PG's recorded history as the map store has it now, read in `epoch`: a primary
+    /// still gathering infos probes by it from then on (a map comes with the history the
+    /// host knew, which may be behind; the record's compare-and-swap catches any that is).
+    History {
+        epoch: u32,
+        history: Vec<Interval>,
+    },
+    /// A client write to the PG (on the primary).
+    Write {
+        req: ReqId,
+        oid: String,
+        kind: OpKind,
+    },
+    /// Time passes: peering messages are sent again (the network may have lost them).
+    Tick,
+    /// The host made the member's state as of [`Action::Persist`] `seq` durable.
+    Persisted {
+        seq: u64,
+    },
+    /// The host's store now holds `oid` at `version`, durably (it copied the object from a
+    /// member that had it): the object is no longer missing here if that is the version the
+    /// member's history names.
+    Recovered {
+        oid: String,
+        version: Version,
+    },
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Action {
+    Send {
+        to: OsdId,
+        msg: Msg,
+    },
+    /// Append `interval` to the PG's history if its last interval is still the one of epoch
+    /// `after` (a compare-and-swap in the map store; `None`: the history was empty); the host
+    /// answers with [`Event::Recorded`] or [`Event::RecordFailed`].
+    Record {
+        interval: Interval,
+        after: Option<u32>,
+    },
+    /// The write of `req` is acknowledged at `version`.
+    Ack {
+        req: ReqId,
+        version: Version,
+    },
+    /// The write of `req` is refused: this member is not the active primary (retry after the
+    /// next map).
+    Refuse {
+        req: ReqId,
+    },
+    /// Recover `oid` (one of [`Member::missing`]) before the others: a client waits for it.
+    RecoverFirst {
+        oid: String,
+    },
+    /// Make the member's copy as it is now durable (its log and the objects it changed since
+    /// the last persist, in one transaction); answer with [`Event::Persisted`].
+    Persist {
+        seq: u64,
+        what: Persisting,
+    },
+}
+
+/// What a persist makes durable, for a host that stores more than versions.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Persisting {
+    /// One write: the log's newest entry (its data came with the request or the replica
+    /// message).
+    Entry(Version),
+    /// A whole history taken at activation: the log, `objects` and `missing` as they are
+    /// now. The missing objects are recovered afterwards, in the background, and reported
+    /// with [`Event::Recovered`]; `source` is the member whose history won (`None`: this
+    /// member), the first to ask for them.
+    History { source: Option<OsdId> },
+}

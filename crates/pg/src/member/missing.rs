@@ -1,0 +1,213 @@
+//! The missing set (decision 0009, background recovery): which objects a member's store
+//! lacks, what a primary knows of its members' lacks, and what waits for them: a write is
+//! counted on a member only once it holds the write's object, a write to an object some
+//! acting member lacks waits, and the PG is clean only once nobody lacks anything.
+
+use super::{Action, Member, Msg, Role};
+use crate::version::Version;
+use carmine_types::OsdId;
+use std::collections::BTreeMap;
+
+/// What a copy says of its store once the store holds `oid` at `version`: no longer missing
+/// if that is the version it needs; missing if it names another version than the one now
+/// held.
+fn stored(
+    objects: &BTreeMap<String, Version>,
+    missing: &mut BTreeMap<String, Version>,
+    oid: &str,
+    version: Version,
+) {
+    if missing.get(oid) == Some(&version) {
+        missing.remove(oid);
+    } else if let Some(&v) = objects.get(oid) {
+        if v != version {
+            missing.insert(oid.to_string(), v);
+        }
+    }
+}
+
+impl Member {
+    /// True if `member`'s store may lack `oid` (as this primary knows).
+    pub(super) fn lacks(&self, member: OsdId, oid: &str) -> bool {
+        if member == self.osd {
+            return self.missing.contains_key(oid);
+        }
+        match self.peer_missing.get(&member) {
+            Some(Some(m)) => m.contains(oid),
+            // Not told: it may lack anything.
+            _ => true,
+        }
+    }
+
+    /// Counts the writes `member` has durable (up to the head it acknowledged, with their
+    /// object's data: a write whose object it still lacks is not on it yet).
+    pub(super) fn count_acked(&mut self, member: OsdId) {
+        let head = self
+            .acked_head
+            .get(&member)
+            .copied()
+            .unwrap_or(Version::ZERO);
+        // Field by field, so that nothing is allocated per acknowledgement.
+        let (pending, log) = (&mut self.pending, &self.log);
+        let (own, peer) = if member == self.osd {
+            (Some(&self.missing).filter(|m| !m.is_empty()), None)
+        } else {
+            match self.peer_missing.get(&member) {
+                Some(Some(m)) => (None, Some(m).filter(|m| !m.is_empty())),
+                // Not told: it may lack anything.
+                _ => return,
+            }
+        };
+        let lacks = |oid: &str| {
+            own.is_some_and(|m| m.contains_key(oid)) || peer.is_some_and(|m| m.contains(oid))
+        };
+        let some_lacking = own.is_some() || peer.is_some();
+        for p in pending.iter_mut().filter(|p| p.version <= head) {
+            let lacks = some_lacking
+                && log
+                    .entries()
+                    .rev()
+                    .find(|e| e.version == p.version)
+                    // (Writes in flight are the log's newest entries.)
+                    .is_none_or(|e| lacks(&e.oid));
+            if !lacks {
+                p.waiting.remove(&member);
+            }
+        }
+    }
+
+    /// True if some acting member (this one included) lacks `oid`; see [`Member::lacking`].
+    pub fn any_lacks(&self, oid: &str) -> bool {
+        self.role == Role::Active && self.acting.iter().any(|m| self.lacks(*m, oid))
+    }
+
+    /// The acting members (this one included) whose store lacks `oid`: a write to it must
+    /// wait until they recovered it (its ops may change part of the object only), and so must
+    /// a read at this primary if it is among them.
+    pub fn lacking(&self, oid: &str) -> Vec<OsdId> {
+        if self.role != Role::Active {
+            return Vec::new();
+        }
+        self.acting
+            .iter()
+            .copied()
+            .filter(|m| self.lacks(*m, oid))
+            .collect()
+    }
+
+    /// Asks the members that lack `oid` to recover it first (a client waits for it).
+    pub fn hasten(&mut self, oid: &str) -> Vec<Action> {
+        let mut out = Vec::new();
+        for m in self.lacking(oid) {
+            if m == self.osd {
+                out.push(Action::RecoverFirst { oid: oid.into() });
+            } else {
+                out.push(Action::Send {
+                    to: m,
+                    msg: Msg::Lacks {
+                        epoch: self.epoch,
+                        oids: vec![oid.into()],
+                        urgent: true,
+                    },
+                });
+            }
+        }
+        out
+    }
+
+    /// As a primary gathering infos: objects of the authoritative history that no member it
+    /// heard holds (it waits for a member that does).
+    pub fn unfound(&self) -> usize {
+        match self.role {
+            Role::Peering { .. } => self.unfound,
+            _ => 0,
+        }
+    }
+
+    /// Active, and every acting member holds every object: nothing is degraded, and the PG's
+    /// recorded history may shrink to this interval.
+    pub fn is_clean(&self) -> bool {
+        self.role == Role::Active
+            && self.missing.is_empty()
+            && self
+                .acting
+                .iter()
+                .filter(|m| **m != self.osd)
+                .all(|m| matches!(self.peer_missing.get(m), Some(Some(s)) if s.is_empty()))
+    }
+
+    /// Objects the acting members lack in all, as this primary knows (members not told count
+    /// as lacking every object).
+    pub fn degraded(&self) -> usize {
+        let mut n = self.missing.len();
+        for m in self.acting.iter().filter(|m| **m != self.osd) {
+            n += match self.peer_missing.get(m) {
+                Some(Some(s)) => s.len(),
+                _ => self.objects.len(),
+            };
+        }
+        n
+    }
+
+    /// What the host may recover now: the missing objects, once the history that named them
+    /// is durable (a recovery must not land before the history it completes).
+    pub fn recoverable(&self) -> Option<&BTreeMap<String, Version>> {
+        let taking = self.persisting.iter().any(|(_, _, b)| b.is_some());
+        (!taking && !self.missing.is_empty()).then_some(&self.missing)
+    }
+
+    pub(super) fn on_recovered(&mut self, oid: String, version: Version, out: &mut Vec<Action>) {
+        // The copies a query is answered from while a history is on its way to the disk
+        // describe the store too.
+        let befores = self
+            .persisting
+            .iter_mut()
+            .filter_map(|(_, _, b)| b.as_deref_mut())
+            .chain(self.before_history.as_deref_mut());
+        for (_, objects, missing, _) in befores {
+            stored(objects, missing, &oid, version);
+        }
+        if self.missing.get(&oid) != Some(&version) {
+            return;
+        }
+        self.missing.remove(&oid);
+        match self.role {
+            Role::Replica => {
+                if let Some(&primary) = self.acting.first() {
+                    out.push(Action::Send {
+                        to: primary,
+                        msg: Msg::Recovered {
+                            epoch: self.epoch,
+                            round: self.activated.1,
+                            oid,
+                        },
+                    });
+                }
+            }
+            Role::Active => {
+                let me = self.osd;
+                self.count_acked(me);
+                self.ack_done(out);
+            }
+            _ => {}
+        }
+    }
+
+    /// Takes `wanted` as the objects' versions; those this member's store does not hold at
+    /// that version become missing.
+    pub(super) fn adopt_objects(&mut self, wanted: BTreeMap<String, Version>) {
+        let held = |o: &String| {
+            self.objects
+                .get(o)
+                .filter(|_| !self.missing.contains_key(o))
+                .copied()
+        };
+        let missing: BTreeMap<String, Version> = wanted
+            .iter()
+            .filter(|(o, v)| held(o) != Some(**v))
+            .map(|(o, v)| (o.clone(), *v))
+            .collect();
+        self.missing = missing;
+        self.objects = wanted;
+    }
+}
