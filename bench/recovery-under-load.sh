@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# Client I/O while an OSD is lost and refilled in the background, in one run on this machine:
+# a 3-OSD memory-store cluster (OSDs on cpu 1), a 1 GiB volume filled with random bytes, fio's
+# nbd engine writing 4 KiB at random at depth 16 through `carmine nbd serve` (both on cpu 0)
+# for 30 s (over the first SPAN of the volume), with IOPS logged per second. 8 s in, osd.2 is killed with SIGKILL and restarted
+# 1 s later with an empty store; `cluster status` is polled until it counts every object
+# recovered. Writes summary (refill time), status.log and fio's w_iops.1.log in OUT_DIR.
+# Usage: bench/recovery-under-load.sh OUT_DIR [RATE_MIB=128] [SPAN=1G] (rate 0: no limit; a
+# span smaller than the volume leaves most objects to the background, at the rate)
+set -uo pipefail
+out=${1:?usage: $0 OUT_DIR [RATE_MIB]}
+rate=${2:-128}
+span=${3:-1G}
+carmine=$(realpath "${CARMINE:-target/release/carmine}")
+command -v fio >/dev/null || { echo "needs fio (apt-get install fio)" >&2; exit 1; }
+dir=$(mktemp -d /tmp/carmine-recovery-XXXX)
+export CARMINE_DIR=$dir/cluster
+mkdir -p "$out"
+out=$(realpath "$out")
+trap '"$carmine" cluster down --dir "$CARMINE_DIR" >/dev/null 2>&1; kill $nbd 2>/dev/null; rm -rf "$dir"' EXIT
+"$carmine" cluster up --osds 3 --store memory --pg-num 64 --cpu-set 1 --memory-limit 2G \
+  --recovery-rate-mib "$rate" >/dev/null
+"$carmine" volume create v --size 1G >/dev/null
+head -c 1G /dev/urandom | "$carmine" volume write v -f - -q >/dev/null
+taskset -c 0 "$carmine" nbd serve --export v --listen 127.0.0.1:10809 >"$dir/nbd.log" 2>&1 &
+nbd=$!
+sleep 1
+(cd "$out" && taskset -c 0 fio --name=w --ioengine=nbd --uri=nbd://127.0.0.1:10809/v \
+  --rw=randwrite --bs=4k --iodepth=16 --time_based --runtime=30 --size="$span" \
+  --write_iops_log=w --log_avg_msec=1000 --output-format=terse >fio.out 2>&1) &
+fio=$!
+sleep 8
+kill -9 "$(cat "$CARMINE_DIR/osd.2.pid")"
+t0=$(date +%s.%N)
+sleep 1
+"$carmine" cluster up --cpu-set 1 --recovery-rate-mib "$rate" >/dev/null
+: >"$out/status.log"
+while true; do
+  s=$("$carmine" cluster status 2>/dev/null | grep "pg states")
+  echo "$(date +%s.%N) $s" >>"$out/status.log"
+  echo "$s" | grep -qE "; 0 objects to recover, [1-9][0-9]* recovered" && break
+  sleep 0.5
+done
+t1=$(date +%s.%N)
+echo "rate $rate MiB/s, writes over $span: osd.2 killed ~8 s into fio, refilled $(echo "$t1 - $t0" | bc) s after the kill" >"$out/summary"
+wait $fio
+echo "IOPS per second:" >>"$out/summary"
+awk -F, '{printf "%d:%d ", $1/1000, $2} END {print ""}' "$out/w_iops.1.log" >>"$out/summary"
+cat "$out/summary"
