@@ -312,3 +312,93 @@ async fn load_one<S: ObjectStore>(store: &S, pg: PgId, log_max: usize) -> Result
         les,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use carmine_pg::{OpKind, ReqId};
+    use carmine_store::{MemStore, MemStoreConfig};
+
+    fn entry(v: u64, oid: &str) -> Entry {
+        Entry {
+            version: Version::new(2, v),
+            oid: oid.into(),
+            kind: OpKind::Modify,
+            reqid: Some(ReqId { client: 1, tid: v }),
+        }
+    }
+
+    /// The missing set survives a restart: a copy that took a history and crashed before
+    /// fetching its objects still knows which it lacks (and at which version), and never
+    /// takes the stale versions its store holds for the ones named.
+    #[test]
+    fn a_copys_missing_objects_are_stored_and_loaded_back_with_what_it_holds() {
+        carmine_reactor::block_on(async {
+            let store = MemStore::new(MemStoreConfig::default());
+            let pg = PgId { pool: 1, seed: 2 };
+            let mut t = Transaction::new();
+            t.create_collection(META_COLLECTION);
+            store.submit(t).await.unwrap();
+            let mut log = PgLog::new(16);
+            for v in 1..=3 {
+                log.append(entry(v, &format!("o{v}"))).unwrap();
+            }
+            // Holds o1 at its version and o2 at an older one; lacks o2 (at 2'2) and o3.
+            let held: BTreeMap<String, Version> = [
+                ("o1".to_string(), Version::new(2, 1)),
+                ("o2".to_string(), Version::new(1, 9)),
+            ]
+            .into();
+            let missing: BTreeMap<String, Version> = [
+                ("o2".to_string(), Version::new(2, 2)),
+                ("o3".to_string(), Version::new(2, 3)),
+            ]
+            .into();
+            let mut t = Transaction::new();
+            replace_all(&mut t, pg, &log, &held, &missing, 5);
+            store.submit(t).await.unwrap();
+            let loaded = load_all(&store, 16).await.unwrap();
+            let [l] = &loaded[..] else { panic!("one PG") };
+            assert_eq!(l.held, held);
+            assert_eq!(l.missing, missing);
+            assert_eq!(l.les, 5);
+            assert_eq!(l.log.head(), Version::new(2, 3));
+            assert_eq!(l.objects()["o2"], Version::new(2, 2), "named, not held");
+
+            // A write to o3 while it is still lacked keeps it lacked, at the new version;
+            // recovering o2 makes it held.
+            let mut t = Transaction::new();
+            let e = entry(4, "o3");
+            add_entry(&mut t, pg, &e, true, Vec::new());
+            set_meta(&mut t, pg, log.tail(), e.version, 5);
+            set_recovered(&mut t, pg, "o2", Version::new(2, 2));
+            store.submit(t).await.unwrap();
+            let loaded = load_all(&store, 16).await.unwrap();
+            let l = &loaded[0];
+            assert_eq!(l.held.get("o2"), Some(&Version::new(2, 2)));
+            assert!(!l.missing.contains_key("o2"));
+            assert_eq!(l.missing.get("o3"), Some(&Version::new(2, 4)));
+            assert!(!l.held.contains_key("o3"));
+        });
+    }
+
+    #[test]
+    fn a_record_of_a_later_format_is_refused_with_its_version() {
+        carmine_reactor::block_on(async {
+            let store = MemStore::new(MemStoreConfig::default());
+            let pg = PgId { pool: 1, seed: 2 };
+            let mut t = Transaction::new();
+            t.create_collection(META_COLLECTION);
+            let mut meta = meta_value(Version::ZERO, Version::ZERO, 0).to_vec();
+            meta[0] = 9;
+            t.touch(META_COLLECTION, &meta_oid(pg)).omap_set(
+                META_COLLECTION,
+                &meta_oid(pg),
+                vec![(Bytes::from_static(KEY_META), Bytes::from(meta))],
+            );
+            store.submit(t).await.unwrap();
+            let err = load_all(&store, 16).await.err().expect("refused");
+            assert!(err.contains("unknown record version 9"), "{err}");
+        });
+    }
+}
