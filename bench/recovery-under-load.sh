@@ -4,7 +4,8 @@
 # nbd engine writing 4 KiB at random at depth 16 through `carmine nbd serve` (both on cpu 0)
 # for 30 s (over the first SPAN of the volume), with IOPS logged per second. 8 s in, osd.2 is killed with SIGKILL and restarted
 # 1 s later with an empty store; `cluster status` is polled until it counts every object
-# recovered. Writes summary (refill time), status.log and fio's w_iops.1.log in OUT_DIR.
+# recovered. Writes OUT_DIR/summary: the refill time, the client's IOPS per second and the
+# objects left to recover every half second (fio's logs stay in a temporary directory).
 # Usage: bench/recovery-under-load.sh OUT_DIR [RATE_MIB=128] [SPAN=1G] (rate 0: no limit; a
 # span smaller than the volume leaves most objects to the background, at the rate)
 set -uo pipefail
@@ -25,7 +26,7 @@ head -c 1G /dev/urandom | "$carmine" volume write v -f - -q >/dev/null
 taskset -c 0 "$carmine" nbd serve --export v --listen 127.0.0.1:10809 >"$dir/nbd.log" 2>&1 &
 nbd=$!
 sleep 1
-(cd "$out" && taskset -c 0 fio --name=w --ioengine=nbd --uri=nbd://127.0.0.1:10809/v \
+(cd "$dir" && taskset -c 0 fio --name=w --ioengine=nbd --uri=nbd://127.0.0.1:10809/v \
   --rw=randwrite --bs=4k --iodepth=16 --time_based --runtime=30 --size="$span" \
   --write_iops_log=w --log_avg_msec=1000 --output-format=terse >fio.out 2>&1) &
 fio=$!
@@ -34,10 +35,11 @@ kill -9 "$(cat "$CARMINE_DIR/osd.2.pid")"
 t0=$(date +%s.%N)
 sleep 1
 "$carmine" cluster up --cpu-set 1 --recovery-rate-mib "$rate" >/dev/null
-: >"$out/status.log"
+start=$(date +%s.%N)
+: >"$dir/status.log"
 while true; do
   s=$("$carmine" cluster status 2>/dev/null | grep "pg states")
-  echo "$(date +%s.%N) $s" >>"$out/status.log"
+  echo "$(echo "$(date +%s.%N) - $start" | bc) $s" >>"$dir/status.log"
   echo "$s" | grep -qE "; 0 objects to recover, [1-9][0-9]* recovered" && break
   sleep 0.5
 done
@@ -45,5 +47,8 @@ t1=$(date +%s.%N)
 echo "rate $rate MiB/s, writes over $span: osd.2 killed ~8 s into fio, refilled $(echo "$t1 - $t0" | bc) s after the kill" >"$out/summary"
 wait $fio
 echo "IOPS per second:" >>"$out/summary"
-awk -F, '{printf "%d:%d ", $1/1000, $2} END {print ""}' "$out/w_iops.1.log" >>"$out/summary"
+awk -F, '{printf "%d:%d ", $1/1000, $2} END {print ""}' "$dir/w_iops.1.log" >>"$out/summary"
+echo "objects to recover, seconds after the restart:" >>"$out/summary"
+sed -E 's/^([0-9.]+) .*; ([0-9]+) objects to recover.*/\1:\2/' "$dir/status.log" |
+  awk -F: '{printf "%.1f:%s ", $1, $2} END {print ""}' >>"$out/summary"
 cat "$out/summary"

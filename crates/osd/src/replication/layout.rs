@@ -319,6 +319,15 @@ mod tests {
     use carmine_pg::{OpKind, ReqId};
     use carmine_store::{MemStore, MemStoreConfig};
 
+    const PG: PgId = PgId { pool: 1, seed: 2 };
+
+    /// A store with the reactor's own collection, and a transaction that starts with it.
+    fn store() -> (MemStore, Transaction) {
+        let mut t = Transaction::new();
+        t.create_collection(META_COLLECTION);
+        (MemStore::new(MemStoreConfig::default()), t)
+    }
+
     fn entry(v: u64, oid: &str) -> Entry {
         Entry {
             version: Version::new(2, v),
@@ -334,10 +343,8 @@ mod tests {
     #[test]
     fn a_copys_missing_objects_are_stored_and_loaded_back_with_what_it_holds() {
         carmine_reactor::block_on(async {
-            let store = MemStore::new(MemStoreConfig::default());
-            let pg = PgId { pool: 1, seed: 2 };
-            let mut t = Transaction::new();
-            t.create_collection(META_COLLECTION);
+            let (store, t) = store();
+            let pg = PG;
             store.submit(t).await.unwrap();
             let mut log = PgLog::new(16);
             for v in 1..=3 {
@@ -385,10 +392,8 @@ mod tests {
     #[test]
     fn a_record_of_a_later_format_is_refused_with_its_version() {
         carmine_reactor::block_on(async {
-            let store = MemStore::new(MemStoreConfig::default());
-            let pg = PgId { pool: 1, seed: 2 };
-            let mut t = Transaction::new();
-            t.create_collection(META_COLLECTION);
+            let (store, mut t) = store();
+            let pg = PG;
             let mut meta = meta_value(Version::ZERO, Version::ZERO, 0).to_vec();
             meta[0] = 9;
             t.touch(META_COLLECTION, &meta_oid(pg)).omap_set(

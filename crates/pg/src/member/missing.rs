@@ -152,8 +152,12 @@ impl Member {
     /// What the host may recover now: the missing objects, once the history that named them
     /// is durable (a recovery must not land before the history it completes).
     pub fn recoverable(&self) -> Option<&BTreeMap<String, Version>> {
+        // (Asked after every event a PG handles: the common answer, nothing missing, first.)
+        if self.missing.is_empty() {
+            return None;
+        }
         let taking = self.persisting.iter().any(|(_, _, b)| b.is_some());
-        (!taking && !self.missing.is_empty()).then_some(&self.missing)
+        (!taking).then_some(&self.missing)
     }
 
     pub(super) fn on_recovered(&mut self, oid: String, version: Version, out: &mut Vec<Action>) {
