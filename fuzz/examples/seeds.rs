@@ -358,6 +358,7 @@ fn peer_message(c: &mut Corpus) {
                     ]
                     .into(),
                     missing: ["obj2".to_string()].into(),
+                    promise_left: 1_200_000_000,
                 },
                 ops: vec![],
             },
@@ -392,6 +393,26 @@ fn peer_message(c: &mut Corpus) {
                     epoch: 2,
                     oids: vec!["obj2".into(), "obj3".into()],
                     urgent: true,
+                },
+                ops: vec![],
+            },
+        ),
+        (
+            "ping",
+            Body::Pg {
+                msg: Msg::Ping {
+                    epoch: 2,
+                    stamp: 5_000_000_000,
+                },
+                ops: vec![],
+            },
+        ),
+        (
+            "pong",
+            Body::Pg {
+                msg: Msg::Pong {
+                    epoch: 2,
+                    stamp: 5_000_000_000,
                 },
                 ops: vec![],
             },

@@ -114,6 +114,12 @@ pub struct OsdArgs {
     /// (objects a client waits for are copied first, whatever the rate). 0: no limit.
     #[arg(long, default_value_t = carmine_osd::RECOVERY_RATE_DEFAULT >> 20)]
     pub recovery_rate_mib: u64,
+    /// The read lease the copies of replicated PGs grant their primary: a primary cut off from
+    /// its copies stops serving reads within it, and after a failover the new primary waits
+    /// out what its copies granted the old one before it serves. Keep it at most the lease
+    /// TTL, or failovers take longer than the TTL says.
+    #[arg(long, default_value = "2s", value_parser = crate::nbd::parse_duration)]
+    pub read_lease: Duration,
     /// The cluster key (64 hex characters, a file of mode 0600): every connection must
     /// authenticate with it before any request is read. Without it, none is asked for.
     #[arg(long)]
@@ -247,6 +253,7 @@ pub fn run(a: OsdArgs, access: &carmine_localcluster::EtcdAccessArgs) -> Result<
         recovery: carmine_osd::RecoveryConfig {
             rate: Some(a.recovery_rate_mib << 20).filter(|r| *r > 0),
         },
+        read_lease: a.read_lease,
         lease: lease.clone(),
     })?;
     for (r, (addr, cpu)) in info.reactors.iter().zip(&reactor_cpus).enumerate() {

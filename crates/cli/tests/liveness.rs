@@ -271,8 +271,11 @@ fn the_standby_manager_takes_over_when_the_leader_dies() {
 }
 
 #[test]
-fn with_etcd_stopped_the_osds_serve_until_their_leases_run_out_and_resume_after() {
+fn with_etcd_stopped_single_copy_pgs_stall_until_the_leases_are_back_and_replicated_ones_go_on() {
     let c = etcd_cluster("liveness-outage");
+    // A pool of three copies beside the single-copy one: its primaries are fenced by the read
+    // leases their copies grant, which an outage of etcd leaves alone.
+    c.ok(&["pool", "create", "three", "--size", "3", "--pg-num", "8"]);
     c.ok(&[
         "volume",
         "create",
@@ -285,6 +288,25 @@ fn with_etcd_stopped_the_osds_serve_until_their_leases_run_out_and_resume_after(
     let data: Vec<u8> = (0..4 << 20).map(|i: u32| (i * 29 % 253) as u8).collect();
     c.write_volume("v", &data);
     let before = map(&c);
+    let addrs: Vec<SocketAddr> = before
+        .osds
+        .iter()
+        .flat_map(|o| o.reactors.clone())
+        .collect();
+    // The replicated PGs peer (recording their intervals in etcd) before etcd stops.
+    carmine_reactor::block_on(async {
+        let client = carmine_client::Client::connect(&addrs, client_cfg(&c))
+            .await
+            .unwrap();
+        let three = client.pool_id("three").unwrap();
+        for i in 0..16 {
+            let body = bytes::Bytes::from(vec![0xee; 4096]);
+            client
+                .write(three, &format!("three-{i}"), 0, body)
+                .await
+                .unwrap();
+        }
+    });
     let etcd = pid_of(&c, "etcd.pid");
     // SAFETY: plain syscall on the private etcd this test's cluster started.
     unsafe { libc::kill(etcd, libc::SIGSTOP) };
@@ -301,34 +323,61 @@ fn with_etcd_stopped_the_osds_serve_until_their_leases_run_out_and_resume_after(
     // marked them down and moved their PGs (an OSD cannot tell an etcd outage from being cut
     // off itself), and the requests wait; once etcd is back they resume. None fails. (The CLI
     // reads the map from etcd, so this client bootstraps from the OSDs' addresses directly.)
-    let addrs: Vec<SocketAddr> = before
-        .osds
-        .iter()
-        .flat_map(|o| o.reactors.clone())
-        .collect();
-    let (rounds, early, stall) = carmine_reactor::block_on(async {
-        let client = carmine_client::Client::connect(&addrs, client_cfg(&c))
-            .await
-            .expect("connecting with etcd stopped");
-        let pool = client.pool_id("rbd").unwrap();
-        let (mut rounds, mut early, mut stall) = (0, 0, Duration::ZERO);
-        while frozen.elapsed() < PAUSE + Duration::from_secs(2 * TTL + 4) {
-            for i in 0..16 {
-                let oid = format!("outage-{i}");
-                let body = bytes::Bytes::from(vec![rounds as u8; 4096]);
-                let t = Instant::now();
-                client.write(pool, &oid, 0, body.clone()).await.unwrap();
-                assert_eq!(client.read(pool, &oid, 0, 4096).await.unwrap(), body);
-                stall = stall.max(t.elapsed());
-            }
-            rounds += 1;
-            if frozen.elapsed() < Duration::from_secs(TTL) / 2 {
-                early = rounds;
-            }
-        }
-        (rounds, early, stall)
-    });
+    let ((rounds, early, stall), (replicated_rounds, replicated_stall)) =
+        carmine_reactor::block_on(async {
+            let client = carmine_client::Client::connect(&addrs, client_cfg(&c))
+                .await
+                .expect("connecting with etcd stopped");
+            let pool = client.pool_id("rbd").unwrap();
+            let three = client.pool_id("three").unwrap();
+            // The replicated pool, through the outage itself (after it, the leases etcd let run out
+            // meanwhile may churn the map).
+            let replicated = async {
+                let (mut rounds, mut stall) = (0u32, Duration::ZERO);
+                while frozen.elapsed() < PAUSE - Duration::from_millis(500) {
+                    for i in 0..16 {
+                        let oid = format!("three-{i}");
+                        let body = bytes::Bytes::from(vec![rounds as u8; 4096]);
+                        let t = Instant::now();
+                        client.write(three, &oid, 0, body.clone()).await.unwrap();
+                        assert_eq!(client.read(three, &oid, 0, 4096).await.unwrap(), body);
+                        stall = stall.max(t.elapsed());
+                    }
+                    rounds += 1;
+                }
+                (rounds, stall)
+            };
+            let single = async {
+                let (mut rounds, mut early, mut stall) = (0, 0, Duration::ZERO);
+                while frozen.elapsed() < PAUSE + Duration::from_secs(2 * TTL + 4) {
+                    for i in 0..16 {
+                        let oid = format!("outage-{i}");
+                        let body = bytes::Bytes::from(vec![rounds as u8; 4096]);
+                        let t = Instant::now();
+                        client.write(pool, &oid, 0, body.clone()).await.unwrap();
+                        assert_eq!(client.read(pool, &oid, 0, 4096).await.unwrap(), body);
+                        stall = stall.max(t.elapsed());
+                    }
+                    rounds += 1;
+                    if frozen.elapsed() < Duration::from_secs(TTL) / 2 {
+                        early = rounds;
+                    }
+                }
+                (rounds, early, stall)
+            };
+            futures::join!(single, replicated)
+        });
     thaw.join().unwrap();
+    println!(
+        "replicated pool with etcd stopped: {replicated_rounds} rounds of 16 writes and reads, \
+         the longest wait {replicated_stall:?}"
+    );
+    assert!(
+        replicated_rounds > 0 && replicated_stall < Duration::from_secs(TTL) / 2,
+        "the replicated pool stalled with etcd stopped: {replicated_rounds} rounds, the longest \
+         wait {replicated_stall:?} (its primaries hold read leases from their copies, which do \
+         not need etcd)"
+    );
     assert!(early > 0, "no I/O while the leases held");
     assert!(
         stall >= PAUSE - Duration::from_secs(TTL),

@@ -43,6 +43,7 @@ fn start_with(cfg: NbdConfig) -> (Osd, SocketAddr, Arc<NbdStats>) {
         pg_history: None,
         scrub: Default::default(),
         recovery: Default::default(),
+        read_lease: carmine_osd::READ_LEASE_DEFAULT,
         lease: None,
     })
     .unwrap();

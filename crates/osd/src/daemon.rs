@@ -44,6 +44,10 @@ pub struct OsdConfig {
     pub scrub: crate::ScrubSchedule,
     /// How fast replicated PGs recover in the background.
     pub recovery: crate::RecoveryConfig,
+    /// The read lease the members of replicated PGs grant their primaries: a primary cut off
+    /// from its replicas stops serving reads within it, and a new primary waits out what its
+    /// members granted before it goes active ([`crate::READ_LEASE_DEFAULT`]).
+    pub read_lease: std::time::Duration,
     /// The OSD's lease in etcd, as its renewals go: clients are refused once it may have run
     /// out (see `lease`). `None`: no lease (a map file), never refused for it.
     pub lease: Option<std::sync::Arc<crate::LeaseClock>>,
@@ -206,6 +210,7 @@ impl Osd {
                 history: history_clients.next().zip(answers.next()),
                 scrub: cfg.scrub,
                 recovery: cfg.recovery,
+                read_lease: cfg.read_lease,
                 lease: cfg.lease.clone(),
             };
             let name = format!("osd{}-r{}", cfg.id, index);

@@ -184,9 +184,9 @@ async fn read_straight_into_reply<S: ObjectStore + 'static>(
     out: &mut BytesMut,
 ) -> Result<(), ErrorReply> {
     let pg = route(shard, &req)?;
-    let _in_progress = admit(shard, &req)?;
+    let _in_progress = admit(shard, &req, pg)?;
     if replicated(shard, pg) {
-        crate::replication::check_readable(shard, pg)?;
+        crate::replication::check_readable(shard, pg).await?;
         if crate::replication::lacks_here(shard, pg, &req.oid) {
             crate::replication::await_readable(&shard.rc(), pg, &req.oid).await?;
         }
@@ -330,14 +330,19 @@ pub(crate) fn from_store(e: StoreError, op_index: Option<usize>) -> ErrorReply {
     }
 }
 
-/// Refuses a fenced client; otherwise counts its request in progress while the guard lives.
+/// Refuses a fenced client, and any client of a PG of one copy while the OSD's lease in etcd
+/// may have run out; otherwise counts the request in progress while the guard lives.
+/// Replicated PGs are fenced by the read leases their copies grant instead (an outage of etcd
+/// itself does not stop them; see `replication::check_readable`).
 fn admit<'a, S>(
     shard: &'a Shard<S>,
     req: &ObjectRequest,
+    pg: PgId,
 ) -> Result<crate::fence::InProgress<'a>, ErrorReply> {
     if let Some(why) = shard
         .lease
         .as_ref()
+        .filter(|_| !replicated(shard, pg))
         .and_then(|l| l.refusal(shard.view.borrow().map.epoch))
     {
         shard.metrics.lease_refused();
@@ -437,7 +442,7 @@ async fn handle_object<S: ObjectStore + 'static>(
     req: ObjectRequest,
 ) -> Result<Vec<OpOutput>, ErrorReply> {
     let pg = route(shard, &req)?;
-    let _in_progress = admit(shard, &req)?;
+    let _in_progress = admit(shard, &req, pg)?;
     if req.oid.is_empty() {
         return Err(reject(Status::InvalidArgument, "empty object name"));
     }
@@ -446,7 +451,7 @@ async fn handle_object<S: ObjectStore + 'static>(
     match writes {
         0 if req.ops.is_empty() => Err(reject(Status::InvalidArgument, "request has no ops")),
         0 if replicated => {
-            crate::replication::check_readable(shard, pg)?;
+            crate::replication::check_readable(shard, pg).await?;
             if crate::replication::lacks_here(shard, pg, &req.oid) {
                 crate::replication::await_readable(&shard.rc(), pg, &req.oid).await?;
             }
@@ -670,6 +675,7 @@ mod tests {
                     None,
                     Default::default(),
                     Default::default(),
+                    crate::READ_LEASE_DEFAULT,
                 ),
                 me: std::rc::Weak::new(),
             };

@@ -79,6 +79,8 @@ pub struct ReactorMetrics {
     scrub_findings: AtomicU64,
     read_repairs: AtomicU64,
     lease_refusals: AtomicU64,
+    read_lease_waits: AtomicU64,
+    read_lease_refusals: AtomicU64,
     pgs_active: AtomicU64,
     pgs_peering: AtomicU64,
     objects_to_recover: AtomicU64,
@@ -181,6 +183,14 @@ impl ReactorMetrics {
 
     pub(crate) fn lease_refused(&self) {
         add(&self.lease_refusals, 1);
+    }
+
+    pub(crate) fn read_lease_waited(&self) {
+        add(&self.read_lease_waits, 1);
+    }
+
+    pub(crate) fn read_lease_refused(&self) {
+        add(&self.read_lease_refusals, 1);
     }
 
     pub(crate) fn read_repaired(&self) {
@@ -420,8 +430,24 @@ pub fn render(osd: u32, reactors: &[ReactorSource]) -> String {
         &mut t,
         "carmine_osd_lease_refusals_total",
         "counter",
-        "Client requests refused because the OSD's lease in etcd may have run out.",
+        "Client requests to PGs of one copy refused because the OSD's lease in etcd may have \
+         run out.",
         &|r| load(&r.metrics.lease_refusals).to_string(),
+    );
+    per_reactor(
+        &mut t,
+        "carmine_osd_read_lease_waits_total",
+        "counter",
+        "Reads of replicated PGs that waited for the primary's read lease to be renewed.",
+        &|r| load(&r.metrics.read_lease_waits).to_string(),
+    );
+    per_reactor(
+        &mut t,
+        "carmine_osd_read_lease_refusals_total",
+        "counter",
+        "Reads of replicated PGs refused because the read lease the other copies grant was not \
+         renewed in time (the primary may be cut off from them).",
+        &|r| load(&r.metrics.read_lease_refusals).to_string(),
     );
     per_reactor(
         &mut t,

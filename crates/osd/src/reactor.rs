@@ -50,6 +50,7 @@ pub(crate) struct ReactorSetup {
     )>,
     pub scrub: crate::ScrubSchedule,
     pub recovery: crate::RecoveryConfig,
+    pub read_lease: std::time::Duration,
     pub lease: Option<Arc<crate::LeaseClock>>,
 }
 
@@ -205,6 +206,7 @@ async fn serve<S: ObjectStore + 'static>(setup: ReactorSetup, store: S) -> Resul
         history,
         scrub,
         recovery,
+        read_lease,
         lease,
         ..
     } = setup;
@@ -237,6 +239,7 @@ async fn serve<S: ObjectStore + 'static>(setup: ReactorSetup, store: S) -> Resul
             history,
             scrub,
             recovery,
+            read_lease,
         ),
         auth_key,
         handshaking: Cell::new(0),

@@ -36,6 +36,7 @@ fn start(auth: Option<AuthKey>) -> (Osd, SocketAddr) {
         pg_history: None,
         scrub: Default::default(),
         recovery: Default::default(),
+        read_lease: carmine_osd::READ_LEASE_DEFAULT,
         lease: None,
     })
     .unwrap();
@@ -317,6 +318,7 @@ fn requests_to_an_osd_with_another_key_fail_as_authentication_errors_at_once() {
                 pg_history: None,
                 scrub: Default::default(),
                 recovery: Default::default(),
+                read_lease: carmine_osd::READ_LEASE_DEFAULT,
                 lease: None,
             })
             .unwrap()

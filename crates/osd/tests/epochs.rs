@@ -50,6 +50,7 @@ fn start(map: &OsdMap) -> Osd {
         pg_history: None,
         scrub: Default::default(),
         recovery: Default::default(),
+        read_lease: carmine_osd::READ_LEASE_DEFAULT,
         lease: None,
     })
     .unwrap()
@@ -222,6 +223,7 @@ fn writes_waiting_for_an_epoch_apply_in_the_order_they_were_sent() {
         pg_history: None,
         scrub: Default::default(),
         recovery: Default::default(),
+        read_lease: carmine_osd::READ_LEASE_DEFAULT,
         lease: None,
     })
     .unwrap();

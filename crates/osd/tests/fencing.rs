@@ -82,6 +82,7 @@ impl Native {
                 pg_history: None,
                 scrub: Default::default(),
                 recovery: Default::default(),
+                read_lease: carmine_osd::READ_LEASE_DEFAULT,
                 lease: None,
             })
             .unwrap(),

@@ -101,6 +101,7 @@ fn start(
         pg_history: None,
         scrub: Default::default(),
         recovery: Default::default(),
+        read_lease: carmine_osd::READ_LEASE_DEFAULT,
         lease: None,
     })
     .unwrap();

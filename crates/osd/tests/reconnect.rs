@@ -56,6 +56,7 @@ fn start(map: &OsdMap) -> Osd {
         pg_history: None,
         scrub: Default::default(),
         recovery: Default::default(),
+        read_lease: carmine_osd::READ_LEASE_DEFAULT,
         lease: None,
     })
     .unwrap()

@@ -133,6 +133,7 @@ fn start_recovering(
         pg_history: Some(Arc::new(LocalPgHistory::new(histories))),
         scrub,
         recovery,
+        read_lease: carmine_osd::READ_LEASE_DEFAULT,
         lease: None,
     })
     .unwrap()

@@ -53,6 +53,7 @@ fn start_with(reactors: usize, connections_max: u32) -> (Osd, OsdMap) {
         pg_history: None,
         scrub: Default::default(),
         recovery: Default::default(),
+        read_lease: carmine_osd::READ_LEASE_DEFAULT,
         lease: None,
     })
     .unwrap();
@@ -313,6 +314,7 @@ fn start_fails_clearly_when_the_endpoint_is_taken() {
         pg_history: None,
         scrub: Default::default(),
         recovery: Default::default(),
+        read_lease: carmine_osd::READ_LEASE_DEFAULT,
         lease: None,
     })
     .err()

@@ -11,6 +11,12 @@
 //! activation) is handed to the host as [`Action::Persist`] — one store transaction holding the
 //! log entry and the object — and a replica acknowledges, and a primary counts itself, only once
 //! the host reports it with [`Event::Persisted`]. A crash loses what was not persisted.
+//!
+//! Reads are fenced by leases the replicas grant (decision 0009, "read leases"): the active
+//! primary serves reads only while every other acting member recently promised, answering its
+//! ping, not to help a newer interval go active for a lease duration; a new primary goes active
+//! only once the promises its members report have run out. Time is the host's: each event
+//! comes with the member's clock (monotone; only its rate need match other members' closely).
 
 use crate::log::{Entry, OpKind, PgLog, ReqId};
 use crate::peering::{
@@ -24,6 +30,14 @@ mod messages;
 mod missing;
 
 pub use messages::{Action, Event, Msg, Persisting};
+
+/// The share of a lease, in tenths, a primary trusts of its members' promises, and the share
+/// (also in tenths) a new primary waits of what a member says its promise has left: together
+/// they absorb clock rates up to about 5% apart.
+const LEASE_TRUSTED_TENTHS: u64 = 9;
+const PROMISE_WAITED_TENTHS: u64 = 11;
+/// Pings per lease duration.
+const PINGS_PER_LEASE: u64 = 4;
 
 /// Objects an active primary asks a member about per tick, when the member was said to lack
 /// some (to learn of recoveries whose reports were lost).
@@ -118,6 +132,22 @@ pub struct Member {
     member_round: BTreeMap<OsdId, u32>,
     /// As a primary gathering infos: objects no member heard from holds (it waits for more).
     unfound: usize,
+    /// The member's clock, as of the event being handled.
+    now: u64,
+    /// The read lease's duration in the host's clock (0: no leases; only a PG of one member
+    /// then serves reads).
+    lease: u64,
+    /// Read leases this member granted, as a replica: primary (`None`: unknown, granted by an
+    /// earlier incarnation of this member) → until when, in this member's clock.
+    promises: BTreeMap<Option<OsdId>, u64>,
+    /// As the active primary: the newest stamp each other acting member answered, when it
+    /// last pinged, and until when it may serve reads (from the oldest of those stamps).
+    pongs: BTreeMap<OsdId, u64>,
+    last_ping: Option<u64>,
+    readable_until: u64,
+    /// As a primary: it goes active no sooner than this, when the leases its members granted
+    /// to earlier intervals' primaries have run out.
+    prior_leases_until: u64,
 }
 
 impl Member {
@@ -148,6 +178,82 @@ impl Member {
             acked_head: BTreeMap::new(),
             member_round: BTreeMap::new(),
             unfound: 0,
+            now: 0,
+            lease: 0,
+            promises: BTreeMap::new(),
+            pongs: BTreeMap::new(),
+            last_ping: None,
+            readable_until: 0,
+            prior_leases_until: 0,
+        }
+    }
+
+    /// Read leases of `lease` (in the host's clock units). `earlier_until`: until when leases
+    /// this member's earlier incarnation may have granted can still run (the host's clock at
+    /// its start plus a lease; promises are not persisted). Without a call, no leases are
+    /// granted or held, and only a PG of one member serves reads.
+    pub fn set_read_lease(&mut self, lease: u64, earlier_until: u64) {
+        self.lease = lease;
+        if lease > 0 {
+            let e = self.promises.entry(None).or_default();
+            *e = (*e).max(earlier_until);
+        }
+    }
+
+    /// Whether, as the active primary, it may serve a read now: a newer interval cannot be
+    /// active (every other acting member's promise holds, or there is none to hold).
+    pub fn readable(&self, now: u64) -> bool {
+        self.role == Role::Active && (self.acting.len() == 1 || now < self.readable_until)
+    }
+
+    /// How long a promise granted to anyone but `to` may still run, in this member's clock.
+    fn promise_left(&mut self, to: OsdId) -> u64 {
+        let now = self.now;
+        self.promises.retain(|_, until| *until > now);
+        self.promises
+            .iter()
+            .filter(|(k, _)| **k != Some(to))
+            .map(|(_, until)| until - now)
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// As the active primary: pings the other acting members if a ping is due.
+    fn ping_if_due(&mut self, out: &mut Vec<Action>) {
+        if self.role != Role::Active || self.lease == 0 || self.acting.len() < 2 {
+            return;
+        }
+        let every = (self.lease / PINGS_PER_LEASE).max(1);
+        if self.last_ping.is_some_and(|t| self.now < t + every) {
+            return;
+        }
+        self.last_ping = Some(self.now);
+        for &o in self.acting.iter().filter(|o| **o != self.osd) {
+            out.push(Action::Send {
+                to: o,
+                msg: Msg::Ping {
+                    epoch: self.epoch,
+                    stamp: self.now,
+                },
+            });
+        }
+    }
+
+    fn on_pong(&mut self, from: OsdId, epoch: u32, stamp: u64) {
+        if epoch != self.epoch || self.role != Role::Active || !self.acting.contains(&from) {
+            return;
+        }
+        let s = self.pongs.entry(from).or_default();
+        *s = (*s).max(stamp);
+        let oldest = self
+            .acting
+            .iter()
+            .filter(|o| **o != self.osd)
+            .map(|o| self.pongs.get(o).copied())
+            .min()
+            .flatten();
+        if let Some(oldest) = oldest {
+            self.readable_until = oldest + self.lease * LEASE_TRUSTED_TENTHS / 10;
         }
     }
 
@@ -298,9 +404,14 @@ impl Member {
                 format!("activating, acked {acked:?}, recorded {recorded}")
             }
             Role::Active => format!(
-                "active, {} writes in flight, {} objects degraded",
+                "active, {} writes in flight, {} objects degraded, {}",
                 self.pending.len(),
-                self.degraded()
+                self.degraded(),
+                if self.readable(self.now) {
+                    "readable"
+                } else {
+                    "read lease lapsed"
+                }
             ),
             Role::Replica => "replica".to_string(),
         };
@@ -315,8 +426,10 @@ impl Member {
         )
     }
 
-    pub fn handle(&mut self, ev: Event) -> Vec<Action> {
+    /// Handles `ev` at `now`, the member's clock (monotone).
+    pub fn handle(&mut self, now: u64, ev: Event) -> Vec<Action> {
         let mut out = Vec::new();
+        self.now = self.now.max(now);
         match ev {
             Event::Map {
                 epoch,
@@ -353,6 +466,10 @@ impl Member {
             }
             Event::Write { req, oid, kind } => self.on_write(req, oid, kind, &mut out),
             Event::Tick => self.on_tick(&mut out),
+            Event::Clock => {
+                self.maybe_active();
+                self.ping_if_due(&mut out);
+            }
             Event::Persisted { seq } => self.on_persisted(seq, &mut out),
             Event::Recovered { oid, version } => self.on_recovered(oid, version, &mut out),
         }
@@ -375,6 +492,9 @@ impl Member {
         let changed = acting != self.acting || epoch != self.epoch + 1;
         if changed {
             self.interval_start = epoch;
+            self.pongs.clear();
+            self.readable_until = 0;
+            self.last_ping = None;
         }
         self.epoch = epoch;
         self.history = history;
@@ -499,6 +619,7 @@ impl Member {
                         after: self.history.last().map(|i| i.epoch),
                     });
                 }
+                self.maybe_active();
             }
             Role::Active => {
                 // A member activated again and not heard from since: its activation again.
@@ -535,6 +656,7 @@ impl Member {
             }
             Role::Stray | Role::Replica => {}
         }
+        self.ping_if_due(out);
     }
 
     /// The authoritative history as this primary holds it, for member `to`.
@@ -585,6 +707,9 @@ impl Member {
         if unfound > 0 {
             return;
         }
+        // Leases this member granted earlier intervals' primaries run out first.
+        let own = self.promise_left(self.osd);
+        self.prior_leases_until = self.prior_leases_until.max(self.now + own);
         // The primary takes the authoritative history whole; members get what differs.
         self.begin_history();
         self.log.reset_to(&auth_log);
@@ -608,14 +733,31 @@ impl Member {
             if *recorded
                 && self.acting.iter().all(|o| acked.contains(o))
                 && self.persisted >= self.activation_persist
+                && self.now >= self.prior_leases_until
             {
                 self.role = Role::Active;
+                // A lease before the first reads, without waiting for the next tick.
+                self.last_ping = None;
             }
         }
     }
 
     fn on_msg(&mut self, from: OsdId, msg: Msg, out: &mut Vec<Action>) {
         match msg {
+            // A member of the acting set that restarted within the interval says so to what
+            // its primary sends it: a write, a ping, or a question about what it lacks (a
+            // primary that believes it lacks objects sends it no writes until it answers).
+            Msg::Rep { epoch, .. } | Msg::Ping { epoch, .. } | Msg::Lacks { epoch, .. }
+                if epoch == self.epoch
+                    && self.role == Role::Stray
+                    && self.acting.first() == Some(&from)
+                    && self.acting.contains(&self.osd) =>
+            {
+                out.push(Action::Send {
+                    to: from,
+                    msg: Msg::NotActive { epoch },
+                });
+            }
             Msg::Query { epoch } => {
                 // Only once this member is in that epoch itself: a member still in an older
                 // interval may go on acknowledging writes there (as a primary, or a replica),
@@ -623,8 +765,10 @@ impl Member {
                 // primary takes, which would then roll them back. The primary asks again on
                 // its ticks until the map reaches this member.
                 // And only with what its disk holds (see `durable_answer`).
+                // And with how long the leases it granted other primaries still run.
                 if epoch == self.epoch {
                     if let Some((info, log, objects, missing)) = self.durable_answer() {
+                        let promise_left = self.promise_left(from);
                         out.push(Action::Send {
                             to: from,
                             msg: Msg::Info {
@@ -633,6 +777,7 @@ impl Member {
                                 log,
                                 objects,
                                 missing,
+                                promise_left,
                             },
                         });
                     }
@@ -644,9 +789,14 @@ impl Member {
                 log,
                 objects,
                 missing,
+                promise_left,
             } => {
                 if epoch == self.epoch {
                     if let Role::Peering { heard } = &mut self.role {
+                        // Waited in this member's clock from now, a little longer for rates.
+                        let wait = promise_left.saturating_mul(PROMISE_WAITED_TENTHS) / 10;
+                        self.prior_leases_until =
+                            self.prior_leases_until.max(self.now.saturating_add(wait));
                         heard.insert(from, (info, log, objects, missing));
                         self.try_activate(out);
                     }
@@ -758,17 +908,23 @@ impl Member {
                     }
                 }
             }
-            Msg::Rep { epoch, .. }
+            Msg::Ping { epoch, stamp } => {
+                // Granted only by a replica activated in this interval, to its primary.
                 if epoch == self.epoch
-                    && self.role == Role::Stray
+                    && self.role == Role::Replica
                     && self.acting.first() == Some(&from)
-                    && self.acting.contains(&self.osd) =>
-            {
-                out.push(Action::Send {
-                    to: from,
-                    msg: Msg::NotActive { epoch },
-                });
+                    && self.lease > 0
+                {
+                    let until = self.now.saturating_add(self.lease);
+                    let e = self.promises.entry(Some(from)).or_default();
+                    *e = (*e).max(until);
+                    out.push(Action::Send {
+                        to: from,
+                        msg: Msg::Pong { epoch, stamp },
+                    });
+                }
             }
+            Msg::Pong { epoch, stamp } => self.on_pong(from, epoch, stamp),
             Msg::NotActive { epoch } => {
                 // The history of this interval is the primary's: the member takes it whole,
                 // in a new round, so that what it said before restarting no longer counts.

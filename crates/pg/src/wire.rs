@@ -1,6 +1,6 @@
 //! The encodings of what members send each other ([`Msg`]) and of the parts of a member's
 //! state that a host persists (log entries, versions). Versioned by the frame that carries
-//! them (protocol version 3) and the record that stores them; every count and string is
+//! them (protocol version 5) and the record that stores them; every count and string is
 //! bounded before anything is allocated, so a hostile peer costs one message, never a panic.
 
 use crate::log::{Entry, OpKind, PgLog, ReqId};
@@ -26,6 +26,8 @@ const MSG_REP_ACK: u8 = 6;
 const MSG_NOT_ACTIVE: u8 = 7;
 const MSG_RECOVERED: u8 = 8;
 const MSG_LACKS: u8 = 9;
+const MSG_PING: u8 = 10;
+const MSG_PONG: u8 = 11;
 
 fn encode_names<'a, B: BufMut>(
     e: &mut Encoder<'_, B>,
@@ -169,6 +171,7 @@ pub fn encode_msg(out: &mut BytesMut, msg: &Msg) {
             log,
             objects,
             missing,
+            promise_left,
         } => {
             e.u8(MSG_INFO)
                 .u32(*epoch)
@@ -183,6 +186,7 @@ pub fn encode_msg(out: &mut BytesMut, msg: &Msg) {
                 objects.iter().map(|(k, v)| (k.as_str(), Some(*v))),
             );
             encode_names(&mut e, missing.len(), missing.iter());
+            e.u64(*promise_left);
         }
         Msg::Activate {
             epoch,
@@ -230,6 +234,12 @@ pub fn encode_msg(out: &mut BytesMut, msg: &Msg) {
             e.u8(MSG_LACKS).u32(*epoch).u8(u8::from(*urgent));
             encode_names(&mut e, oids.len(), oids.iter());
         }
+        Msg::Ping { epoch, stamp } => {
+            e.u8(MSG_PING).u32(*epoch).u64(*stamp);
+        }
+        Msg::Pong { epoch, stamp } => {
+            e.u8(MSG_PONG).u32(*epoch).u64(*stamp);
+        }
     }
 }
 
@@ -265,6 +275,7 @@ pub fn decode_msg(d: &mut Decoder, log_max: usize) -> Result<Msg, DecodeError> {
                 }
                 missing.insert(oid);
             }
+            let promise_left = d.u64("lease promise left")?;
             Msg::Info {
                 epoch,
                 info: PeerInfo {
@@ -276,6 +287,7 @@ pub fn decode_msg(d: &mut Decoder, log_max: usize) -> Result<Msg, DecodeError> {
                 log,
                 objects,
                 missing,
+                promise_left,
             }
         }
         MSG_ACTIVATE => Msg::Activate {
@@ -308,6 +320,14 @@ pub fn decode_msg(d: &mut Decoder, log_max: usize) -> Result<Msg, DecodeError> {
             epoch,
             urgent: d.bool("urgency")?,
             oids: decode_names(d)?,
+        },
+        MSG_PING => Msg::Ping {
+            epoch,
+            stamp: d.u64("ping stamp")?,
+        },
+        MSG_PONG => Msg::Pong {
+            epoch,
+            stamp: d.u64("ping stamp")?,
         },
         other => {
             return Err(DecodeError::Invalid {
@@ -355,6 +375,7 @@ mod tests {
             log: log(),
             objects,
             missing: missing.iter().map(|m| m.to_string()).collect(),
+            promise_left: 1_500_000_000,
         }
     }
 
@@ -409,6 +430,14 @@ mod tests {
                 epoch: 9,
                 oids: vec!["a".into(), "b".into()],
                 urgent: true,
+            },
+            Msg::Ping {
+                epoch: 9,
+                stamp: u64::MAX - 3,
+            },
+            Msg::Pong {
+                epoch: 9,
+                stamp: 12_345,
             },
         ];
         for m in &msgs {

@@ -11,6 +11,12 @@
 //! end, with everything healed, the PG must be active and clean, and every acting member must
 //! hold exactly the primary's objects.
 //!
+//! Each OSD has its own clock, running up to 3% faster or slower than the others, and members
+//! hold read leases in it. A reader whose map lags even more than the writer's reads from
+//! whichever OSD it believes primary, and reaches it even when it is cut off from the others
+//! (a client on its side of a partition): every read an OSD serves must return the newest
+//! acknowledged version of the object, or a newer one.
+//!
 //! `CARMINE_SIM_SEEDS` sets how many seeds run (CI: 300); `CARMINE_SIM_SEED` replays one.
 
 use carmine_pg::{Action, Event, Interval, Member, Msg, OpKind, ReqId, Version};
@@ -23,6 +29,10 @@ const SIZE: usize = 3;
 const MIN_SIZE: usize = 2;
 const STEPS: u64 = 3000;
 const OBJECTS: u32 = 8;
+/// The read lease, in clock units (a tick is about 1,000 of them): each seed takes one of
+/// these. Leases longer than the manager takes to mark a cut-off OSD down are the ones where
+/// a new interval goes active while the old primary still holds its lease.
+const LEASES: [u64; 3] = [30_000, 100_000, 250_000];
 
 struct Sim {
     rng: StdRng,
@@ -66,6 +76,14 @@ struct Sim {
     /// Objects each OSD was asked to recover first.
     urgent: Vec<BTreeSet<String>>,
     recovered: u64,
+    /// Each OSD's clock rate: clock units per tick (1,000 ± 3%).
+    rate: Vec<u64>,
+    /// The reader's view of the map: (epoch, primary), lagging more than the writer's.
+    reader_view: (u32, Option<u32>),
+    /// Reads served, and those a primary held back for its lease.
+    lease: u64,
+    reads: u64,
+    lease_waits: u64,
 }
 
 impl Sim {
@@ -97,7 +115,17 @@ impl Sim {
             pulls: BTreeMap::new(),
             urgent: vec![BTreeSet::new(); OSDS as usize],
             recovered: 0,
+            rate: Vec::new(),
+            reader_view: (0, None),
+            lease: 0,
+            reads: 0,
+            lease_waits: 0,
         };
+        s.rate = (0..OSDS).map(|_| s.rng.random_range(970..=1030)).collect();
+        s.lease = LEASES[s.rng.random_range(0..LEASES.len())];
+        for m in &mut s.members {
+            m.set_read_lease(s.lease, s.lease);
+        }
         s.new_epoch();
         s
     }
@@ -155,6 +183,11 @@ impl Sim {
         }
     }
 
+    /// OSD `o`'s clock.
+    fn clock(&self, o: u32) -> u64 {
+        self.now * self.rate[o as usize]
+    }
+
     fn reachable(&self, a: u32, b: u32) -> bool {
         self.running[a as usize]
             && self.running[b as usize]
@@ -165,7 +198,8 @@ impl Sim {
         if !self.running[o as usize] {
             return;
         }
-        let actions = self.members[o as usize].handle(ev);
+        let now = self.clock(o);
+        let actions = self.members[o as usize].handle(now, ev);
         for a in actions {
             match a {
                 Action::Send { to, msg } => {
@@ -367,6 +401,48 @@ impl Sim {
         }
     }
 
+    /// The reader reads one object from the OSD it believes primary, which serves it only
+    /// while it holds its read lease (it may be cut off from everyone else, the reader not).
+    fn read(&mut self) {
+        // Like a real client, it stays with the OSD it knows until that refuses it, and
+        // otherwise learns of new maps only now and then.
+        if self.rng.random_bool(0.005) {
+            self.reader_view = (self.epoch, self.acting.first().copied());
+        }
+        let Some(o) = self.reader_view.1 else {
+            self.reader_view = (self.epoch, self.acting.first().copied());
+            return;
+        };
+        if !self.rng.random_bool(0.4) {
+            return;
+        }
+        let oid = format!("o{}", self.rng.random_range(0..OBJECTS));
+        let m = &self.members[o as usize];
+        if !self.running[o as usize] || !m.is_active_primary() {
+            self.reader_view = (self.epoch, self.acting.first().copied());
+            return;
+        }
+        if m.missing.contains_key(&oid) {
+            return; // waits for recovery
+        }
+        if !m.readable(self.clock(o)) {
+            self.lease_waits += 1;
+            return;
+        }
+        self.reads += 1;
+        let served = m.objects.get(&oid).copied();
+        let acked = self.acked.get(&oid).copied();
+        if served < acked {
+            self.violations.push(format!(
+                "t{}: osd.{o} (epoch {}, current {}) serves a read of {oid} at {served:?}, \
+                 but {acked:?} was acknowledged",
+                self.now,
+                m.epoch(),
+                self.epoch
+            ));
+        }
+    }
+
     fn faults(&mut self) {
         let r: f64 = self.rng.random();
         if r < 0.004 {
@@ -390,6 +466,9 @@ impl Sim {
                     }
                 }
                 self.members[o as usize] = self.disks[o as usize].restart();
+                // Leases granted before the crash run at most a lease past it.
+                let until = self.clock(o) + self.lease;
+                self.members[o as usize].set_read_lease(self.lease, until);
                 self.urgent[o as usize].clear();
             }
         } else if r < 0.008 {
@@ -469,13 +548,17 @@ impl Sim {
                 self.run(to, Event::Msg { from, msg });
             }
         }
-        if self.now.is_multiple_of(5) {
-            for o in 0..OSDS {
-                self.run(o, Event::Tick);
-            }
+        let ev = if self.now.is_multiple_of(5) {
+            Event::Tick
+        } else {
+            Event::Clock
+        };
+        for o in 0..OSDS {
+            self.run(o, ev.clone());
         }
         self.recover();
         self.client();
+        self.read();
     }
 
     /// The active primary of the current epoch holds every acknowledged write, and no
@@ -518,7 +601,11 @@ impl Sim {
     }
 }
 
-fn run_seed(seed: u64) -> Result<(u64, u64), String> {
+/// What one seed did: acknowledged writes, objects recovered, reads served, reads held
+/// back for a lease.
+type Counts = (u64, u64, u64, u64);
+
+fn run_seed(seed: u64) -> Result<Counts, String> {
     let mut sim = Sim::new(seed);
     let fail = |sim: &Sim, e: String| {
         let verbose = std::env::var("CARMINE_SIM_SEED").is_ok();
@@ -594,7 +681,7 @@ fn run_seed(seed: u64) -> Result<(u64, u64), String> {
             );
         }
     }
-    Ok((sim.acks, sim.recovered))
+    Ok((sim.acks, sim.recovered, sim.reads, sim.lease_waits))
 }
 
 #[test]
@@ -608,13 +695,22 @@ fn no_acknowledged_write_is_lost_under_crashes_partitions_and_lost_messages() {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(300);
-    let (mut acks, mut recovered) = (0, 0);
+    let (mut acks, mut recovered, mut reads, mut waits) = (0, 0, 0, 0);
     for seed in 0..seeds {
-        let (a, r) = run_seed(seed).unwrap_or_else(|e| panic!("{e}"));
+        let (a, r, rd, w) = run_seed(seed).unwrap_or_else(|e| panic!("{e}"));
         acks += a;
         recovered += r;
+        reads += rd;
+        waits += w;
     }
-    println!("{seeds} seeds: {acks} acknowledged writes, {recovered} objects recovered");
+    println!(
+        "{seeds} seeds: {acks} acknowledged writes, {recovered} objects recovered, \
+         {reads} reads served, {waits} held back for a lease"
+    );
+    assert!(
+        reads > seeds * 50,
+        "the simulation hardly read anything: {reads}"
+    );
     assert!(
         recovered > seeds,
         "the simulation hardly recovered anything in the background: {recovered}"

@@ -47,6 +47,7 @@ fn cluster() -> Cluster {
         pg_history: None,
         scrub: Default::default(),
         recovery: Default::default(),
+        read_lease: carmine_osd::READ_LEASE_DEFAULT,
         lease: None,
     })
     .unwrap();

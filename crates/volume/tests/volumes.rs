@@ -45,6 +45,7 @@ where
         pg_history: None,
         scrub: Default::default(),
         recovery: Default::default(),
+        read_lease: carmine_osd::READ_LEASE_DEFAULT,
         lease: None,
     })
     .unwrap();

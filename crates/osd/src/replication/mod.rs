@@ -38,6 +38,11 @@ use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::rc::Rc;
 use std::time::Duration;
 
+/// Default for `OsdConfig::read_lease`: short enough that a primary cut off from its copies
+/// stops serving reads well before the default etcd TTL (5 s) has it marked down, so a
+/// failover waits for nothing more; long enough that pings every quarter of it survive a
+/// loaded reactor's pauses.
+pub const READ_LEASE_DEFAULT: Duration = Duration::from_secs(2);
 /// How often members resend what the network may have lost (peering messages, replica
 /// writes not yet acknowledged) and PGs waiting on the map store ask again.
 const TICK: Duration = Duration::from_millis(100);
@@ -184,6 +189,19 @@ pub(crate) struct Replication {
     next_token: Cell<u64>,
     budget: recover::Budget,
     pace: RefCell<recover::Pace>,
+    /// The read lease, and when this reactor started (both in `clock()`'s nanoseconds): a
+    /// member's earlier incarnation may have granted leases that run until a lease past that.
+    lease_ns: u64,
+    started_ns: u64,
+}
+
+/// The members' clock: nanoseconds since this process first read it (monotone).
+pub(crate) fn clock() -> u64 {
+    static ORIGIN: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+    ORIGIN
+        .get_or_init(std::time::Instant::now)
+        .elapsed()
+        .as_nanos() as u64
 }
 
 impl Replication {
@@ -193,6 +211,7 @@ impl Replication {
         history: Option<HistoryClient>,
         scrub_schedule: ScrubSchedule,
         recovery: RecoveryConfig,
+        read_lease: Duration,
     ) -> Self {
         Replication {
             osd,
@@ -207,7 +226,21 @@ impl Replication {
             next_token: Cell::new(0),
             budget: recover::Budget::new(recovery),
             pace: RefCell::new(recover::Pace::new()),
+            lease_ns: read_lease.as_nanos() as u64,
+            started_ns: clock(),
         }
+    }
+
+    /// A member with nothing stored, holding read leases as this OSD does.
+    pub fn new_member(&self) -> Member {
+        self.with_lease(Member::new(self.osd, self.log_max))
+    }
+
+    /// `m` with this OSD's read lease. Promises are not persisted: those of this OSD's
+    /// earlier incarnation are taken to run until a lease after this reactor started.
+    pub fn with_lease(&self, mut m: Member) -> Member {
+        m.set_read_lease(self.lease_ns, self.started_ns + self.lease_ns);
+        m
     }
 
     pub fn pg(&self, pg: PgId) -> Option<Rc<PgReplica>> {
@@ -222,7 +255,7 @@ pub(crate) async fn start<S: ObjectStore + 'static>(shard: &Rc<Shard<S>>) -> Res
     let n = loaded.len();
     for l in loaded {
         let objects = l.objects();
-        let member = Member::restore(repl.osd, l.log, objects, l.missing, l.les);
+        let member = repl.with_lease(Member::restore(repl.osd, l.log, objects, l.missing, l.les));
         if !member.missing.is_empty() {
             tracing::info!(pg = %l.pg, objects = member.missing.len(),
                 "this copy still lacks objects: it recovers them once peered");
@@ -311,7 +344,7 @@ pub(crate) async fn on_map<S: ObjectStore + 'static>(shard: &Rc<Shard<S>>) -> Re
         }
         let pgr = Rc::new(PgReplica::new(
             pg,
-            Member::new(repl.osd, repl.log_max),
+            repl.new_member(),
             BTreeMap::new(),
             &repl.scrub_schedule,
         ));
@@ -467,6 +500,9 @@ fn tick<S: ObjectStore + 'static>(shard: &Rc<Shard<S>>) {
         }
         if !active || n % ACTIVE_TICK_EVERY == 0 {
             drive(shard, &pgr, Event::Tick, None);
+        } else {
+            // Pings for the read lease, when due.
+            drive(shard, &pgr, Event::Clock, None);
         }
         recover::kick(shard, &pgr);
     }
@@ -483,7 +519,7 @@ pub(crate) fn drive<S: ObjectStore + 'static>(
     if pgr.broken.borrow().is_some() {
         return;
     }
-    let actions = pgr.member.borrow_mut().handle(ev);
+    let actions = pgr.member.borrow_mut().handle(clock(), ev);
     carry_out(shard, pgr, actions, ops);
     let (epoch, idle) = {
         let m = pgr.member.borrow();
@@ -706,18 +742,21 @@ pub(crate) fn on_peer<S: ObjectStore + 'static>(
                 // A primary asks every member any recorded interval had: an OSD that holds
                 // nothing of the PG says so, with an empty history.
                 if let Msg::Query { .. } = msg {
-                    let mut blank = Member::new(repl.osd, repl.log_max);
+                    let mut blank = repl.new_member();
                     // In this reactor's epoch, as any member answers.
                     let map = shard.view.borrow().map.clone();
                     if let Ok(pool) = map.pool(pg.pool) {
-                        blank.handle(Event::Map {
-                            epoch: map.epoch,
-                            acting: map.pg_osds(pg, pool.size),
-                            history: Vec::new(),
-                            min_size: pool.min_size as usize,
-                        });
+                        blank.handle(
+                            clock(),
+                            Event::Map {
+                                epoch: map.epoch,
+                                acting: map.pg_osds(pg, pool.size),
+                                history: Vec::new(),
+                                min_size: pool.min_size as usize,
+                            },
+                        );
                     }
-                    for a in blank.handle(Event::Msg { from, msg }) {
+                    for a in blank.handle(clock(), Event::Msg { from, msg }) {
                         if let Action::Send { to, msg } = a {
                             send(shard, to, pg, Body::Pg { msg, ops: vec![] });
                         }

@@ -56,7 +56,7 @@ pub(crate) fn consider<S: ObjectStore + 'static>(
     }
     let objects = pgr.held.borrow().len();
     tracing::info!(pg = %pgr.pg, objects, "removing the stray copy of a PG that is clean elsewhere");
-    *pgr.member.borrow_mut() = Member::new(shard.osd, shard.replication.log_max);
+    *pgr.member.borrow_mut() = shard.replication.new_member();
     pgr.held.borrow_mut().clear();
     pgr.log_keys.borrow_mut().clear();
     pgr.inflight_ops.borrow_mut().clear();

@@ -31,10 +31,24 @@ fn inactive(pg: PgId, why: &str) -> ErrorReply {
     reject(Status::PgInactive, format!("pg {pg}: {why}"))
 }
 
-/// `Ok` if reads of `pg` may be served here now.
-pub(crate) fn check_readable<S>(shard: &Shard<S>, pg: PgId) -> Result<(), ErrorReply> {
+/// How long a read waits for the primary's read lease to be renewed, and how often it looks.
+const LEASE_WAIT: Duration = Duration::from_secs(3);
+const LEASE_POLL: Duration = Duration::from_millis(1);
+
+/// `Ok` once reads of `pg` may be served here: this is its active primary and holds a read
+/// lease from every other acting member (a newer interval cannot be active elsewhere). A
+/// lapsed lease is waited for (renewed by the next pings) up to `LEASE_WAIT`.
+pub(crate) async fn check_readable<S: ObjectStore + 'static>(
+    shard: &Shard<S>,
+    pg: PgId,
+) -> Result<(), ErrorReply> {
     match shard.replication.pg(pg) {
-        Some(p) if p.member.borrow().is_active_primary() && p.broken.borrow().is_none() => Ok(()),
+        Some(p) if p.member.borrow().is_active_primary() && p.broken.borrow().is_none() => {
+            if p.member.borrow().readable(super::clock()) {
+                return Ok(());
+            }
+            await_lease(&shard.rc(), &p).await
+        }
         Some(p) if p.broken.borrow().is_some() => Err(reject(
             Status::Io,
             format!(
@@ -43,6 +57,36 @@ pub(crate) fn check_readable<S>(shard: &Shard<S>, pg: PgId) -> Result<(), ErrorR
             ),
         )),
         _ => Err(inactive(pg, "not active here yet (peering)")),
+    }
+}
+
+/// Waits for `pgr`'s read lease to be renewed, pinging at once if a ping is due.
+async fn await_lease<S: ObjectStore + 'static>(
+    shard: &Rc<Shard<S>>,
+    pgr: &Rc<PgReplica>,
+) -> Result<(), ErrorReply> {
+    shard.metrics.read_lease_waited();
+    drive(shard, pgr, Event::Clock, None);
+    let start = std::time::Instant::now();
+    loop {
+        {
+            let m = pgr.member.borrow();
+            if !m.is_active_primary() {
+                return Err(inactive(pgr.pg, "its interval ended while a read waited"));
+            }
+            if m.readable(super::clock()) {
+                return Ok(());
+            }
+        }
+        if start.elapsed() >= LEASE_WAIT {
+            shard.metrics.read_lease_refused();
+            return Err(inactive(
+                pgr.pg,
+                "its read lease lapsed: the other copies did not renew it (this OSD may be \
+                 cut off from them, and the PG served elsewhere)",
+            ));
+        }
+        carmine_reactor::sleep(LEASE_POLL).await;
     }
 }
 

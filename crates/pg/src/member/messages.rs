@@ -22,6 +22,9 @@ pub enum Msg {
         log: PgLog,
         objects: BTreeMap<String, Version>,
         missing: BTreeSet<String>,
+        /// How long, in the member's clock, a read lease it granted another primary may
+        /// still run: the new primary goes active only after that (see [`Msg::Ping`]).
+        promise_left: u64,
     },
     /// The authoritative history for the member: its log becomes `log`, and the objects
     /// listed take the given versions (`None`: removed). `round` counts the primary's peering
@@ -60,6 +63,20 @@ pub enum Msg {
         epoch: u32,
         round: u32,
         oid: String,
+    },
+    /// The active primary asks for a read lease (sent every quarter lease). `stamp` is the
+    /// primary's clock when sent, echoed back in [`Msg::Pong`].
+    Ping {
+        epoch: u32,
+        stamp: u64,
+    },
+    /// A replica of the primary's interval grants the lease: it promises not to help a newer
+    /// interval go active before a lease duration has passed, in its own clock, since it
+    /// received the ping. The primary serves reads until the oldest of its members' last
+    /// answered stamps plus (most of) a lease.
+    Pong {
+        epoch: u32,
+        stamp: u64,
     },
     /// The primary believes the member lacks these objects: the member answers `Recovered`
     /// for those it holds, and with `urgent` (a client waits) recovers the others first.
@@ -108,8 +125,12 @@ pub enum Event {
         oid: String,
         kind: OpKind,
     },
-    /// Time passes: peering messages are sent again (the network may have lost them).
+    /// Time passes: peering messages are sent again (the network may have lost them), and
+    /// what [`Event::Clock`] does.
     Tick,
+    /// Time passes, lightly: an active primary pings its members if a ping is due, and an
+    /// activating one goes active once the read leases granted to earlier intervals ran out.
+    Clock,
     /// The host made the member's state as of [`Action::Persist`] `seq` durable.
     Persisted {
         seq: u64,
