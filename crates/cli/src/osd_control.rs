@@ -209,8 +209,9 @@ fn keep_registered(
             if c.lapsed() && !fenced {
                 fenced = true;
                 eprintln!(
-                    "the lease was not renewed within {:.0}% of its TTL: serving no client until \
-                     it is (the cluster may mark this OSD down)",
+                    "the lease was not renewed within {:.0}% of its TTL: serving no client of \
+                     single-copy pools until it is (the cluster may mark this OSD down); \
+                     replicated PGs go on under the read leases their copies grant",
                     carmine_osd::LEASE_TRUSTED_SHARE * 100.0
                 );
             }
