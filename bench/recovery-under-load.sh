@@ -6,12 +6,14 @@
 # 1 s later with an empty store; `cluster status` is polled until it counts every object
 # recovered. Writes OUT_DIR/summary: the refill time, the client's IOPS per second and the
 # objects left to recover every half second (fio's logs stay in a temporary directory).
-# Usage: bench/recovery-under-load.sh OUT_DIR [RATE_MIB=128] [SPAN=1G] (rate 0: no limit; a
-# span smaller than the volume leaves most objects to the background, at the rate)
+# Usage: bench/recovery-under-load.sh OUT_DIR [RATE_MIB=128] [SPAN=1G] [BUSY_RATE_MIB=16]
+# (rate 0: no limit; a span smaller than the volume leaves most objects to the background, at
+# the rate; the busy rate applies while clients are active on an OSD's reactor, 0: the rate)
 set -uo pipefail
 out=${1:?usage: $0 OUT_DIR [RATE_MIB]}
 rate=${2:-128}
 span=${3:-1G}
+busy=${4:-16}
 carmine=$(realpath "${CARMINE:-target/release/carmine}")
 command -v fio >/dev/null || { echo "needs fio (apt-get install fio)" >&2; exit 1; }
 dir=$(mktemp -d /tmp/carmine-recovery-XXXX)
@@ -20,7 +22,7 @@ mkdir -p "$out"
 out=$(realpath "$out")
 trap '"$carmine" cluster down --dir "$CARMINE_DIR" >/dev/null 2>&1; kill $nbd 2>/dev/null; rm -rf "$dir"' EXIT
 "$carmine" cluster up --osds 3 --store memory --pg-num 64 --cpu-set 1 --memory-limit 2G \
-  --recovery-rate-mib "$rate" >/dev/null
+  --recovery-rate-mib "$rate" --recovery-busy-rate-mib "$busy" >/dev/null
 "$carmine" volume create v --size 1G >/dev/null
 head -c 1G /dev/urandom | "$carmine" volume write v -f - -q >/dev/null
 taskset -c 0 "$carmine" nbd serve --export v --listen 127.0.0.1:10809 >"$dir/nbd.log" 2>&1 &
@@ -34,7 +36,7 @@ sleep 8
 kill -9 "$(cat "$CARMINE_DIR/osd.2.pid")"
 t0=$(date +%s.%N)
 sleep 1
-"$carmine" cluster up --cpu-set 1 --recovery-rate-mib "$rate" >/dev/null
+"$carmine" cluster up --cpu-set 1 --recovery-rate-mib "$rate" --recovery-busy-rate-mib "$busy" >/dev/null
 start=$(date +%s.%N)
 : >"$dir/status.log"
 while true; do
@@ -44,7 +46,7 @@ while true; do
   sleep 0.5
 done
 t1=$(date +%s.%N)
-echo "rate $rate MiB/s, writes over $span: osd.2 killed ~8 s into fio, refilled $(echo "$t1 - $t0" | bc) s after the kill" >"$out/summary"
+echo "rate $rate MiB/s ($busy while clients are active), writes over $span: osd.2 killed ~8 s into fio, refilled $(echo "$t1 - $t0" | bc) s after the kill" >"$out/summary"
 wait $fio
 echo "IOPS per second:" >>"$out/summary"
 awk -F, '{printf "%d:%d ", $1/1000, $2} END {print ""}' "$dir/w_iops.1.log" >>"$out/summary"

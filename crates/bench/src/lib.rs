@@ -318,6 +318,7 @@ fn bench_carmine(a: &BenchArgs, cluster_dir: &std::path::Path) -> Result<Run> {
         cpu_set: Some(a.osd_cpu.clone()),
         no_pin: false,
         recovery_rate_mib: None,
+        recovery_busy_rate_mib: None,
         pool: Some("rbd".into()),
         pg_num: Some(64),
         size: Some(a.size),

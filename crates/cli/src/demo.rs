@@ -55,6 +55,7 @@ pub fn run(a: DemoArgs) -> Result<()> {
         cpu_set: None,
         no_pin: false,
         recovery_rate_mib: None,
+        recovery_busy_rate_mib: None,
         pool: Some("rbd".into()),
         pg_num: Some(64),
         size: Some(1),

@@ -114,6 +114,10 @@ pub struct OsdArgs {
     /// (objects a client waits for are copied first, whatever the rate). 0: no limit.
     #[arg(long, default_value_t = carmine_osd::RECOVERY_RATE_DEFAULT >> 20)]
     pub recovery_rate_mib: u64,
+    /// The same while clients are active on the reactor (a read or write of theirs, or a
+    /// replica write, came in the last 100 ms): client I/O first. 0: the rate above.
+    #[arg(long, default_value_t = carmine_osd::RECOVERY_BUSY_RATE_DEFAULT >> 20)]
+    pub recovery_busy_rate_mib: u64,
     /// The read lease the copies of replicated PGs grant their primary: a primary cut off from
     /// its copies stops serving reads within it, and after a failover the new primary waits
     /// out what its copies granted the old one before it serves. Keep it at most the lease
@@ -252,6 +256,7 @@ pub fn run(a: OsdArgs, access: &carmine_localcluster::EtcdAccessArgs) -> Result<
         },
         recovery: carmine_osd::RecoveryConfig {
             rate: Some(a.recovery_rate_mib << 20).filter(|r| *r > 0),
+            busy_rate: Some(a.recovery_busy_rate_mib << 20).filter(|r| *r > 0),
         },
         read_lease: a.read_lease,
         lease: lease.clone(),

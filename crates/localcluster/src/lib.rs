@@ -80,6 +80,10 @@ pub struct UpArgs {
     /// (the OSDs' own default if not given; 0: no limit).
     #[arg(long)]
     pub recovery_rate_mib: Option<u64>,
+    /// The same while clients are active on the reactor (the OSDs' own default if not given;
+    /// 0: the rate above).
+    #[arg(long)]
+    pub recovery_busy_rate_mib: Option<u64>,
     /// Name of the pool created with the cluster [rbd].
     #[arg(long)]
     pub pool: Option<String>,
@@ -1044,6 +1048,9 @@ fn start_osd(
     }
     if let Some(r) = a.recovery_rate_mib {
         cmd.arg("--recovery-rate-mib").arg(r.to_string());
+    }
+    if let Some(r) = a.recovery_busy_rate_mib {
+        cmd.arg("--recovery-busy-rate-mib").arg(r.to_string());
     }
     // Own process group: a Ctrl-C aimed at the shell does not take the cluster down.
     use std::os::unix::process::CommandExt;

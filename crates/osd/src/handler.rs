@@ -186,10 +186,7 @@ async fn read_straight_into_reply<S: ObjectStore + 'static>(
     let pg = route(shard, &req)?;
     let _in_progress = admit(shard, &req, pg)?;
     if replicated(shard, pg) {
-        crate::replication::check_readable(shard, pg).await?;
-        if crate::replication::lacks_here(shard, pg, &req.oid) {
-            crate::replication::await_readable(&shard.rc(), pg, &req.oid).await?;
-        }
+        crate::replication::ready_to_read(shard, pg, &req.oid).await?;
     }
     let [OsdOp::Read { off, len }] = req.ops[..] else {
         unreachable!("checked by is_single_read")
@@ -451,10 +448,7 @@ async fn handle_object<S: ObjectStore + 'static>(
     match writes {
         0 if req.ops.is_empty() => Err(reject(Status::InvalidArgument, "request has no ops")),
         0 if replicated => {
-            crate::replication::check_readable(shard, pg).await?;
-            if crate::replication::lacks_here(shard, pg, &req.oid) {
-                crate::replication::await_readable(&shard.rc(), pg, &req.oid).await?;
-            }
+            crate::replication::ready_to_read(shard, pg, &req.oid).await?;
             match read_ops(shard, pg, &req).await {
                 Err(e) if e.status == Status::Corrupt => {
                     repair_for_read(shard, pg, &req.oid, &e).await?;

@@ -80,6 +80,7 @@ pub struct ReactorMetrics {
     read_repairs: AtomicU64,
     lease_refusals: AtomicU64,
     read_lease_waits: AtomicU64,
+    replica_writes: AtomicU64,
     read_lease_refusals: AtomicU64,
     pgs_active: AtomicU64,
     pgs_peering: AtomicU64,
@@ -112,6 +113,18 @@ impl ReactorMetrics {
         add(&k.buckets[b], 1);
         add(&self.bytes_received, rx as u64);
         add(&self.bytes_sent, tx as u64);
+    }
+
+    /// Client reads and writes so far, replica writes included (recovery yields while this
+    /// moves).
+    pub(crate) fn client_ops(&self) -> u64 {
+        load(&self.kinds[OpKind::Read as usize].ops)
+            + load(&self.kinds[OpKind::Write as usize].ops)
+            + load(&self.replica_writes)
+    }
+
+    pub(crate) fn replica_write(&self) {
+        add(&self.replica_writes, 1);
     }
 
     pub(crate) fn set_connections(&self, n: u64) {
@@ -433,6 +446,13 @@ pub fn render(osd: u32, reactors: &[ReactorSource]) -> String {
         "Client requests to PGs of one copy refused because the OSD's lease in etcd may have \
          run out.",
         &|r| load(&r.metrics.lease_refusals).to_string(),
+    );
+    per_reactor(
+        &mut t,
+        "carmine_osd_replica_writes_total",
+        "counter",
+        "Writes of replicated PGs received from their primary, as a replica.",
+        &|r| load(&r.metrics.replica_writes).to_string(),
     );
     per_reactor(
         &mut t,

@@ -727,6 +727,7 @@ fn a_copy_that_comes_back_empty_is_refilled_in_the_background_while_its_pgs_serv
     // 1 MiB/s: the 16 MiB below would take ~16 s to copy back at that pace.
     let slow = RecoveryConfig {
         rate: Some(1 << 20),
+        busy_rate: None,
     };
     let start = |id: u32, map: &OsdMap| {
         start_recovering(id, map, dir.path(), None, Default::default(), slow)
@@ -868,7 +869,10 @@ fn objects_whose_every_holder_lost_its_disk_are_reported_unfound_and_never_serve
             dir.path(),
             None,
             Default::default(),
-            RecoveryConfig { rate },
+            RecoveryConfig {
+                rate,
+                busy_rate: None,
+            },
         )
     };
     let mut osds: Vec<Option<Osd>> = (0..3).map(|id| Some(start(id, &map, None))).collect();

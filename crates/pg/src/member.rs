@@ -218,13 +218,27 @@ impl Member {
             .unwrap_or(0)
     }
 
+    /// Whether [`Event::Clock`] at `now` would do anything: a ping is due, or an activation
+    /// waits for leases granted to earlier intervals to run out (hosts skip it otherwise).
+    pub fn wants_clock(&self, now: u64) -> bool {
+        match self.role {
+            Role::Active => self.ping_due(now),
+            Role::Activating { .. } => true,
+            _ => false,
+        }
+    }
+
+    fn ping_due(&self, now: u64) -> bool {
+        let every = (self.lease / PINGS_PER_LEASE).max(1);
+        self.role == Role::Active
+            && self.lease > 0
+            && self.acting.len() >= 2
+            && self.last_ping.is_none_or(|t| now >= t + every)
+    }
+
     /// As the active primary: pings the other acting members if a ping is due.
     fn ping_if_due(&mut self, out: &mut Vec<Action>) {
-        if self.role != Role::Active || self.lease == 0 || self.acting.len() < 2 {
-            return;
-        }
-        let every = (self.lease / PINGS_PER_LEASE).max(1);
-        if self.last_ping.is_some_and(|t| self.now < t + every) {
+        if !self.ping_due(self.now) {
             return;
         }
         self.last_ping = Some(self.now);

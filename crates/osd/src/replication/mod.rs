@@ -20,10 +20,10 @@ mod scrub;
 mod write;
 
 pub(crate) use carmine_pg::envelope::{Body, ObjectCopy, PeerMessage};
-pub use recover::{RecoveryConfig, RECOVERY_RATE_DEFAULT};
+pub use recover::{RecoveryConfig, RECOVERY_BUSY_RATE_DEFAULT, RECOVERY_RATE_DEFAULT};
 pub use scrub::ScrubSchedule;
 pub(crate) use scrub::{repair_for_read, scrub};
-pub(crate) use write::{await_readable, check_readable, lacks_here, write};
+pub(crate) use write::{ready_to_read, write};
 
 use crate::reactor::Shard;
 use carmine_cluster::{pg_to_reactor_index, OsdMap};
@@ -500,7 +500,7 @@ fn tick<S: ObjectStore + 'static>(shard: &Rc<Shard<S>>) {
         }
         if !active || n % ACTIVE_TICK_EVERY == 0 {
             drive(shard, &pgr, Event::Tick, None);
-        } else {
+        } else if pgr.member.borrow().wants_clock(clock()) {
             // Pings for the read lease, when due.
             drive(shard, &pgr, Event::Clock, None);
         }
@@ -737,7 +737,12 @@ pub(crate) fn on_peer<S: ObjectStore + 'static>(
     }
     match body {
         Body::Pg { msg, ops } => match repl.pg(pg) {
-            Some(pgr) => drive(shard, &pgr, Event::Msg { from, msg }, Some(&ops)),
+            Some(pgr) => {
+                if let Msg::Rep { .. } = msg {
+                    shard.metrics.replica_write();
+                }
+                drive(shard, &pgr, Event::Msg { from, msg }, Some(&ops))
+            }
             None => {
                 // A primary asks every member any recorded interval had: an OSD that holds
                 // nothing of the PG says so, with an empty history.

@@ -1,8 +1,9 @@
 //! Recovery in the background (decision 0009, point 7): a PG copy goes active as soon as
 //! every member has taken the authoritative history, and each member then fetches the objects
 //! its store lacks ([`Member::missing`](carmine_pg::Member)) one at a time, from a member that
-//! holds them, behind client I/O: at a configured rate per reactor, except the objects a
-//! client waits for, which go first and are not held back by the rate.
+//! holds them, behind client I/O: at a configured rate per reactor, a lower one while clients
+//! are active on the reactor, except the objects a client waits for, which go first and are
+//! not held back by either rate.
 //!
 //! A fetched object is stored through the PG's persist queue ([`Job::Recovered`]), in order
 //! with the copy's other changes, and in one transaction with the record saying it is no
@@ -21,6 +22,10 @@ use std::time::{Duration, Instant};
 
 /// Default for [`RecoveryConfig::rate`]: bytes per second per reactor.
 pub const RECOVERY_RATE_DEFAULT: u64 = 128 << 20;
+/// Default for [`RecoveryConfig::busy_rate`]: an eighth of the idle rate.
+pub const RECOVERY_BUSY_RATE_DEFAULT: u64 = 16 << 20;
+/// A reactor counts as busy with clients for this long after a client request came in.
+const BUSY_WINDOW: Duration = Duration::from_millis(100);
 /// Pause before asking again for an object no member sent.
 const RETRY_PAUSE: Duration = Duration::from_millis(200);
 /// How long a recovery held back by the rate sleeps before it looks for urgent objects.
@@ -36,31 +41,59 @@ pub struct RecoveryConfig {
     /// Bytes per second each reactor copies for recovery, objects a client waits for aside.
     /// `None`: as fast as the members send.
     pub rate: Option<u64>,
+    /// The same while clients are active on the reactor (a read or write of theirs came in
+    /// the last 100 ms): client I/O first, recovery still moving. `None`: `rate`.
+    pub busy_rate: Option<u64>,
 }
 
 impl Default for RecoveryConfig {
     fn default() -> Self {
         RecoveryConfig {
             rate: Some(RECOVERY_RATE_DEFAULT),
+            busy_rate: Some(RECOVERY_BUSY_RATE_DEFAULT),
         }
     }
 }
 
 /// A reactor's recovery budget: a token bucket of one second's worth of bytes, which a copy
-/// overdraws and then waits out.
+/// overdraws and then waits out. Its rate is the busy one while clients are active.
 pub(crate) struct Budget {
     rate: Option<u64>,
+    busy_rate: Option<u64>,
     /// Bytes available (negative: owed) as of `at`.
     tokens: Cell<i64>,
     at: Cell<Instant>,
+    /// The reactor's client request count when last looked at, and when it last moved.
+    client_ops: Cell<u64>,
+    busy_at: Cell<Option<Instant>>,
 }
 
 impl Budget {
     pub fn new(cfg: RecoveryConfig) -> Self {
+        let rate = cfg.rate.filter(|r| *r > 0);
         Budget {
-            rate: cfg.rate.filter(|r| *r > 0),
+            rate,
+            busy_rate: cfg.busy_rate.filter(|r| *r > 0).or(rate),
             tokens: Cell::new(cfg.rate.unwrap_or(0) as i64),
             at: Cell::new(Instant::now()),
+            client_ops: Cell::new(0),
+            busy_at: Cell::new(None),
+        }
+    }
+
+    /// The rate now, given the reactor's count of client requests so far.
+    fn rate_now(&self, client_ops: u64) -> Option<u64> {
+        if self.client_ops.replace(client_ops) != client_ops {
+            self.busy_at.set(Some(Instant::now()));
+        }
+        let busy = self
+            .busy_at
+            .get()
+            .is_some_and(|t| t.elapsed() < BUSY_WINDOW);
+        if busy {
+            self.busy_rate
+        } else {
+            self.rate
         }
     }
 
@@ -73,10 +106,13 @@ impl Budget {
     }
 
     /// Waits until the budget is not in debt, or `interrupt` says something more pressing
-    /// came (it is asked every [`READY_SLICE`]).
-    async fn ready(&self, interrupt: impl Fn() -> bool) {
-        let Some(rate) = self.rate else { return };
+    /// came (it is asked every [`READY_SLICE`]). `client_ops`: the reactor's count of client
+    /// requests so far (whether it moves says whether clients are active).
+    async fn ready(&self, client_ops: impl Fn() -> u64, interrupt: impl Fn() -> bool) {
         loop {
+            let Some(rate) = self.rate_now(client_ops()) else {
+                return;
+            };
             self.refill(rate);
             let t = self.tokens.get();
             if t >= 0 || interrupt() {
@@ -89,7 +125,7 @@ impl Budget {
 
     /// Takes `bytes` from the budget (negative: gives them back).
     fn spend(&self, bytes: i64) {
-        if let Some(rate) = self.rate {
+        if let Some(rate) = self.rate.max(self.busy_rate) {
             self.refill(rate);
             self.tokens.set(self.tokens.get() - bytes);
         }
@@ -230,7 +266,10 @@ async fn run<S: ObjectStore + 'static>(shard: &Rc<Shard<S>>, pgr: &Rc<PgReplica>
             shard
                 .replication
                 .budget
-                .ready(|| !pgr.urgent.borrow().is_empty())
+                .ready(
+                    || shard.metrics.client_ops(),
+                    || !pgr.urgent.borrow().is_empty(),
+                )
                 .await;
             if !pgr.urgent.borrow().is_empty() {
                 continue;
@@ -288,5 +327,49 @@ async fn run<S: ObjectStore + 'static>(shard: &Rc<Shard<S>>, pgr: &Rc<PgReplica>
             count += 1;
         }
         after = Some(oid);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_budget_runs_at_the_busy_rate_while_client_requests_come_in_and_at_the_rate_after() {
+        let b = Budget::new(RecoveryConfig {
+            rate: Some(100 << 20),
+            busy_rate: Some(10 << 20),
+        });
+        assert_eq!(b.rate_now(0), Some(100 << 20), "no client request yet");
+        assert_eq!(b.rate_now(3), Some(10 << 20), "requests came in");
+        assert_eq!(b.rate_now(3), Some(10 << 20), "within the busy window");
+        std::thread::sleep(BUSY_WINDOW + Duration::from_millis(20));
+        assert_eq!(b.rate_now(3), Some(100 << 20), "quiet for the busy window");
+        // Without a busy rate, the rate holds throughout; without a rate, there is no limit
+        // while idle.
+        let same = Budget::new(RecoveryConfig {
+            rate: Some(100 << 20),
+            busy_rate: None,
+        });
+        assert_eq!(same.rate_now(7), Some(100 << 20));
+        let unlimited = Budget::new(RecoveryConfig {
+            rate: None,
+            busy_rate: Some(10 << 20),
+        });
+        assert_eq!(unlimited.rate_now(0), None);
+        assert_eq!(unlimited.rate_now(1), Some(10 << 20));
+    }
+
+    #[test]
+    fn tokens_earned_while_idle_do_not_carry_into_a_busy_spell() {
+        let b = Budget::new(RecoveryConfig {
+            rate: Some(100 << 20),
+            busy_rate: Some(10 << 20),
+        });
+        // A full idle second's budget, then clients arrive: at most a busy second's worth
+        // may be spent before recovery waits.
+        let rate = b.rate_now(5).unwrap();
+        b.refill(rate);
+        assert!(b.tokens.get() <= 10 << 20, "{}", b.tokens.get());
     }
 }

@@ -35,29 +35,51 @@ fn inactive(pg: PgId, why: &str) -> ErrorReply {
 const LEASE_WAIT: Duration = Duration::from_secs(3);
 const LEASE_POLL: Duration = Duration::from_millis(1);
 
-/// `Ok` once reads of `pg` may be served here: this is its active primary and holds a read
-/// lease from every other acting member (a newer interval cannot be active elsewhere). A
-/// lapsed lease is waited for (renewed by the next pings) up to `LEASE_WAIT`.
-pub(crate) async fn check_readable<S: ObjectStore + 'static>(
+/// `Ok` once `oid` of `pg` may be read here: this is the PG's active primary, it holds a read
+/// lease from every other acting member (a newer interval cannot be active elsewhere), and
+/// its store holds the object. A lapsed lease is waited for (renewed by the next pings) up to
+/// `LEASE_WAIT`, an object being recovered until it is here. The common case is one lookup,
+/// one borrow and a clock read.
+pub(crate) async fn ready_to_read<S: ObjectStore + 'static>(
     shard: &Shard<S>,
     pg: PgId,
+    oid: &str,
 ) -> Result<(), ErrorReply> {
-    match shard.replication.pg(pg) {
-        Some(p) if p.member.borrow().is_active_primary() && p.broken.borrow().is_none() => {
-            if p.member.borrow().readable(super::clock()) {
-                return Ok(());
-            }
-            await_lease(&shard.rc(), &p).await
+    let Some(p) = shard.replication.pg(pg) else {
+        return Err(inactive(pg, "not active here yet (peering)"));
+    };
+    {
+        let m = p.member.borrow();
+        if m.readable(super::clock()) && !m.missing.contains_key(oid) && p.broken.borrow().is_none()
+        {
+            return Ok(());
         }
-        Some(p) if p.broken.borrow().is_some() => Err(reject(
-            Status::Io,
-            format!(
-                "pg {pg}: this copy stopped: {}",
-                p.broken.borrow().as_deref().unwrap_or("")
-            ),
-        )),
-        _ => Err(inactive(pg, "not active here yet (peering)")),
     }
+    check_readable(shard, &p).await?;
+    if p.member.borrow().missing.contains_key(oid) {
+        await_objects(&shard.rc(), &p, oid, true).await?;
+    }
+    Ok(())
+}
+
+/// The slow path of [`ready_to_read`]: is this the active primary, with a lease?
+async fn check_readable<S: ObjectStore + 'static>(
+    shard: &Shard<S>,
+    p: &Rc<PgReplica>,
+) -> Result<(), ErrorReply> {
+    if let Some(why) = p.broken.borrow().as_deref() {
+        return Err(reject(
+            Status::Io,
+            format!("pg {}: this copy stopped: {why}", p.pg),
+        ));
+    }
+    if !p.member.borrow().is_active_primary() {
+        return Err(inactive(p.pg, "not active here yet (peering)"));
+    }
+    if p.member.borrow().readable(super::clock()) {
+        return Ok(());
+    }
+    await_lease(&shard.rc(), p).await
 }
 
 /// Waits for `pgr`'s read lease to be renewed, pinging at once if a ping is due.
@@ -132,26 +154,6 @@ async fn await_objects<S: ObjectStore + 'static>(
             hastened = Some(std::time::Instant::now());
         }
         carmine_reactor::sleep(RECOVERY_POLL).await;
-    }
-}
-
-/// True if this copy of `pg` lacks `oid` (a read must wait for [`await_readable`]).
-pub(crate) fn lacks_here<S>(shard: &Shard<S>, pg: PgId, oid: &str) -> bool {
-    shard
-        .replication
-        .pg(pg)
-        .is_some_and(|p| p.member.borrow().missing.contains_key(oid))
-}
-
-/// Waits until this primary holds `oid` (it may be recovering it), for a read.
-pub(crate) async fn await_readable<S: ObjectStore + 'static>(
-    shard: &Rc<Shard<S>>,
-    pg: PgId,
-    oid: &str,
-) -> Result<(), ErrorReply> {
-    match shard.replication.pg(pg) {
-        Some(pgr) => await_objects(shard, &pgr, oid, true).await,
-        None => Ok(()),
     }
 }
 
