@@ -115,7 +115,8 @@ pub struct OsdArgs {
     #[arg(long, default_value_t = carmine_osd::RECOVERY_RATE_DEFAULT >> 20)]
     pub recovery_rate_mib: u64,
     /// The same while clients are active on the reactor (a read or write of theirs, or a
-    /// replica write, came in the last 100 ms): client I/O first. 0: the rate above.
+    /// replica write, came in the last 100 ms): client I/O first. 0: the rate above (which
+    /// also caps this one).
     #[arg(long, default_value_t = carmine_osd::RECOVERY_BUSY_RATE_DEFAULT >> 20)]
     pub recovery_busy_rate_mib: u64,
     /// The read lease the copies of replicated PGs grant their primary: a primary cut off from

@@ -42,7 +42,8 @@ pub struct RecoveryConfig {
     /// `None`: as fast as the members send.
     pub rate: Option<u64>,
     /// The same while clients are active on the reactor (a read or write of theirs came in
-    /// the last 100 ms): client I/O first, recovery still moving. `None`: `rate`.
+    /// the last 100 ms): client I/O first, recovery still moving. `None`: `rate`; never more
+    /// than `rate`.
     pub busy_rate: Option<u64>,
 }
 
@@ -73,7 +74,11 @@ impl Budget {
         let rate = cfg.rate.filter(|r| *r > 0);
         Budget {
             rate,
-            busy_rate: cfg.busy_rate.filter(|r| *r > 0).or(rate),
+            // Never faster while busy than while idle.
+            busy_rate: match (cfg.busy_rate.filter(|r| *r > 0), rate) {
+                (Some(b), Some(r)) => Some(b.min(r)),
+                (b, r) => b.or(r),
+            },
             tokens: Cell::new(cfg.rate.unwrap_or(0) as i64),
             at: Cell::new(Instant::now()),
             client_ops: Cell::new(0),
@@ -358,6 +363,12 @@ mod tests {
         });
         assert_eq!(unlimited.rate_now(0), None);
         assert_eq!(unlimited.rate_now(1), Some(10 << 20));
+        // A busy rate above the rate is the rate: never faster while clients are busy.
+        let slow = Budget::new(RecoveryConfig {
+            rate: Some(2 << 20),
+            busy_rate: Some(16 << 20),
+        });
+        assert_eq!(slow.rate_now(1), Some(2 << 20));
     }
 
     #[test]
