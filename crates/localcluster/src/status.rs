@@ -61,6 +61,8 @@ struct Usage {
     peering: u64,
     to_recover: u64,
     unfound: u64,
+    /// Active PGs whose primary has gone more than a read lease without hearing all copies.
+    unleased: u64,
     recovered_objects: u64,
     recovered_bytes: u64,
     /// Recovery's pace over the OSDs' last ten seconds.
@@ -79,6 +81,7 @@ impl Usage {
         self.peering += o.peering;
         self.to_recover += o.to_recover;
         self.unfound += o.unfound;
+        self.unleased += o.unleased;
         self.recovered_objects += o.recovered_objects;
         self.recovered_bytes += o.recovered_bytes;
         self.recovery_bytes_per_sec += o.recovery_bytes_per_sec;
@@ -116,6 +119,7 @@ fn scrape_usage(addr: &str) -> Option<Usage> {
         peering: sum("carmine_osd_pgs_peering"),
         to_recover: sum("carmine_osd_objects_to_recover"),
         unfound: sum("carmine_osd_objects_unfound"),
+        unleased: sum("carmine_osd_pgs_read_lease_lapsed"),
         recovered_objects: sum("carmine_osd_recovered_objects_total"),
         recovered_bytes: sum("carmine_osd_recovered_bytes_total"),
         recovery_bytes_per_sec: sum_f("carmine_osd_recovery_bytes_per_second"),
@@ -307,6 +311,15 @@ pub fn status(dir: &Path) -> Result<Status> {
                  an OSD that holds them (start the OSDs that are down; the primaries' logs \
                  name the PGs)",
                 usage.unfound
+            ),
+        );
+    }
+    if usage.unleased > 0 {
+        checks.add(
+            Health::Warn,
+            format!(
+                "Slow or broken links between OSDs: {} pgs' primaries have not heard from all                  their copies for longer than the read lease (their reads wait, and so do                  writes; the primaries' logs name the silent OSDs)",
+                usage.unleased
             ),
         );
     }

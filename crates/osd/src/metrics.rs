@@ -86,6 +86,7 @@ pub struct ReactorMetrics {
     pgs_peering: AtomicU64,
     objects_to_recover: AtomicU64,
     objects_unfound: AtomicU64,
+    pgs_unleased: AtomicU64,
     recovered_objects: AtomicU64,
     recovered_bytes: AtomicU64,
     /// Recovery's pace over the last seconds: bytes/s, and thousandths of objects/s.
@@ -167,7 +168,15 @@ impl ReactorMetrics {
 
     /// The replicated PGs this reactor is primary of, by state, and the objects its copies
     /// still have to fetch (refreshed every tick).
-    pub(crate) fn set_pg_states(&self, active: u64, peering: u64, to_recover: u64, unfound: u64) {
+    pub(crate) fn set_pg_states(
+        &self,
+        active: u64,
+        peering: u64,
+        to_recover: u64,
+        unfound: u64,
+        unleased: u64,
+    ) {
+        self.pgs_unleased.store(unleased, Ordering::Relaxed);
         self.pgs_active.store(active, Ordering::Relaxed);
         self.pgs_peering.store(peering, Ordering::Relaxed);
         self.objects_to_recover.store(to_recover, Ordering::Relaxed);
@@ -370,6 +379,15 @@ pub fn render(osd: u32, reactors: &[ReactorSource]) -> String {
         "Objects that PGs this reactor is primary of need and no member it heard from holds: \
          the PG waits, peering, for an OSD that does.",
         &|r| load(&r.metrics.objects_unfound).to_string(),
+    );
+    per_reactor(
+        &mut t,
+        "carmine_osd_pgs_read_lease_lapsed",
+        "gauge",
+        "Active PGs this reactor is primary of that have gone longer than a read lease \
+         without hearing all their copies (reads and writes wait: a link between OSDs is slow \
+         or broken).",
+        &|r| load(&r.metrics.pgs_unleased).to_string(),
     );
     per_reactor(
         &mut t,

@@ -145,6 +145,8 @@ pub struct Member {
     pongs: BTreeMap<OsdId, u64>,
     last_ping: Option<u64>,
     readable_until: u64,
+    /// When it last went active.
+    active_since: u64,
     /// As a primary: it goes active no sooner than this, when the leases its members granted
     /// to earlier intervals' primaries have run out.
     prior_leases_until: u64,
@@ -184,6 +186,7 @@ impl Member {
             pongs: BTreeMap::new(),
             last_ping: None,
             readable_until: 0,
+            active_since: 0,
             prior_leases_until: 0,
         }
     }
@@ -204,6 +207,29 @@ impl Member {
     /// active (every other acting member's promise holds, or there is none to hold).
     pub fn readable(&self, now: u64) -> bool {
         self.role == Role::Active && (self.acting.len() == 1 || now < self.readable_until)
+    }
+
+    /// As the active primary of more than one member: if its read lease has lapsed, for how
+    /// long (since it lapsed, or since it went active if it never held one), and which acting
+    /// members have not answered a ping within the lease. Reads wait meanwhile: a lapse longer
+    /// than a lease says those members cannot be reached from here.
+    pub fn lease_lapsed(&self, now: u64) -> Option<(u64, Vec<OsdId>)> {
+        if self.role != Role::Active || self.lease == 0 || self.acting.len() < 2 {
+            return None;
+        }
+        if now < self.readable_until {
+            return None;
+        }
+        let since = self.readable_until.max(self.active_since);
+        let trusted = self.lease * LEASE_TRUSTED_TENTHS / 10;
+        let silent = self
+            .acting
+            .iter()
+            .filter(|o| **o != self.osd)
+            .filter(|o| self.pongs.get(o).is_none_or(|s| s + trusted <= now))
+            .copied()
+            .collect();
+        Some((now.saturating_sub(since), silent))
     }
 
     /// How long a promise granted to anyone but `to` may still run, in this member's clock.
@@ -750,6 +776,7 @@ impl Member {
                 && self.now >= self.prior_leases_until
             {
                 self.role = Role::Active;
+                self.active_since = self.now;
                 // A lease before the first reads, without waiting for the next tick.
                 self.last_ping = None;
             }

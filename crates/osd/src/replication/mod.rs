@@ -125,6 +125,8 @@ pub(crate) struct PgReplica {
     pub recovering: Cell<bool>,
     /// Whether the log said this PG waits for unfound objects.
     unfound_said: Cell<bool>,
+    /// Whether the log said this PG's read lease lapsed for long.
+    unleased_said: Cell<bool>,
     pub urgent: RefCell<std::collections::BTreeSet<String>>,
     /// The member the last history taken from another was copied from.
     pub last_source: Cell<Option<OsdId>>,
@@ -166,6 +168,7 @@ impl PgReplica {
             broken: RefCell::new(None),
             recovering: Cell::new(false),
             unfound_said: Cell::new(false),
+            unleased_said: Cell::new(false),
             urgent: RefCell::new(Default::default()),
             last_source: Cell::new(None),
             scrub: scrub::ScrubState::new(schedule),
@@ -444,7 +447,8 @@ pub(crate) fn on_answer<S: ObjectStore + 'static>(shard: &Rc<Shard<S>>, answer: 
 fn tick<S: ObjectStore + 'static>(shard: &Rc<Shard<S>>) {
     let map = shard.view.borrow().map.clone();
     let all: Vec<Rc<PgReplica>> = shard.replication.pgs.borrow().values().cloned().collect();
-    let (mut active, mut peering, mut to_recover, mut unfound) = (0, 0, 0, 0);
+    let (mut active, mut peering, mut to_recover, mut unfound, mut unleased) = (0, 0, 0, 0, 0);
+    let now = clock();
     for pgr in &all {
         let m = pgr.member.borrow();
         if m.acting().first() == Some(&shard.osd) {
@@ -464,10 +468,24 @@ fn tick<S: ObjectStore + 'static>(shard: &Rc<Shard<S>>) {
         } else if lost == 0 {
             pgr.unfound_said.set(false);
         }
+        match m.lease_lapsed(now) {
+            Some((lapsed, silent)) if lapsed > shard.replication.lease_ns => {
+                unleased += 1;
+                if !pgr.unleased_said.replace(true) {
+                    tracing::warn!(pg = %pgr.pg, ?silent, lapsed_ms = lapsed / 1_000_000,
+                        "no read lease from these members for longer than a lease: reads and \
+                         writes of this PG wait until they answer or the map moves on");
+                }
+            }
+            None if pgr.unleased_said.replace(false) => {
+                tracing::info!(pg = %pgr.pg, "read lease held again");
+            }
+            _ => {}
+        }
     }
     shard
         .metrics
-        .set_pg_states(active, peering, to_recover, unfound);
+        .set_pg_states(active, peering, to_recover, unfound, unleased);
     let (objects, bytes) = shard.metrics.recovered_totals();
     let (bps, ops) = shard.replication.pace.borrow_mut().update(objects, bytes);
     shard.metrics.set_recovery_pace(bps, ops);

@@ -1,0 +1,217 @@
+//! Read leases between two members of a PG, driven by hand: the primary serves reads only
+//! while its replica answers its pings, says which member went silent once the lease lapsed,
+//! and a replica tells a new primary how long its promise to the old one still runs.
+
+use carmine_pg::{Action, Event, Member, Msg};
+
+const LEASE: u64 = 1_000;
+
+/// Delivers what `from` asked for, answering persists and records at once, and returns the
+/// messages it sent.
+fn carry(m: &mut Member, now: u64, actions: Vec<Action>) -> Vec<(u32, Msg)> {
+    let mut sent = Vec::new();
+    let mut queue = actions;
+    while !queue.is_empty() {
+        let mut next = Vec::new();
+        for a in queue {
+            match a {
+                Action::Send { to, msg } => sent.push((to, msg)),
+                Action::Persist { seq, .. } => {
+                    next.extend(m.handle(now, Event::Persisted { seq }));
+                }
+                Action::Record { interval, .. } => {
+                    next.extend(m.handle(
+                        now,
+                        Event::Recorded {
+                            epoch: interval.epoch,
+                        },
+                    ));
+                }
+                _ => {}
+            }
+        }
+        queue = next;
+    }
+    sent
+}
+
+/// Runs the two members until nothing is in flight, at `now`; `link` says whether messages
+/// between them arrive.
+fn settle(ms: &mut [Member], now: u64, mut inbox: Vec<(u32, u32, Msg)>, link: bool) {
+    while let Some((from, to, msg)) = inbox.pop() {
+        if !link && from != to {
+            continue;
+        }
+        let m = &mut ms[to as usize];
+        let actions = m.handle(now, Event::Msg { from, msg });
+        for (dest, msg) in carry(m, now, actions) {
+            inbox.push((to, dest, msg));
+        }
+    }
+}
+
+fn tick(ms: &mut [Member], now: u64, ev: Event, link: bool) {
+    let mut inbox = Vec::new();
+    for (i, m) in ms.iter_mut().enumerate() {
+        let actions = m.handle(now, ev.clone());
+        for (to, msg) in carry(m, now, actions) {
+            inbox.push((i as u32, to, msg));
+        }
+    }
+    settle(ms, now, inbox, link);
+}
+
+fn two_members(earlier_until: u64) -> Vec<Member> {
+    let mut ms: Vec<Member> = (0..2).map(|o| Member::new(o, 16)).collect();
+    for m in &mut ms {
+        m.set_read_lease(LEASE, earlier_until);
+    }
+    let map = Event::Map {
+        epoch: 1,
+        acting: vec![0, 1],
+        history: Vec::new(),
+        min_size: 1,
+    };
+    tick(&mut ms, 0, map, true);
+    ms
+}
+
+#[test]
+fn a_primary_reads_only_while_its_replica_renews_the_lease_and_names_it_once_silent() {
+    let mut ms = two_members(0);
+    assert!(ms[0].is_active_primary(), "{}", ms[0].describe());
+    // Active, pinged on activation and answered: readable.
+    tick(&mut ms, 1, Event::Clock, true);
+    assert!(ms[0].readable(1), "{}", ms[0].describe());
+    assert_eq!(ms[0].lease_lapsed(1), None);
+    // Pings go on every quarter lease while the link holds: still readable much later.
+    for t in (1..=10).map(|i| i * LEASE / 4) {
+        tick(&mut ms, t, Event::Clock, true);
+    }
+    let t = 10 * LEASE / 4;
+    assert!(ms[0].readable(t));
+    // The link breaks: the lease holds for most of a lease after the last answered ping,
+    // then reads stop, and the silent member is named.
+    let mut now = t;
+    while ms[0].readable(now) {
+        now += 10;
+        tick(&mut ms, now, Event::Clock, false);
+        assert!(
+            now < t + LEASE,
+            "still readable a lease after the link broke"
+        );
+    }
+    assert!(
+        now > t + LEASE / 2,
+        "the lease lapsed early, at {}",
+        now - t
+    );
+    let (_, silent) = ms[0].lease_lapsed(now).expect("lapsed");
+    assert_eq!(silent, vec![1]);
+    // Back: the next ping renews it.
+    tick(&mut ms, now + LEASE / 4, Event::Clock, true);
+    assert!(ms[0].readable(now + LEASE / 4), "{}", ms[0].describe());
+}
+
+#[test]
+fn a_replica_reports_its_promise_to_the_old_primary_and_not_to_the_one_asking() {
+    let mut ms = two_members(0);
+    // Pinged at 0 on activation, and at 300 (a ping is due every quarter lease).
+    tick(&mut ms, 300, Event::Clock, true);
+    assert!(ms[0].readable(300));
+    // osd.1 promised osd.0 a lease from t=300. A query from a third OSD in a new epoch, at
+    // t=500, hears how much of it is left; osd.0 asking would hear nothing of its own.
+    let map = Event::Map {
+        epoch: 2,
+        acting: vec![2, 1],
+        history: Vec::new(),
+        min_size: 1,
+    };
+    let _ = ms[1].handle(500, map);
+    let from_new = ms[1].handle(
+        500,
+        Event::Msg {
+            from: 2,
+            msg: Msg::Query { epoch: 2 },
+        },
+    );
+    let promise = from_new.iter().find_map(|a| match a {
+        Action::Send {
+            msg: Msg::Info { promise_left, .. },
+            ..
+        } => Some(*promise_left),
+        _ => None,
+    });
+    assert_eq!(promise, Some(LEASE - 200));
+    let from_old = ms[1].handle(
+        500,
+        Event::Msg {
+            from: 0,
+            msg: Msg::Query { epoch: 2 },
+        },
+    );
+    let promise = from_old.iter().find_map(|a| match a {
+        Action::Send {
+            msg: Msg::Info { promise_left, .. },
+            ..
+        } => Some(*promise_left),
+        _ => None,
+    });
+    assert_eq!(promise, Some(0));
+}
+
+#[test]
+fn a_restarted_member_takes_its_earlier_promises_to_run_a_lease_past_its_start() {
+    // Started at t=5000: whatever its earlier incarnation promised runs out by 6000.
+    let mut m = Member::new(1, 16);
+    m.set_read_lease(LEASE, 5_000 + LEASE);
+    let _ = m.handle(
+        5_200,
+        Event::Map {
+            epoch: 3,
+            acting: vec![2, 1],
+            history: Vec::new(),
+            min_size: 1,
+        },
+    );
+    let out = m.handle(
+        5_200,
+        Event::Msg {
+            from: 2,
+            msg: Msg::Query { epoch: 3 },
+        },
+    );
+    let promise = out.iter().find_map(|a| match a {
+        Action::Send {
+            msg: Msg::Info { promise_left, .. },
+            ..
+        } => Some(*promise_left),
+        _ => None,
+    });
+    assert_eq!(promise, Some(800));
+}
+
+#[test]
+fn a_new_primary_goes_active_only_after_the_promises_it_heard_of_ran_out() {
+    let mut ms = two_members(0);
+    tick(&mut ms, 300, Event::Clock, true);
+    assert!(ms[0].readable(300));
+    // osd.1 becomes primary of a new interval with osd.0 cut off: it heard only itself,
+    // and its own promise to osd.0 (from the ping at t=300) runs until 1300.
+    let map = Event::Map {
+        epoch: 2,
+        acting: vec![1],
+        history: Vec::new(),
+        min_size: 1,
+    };
+    let mut p = ms.remove(1);
+    let actions = p.handle(400, map);
+    carry(&mut p, 400, actions);
+    assert!(!p.is_active_primary(), "active at 400: {}", p.describe());
+    let actions = p.handle(1_250, Event::Clock);
+    carry(&mut p, 1_250, actions);
+    assert!(!p.is_active_primary(), "active at 1250: {}", p.describe());
+    let actions = p.handle(1_301, Event::Clock);
+    carry(&mut p, 1_301, actions);
+    assert!(p.is_active_primary(), "{}", p.describe());
+}
