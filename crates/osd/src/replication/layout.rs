@@ -389,6 +389,49 @@ mod tests {
         });
     }
 
+    /// A record of version 1 (before missing sets) still loads; one that names missing
+    /// objects cannot be of version 1 and is refused rather than read half.
+    #[test]
+    fn a_version_1_record_loads_and_one_naming_missing_objects_is_refused() {
+        carmine_reactor::block_on(async {
+            for lacks in [false, true] {
+                let (store, t) = store();
+                store.submit(t).await.unwrap();
+                let mut log = PgLog::new(16);
+                log.append(entry(1, "o1")).unwrap();
+                let held: BTreeMap<String, Version> =
+                    [("o1".to_string(), Version::new(2, 1))].into();
+                let missing: BTreeMap<String, Version> = if lacks {
+                    [("o2".to_string(), Version::new(2, 2))].into()
+                } else {
+                    BTreeMap::new()
+                };
+                let mut t = Transaction::new();
+                replace_all(&mut t, PG, &log, &held, &missing, 4);
+                let mut meta = meta_value(log.tail(), log.head(), 4).to_vec();
+                meta[0] = 1;
+                t.omap_set(
+                    META_COLLECTION,
+                    &meta_oid(PG),
+                    vec![(Bytes::from_static(KEY_META), Bytes::from(meta))],
+                );
+                store.submit(t).await.unwrap();
+                match load_all(&store, 16).await {
+                    Ok(loaded) => {
+                        assert!(!lacks, "a version 1 record with missing objects was read");
+                        assert_eq!(loaded[0].held, held);
+                        assert!(loaded[0].missing.is_empty());
+                        assert_eq!(loaded[0].les, 4);
+                    }
+                    Err(e) => {
+                        assert!(lacks, "a plain version 1 record was refused: {e}");
+                        assert!(e.contains("record of version 1"), "{e}");
+                    }
+                }
+            }
+        });
+    }
+
     #[test]
     fn a_record_of_a_later_format_is_refused_with_its_version() {
         carmine_reactor::block_on(async {
