@@ -330,19 +330,28 @@ fn with_etcd_stopped_single_copy_pgs_stall_until_the_leases_are_back_and_replica
                 .expect("connecting with etcd stopped");
             let pool = client.pool_id("rbd").unwrap();
             let three = client.pool_id("three").unwrap();
+            // One round: 16 objects written and read back; the longest of those waits.
+            let round = |pool: u32, prefix: &'static str, n: u32| {
+                let client = &client;
+                async move {
+                    let mut stall = Duration::ZERO;
+                    for i in 0..16 {
+                        let oid = format!("{prefix}-{i}");
+                        let body = bytes::Bytes::from(vec![n as u8; 4096]);
+                        let t = Instant::now();
+                        client.write(pool, &oid, 0, body.clone()).await.unwrap();
+                        assert_eq!(client.read(pool, &oid, 0, 4096).await.unwrap(), body);
+                        stall = stall.max(t.elapsed());
+                    }
+                    stall
+                }
+            };
             // The replicated pool, through the outage itself (after it, the leases etcd let run out
             // meanwhile may churn the map).
             let replicated = async {
                 let (mut rounds, mut stall) = (0u32, Duration::ZERO);
                 while frozen.elapsed() < PAUSE - Duration::from_millis(500) {
-                    for i in 0..16 {
-                        let oid = format!("three-{i}");
-                        let body = bytes::Bytes::from(vec![rounds as u8; 4096]);
-                        let t = Instant::now();
-                        client.write(three, &oid, 0, body.clone()).await.unwrap();
-                        assert_eq!(client.read(three, &oid, 0, 4096).await.unwrap(), body);
-                        stall = stall.max(t.elapsed());
-                    }
+                    stall = stall.max(round(three, "three", rounds).await);
                     rounds += 1;
                 }
                 (rounds, stall)
@@ -350,14 +359,7 @@ fn with_etcd_stopped_single_copy_pgs_stall_until_the_leases_are_back_and_replica
             let single = async {
                 let (mut rounds, mut early, mut stall) = (0, 0, Duration::ZERO);
                 while frozen.elapsed() < PAUSE + Duration::from_secs(2 * TTL + 4) {
-                    for i in 0..16 {
-                        let oid = format!("outage-{i}");
-                        let body = bytes::Bytes::from(vec![rounds as u8; 4096]);
-                        let t = Instant::now();
-                        client.write(pool, &oid, 0, body.clone()).await.unwrap();
-                        assert_eq!(client.read(pool, &oid, 0, 4096).await.unwrap(), body);
-                        stall = stall.max(t.elapsed());
-                    }
+                    stall = stall.max(round(pool, "outage", rounds).await);
                     rounds += 1;
                     if frozen.elapsed() < Duration::from_secs(TTL) / 2 {
                         early = rounds;

@@ -61,6 +61,17 @@ fn tick(ms: &mut [Member], now: u64, ev: Event, link: bool) {
     settle(ms, now, inbox, link);
 }
 
+/// The promise an answer to a query reports.
+fn promise_in(actions: &[Action]) -> Option<u64> {
+    actions.iter().find_map(|a| match a {
+        Action::Send {
+            msg: Msg::Info { promise_left, .. },
+            ..
+        } => Some(*promise_left),
+        _ => None,
+    })
+}
+
 fn two_members(earlier_until: u64) -> Vec<Member> {
     let mut ms: Vec<Member> = (0..2).map(|o| Member::new(o, 16)).collect();
     for m in &mut ms {
@@ -135,13 +146,7 @@ fn a_replica_reports_its_promise_to_the_old_primary_and_not_to_the_one_asking() 
             msg: Msg::Query { epoch: 2 },
         },
     );
-    let promise = from_new.iter().find_map(|a| match a {
-        Action::Send {
-            msg: Msg::Info { promise_left, .. },
-            ..
-        } => Some(*promise_left),
-        _ => None,
-    });
+    let promise = promise_in(&from_new);
     assert_eq!(promise, Some(LEASE - 200));
     let from_old = ms[1].handle(
         500,
@@ -150,13 +155,7 @@ fn a_replica_reports_its_promise_to_the_old_primary_and_not_to_the_one_asking() 
             msg: Msg::Query { epoch: 2 },
         },
     );
-    let promise = from_old.iter().find_map(|a| match a {
-        Action::Send {
-            msg: Msg::Info { promise_left, .. },
-            ..
-        } => Some(*promise_left),
-        _ => None,
-    });
+    let promise = promise_in(&from_old);
     assert_eq!(promise, Some(0));
 }
 
@@ -181,13 +180,7 @@ fn a_restarted_member_takes_its_earlier_promises_to_run_a_lease_past_its_start()
             msg: Msg::Query { epoch: 3 },
         },
     );
-    let promise = out.iter().find_map(|a| match a {
-        Action::Send {
-            msg: Msg::Info { promise_left, .. },
-            ..
-        } => Some(*promise_left),
-        _ => None,
-    });
+    let promise = promise_in(&out);
     assert_eq!(promise, Some(800));
 }
 
