@@ -24,9 +24,31 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use std::collections::{BTreeMap, BTreeSet};
 
-const OSDS: u32 = 4;
-const SIZE: usize = 3;
-const MIN_SIZE: usize = 2;
+/// A cluster's shape: OSDs, the pool's size and min_size, and the order placement tries the
+/// OSDs in (as hashing gives for one PG).
+#[derive(Clone, Copy)]
+struct Shape {
+    osds: u32,
+    size: usize,
+    min_size: usize,
+    order: &'static [u32],
+}
+
+/// Three copies of four OSDs: every new acting set keeps another member of the old one.
+const THREE_OF_FOUR: Shape = Shape {
+    osds: 4,
+    size: 3,
+    min_size: 2,
+    order: &[2, 0, 3, 1],
+};
+/// Two copies of three, one enough to serve: a new primary may be the only member of the old
+/// interval it hears, itself (its own promises count), or one that just restarted.
+const TWO_OF_THREE: Shape = Shape {
+    osds: 3,
+    size: 2,
+    min_size: 1,
+    order: &[2, 0, 1],
+};
 const STEPS: u64 = 3000;
 const OBJECTS: u32 = 8;
 /// The read lease, in clock units (a tick is about 1,000 of them): each seed takes one of
@@ -35,6 +57,7 @@ const OBJECTS: u32 = 8;
 const LEASES: [u64; 3] = [30_000, 100_000, 250_000];
 
 struct Sim {
+    shape: Shape,
     rng: StdRng,
     now: u64,
     members: Vec<Member>,
@@ -82,22 +105,31 @@ struct Sim {
     reader_view: (u32, Option<u32>),
     /// Reads served, and those a primary held back for its lease.
     lease: u64,
+    /// Answers of the map store due on the next step.
+    answers: Vec<(u32, Event)>,
+    /// Crashed OSDs may restart at once, in the same epoch. Off by default: with it, a few
+    /// seeds in a thousand end with a PG waiting for an object nobody holds, at a version that
+    /// was never acknowledged (seeds 782 and 1850 of the first 2,000) — a liveness problem of
+    /// the protocol still to be found, not of read leases.
+    quick_restarts: bool,
     reads: u64,
     lease_waits: u64,
 }
 
 impl Sim {
-    fn new(seed: u64) -> Self {
+    fn new(seed: u64, shape: Shape) -> Self {
+        let n = shape.osds;
         let mut s = Sim {
+            shape,
             rng: StdRng::seed_from_u64(seed),
             now: 0,
-            members: (0..OSDS).map(|o| Member::new(o, 64)).collect(),
-            disks: (0..OSDS).map(|o| Member::new(o, 64)).collect(),
-            disk_at: vec![(0, 0); OSDS as usize],
+            members: (0..n).map(|o| Member::new(o, 64)).collect(),
+            disks: (0..n).map(|o| Member::new(o, 64)).collect(),
+            disk_at: vec![(0, 0); n as usize],
             persists: BTreeMap::new(),
-            incarnation: vec![0; OSDS as usize],
-            running: vec![true; OSDS as usize],
-            up_in_map: vec![true; OSDS as usize],
+            incarnation: vec![0; n as usize],
+            running: vec![true; n as usize],
+            up_in_map: vec![true; n as usize],
             cut: None,
             epoch: 0,
             acting: Vec::new(),
@@ -113,15 +145,17 @@ impl Sim {
             violations: Vec::new(),
             trace: std::env::var("CARMINE_SIM_SEED").is_ok(),
             pulls: BTreeMap::new(),
-            urgent: vec![BTreeSet::new(); OSDS as usize],
+            urgent: vec![BTreeSet::new(); n as usize],
             recovered: 0,
             rate: Vec::new(),
             reader_view: (0, None),
             lease: 0,
+            answers: Vec::new(),
+            quick_restarts: std::env::var("CARMINE_SIM_QUICK_RESTARTS").is_ok_and(|v| v == "1"),
             reads: 0,
             lease_waits: 0,
         };
-        s.rate = (0..OSDS).map(|_| s.rng.random_range(970..=1030)).collect();
+        s.rate = (0..n).map(|_| s.rng.random_range(970..=1030)).collect();
         s.lease = LEASES[s.rng.random_range(0..LEASES.len())];
         for m in &mut s.members {
             m.set_read_lease(s.lease, s.lease);
@@ -130,13 +164,15 @@ impl Sim {
         s
     }
 
-    /// The acting set placement gives: the first SIZE OSDs up in the map, in one fixed order
+    /// The acting set placement gives: the first `size` OSDs up in the map, in one fixed order
     /// (as hashing gives for one PG).
     fn placement(&self) -> Vec<u32> {
-        [2u32, 0, 3, 1]
-            .into_iter()
+        self.shape
+            .order
+            .iter()
+            .copied()
             .filter(|o| self.up_in_map[*o as usize])
-            .take(SIZE)
+            .take(self.shape.size)
             .collect()
     }
 
@@ -152,7 +188,7 @@ impl Sim {
     /// Maps reach each OSD on its own time, and never across a cut: an old primary may go on
     /// in an old epoch while a new interval starts.
     fn spread_map(&mut self) {
-        for o in 0..OSDS {
+        for o in 0..self.shape.osds {
             let behind = self.members[o as usize].epoch() < self.epoch;
             if behind
                 && self.running[o as usize]
@@ -169,7 +205,7 @@ impl Sim {
             epoch: self.epoch,
             acting: self.acting.clone(),
             history: self.history.clone(),
-            min_size: MIN_SIZE,
+            min_size: self.shape.min_size,
         };
         self.run(o, ev);
     }
@@ -244,9 +280,15 @@ impl Sim {
                         self.history.push(interval);
                         self.run(o, Event::Recorded { epoch });
                     } else {
+                        // Answered on the next step, as a map store answers later: a primary
+                        // behind the recorded history retries until its map catches up.
+                        // One record in flight per OSD, as the host keeps it.
                         let epoch = interval.epoch;
                         let history = self.history.clone();
-                        self.run(o, Event::RecordFailed { epoch, history });
+                        if !self.answers.iter().any(|(a, _)| *a == o) {
+                            self.answers
+                                .push((o, Event::RecordFailed { epoch, history }));
+                        }
                     }
                 }
                 Action::Ack { req, version } => {
@@ -303,7 +345,7 @@ impl Sim {
 
     /// Members pull what they lack from a member whose disk holds it, urgent objects first.
     fn recover(&mut self) {
-        for o in 0..OSDS {
+        for o in 0..self.shape.osds {
             let i = o as usize;
             if !self.running[i] || self.cut == Some(o) || !self.rng.random_bool(0.3) {
                 continue;
@@ -322,7 +364,7 @@ impl Sim {
             if self.pulls.values().any(|p| p.0 == o && p.2 == oid) {
                 continue;
             }
-            let source = (0..OSDS).find(|&s| {
+            let source = (0..self.shape.osds).find(|&s| {
                 let d = &self.disks[s as usize];
                 s != o
                     && self.reachable(o, s)
@@ -447,7 +489,7 @@ impl Sim {
         let r: f64 = self.rng.random();
         if r < 0.004 {
             // Crash an OSD: the manager notices (down in a new epoch) a little later.
-            let o = self.rng.random_range(0..OSDS);
+            let o = self.rng.random_range(0..self.shape.osds);
             if self.running[o as usize] {
                 self.log.push(format!("t{} osd.{o} crashes", self.now));
                 self.running[o as usize] = false;
@@ -470,10 +512,18 @@ impl Sim {
                 let until = self.clock(o) + self.lease;
                 self.members[o as usize].set_read_lease(self.lease, until);
                 self.urgent[o as usize].clear();
+                // A process supervisor may start it again at once, before the map notices
+                // (only with CARMINE_SIM_QUICK_RESTARTS=1 for now: see the note there).
+                if self.quick_restarts && self.rng.random_bool(0.3) {
+                    self.log
+                        .push(format!("t{} osd.{o} restarts at once", self.now));
+                    self.running[o as usize] = true;
+                    self.deliver_map(o);
+                }
             }
         } else if r < 0.008 {
             // Restart a crashed OSD; the manager marks it up a little later.
-            let o = self.rng.random_range(0..OSDS);
+            let o = self.rng.random_range(0..self.shape.osds);
             if !self.running[o as usize] {
                 self.log.push(format!("t{} osd.{o} restarts", self.now));
                 self.running[o as usize] = true;
@@ -482,7 +532,7 @@ impl Sim {
         } else if r < 0.010 {
             // Cut an OSD off (it keeps running and the map keeps it up for a while).
             if self.cut.is_none() {
-                let o = self.rng.random_range(0..OSDS);
+                let o = self.rng.random_range(0..self.shape.osds);
                 self.log.push(format!("t{} osd.{o} cut off", self.now));
                 self.cut = Some(o);
             }
@@ -492,7 +542,7 @@ impl Sim {
             }
         } else if r < 0.03 {
             // The manager: the map follows who runs and is reachable (leases).
-            let seen: Vec<bool> = (0..OSDS)
+            let seen: Vec<bool> = (0..self.shape.osds)
                 .map(|o| self.running[o as usize] && self.cut != Some(o))
                 .collect();
             if seen != self.up_in_map {
@@ -511,6 +561,9 @@ impl Sim {
             self.client_view = (self.epoch, self.acting.first().copied());
         }
         self.spread_map();
+        for (o, ev) in std::mem::take(&mut self.answers) {
+            self.run(o, ev);
+        }
         // Complete the persists that are due.
         let done: Vec<(u64, u64)> = self
             .persists
@@ -553,7 +606,7 @@ impl Sim {
         } else {
             Event::Clock
         };
-        for o in 0..OSDS {
+        for o in 0..self.shape.osds {
             self.run(o, ev.clone());
         }
         self.recover();
@@ -605,8 +658,8 @@ impl Sim {
 /// back for a lease.
 type Counts = (u64, u64, u64, u64);
 
-fn run_seed(seed: u64) -> Result<Counts, String> {
-    let mut sim = Sim::new(seed);
+fn run_seed(seed: u64, shape: Shape) -> Result<Counts, String> {
+    let mut sim = Sim::new(seed, shape);
     let fail = |sim: &Sim, e: String| {
         let verbose = std::env::var("CARMINE_SIM_SEED").is_ok();
         let tail: Vec<&String> = sim
@@ -617,7 +670,11 @@ fn run_seed(seed: u64) -> Result<Counts, String> {
             .take(if verbose { 3000 } else { 40 })
             .collect();
         let tail: Vec<&String> = tail.into_iter().rev().collect();
-        let states: Vec<String> = sim.members.iter().map(|m| m.describe()).collect();
+        let states: Vec<String> = sim
+            .members
+            .iter()
+            .map(|m| format!("{}; lacks {:?}", m.describe(), m.missing))
+            .collect();
         Err(format!(
             "seed {seed}: {e}\nmembers: {states:#?}\nlast events:\n{tail:#?}"
         ))
@@ -630,13 +687,13 @@ fn run_seed(seed: u64) -> Result<Counts, String> {
     }
     // Heal: everything runs and is reachable; the map follows; let it settle.
     sim.cut = None;
-    for o in 0..OSDS {
+    for o in 0..sim.shape.osds {
         if !sim.running[o as usize] {
             sim.running[o as usize] = true;
             sim.deliver_map(o);
         }
     }
-    sim.up_in_map = vec![true; OSDS as usize];
+    sim.up_in_map = vec![true; sim.shape.osds as usize];
     sim.new_epoch();
     let before = sim.acks;
     for _ in 0..600 {
@@ -684,11 +741,12 @@ fn run_seed(seed: u64) -> Result<Counts, String> {
     Ok((sim.acks, sim.recovered, sim.reads, sim.lease_waits))
 }
 
-#[test]
-fn no_acknowledged_write_is_lost_under_crashes_partitions_and_lost_messages() {
+/// Runs the seeds `CARMINE_SIM_SEEDS` says (300 by default), or the one
+/// `CARMINE_SIM_SEED` names, of one shape.
+fn run_seeds(shape: Shape) {
     if let Ok(seed) = std::env::var("CARMINE_SIM_SEED") {
         let seed: u64 = seed.parse().expect("CARMINE_SIM_SEED is a number");
-        run_seed(seed).unwrap_or_else(|e| panic!("{e}"));
+        run_seed(seed, shape).unwrap_or_else(|e| panic!("{e}"));
         return;
     }
     let seeds: u64 = std::env::var("CARMINE_SIM_SEEDS")
@@ -697,7 +755,7 @@ fn no_acknowledged_write_is_lost_under_crashes_partitions_and_lost_messages() {
         .unwrap_or(300);
     let (mut acks, mut recovered, mut reads, mut waits) = (0, 0, 0, 0);
     for seed in 0..seeds {
-        let (a, r, rd, w) = run_seed(seed).unwrap_or_else(|e| panic!("{e}"));
+        let (a, r, rd, w) = run_seed(seed, shape).unwrap_or_else(|e| panic!("{e}"));
         acks += a;
         recovered += r;
         reads += rd;
@@ -719,4 +777,14 @@ fn no_acknowledged_write_is_lost_under_crashes_partitions_and_lost_messages() {
         acks > seeds * 50,
         "the simulation hardly wrote anything: {acks}"
     );
+}
+
+#[test]
+fn no_acknowledged_write_is_lost_under_crashes_partitions_and_lost_messages() {
+    run_seeds(THREE_OF_FOUR);
+}
+
+#[test]
+fn two_copies_of_three_lose_nothing_and_serve_no_stale_read_either() {
+    run_seeds(TWO_OF_THREE);
 }
