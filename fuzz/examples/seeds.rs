@@ -413,6 +413,7 @@ fn peer_message(c: &mut Corpus) {
                 msg: Msg::Pong {
                     epoch: 2,
                     stamp: 5_000_000_000,
+                    granted: 2_000_000_000,
                 },
                 ops: vec![],
             },

@@ -140,9 +140,10 @@ pub struct Member {
     /// Read leases this member granted, as a replica: primary (`None`: unknown, granted by an
     /// earlier incarnation of this member) → until when, in this member's clock.
     promises: BTreeMap<Option<OsdId>, u64>,
-    /// As the active primary: the newest stamp each other acting member answered, when it
-    /// last pinged, and until when it may serve reads (from the oldest of those stamps).
-    pongs: BTreeMap<OsdId, u64>,
+    /// As the active primary: the newest stamp each other acting member answered with the
+    /// lease it granted, when it last pinged, and until when it may serve reads (the earliest
+    /// of the stamps plus most of the shorter of its lease and the one granted).
+    pongs: BTreeMap<OsdId, (u64, u64)>,
     last_ping: Option<u64>,
     readable_until: u64,
     /// When it last went active.
@@ -221,12 +222,15 @@ impl Member {
             return None;
         }
         let since = self.readable_until.max(self.active_since);
-        let trusted = self.lease * LEASE_TRUSTED_TENTHS / 10;
         let silent = self
             .acting
             .iter()
             .filter(|o| **o != self.osd)
-            .filter(|o| self.pongs.get(o).is_none_or(|s| s + trusted <= now))
+            .filter(|o| {
+                self.pongs
+                    .get(o)
+                    .is_none_or(|&(s, granted)| s + self.trusted(granted) <= now)
+            })
             .copied()
             .collect();
         Some((now.saturating_sub(since), silent))
@@ -279,21 +283,41 @@ impl Member {
         }
     }
 
-    fn on_pong(&mut self, from: OsdId, epoch: u32, stamp: u64) {
-        if epoch != self.epoch || self.role != Role::Active || !self.acting.contains(&from) {
+    /// How long a primary trusts a promise of `granted`: most of it, and never more than its
+    /// own lease (members configured differently grant what they say).
+    fn trusted(&self, granted: u64) -> u64 {
+        self.lease.min(granted) * LEASE_TRUSTED_TENTHS / 10
+    }
+
+    fn on_pong(&mut self, from: OsdId, epoch: u32, stamp: u64, granted: u64) {
+        // A ping of this interval, sent since it went active (a stamp from another clock —
+        // an earlier incarnation's — is ignored).
+        if epoch < self.interval_start
+            || epoch > self.epoch
+            || self.role != Role::Active
+            || !self.acting.contains(&from)
+            || stamp > self.now
+            || stamp < self.active_since
+        {
             return;
         }
-        let s = self.pongs.entry(from).or_default();
-        *s = (*s).max(stamp);
-        let oldest = self
+        let p = self.pongs.entry(from).or_default();
+        if stamp >= p.0 {
+            *p = (stamp, granted);
+        }
+        let until = self
             .acting
             .iter()
             .filter(|o| **o != self.osd)
-            .map(|o| self.pongs.get(o).copied())
+            .map(|o| {
+                self.pongs
+                    .get(o)
+                    .map(|&(stamp, granted)| stamp + self.trusted(granted))
+            })
             .min()
             .flatten();
-        if let Some(oldest) = oldest {
-            self.readable_until = oldest + self.lease * LEASE_TRUSTED_TENTHS / 10;
+        if let Some(until) = until {
+            self.readable_until = until;
         }
     }
 
@@ -513,6 +537,8 @@ impl Member {
             Event::Persisted { seq } => self.on_persisted(seq, &mut out),
             Event::Recovered { oid, version } => self.on_recovered(oid, version, &mut out),
         }
+        // At once on activation, and whenever one is due and something happens.
+        self.ping_if_due(&mut out);
         out
     }
 
@@ -950,8 +976,11 @@ impl Member {
                 }
             }
             Msg::Ping { epoch, stamp } => {
-                // Granted only by a replica activated in this interval, to its primary.
-                if epoch == self.epoch
+                // Granted only by a replica activated in this interval, to its primary, for a
+                // ping of this interval (the primary may be an epoch behind or ahead of it
+                // within the interval: ahead, this member cannot know the interval goes on).
+                if epoch >= self.interval_start
+                    && epoch <= self.epoch
                     && self.role == Role::Replica
                     && self.acting.first() == Some(&from)
                     && self.lease > 0
@@ -961,11 +990,19 @@ impl Member {
                     *e = (*e).max(until);
                     out.push(Action::Send {
                         to: from,
-                        msg: Msg::Pong { epoch, stamp },
+                        msg: Msg::Pong {
+                            epoch,
+                            stamp,
+                            granted: self.lease,
+                        },
                     });
                 }
             }
-            Msg::Pong { epoch, stamp } => self.on_pong(from, epoch, stamp),
+            Msg::Pong {
+                epoch,
+                stamp,
+                granted,
+            } => self.on_pong(from, epoch, stamp, granted),
             Msg::NotActive { epoch } => {
                 // The history of this interval is the primary's: the member takes it whole,
                 // in a new round, so that what it said before restarting no longer counts.

@@ -237,8 +237,12 @@ pub fn encode_msg(out: &mut BytesMut, msg: &Msg) {
         Msg::Ping { epoch, stamp } => {
             e.u8(MSG_PING).u32(*epoch).u64(*stamp);
         }
-        Msg::Pong { epoch, stamp } => {
-            e.u8(MSG_PONG).u32(*epoch).u64(*stamp);
+        Msg::Pong {
+            epoch,
+            stamp,
+            granted,
+        } => {
+            e.u8(MSG_PONG).u32(*epoch).u64(*stamp).u64(*granted);
         }
     }
 }
@@ -328,6 +332,7 @@ pub fn decode_msg(d: &mut Decoder, log_max: usize) -> Result<Msg, DecodeError> {
         MSG_PONG => Msg::Pong {
             epoch,
             stamp: d.u64("ping stamp")?,
+            granted: d.u64("lease granted")?,
         },
         other => {
             return Err(DecodeError::Invalid {
@@ -438,6 +443,7 @@ mod tests {
             Msg::Pong {
                 epoch: 9,
                 stamp: 12_345,
+                granted: 2_000_000_000,
             },
         ];
         for m in &msgs {

@@ -208,3 +208,18 @@ fn a_new_primary_goes_active_only_after_the_promises_it_heard_of_ran_out() {
     carry(&mut p, 1_301, actions);
     assert!(p.is_active_primary(), "{}", p.describe());
 }
+
+#[test]
+fn a_primary_trusts_no_more_than_the_lease_its_replica_granted() {
+    // The replica was started with half the primary's lease.
+    let mut ms = two_members(0);
+    ms[1].set_read_lease(LEASE / 2, 0);
+    tick(&mut ms, 300, Event::Clock, true);
+    assert!(ms[0].readable(300));
+    // 90% of the replica's 500, from the ping at 300: not past 750.
+    assert!(ms[0].readable(749), "{}", ms[0].describe());
+    assert!(
+        !ms[0].readable(751),
+        "trusted the primary's own, longer lease"
+    );
+}

@@ -71,12 +71,14 @@ pub enum Msg {
         stamp: u64,
     },
     /// A replica of the primary's interval grants the lease: it promises not to help a newer
-    /// interval go active before a lease duration has passed, in its own clock, since it
-    /// received the ping. The primary serves reads until the oldest of its members' last
-    /// answered stamps plus (most of) a lease.
+    /// interval go active before `granted` has passed, in its own clock, since it received the
+    /// ping. The primary serves reads until the earliest of its members' last answered stamps
+    /// plus most of the shorter of `granted` and its own lease.
     Pong {
         epoch: u32,
         stamp: u64,
+        /// The lease promised, in the replica's clock.
+        granted: u64,
     },
     /// The primary believes the member lacks these objects: the member answers `Recovered`
     /// for those it holds, and with `urgent` (a client waits) recovers the others first.
