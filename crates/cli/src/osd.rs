@@ -123,7 +123,7 @@ pub struct OsdArgs {
     /// its copies stops serving reads within it, and after a failover the new primary waits
     /// out what its copies granted the old one before it serves. Keep it at most the lease
     /// TTL, or failovers take longer than the TTL says.
-    #[arg(long, default_value = "2s", value_parser = crate::nbd::parse_duration)]
+    #[arg(long, default_value = "2s", value_parser = parse_read_lease)]
     pub read_lease: Duration,
     /// The cluster key (64 hex characters, a file of mode 0600): every connection must
     /// authenticate with it before any request is read. Without it, none is asked for.
@@ -431,4 +431,17 @@ fn wait_for_stop(
             osd.apply_map(map)?;
         }
     }
+}
+
+/// A read lease between 100 ms (pings every quarter of it must get through a loaded reactor)
+/// and 60 s (a failover may wait that long for the old primary's lease to run out).
+fn parse_read_lease(s: &str) -> Result<Duration, String> {
+    let d = crate::nbd::parse_duration(s)?;
+    if d < Duration::from_millis(100) || d > Duration::from_secs(60) {
+        return Err(format!(
+            "a read lease of {d:?}: give one between 100ms and 60s (without a lease, no PG of \
+             more than one copy could serve a read)"
+        ));
+    }
+    Ok(d)
 }

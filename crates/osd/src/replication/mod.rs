@@ -234,6 +234,11 @@ impl Replication {
         }
     }
 
+    /// The read lease members hold here.
+    pub fn read_lease(&self) -> Duration {
+        Duration::from_nanos(self.lease_ns)
+    }
+
     /// A member with nothing stored, holding read leases as this OSD does.
     pub fn new_member(&self) -> Member {
         self.with_lease(Member::new(self.osd, self.log_max))

@@ -31,9 +31,10 @@ fn inactive(pg: PgId, why: &str) -> ErrorReply {
     reject(Status::PgInactive, format!("pg {pg}: {why}"))
 }
 
-/// How long a read waits for the primary's read lease to be renewed, and how often it looks.
+/// How long a read waits for the primary's read lease to be renewed (at least; one and a half
+/// leases if longer), and how often it looks (coarse: many reads may wait at once).
 const LEASE_WAIT: Duration = Duration::from_secs(3);
-const LEASE_POLL: Duration = Duration::from_millis(1);
+const LEASE_POLL: Duration = Duration::from_millis(5);
 
 /// `Ok` once `oid` of `pg` may be read here: this is the PG's active primary, it holds a read
 /// lease from every other acting member (a newer interval cannot be active elsewhere), and
@@ -90,7 +91,11 @@ async fn await_lease<S: ObjectStore + 'static>(
     shard.metrics.read_lease_waited();
     drive(shard, pgr, Event::Clock, None);
     let start = std::time::Instant::now();
+    let limit = LEASE_WAIT.max(shard.replication.read_lease().mul_f64(1.5));
     loop {
+        if pgr.broken.borrow().is_some() {
+            return Err(inactive(pgr.pg, "this copy stopped while a read waited"));
+        }
         {
             let m = pgr.member.borrow();
             if !m.is_active_primary() {
@@ -100,7 +105,7 @@ async fn await_lease<S: ObjectStore + 'static>(
                 return Ok(());
             }
         }
-        if start.elapsed() >= LEASE_WAIT {
+        if start.elapsed() >= limit {
             shard.metrics.read_lease_refused();
             return Err(inactive(
                 pgr.pg,
