@@ -937,8 +937,11 @@ fn objects_whose_every_holder_lost_its_disk_are_reported_unfound_and_never_serve
     });
     hand_out(&mut osds, &map);
     // osd.2's copy names every object and holds none, and no OSD holds them: the PGs wait
-    // and say how many objects they cannot find, rather than serve them empty.
-    let deadline = Instant::now() + Duration::from_secs(10);
+    // and say how many objects they cannot find, rather than serve them empty. (Within
+    // seconds here; one CI run of 2026-11-25 still had 5 of 15 reported after 10 s, not
+    // reproduced in isolation: the limit is generous, and the time it took is printed.)
+    let began = Instant::now();
+    let deadline = began + Duration::from_secs(30);
     while unfound(&osds) != lost {
         assert!(
             Instant::now() < deadline,
@@ -947,6 +950,10 @@ fn objects_whose_every_holder_lost_its_disk_are_reported_unfound_and_never_serve
         );
         std::thread::sleep(Duration::from_millis(50));
     }
+    eprintln!(
+        "{lost} objects reported unfound after {:?}",
+        began.elapsed()
+    );
     // A read is refused, or — in a PG none of whose objects is unfound (the one object
     // osd.2 fetched may be alone in its PG) — answered with the right bytes; never empty.
     let served = carmine_reactor::block_on(async {
