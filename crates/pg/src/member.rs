@@ -226,11 +226,7 @@ impl Member {
             .acting
             .iter()
             .filter(|o| **o != self.osd)
-            .filter(|o| {
-                self.pongs
-                    .get(o)
-                    .is_none_or(|&(s, granted)| s + self.trusted(granted) <= now)
-            })
+            .filter(|o| self.promise_from(**o).is_none_or(|end| end <= now))
             .copied()
             .collect();
         Some((now.saturating_sub(since), silent))
@@ -289,6 +285,13 @@ impl Member {
         self.lease.min(granted) * LEASE_TRUSTED_TENTHS / 10
     }
 
+    /// Until when, in this primary's clock, member `o`'s last answered ping lets it serve.
+    fn promise_from(&self, o: OsdId) -> Option<u64> {
+        self.pongs
+            .get(&o)
+            .map(|&(stamp, granted)| stamp + self.trusted(granted))
+    }
+
     fn on_pong(&mut self, from: OsdId, epoch: u32, stamp: u64, granted: u64) {
         // A ping of this interval, sent since it went active (a stamp from another clock —
         // an earlier incarnation's — is ignored).
@@ -305,15 +308,12 @@ impl Member {
         if stamp >= p.0 {
             *p = (stamp, granted);
         }
+        // None (some member never answered) sorts first: no lease yet.
         let until = self
             .acting
             .iter()
             .filter(|o| **o != self.osd)
-            .map(|o| {
-                self.pongs
-                    .get(o)
-                    .map(|&(stamp, granted)| stamp + self.trusted(granted))
-            })
+            .map(|o| self.promise_from(*o))
             .min()
             .flatten();
         if let Some(until) = until {
@@ -530,10 +530,8 @@ impl Member {
             }
             Event::Write { req, oid, kind } => self.on_write(req, oid, kind, &mut out),
             Event::Tick => self.on_tick(&mut out),
-            Event::Clock => {
-                self.maybe_active();
-                self.ping_if_due(&mut out);
-            }
+            // Pings are sent below, after any event.
+            Event::Clock => self.maybe_active(),
             Event::Persisted { seq } => self.on_persisted(seq, &mut out),
             Event::Recovered { oid, version } => self.on_recovered(oid, version, &mut out),
         }
@@ -722,7 +720,6 @@ impl Member {
             }
             Role::Stray | Role::Replica => {}
         }
-        self.ping_if_due(out);
     }
 
     /// The authoritative history as this primary holds it, for member `to`.

@@ -348,6 +348,16 @@ impl Sim {
         }
     }
 
+    /// OSD `o`'s store holds `oid` at `version`, durably: the disk's state, and the states on
+    /// their way to it, say so.
+    fn store_holds(&mut self, o: u32, oid: &str, version: Version) {
+        self.stores[o as usize].insert(oid.to_string(), version);
+        Self::stored(&mut self.disks[o as usize], oid, version);
+        for p in self.persists.values_mut().filter(|p| p.0 == o) {
+            Self::stored(&mut p.3, oid, version);
+        }
+    }
+
     /// A disk's state once its store holds `oid` at `version`.
     fn stored(disk: &mut Member, oid: &str, version: Version) {
         if disk.missing.get(oid) == Some(&version) {
@@ -378,10 +388,7 @@ impl Sim {
                 .map(|(k, v)| (k.clone(), *v))
                 .collect();
             for (oid, version) in found {
-                Self::stored(&mut self.disks[i], &oid, version);
-                for p in self.persists.values_mut().filter(|p| p.0 == o) {
-                    Self::stored(&mut p.3, &oid, version);
-                }
+                self.store_holds(o, &oid, version);
                 self.run(o, Event::Recovered { oid, version });
             }
         }
@@ -432,11 +439,7 @@ impl Sim {
             }
             // The store holds it durably before the member hears: the disk, and the states
             // on their way to it, say so.
-            self.stores[i].insert(oid.clone(), version);
-            Self::stored(&mut self.disks[i], &oid, version);
-            for p in self.persists.values_mut().filter(|p| p.0 == o) {
-                Self::stored(&mut p.3, &oid, version);
-            }
+            self.store_holds(o, &oid, version);
             self.urgent[i].remove(&oid);
             self.recovered += 1;
             if self.trace {
