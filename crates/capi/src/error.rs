@@ -1,0 +1,114 @@
+//! Errors as the C API returns them: a negative errno, and for the call that failed on this
+//! thread a message saying why (`carmine_last_error`).
+
+use carmine_client::ClientError;
+use carmine_proto::Status;
+use carmine_volume::VolumeError;
+use std::cell::RefCell;
+use std::ffi::CString;
+
+#[derive(Debug)]
+pub struct Failure {
+    pub errno: i32,
+    pub message: String,
+}
+
+impl Failure {
+    pub fn new(errno: i32, message: impl Into<String>) -> Self {
+        Failure {
+            errno,
+            message: message.into(),
+        }
+    }
+
+    pub fn invalid(message: impl Into<String>) -> Self {
+        Failure::new(libc::EINVAL, message)
+    }
+
+    pub fn shut_down() -> Self {
+        Failure::new(libc::ESHUTDOWN, "the cluster handle was shut down")
+    }
+}
+
+impl From<VolumeError> for Failure {
+    fn from(e: VolumeError) -> Self {
+        Failure::new(errno_of_volume(&e), e.to_string())
+    }
+}
+
+pub fn errno_of_volume(e: &VolumeError) -> i32 {
+    match e {
+        VolumeError::NotFound { .. } => libc::ENOENT,
+        VolumeError::Exists { .. } => libc::EEXIST,
+        VolumeError::InvalidName { .. }
+        | VolumeError::OutOfRange { .. }
+        | VolumeError::InvalidArgument(_) => libc::EINVAL,
+        VolumeError::Locked { .. } => libc::EBUSY,
+        // As librbd reports a client whose lock was broken (blocklisted).
+        VolumeError::LockLost { .. } => libc::ESHUTDOWN,
+        VolumeError::ReadOnly { .. } => libc::EROFS,
+        VolumeError::Client(c) => errno_of_client(c),
+        _ => libc::EIO,
+    }
+}
+
+pub fn errno_of_client(e: &ClientError) -> i32 {
+    match e {
+        ClientError::Server(r) => match r.status {
+            Status::NoSpace => libc::ENOSPC,
+            Status::ObjectNotFound | Status::PoolNotFound => libc::ENOENT,
+            Status::InvalidArgument => libc::EINVAL,
+            Status::Fenced => libc::ESHUTDOWN,
+            Status::AuthFailed => libc::EACCES,
+            _ => libc::EIO,
+        },
+        ClientError::Auth { .. } => libc::EACCES,
+        ClientError::Protocol { .. } => libc::EPROTO,
+        ClientError::TimedOut { .. } => libc::ETIMEDOUT,
+        ClientError::Connect { .. }
+        | ClientError::Unavailable { .. }
+        | ClientError::NoAddress
+        | ClientError::NoOsd { .. } => libc::ENOTCONN,
+        _ => libc::EIO,
+    }
+}
+
+thread_local! {
+    static LAST: RefCell<CString> = RefCell::new(CString::default());
+}
+
+/// Records `f` as this thread's last error and returns its negative errno.
+pub fn record(f: Failure) -> i32 {
+    let msg = CString::new(f.message.replace('\0', " ")).unwrap_or_default();
+    LAST.with(|l| *l.borrow_mut() = msg);
+    -f.errno
+}
+
+/// This thread's last error message; valid until its next failing call.
+pub fn last() -> *const libc::c_char {
+    LAST.with(|l| l.borrow().as_ptr())
+}
+
+/// A fixed description of `err` (negative or positive errno), as `strerror` would give it,
+/// without its thread-safety problems.
+pub fn describe(err: i32) -> &'static std::ffi::CStr {
+    match err.unsigned_abs() as i32 {
+        0 => c"success",
+        libc::ENOENT => c"no such image or pool",
+        libc::EEXIST => c"already exists",
+        libc::EINVAL => c"invalid argument",
+        libc::EBUSY => c"image is locked by another client",
+        libc::ESHUTDOWN => c"handle shut down, or its image lock was lost",
+        libc::EROFS => c"image opened read-only",
+        libc::ENOSPC => c"no space left in the cluster",
+        libc::EACCES => c"authentication failed",
+        libc::EPROTO => c"protocol error",
+        libc::ETIMEDOUT => c"timed out",
+        libc::ENOTCONN => c"cluster unreachable",
+        libc::EBADF => c"image not open",
+        libc::EIO => c"I/O error",
+        libc::ENOMEM => c"out of memory",
+        libc::EAGAIN => c"resource temporarily unavailable",
+        _ => c"unknown error",
+    }
+}

@@ -1,0 +1,89 @@
+//! The C API from C: `tests/c/api_test.c` is compiled against `include/carmine.h` and the
+//! freshly built libcarmine.so, and run against a live OSD. It checks sync and async I/O,
+//! callbacks, eventfd polling, errors (unknown image and pool, out of range, read-only, a
+//! second writer, a dead cluster) and several threads sharing one image.
+
+use carmine_cluster::OsdMap;
+use carmine_osd::{Osd, OsdConfig, StoreConfig, CONNECTIONS_MAX_DEFAULT, IDLE_TIMEOUT_DEFAULT};
+use std::net::{SocketAddr, TcpListener};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn start_osd() -> (Osd, SocketAddr) {
+    let addr = TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let osd = Osd::start(OsdConfig {
+        id: 0,
+        map: OsdMap::single_osd(vec![addr], 8),
+        reactor_cpus: vec![None],
+        store: StoreConfig::Memory {
+            memory_limit_bytes: 256 << 20,
+        },
+        connections_max: CONNECTIONS_MAX_DEFAULT,
+        idle_timeout: Some(IDLE_TIMEOUT_DEFAULT),
+        auth_key: None,
+        pg_history: None,
+        scrub: Default::default(),
+        recovery: Default::default(),
+        read_lease: carmine_osd::READ_LEASE_DEFAULT,
+        lease: None,
+    })
+    .unwrap();
+    (osd, addr)
+}
+
+/// Where cargo put the libcarmine.so built with this test: in the `deps` directory the test
+/// runs from (`cargo build` also copies it one level up, but `cargo test` does not, so that
+/// copy may be stale).
+fn lib_dir() -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let dir = exe.parent().unwrap().to_path_buf();
+    assert!(
+        dir.join("libcarmine.so").exists(),
+        "no libcarmine.so in {}",
+        dir.display()
+    );
+    dir
+}
+
+/// Compiles `source` with the system C compiler against the header and the library.
+pub fn compile(source: &str, out: &Path) {
+    let crate_dir = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let lib = lib_dir();
+    let status = Command::new(std::env::var("CC").unwrap_or_else(|_| "cc".into()))
+        .args(["-std=c11", "-Wall", "-Wextra", "-Werror", "-O1", "-pthread", "-o"])
+        .arg(out)
+        .arg(crate_dir.join(source))
+        .arg(format!("-I{}", crate_dir.join("include").display()))
+        .arg(format!("-L{}", lib.display()))
+        .arg(format!("-Wl,-rpath,{}", lib.display()))
+        .arg("-lcarmine")
+        .status()
+        .expect("running cc (the C compiler)");
+    assert!(status.success(), "compiling {source} failed");
+}
+
+#[test]
+fn the_c_api_works_from_a_c_program() {
+    let (osd, addr) = start_osd();
+    let dir = std::env::temp_dir().join(format!("carmine-capi-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let exe = dir.join("api_test");
+    compile("tests/c/api_test.c", &exe);
+    let out = Command::new(&exe)
+        // Cargo's library path may name a stale copy (see `lib_dir`): the rpath decides.
+        .env_remove("LD_LIBRARY_PATH")
+        .arg(addr.to_string())
+        .output()
+        .expect("running api_test");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    println!("{stdout}");
+    eprintln!("{stderr}");
+    assert!(out.status.success(), "api_test failed: {stderr}");
+    assert!(stdout.contains("checks passed"), "{stdout}");
+    let _ = std::fs::remove_dir_all(&dir);
+    drop(osd);
+}
