@@ -33,6 +33,18 @@ impl Fio {
         }
     }
 
+    /// fio-carmine (libcarmine in fio's process) on volume `image` of the cluster in `dir`.
+    pub fn carmine(engine: &std::path::Path, dir: &std::path::Path, image: &str) -> Self {
+        Fio {
+            engine: vec![
+                format!("--ioengine=external:{}", engine.display()),
+                format!("--cluster_dir={}", dir.display()),
+                format!("--volume={image}"),
+            ],
+            env: Vec::new(),
+        }
+    }
+
     /// The rbd engine (librbd) against `pool/image` of the Ceph cluster `conf` describes.
     pub fn rbd(conf: &std::path::Path, pool: &str, image: &str) -> Self {
         Fio {

@@ -36,6 +36,10 @@ pub enum Target {
     Carmine,
     /// fio's nbd engine against `carmine nbd serve` exporting the benchmark volume.
     FioNbd,
+    /// fio with fio-carmine, the engine on libcarmine: the client inside fio, as fio-rbd runs
+    /// librbd (build it first: `cargo build --release -p carmine-capi`, then
+    /// `crates/capi/fio/build.sh target/release`).
+    FioCarmine,
     /// fio's rbd engine (librbd) against Ceph: a throw-away single-node cluster from Debian's
     /// packages (bench/ceph/vstart-ceph.sh, built in), or an existing one (`--ceph-conf`).
     FioRbd,
@@ -181,6 +185,10 @@ pub struct BenchArgs {
     /// fio-rbd: the Ceph OSD's object store for the throw-away cluster.
     #[arg(long, default_value = "bluestore", value_parser = ["bluestore", "memstore"])]
     pub ceph_store: String,
+    /// fio-carmine's engine (`--target fio-carmine`): default libfio_carmine.so beside this
+    /// program.
+    #[arg(long)]
+    pub fio_carmine_engine: Option<PathBuf>,
     /// fio-rbd: use the existing Ceph cluster this ceph.conf describes instead of a throw-away
     /// one (its local ceph-osd processes are sampled).
     #[arg(long)]
@@ -287,6 +295,18 @@ impl BenchArgs {
             if self.volumes != 1 {
                 anyhow::bail!("fio targets drive one volume (use --jobs-per-volume)");
             }
+            if self.target == Target::FioCarmine
+                && self.jobs_per_volume > 1
+                && self
+                    .workloads
+                    .iter()
+                    .any(|w| w.is_write() || *w == Workload::Randrw)
+            {
+                anyhow::bail!(
+                    "fio-carmine: each writing job holds its volume's exclusive lock, so \
+                     writes need --jobs-per-volume 1 (raise --depths instead)"
+                );
+            }
         }
         if self.volumes == 0 || self.jobs_per_volume == 0 {
             anyhow::bail!("--volumes and --jobs-per-volume must be at least 1");
@@ -382,13 +402,23 @@ fn bench_against(a: &BenchArgs, running: &carmine_localcluster::Running) -> Resu
                 .map(|i| verify::Verifier::new(i.size()))
                 .collect()
         });
-        let gateway = match a.target {
-            Target::FioNbd => {
-                // The gateway takes the volumes' exclusive locks: give them up first.
+        let fio = match a.target {
+            Target::FioNbd | Target::FioCarmine => {
+                // The gateway, or fio's own client, takes the volumes' exclusive locks: give
+                // them up first.
                 for image in images.drain(..) {
                     image.close().await?;
                 }
-                Some(NbdGateway::start(&dir)?)
+                Some(match a.target {
+                    Target::FioNbd => {
+                        let g = NbdGateway::start(&dir)?;
+                        (fio::Fio::nbd(&g.uri), Some(g))
+                    }
+                    _ => (
+                        fio::Fio::carmine(&fio_carmine_engine(a)?, &dir, "bench"),
+                        None,
+                    ),
+                })
             }
             _ => None,
         };
@@ -401,7 +431,7 @@ fn bench_against(a: &BenchArgs, running: &carmine_localcluster::Running) -> Resu
             procstat::disk_of(&dir),
             ceiling_addr,
         );
-        sweep::run(a, obs, async |wl, bs, depth| match &gateway {
+        sweep::run(a, obs, async |wl, bs, depth| match &fio {
             None => {
                 let bar = step_progress(&format!("{} {}K qd{depth}", wl.name(), bs >> 10));
                 let load = Load {
@@ -418,10 +448,29 @@ fn bench_against(a: &BenchArgs, running: &carmine_localcluster::Running) -> Resu
                 Ok(s)
             }
             // fio is a separate process; this thread just waits for it.
-            Some(g) => fio::Fio::nbd(&g.uri).step(a, wl, bs, depth),
+            Some((fio, _gateway)) => fio.step(a, wl, bs, depth),
         })
         .await
     })
+}
+
+/// fio-carmine's engine: as given, or beside this program; missing, it says how to build it.
+fn fio_carmine_engine(a: &BenchArgs) -> Result<PathBuf> {
+    let path = match &a.fio_carmine_engine {
+        Some(p) => p.clone(),
+        None => std::env::current_exe()?
+            .parent()
+            .context("the program's directory")?
+            .join("libfio_carmine.so"),
+    };
+    if !path.exists() {
+        anyhow::bail!(
+            "no fio-carmine engine at {}: build it with `cargo build --release -p carmine-capi \
+             && crates/capi/fio/build.sh target/release`, or pass --fio-carmine-engine",
+            path.display()
+        );
+    }
+    Ok(path)
 }
 
 /// The load generator (and fio, its child) run on the client cpu, away from the OSDs.

@@ -42,17 +42,22 @@ fn flag(key: &str, v: &toml::Value) -> Result<Option<String>> {
 }
 
 /// One run's flags: the common ones plus the store. A `ceph-<objectstore>` store is a run
-/// against a throw-away Ceph through fio-rbd, whatever target the Carmine runs use.
+/// against a throw-away Ceph through fio-rbd, whatever target the Carmine runs use; a
+/// `<store>@<target>` one runs that store with that target instead of the plan's (to put
+/// fio-carmine and fio-nbd side by side in one plan).
 fn run_flags(base: &[String], store: &str) -> Vec<String> {
-    match store.strip_prefix("ceph-") {
-        Some(objectstore) => base
-            .iter()
-            .filter(|f| !f.starts_with("--target="))
-            .cloned()
+    let without_target = || base.iter().filter(|f| !f.starts_with("--target=")).cloned();
+    if let Some(objectstore) = store.strip_prefix("ceph-") {
+        return without_target()
             .chain([
                 "--target=fio-rbd".to_string(),
                 format!("--ceph-store={objectstore}"),
             ])
+            .collect();
+    }
+    match store.split_once('@') {
+        Some((store, target)) => without_target()
+            .chain([format!("--target={target}"), format!("--store={store}")])
             .collect(),
         None => base
             .iter()
@@ -149,7 +154,7 @@ pub fn run_plan(file: &Path, output: Option<PathBuf>) -> Result<()> {
                     let name = if ceph {
                         store.clone()
                     } else {
-                        format!("{store}-{policy}-{n}osd-{r}r")
+                        format!("{}-{policy}-{n}osd-{r}r", store.replace('@', "-"))
                     };
                     let dir = out.join(&name);
                     let mut argv = vec!["bench".to_string()];
@@ -309,6 +314,10 @@ mod tests {
         assert_eq!(
             run_flags(&base, "native"),
             ["--target=fio-nbd", "--depths=1", "--store=native"]
+        );
+        assert_eq!(
+            run_flags(&base, "memory@fio-carmine"),
+            ["--depths=1", "--target=fio-carmine", "--store=memory"]
         );
         let text = include_str!("../../../bench/plans/carmine-vs-ceph.toml");
         let plan = table(text);

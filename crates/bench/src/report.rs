@@ -207,6 +207,10 @@ pub fn markdown(run: &Run) -> String {
                 "{} (nbd engine) through `carmine nbd serve`, both on the client cpu",
                 run.fio_version.as_deref().unwrap_or("fio")
             ),
+            crate::Target::FioCarmine => format!(
+                "{} with fio-carmine (libcarmine inside fio, no gateway), on the client cpu",
+                run.fio_version.as_deref().unwrap_or("fio")
+            ),
             crate::Target::FioRbd => format!(
                 "{} (rbd engine, librbd)",
                 run.fio_version.as_deref().unwrap_or("fio")

@@ -107,12 +107,10 @@ impl Completion {
     /// Blocks until complete.
     pub fn wait(&self) {
         loop {
-            match self.state.compare_exchange(
-                PENDING,
-                WAITED,
-                Ordering::AcqRel,
-                Ordering::Acquire,
-            ) {
+            match self
+                .state
+                .compare_exchange(PENDING, WAITED, Ordering::AcqRel, Ordering::Acquire)
+            {
                 Ok(_) | Err(WAITED) => atomic_wait::wait(&self.state, WAITED),
                 Err(_) => return,
             }
@@ -236,7 +234,10 @@ mod tests {
         }
         assert!(readable(&e));
         let got = e.take(2);
-        assert_eq!(got.iter().map(|c| c.result()).collect::<Vec<_>>(), vec![0, 1]);
+        assert_eq!(
+            got.iter().map(|c| c.result()).collect::<Vec<_>>(),
+            vec![0, 1]
+        );
         assert!(readable(&e), "one is left: the fd says so");
         assert_eq!(e.take(8).len(), 1, "what was left is still there to poll");
         assert!(!readable(&e), "taking all clears the count");

@@ -49,7 +49,9 @@ impl Config {
         let number = |max: u64| -> Result<u64, String> {
             match value.trim().parse::<u64>() {
                 Ok(n) if (1..=max).contains(&n) => Ok(n),
-                _ => Err(format!("{key} must be a number from 1 to {max}, not {value:?}")),
+                _ => Err(format!(
+                    "{key} must be a number from 1 to {max}, not {value:?}"
+                )),
             }
         };
         match key {
@@ -58,9 +60,9 @@ impl Config {
                 self.osds = value
                     .split(',')
                     .map(|a| {
-                        a.trim()
-                            .parse()
-                            .map_err(|_| format!("osds: {a:?} is not an address like 127.0.0.1:6800"))
+                        a.trim().parse().map_err(|_| {
+                            format!("osds: {a:?} is not an address like 127.0.0.1:6800")
+                        })
                     })
                     .collect::<Result<_, _>>()?
             }
@@ -110,7 +112,10 @@ mod tests {
         let mut c = Config::default();
         c.set("osds", "127.0.0.1:6800, 127.0.0.1:6801").unwrap();
         assert_eq!(c.osds.len(), 2);
-        assert!(c.set("osds", "localhost").unwrap_err().contains("not an address"));
+        assert!(c
+            .set("osds", "localhost")
+            .unwrap_err()
+            .contains("not an address"));
         assert!(c.set("reactors", "0").is_err());
         assert!(c.set("reactors", "two").is_err());
         c.set("reactors", "2").unwrap();
@@ -118,7 +123,10 @@ mod tests {
         assert!(c.check().unwrap_err().contains("1 CPUs for 2 reactors"));
         c.set("reactor_cpus", "0,1").unwrap();
         c.check().unwrap();
-        assert!(c.set("colour", "red").unwrap_err().contains("known: cluster_dir"));
+        assert!(c
+            .set("colour", "red")
+            .unwrap_err()
+            .contains("known: cluster_dir"));
         assert!(c.set("pool", "").is_err());
         assert!(Config::default().check().is_err());
     }

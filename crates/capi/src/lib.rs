@@ -20,10 +20,10 @@ use completion::{Callback, Completion, Events};
 use config::Config;
 use error::{record, Failure};
 use runtime::{Op, ReadInto, Runtime};
+use std::collections::HashSet;
 use std::ffi::{c_char, c_int, c_void, CStr};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 
 pub const VERSION: (c_int, c_int, c_int) = (0, 1, 0);
@@ -68,7 +68,10 @@ fn guarded(f: impl FnOnce() -> Result<c_int, Failure>) -> c_int {
     match catch_unwind(AssertUnwindSafe(f)) {
         Ok(Ok(n)) => n,
         Ok(Err(e)) => record(e),
-        Err(_) => record(Failure::new(libc::EIO, "internal error (a panic) in libcarmine")),
+        Err(_) => record(Failure::new(
+            libc::EIO,
+            "internal error (a panic) in libcarmine",
+        )),
     }
 }
 
@@ -76,7 +79,10 @@ fn guarded_ssize(f: impl FnOnce() -> Result<isize, Failure>) -> isize {
     match catch_unwind(AssertUnwindSafe(f)) {
         Ok(Ok(n)) => n,
         Ok(Err(e)) => record(e) as isize,
-        Err(_) => record(Failure::new(libc::EIO, "internal error (a panic) in libcarmine")) as isize,
+        Err(_) => record(Failure::new(
+            libc::EIO,
+            "internal error (a panic) in libcarmine",
+        )) as isize,
     }
 }
 
@@ -437,10 +443,24 @@ impl Drop for CallerBuffer {
 }
 
 enum Request {
-    Read { off: u64, len: usize, buf: *mut u8 },
-    Write { off: u64, len: usize, buf: *const u8 },
-    Discard { off: u64, len: u64 },
-    WriteZeroes { off: u64, len: u64 },
+    Read {
+        off: u64,
+        len: usize,
+        buf: *mut u8,
+    },
+    Write {
+        off: u64,
+        len: usize,
+        buf: *const u8,
+    },
+    Discard {
+        off: u64,
+        len: u64,
+    },
+    WriteZeroes {
+        off: u64,
+        len: u64,
+    },
     Flush,
 }
 
@@ -479,7 +499,11 @@ unsafe fn submit(img: &ImageHandle, req: Request, c: Arc<Completion>) -> Result<
             if buf.is_null() && len > 0 {
                 return Err(Failure::invalid("buf is NULL"));
             }
-            Op::Write { off, data: Bytes::new() }.with_len(len, buf, &c)
+            Op::Write {
+                off,
+                data: Bytes::new(),
+            }
+            .with_len(len, buf, &c)
         }
         Request::Discard { off, len } => {
             range(off, len)?;
@@ -492,7 +516,9 @@ unsafe fn submit(img: &ImageHandle, req: Request, c: Arc<Completion>) -> Result<
         Request::Flush => Op::Flush,
     };
     if !c.submit(Some(&img.events)) {
-        return Err(Failure::invalid("the completion was used for another request"));
+        return Err(Failure::invalid(
+            "the completion was used for another request",
+        ));
     }
     img.rt.io(img.reactor, img.slot, op, c);
     Ok(())
@@ -534,7 +560,10 @@ unsafe fn sync(image: *mut ImageHandle, req: Request) -> isize {
         submit(img, req, c.clone())?;
         c.wait();
         match c.result() {
-            r if r < 0 => Err(Failure::new(-r as i32, error::describe(r as i32).to_string_lossy())),
+            r if r < 0 => Err(Failure::new(
+                -r as i32,
+                error::describe(r as i32).to_string_lossy(),
+            )),
             r => Ok(r as isize),
         }
     })
@@ -547,7 +576,14 @@ pub unsafe extern "C" fn carmine_read(
     len: usize,
     buf: *mut c_char,
 ) -> isize {
-    sync(image, Request::Read { off, len, buf: buf.cast() })
+    sync(
+        image,
+        Request::Read {
+            off,
+            len,
+            buf: buf.cast(),
+        },
+    )
 }
 
 #[no_mangle]
@@ -557,7 +593,14 @@ pub unsafe extern "C" fn carmine_write(
     len: usize,
     buf: *const c_char,
 ) -> isize {
-    sync(image, Request::Write { off, len, buf: buf.cast() })
+    sync(
+        image,
+        Request::Write {
+            off,
+            len,
+            buf: buf.cast(),
+        },
+    )
 }
 
 #[no_mangle]
@@ -566,7 +609,11 @@ pub unsafe extern "C" fn carmine_discard(image: *mut ImageHandle, off: u64, len:
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn carmine_write_zeroes(image: *mut ImageHandle, off: u64, len: u64) -> c_int {
+pub unsafe extern "C" fn carmine_write_zeroes(
+    image: *mut ImageHandle,
+    off: u64,
+    len: u64,
+) -> c_int {
     sync(image, Request::WriteZeroes { off, len }) as c_int
 }
 
@@ -583,7 +630,15 @@ pub unsafe extern "C" fn carmine_aio_read(
     buf: *mut c_char,
     c: *mut c_void,
 ) -> c_int {
-    aio(image, Request::Read { off, len, buf: buf.cast() }, c)
+    aio(
+        image,
+        Request::Read {
+            off,
+            len,
+            buf: buf.cast(),
+        },
+        c,
+    )
 }
 
 #[no_mangle]
@@ -594,7 +649,15 @@ pub unsafe extern "C" fn carmine_aio_write(
     buf: *const c_char,
     c: *mut c_void,
 ) -> c_int {
-    aio(image, Request::Write { off, len, buf: buf.cast() }, c)
+    aio(
+        image,
+        Request::Write {
+            off,
+            len,
+            buf: buf.cast(),
+        },
+        c,
+    )
 }
 
 #[no_mangle]

@@ -169,7 +169,10 @@ impl Runtime {
         });
         for rx in ready {
             let connected = rx.recv().unwrap_or_else(|_| {
-                Err(Failure::new(libc::EIO, "a reactor thread died while connecting"))
+                Err(Failure::new(
+                    libc::EIO,
+                    "a reactor thread died while connecting",
+                ))
             });
             if let Err(e) = connected {
                 rt.stop();
@@ -195,7 +198,8 @@ impl Runtime {
             read_only,
             reply,
         };
-        self.submit(reactor, job).map_err(|_| Failure::shut_down())?;
+        self.submit(reactor, job)
+            .map_err(|_| Failure::shut_down())?;
         rx.recv().unwrap_or_else(|_| Err(Failure::shut_down()))
     }
 
@@ -212,7 +216,8 @@ impl Runtime {
                 let _ = reply.send(f(v).await);
             })
         }));
-        self.submit(reactor, job).map_err(|_| Failure::shut_down())?;
+        self.submit(reactor, job)
+            .map_err(|_| Failure::shut_down())?;
         rx.recv().unwrap_or_else(|_| Err(Failure::shut_down()))
     }
 
@@ -459,9 +464,17 @@ async fn execute(image: &Image, op: Op) -> i64 {
         },
         Op::Write { off, data } => {
             let len = data.len() as u64;
-            image.write(off, data).await.map(|_| len).map_err(|e| e.into())
+            image
+                .write(off, data)
+                .await
+                .map(|_| len)
+                .map_err(|e| e.into())
         }
-        Op::Discard { off, len } => image.discard(off, len).await.map(|_| 0).map_err(|e| e.into()),
+        Op::Discard { off, len } => image
+            .discard(off, len)
+            .await
+            .map(|_| 0)
+            .map_err(|e| e.into()),
         Op::WriteZeroes { off, len } => image
             .write_zeroes(off, len)
             .await

@@ -1,0 +1,45 @@
+//! What the tests of the C API share: a live OSD, and the library's location.
+
+use carmine_cluster::OsdMap;
+use carmine_osd::{Osd, OsdConfig, StoreConfig, CONNECTIONS_MAX_DEFAULT, IDLE_TIMEOUT_DEFAULT};
+use std::net::{SocketAddr, TcpListener};
+use std::path::PathBuf;
+
+pub fn start_osd() -> (Osd, SocketAddr) {
+    let addr = TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let osd = Osd::start(OsdConfig {
+        id: 0,
+        map: OsdMap::single_osd(vec![addr], 8),
+        reactor_cpus: vec![None],
+        store: StoreConfig::Memory {
+            memory_limit_bytes: 256 << 20,
+        },
+        connections_max: CONNECTIONS_MAX_DEFAULT,
+        idle_timeout: Some(IDLE_TIMEOUT_DEFAULT),
+        auth_key: None,
+        pg_history: None,
+        scrub: Default::default(),
+        recovery: Default::default(),
+        read_lease: carmine_osd::READ_LEASE_DEFAULT,
+        lease: None,
+    })
+    .unwrap();
+    (osd, addr)
+}
+
+/// Where cargo put the libcarmine.so built with this test: in the `deps` directory the test
+/// runs from (`cargo build` also copies it one level up, but `cargo test` does not, so that
+/// copy may be stale).
+pub fn lib_dir() -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let dir = exe.parent().unwrap().to_path_buf();
+    assert!(
+        dir.join("libcarmine.so").exists(),
+        "no libcarmine.so in {}",
+        dir.display()
+    );
+    dir
+}
