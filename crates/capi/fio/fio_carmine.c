@@ -90,9 +90,9 @@ static struct fio_option options[] = {
         .lname = "libcarmine reactor threads",
         .type = FIO_OPT_INT,
         .off1 = offsetof(struct carmine_options, reactors),
-        .help = "libcarmine reactor threads per job",
-        .def = "1",
-        .minval = 1,
+        .help = "libcarmine reactor threads per job (0: the client runs in the job's thread)",
+        .def = "0",
+        .minval = 0,
         .maxval = 64,
         .category = FIO_OPT_C_ENGINE,
         .group = FIO_OPT_G_INVALID,
@@ -126,6 +126,7 @@ struct carmine_data {
     carmine_cluster_t *cluster;
     carmine_image_t *image;
     int event_fd;
+    int inline_client;
     struct io_u **events;
     carmine_completion_t *reaped;
     unsigned int depth;
@@ -159,13 +160,40 @@ static void carmine_cleanup(struct thread_data *td) {
     td->io_ops_data = NULL;
 }
 
-/* Connects and opens the volume (in the job's own thread: fio runs this engine with threads),
- * and tells fio the volume's size as its file's. */
+/* A cluster handle configured from the job's options, connected. */
+static carmine_cluster_t *connect_cluster(struct thread_data *td, unsigned int reactors) {
+    struct carmine_options *o = td->eo;
+    carmine_cluster_t *cl = NULL;
+    char number[16];
+    int r = carmine_create(&cl);
+    if (r < 0) {
+        fail(td, "create", r);
+        return NULL;
+    }
+    snprintf(number, sizeof(number), "%u", reactors);
+    if (set(td, cl, "cluster_dir", o->cluster_dir) || set(td, cl, "osds", o->osds) ||
+        set(td, cl, "key_file", o->key_file) || set(td, cl, "pool", o->pool) ||
+        set(td, cl, "reactors", number) ||
+        (reactors > 0 && set(td, cl, "reactor_cpus", o->reactor_cpus)))
+        goto out;
+    r = carmine_connect(cl);
+    if (r < 0) {
+        fail(td, "connect", r);
+        goto out;
+    }
+    return cl;
+out:
+    carmine_shutdown(cl);
+    return NULL;
+}
+
+/* In fio's main thread: checks the build, and tells fio the volume's size as its file's
+ * (through a short-lived read-only open: the job's own client starts in its thread, init). */
 static int carmine_setup(struct thread_data *td) {
     struct carmine_options *o = td->eo;
-    struct carmine_data *d;
+    carmine_cluster_t *cl;
+    carmine_image_t *img = NULL;
     struct fio_file *f;
-    char number[16];
     uint64_t size = 0;
     int r;
 
@@ -179,34 +207,50 @@ static int carmine_setup(struct thread_data *td) {
         log_err("fio-carmine: the volume option is required\n");
         return 1;
     }
-    /* The library's reactor threads do not survive a fork. */
+    /* The client's threads and ring do not survive a fork. */
     td->o.use_thread = 1;
+    cl = connect_cluster(td, 0);
+    if (!cl)
+        return 1;
+    r = carmine_open_read_only(cl, o->volume, &img);
+    if (r == 0)
+        r = carmine_get_size(img, &size);
+    if (r < 0 || size == 0)
+        fail(td, "open", r < 0 ? r : -EINVAL);
+    if (img)
+        carmine_close(img);
+    carmine_shutdown(cl);
+    if (r < 0 || size == 0)
+        return 1;
+    if (!td->files_index) {
+        add_file(td, td->o.filename ? td->o.filename : o->volume, 0, 0);
+        td->o.nr_files = td->o.nr_files ? td->o.nr_files : 1;
+        td->o.open_files++;
+    }
+    f = td->files[0];
+    f->real_file_size = size;
+    return 0;
+}
+
+/* In the job's thread: its own client (inline by default), and the volume opened. */
+static int carmine_init(struct thread_data *td) {
+    struct carmine_options *o = td->eo;
+    struct carmine_data *d;
+    int r;
+
     d = calloc(1, sizeof(*d));
     if (!d)
         return 1;
     td->io_ops_data = d;
+    d->inline_client = o->reactors == 0;
     d->depth = td->o.iodepth ? td->o.iodepth : 1;
     d->events = calloc(d->depth, sizeof(*d->events));
     d->reaped = calloc(d->depth, sizeof(*d->reaped));
     if (!d->events || !d->reaped)
         goto out;
-
-    r = carmine_create(&d->cluster);
-    if (r < 0) {
-        fail(td, "create", r);
+    d->cluster = connect_cluster(td, o->reactors);
+    if (!d->cluster)
         goto out;
-    }
-    snprintf(number, sizeof(number), "%u", o->reactors ? o->reactors : 1);
-    if (set(td, d->cluster, "cluster_dir", o->cluster_dir) || set(td, d->cluster, "osds", o->osds) ||
-        set(td, d->cluster, "key_file", o->key_file) || set(td, d->cluster, "pool", o->pool) ||
-        set(td, d->cluster, "reactors", number) ||
-        set(td, d->cluster, "reactor_cpus", o->reactor_cpus))
-        goto out;
-    r = carmine_connect(d->cluster);
-    if (r < 0) {
-        fail(td, "connect", r);
-        goto out;
-    }
     /* A job that never writes takes no lock, so any number of readers can share a volume. */
     if (td_write(td) || td_trim(td))
         r = carmine_open(d->cluster, o->volume, &d->image);
@@ -216,19 +260,8 @@ static int carmine_setup(struct thread_data *td) {
         fail(td, "open", r);
         goto out;
     }
-    d->event_fd = carmine_image_event_fd(d->image);
-    r = carmine_get_size(d->image, &size);
-    if (r < 0 || size == 0) {
-        fail(td, "size", r < 0 ? r : -EINVAL);
-        goto out;
-    }
-    if (!td->files_index) {
-        add_file(td, td->o.filename ? td->o.filename : o->volume, 0, 0);
-        td->o.nr_files = td->o.nr_files ? td->o.nr_files : 1;
-        td->o.open_files++;
-    }
-    f = td->files[0];
-    f->real_file_size = size;
+    /* An inline client is polled after carmine_run: no eventfd, no syscalls for one. */
+    d->event_fd = d->inline_client ? -1 : carmine_image_event_fd(d->image);
     return 0;
 out:
     carmine_cleanup(td);
@@ -319,10 +352,20 @@ static int carmine_getevents(struct thread_data *td, unsigned int min, unsigned 
         reap(d, &events, max);
         if (events >= min || events >= max)
             break;
+        int r;
+        if (d->inline_client) {
+            /* The client runs here: let it work (and wait for I/O) until the timeout. */
+            r = carmine_run(d->cluster, o->busy_poll ? 0 : timeout_ms);
+            if (r < 0)
+                break;
+            if (timeout_ms >= 0 && !o->busy_poll && reap(d, &events, max) == 0)
+                break; /* one wait of the timeout's length found nothing */
+            continue;
+        }
         if (o->busy_poll)
             continue;
         struct pollfd p = {.fd = d->event_fd, .events = POLLIN};
-        int r = poll(&p, 1, timeout_ms);
+        r = poll(&p, 1, timeout_ms);
         if (r == 0) {
             reap(d, &events, max);
             break; /* timed out */
@@ -344,6 +387,7 @@ struct ioengine_ops ioengine = {
     .version = FIO_IOOPS_VERSION,
     .flags = FIO_DISKLESSIO | FIO_NOEXTEND,
     .setup = carmine_setup,
+    .init = carmine_init,
     .queue = carmine_queue,
     .getevents = carmine_getevents,
     .event = carmine_event,

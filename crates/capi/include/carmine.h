@@ -18,11 +18,18 @@
  * (with names and numbers: "opening \"vol1\": image \"vol1\" is in use: locked by ...").
  *
  * Threads and safety:
- *  - The library runs its own reactor threads ("reactors" option); requests are handed to
- *    them through a bounded lock-free queue. A caller blocks only in a synchronous call, in
- *    carmine_aio_wait_for_complete, or while the queue is full ("queue_depth" option).
+ *  - By default the library runs its own reactor thread ("reactors" option); requests are
+ *    handed to it through a bounded lock-free queue. A caller blocks only in a synchronous
+ *    call, in carmine_aio_wait_for_complete, or while the queue is full ("queue_depth").
  *  - Configure and connect a cluster handle from one thread. After carmine_connect, a
  *    cluster handle and its image handles may be used from any number of threads at once.
+ *  - Inline mode ("reactors" = "0"): the client runs on the thread that connected the handle,
+ *    with no handoff between threads (the fastest, for callers with an event loop of their
+ *    own, like fio). Only that thread may use the handle and its images (others get
+ *    -EINVAL), and requests progress only while it is inside the library: in carmine_run(),
+ *    a synchronous call, or carmine_aio_wait_for_complete. Callbacks then run on it too.
+ *    That includes renewing image locks: call in at least every third of lock_lease_ms, or
+ *    another client may break the lock (this handle's writes then fail with -ESHUTDOWN).
  *  - carmine_close, carmine_shutdown and carmine_aio_release free their argument: no other
  *    thread may use it during or after the call. Close every image before shutting its
  *    cluster down (a shutdown closes any still open; their handles then only fail).
@@ -34,7 +41,8 @@
  *    (no synchronous carmine call, no carmine_aio_wait_for_complete in a callback).
  *  - Completions created without a callback are queued on their image when done: wait for
  *    carmine_image_event_fd() to be readable (poll/epoll), then carmine_poll_io_events().
- *    The fd stays readable while completed requests remain unpolled.
+ *    The fd stays readable while completed requests remain unpolled. (Inline mode: call
+ *    carmine_run() instead of waiting on the fd.)
  *  - A writable open takes the image's exclusive lock (renewed in the background every third
  *    of "lock_lease_ms"); another writer gets -EBUSY. carmine_open_read_only takes no lock.
  *
@@ -83,7 +91,7 @@ int carmine_create(carmine_cluster_t **cluster);
  *   osds              or OSD endpoints to fetch the map from: "127.0.0.1:6800,..."
  *   key_file          the cluster key, with osds (a cluster_dir brings its own)
  *   pool              the pool holding the images [rbd]
- *   reactors          library reactor threads; images are spread over them [1]
+ *   reactors          library reactor threads; images are spread over them; 0: inline [1]
  *   reactor_cpus      CPUs to pin them to, one per reactor: "2,3" [unpinned]
  *   queue_depth       requests queued to a reactor before callers wait [4096]
  *   retry_timeout_ms  how long a request waits for an unreachable OSD before -ENOTCONN [30000]
@@ -96,6 +104,11 @@ int carmine_conf_set(carmine_cluster_t *cluster, const char *key, const char *va
 int carmine_connect(carmine_cluster_t *cluster);
 /* Closes images still open, stops the reactors and frees the handle. */
 void carmine_shutdown(carmine_cluster_t *cluster);
+/* Inline mode: runs the client on this thread for up to timeout_ms (-1: until some I/O
+ * completes, 0: only what is ready), then returns 0. With reactor threads it returns 0 at
+ * once. Completed requests are then in their images' queues (carmine_poll_io_events) or
+ * have had their callbacks. */
+int carmine_run(carmine_cluster_t *cluster, int timeout_ms);
 
 /* Images. object_size 0: the default (4 MiB). */
 int carmine_create_image(carmine_cluster_t *cluster, const char *name, uint64_t size,

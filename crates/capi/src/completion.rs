@@ -119,30 +119,41 @@ impl Completion {
 }
 
 /// An image's completed requests that had no callback, for `carmine_poll_io_events`, and the
-/// eventfd that becomes readable when the queue goes from empty to not empty.
+/// eventfd that becomes readable when the queue goes from empty to not empty. The eventfd is
+/// made when first asked for: a caller that never waits on it (an inline client's, which
+/// polls after `carmine_run`) pays no syscall per completion for it.
 pub struct Events {
     queue: SegQueue<Arc<Completion>>,
     queued: AtomicUsize,
-    fd: OwnedFd,
+    fd: OnceLock<OwnedFd>,
 }
 
 impl Events {
-    pub fn new() -> std::io::Result<Arc<Self>> {
-        // SAFETY: plain syscall; the fd is owned from here on.
-        let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
-        if fd < 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-        Ok(Arc::new(Events {
+    pub fn new() -> Arc<Self> {
+        Arc::new(Events {
             queue: SegQueue::new(),
             queued: AtomicUsize::new(0),
-            // SAFETY: a fresh fd nobody else owns.
-            fd: unsafe { OwnedFd::from_raw_fd(fd) },
-        }))
+            fd: OnceLock::new(),
+        })
     }
 
-    pub fn fd(&self) -> i32 {
-        self.fd.as_raw_fd()
+    /// The eventfd, made now if it was not; readable at once if completions are waiting.
+    pub fn fd(&self) -> std::io::Result<i32> {
+        if let Some(fd) = self.fd.get() {
+            return Ok(fd.as_raw_fd());
+        }
+        // SAFETY: plain syscall; the fd is owned from here on.
+        let raw = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+        if raw < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        // SAFETY: a fresh fd nobody else owns.
+        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+        let fd = self.fd.get_or_init(|| fd).as_raw_fd();
+        if self.queued.load(Ordering::Acquire) > 0 {
+            self.ring();
+        }
+        Ok(fd)
     }
 
     /// Counted before it is queued, so a taker never subtracts what was not counted.
@@ -155,17 +166,21 @@ impl Events {
     }
 
     fn ring(&self) {
-        let one: u64 = 1;
-        // SAFETY: writes 8 bytes from a live u64 to our own eventfd. It cannot block
-        // (non-blocking, and the counter is far from overflowing).
-        unsafe { libc::write(self.fd(), (&raw const one).cast(), 8) };
+        if let Some(fd) = self.fd.get() {
+            let one: u64 = 1;
+            // SAFETY: writes 8 bytes from a live u64 to our own eventfd. It cannot block
+            // (non-blocking, and the counter is far from overflowing).
+            unsafe { libc::write(fd.as_raw_fd(), (&raw const one).cast(), 8) };
+        }
     }
 
     /// Takes up to `max` completed requests (also clearing the eventfd's count).
     pub fn take(&self, max: usize) -> Vec<Arc<Completion>> {
-        let mut count = 0u64;
-        // SAFETY: reads 8 bytes into a live u64; EAGAIN (nothing to read) leaves it 0.
-        unsafe { libc::read(self.fd(), (&raw mut count).cast(), 8) };
+        if let Some(fd) = self.fd.get() {
+            let mut count = 0u64;
+            // SAFETY: reads 8 bytes into a live u64; EAGAIN (nothing to read) leaves it 0.
+            unsafe { libc::read(fd.as_raw_fd(), (&raw mut count).cast(), 8) };
+        }
         let mut out = Vec::new();
         while out.len() < max {
             match self.queue.pop() {
@@ -216,10 +231,10 @@ mod tests {
 
     #[test]
     fn the_eventfd_rings_when_the_queue_goes_from_empty_to_not_empty() {
-        let e = Events::new().unwrap();
+        let e = Events::new();
         let readable = |e: &Events| {
             let mut p = libc::pollfd {
-                fd: e.fd(),
+                fd: e.fd().unwrap(),
                 events: libc::POLLIN,
                 revents: 0,
             };
@@ -245,5 +260,13 @@ mod tests {
         c.submit(Some(&e));
         c.finish(7);
         assert!(readable(&e), "empty again, so the next one rings");
+
+        // An eventfd made after completions queued is readable at once.
+        let late = Events::new();
+        let c = Completion::new(None, std::ptr::null_mut());
+        c.submit(Some(&late));
+        c.finish(1);
+        assert!(readable(&late));
+        assert_eq!(late.take(8).len(), 1);
     }
 }

@@ -68,7 +68,13 @@ impl Config {
             }
             "key_file" => self.key_file = Some(PathBuf::from(value)),
             "pool" if !value.is_empty() => self.pool = value.to_owned(),
-            "reactors" => self.reactors = number(64)? as usize,
+            // 0: inline, on the caller's thread.
+            "reactors" => {
+                self.reactors = match value.trim() {
+                    "0" => 0,
+                    _ => number(64)? as usize,
+                }
+            }
             "reactor_cpus" => {
                 self.reactor_cpus = value
                     .split(',')
@@ -91,6 +97,11 @@ impl Config {
     pub fn check(&self) -> Result<(), String> {
         if self.cluster_dir.is_none() && self.osds.is_empty() {
             return Err("set cluster_dir (a cluster directory) or osds (OSD endpoints)".into());
+        }
+        if self.reactors == 0 && !self.reactor_cpus.is_empty() {
+            return Err(
+                "reactor_cpus: an inline client (reactors=0) runs on the caller's thread".into(),
+            );
         }
         if !self.reactor_cpus.is_empty() && self.reactor_cpus.len() != self.reactors {
             return Err(format!(
@@ -116,7 +127,7 @@ mod tests {
             .set("osds", "localhost")
             .unwrap_err()
             .contains("not an address"));
-        assert!(c.set("reactors", "0").is_err());
+        assert!(c.set("reactors", "-1").is_err());
         assert!(c.set("reactors", "two").is_err());
         c.set("reactors", "2").unwrap();
         c.set("reactor_cpus", "1").unwrap();

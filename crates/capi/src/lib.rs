@@ -19,7 +19,7 @@ use bytes::Bytes;
 use completion::{Callback, Completion, Events};
 use config::Config;
 use error::{record, Failure};
-use runtime::{Op, ReadInto, Runtime};
+use runtime::{Driver, Op, ReadInto};
 use std::collections::HashSet;
 use std::ffi::{c_char, c_int, c_void, CStr};
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -31,7 +31,7 @@ pub const VERSION: (c_int, c_int, c_int) = (0, 1, 0);
 /// `carmine_cluster_t`.
 pub struct ClusterHandle {
     cfg: Config,
-    rt: Option<Arc<Runtime>>,
+    rt: Option<Driver>,
     /// Images open for writing through this handle. A second writable open of one is refused
     /// as another client's would be: on the same reactor it would share the first one's lock,
     /// and closing either would release it under the other.
@@ -40,7 +40,7 @@ pub struct ClusterHandle {
 
 /// `carmine_image_t`.
 pub struct ImageHandle {
-    rt: Arc<Runtime>,
+    rt: Driver,
     reactor: usize,
     slot: usize,
     size: u64,
@@ -178,7 +178,7 @@ pub unsafe extern "C" fn carmine_connect(cluster: *mut ClusterHandle) -> c_int {
         if c.rt.is_some() {
             return Err(Failure::invalid("already connected"));
         }
-        c.rt = Some(Runtime::start(&c.cfg)?);
+        c.rt = Some(Driver::start(&c.cfg)?);
         Ok(0)
     })
 }
@@ -189,6 +189,11 @@ pub unsafe extern "C" fn carmine_shutdown(cluster: *mut ClusterHandle) {
         if !cluster.is_null() {
             let c = Box::from_raw(cluster);
             if let Some(rt) = &c.rt {
+                if rt.check_thread().is_err() {
+                    // An inline client may not even be dropped elsewhere: leaked, not broken.
+                    std::mem::forget(c);
+                    return Ok(0);
+                }
                 rt.stop();
             }
         }
@@ -200,7 +205,7 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-fn connected(c: &ClusterHandle) -> Result<&Arc<Runtime>, Failure> {
+fn connected(c: &ClusterHandle) -> Result<&Driver, Failure> {
     c.rt.as_ref()
         .ok_or_else(|| Failure::new(libc::ENOTCONN, "not connected: call carmine_connect first"))
 }
@@ -218,8 +223,7 @@ unsafe fn open(
         let out = image
             .as_mut()
             .ok_or_else(|| Failure::invalid("image is NULL"))?;
-        let events =
-            Events::new().map_err(|e| Failure::new(libc::EMFILE, format!("eventfd: {e}")))?;
+        let events = Events::new();
         if !read_only && !lock(&cl.writers).insert(name.to_owned()) {
             return Err(Failure::new(
                 libc::EBUSY,
@@ -293,6 +297,19 @@ pub unsafe extern "C" fn carmine_remove_image(
     })
 }
 
+/// Drives an inline cluster handle (reactors = 0) for up to `timeout_ms` (-1: until something
+/// happens); with reactor threads there is nothing to drive and it returns at once.
+#[no_mangle]
+pub unsafe extern "C" fn carmine_run(cluster: *mut ClusterHandle, timeout_ms: c_int) -> c_int {
+    guarded(|| {
+        let rt = connected(handle(cluster, "cluster")?)?;
+        let timeout =
+            (timeout_ms >= 0).then(|| std::time::Duration::from_millis(timeout_ms as u64));
+        rt.run(timeout)?;
+        Ok(0)
+    })
+}
+
 #[no_mangle]
 pub unsafe extern "C" fn carmine_close(image: *mut ImageHandle) -> c_int {
     guarded(|| {
@@ -346,7 +363,12 @@ pub unsafe extern "C" fn carmine_stat(
 
 #[no_mangle]
 pub unsafe extern "C" fn carmine_image_event_fd(image: *mut ImageHandle) -> c_int {
-    guarded(|| Ok(handle(image, "image")?.events.fd()))
+    guarded(|| {
+        handle(image, "image")?
+            .events
+            .fd()
+            .map_err(|e| Failure::new(libc::EMFILE, format!("eventfd: {e}")))
+    })
 }
 
 #[no_mangle]
@@ -394,7 +416,7 @@ pub unsafe extern "C" fn carmine_aio_release(c: *mut c_void) {
 #[no_mangle]
 pub unsafe extern "C" fn carmine_aio_wait_for_complete(c: *mut c_void) -> c_int {
     guarded(|| {
-        completion(c)?.wait();
+        runtime::wait_here(&*completion(c)?);
         Ok(0)
     })
 }
@@ -470,6 +492,7 @@ unsafe fn submit(img: &ImageHandle, req: Request, c: Arc<Completion>) -> Result<
     if img.closed.load(Ordering::Acquire) {
         return Err(Failure::new(libc::EBADF, "the image is closed"));
     }
+    img.rt.check_thread()?;
     let range = |off: u64, len: u64| -> Result<(), Failure> {
         match off.checked_add(len) {
             Some(end) if end <= img.size => Ok(()),
@@ -558,7 +581,7 @@ unsafe fn sync(image: *mut ImageHandle, req: Request) -> isize {
         let img = handle(image, "image")?;
         let c = Completion::new(None, std::ptr::null_mut());
         submit(img, req, c.clone())?;
-        c.wait();
+        img.rt.wait(&c);
         match c.result() {
             r if r < 0 => Err(Failure::new(
                 -r as i32,

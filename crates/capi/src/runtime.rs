@@ -1,7 +1,11 @@
-//! The library's reactors: threads of their own, each with a cluster client and the images
-//! opened on it. Callers hand requests over through a bounded lock-free queue and wake the
-//! reactor only when it sleeps (an atomic waker: no syscall while it is busy); a caller that
-//! finds the queue full waits for room (the only lock, off the fast path).
+//! The library's reactors. A cluster handle runs its client either on reactor threads of
+//! its own (`reactors` ≥ 1), each with a cluster client and the images opened on it, or
+//! inline (`reactors` = 0) on the caller's thread, which then drives it (`carmine_run`, or
+//! any call that waits) — no handoff between threads at all, as fio's own loop wants it.
+//!
+//! To a reactor thread, callers hand requests through a bounded lock-free queue and wake it
+//! only when it sleeps (an atomic waker: no syscall while it is busy); a caller that finds the
+//! queue full waits for room (the only lock, off the fast path).
 
 use crate::completion::Completion;
 use crate::config::Config;
@@ -137,8 +141,7 @@ pub struct Runtime {
 
 impl Runtime {
     /// Starts the reactors and connects each to the cluster; fails if any cannot connect.
-    pub fn start(cfg: &Config) -> Result<Arc<Runtime>, Failure> {
-        cfg.check().map_err(Failure::invalid)?;
+    fn start(cfg: &Config) -> Result<Arc<Runtime>, Failure> {
         let mut reactors = Vec::with_capacity(cfg.reactors);
         let mut ready = Vec::new();
         for r in 0..cfg.reactors {
@@ -183,7 +186,7 @@ impl Runtime {
     }
 
     /// The reactor the next image opens on.
-    pub fn pick(&self) -> usize {
+    fn pick(&self) -> usize {
         self.next.fetch_add(1, Ordering::Relaxed) % self.reactors.len()
     }
 
@@ -191,65 +194,9 @@ impl Runtime {
         self.reactors[reactor].inbox.submit(job)
     }
 
-    pub fn open(&self, reactor: usize, name: &str, read_only: bool) -> Result<Opened, Failure> {
-        let (reply, rx) = sync_channel(1);
-        let job = Job::Open {
-            name: name.to_owned(),
-            read_only,
-            reply,
-        };
-        self.submit(reactor, job)
-            .map_err(|_| Failure::shut_down())?;
-        rx.recv().unwrap_or_else(|_| Err(Failure::shut_down()))
-    }
-
-    /// Runs `f` on a reactor with its volumes and waits for its answer.
-    fn admin<T, F, Fut>(&self, reactor: usize, f: F) -> Result<T, Failure>
-    where
-        T: Send + 'static,
-        F: FnOnce(Volumes) -> Fut + Send + 'static,
-        Fut: std::future::Future<Output = Result<T, Failure>> + 'static,
-    {
-        let (reply, rx) = sync_channel(1);
-        let job = Job::Admin(Box::new(move |v| {
-            Box::pin(async move {
-                let _ = reply.send(f(v).await);
-            })
-        }));
-        self.submit(reactor, job)
-            .map_err(|_| Failure::shut_down())?;
-        rx.recv().unwrap_or_else(|_| Err(Failure::shut_down()))
-    }
-
-    pub fn create(
-        &self,
-        reactor: usize,
-        name: &str,
-        size: u64,
-        object_size: Option<u64>,
-    ) -> Result<(), Failure> {
-        let name = name.to_owned();
-        self.admin(reactor, move |v| async move {
-            v.create(&name, size, object_size).await?;
-            Ok(())
-        })
-    }
-
-    pub fn remove(&self, reactor: usize, name: &str) -> Result<(), Failure> {
-        let name = name.to_owned();
-        self.admin(reactor, move |v| async move { Ok(v.remove(&name).await?) })
-    }
-
-    pub fn close(&self, reactor: usize, slot: usize) -> Result<(), Failure> {
-        let (reply, rx) = sync_channel(1);
-        self.submit(reactor, Job::Close { slot, reply })
-            .map_err(|_| Failure::shut_down())?;
-        rx.recv().unwrap_or_else(|_| Err(Failure::shut_down()))
-    }
-
     /// Queues an I/O; `c` completes with its result (at once with -ESHUTDOWN if the reactor
     /// has stopped).
-    pub fn io(&self, reactor: usize, slot: usize, op: Op, c: Arc<Completion>) {
+    fn io(&self, reactor: usize, slot: usize, op: Op, c: Arc<Completion>) {
         if let Err(Job::Io { c, .. }) = self.submit(reactor, Job::Io { slot, op, c }) {
             c.finish(-(libc::ESHUTDOWN as i64));
         }
@@ -257,7 +204,7 @@ impl Runtime {
 
     /// Stops every reactor, closing the images still open (their locks are released), and
     /// waits for the threads. Idempotent.
-    pub fn stop(&self) {
+    fn stop(&self) {
         for r in &self.reactors {
             if !r.inbox.stopped.load(Ordering::Acquire) {
                 let _ = r.inbox.submit(Job::Stop);
@@ -318,32 +265,34 @@ async fn connect(cfg: &Config) -> Result<Client, Failure> {
     }
 }
 
-async fn reactor_main(cfg: Config, inbox: Arc<Inbox>, ready: Reply<()>) {
-    let connected = connect(&cfg).await.and_then(|client| {
+/// What a reactor holds: its client's volumes and the images open on it.
+struct Host {
+    volumes: Volumes,
+    slots: Rc<RefCell<Vec<Option<Slot>>>>,
+    lock_lease: Duration,
+}
+
+impl Host {
+    async fn connect(cfg: &Config) -> Result<Host, Failure> {
+        let client = connect(cfg).await?;
         let pool = client
             .pool_id(&cfg.pool)
             .map_err(|e| Failure::new(libc::ENOENT, format!("pool {:?}: {e}", cfg.pool)))?;
-        Ok(Volumes::new(client, pool))
-    });
-    let volumes = match connected {
-        Ok(v) => {
-            let _ = ready.send(Ok(()));
-            v
-        }
-        Err(e) => {
-            inbox.stopped.store(true, Ordering::Release);
-            let _ = ready.send(Err(e));
-            return;
-        }
-    };
-    let slots: Rc<RefCell<Vec<Option<Slot>>>> = Rc::default();
-    loop {
-        match inbox.next().await {
+        Ok(Host {
+            volumes: Volumes::new(client, pool),
+            slots: Rc::default(),
+            lock_lease: cfg.lock_lease,
+        })
+    }
+
+    /// Starts `job` (anything but `Stop`) as a task of the current runtime.
+    fn handle(&self, job: Job) {
+        match job {
             Job::Io { slot, op, c } => {
-                let s = slots.borrow();
+                let s = self.slots.borrow();
                 let Some(Some(s)) = s.get(slot) else {
                     c.finish(-(libc::EBADF as i64));
-                    continue;
+                    return;
                 };
                 let (image, inflight, drained) =
                     (s.image.clone(), s.inflight.clone(), s.drained.clone());
@@ -363,14 +312,15 @@ async fn reactor_main(cfg: Config, inbox: Arc<Inbox>, ready: Reply<()>) {
                 read_only,
                 reply,
             } => {
-                let (volumes, slots, lock_lease) = (volumes.clone(), slots.clone(), cfg.lock_lease);
+                let (volumes, slots, lease) =
+                    (self.volumes.clone(), self.slots.clone(), self.lock_lease);
                 carmine_reactor::spawn(async move {
-                    let _ = reply.send(open(&volumes, &slots, &name, read_only, lock_lease).await);
+                    let _ = reply.send(open(&volumes, &slots, &name, read_only, lease).await);
                 })
                 .detach();
             }
             Job::Close { slot, reply } => {
-                let taken = slots.borrow_mut().get_mut(slot).and_then(Option::take);
+                let taken = self.slots.borrow_mut().get_mut(slot).and_then(Option::take);
                 carmine_reactor::spawn(async move {
                     let _ = reply.send(match taken {
                         Some(s) => close(s).await,
@@ -380,16 +330,277 @@ async fn reactor_main(cfg: Config, inbox: Arc<Inbox>, ready: Reply<()>) {
                 .detach();
             }
             Job::Admin(f) => {
-                carmine_reactor::spawn(f(volumes.clone())).detach();
+                carmine_reactor::spawn(f(self.volumes.clone())).detach();
             }
+            Job::Stop => {}
+        }
+    }
+
+    /// Closes every image still open (their locks are released).
+    async fn close_all(&self) {
+        let open: Vec<Slot> = self.slots.borrow_mut().drain(..).flatten().collect();
+        for s in open {
+            let _ = close(s).await;
+        }
+    }
+}
+
+async fn reactor_main(cfg: Config, inbox: Arc<Inbox>, ready: Reply<()>) {
+    let host = match Host::connect(&cfg).await {
+        Ok(h) => {
+            let _ = ready.send(Ok(()));
+            h
+        }
+        Err(e) => {
+            inbox.stopped.store(true, Ordering::Release);
+            let _ = ready.send(Err(e));
+            return;
+        }
+    };
+    loop {
+        match inbox.next().await {
             Job::Stop => {
                 inbox.stopped.store(true, Ordering::Release);
-                let open: Vec<Slot> = slots.borrow_mut().drain(..).flatten().collect();
-                for s in open {
-                    let _ = close(s).await;
-                }
+                host.close_all().await;
                 return;
             }
+            job => host.handle(job),
+        }
+    }
+}
+
+/// A client run on the caller's thread: only that thread may use it, and it makes progress
+/// only while that thread is inside the library.
+pub struct Inline {
+    rt: compio::runtime::Runtime,
+    host: Host,
+    owner: std::thread::ThreadId,
+}
+
+thread_local! {
+    /// The inline clients of this thread: what `carmine_aio_wait_for_complete` drives.
+    static INLINE: RefCell<Vec<std::rc::Weak<Inline>>> = const { RefCell::new(Vec::new()) };
+}
+
+impl Inline {
+    fn start(cfg: &Config) -> Result<Rc<Inline>, Failure> {
+        let rt = carmine_reactor::new_runtime()
+            .map_err(|e| Failure::new(libc::EAGAIN, format!("creating an io_uring: {e}")))?;
+        let host = rt.block_on(Host::connect(cfg))?;
+        let me = Rc::new(Inline {
+            rt,
+            host,
+            owner: std::thread::current().id(),
+        });
+        INLINE.with(|l| l.borrow_mut().push(Rc::downgrade(&me)));
+        Ok(me)
+    }
+
+    fn submit(&self, job: Job) {
+        self.rt.enter(|| self.host.handle(job));
+    }
+
+    /// Runs what is ready, then waits up to `timeout` (`None`: until something happens) for
+    /// I/O, then runs what that made ready.
+    fn drive(&self, timeout: Option<Duration>) {
+        self.rt.enter(|| {
+            let timeout = if self.rt.run() {
+                Some(Duration::ZERO)
+            } else {
+                match (timeout, self.rt.current_timeout()) {
+                    (Some(a), Some(b)) => Some(a.min(b)),
+                    (a, b) => a.or(b),
+                }
+            };
+            self.rt.poll_with(timeout);
+            self.rt.run();
+        })
+    }
+
+    /// Drives this client until `done`. Other inline clients of the thread are driven too,
+    /// in turns of a millisecond: waiting in one must not starve another (its lock renewals
+    /// above all).
+    fn wait_until(&self, mut done: impl FnMut() -> bool) {
+        while !done() {
+            let others: Vec<Rc<Inline>> = INLINE.with(|l| {
+                l.borrow()
+                    .iter()
+                    .filter_map(std::rc::Weak::upgrade)
+                    .filter(|o| !std::ptr::eq(Rc::as_ptr(o), self))
+                    .collect()
+            });
+            if others.is_empty() {
+                self.drive(None);
+            } else {
+                for o in &others {
+                    o.drive(Some(Duration::ZERO));
+                }
+                self.drive(Some(Duration::from_millis(1)));
+            }
+        }
+    }
+
+    fn stop(&self) {
+        self.rt.block_on(self.host.close_all());
+        INLINE.with(|l| l.borrow_mut().retain(|w| w.strong_count() > 0));
+    }
+}
+
+/// Waits for `c` on a thread that may be running inline clients: drives them meanwhile (the
+/// request may be one of theirs), or sleeps on it if the thread runs none.
+pub fn wait_here(c: &Completion) {
+    let inline: Vec<Rc<Inline>> = INLINE.with(|l| {
+        l.borrow()
+            .iter()
+            .filter_map(std::rc::Weak::upgrade)
+            .collect()
+    });
+    if inline.is_empty() {
+        return c.wait();
+    }
+    while !c.is_complete() {
+        for i in &inline {
+            i.drive(Some(Duration::from_millis(1)));
+        }
+    }
+}
+
+/// How a cluster handle runs its client: on reactor threads, or inline on the caller's.
+#[derive(Clone)]
+pub enum Driver {
+    Threads(Arc<Runtime>),
+    Inline(Rc<Inline>),
+}
+
+impl Driver {
+    pub fn start(cfg: &Config) -> Result<Driver, Failure> {
+        cfg.check().map_err(Failure::invalid)?;
+        Ok(if cfg.reactors == 0 {
+            Driver::Inline(Inline::start(cfg)?)
+        } else {
+            Driver::Threads(Runtime::start(cfg)?)
+        })
+    }
+
+    /// An inline client serves only the thread that connected it.
+    pub fn check_thread(&self) -> Result<(), Failure> {
+        match self {
+            Driver::Inline(i) if i.owner != std::thread::current().id() => Err(Failure::invalid(
+                "this cluster handle runs inline (reactors=0): use it only from the thread \
+                 that connected it",
+            )),
+            _ => Ok(()),
+        }
+    }
+
+    pub fn pick(&self) -> usize {
+        match self {
+            Driver::Threads(rt) => rt.pick(),
+            Driver::Inline(_) => 0,
+        }
+    }
+
+    /// Hands `job` (made with its reply channel) over and waits for the answer.
+    fn call<T>(&self, reactor: usize, job: impl FnOnce(Reply<T>) -> Job) -> Result<T, Failure> {
+        self.check_thread()?;
+        let (reply, rx) = sync_channel(1);
+        match self {
+            Driver::Threads(rt) => {
+                rt.submit(reactor, job(reply))
+                    .map_err(|_| Failure::shut_down())?;
+                rx.recv().unwrap_or_else(|_| Err(Failure::shut_down()))
+            }
+            Driver::Inline(i) => {
+                i.submit(job(reply));
+                let mut answer = None;
+                i.wait_until(|| {
+                    if answer.is_none() {
+                        answer = rx.try_recv().ok();
+                    }
+                    answer.is_some()
+                });
+                answer.expect("waited for it")
+            }
+        }
+    }
+
+    pub fn open(&self, reactor: usize, name: &str, read_only: bool) -> Result<Opened, Failure> {
+        let name = name.to_owned();
+        self.call(reactor, move |reply| Job::Open {
+            name,
+            read_only,
+            reply,
+        })
+    }
+
+    pub fn close(&self, reactor: usize, slot: usize) -> Result<(), Failure> {
+        self.call(reactor, move |reply| Job::Close { slot, reply })
+    }
+
+    /// Runs `f` on a reactor with its volumes and waits for its answer.
+    fn admin<T, F, Fut>(&self, reactor: usize, f: F) -> Result<T, Failure>
+    where
+        T: Send + 'static,
+        F: FnOnce(Volumes) -> Fut + Send + 'static,
+        Fut: std::future::Future<Output = Result<T, Failure>> + 'static,
+    {
+        self.call(reactor, move |reply| {
+            Job::Admin(Box::new(move |v| {
+                Box::pin(async move {
+                    let _ = reply.send(f(v).await);
+                })
+            }))
+        })
+    }
+
+    pub fn create(
+        &self,
+        reactor: usize,
+        name: &str,
+        size: u64,
+        object_size: Option<u64>,
+    ) -> Result<(), Failure> {
+        let name = name.to_owned();
+        self.admin(reactor, move |v| async move {
+            v.create(&name, size, object_size).await?;
+            Ok(())
+        })
+    }
+
+    pub fn remove(&self, reactor: usize, name: &str) -> Result<(), Failure> {
+        let name = name.to_owned();
+        self.admin(reactor, move |v| async move { Ok(v.remove(&name).await?) })
+    }
+
+    /// Queues an I/O (the thread was checked); `c` completes with its result.
+    pub fn io(&self, reactor: usize, slot: usize, op: Op, c: Arc<Completion>) {
+        match self {
+            Driver::Threads(rt) => rt.io(reactor, slot, op, c),
+            Driver::Inline(i) => i.submit(Job::Io { slot, op, c }),
+        }
+    }
+
+    /// Waits for `c`, driving an inline client meanwhile.
+    pub fn wait(&self, c: &Completion) {
+        match self {
+            Driver::Threads(_) => c.wait(),
+            Driver::Inline(i) => i.wait_until(|| c.is_complete()),
+        }
+    }
+
+    /// Lets an inline client make progress for up to `timeout`; reactor threads need nothing.
+    pub fn run(&self, timeout: Option<Duration>) -> Result<(), Failure> {
+        self.check_thread()?;
+        if let Driver::Inline(i) = self {
+            i.drive(timeout);
+        }
+        Ok(())
+    }
+
+    pub fn stop(&self) {
+        match self {
+            Driver::Threads(rt) => rt.stop(),
+            Driver::Inline(i) => i.stop(),
         }
     }
 }

@@ -35,18 +35,25 @@ fn the_c_api_works_from_a_c_program() {
     std::fs::create_dir_all(&dir).unwrap();
     let exe = dir.join("api_test");
     compile("tests/c/api_test.c", &exe);
-    let out = Command::new(&exe)
-        // Cargo's library path may name a stale copy (see `lib_dir`): the rpath decides.
-        .env_remove("LD_LIBRARY_PATH")
-        .arg(addr.to_string())
-        .output()
-        .expect("running api_test");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    println!("{stdout}");
-    eprintln!("{stderr}");
-    assert!(out.status.success(), "api_test failed: {stderr}");
-    assert!(stdout.contains("checks passed"), "{stdout}");
+    // With a reactor thread, with two, and inline on the caller's thread.
+    for reactors in ["1", "2", "0"] {
+        let out = Command::new(&exe)
+            // Cargo's library path may name a stale copy (see `lib_dir`): the rpath decides.
+            .env_remove("LD_LIBRARY_PATH")
+            .arg(addr.to_string())
+            .arg(reactors)
+            .output()
+            .expect("running api_test");
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        println!("reactors={reactors}: {stdout}");
+        eprintln!("{stderr}");
+        assert!(
+            out.status.success(),
+            "api_test (reactors={reactors}) failed: {stderr}"
+        );
+        assert!(stdout.contains("checks passed"), "{stdout}");
+    }
     let _ = std::fs::remove_dir_all(&dir);
     drop(osd);
 }

@@ -1,5 +1,5 @@
 /* The C API as a C program uses it: run by tests/c_api.rs against a live OSD.
- * Usage: api_test OSD_ADDR. Exits 0 when every check passed; prints the first failure. */
+ * Usage: api_test OSD_ADDR REACTORS (0: inline). Exits 0 when every check passed; prints the first failure. */
 #define _GNU_SOURCE
 #include "carmine.h"
 
@@ -33,10 +33,13 @@ static void fill(char *buf, size_t len, uint64_t seed) {
         buf[i] = (char)((seed * 2654435761u + i * 31) >> 3);
 }
 
+static const char *reactors = "1";
+
 static carmine_cluster_t *connect_to(const char *osds) {
     carmine_cluster_t *cl = NULL;
     CHECK(carmine_create(&cl) == 0 && cl, "create");
     CHECK(carmine_conf_set(cl, "osds", osds) == 0, "osds");
+    CHECK(carmine_conf_set(cl, "reactors", reactors) == 0, "reactors");
     CHECK(carmine_conf_set(cl, "lock_lease_ms", "2000") == 0, "lease");
     int r = carmine_connect(cl);
     CHECK(r == 0, "connect: %d", r);
@@ -49,7 +52,8 @@ static void test_errors(const char *osds) {
     int r = carmine_conf_set(cl, "colour", "red");
     CHECK(r == -EINVAL, "unknown key: %d", r);
     CHECK(strstr(carmine_last_error(), "colour") != NULL, "message names the key");
-    CHECK(carmine_conf_set(cl, "reactors", "0") == -EINVAL, "0 reactors");
+    CHECK(carmine_conf_set(cl, "reactors", "-1") == -EINVAL, "negative reactors");
+    CHECK(carmine_conf_set(cl, "reactors", "65") == -EINVAL, "too many reactors");
     CHECK(carmine_conf_set(cl, NULL, "x") == -EINVAL, "null key");
     carmine_image_t *img = NULL;
     CHECK(carmine_open(cl, "vol", &img) == -ENOTCONN, "open before connect");
@@ -188,8 +192,13 @@ static void test_aio(carmine_cluster_t *cl) {
     }
     int reaped = 0, wakeups = 0;
     while (reaped < INFLIGHT) {
-        struct pollfd p = {.fd = fd, .events = POLLIN};
-        CHECK(poll(&p, 1, 10000) == 1, "event fd readable within 10 s (%d reaped)", reaped);
+        if (strcmp(reactors, "0") == 0) {
+            /* Inline: the client runs only inside the library. */
+            CHECK(carmine_run(cl, 10000) == 0, "run");
+        } else {
+            struct pollfd p = {.fd = fd, .events = POLLIN};
+            CHECK(poll(&p, 1, 10000) == 1, "event fd readable within 10 s (%d reaped)", reaped);
+        }
         wakeups++;
         carmine_completion_t got[16];
         int n = carmine_poll_io_events(img, got, 16);
@@ -246,9 +255,25 @@ static void *work(void *p) {
     return NULL;
 }
 
+static void *use_elsewhere(void *p) {
+    char buf[4096];
+    return (void *)(intptr_t)carmine_read(p, 0, sizeof buf, buf);
+}
+
 static void test_threads(carmine_cluster_t *cl) {
     carmine_image_t *img = NULL;
     CHECK(carmine_open(cl, "vol", &img) == 0, "open");
+    if (strcmp(reactors, "0") == 0) {
+        /* An inline handle serves only its own thread. */
+        pthread_t t;
+        void *r;
+        CHECK(pthread_create(&t, NULL, use_elsewhere, img) == 0, "thread");
+        pthread_join(t, &r);
+        CHECK((intptr_t)r == -EINVAL, "inline handle used from another thread: %d",
+              (int)(intptr_t)r);
+        CHECK(carmine_close(img) == 0, "close");
+        return;
+    }
     pthread_t t[THREADS];
     struct worker w[THREADS];
     for (int i = 0; i < THREADS; i++) {
@@ -263,10 +288,11 @@ static void test_threads(carmine_cluster_t *cl) {
 }
 
 int main(int argc, char **argv) {
-    if (argc != 2) {
-        fprintf(stderr, "usage: %s OSD_ADDR\n", argv[0]);
+    if (argc != 3) {
+        fprintf(stderr, "usage: %s OSD_ADDR REACTORS (0: inline)\n", argv[0]);
         return 2;
     }
+    reactors = argv[2];
     int major, minor, extra;
     carmine_version(&major, &minor, &extra);
     CHECK(major == CARMINE_VERSION_MAJOR && minor == CARMINE_VERSION_MINOR, "version");
