@@ -37,8 +37,15 @@ if [ -z "$src" ]; then
         exit 1
       fi
       echo "adding a deb-src entry for Debian's source packages"
-      sed -e 's/^Types: deb$/Types: deb-src/' /etc/apt/sources.list.d/debian.sources \
-        > /etc/apt/sources.list.d/carmine-deb-src.sources
+      if [ -f /etc/apt/sources.list.d/debian.sources ]; then
+        sed -e 's/^Types: deb$/Types: deb-src/' /etc/apt/sources.list.d/debian.sources \
+          > /etc/apt/sources.list.d/carmine-deb-src.sources
+      elif grep -qs '^deb ' /etc/apt/sources.list; then
+        sed -n 's/^deb /deb-src /p' /etc/apt/sources.list > /etc/apt/sources.list.d/carmine-deb-src.list
+      else
+        echo "no Debian sources found to derive a deb-src entry from; set FIO_SRC" >&2
+        exit 1
+      fi
       apt-get update -qq
     fi
     command -v dpkg-source >/dev/null || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq dpkg-dev

@@ -38,7 +38,9 @@
  *    request completed.
  *  - A completion serves one request. Release it only once that request completed.
  *  - Callbacks run on a library reactor thread: they must be short and must not block
- *    (no synchronous carmine call, no carmine_aio_wait_for_complete in a callback).
+ *    (no synchronous carmine call, no carmine_aio_wait_for_complete in a callback). The
+ *    result is available in the callback; the request counts as complete (a waiter returns)
+ *    once the callback returned, as with librbd. A callback may release its completion.
  *  - Completions created without a callback are queued on their image when done: wait for
  *    carmine_image_event_fd() to be readable (poll/epoll), then carmine_poll_io_events().
  *    The fd stays readable while completed requests remain unpolled. (Inline mode: call

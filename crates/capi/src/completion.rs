@@ -80,16 +80,19 @@ impl Completion {
         }
     }
 
+    /// As librbd does: the callback runs before the request counts as complete, so a waiter
+    /// returns only once the callback is done (the callback may release the completion: the
+    /// library holds its own reference until this returns).
     fn fire(self: &Arc<Self>) {
+        if let Some(cb) = self.callback {
+            // SAFETY: the caller gave the callback and its argument for this completion, and
+            // the pointer stays valid while `self` lives.
+            unsafe { cb(Arc::as_ptr(self) as *mut c_void, self.arg()) };
+        }
         if self.state.swap(DONE, Ordering::AcqRel) == WAITED {
             atomic_wait::wake_all(&self.state);
         }
-        if let Some(cb) = self.callback {
-            // SAFETY: the caller gave the callback and its argument for this completion; the
-            // handle stays valid until the caller releases it, which it may do only once the
-            // request completed (documented in carmine.h).
-            unsafe { cb(Arc::as_ptr(self) as *mut c_void, self.arg()) };
-        } else if let Some(events) = self.events.get() {
+        if let (None, Some(events)) = (self.callback, self.events.get()) {
             events.push(self.clone());
         }
     }
@@ -214,6 +217,24 @@ mod tests {
         assert!(c.is_complete());
         assert_eq!(c.result(), 4096);
         c.wait();
+    }
+
+    #[test]
+    fn a_waiter_returns_only_once_the_callback_has_run() {
+        static RAN: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+        unsafe extern "C" fn slow(_c: *mut c_void, _arg: *mut c_void) {
+            std::thread::sleep(std::time::Duration::from_millis(30));
+            RAN.store(true, Ordering::SeqCst);
+        }
+        let c = Completion::new(Some(slow), std::ptr::null_mut());
+        let d = c.clone();
+        let t = std::thread::spawn(move || d.finish(0));
+        c.wait();
+        assert!(
+            RAN.load(Ordering::SeqCst),
+            "the wait returned before the callback finished"
+        );
+        t.join().unwrap();
     }
 
     #[test]

@@ -486,9 +486,15 @@ enum Request {
     Flush,
 }
 
-/// Checks a request and queues it on the image's reactor; `c` completes with its result.
-/// An error here means nothing was queued and `c` will not complete.
-unsafe fn submit(img: &ImageHandle, req: Request, c: Arc<Completion>) -> Result<(), Failure> {
+/// Checks a request and queues it on the image's reactor; `c` completes with its result
+/// (and, if `polled` and it has no callback, goes to the image's completion queue). An error
+/// here means nothing was queued and `c` will not complete.
+unsafe fn submit(
+    img: &ImageHandle,
+    req: Request,
+    c: Arc<Completion>,
+    polled: bool,
+) -> Result<(), Failure> {
     if img.closed.load(Ordering::Acquire) {
         return Err(Failure::new(libc::EBADF, "the image is closed"));
     }
@@ -538,7 +544,7 @@ unsafe fn submit(img: &ImageHandle, req: Request, c: Arc<Completion>) -> Result<
         }
         Request::Flush => Op::Flush,
     };
-    if !c.submit(Some(&img.events)) {
+    if !c.submit(polled.then_some(&img.events)) {
         return Err(Failure::invalid(
             "the completion was used for another request",
         ));
@@ -570,7 +576,7 @@ impl Op {
 unsafe fn aio(image: *mut ImageHandle, req: Request, c: *mut c_void) -> c_int {
     guarded(|| {
         let img = handle(image, "image")?;
-        submit(img, req, completion(c)?)?;
+        submit(img, req, completion(c)?, true)?;
         Ok(0)
     })
 }
@@ -580,7 +586,8 @@ unsafe fn sync(image: *mut ImageHandle, req: Request) -> isize {
     guarded_ssize(|| {
         let img = handle(image, "image")?;
         let c = Completion::new(None, std::ptr::null_mut());
-        submit(img, req, c.clone())?;
+        // Waited for here: never in the image's queue of completions to poll.
+        submit(img, req, c.clone(), false)?;
         img.rt.wait(&c);
         match c.result() {
             r if r < 0 => Err(Failure::new(
