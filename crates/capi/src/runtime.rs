@@ -91,6 +91,11 @@ impl Inbox {
             match self.jobs.push(job) {
                 Ok(()) => {
                     self.waker.wake();
+                    // The reactor may have stopped (and its queue been emptied) between the
+                    // check above and the push: then nobody else will answer what is queued.
+                    if self.stopped.load(Ordering::Acquire) {
+                        self.fail_queued();
+                    }
                     return Ok(());
                 }
                 Err(back) => {
@@ -105,6 +110,13 @@ impl Inbox {
                     self.waiting.fetch_sub(1, Ordering::AcqRel);
                 }
             }
+        }
+    }
+
+    /// Fails every job still queued (the reactor has stopped): none is left unanswered.
+    fn fail_queued(&self) {
+        while let Some(job) = self.jobs.pop() {
+            fail_job(job);
         }
     }
 
@@ -217,9 +229,7 @@ impl Runtime {
             }
             r.inbox.stopped.store(true, Ordering::Release);
             // Requests still queued are failed, never dropped unanswered.
-            while let Some(job) = r.inbox.jobs.pop() {
-                fail_job(job);
-            }
+            r.inbox.fail_queued();
         }
     }
 }

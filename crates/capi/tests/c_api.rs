@@ -57,3 +57,54 @@ fn the_c_api_works_from_a_c_program() {
     let _ = std::fs::remove_dir_all(&dir);
     drop(osd);
 }
+
+#[test]
+fn the_installed_library_builds_with_pkg_config() {
+    let prefix = std::env::temp_dir().join(format!("carmine-prefix-{}", std::process::id()));
+    let crate_dir = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let status = Command::new("bash")
+        .arg(crate_dir.join("install.sh"))
+        .arg(&prefix)
+        .arg(lib_dir())
+        .status()
+        .expect("running install.sh");
+    assert!(status.success(), "install.sh failed");
+    let flags = Command::new("pkg-config")
+        .args(["--cflags", "--libs", "carmine"])
+        .env("PKG_CONFIG_PATH", prefix.join("lib/pkgconfig"))
+        .output()
+        .expect("running pkg-config");
+    assert!(flags.status.success(), "pkg-config does not know carmine");
+    let flags = String::from_utf8(flags.stdout).unwrap();
+    assert!(flags.contains("-lcarmine"), "{flags}");
+    let source = prefix.join("hello.c");
+    std::fs::write(
+        &source,
+        "#include <carmine.h>\n#include <stdio.h>\n#include <errno.h>\n\
+         int main(void) { int a, b, c; carmine_version(&a, &b, &c);\n\
+         printf(\"%d.%d.%d %s\\n\", a, b, c, carmine_strerror(-EBUSY)); return 0; }\n",
+    )
+    .unwrap();
+    let exe = prefix.join("hello");
+    let status = Command::new(std::env::var("CC").unwrap_or_else(|_| "cc".into()))
+        .arg("-Wall")
+        .arg("-Werror")
+        .arg("-o")
+        .arg(&exe)
+        .arg(&source)
+        .args(flags.split_whitespace())
+        .arg(format!("-Wl,-rpath,{}", prefix.join("lib").display()))
+        .status()
+        .unwrap();
+    assert!(
+        status.success(),
+        "compiling against the installed library failed"
+    );
+    let out = Command::new(&exe)
+        .env_remove("LD_LIBRARY_PATH")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.starts_with("0.1.0 image is locked"), "{text}");
+    let _ = std::fs::remove_dir_all(&prefix);
+}

@@ -42,7 +42,7 @@ fn fio(engine: &Path, addr: SocketAddr, args: &[&str]) -> serde_json::Value {
         .env_remove("LD_LIBRARY_PATH")
         .arg(format!("--ioengine=external:{}", engine.display()))
         .arg(format!("--osds={addr}"))
-        .args(["--output-format=json", "--bs=4k", "--group_reporting=0"])
+        .args(["--output-format=json", "--bs=4k"])
         .args(args)
         .output()
         .expect("running fio");
@@ -87,6 +87,24 @@ fn fio_runs_verified_random_writes_and_shared_reads_through_the_engine() {
     println!("verify job: {written} writes, {verified} verifying reads");
     assert_eq!(written, 4096, "16 MiB in 4 KiB writes");
     assert_eq!(verified, 4096, "every block read back and checked");
+
+    // Trims (discards) through the engine.
+    let report = fio(
+        &engine,
+        addr,
+        &[
+            "--name=trim",
+            "--volume=fio0",
+            "--rw=randtrim",
+            "--bs=64k",
+            "--iodepth=4",
+            "--size=16M",
+            "--number_ios=64",
+        ],
+    );
+    let job = &report["jobs"][0];
+    assert_eq!(job["error"], 0, "{job}");
+    assert_eq!(job_ios(job, "trim"), 64, "{job}");
 
     // Two reading jobs on the volume at once, bounded by count.
     let report = fio(
