@@ -435,7 +435,14 @@ fn peer_message(c: &mut Corpus) {
     ];
     for (name, body) in seeds {
         let mut out = BytesMut::new();
-        PeerMessage { from: 1, pg, body }.encode(&mut out);
+        PeerMessage {
+            from: 1,
+            from_inc: 1_700_000_000_000_000_000,
+            to_inc: 0,
+            pg,
+            body,
+        }
+        .encode(&mut out);
         PeerMessage::decode(out.clone().freeze(), 64).expect("seed message decodes");
         c.put("peer_message", name, &out);
     }

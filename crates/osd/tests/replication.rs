@@ -424,6 +424,8 @@ fn scrub_finds_copies_changed_behind_the_pgs_back_and_repair_rewrites_them() {
     let reactor = |osd: u32| map.osd(osd).unwrap().reactors[0];
     let push = |oid: &str, pg, from, version, copy| PeerMessage {
         from,
+        from_inc: 1,
+        to_inc: 0,
         pg,
         body: Body::Push {
             epoch: map.epoch,
@@ -589,6 +591,8 @@ fn scheduled_deep_scrubs_find_a_bad_copy_on_their_own() {
         }
         let stale = PeerMessage {
             from: acting[0],
+            from_inc: 1,
+            to_inc: 0,
             pg,
             body: Body::Push {
                 epoch: map.epoch,

@@ -162,6 +162,10 @@ fn decode_copy(d: &mut Decoder) -> Result<Option<ObjectCopy>, DecodeError> {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PeerMessage {
     pub from: OsdId,
+    /// The sender's incarnation, and the receiver's as the sender knows it (0: unknown); see
+    /// `Member::admit`.
+    pub from_inc: u64,
+    pub to_inc: u64,
     pub pg: PgId,
     pub body: Body,
 }
@@ -170,6 +174,8 @@ impl PeerMessage {
     pub fn encode(&self, out: &mut BytesMut) {
         Encoder::new(out)
             .u32(self.from)
+            .u64(self.from_inc)
+            .u64(self.to_inc)
             .u32(self.pg.pool)
             .u32(self.pg.seed);
         match &self.body {
@@ -237,6 +243,8 @@ impl PeerMessage {
     pub fn decode(payload: Bytes, log_max: usize) -> Result<Self, DecodeError> {
         let mut d = Decoder::new(payload);
         let from = d.u32("sender")?;
+        let from_inc = d.u64("sender incarnation")?;
+        let to_inc = d.u64("receiver incarnation")?;
         let pg = PgId {
             pool: d.u32("pool")?,
             seed: d.u32("pg")?,
@@ -301,7 +309,13 @@ impl PeerMessage {
             }
         };
         d.finish("peer message")?;
-        Ok(PeerMessage { from, pg, body })
+        Ok(PeerMessage {
+            from,
+            from_inc,
+            to_inc,
+            pg,
+            body,
+        })
     }
 }
 
@@ -324,6 +338,8 @@ mod tests {
         let pg = PgId { pool: 3, seed: 7 };
         round_trip(&PeerMessage {
             from: 2,
+            from_inc: 7,
+            to_inc: 2,
             pg,
             body: Body::Pg {
                 msg: Msg::RepAck {
@@ -338,11 +354,15 @@ mod tests {
         });
         round_trip(&PeerMessage {
             from: 1,
+            from_inc: 7,
+            to_inc: 1,
             pg,
             body: Body::Pull { oid: "obj".into() },
         });
         round_trip(&PeerMessage {
             from: 1,
+            from_inc: 7,
+            to_inc: 1,
             pg,
             body: Body::Pulled {
                 oid: "obj".into(),
@@ -357,6 +377,8 @@ mod tests {
         });
         round_trip(&PeerMessage {
             from: 1,
+            from_inc: 7,
+            to_inc: 1,
             pg,
             body: Body::ScrubAsk {
                 epoch: 9,
@@ -368,6 +390,8 @@ mod tests {
         });
         round_trip(&PeerMessage {
             from: 1,
+            from_inc: 7,
+            to_inc: 1,
             pg,
             body: Body::ScrubMap {
                 token: 3,
@@ -385,6 +409,8 @@ mod tests {
         });
         round_trip(&PeerMessage {
             from: 1,
+            from_inc: 7,
+            to_inc: 1,
             pg,
             body: Body::ScrubMap {
                 token: 4,
@@ -393,6 +419,8 @@ mod tests {
         });
         round_trip(&PeerMessage {
             from: 0,
+            from_inc: 7,
+            to_inc: 0,
             pg,
             body: Body::Push {
                 epoch: 9,
@@ -404,6 +432,8 @@ mod tests {
         });
         round_trip(&PeerMessage {
             from: 2,
+            from_inc: 7,
+            to_inc: 2,
             pg,
             body: Body::Pushed {
                 token: 5,
@@ -412,6 +442,8 @@ mod tests {
         });
         round_trip(&PeerMessage {
             from: 1,
+            from_inc: 7,
+            to_inc: 1,
             pg,
             body: Body::Pulled {
                 oid: "gone".into(),
@@ -426,6 +458,8 @@ mod tests {
         let mut b = BytesMut::new();
         PeerMessage {
             from: 0,
+            from_inc: 7,
+            to_inc: 0,
             pg: PgId { pool: 1, seed: 0 },
             body: Body::Pg {
                 msg: Msg::Query { epoch: 1 },

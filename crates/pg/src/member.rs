@@ -102,8 +102,13 @@ pub struct Member {
     pending: Vec<Pending>,
     /// As a primary: the peering round within the epoch.
     round: u32,
-    /// As a member: the (epoch, round) of the last activation it took.
-    activated: (u32, u32),
+    /// As a member: the (epoch, primary's incarnation, round) of the last activation it took
+    /// (a primary restarted within the epoch counts its rounds again from 0).
+    activated: (u32, u64, u32),
+    /// This member's incarnation: its host's, new at every start, larger than any before.
+    incarnation: u64,
+    /// The newest incarnation heard from each other OSD (see [`Member::admit`]).
+    peer_inc: BTreeMap<OsdId, u64>,
     /// The epoch the current interval (this acting set, no epoch missed) began in.
     interval_start: u32,
     /// Persists asked for: the head each one makes durable, and for one that takes a history,
@@ -168,7 +173,9 @@ impl Member {
             role: Role::Stray,
             pending: Vec::new(),
             round: 0,
-            activated: (0, 0),
+            activated: (0, 0, 0),
+            incarnation: 0,
+            peer_inc: BTreeMap::new(),
             interval_start: 0,
             persist_seq: 0,
             persisting: std::collections::VecDeque::new(),
@@ -332,6 +339,53 @@ impl Member {
             durable_head: self.log.head(),
             ..Member::new(self.osd, 1)
         }
+    }
+
+    /// This member's incarnation: its host's, new at every start and larger than any earlier
+    /// one's (the host's wall clock at its start will do). Messages carry the sender's and the
+    /// receiver's incarnation (as the sender knows it); see [`Member::admit`].
+    pub fn set_incarnation(&mut self, incarnation: u64) {
+        self.incarnation = incarnation;
+    }
+
+    pub fn incarnation(&self) -> u64 {
+        self.incarnation
+    }
+
+    /// The incarnation of `osd` this member last heard from (0: none yet): what the host
+    /// stamps on a message to it as the receiver's.
+    pub fn incarnation_of(&self, osd: OsdId) -> u64 {
+        self.peer_inc.get(&osd).copied().unwrap_or(0)
+    }
+
+    /// Whether `msg` from `from` may be handled. Within one epoch an OSD may restart faster
+    /// than the map notices, and what its previous incarnation sent, or was sent, is still on
+    /// the way: counting it would mix the two incarnations' rounds and versions. So a message
+    /// sent by an incarnation of `from` older than one already heard from is dropped, and so
+    /// is an answer addressed to another incarnation of this member (`to_inc`, 0: the sender
+    /// did not know): it answers what that one asked. A request addressed to an earlier
+    /// incarnation is still handled — its sender learns of the restart from the answer (a
+    /// restarted acting member says it is not active). The host asks this before it hands the
+    /// message over as [`Event::Msg`].
+    pub fn admit(&mut self, from: OsdId, from_inc: u64, to_inc: u64, msg: &Msg) -> bool {
+        let answer = matches!(
+            msg,
+            Msg::Info { .. }
+                | Msg::ActivateAck { .. }
+                | Msg::RepAck { .. }
+                | Msg::NotActive { .. }
+                | Msg::Recovered { .. }
+                | Msg::Pong { .. }
+        );
+        if answer && to_inc != 0 && to_inc != self.incarnation {
+            return false;
+        }
+        let known = self.peer_inc.entry(from).or_insert(0);
+        if from_inc < *known {
+            return false;
+        }
+        *known = from_inc;
+        true
     }
 
     /// A member as its host stored it: its log, object versions, the objects it lacks and
@@ -876,20 +930,21 @@ impl Member {
                 // of a round already taken must not undo the writes that followed it: it is
                 // taken only if it is of a later round, or carries more of the same history.
                 if epoch == self.epoch && self.acting.first() == Some(&from) {
-                    let newer = (epoch, round) > self.activated
-                        || ((epoch, round) == self.activated && log.head() > self.log.head());
+                    let this = (epoch, self.incarnation_of(from), round);
+                    let newer = this > self.activated
+                        || (this == self.activated && log.head() > self.log.head());
                     if newer {
                         self.begin_history();
                         self.take_history(&log, objects);
                         self.les = epoch;
-                        self.activated = (epoch, round);
+                        self.activated = this;
                         if self.osd != from {
                             self.role = Role::Replica;
                         }
                         let source = (self.osd != from).then_some(from);
                         let seq = self.persist(Persisting::History { source }, out);
                         self.activation_ack = Some((from, epoch, round, log.head(), seq));
-                    } else if (epoch, round) == self.activated && self.activation_ack.is_none() {
+                    } else if this == self.activated && self.activation_ack.is_none() {
                         // A repeat of what is durable already: acknowledge it again.
                         out.push(Action::Send {
                             to: from,
@@ -962,7 +1017,7 @@ impl Member {
                                 to: from,
                                 msg: Msg::Recovered {
                                     epoch,
-                                    round: self.activated.1,
+                                    round: self.activated.2,
                                     oid,
                                 },
                             });

@@ -246,8 +246,10 @@ impl Replication {
 
     /// `m` with this OSD's read lease. Promises are not persisted: those of this OSD's
     /// earlier incarnation are taken to run until a lease after this reactor started.
+    /// And with this process's incarnation.
     pub fn with_lease(&self, mut m: Member) -> Member {
         m.set_read_lease(self.lease_ns, self.started_ns + self.lease_ns);
+        m.set_incarnation(incarnation());
         m
     }
 
@@ -588,7 +590,8 @@ fn carry_out<S: ObjectStore + 'static>(
                     }
                     _ => Vec::new(),
                 };
-                send(shard, to, pgr.pg, Body::Pg { msg, ops });
+                let to_inc = pgr.member.borrow().incarnation_of(to);
+                send_to(shard, to, to_inc, pgr.pg, Body::Pg { msg, ops });
             }
             Action::Record { interval, after } => {
                 let epoch = interval.epoch;
@@ -715,6 +718,23 @@ pub(crate) fn fail(pgr: &PgReplica, why: String) {
 
 /// Sends `body` about `pg` to the reactor of OSD `to` that serves it.
 pub(crate) fn send<S>(shard: &Shard<S>, to: OsdId, pg: PgId, body: Body) {
+    send_to(shard, to, 0, pg, body)
+}
+
+/// This process's incarnation: its start on the wall clock, in nanoseconds — larger than any
+/// earlier run's (unless the clock was set back by more than the restart took).
+pub(crate) fn incarnation() -> u64 {
+    static STARTED: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    *STARTED.get_or_init(|| {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(1, |d| d.as_nanos() as u64)
+            .max(1)
+    })
+}
+
+/// Sends `body` to `to`, whose incarnation this OSD's member knows as `to_inc` (0: unknown).
+pub(crate) fn send_to<S>(shard: &Shard<S>, to: OsdId, to_inc: u64, pg: PgId, body: Body) {
     if to == shard.osd {
         return;
     }
@@ -727,6 +747,8 @@ pub(crate) fn send<S>(shard: &Shard<S>, to: OsdId, pg: PgId, body: Body) {
     };
     let msg = PeerMessage {
         from: shard.osd,
+        from_inc: incarnation(),
+        to_inc,
         pg,
         body,
     };
@@ -747,7 +769,13 @@ pub(crate) fn on_peer<S: ObjectStore + 'static>(
             return;
         }
     };
-    let PeerMessage { from, pg, body } = msg;
+    let PeerMessage {
+        from,
+        from_inc,
+        to_inc,
+        pg,
+        body,
+    } = msg;
     if !sender.may_speak_for(from) {
         // Only an OSD speaks for itself: a client (or another OSD) cannot rewrite copies,
         // take part in peering or answer for a member.
@@ -761,6 +789,11 @@ pub(crate) fn on_peer<S: ObjectStore + 'static>(
     match body {
         Body::Pg { msg, ops } => match repl.pg(pg) {
             Some(pgr) => {
+                // From, or to, an earlier incarnation of an OSD restarted within the epoch.
+                if !pgr.member.borrow_mut().admit(from, from_inc, to_inc, &msg) {
+                    tracing::debug!(pg = %pg, from, "message of an earlier incarnation dropped");
+                    return;
+                }
                 if let Msg::Rep { .. } = msg {
                     shard.metrics.replica_write();
                 }
@@ -786,7 +819,8 @@ pub(crate) fn on_peer<S: ObjectStore + 'static>(
                     }
                     for a in blank.handle(clock(), Event::Msg { from, msg }) {
                         if let Action::Send { to, msg } = a {
-                            send(shard, to, pg, Body::Pg { msg, ops: vec![] });
+                            // The answer goes to the incarnation that asked.
+                            send_to(shard, to, from_inc, pg, Body::Pg { msg, ops: vec![] });
                         }
                     }
                 }

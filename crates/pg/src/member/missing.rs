@@ -182,7 +182,7 @@ impl Member {
                         to: primary,
                         msg: Msg::Recovered {
                             epoch: self.epoch,
-                            round: self.activated.1,
+                            round: self.activated.2,
                             oid,
                         },
                     });
