@@ -239,6 +239,33 @@ pub fn run(a: OsdArgs, access: &carmine_localcluster::EtcdAccessArgs) -> Result<
         signal_hook::consts::SIGINT,
     ])
     .context("installing signal handlers")?;
+    // Read leases granted by this OSD's earlier run are in no store: a new primary learns how
+    // long they may still run from this OSD, which takes them to run one lease past its start
+    // — the longest lease a recent run used, if `--read-lease` was shortened (decision 0009).
+    let lease_record = source.read_lease_record(a.id)?;
+    // No run may have used more than the longest lease allowed, whatever a record says.
+    let prior_read_lease = lease_record
+        .starting(a.read_lease)
+        .context("reading the OSD's read lease record")?
+        .min(READ_LEASE_MAX)
+        .max(a.read_lease);
+    if prior_read_lease > a.read_lease {
+        println!(
+            "osd.{}: an earlier run used read leases of {prior_read_lease:?}; its promises are \
+             taken to run that long after this start",
+            a.id
+        );
+        let (shorter, id) = (a.read_lease, a.id);
+        std::thread::Builder::new()
+            .name(format!("osd{id}-lease-record"))
+            .spawn(move || {
+                // Once they are over, the record says this run's lease.
+                std::thread::sleep(prior_read_lease);
+                if let Err(e) = lease_record.set(shorter) {
+                    eprintln!("warning: osd.{id}: recording the read lease: {e}");
+                }
+            })?;
+    }
     // With etcd, clients are served only while the lease surely holds (decision 0009).
     let lease = matches!(source, MapSource::Etcd { .. })
         .then(|| std::sync::Arc::new(carmine_osd::LeaseClock::new(a.lease_ttl)));
@@ -260,6 +287,7 @@ pub fn run(a: OsdArgs, access: &carmine_localcluster::EtcdAccessArgs) -> Result<
             busy_rate: Some(a.recovery_busy_rate_mib << 20).filter(|r| *r > 0),
         },
         read_lease: a.read_lease,
+        prior_read_lease: Some(prior_read_lease),
         lease: lease.clone(),
     })?;
     for (r, (addr, cpu)) in info.reactors.iter().zip(&reactor_cpus).enumerate() {
@@ -435,9 +463,12 @@ fn wait_for_stop(
 
 /// A read lease between 100 ms (pings every quarter of it must get through a loaded reactor)
 /// and 60 s (a failover may wait that long for the old primary's lease to run out).
+/// The longest `--read-lease`.
+const READ_LEASE_MAX: Duration = Duration::from_secs(60);
+
 fn parse_read_lease(s: &str) -> Result<Duration, String> {
     let d = crate::nbd::parse_duration(s)?;
-    if d < Duration::from_millis(100) || d > Duration::from_secs(60) {
+    if d < Duration::from_millis(100) || d > READ_LEASE_MAX {
         return Err(format!(
             "a read lease of {d:?}: give one between 100ms and 60s (without a lease, no PG of \
              more than one copy could serve a read)"

@@ -57,6 +57,25 @@ impl MapSource {
         })
     }
 
+    /// Where this OSD's longest recent read lease is recorded: beside the map file, or in the
+    /// same etcd.
+    pub fn read_lease_record(
+        &self,
+        osd: u32,
+    ) -> Result<carmine_mapstore::read_lease::ReadLeaseRecord> {
+        use carmine_mapstore::read_lease::ReadLeaseRecord;
+        Ok(match self {
+            MapSource::File(p) => {
+                ReadLeaseRecord::local(p.parent().unwrap_or(std::path::Path::new(".")), osd)
+            }
+            MapSource::Etcd {
+                endpoints,
+                cluster,
+                access,
+            } => ReadLeaseRecord::etcd(Etcd::with_access(endpoints, access)?, cluster, osd),
+        })
+    }
+
     pub fn open(&self) -> Result<Box<dyn MapStore + Send>> {
         Ok(match self {
             MapSource::File(p) => Box::new(LocalMapStore::new(p.clone())),

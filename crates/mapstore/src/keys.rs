@@ -31,3 +31,8 @@ pub fn cluster_key(cluster: &str) -> String {
 pub fn pg_history(cluster: &str, pg: carmine_types::PgId) -> String {
     format!("/carmine/{cluster}/pg/{}.{}/history", pg.pool, pg.seed)
 }
+
+/// The longest read lease an OSD's recent runs granted (nanoseconds, decimal).
+pub fn read_lease(cluster: &str, osd: u32) -> String {
+    format!("/carmine/{cluster}/osd/{osd}/read-lease")
+}

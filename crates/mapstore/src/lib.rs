@@ -19,6 +19,7 @@ mod lockfile;
 pub mod membership;
 mod pg_history;
 mod private_etcd;
+pub mod read_lease;
 mod tls_material;
 
 pub use access::EtcdAccess;

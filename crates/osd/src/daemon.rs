@@ -48,6 +48,9 @@ pub struct OsdConfig {
     /// from its replicas stops serving reads within it, and a new primary waits out what its
     /// members granted before it goes active ([`crate::READ_LEASE_DEFAULT`]).
     pub read_lease: std::time::Duration,
+    /// The longest read lease this OSD's earlier runs may still have promises under (`None`:
+    /// `read_lease`): a restarted OSD takes them to run that long past its start.
+    pub prior_read_lease: Option<std::time::Duration>,
     /// The OSD's lease in etcd, as its renewals go: clients are refused once it may have run
     /// out (see `lease`). `None`: no lease (a map file), never refused for it.
     pub lease: Option<std::sync::Arc<crate::LeaseClock>>,
@@ -211,6 +214,7 @@ impl Osd {
                 scrub: cfg.scrub,
                 recovery: cfg.recovery,
                 read_lease: cfg.read_lease,
+                prior_read_lease: cfg.prior_read_lease.unwrap_or(cfg.read_lease),
                 lease: cfg.lease.clone(),
             };
             let name = format!("osd{}-r{}", cfg.id, index);

@@ -670,6 +670,7 @@ mod tests {
                     Default::default(),
                     Default::default(),
                     crate::READ_LEASE_DEFAULT,
+                    crate::READ_LEASE_DEFAULT,
                 ),
                 me: std::rc::Weak::new(),
             };

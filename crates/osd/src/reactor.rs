@@ -51,6 +51,7 @@ pub(crate) struct ReactorSetup {
     pub scrub: crate::ScrubSchedule,
     pub recovery: crate::RecoveryConfig,
     pub read_lease: std::time::Duration,
+    pub prior_read_lease: std::time::Duration,
     pub lease: Option<Arc<crate::LeaseClock>>,
 }
 
@@ -207,6 +208,7 @@ async fn serve<S: ObjectStore + 'static>(setup: ReactorSetup, store: S) -> Resul
         scrub,
         recovery,
         read_lease,
+        prior_read_lease,
         lease,
         ..
     } = setup;
@@ -240,6 +242,7 @@ async fn serve<S: ObjectStore + 'static>(setup: ReactorSetup, store: S) -> Resul
             scrub,
             recovery,
             read_lease,
+            prior_read_lease,
         ),
         auth_key,
         handshaking: Cell::new(0),

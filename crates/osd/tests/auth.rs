@@ -37,6 +37,7 @@ fn start(auth: Option<AuthKey>) -> (Osd, SocketAddr) {
         scrub: Default::default(),
         recovery: Default::default(),
         read_lease: carmine_osd::READ_LEASE_DEFAULT,
+        prior_read_lease: None,
         lease: None,
     })
     .unwrap();
@@ -319,6 +320,7 @@ fn requests_to_an_osd_with_another_key_fail_as_authentication_errors_at_once() {
                 scrub: Default::default(),
                 recovery: Default::default(),
                 read_lease: carmine_osd::READ_LEASE_DEFAULT,
+                prior_read_lease: None,
                 lease: None,
             })
             .unwrap()

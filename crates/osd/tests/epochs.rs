@@ -51,6 +51,7 @@ fn start(map: &OsdMap) -> Osd {
         scrub: Default::default(),
         recovery: Default::default(),
         read_lease: carmine_osd::READ_LEASE_DEFAULT,
+        prior_read_lease: None,
         lease: None,
     })
     .unwrap()
@@ -224,6 +225,7 @@ fn writes_waiting_for_an_epoch_apply_in_the_order_they_were_sent() {
         scrub: Default::default(),
         recovery: Default::default(),
         read_lease: carmine_osd::READ_LEASE_DEFAULT,
+        prior_read_lease: None,
         lease: None,
     })
     .unwrap();

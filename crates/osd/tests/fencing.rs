@@ -83,6 +83,7 @@ impl Native {
                 scrub: Default::default(),
                 recovery: Default::default(),
                 read_lease: carmine_osd::READ_LEASE_DEFAULT,
+                prior_read_lease: None,
                 lease: None,
             })
             .unwrap(),

@@ -57,6 +57,7 @@ fn start(map: &OsdMap) -> Osd {
         scrub: Default::default(),
         recovery: Default::default(),
         read_lease: carmine_osd::READ_LEASE_DEFAULT,
+        prior_read_lease: None,
         lease: None,
     })
     .unwrap()

@@ -134,6 +134,7 @@ fn start_recovering(
         scrub,
         recovery,
         read_lease: carmine_osd::READ_LEASE_DEFAULT,
+        prior_read_lease: None,
         lease: None,
     })
     .unwrap()

@@ -54,6 +54,7 @@ fn start_with(reactors: usize, connections_max: u32) -> (Osd, OsdMap) {
         scrub: Default::default(),
         recovery: Default::default(),
         read_lease: carmine_osd::READ_LEASE_DEFAULT,
+        prior_read_lease: None,
         lease: None,
     })
     .unwrap();
@@ -315,6 +316,7 @@ fn start_fails_clearly_when_the_endpoint_is_taken() {
         scrub: Default::default(),
         recovery: Default::default(),
         read_lease: carmine_osd::READ_LEASE_DEFAULT,
+        prior_read_lease: None,
         lease: None,
     })
     .err()

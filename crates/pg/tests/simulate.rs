@@ -83,8 +83,8 @@ struct Sim {
     epoch: u32,
     acting: Vec<u32>,
     history: Vec<Interval>,
-    /// In flight: (deliver at, sequence) → (from, to, message).
-    net: BTreeMap<(u64, u64), (u32, u32, (u64, u64), Msg)>,
+    /// In flight: (deliver at, sequence) → a message.
+    net: BTreeMap<(u64, u64), InFlight>,
     seq: u64,
     /// The client's view of the map: (epoch, primary), lagging behind.
     client_view: (u32, Option<u32>),
@@ -120,6 +120,10 @@ struct Sim {
     reads: u64,
     lease_waits: u64,
 }
+
+/// A message on its way: (from, to, (the sender's incarnation, the receiver's as the sender
+/// knows it), message).
+type InFlight = (u32, u32, (u64, u64), Msg);
 
 impl Sim {
     fn new(seed: u64, shape: Shape) -> Self {

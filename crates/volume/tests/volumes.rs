@@ -46,6 +46,7 @@ where
         scrub: Default::default(),
         recovery: Default::default(),
         read_lease: carmine_osd::READ_LEASE_DEFAULT,
+        prior_read_lease: None,
         lease: None,
     })
     .unwrap();

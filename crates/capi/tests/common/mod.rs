@@ -24,6 +24,7 @@ pub fn start_osd() -> (Osd, SocketAddr) {
         scrub: Default::default(),
         recovery: Default::default(),
         read_lease: carmine_osd::READ_LEASE_DEFAULT,
+        prior_read_lease: None,
         lease: None,
     })
     .unwrap();

@@ -195,6 +195,8 @@ pub(crate) struct Replication {
     /// The read lease, and when this reactor started (both in `clock()`'s nanoseconds): a
     /// member's earlier incarnation may have granted leases that run until a lease past that.
     lease_ns: u64,
+    /// The longest lease this OSD's earlier runs may have promised under (≥ `lease_ns`).
+    prior_lease_ns: u64,
     started_ns: u64,
 }
 
@@ -215,6 +217,7 @@ impl Replication {
         scrub_schedule: ScrubSchedule,
         recovery: RecoveryConfig,
         read_lease: Duration,
+        prior_read_lease: Duration,
     ) -> Self {
         Replication {
             osd,
@@ -230,6 +233,7 @@ impl Replication {
             budget: recover::Budget::new(recovery),
             pace: RefCell::new(recover::Pace::new()),
             lease_ns: read_lease.as_nanos() as u64,
+            prior_lease_ns: prior_read_lease.max(read_lease).as_nanos() as u64,
             started_ns: clock(),
         }
     }
@@ -244,11 +248,11 @@ impl Replication {
         self.with_lease(Member::new(self.osd, self.log_max))
     }
 
-    /// `m` with this OSD's read lease. Promises are not persisted: those of this OSD's
-    /// earlier incarnation are taken to run until a lease after this reactor started.
-    /// And with this process's incarnation.
+    /// `m` with this OSD's read lease and this process's incarnation. Promises are not
+    /// persisted: those of this OSD's earlier runs are taken to run until the longest lease
+    /// they may have used (recorded beside the map) after this reactor started.
     pub fn with_lease(&self, mut m: Member) -> Member {
-        m.set_read_lease(self.lease_ns, self.started_ns + self.lease_ns);
+        m.set_read_lease(self.lease_ns, self.started_ns + self.prior_lease_ns);
         m.set_incarnation(incarnation());
         m
     }
