@@ -4,7 +4,7 @@
 use carmine_client::{Client, ClientConfig};
 use carmine_cluster::OsdMap;
 use carmine_nbd::{Export, NbdConfig, NbdStats};
-use carmine_osd::{Osd, OsdConfig, StoreConfig, CONNECTIONS_MAX_DEFAULT, IDLE_TIMEOUT_DEFAULT};
+use carmine_osd::{Osd, OsdConfig};
 use carmine_volume::Volumes;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -30,24 +30,7 @@ fn start_with(cfg: NbdConfig) -> (Osd, SocketAddr, Arc<NbdStats>) {
         .local_addr()
         .unwrap();
     let map = OsdMap::single_osd(vec![osd_addr], 8);
-    let osd = Osd::start(OsdConfig {
-        id: 0,
-        map,
-        reactor_cpus: vec![None],
-        store: StoreConfig::Memory {
-            memory_limit_bytes: 64 << 20,
-        },
-        connections_max: CONNECTIONS_MAX_DEFAULT,
-        idle_timeout: Some(IDLE_TIMEOUT_DEFAULT),
-        auth_key: None,
-        pg_history: None,
-        scrub: Default::default(),
-        recovery: Default::default(),
-        read_lease: carmine_osd::READ_LEASE_DEFAULT,
-        prior_read_lease: None,
-        lease: None,
-    })
-    .unwrap();
+    let osd = Osd::start(OsdConfig::in_memory(0, map, 64 << 20)).unwrap();
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     listener.set_nonblocking(true).unwrap();
     let addr = listener.local_addr().unwrap();

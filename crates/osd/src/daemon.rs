@@ -56,6 +56,30 @@ pub struct OsdConfig {
     pub lease: Option<std::sync::Arc<crate::LeaseClock>>,
 }
 
+impl OsdConfig {
+    /// OSD `id` of `map` with the memory store (`memory_limit_bytes` per reactor), unpinned,
+    /// and every other setting at its default: no key, no map store for PG histories, no
+    /// etcd lease. What embedded OSDs and tests start from (`OsdConfig { .., ..this }`).
+    pub fn in_memory(id: OsdId, map: OsdMap, memory_limit_bytes: u64) -> Self {
+        let reactors = map.osd(id).map_or(1, |o| o.reactors.len());
+        OsdConfig {
+            id,
+            map,
+            reactor_cpus: vec![None; reactors],
+            store: StoreConfig::Memory { memory_limit_bytes },
+            connections_max: CONNECTIONS_MAX_DEFAULT,
+            idle_timeout: Some(IDLE_TIMEOUT_DEFAULT),
+            auth_key: None,
+            pg_history: None,
+            scrub: Default::default(),
+            recovery: Default::default(),
+            read_lease: crate::READ_LEASE_DEFAULT,
+            prior_read_lease: None,
+            lease: None,
+        }
+    }
+}
+
 /// Default for [`OsdConfig::connections_max`].
 pub const CONNECTIONS_MAX_DEFAULT: u32 = 1024;
 

@@ -5,7 +5,7 @@
 use bytes::{Bytes, BytesMut};
 use carmine_client::{Client, ClientConfig, ClientError, Connection};
 use carmine_cluster::OsdMap;
-use carmine_osd::{Osd, OsdConfig, StoreConfig, CONNECTIONS_MAX_DEFAULT, IDLE_TIMEOUT_DEFAULT};
+use carmine_osd::{Osd, OsdConfig};
 use carmine_proto::auth::{decode_proof, encode_proof, AuthKey, Challenge, Hello};
 use carmine_proto::{
     encode_frame, encode_request, try_decode_frame, Frame, FrameKind, Opcode, Request, Response,
@@ -24,21 +24,8 @@ fn start(auth: Option<AuthKey>) -> (Osd, SocketAddr) {
         .local_addr()
         .unwrap();
     let osd = Osd::start(OsdConfig {
-        id: 0,
-        map: OsdMap::single_osd(vec![addr], 8),
-        reactor_cpus: vec![None],
-        store: StoreConfig::Memory {
-            memory_limit_bytes: 64 << 20,
-        },
-        connections_max: CONNECTIONS_MAX_DEFAULT,
-        idle_timeout: Some(IDLE_TIMEOUT_DEFAULT),
         auth_key: auth,
-        pg_history: None,
-        scrub: Default::default(),
-        recovery: Default::default(),
-        read_lease: carmine_osd::READ_LEASE_DEFAULT,
-        prior_read_lease: None,
-        lease: None,
+        ..OsdConfig::in_memory(0, OsdMap::single_osd(vec![addr], 8), 64 << 20)
     })
     .unwrap();
     (osd, addr)
@@ -307,21 +294,8 @@ fn requests_to_an_osd_with_another_key_fail_as_authentication_errors_at_once() {
     let osds: Vec<Osd> = (0..2)
         .map(|id| {
             Osd::start(OsdConfig {
-                id,
-                map: map.clone(),
-                reactor_cpus: vec![None],
-                store: StoreConfig::Memory {
-                    memory_limit_bytes: 64 << 20,
-                },
-                connections_max: CONNECTIONS_MAX_DEFAULT,
-                idle_timeout: Some(IDLE_TIMEOUT_DEFAULT),
                 auth_key: Some(key(1 + id as u8)),
-                pg_history: None,
-                scrub: Default::default(),
-                recovery: Default::default(),
-                read_lease: carmine_osd::READ_LEASE_DEFAULT,
-                prior_read_lease: None,
-                lease: None,
+                ..OsdConfig::in_memory(id, map.clone(), 64 << 20)
             })
             .unwrap()
         })

@@ -37,24 +37,7 @@ fn two_osd_map() -> OsdMap {
 }
 
 fn start(map: &OsdMap) -> Osd {
-    Osd::start(OsdConfig {
-        id: 0,
-        map: map.clone(),
-        reactor_cpus: vec![None],
-        store: StoreConfig::Memory {
-            memory_limit_bytes: 64 << 20,
-        },
-        connections_max: CONNECTIONS_MAX_DEFAULT,
-        idle_timeout: Some(IDLE_TIMEOUT_DEFAULT),
-        auth_key: None,
-        pg_history: None,
-        scrub: Default::default(),
-        recovery: Default::default(),
-        read_lease: carmine_osd::READ_LEASE_DEFAULT,
-        prior_read_lease: None,
-        lease: None,
-    })
-    .unwrap()
+    Osd::start(OsdConfig::in_memory(0, map.clone(), 64 << 20)).unwrap()
 }
 
 /// An object whose PG is placed on `osd` in `map`.

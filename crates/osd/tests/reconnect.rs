@@ -5,7 +5,7 @@
 use bytes::Bytes;
 use carmine_client::{Client, ClientConfig, ClientError};
 use carmine_cluster::OsdMap;
-use carmine_osd::{Osd, OsdConfig, StoreConfig, CONNECTIONS_MAX_DEFAULT, IDLE_TIMEOUT_DEFAULT};
+use carmine_osd::{Osd, OsdConfig};
 use carmine_proto::OsdOp;
 use std::io::Read;
 use std::net::{SocketAddr, TcpListener};
@@ -43,24 +43,7 @@ fn map() -> OsdMap {
 }
 
 fn start(map: &OsdMap) -> Osd {
-    Osd::start(OsdConfig {
-        id: 0,
-        map: map.clone(),
-        reactor_cpus: vec![None],
-        store: StoreConfig::Memory {
-            memory_limit_bytes: 64 << 20,
-        },
-        connections_max: CONNECTIONS_MAX_DEFAULT,
-        idle_timeout: Some(IDLE_TIMEOUT_DEFAULT),
-        auth_key: None,
-        pg_history: None,
-        scrub: Default::default(),
-        recovery: Default::default(),
-        read_lease: carmine_osd::READ_LEASE_DEFAULT,
-        prior_read_lease: None,
-        lease: None,
-    })
-    .unwrap()
+    Osd::start(OsdConfig::in_memory(0, map.clone(), 64 << 20)).unwrap()
 }
 
 fn addr(map: &OsdMap) -> SocketAddr {

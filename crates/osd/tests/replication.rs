@@ -8,10 +8,7 @@ use bytes::Bytes;
 use carmine_client::{Client, ClientConfig, ClientError, Connection};
 use carmine_cluster::{OsdInfo, OsdMap, Pool};
 use carmine_mapstore::{LocalPgHistory, PgHistoryStore};
-use carmine_osd::{
-    Osd, OsdConfig, RecoveryConfig, ScrubSchedule, StoreConfig, CONNECTIONS_MAX_DEFAULT,
-    IDLE_TIMEOUT_DEFAULT,
-};
+use carmine_osd::{Osd, OsdConfig, RecoveryConfig, ScrubSchedule};
 use carmine_pg::envelope::{Body, ObjectCopy, PeerMessage};
 use carmine_pg::Version;
 use carmine_proto::auth::AuthKey;
@@ -121,21 +118,12 @@ fn start_recovering(
     recovery: RecoveryConfig,
 ) -> Osd {
     Osd::start(OsdConfig {
-        id,
-        map: map.clone(),
         reactor_cpus: vec![None; map.osds[0].reactors.len()],
-        store: StoreConfig::Memory {
-            memory_limit_bytes: 256 << 20,
-        },
-        connections_max: CONNECTIONS_MAX_DEFAULT,
-        idle_timeout: Some(IDLE_TIMEOUT_DEFAULT),
         auth_key,
         pg_history: Some(Arc::new(LocalPgHistory::new(histories))),
         scrub,
         recovery,
-        read_lease: carmine_osd::READ_LEASE_DEFAULT,
-        prior_read_lease: None,
-        lease: None,
+        ..OsdConfig::in_memory(id, map.clone(), 256 << 20)
     })
     .unwrap()
 }

@@ -3,7 +3,7 @@
 use bytes::{Bytes, BytesMut};
 use carmine_client::{Client, ClientConfig, Connection};
 use carmine_cluster::{OsdInfo, OsdMap, Pool};
-use carmine_osd::{Osd, OsdConfig, StoreConfig, CONNECTIONS_MAX_DEFAULT, IDLE_TIMEOUT_DEFAULT};
+use carmine_osd::{Osd, OsdConfig, CONNECTIONS_MAX_DEFAULT};
 use carmine_proto::{
     encode_frame, FrameKind, ObjectRequest, Opcode, OsdOp, Request, Response, Status,
 };
@@ -41,21 +41,9 @@ fn start_with(reactors: usize, connections_max: u32) -> (Osd, OsdMap) {
         upmaps: Default::default(),
     };
     let osd = Osd::start(OsdConfig {
-        id: 0,
-        map: map.clone(),
         reactor_cpus: vec![None; reactors],
-        store: StoreConfig::Memory {
-            memory_limit_bytes: 64 << 20,
-        },
         connections_max,
-        idle_timeout: Some(IDLE_TIMEOUT_DEFAULT),
-        auth_key: None,
-        pg_history: None,
-        scrub: Default::default(),
-        recovery: Default::default(),
-        read_lease: carmine_osd::READ_LEASE_DEFAULT,
-        prior_read_lease: None,
-        lease: None,
+        ..OsdConfig::in_memory(0, map.clone(), 64 << 20)
     })
     .unwrap();
     (osd, map)
@@ -302,25 +290,9 @@ fn start_fails_clearly_when_the_endpoint_is_taken() {
         }],
         upmaps: Default::default(),
     };
-    let err = Osd::start(OsdConfig {
-        id: 0,
-        map,
-        reactor_cpus: vec![None],
-        store: StoreConfig::Memory {
-            memory_limit_bytes: 1 << 20,
-        },
-        connections_max: CONNECTIONS_MAX_DEFAULT,
-        idle_timeout: Some(IDLE_TIMEOUT_DEFAULT),
-        auth_key: None,
-        pg_history: None,
-        scrub: Default::default(),
-        recovery: Default::default(),
-        read_lease: carmine_osd::READ_LEASE_DEFAULT,
-        prior_read_lease: None,
-        lease: None,
-    })
-    .err()
-    .unwrap();
+    let err = Osd::start(OsdConfig::in_memory(0, map, 1 << 20))
+        .err()
+        .unwrap();
     assert!(err.to_string().contains("cannot listen"), "{err}");
 }
 

@@ -4,7 +4,7 @@
 use bytes::Bytes;
 use carmine_client::{Client, ClientConfig};
 use carmine_cluster::OsdMap;
-use carmine_osd::{Osd, OsdConfig, StoreConfig};
+use carmine_osd::{Osd, OsdConfig};
 use carmine_volume::{LockOptions, VolumeError, Volumes};
 use std::net::{SocketAddr, TcpListener};
 use std::sync::mpsc;
@@ -35,21 +35,8 @@ fn cluster() -> Cluster {
         })
         .collect();
     let osd = Osd::start(OsdConfig {
-        id: 0,
-        map: OsdMap::single_osd(addrs.clone(), 16),
         reactor_cpus: vec![None, None],
-        store: StoreConfig::Memory {
-            memory_limit_bytes: 256 << 20,
-        },
-        connections_max: carmine_osd::CONNECTIONS_MAX_DEFAULT,
-        idle_timeout: Some(carmine_osd::IDLE_TIMEOUT_DEFAULT),
-        auth_key: None,
-        pg_history: None,
-        scrub: Default::default(),
-        recovery: Default::default(),
-        read_lease: carmine_osd::READ_LEASE_DEFAULT,
-        prior_read_lease: None,
-        lease: None,
+        ..OsdConfig::in_memory(0, OsdMap::single_osd(addrs.clone(), 16), 256 << 20)
     })
     .unwrap();
     Cluster {

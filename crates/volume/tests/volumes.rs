@@ -3,7 +3,7 @@
 use bytes::Bytes;
 use carmine_client::{Client, ClientConfig};
 use carmine_cluster::{OsdInfo, OsdMap, Pool};
-use carmine_osd::{Osd, OsdConfig, StoreConfig};
+use carmine_osd::{Osd, OsdConfig};
 use carmine_volume::{VolumeError, Volumes};
 use std::net::TcpListener;
 
@@ -33,21 +33,8 @@ where
         upmaps: Default::default(),
     };
     let osd = Osd::start(OsdConfig {
-        id: 0,
-        map,
         reactor_cpus: vec![None, None],
-        store: StoreConfig::Memory {
-            memory_limit_bytes: 256 << 20,
-        },
-        connections_max: carmine_osd::CONNECTIONS_MAX_DEFAULT,
-        idle_timeout: Some(carmine_osd::IDLE_TIMEOUT_DEFAULT),
-        auth_key: None,
-        pg_history: None,
-        scrub: Default::default(),
-        recovery: Default::default(),
-        read_lease: carmine_osd::READ_LEASE_DEFAULT,
-        prior_read_lease: None,
-        lease: None,
+        ..OsdConfig::in_memory(0, map, 256 << 20)
     })
     .unwrap();
     carmine_reactor::block_on(async {

@@ -1,7 +1,7 @@
 //! What the tests of the C API share: a live OSD, and the library's location.
 
 use carmine_cluster::OsdMap;
-use carmine_osd::{Osd, OsdConfig, StoreConfig, CONNECTIONS_MAX_DEFAULT, IDLE_TIMEOUT_DEFAULT};
+use carmine_osd::{Osd, OsdConfig};
 use std::net::{SocketAddr, TcpListener};
 use std::path::PathBuf;
 
@@ -10,24 +10,8 @@ pub fn start_osd() -> (Osd, SocketAddr) {
         .unwrap()
         .local_addr()
         .unwrap();
-    let osd = Osd::start(OsdConfig {
-        id: 0,
-        map: OsdMap::single_osd(vec![addr], 8),
-        reactor_cpus: vec![None],
-        store: StoreConfig::Memory {
-            memory_limit_bytes: 256 << 20,
-        },
-        connections_max: CONNECTIONS_MAX_DEFAULT,
-        idle_timeout: Some(IDLE_TIMEOUT_DEFAULT),
-        auth_key: None,
-        pg_history: None,
-        scrub: Default::default(),
-        recovery: Default::default(),
-        read_lease: carmine_osd::READ_LEASE_DEFAULT,
-        prior_read_lease: None,
-        lease: None,
-    })
-    .unwrap();
+    let map = OsdMap::single_osd(vec![addr], 8);
+    let osd = Osd::start(OsdConfig::in_memory(0, map, 256 << 20)).unwrap();
     (osd, addr)
 }
 
