@@ -12,6 +12,7 @@
  */
 #include <errno.h>
 #include <poll.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -127,6 +128,7 @@ struct carmine_data {
     carmine_image_t *image;
     int event_fd;
     int inline_client;
+    int shared; /* d->cluster is the process's shared one (see shared_cluster) */
     struct io_u **events;
     carmine_completion_t *reaped;
     unsigned int depth;
@@ -146,13 +148,37 @@ static int set(struct thread_data *td, carmine_cluster_t *cl, const char *key, c
     return r < 0 ? fail(td, key, r) : 0;
 }
 
+/*
+ * Writing jobs of one job group (numjobs > 1) share one cluster handle with reactor threads:
+ * each writer holds its volume's exclusive lock, and image handles opened through one cluster
+ * handle share it. Each job still opens its own image handle, so completions go to the job
+ * that submitted them.
+ */
+static struct {
+    pthread_mutex_t lock;
+    char key[4096];
+    carmine_cluster_t *cluster;
+    int users;
+} shared = {.lock = PTHREAD_MUTEX_INITIALIZER};
+
+static void put_shared(void) {
+    pthread_mutex_lock(&shared.lock);
+    if (--shared.users == 0) {
+        carmine_shutdown(shared.cluster);
+        shared.cluster = NULL;
+    }
+    pthread_mutex_unlock(&shared.lock);
+}
+
 static void carmine_cleanup(struct thread_data *td) {
     struct carmine_data *d = td->io_ops_data;
     if (!d)
         return;
     if (d->image)
         carmine_close(d->image);
-    if (d->cluster)
+    if (d->cluster && d->shared)
+        put_shared();
+    else if (d->cluster)
         carmine_shutdown(d->cluster);
     free(d->events);
     free(d->reaped);
@@ -242,13 +268,32 @@ static int carmine_init(struct thread_data *td) {
     if (!d)
         return 1;
     td->io_ops_data = d;
-    d->inline_client = o->reactors == 0;
     d->depth = td->o.iodepth ? td->o.iodepth : 1;
     d->events = calloc(d->depth, sizeof(*d->events));
     d->reaped = calloc(d->depth, sizeof(*d->reaped));
     if (!d->events || !d->reaped)
         goto out;
-    d->cluster = connect_cluster(td, o->reactors);
+    /* fio gives the group's clones numjobs=1 and a subjob number. */
+    if ((td->o.numjobs > 1 || td->subjob_number > 0) && (td_write(td) || td_trim(td))) {
+        char key[sizeof(shared.key)];
+        snprintf(key, sizeof(key), "%s|%s|%s|%s", o->cluster_dir ? o->cluster_dir : "",
+                 o->osds ? o->osds : "", o->key_file ? o->key_file : "", o->pool ? o->pool : "");
+        pthread_mutex_lock(&shared.lock);
+        if (!shared.cluster) {
+            /* Used from several job threads: reactor threads, not inline. */
+            shared.cluster = connect_cluster(td, o->reactors ? o->reactors : 1);
+            snprintf(shared.key, sizeof(shared.key), "%s", key);
+        }
+        if (shared.cluster && strcmp(shared.key, key) == 0) {
+            shared.users++;
+            d->cluster = shared.cluster;
+            d->shared = 1;
+        }
+        pthread_mutex_unlock(&shared.lock);
+    }
+    d->inline_client = !d->shared && o->reactors == 0;
+    if (!d->cluster)
+        d->cluster = connect_cluster(td, o->reactors);
     if (!d->cluster)
         goto out;
     /* A job that never writes takes no lock, so any number of readers can share a volume. */

@@ -46,7 +46,9 @@
  *    The fd stays readable while completed requests remain unpolled. (Inline mode: call
  *    carmine_run() instead of waiting on the fd.)
  *  - A writable open takes the image's exclusive lock (renewed in the background every third
- *    of "lock_lease_ms"); another writer gets -EBUSY. carmine_open_read_only takes no lock.
+ *    of "lock_lease_ms"); another client's writer gets -EBUSY. Further writable opens through
+ *    the same cluster handle share the image and its lock, which is released with the last
+ *    of them (each has its own completion queue). carmine_open_read_only takes no lock.
  *
  * Durability: a write completes once every copy the pool keeps has it durably; flush has
  * nothing left to wait for and completes at once (it is there for callers that need one).

@@ -20,7 +20,7 @@ use completion::{Callback, Completion, Events};
 use config::Config;
 use error::{record, Failure};
 use runtime::{Driver, Op, ReadInto};
-use std::collections::HashSet;
+use std::collections::HashMap;
 use std::ffi::{c_char, c_int, c_void, CStr};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -32,10 +32,18 @@ pub const VERSION: (c_int, c_int, c_int) = (0, 1, 0);
 pub struct ClusterHandle {
     cfg: Config,
     rt: Option<Driver>,
-    /// Images open for writing through this handle. A second writable open of one is refused
-    /// as another client's would be: on the same reactor it would share the first one's lock,
-    /// and closing either would release it under the other.
-    writers: Arc<Mutex<HashSet<String>>>,
+    /// Images open for writing through this handle, by name: further writable opens of one
+    /// share it (its reactor slot and its exclusive lock, which goes with the last close).
+    writers: Arc<Mutex<HashMap<String, SharedOpen>>>,
+}
+
+/// An image open for writing through one cluster handle, and how many image handles use it.
+struct SharedOpen {
+    reactor: usize,
+    slot: usize,
+    size: u64,
+    object_size: u64,
+    handles: usize,
 }
 
 /// `carmine_image_t`.
@@ -49,7 +57,7 @@ pub struct ImageHandle {
     events: Arc<Events>,
     closed: AtomicBool,
     name: String,
-    writers: Arc<Mutex<HashSet<String>>>,
+    writers: Arc<Mutex<HashMap<String, SharedOpen>>>,
 }
 
 /// `carmine_image_info_t`.
@@ -224,24 +232,39 @@ unsafe fn open(
             .as_mut()
             .ok_or_else(|| Failure::invalid("image is NULL"))?;
         let events = Events::new();
-        if !read_only && !lock(&cl.writers).insert(name.to_owned()) {
-            return Err(Failure::new(
-                libc::EBUSY,
-                format!("{name:?} is already open for writing through this cluster handle"),
-            ));
-        }
-        let reactor = rt.pick();
-        let opened = rt.open(reactor, name, read_only).inspect_err(|_| {
-            if !read_only {
-                lock(&cl.writers).remove(name);
+        // Held across the open: two threads opening one image share one open of it.
+        let mut writers = lock(&cl.writers);
+        let shared = match writers.get_mut(name).filter(|_| !read_only) {
+            Some(open) => {
+                open.handles += 1;
+                (open.reactor, open.slot, open.size, open.object_size)
             }
-        })?;
+            None => {
+                let reactor = rt.pick();
+                let opened = rt.open(reactor, name, read_only)?;
+                if !read_only {
+                    writers.insert(
+                        name.to_owned(),
+                        SharedOpen {
+                            reactor,
+                            slot: opened.slot,
+                            size: opened.size,
+                            object_size: opened.object_size,
+                            handles: 1,
+                        },
+                    );
+                }
+                (reactor, opened.slot, opened.size, opened.object_size)
+            }
+        };
+        drop(writers);
+        let (reactor, slot, size, object_size) = shared;
         *out = Box::into_raw(Box::new(ImageHandle {
             rt: rt.clone(),
             reactor,
-            slot: opened.slot,
-            size: opened.size,
-            object_size: opened.object_size,
+            slot,
+            size,
+            object_size,
             read_only,
             events,
             closed: AtomicBool::new(false),
@@ -318,11 +341,30 @@ pub unsafe extern "C" fn carmine_close(image: *mut ImageHandle) -> c_int {
         }
         let img = Box::from_raw(image);
         img.closed.store(true, Ordering::Release);
-        let closed = img.rt.close(img.reactor, img.slot);
-        if !img.read_only {
-            lock(&img.writers).remove(&img.name);
+        if img.read_only {
+            return img.rt.close(img.reactor, img.slot).map(|_| 0);
         }
-        closed.map(|_| 0)
+        let mut writers = lock(&img.writers);
+        let last = match writers.get_mut(&img.name) {
+            Some(open) if open.handles > 1 => {
+                open.handles -= 1;
+                false
+            }
+            _ => {
+                writers.remove(&img.name);
+                true
+            }
+        };
+        if last {
+            // The last handle: requests in flight drain, then the lock goes.
+            img.rt.close(img.reactor, img.slot)
+        } else {
+            // Others still use it: wait only for the requests in flight (theirs too), so
+            // that none of this handle's can touch its caller's buffers after this returns.
+            drop(writers);
+            img.rt.drain(img.reactor, img.slot)
+        }
+        .map(|_| 0)
     })
 }
 

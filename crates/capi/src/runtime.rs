@@ -65,6 +65,11 @@ enum Job {
         slot: usize,
         reply: Reply<()>,
     },
+    /// Answers once the image has no request in flight (it stays open).
+    Drain {
+        slot: usize,
+        reply: Reply<()>,
+    },
     /// An administrative call (create, remove an image), run as its own task.
     Admin(Box<dyn FnOnce(Volumes) -> AdminTask + Send>),
     Stop,
@@ -240,7 +245,7 @@ fn fail_job(job: Job) {
         Job::Open { reply, .. } => {
             let _ = reply.send(Err(Failure::shut_down()));
         }
-        Job::Close { reply, .. } => {
+        Job::Close { reply, .. } | Job::Drain { reply, .. } => {
             let _ = reply.send(Err(Failure::shut_down()));
         }
         // Dropping it drops its reply sender: the caller gets "shut down".
@@ -336,6 +341,21 @@ impl Host {
                         Some(s) => close(s).await,
                         None => Err(Failure::new(libc::EBADF, "the image is not open")),
                     });
+                })
+                .detach();
+            }
+            Job::Drain { slot, reply } => {
+                let inflight = self
+                    .slots
+                    .borrow()
+                    .get(slot)
+                    .and_then(|s| s.as_ref().map(|s| s.inflight.clone()));
+                carmine_reactor::spawn(async move {
+                    // Polled: the slot's doorbell has one waiter, its close.
+                    while inflight.as_ref().is_some_and(|n| n.get() > 0) {
+                        carmine_reactor::sleep(Duration::from_millis(1)).await;
+                    }
+                    let _ = reply.send(Ok(()));
                 })
                 .detach();
             }
@@ -545,6 +565,11 @@ impl Driver {
 
     pub fn close(&self, reactor: usize, slot: usize) -> Result<(), Failure> {
         self.call(reactor, move |reply| Job::Close { slot, reply })
+    }
+
+    /// Waits until the image in `slot` has no request in flight.
+    pub fn drain(&self, reactor: usize, slot: usize) -> Result<(), Failure> {
+        self.call(reactor, move |reply| Job::Drain { slot, reply })
     }
 
     /// Runs `f` on a reactor with its volumes and waits for its answer.

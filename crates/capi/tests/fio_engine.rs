@@ -1,6 +1,6 @@
 //! fio-carmine: built by `fio/build.sh` against the installed fio's own source, then run by
-//! that fio against a live OSD: random writes verified with crc32c, and several reading jobs
-//! sharing one volume (readers take no lock).
+//! that fio against a live OSD: random writes verified with crc32c (one job, and three jobs
+//! sharing a volume), trims, several reading jobs sharing one volume, an unknown volume.
 
 mod common;
 
@@ -87,6 +87,31 @@ fn fio_runs_verified_random_writes_and_shared_reads_through_the_engine() {
     println!("verify job: {written} writes, {verified} verifying reads");
     assert_eq!(written, 4096, "16 MiB in 4 KiB writes");
     assert_eq!(verified, 4096, "every block read back and checked");
+
+    // Three writing jobs on one volume, each on its own 4 MiB, verified: they share one
+    // cluster handle and the volume's lock, each with its own image handle.
+    let report = fio(
+        &engine,
+        addr,
+        &[
+            "--name=writers",
+            "--volume=fio0",
+            "--rw=randwrite",
+            "--iodepth=8",
+            "--size=4M",
+            "--offset_increment=4M",
+            "--numjobs=3",
+            "--verify=crc32c",
+            "--do_verify=1",
+        ],
+    );
+    let jobs = report["jobs"].as_array().unwrap();
+    assert_eq!(jobs.len(), 3);
+    for job in jobs {
+        assert_eq!(job["error"], 0, "{job}");
+        assert_eq!(job_ios(job, "write"), 1024, "{job}");
+        assert_eq!(job_ios(job, "read"), 1024, "every block verified: {job}");
+    }
 
     // Trims (discards) through the engine.
     let report = fio(
