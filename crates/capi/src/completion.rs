@@ -16,6 +16,17 @@ use std::sync::{Arc, OnceLock};
 /// `void (*)(carmine_completion_t *c, void *arg)`.
 pub type Callback = unsafe extern "C" fn(c: *mut c_void, arg: *mut c_void);
 
+thread_local! {
+    /// Requests this thread completed: an inline client's driver stops waiting for I/O once
+    /// a turn of its tasks completed one (a flush, say, completes without any I/O).
+    static FIRED_HERE: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+/// How many requests this thread has completed so far.
+pub fn fired_here() -> u64 {
+    FIRED_HERE.with(|n| n.get())
+}
+
 const PENDING: u32 = 0;
 const DONE: u32 = 1;
 /// Pending, and a caller sleeps on it: the finisher must wake it.
@@ -84,6 +95,7 @@ impl Completion {
     /// returns only once the callback is done (the callback may release the completion: the
     /// library holds its own reference until this returns).
     fn fire(self: &Arc<Self>) {
+        FIRED_HERE.with(|n| n.set(n.get() + 1));
         if let Some(cb) = self.callback {
             // SAFETY: the caller gave the callback and its argument for this completion, and
             // the pointer stays valid while `self` lives.

@@ -434,7 +434,11 @@ impl Inline {
     /// I/O, then runs what that made ready.
     fn drive(&self, timeout: Option<Duration>) {
         self.rt.enter(|| {
-            let timeout = if self.rt.run() {
+            let fired = crate::completion::fired_here();
+            let more = self.rt.run();
+            // Something completed already (without I/O, as a flush does): no wait, or the
+            // caller would sleep until the next timer with its answer in hand.
+            let timeout = if more || crate::completion::fired_here() != fired {
                 Some(Duration::ZERO)
             } else {
                 match (timeout, self.rt.current_timeout()) {

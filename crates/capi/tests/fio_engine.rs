@@ -113,6 +113,31 @@ fn fio_runs_verified_random_writes_and_shared_reads_through_the_engine() {
         assert_eq!(job_ios(job, "read"), 1024, "every block verified: {job}");
     }
 
+    // Writes with a sync every 4, inline: a flush completes without I/O, and the client must
+    // not then sleep until its next timer (it did, up to 0.5 s per sync: 360 of the 400
+    // writes in 20 s; the runtime here is 5 s).
+    let report = fio(
+        &engine,
+        addr,
+        &[
+            "--name=syncs",
+            "--volume=fio0",
+            "--rw=randwrite",
+            "--iodepth=8",
+            "--size=16M",
+            "--number_ios=400",
+            "--fsync=4",
+            "--runtime=5",
+        ],
+    );
+    let job = &report["jobs"][0];
+    assert_eq!(job["error"], 0, "{job}");
+    // fio counts a few of its syncs in number_ios (396 writes here).
+    assert!(
+        job_ios(job, "write") >= 390,
+        "the writes did not finish within the runtime: {job}"
+    );
+
     // Trims (discards) through the engine.
     let report = fio(
         &engine,
