@@ -67,7 +67,8 @@ impl Config {
                     .collect::<Result<_, _>>()?
             }
             "key_file" => self.key_file = Some(PathBuf::from(value)),
-            "pool" if !value.is_empty() => self.pool = value.to_owned(),
+            "pool" if value.is_empty() => return Err("pool must not be empty".into()),
+            "pool" => self.pool = value.to_owned(),
             // 0: inline, on the caller's thread.
             "reactors" => {
                 self.reactors = match value.trim() {

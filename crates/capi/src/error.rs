@@ -112,3 +112,56 @@ pub fn describe(err: i32) -> &'static std::ffi::CStr {
         _ => c"unknown error",
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use carmine_proto::ErrorReply;
+
+    fn server(status: Status) -> VolumeError {
+        VolumeError::Client(ClientError::Server(ErrorReply {
+            status,
+            op_index: None,
+            message: String::new(),
+        }))
+    }
+
+    #[test]
+    fn storage_errors_reach_c_as_their_errno() {
+        assert_eq!(errno_of_volume(&server(Status::NoSpace)), libc::ENOSPC);
+        assert_eq!(errno_of_volume(&server(Status::Fenced)), libc::ESHUTDOWN);
+        assert_eq!(errno_of_volume(&server(Status::Corrupt)), libc::EIO);
+        let locked = VolumeError::Locked {
+            name: "v".into(),
+            holder: "h".into(),
+        };
+        assert_eq!(errno_of_volume(&locked), libc::EBUSY);
+        assert_eq!(
+            describe(-libc::ENOSPC).to_str().unwrap(),
+            "no space left in the cluster"
+        );
+        assert_eq!(describe(12345).to_str().unwrap(), "unknown error");
+    }
+
+    #[test]
+    fn the_last_error_is_per_thread() {
+        assert_eq!(record(Failure::new(libc::EIO, "here")), -libc::EIO);
+        let elsewhere = std::thread::spawn(|| {
+            // SAFETY: a NUL-terminated string owned by this thread.
+            unsafe { std::ffi::CStr::from_ptr(last()) }
+                .to_str()
+                .unwrap()
+                .to_owned()
+        })
+        .join()
+        .unwrap();
+        assert_eq!(elsewhere, "");
+        // SAFETY: as above.
+        assert_eq!(
+            unsafe { std::ffi::CStr::from_ptr(last()) }
+                .to_str()
+                .unwrap(),
+            "here"
+        );
+    }
+}

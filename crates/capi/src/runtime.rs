@@ -661,11 +661,7 @@ async fn open(
         volumes.open_with(name, &lock).await
     }
     .map_err(|e| Failure::new(errno_of_volume(&e), format!("opening {name:?}: {e}")))?;
-    let opened = Opened {
-        slot: 0,
-        size: image.size(),
-        object_size: image.info().object_size,
-    };
+    let (size, object_size) = (image.size(), image.info().object_size);
     let slot = Slot {
         image,
         inflight: Rc::new(Cell::new(0)),
@@ -682,7 +678,8 @@ async fn open(
     slots[index] = Some(slot);
     Ok(Opened {
         slot: index,
-        ..opened
+        size,
+        object_size,
     })
 }
 

@@ -86,8 +86,9 @@ impl ReadLeaseRecord {
     /// promises under (at least `lease`), recorded before the OSD serves. The caller records
     /// `lease` alone once that much time has passed since the start (their promises are over).
     pub fn starting(&self, lease: Duration) -> Result<Duration, MapStoreError> {
-        let longest = self.get()?.map_or(lease, |earlier| earlier.max(lease));
-        if self.get()? != Some(longest) {
+        let recorded = self.get()?;
+        let longest = recorded.map_or(lease, |earlier| earlier.max(lease));
+        if recorded != Some(longest) {
             self.set(longest)?;
         }
         Ok(longest)

@@ -5,7 +5,7 @@
 use bytes::Bytes;
 use carmine_client::{Client, ClientConfig, Connection};
 use carmine_cluster::{OsdInfo, OsdMap, Pool};
-use carmine_osd::{Osd, OsdConfig, StoreConfig, CONNECTIONS_MAX_DEFAULT, IDLE_TIMEOUT_DEFAULT};
+use carmine_osd::{Osd, OsdConfig, StoreConfig};
 use carmine_proto::{ObjectRequest, OsdOp, Request, Response, Status};
 use std::net::{SocketAddr, TcpListener};
 use std::time::{Duration, Instant};
@@ -193,23 +193,12 @@ fn writes_waiting_for_an_epoch_apply_in_the_order_they_were_sent() {
     let addr = free_addr();
     let map1 = OsdMap::single_osd(vec![addr], 8);
     let mut osd = Osd::start(OsdConfig {
-        id: 0,
-        map: map1.clone(),
-        reactor_cpus: vec![None],
         store: StoreConfig::Native {
             device: device.clone(),
             config: NativeConfig::default(),
             sync: SyncMode::ProcessCrashOnly,
         },
-        connections_max: CONNECTIONS_MAX_DEFAULT,
-        idle_timeout: Some(IDLE_TIMEOUT_DEFAULT),
-        auth_key: None,
-        pg_history: None,
-        scrub: Default::default(),
-        recovery: Default::default(),
-        read_lease: carmine_osd::READ_LEASE_DEFAULT,
-        prior_read_lease: None,
-        lease: None,
+        ..OsdConfig::in_memory(0, map1.clone(), 0)
     })
     .unwrap();
     let pg = map1.object_pg(&map1.pools[0], "o");
