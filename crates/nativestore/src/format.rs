@@ -431,6 +431,9 @@ impl RecordHeader {
 }
 
 #[cfg(test)]
+mod golden;
+
+#[cfg(test)]
 mod tests {
     use super::*;
 

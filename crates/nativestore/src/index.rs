@@ -333,7 +333,7 @@ impl Index {
     }
 }
 
-const CHECKPOINT_VERSION: u32 = 1;
+pub(crate) const CHECKPOINT_VERSION: u32 = 1;
 
 /// Fails unless `key` sorts after every key already in `map` (checkpoint keys are written in
 /// order); `found` is the number of entries before it.
