@@ -12,6 +12,7 @@
 
 use crate::delta::Delta;
 use crate::device::BLOCK;
+use crate::error::ShardFailure;
 use crate::index::{BlockRef, Index};
 use crate::store::{io_error, NativeStore, State, NO_CID};
 use crate::BlockDevice;
@@ -683,7 +684,7 @@ impl<D: BlockDevice> NativeStore<D> {
                 if let Err(e) = exec.op(op) {
                     // Only a bug gets here, after part of the transaction changed the index:
                     // stop the shard rather than let memory and disk disagree.
-                    let why = format!("transaction half applied: {e}");
+                    let why = ShardFailure::HalfApplied(e.clone());
                     tracing::error!(shard = self.shard, "{why}");
                     exec.st.failed = Some(why);
                     return Err(e);
@@ -693,9 +694,11 @@ impl<D: BlockDevice> NativeStore<D> {
             st.stats.transactions += 1;
             let b = st.open.as_mut().expect("opened above");
             if !b.fits(meta.len(), 0) {
-                let why = "internal: transaction metadata outgrew its record estimate";
-                st.failed = Some(why.into());
-                return Err(io_error(why));
+                let why =
+                    ShardFailure::Internal("transaction metadata outgrew its record estimate");
+                let err = io_error(why.to_string());
+                st.failed = Some(why);
+                return Err(err);
             }
             if meta.is_empty() && b.data.len() == data_before {
                 // Nothing to record (e.g. cloning an object onto itself); still acknowledged

@@ -1,6 +1,7 @@
 //! Offline consistency check of one shard.
 
 use crate::device::BlockDevice;
+use crate::error::MountError;
 use crate::index::BlockRef;
 use crate::mount::MountReport;
 use crate::store::{NativeConfig, NativeStore, SegKind};
@@ -15,7 +16,7 @@ pub struct FsckReport {
 
 /// Loads shard `shard` read-only (checkpoint and journal, nothing written) and reads back
 /// every mapped block against its checksum, and checks the space accounting.
-pub async fn fsck<D: BlockDevice>(dev: D, shard: u32) -> Result<FsckReport, String> {
+pub async fn fsck<D: BlockDevice>(dev: D, shard: u32) -> Result<FsckReport, MountError> {
     let (store, mount) = NativeStore::open(dev, shard, NativeConfig::default(), false).await?;
     let mut report = FsckReport {
         mount,
@@ -68,7 +69,7 @@ pub async fn fsck<D: BlockDevice>(dev: D, shard: u32) -> Result<FsckReport, Stri
             }
             if let Err(e) = store.read_blocks(&[b]).await {
                 report.errors.push(format!(
-                    "{cid}/{oid}: block {l} at device block {}: {e:?}",
+                    "{cid}/{oid}: block {l} at device block {}: {e}",
                     b.paddr
                 ));
             }

@@ -107,7 +107,7 @@ impl IndexState {
     }
 
     pub fn apply(&mut self, delta: &Delta) -> Result<(), String> {
-        self.0.apply(delta)
+        self.0.apply(delta).map_err(|e| e.to_string())
     }
 
     /// Checks the counters the cleaner and the stats trust against the content: objects,

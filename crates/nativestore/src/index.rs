@@ -3,6 +3,7 @@
 //! checkpoint and the journal; changed only through [`Index::apply`].
 
 use crate::delta::Delta;
+use crate::error::IndexError;
 use bytes::{Bytes, BytesMut};
 use carmine_types::limits::{ATTR_NAME_LEN_MAX, OBJECT_NAME_LEN_MAX, VALUE_LEN_MAX};
 use carmine_types::{CollectionId, DecodeError, Decoder, Encoder, PgId};
@@ -56,8 +57,12 @@ pub struct Index {
     freed: Vec<u64>,
 }
 
-fn missing(what: &str, cid: CollectionId, oid: &str) -> String {
-    format!("{what} missing for delta on {cid}/{oid:?}")
+fn missing(what: &'static str, cid: CollectionId, oid: &str) -> IndexError {
+    IndexError::Missing {
+        what,
+        cid,
+        oid: oid.to_owned(),
+    }
 }
 
 impl Index {
@@ -76,7 +81,7 @@ impl Index {
         self.colls.get(&cid)?.get(oid)
     }
 
-    fn object_mut(&mut self, cid: CollectionId, oid: &str) -> Result<&mut Onode, String> {
+    fn object_mut(&mut self, cid: CollectionId, oid: &str) -> Result<&mut Onode, IndexError> {
         self.colls
             .get_mut(&cid)
             .ok_or_else(|| missing("collection", cid, oid))?
@@ -84,15 +89,15 @@ impl Index {
             .ok_or_else(|| missing("object", cid, oid))
     }
 
-    fn take_block(&mut self, b: BlockRef) -> Result<(), String> {
+    fn take_block(&mut self, b: BlockRef) -> Result<(), IndexError> {
         let seg = self
             .geometry
             .segment_of(b.paddr)
-            .ok_or_else(|| format!("block {} outside every segment", b.paddr))?;
+            .ok_or(IndexError::OutsideSegments(b.paddr))?;
         let live = &mut self.segment_live[seg as usize];
         *live = live
             .checked_add(1)
-            .ok_or_else(|| format!("segment {seg} live count overflow"))?;
+            .ok_or_else(|| IndexError::Accounting(format!("segment {seg} live count overflow")))?;
         self.live_blocks += 1;
         Ok(())
     }
@@ -103,16 +108,33 @@ impl Index {
         freed: &mut Vec<u64>,
         geometry: &Geometry,
         b: BlockRef,
-    ) {
-        if let Some(seg) = geometry.segment_of(b.paddr) {
-            let live = &mut segment_live[seg as usize];
-            *live = live.saturating_sub(1);
-        }
-        *live_blocks = live_blocks.saturating_sub(1);
+    ) -> Result<(), IndexError> {
+        // Every mapped block was counted when it was mapped (`take_block`): a count that
+        // would go below zero means the counts and the maps disagree, and a segment counted
+        // empty while it holds live data would be handed to the cleaner as free.
+        let seg = geometry
+            .segment_of(b.paddr)
+            .ok_or(IndexError::OutsideSegments(b.paddr))?;
+        let live = &mut segment_live[seg as usize];
+        *live = live.checked_sub(1).ok_or_else(|| {
+            IndexError::Accounting(format!(
+                "block {} released from segment {seg}, which counts no live block",
+                b.paddr
+            ))
+        })?;
+        *live_blocks = live_blocks.checked_sub(1).ok_or_else(|| {
+            IndexError::Accounting(format!("block {} released with no live block", b.paddr))
+        })?;
         freed.push(b.paddr);
+        Ok(())
     }
 
-    fn release_all(&mut self, blocks: impl IntoIterator<Item = BlockRef>) {
+    /// Releases mapped blocks. An accounting error leaves the blocks before it released:
+    /// the caller stops the shard (at run time) or refuses the mount (at replay).
+    fn release_all(
+        &mut self,
+        blocks: impl IntoIterator<Item = BlockRef>,
+    ) -> Result<(), IndexError> {
         for b in blocks {
             Self::release_block(
                 &mut self.segment_live,
@@ -120,8 +142,9 @@ impl Index {
                 &mut self.freed,
                 &self.geometry,
                 b,
-            );
+            )?;
         }
+        Ok(())
     }
 
     /// Device blocks that went out of use since the last call.
@@ -129,9 +152,10 @@ impl Index {
         self.freed.drain(..)
     }
 
-    /// Applies one delta. Fails (without a partial change) only on a delta that does not fit
-    /// the state: a bug at runtime, a damaged journal at replay.
-    pub fn apply(&mut self, delta: &Delta) -> Result<(), String> {
+    /// Applies one delta. Fails only on a delta that does not fit the state (a bug at run
+    /// time, a damaged journal at replay), without a partial change unless the space
+    /// accounting itself is broken.
+    pub fn apply(&mut self, delta: &Delta) -> Result<(), IndexError> {
         match delta {
             Delta::CreateCollection(cid) => {
                 self.colls.entry(*cid).or_default();
@@ -140,7 +164,7 @@ impl Index {
                 Some(c) if c.is_empty() => {
                     self.colls.remove(cid);
                 }
-                Some(_) => return Err(format!("removing non-empty collection {cid}")),
+                Some(_) => return Err(IndexError::CollectionNotEmpty(*cid)),
                 None => return Err(missing("collection", *cid, "")),
             },
             Delta::Touch(cid, oid) => {
@@ -161,7 +185,7 @@ impl Index {
                     .remove(oid.as_str())
                     .ok_or_else(|| missing("object", *cid, oid))?;
                 self.objects -= 1;
-                self.release_all(onode.blocks.into_values());
+                self.release_all(onode.blocks.into_values())?;
             }
             Delta::SetSize(cid, oid, size) => self.object_mut(*cid, oid)?.size = *size,
             Delta::SetBlock {
@@ -178,7 +202,7 @@ impl Index {
                 self.object_mut(*cid, oid)?;
                 self.take_block(new)?;
                 let old = self.object_mut(*cid, oid)?.blocks.insert(*lblock, new);
-                self.release_all(old);
+                self.release_all(old)?;
             }
             Delta::Punch(cid, oid, from, to) => {
                 let onode = self.object_mut(*cid, oid)?;
@@ -189,7 +213,7 @@ impl Index {
                 let mut tail = tail;
                 let mut rest = tail.split_off(to);
                 onode.blocks.append(&mut rest);
-                self.release_all(tail.into_values());
+                self.release_all(tail.into_values())?;
             }
             Delta::SetAttr(cid, oid, name, value) => {
                 self.object_mut(*cid, oid)?
@@ -380,6 +404,45 @@ mod tests {
             ix.apply(&delta).unwrap();
         }
         ix
+    }
+
+    #[test]
+    fn a_release_the_counts_cannot_cover_is_refused_not_floored() {
+        // Block 20 lives in segment 1. With its count lost, an overwrite must not leave the
+        // segment counted empty (the cleaner would take it for free) but say so.
+        let mut ix = index_with(&[(0, 20), (1, 21)]);
+        ix.segment_live[1] = 1;
+        let overwrite = |paddr| Delta::SetBlock {
+            cid: cid(),
+            oid: "a".into(),
+            lblock: 0,
+            paddr,
+            crc: 0,
+        };
+        ix.apply(&overwrite(40)).unwrap();
+        assert_eq!(ix.segment_live[1], 0);
+        let err = ix
+            .apply(&Delta::Punch(cid(), "a".into(), 1, 2))
+            .unwrap_err();
+        assert!(matches!(err, IndexError::Accounting(_)), "{err}");
+        let mut ix = index_with(&[(0, 20)]);
+        ix.live_blocks = 0;
+        let err = ix.apply(&Delta::Remove(cid(), "a".into())).unwrap_err();
+        assert!(matches!(err, IndexError::Accounting(_)), "{err}");
+    }
+
+    #[test]
+    fn a_block_outside_every_segment_is_refused() {
+        let mut ix = index_with(&[]);
+        let delta = Delta::SetBlock {
+            cid: cid(),
+            oid: "a".into(),
+            lblock: 0,
+            paddr: 1,
+            crc: 0,
+        };
+        assert_eq!(ix.apply(&delta), Err(IndexError::OutsideSegments(1)));
+        assert_eq!(ix.live_blocks, 0);
     }
 
     #[test]

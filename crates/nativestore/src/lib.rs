@@ -10,6 +10,7 @@
 mod apply;
 mod delta;
 mod device;
+mod error;
 mod format;
 mod fsck;
 #[doc(hidden)]
@@ -22,6 +23,7 @@ mod space;
 mod store;
 
 pub use device::{AlignedBuf, BlockDevice, DeviceLock, FileDevice, SyncMode, BLOCK};
+pub use error::{IndexError, JournalError, MountError, ShardFailure};
 pub use format::{FormatError, Superblock, FORMAT_VERSION, SUPER_BACKUP_OFFSET};
 pub use fsck::{fsck, FsckReport};
 pub use mount::{mkfs, read_superblock, read_superblock_copies, MountReport, SuperblockCopies};

@@ -2,6 +2,7 @@
 
 use crate::delta::Delta;
 use crate::device::{AlignedBuf, BlockDevice, BLOCK};
+use crate::error::{JournalError, MountError};
 use crate::format::{
     CheckpointSlot, FormatError, JournalPos, SegmentHeader, SegmentKind, Superblock, SHARD_ALIGN,
     SHARD_HEADER_BLOCKS, SUPER_BACKUP_OFFSET,
@@ -27,23 +28,40 @@ pub struct MountReport {
     pub damaged_blocks: u64,
 }
 
-async fn read_block<D: BlockDevice>(dev: &D, off: u64) -> Result<AlignedBuf, String> {
-    let (res, buf) = dev.read_at(AlignedBuf::new(BLOCK), off).await;
-    res.map_err(|e| format!("reading block at byte {off}: {e}"))?;
+fn io_err(what: &'static str, offset: u64) -> impl FnOnce(std::io::Error) -> MountError {
+    move |source| MountError::Io {
+        what,
+        offset,
+        source,
+    }
+}
+
+async fn read_at<D: BlockDevice>(
+    dev: &D,
+    len: usize,
+    off: u64,
+    what: &'static str,
+) -> Result<AlignedBuf, MountError> {
+    let (res, buf) = dev.read_at(AlignedBuf::new(len), off).await;
+    res.map_err(io_err(what, off))?;
     Ok(buf)
 }
 
-async fn write_block<D: BlockDevice>(dev: &D, off: u64, data: &[u8]) -> Result<(), String> {
+async fn read_block<D: BlockDevice>(dev: &D, off: u64) -> Result<AlignedBuf, MountError> {
+    read_at(dev, BLOCK, off, "reading a block").await
+}
+
+async fn write_block<D: BlockDevice>(dev: &D, off: u64, data: &[u8]) -> Result<(), MountError> {
     let mut buf = AlignedBuf::new(BLOCK);
     buf.extend_from_slice(data);
     buf.pad_to_block();
     let (res, _) = dev.write_at(buf, off).await;
-    res.map_err(|e| format!("writing block at byte {off}: {e}"))
+    res.map_err(io_err("writing a block", off))
 }
 
 /// The superblock, from the primary copy or, when that one is damaged, from the backup
 /// (with a warning). A superblock of a newer format is refused, never bypassed.
-pub async fn read_superblock<D: BlockDevice>(dev: &D) -> Result<Superblock, String> {
+pub async fn read_superblock<D: BlockDevice>(dev: &D) -> Result<Superblock, MountError> {
     Ok(read_superblock_copies(dev).await?.superblock)
 }
 
@@ -58,18 +76,17 @@ pub struct SuperblockCopies {
     pub backup_problem: Option<String>,
 }
 
-pub async fn read_superblock_copies<D: BlockDevice>(dev: &D) -> Result<SuperblockCopies, String> {
+pub async fn read_superblock_copies<D: BlockDevice>(
+    dev: &D,
+) -> Result<SuperblockCopies, MountError> {
     if dev.size() < SHARD_ALIGN {
-        return Err(format!(
-            "the device has {} bytes, less than a store's superblock area",
-            dev.size()
-        ));
+        return Err(MountError::DeviceTooSmall { size: dev.size() });
     }
     let primary = Superblock::decode(read_block(dev, 0).await?.full());
     let backup = Superblock::decode(read_block(dev, SUPER_BACKUP_OFFSET).await?.full());
     let copies = match (primary, backup) {
         // A newer format is a reason to stop, not to look elsewhere.
-        (Err(e @ FormatError::Version { .. }), _) => return Err(format!("superblock: {e}")),
+        (Err(e @ FormatError::Version { .. }), _) => return Err(MountError::NewerFormat(e)),
         (Ok(sb), backup) => {
             let backup_problem = match backup {
                 Ok(b) if b == sb => None,
@@ -91,12 +108,10 @@ pub async fn read_superblock_copies<D: BlockDevice>(dev: &D) -> Result<Superbloc
             }
         }
         (Err(FormatError::Magic(_)), Err(FormatError::Magic(_))) => {
-            return Err("no Carmine native store here (no superblock, no backup)".into())
+            return Err(MountError::NotAStore)
         }
-        (Err(e), Err(b)) => {
-            return Err(format!(
-                "superblock damaged ({e}) and its backup too ({b}); refusing to touch the device"
-            ))
+        (Err(primary), Err(backup)) => {
+            return Err(MountError::SuperblockDamaged { primary, backup })
         }
     };
     let sb = &copies.superblock;
@@ -106,15 +121,18 @@ pub async fn read_superblock_copies<D: BlockDevice>(dev: &D) -> Result<Superbloc
             .and_then(|b| b.checked_add(SHARD_HEADER_BLOCKS * BLOCK as u64))
             .and_then(|b| b.checked_add(s.base));
         if s.base < SHARD_ALIGN || end.is_none_or(|end| end > dev.size()) {
-            return Err(format!(
+            return Err(MountError::Layout(format!(
                 "shard {i} (at byte {}, {} segments) does not fit the device's {} bytes",
                 s.base,
                 s.segments,
                 dev.size()
-            ));
+            )));
         }
         if s.segments < crate::format::SEGMENTS_MIN {
-            return Err(format!("shard {i} has only {} segments", s.segments));
+            return Err(MountError::Layout(format!(
+                "shard {i} has only {} segments",
+                s.segments
+            )));
         }
     }
     Ok(copies)
@@ -126,13 +144,14 @@ pub async fn mkfs<D: BlockDevice>(
     dev: &D,
     shards: u32,
     segment_size: u32,
-) -> Result<Superblock, String> {
-    let sb = Superblock::layout(dev.size(), shards, segment_size, rand::random())?;
+) -> Result<Superblock, MountError> {
+    let sb = Superblock::layout(dev.size(), shards, segment_size, rand::random())
+        .map_err(MountError::Layout)?;
     // Invalidate both old superblock copies first, so a crash mid-mkfs leaves no half-new
     // store (and no old backup that would describe overwritten shards).
     write_block(dev, 0, &[0u8; BLOCK]).await?;
     write_block(dev, SUPER_BACKUP_OFFSET, &[0u8; BLOCK]).await?;
-    dev.sync().await.map_err(|e| format!("sync: {e}"))?;
+    dev.sync().await.map_err(io_err("syncing the device", 0))?;
     for (i, layout) in sb.shards.iter().enumerate() {
         let geo = Geometry {
             first_block: SHARD_HEADER_BLOCKS,
@@ -154,7 +173,7 @@ pub async fn mkfs<D: BlockDevice>(
         buf.pad_to_block();
         let seg0 = layout.base + geo.segment_start(0) * BLOCK as u64;
         let (res, _) = dev.write_at(buf, seg0).await;
-        res.map_err(|e| format!("writing the initial checkpoint: {e}"))?;
+        res.map_err(io_err("writing the initial checkpoint", seg0))?;
         let slot = CheckpointSlot {
             shard: i as u32,
             uuid: sb.uuid,
@@ -173,17 +192,17 @@ pub async fn mkfs<D: BlockDevice>(
         write_block(dev, layout.base + BLOCK as u64, &slot.encode()).await?;
         write_block(dev, layout.base, &[0u8; BLOCK]).await?;
     }
-    dev.sync().await.map_err(|e| format!("sync: {e}"))?;
+    dev.sync().await.map_err(io_err("syncing the device", 0))?;
     write_block(dev, SUPER_BACKUP_OFFSET, &sb.encode()).await?;
     write_block(dev, 0, &sb.encode()).await?;
-    dev.sync().await.map_err(|e| format!("sync: {e}"))?;
+    dev.sync().await.map_err(io_err("syncing the device", 0))?;
     Ok(sb)
 }
 
 impl<D: BlockDevice> NativeStore<D> {
     /// Mounts shard `shard` of a formatted device: loads the newest checkpoint, replays the
     /// journal after it, then writes a fresh checkpoint so the next mount starts from here.
-    pub async fn mount(dev: D, shard: u32, config: NativeConfig) -> Result<Self, String> {
+    pub async fn mount(dev: D, shard: u32, config: NativeConfig) -> Result<Self, MountError> {
         Ok(Self::open(dev, shard, config, true).await?.0)
     }
 
@@ -192,14 +211,15 @@ impl<D: BlockDevice> NativeStore<D> {
         shard: u32,
         config: NativeConfig,
         writable: bool,
-    ) -> Result<(Self, MountReport), String> {
+    ) -> Result<(Self, MountReport), MountError> {
         let sb = read_superblock(&dev).await?;
-        let layout = *sb.shards.get(shard as usize).ok_or_else(|| {
-            format!(
-                "shard {shard} requested, the store was made with {}",
-                sb.shards.len()
-            )
-        })?;
+        let layout = *sb
+            .shards
+            .get(shard as usize)
+            .ok_or(MountError::NoSuchShard {
+                shard,
+                shards: sb.shards.len(),
+            })?;
         let geo = Geometry {
             first_block: SHARD_HEADER_BLOCKS,
             segment_blocks: sb.segment_size as u64 / BLOCK as u64,
@@ -220,56 +240,61 @@ impl<D: BlockDevice> NativeStore<D> {
                 }
             }
         }
-        let slot = slot.ok_or_else(|| format!("shard {shard}: no valid checkpoint slot"))?;
+        let slot = slot.ok_or(MountError::NoCheckpoint { shard })?;
+        let bad_checkpoint = |detail: String| MountError::Checkpoint {
+            generation: slot.generation,
+            detail,
+        };
 
         let per_seg = (geo.segment_blocks as usize - 1) * BLOCK;
         // Validate before allocating or indexing: the slot is checksummed, not trusted.
         if let Some(&s) = slot.segments.iter().find(|&&s| s >= geo.segments) {
-            return Err(format!(
-                "checkpoint generation {} names segment {s}; the shard has {}",
-                slot.generation, geo.segments
-            ));
+            return Err(bad_checkpoint(format!(
+                "names segment {s}; the shard has {}",
+                geo.segments
+            )));
         }
         if slot.blob_len > (slot.segments.len() * per_seg) as u64 {
-            return Err(format!(
-                "checkpoint generation {} claims {} bytes in {} segments",
-                slot.generation,
+            return Err(bad_checkpoint(format!(
+                "claims {} bytes in {} segments",
                 slot.blob_len,
                 slot.segments.len()
-            ));
+            )));
         }
         if slot.journal.segment >= geo.segments
             || slot.journal.block == 0
             || slot.journal.block as u64 > geo.segment_blocks
             || slot.journal.record_seq == 0
         {
-            return Err(format!(
-                "checkpoint generation {} has an impossible journal position {:?}",
-                slot.generation, slot.journal
-            ));
+            return Err(bad_checkpoint(format!(
+                "impossible journal position {:?}",
+                slot.journal
+            )));
         }
         let mut blob = Vec::with_capacity(slot.blob_len as usize);
         for &s in &slot.segments {
             let chunk = (slot.blob_len as usize - blob.len()).min(per_seg);
-            let (res, buf) = dev
-                .read_at(AlignedBuf::new(BLOCK + chunk), seg_off(s))
-                .await;
-            res.map_err(|e| format!("reading checkpoint segment {s}: {e}"))?;
+            let buf = read_at(
+                &dev,
+                BLOCK + chunk,
+                seg_off(s),
+                "reading a checkpoint segment",
+            )
+            .await?;
             let h = SegmentHeader::decode(&buf.full()[..BLOCK])
-                .map_err(|e| format!("checkpoint segment {s}: {e}"))?;
+                .map_err(|e| bad_checkpoint(format!("segment {s}: {e}")))?;
             if h.kind != SegmentKind::Checkpoint || h.uuid != sb.uuid {
-                return Err(format!("segment {s} is not a checkpoint of this store"));
+                return Err(bad_checkpoint(format!(
+                    "segment {s} is not a checkpoint of this store"
+                )));
             }
             blob.extend_from_slice(&buf.full()[BLOCK..BLOCK + chunk]);
         }
         if blob.len() as u64 != slot.blob_len || crc32c(&blob) != slot.blob_crc {
-            return Err(format!(
-                "checkpoint generation {} fails its checksum",
-                slot.generation
-            ));
+            return Err(bad_checkpoint("fails its checksum".into()));
         }
-        let mut index = Index::decode(Bytes::from(blob), geo)
-            .map_err(|e| format!("checkpoint generation {}: {e}", slot.generation))?;
+        let mut index =
+            Index::decode(Bytes::from(blob), geo).map_err(|e| bad_checkpoint(e.to_string()))?;
 
         let mut headers: Vec<Option<SegmentHeader>> = Vec::with_capacity(geo.segments as usize);
         for s in 0..geo.segments {
@@ -316,13 +341,8 @@ impl<D: BlockDevice> NativeStore<D> {
                 1
             };
             let len = (geo.segment_blocks - first_block) as usize * BLOCK;
-            let (res, buf) = dev
-                .read_at(
-                    AlignedBuf::new(len),
-                    seg_off(s) + first_block * BLOCK as u64,
-                )
-                .await;
-            res.map_err(|e| format!("reading journal segment {s}: {e}"))?;
+            let off = seg_off(s) + first_block * BLOCK as u64;
+            let buf = read_at(&dev, len, off, "reading a journal segment").await?;
             areas.push((s, nonce, buf));
         }
         // The durable mark: every record up to it was acknowledged, as later records say.
@@ -350,10 +370,10 @@ impl<D: BlockDevice> NativeStore<D> {
                 let mut deltas = Vec::new();
                 let mut d = Decoder::new(Bytes::from(rec.meta));
                 while d.remaining() > 0 {
-                    deltas.push(
-                        Delta::decode(&mut d)
-                            .map_err(|e| format!("journal record {expected}: {e}"))?,
-                    );
+                    deltas.push(Delta::decode(&mut d).map_err(|e| MountError::Journal {
+                        record: expected,
+                        source: JournalError::Decode(e),
+                    })?);
                 }
                 let rec_block = first_block + (at / BLOCK) as u64;
                 let rec_paddr = geo.segment_start(s) + rec_block;
@@ -374,9 +394,10 @@ impl<D: BlockDevice> NativeStore<D> {
                     report.damaged_blocks += bad.len() as u64;
                 }
                 for delta in &deltas {
-                    index
-                        .apply(delta)
-                        .map_err(|e| format!("journal record {expected}: {e}"))?;
+                    index.apply(delta).map_err(|e| MountError::Journal {
+                        record: expected,
+                        source: JournalError::Index(e),
+                    })?;
                 }
                 index.take_freed().for_each(drop);
                 at += rec.header.total_blocks as usize * BLOCK;
@@ -393,11 +414,10 @@ impl<D: BlockDevice> NativeStore<D> {
             }
         }
         if expected <= durable_mark {
-            return Err(format!(
-                "journal record {expected} is missing or damaged, but later records show \
-                 records up to {durable_mark} were acknowledged: mounting would silently drop \
-                 them; refusing (the device is left as it is)"
-            ));
+            return Err(MountError::AcknowledgedRecordLost {
+                record: expected,
+                durable_mark,
+            });
         }
         report.journal_segments_replayed = replayed.len() as u32;
         report.objects = index.objects;
@@ -412,11 +432,11 @@ impl<D: BlockDevice> NativeStore<D> {
                 SegKind::Checkpoint
             } else if live > 0 || replayed.contains(&s) {
                 if live > 0 && h.is_none_or(|h| h.kind != SegmentKind::Journal) {
-                    return Err(format!(
-                        "segment {s} holds {live} live blocks but no journal header \
-                         (header {h:?}, checkpoint {:?}, journal {journal:?})",
-                        slot
-                    ));
+                    return Err(MountError::LiveBlocksOutsideJournal {
+                        segment: s,
+                        live,
+                        detail: format!("header {h:?}, checkpoint {slot:?}, journal {journal:?}"),
+                    });
                 }
                 SegKind::Journal
             } else {
@@ -477,12 +497,18 @@ impl<D: BlockDevice> NativeStore<D> {
                 let mut st = store.st.borrow_mut();
                 store
                     .roll_segment(&mut st)
-                    .map_err(|e| format!("opening the journal: {e}"))?;
+                    .map_err(|source| MountError::Store {
+                        what: "opening the journal",
+                        source,
+                    })?;
             }
             store
                 .checkpoint()
                 .await
-                .map_err(|e| format!("post-mount checkpoint: {e}"))?;
+                .map_err(|source| MountError::Store {
+                    what: "post-mount checkpoint",
+                    source,
+                })?;
         }
         tracing::info!(shard, ?report, "native store shard mounted");
         Ok((store, report))

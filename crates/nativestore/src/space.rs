@@ -6,6 +6,7 @@
 use crate::apply::SET_BLOCK_BYTES;
 use crate::delta::Delta;
 use crate::device::{AlignedBuf, BlockDevice, BLOCK};
+use crate::error::ShardFailure;
 use crate::format::{CheckpointSlot, SegmentHeader, SegmentKind, CKPT_SEGMENTS_MAX};
 use crate::journal::parse_record;
 use crate::store::{io_error, NativeStore, Seg, SegKind};
@@ -132,8 +133,9 @@ impl<D: BlockDevice> NativeStore<D> {
         let mut st = self.st.borrow_mut();
         match result {
             Err(e) => {
-                st.failed = Some(format!("checkpoint: {e}"));
-                return Err(io_error(format!("checkpoint: {e}")));
+                let err = io_error(format!("checkpoint: {e}"));
+                st.failed = Some(ShardFailure::Checkpoint(e));
+                return Err(err);
             }
             Ok(slot) => {
                 let old = std::mem::replace(&mut st.slot, slot);

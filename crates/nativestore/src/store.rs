@@ -6,6 +6,7 @@
 //! outside it, which is what lets many of them share one journal write.
 
 use crate::device::{AlignedBuf, BlockDevice, BLOCK};
+use crate::error::{BlockReadError, ShardFailure};
 use crate::format::{CheckpointSlot, SegmentHeader, SegmentKind};
 use crate::index::{BlockRef, Geometry, Index};
 use crate::journal::{Batch, Notify};
@@ -117,7 +118,7 @@ pub(crate) struct State {
     /// A shard-owned committer task is running (`background`): waiters leave journal
     /// writes to it instead of writing themselves.
     pub committer: bool,
-    pub failed: Option<String>,
+    pub failed: Option<ShardFailure>,
     pub dirty: HashMap<u64, Bytes>,
     pub dirty_bytes: u64,
     pub cache: HashMap<u64, Bytes>,
@@ -125,6 +126,36 @@ pub(crate) struct State {
     pub slot: CheckpointSlot,
     pub blocks_since_checkpoint: u64,
     pub stats: NativeStats,
+}
+
+impl State {
+    /// What acknowledging a write relies on: nothing counts as durable that was not handed
+    /// to a writer, nothing handed to a writer that was not gathered, and record sequences
+    /// agree. Checked after every journal write; a violation is a bug that could acknowledge
+    /// a write before it is on the device, so it stops the process rather than go on.
+    pub(crate) fn check_journal_accounting(&self) {
+        assert!(
+            self.durable_batch <= self.taken_batch && self.taken_batch <= self.next_batch,
+            "journal accounting: durable batch {} ≤ taken {} ≤ gathered {} does not hold",
+            self.durable_batch,
+            self.taken_batch,
+            self.next_batch
+        );
+        assert!(
+            self.durable_record_seq < self.next_record_seq,
+            "journal accounting: durable record {} is not below the next record {}",
+            self.durable_record_seq,
+            self.next_record_seq
+        );
+        assert!(
+            self.written
+                .iter()
+                .all(|&(first, last, _)| first > self.durable_batch + 1 && first <= last),
+            "journal accounting: written ranges {:?} overlap the durable batch {}",
+            self.written,
+            self.durable_batch
+        );
+    }
 }
 
 /// One shard of the native store on device `D`.
@@ -161,7 +192,7 @@ impl<D: BlockDevice> NativeStore<D> {
     /// checkpoint), or `None` while it is healthy. A failed shard answers every request with
     /// an I/O error until it is remounted.
     pub fn failure(&self) -> Option<String> {
-        self.st.borrow().failed.clone()
+        self.st.borrow().failed.as_ref().map(|f| f.to_string())
     }
 
     pub fn shard(&self) -> u32 {
@@ -398,15 +429,19 @@ impl<D: BlockDevice> NativeStore<D> {
             let (buf, at) = b.serialize(taken.durable_seq);
             bytes += buf.len() as u64;
             let (res, _) = self.dev.write_at(buf, self.byte_offset(at)).await;
-            if let Err(e) = res {
-                result = Err(format!("writing record {}: {e}", b.record_seq));
+            if let Err(source) = res {
+                result = Err(ShardFailure::JournalWrite {
+                    record: b.record_seq,
+                    offset: self.byte_offset(at),
+                    source,
+                });
                 break;
             }
         }
         let written = std::time::Instant::now();
         if result.is_ok() && !taken.batches.is_empty() {
             if let Err(e) = self.dev.sync().await {
-                result = Err(format!("sync: {e}"));
+                result = Err(ShardFailure::JournalSync(e));
             }
         }
         taken.done = true;
@@ -415,7 +450,10 @@ impl<D: BlockDevice> NativeStore<D> {
             let mut st = self.st.borrow_mut();
             st.stats.journal_write_ns += (written - started).as_nanos() as u64;
             st.stats.journal_sync_ns += written.elapsed().as_nanos() as u64;
-            st.writes_in_flight -= 1;
+            st.writes_in_flight = st
+                .writes_in_flight
+                .checked_sub(1)
+                .expect("a journal write ends only after it was counted in flight");
             match result {
                 Err(why) => {
                     tracing::error!(shard = self.shard, "native store failed: {why}");
@@ -423,7 +461,10 @@ impl<D: BlockDevice> NativeStore<D> {
                 }
                 Ok(()) => {
                     for b in &batches {
-                        st.dirty_bytes -= b.data_bytes();
+                        st.dirty_bytes = st
+                            .dirty_bytes
+                            .checked_sub(b.data_bytes())
+                            .expect("dirty bytes count every block of a batch not yet written");
                         st.blocks_since_checkpoint += b.blocks();
                         st.stats.records += 1;
                         for i in 0..b.data.len() as u64 {
@@ -448,6 +489,7 @@ impl<D: BlockDevice> NativeStore<D> {
                     }
                     st.stats.device_writes += batches.len() as u64;
                     st.stats.device_bytes_written += bytes;
+                    st.check_journal_accounting();
                 }
             }
         }
@@ -512,8 +554,9 @@ impl<D: BlockDevice> NativeStore<D> {
             }
             let run = &sorted[i..j];
             let buf = AlignedBuf::new(run.len() * BLOCK);
-            let (res, buf) = self.dev.read_at(buf, self.byte_offset(run[0].paddr)).await;
-            res.map_err(|e| BlockReadError::Io(e.to_string()))?;
+            let offset = self.byte_offset(run[0].paddr);
+            let (res, buf) = self.dev.read_at(buf, offset).await;
+            res.map_err(|source| BlockReadError::Io { offset, source })?;
             for (k, b) in run.iter().enumerate() {
                 let data = &buf.full()[k * BLOCK..(k + 1) * BLOCK];
                 if crc32c(data) != b.crc {
@@ -547,11 +590,9 @@ impl<D: BlockDevice> NativeStore<D> {
             }
             let run = &wanted[i..j];
             let buf = AlignedBuf::new(run.len() * BLOCK);
-            let (res, buf) = self
-                .dev
-                .read_at(buf, self.byte_offset(run[0].1.paddr))
-                .await;
-            res.map_err(|e| BlockReadError::Io(e.to_string()))?;
+            let offset = self.byte_offset(run[0].1.paddr);
+            let (res, buf) = self.dev.read_at(buf, offset).await;
+            res.map_err(|source| BlockReadError::Io { offset, source })?;
             for (k, (l, b)) in run.iter().enumerate() {
                 let data = &buf.full()[k * BLOCK..(k + 1) * BLOCK];
                 if crc32c(data) != b.crc {
@@ -668,7 +709,7 @@ impl<D: BlockDevice> NativeStore<D> {
         e: BlockReadError,
     ) -> StoreError {
         match e {
-            BlockReadError::Io(why) => error(StoreErrorKind::Io, cid, oid, why),
+            e @ BlockReadError::Io { .. } => error(StoreErrorKind::Io, cid, oid, e.to_string()),
             BlockReadError::Checksum(paddr) => {
                 self.st.borrow_mut().stats.checksum_errors += 1;
                 tracing::error!(
@@ -721,12 +762,6 @@ impl<D: BlockDevice> Drop for TakenWrite<'_, D> {
         store.commit_wanted.notify_all();
         store.changed.notify_all();
     }
-}
-
-#[derive(Debug)]
-pub(crate) enum BlockReadError {
-    Io(String),
-    Checksum(u64),
 }
 
 /// Copies the part of logical block `l` that falls in the read starting at `off` into `dst`.

@@ -3,7 +3,8 @@
 
 use bytes::Bytes;
 use carmine_nativestore::{
-    fsck, mkfs, read_superblock, NativeConfig, NativeStore, SimDevice, BLOCK,
+    fsck, mkfs, read_superblock, FormatError, MountError, NativeConfig, NativeStore, SimDevice,
+    BLOCK,
 };
 use carmine_store::{ObjectStore, StoreErrorKind, Transaction};
 use carmine_types::{CollectionId, PgId};
@@ -46,7 +47,11 @@ fn mount_refuses_a_device_that_is_not_a_store() {
     let err = block_on(NativeStore::mount(blank, 0, NativeConfig::default()))
         .err()
         .unwrap();
-    assert!(err.contains("no Carmine native store here"), "{err}");
+    assert!(matches!(err, MountError::NotAStore), "{err}");
+    assert!(
+        err.to_string().contains("no Carmine native store here"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -55,13 +60,31 @@ fn mount_refuses_a_damaged_superblock_and_a_missing_shard() {
     let err = block_on(NativeStore::mount(dev.clone(), 1, NativeConfig::default()))
         .err()
         .unwrap();
-    assert!(err.contains("shard 1 requested"), "{err}");
+    assert!(
+        matches!(
+            err,
+            MountError::NoSuchShard {
+                shard: 1,
+                shards: 1
+            }
+        ),
+        "{err}"
+    );
     dev.flip_bit(20, 3);
     dev.flip_bit(carmine_nativestore::SUPER_BACKUP_OFFSET + 20, 3);
     let err = block_on(NativeStore::mount(dev, 0, NativeConfig::default()))
         .err()
         .unwrap();
-    assert!(err.contains("checksum mismatch in superblock"), "{err}");
+    assert!(
+        matches!(
+            err,
+            MountError::SuperblockDamaged {
+                primary: FormatError::Checksum("superblock"),
+                backup: FormatError::Checksum("superblock"),
+            }
+        ),
+        "{err}"
+    );
 }
 
 #[test]

@@ -3,8 +3,8 @@
 
 use bytes::Bytes;
 use carmine_nativestore::{
-    fsck, mkfs, read_superblock_copies, NativeConfig, NativeStore, SimDevice, BLOCK,
-    FORMAT_VERSION, SUPER_BACKUP_OFFSET,
+    fsck, mkfs, read_superblock_copies, FormatError, MountError, NativeConfig, NativeStore,
+    SimDevice, BLOCK, FORMAT_VERSION, SUPER_BACKUP_OFFSET,
 };
 use carmine_store::{ObjectStore, StoreErrorKind, Transaction};
 use carmine_types::{CollectionId, PgId};
@@ -101,7 +101,11 @@ fn mount_refuses_when_both_superblocks_are_damaged_and_writes_nothing() {
     let err = block_on(NativeStore::mount(dev.clone(), 0, NativeConfig::default()))
         .err()
         .expect("mounted without a superblock");
-    assert!(err.contains("refusing to touch the device"), "{err}");
+    assert!(matches!(err, MountError::SuperblockDamaged { .. }), "{err}");
+    assert!(
+        err.to_string().contains("refusing to touch the device"),
+        "{err}"
+    );
     assert!(before == dev.image(), "a refused mount changed the device");
 }
 
@@ -126,7 +130,14 @@ fn a_superblock_of_a_newer_version_is_refused_not_bypassed_through_the_backup() 
     let err = block_on(NativeStore::mount(dev.clone(), 0, NativeConfig::default()))
         .err()
         .expect("mounted a newer format");
-    assert!(err.contains("unsupported format version"), "{err}");
+    assert!(
+        matches!(err, MountError::NewerFormat(FormatError::Version { found }) if found == FORMAT_VERSION + 1),
+        "{err}"
+    );
+    assert!(
+        err.to_string().contains("unsupported format version"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -138,9 +149,19 @@ fn replay_refuses_to_drop_acknowledged_records_after_a_damaged_one() {
     let err = block_on(NativeStore::mount(dev.clone(), 0, NativeConfig::default()))
         .err()
         .expect("mount silently dropped acknowledged records");
-    assert!(err.contains("refusing"), "{err}");
+    assert!(
+        matches!(
+            err,
+            MountError::AcknowledgedRecordLost {
+                record: 3,
+                durable_mark: 4
+            }
+        ),
+        "{err}"
+    );
+    assert!(err.to_string().contains("refusing"), "{err}");
     let err = block_on(fsck(dev, 0)).expect_err("fsck called it clean");
-    assert!(err.contains("were acknowledged"), "{err}");
+    assert!(err.to_string().contains("were acknowledged"), "{err}");
 }
 
 #[test]
@@ -234,5 +255,8 @@ fn a_crafted_checkpoint_slot_is_an_error_not_a_crash() {
     let err = block_on(NativeStore::mount(dev, 0, NativeConfig::default()))
         .err()
         .expect("mounted a crafted slot");
-    assert!(err.contains("claims"), "{err}");
+    assert!(
+        matches!(&err, MountError::Checkpoint { detail, .. } if detail.contains("claims")),
+        "{err}"
+    );
 }
