@@ -377,6 +377,7 @@ impl<D: BlockDevice> Exec<'_, D> {
         let pending_meta = self.meta.len() + SET_BLOCK_BYTES + oid.len();
         let b = self
             .st
+            .journal
             .open
             .as_mut()
             .expect("batch opened before execution");
@@ -387,8 +388,7 @@ impl<D: BlockDevice> Exec<'_, D> {
         }
         let paddr = b.next_data_block();
         b.data.push(data.clone());
-        self.st.dirty.insert(paddr, data);
-        self.st.dirty_bytes += B;
+        self.st.cache.add_dirty(paddr, data);
         Ok(BlockRef { paddr, crc })
     }
 
@@ -406,10 +406,9 @@ impl<D: BlockDevice> Exec<'_, D> {
     /// Current content of a mapped block.
     fn content(&self, b: &BlockRef) -> Result<Bytes> {
         self.st
-            .dirty
-            .get(&b.paddr)
+            .cache
+            .get(b.paddr)
             .or_else(|| self.pre.get(&b.paddr))
-            .or_else(|| self.st.cache.get(&b.paddr))
             .cloned()
             .ok_or_else(|| io_error(format!("internal: block {} was not read ahead", b.paddr)))
     }
@@ -673,7 +672,7 @@ impl<D: BlockDevice> NativeStore<D> {
         let batch = {
             let mut st = self.st.borrow_mut();
             self.batch_for(&mut st, plan.meta_bytes, plan.data_blocks)?;
-            let data_before = st.open.as_ref().map_or(0, |b| b.data.len());
+            let data_before = st.journal.open.as_ref().map_or(0, |b| b.data.len());
             let mut exec = Exec::<D> {
                 device: std::marker::PhantomData,
                 st: &mut st,
@@ -692,7 +691,7 @@ impl<D: BlockDevice> NativeStore<D> {
             }
             let meta = exec.meta;
             st.stats.transactions += 1;
-            let b = st.open.as_mut().expect("opened above");
+            let b = st.journal.open.as_mut().expect("opened above");
             if !b.fits(meta.len(), 0) {
                 let why =
                     ShardFailure::Internal("transaction metadata outgrew its record estimate");
@@ -722,7 +721,7 @@ impl<D: BlockDevice> NativeStore<D> {
         {
             let st = self.st.borrow();
             for b in wanted {
-                match st.dirty.get(&b.paddr).or_else(|| st.cache.get(&b.paddr)) {
+                match st.cache.get(b.paddr) {
                     Some(d) => {
                         got.insert(b.paddr, d.clone());
                     }

@@ -4,7 +4,8 @@ use crate::device::BlockDevice;
 use crate::error::MountError;
 use crate::index::BlockRef;
 use crate::mount::MountReport;
-use crate::store::{NativeConfig, NativeStore, SegKind};
+use crate::segments::SegKind;
+use crate::store::{NativeConfig, NativeStore};
 
 /// What fsck found. `errors` empty means the shard is consistent.
 #[derive(Clone, Debug, Default)]
@@ -59,7 +60,7 @@ pub async fn fsck<D: BlockDevice>(dev: D, shard: u32) -> Result<FsckReport, Moun
                     b.paddr
                 )),
                 Some(seg) => {
-                    let kind = store.st.borrow().segs[seg as usize].kind;
+                    let kind = store.st.borrow().segments.get(seg).kind;
                     if kind != SegKind::Journal {
                         report.errors.push(format!(
                             "{cid}/{oid}: block {l} lives in segment {seg}, which is {kind:?}"

@@ -9,6 +9,7 @@ use crate::format::{RecordHeader, SegmentHeader, FORMAT_VERSION, INLINE_META, RE
 use bytes::{Bytes, BytesMut};
 use carmine_types::crc32c_append;
 use std::cell::{Cell, RefCell};
+use std::collections::VecDeque;
 use std::task::{Poll, Waker};
 
 /// Wakes every task waiting for "something changed" (a write completed, space was freed).
@@ -70,8 +71,10 @@ impl Batch {
     pub fn next_data_block(&self) -> u64 {
         self.start + 1 + self.data.len() as u64
     }
-    pub fn data_bytes(&self) -> u64 {
-        (self.data.len() * BLOCK) as u64
+    /// The device blocks its data blocks go to.
+    pub fn data_blocks(&self) -> impl Iterator<Item = u64> {
+        let first = self.start + 1;
+        first..first + self.data.len() as u64
     }
 
     /// The bytes to write and the device block to write them at. `durable_seq` is the
@@ -109,6 +112,115 @@ impl Batch {
         .encode_into(rec);
         let at = self.start - lead as u64;
         (buf, at)
+    }
+}
+
+/// Where the journal stands: the segment it appends to, the batches being gathered and
+/// written, and how far they are durable. Batches get increasing ids; those gathered but not
+/// taken by a writer are `open` and `sealed`; a writer takes them all; a batch counts as
+/// durable only once it and every batch before it are written and synced.
+pub(crate) struct JournalState {
+    /// The segment being appended to, its sequence and nonce.
+    pub seg: u32,
+    pub seg_seq: u64,
+    pub nonce: u64,
+    /// Its header still has to go out with the first record.
+    pub seg_header_pending: bool,
+    /// Next free block (shard-relative).
+    pub wp: u64,
+    pub next_record_seq: u64,
+    pub open: Option<Batch>,
+    pub sealed: VecDeque<Batch>,
+    /// The id of the newest batch gathered.
+    pub next_batch: u64,
+    pub durable_batch: u64,
+    /// Highest batch handed to a writer.
+    pub taken_batch: u64,
+    pub writes_in_flight: u32,
+    /// Batch ranges written and synced but not yet contiguous with `durable_batch`, with the
+    /// record sequence of the last batch of each.
+    pub written: Vec<(u64, u64, u64)>,
+    /// The record sequence of `durable_batch` (0: none yet).
+    pub durable_record_seq: u64,
+    /// The highest batch anyone waits for; the committer writes up to it.
+    pub wanted_batch: u64,
+    /// A shard-owned committer task is running (`background`): waiters leave journal
+    /// writes to it instead of writing themselves.
+    pub committer: bool,
+    pub blocks_since_checkpoint: u64,
+}
+
+impl JournalState {
+    /// The journal as mount leaves it: everything replayed is on the device, the next record
+    /// is `next_record_seq`, and no segment is open yet (`roll_segment` opens one).
+    pub fn after_replay(seg: u32, seg_seq: u64, next_record_seq: u64) -> Self {
+        Self {
+            seg,
+            seg_seq,
+            nonce: 0,
+            seg_header_pending: false,
+            wp: 0,
+            next_record_seq,
+            open: None,
+            sealed: VecDeque::new(),
+            next_batch: 0,
+            durable_batch: 0,
+            taken_batch: 0,
+            writes_in_flight: 0,
+            written: Vec::new(),
+            durable_record_seq: next_record_seq - 1,
+            wanted_batch: 0,
+            committer: false,
+            blocks_since_checkpoint: 0,
+        }
+    }
+
+    /// A writer wrote and synced `batches` (taken together, in id order): advances the
+    /// durable mark over every range now contiguous with it.
+    pub fn published(&mut self, batches: &[Batch]) {
+        let (Some(first), Some(last)) = (batches.first(), batches.last()) else {
+            return;
+        };
+        self.blocks_since_checkpoint += batches.iter().map(Batch::blocks).sum::<u64>();
+        self.written.push((first.id, last.id, last.record_seq));
+        while let Some(i) = self
+            .written
+            .iter()
+            .position(|&(first, _, _)| first == self.durable_batch + 1)
+        {
+            let (_, last, seq) = self.written.swap_remove(i);
+            self.durable_batch = last;
+            self.durable_record_seq = seq;
+        }
+        self.check_accounting();
+    }
+
+    /// What acknowledging a write relies on: nothing counts as durable that was not handed
+    /// to a writer, nothing handed to a writer that was not gathered, and record sequences
+    /// agree. A violation is a bug that could acknowledge a write before it is on the
+    /// device, so it stops the process rather than go on.
+    pub fn check_accounting(&self) {
+        assert!(
+            self.durable_batch <= self.taken_batch && self.taken_batch <= self.next_batch,
+            "journal accounting: durable batch {} <= taken {} <= gathered {} does not hold",
+            self.durable_batch,
+            self.taken_batch,
+            self.next_batch
+        );
+        assert!(
+            self.durable_record_seq < self.next_record_seq,
+            "journal accounting: durable record {} is not below the next record {}",
+            self.durable_record_seq,
+            self.next_record_seq
+        );
+        assert!(
+            self.written
+                .iter()
+                .all(|&(first, last, _)| first > self.durable_batch + 1 && first <= last),
+            "journal accounting: written ranges {:?} overlap the durable batch {}",
+            self.written,
+            self.durable_batch
+        );
     }
 }
 

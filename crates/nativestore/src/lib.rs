@@ -8,6 +8,7 @@
 //! segments. `ARCHITECTURE.md` and `docs/format/native-store.md` give the full design.
 
 mod apply;
+mod cache;
 mod delta;
 mod device;
 mod error;
@@ -18,6 +19,7 @@ pub mod fuzzing;
 mod index;
 mod journal;
 mod mount;
+mod segments;
 mod simdev;
 mod space;
 mod store;

@@ -1,5 +1,6 @@
 //! mkfs, mount (checkpoint load + journal replay) and fsck.
 
+use crate::cache::BlockCache;
 use crate::delta::Delta;
 use crate::device::{AlignedBuf, BlockDevice, BLOCK};
 use crate::error::{JournalError, MountError};
@@ -8,12 +9,14 @@ use crate::format::{
     SHARD_HEADER_BLOCKS, SUPER_BACKUP_OFFSET,
 };
 use crate::index::{Geometry, Index};
+use crate::journal::JournalState;
 use crate::journal::{self, parse_record, Notify};
-use crate::store::{NativeConfig, NativeStats, NativeStore, Seg, SegKind, State};
+use crate::segments::{Seg, SegKind, SegmentTable};
+use crate::store::{NativeConfig, NativeStats, NativeStore, State};
 use bytes::Bytes;
 use carmine_types::{crc32c, Decoder};
 use std::cell::RefCell;
-use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::collections::BTreeSet;
 
 /// What mount found.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -424,7 +427,6 @@ impl<D: BlockDevice> NativeStore<D> {
         report.live_blocks = index.live_blocks;
 
         let mut segs = Vec::with_capacity(geo.segments as usize);
-        let mut free = BTreeSet::new();
         for s in 0..geo.segments {
             let live = index.segment_live[s as usize];
             let h = headers[s as usize];
@@ -440,7 +442,6 @@ impl<D: BlockDevice> NativeStore<D> {
                 }
                 SegKind::Journal
             } else {
-                free.insert(s);
                 SegKind::Free
             };
             segs.push(Seg {
@@ -460,33 +461,15 @@ impl<D: BlockDevice> NativeStore<D> {
             apply_lock: carmine_reactor::FifoLock::default(),
             st: RefCell::new(State {
                 index,
-                segs,
-                free,
-                seg: slot.journal.segment,
-                seg_seq: slot.journal.segment_seq,
-                nonce: 0,
-                seg_header_pending: false,
-                wp: 0,
-                next_record_seq: expected,
-                seg_seq_max: seq_max,
-                open: None,
-                sealed: VecDeque::new(),
-                next_batch: 0,
-                durable_batch: 0,
-                taken_batch: 0,
-                writes_in_flight: 0,
-                written: Vec::new(),
-                // Everything replayed is on the device.
-                durable_record_seq: expected - 1,
-                wanted_batch: 0,
-                committer: false,
-                failed: None,
-                dirty: HashMap::new(),
-                dirty_bytes: 0,
-                cache: HashMap::new(),
-                fifo: VecDeque::new(),
+                segments: SegmentTable::new(segs, seq_max),
+                journal: JournalState::after_replay(
+                    slot.journal.segment,
+                    slot.journal.segment_seq,
+                    expected,
+                ),
+                cache: BlockCache::new(config.cache_bytes),
                 slot,
-                blocks_since_checkpoint: 0,
+                failed: None,
                 stats: NativeStats::default(),
             }),
             changed: Notify::default(),

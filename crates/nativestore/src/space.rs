@@ -9,14 +9,15 @@ use crate::device::{AlignedBuf, BlockDevice, BLOCK};
 use crate::error::ShardFailure;
 use crate::format::{CheckpointSlot, SegmentHeader, SegmentKind, CKPT_SEGMENTS_MAX};
 use crate::journal::parse_record;
-use crate::store::{io_error, NativeStore, Seg, SegKind};
+use crate::segments::SegKind;
+use crate::store::{io_error, NativeStore};
 use bytes::{Bytes, BytesMut};
 use carmine_store::Result;
 use carmine_types::{crc32c, Decoder};
 
 impl<D: BlockDevice> NativeStore<D> {
     fn free_below(&self, pct: u32) -> bool {
-        let free = self.st.borrow().free.len() as u64;
+        let free = self.st.borrow().segments.free_count() as u64;
         free * 100 < self.geo.segments as u64 * pct as u64 || free < self.reserve_floor()
     }
 
@@ -35,16 +36,16 @@ impl<D: BlockDevice> NativeStore<D> {
     pub(crate) async fn make_room(&self, grows: bool) -> Result<()> {
         // Back-pressure on memory: data not yet on the device is bounded.
         loop {
-            let dirty = self.st.borrow().dirty_bytes;
+            let dirty = self.st.borrow().cache.dirty_bytes();
             if dirty <= self.config.dirty_bytes_max {
                 break;
             }
-            let id = self.st.borrow().next_batch;
+            let id = self.st.borrow().journal.next_batch;
             self.wait_durable(id).await?;
         }
         // Checkpoints and cleaning normally happen in `run_background`; a store without it
         // (or one that fell behind) does them here, in the writer's time.
-        if self.st.borrow().blocks_since_checkpoint >= 2 * self.checkpoint_interval() {
+        if self.st.borrow().journal.blocks_since_checkpoint >= 2 * self.checkpoint_interval() {
             self.checkpoint().await?;
         }
         // Below the throttle line writers wait for the cleaner; give up only when it can
@@ -67,7 +68,7 @@ impl<D: BlockDevice> NativeStore<D> {
         };
         let mut tries = 0;
         loop {
-            let free = self.st.borrow().free.len() as u64;
+            let free = self.st.borrow().segments.free_count() as u64;
             if free >= floor {
                 break;
             }
@@ -94,10 +95,10 @@ impl<D: BlockDevice> NativeStore<D> {
             let st = self.st.borrow();
             let blob = st.index.encode();
             let pos = crate::format::JournalPos {
-                segment: st.seg,
-                segment_seq: st.seg_seq,
-                block: (st.wp - self.geo.segment_start(st.seg)) as u32,
-                record_seq: st.next_record_seq,
+                segment: st.journal.seg,
+                segment_seq: st.journal.seg_seq,
+                block: (st.journal.wp - self.geo.segment_start(st.journal.seg)) as u32,
+                record_seq: st.journal.next_record_seq,
             };
             (blob, pos)
         };
@@ -111,20 +112,15 @@ impl<D: BlockDevice> NativeStore<D> {
         }
         let segs: Vec<u32> = {
             let mut st = self.st.borrow_mut();
-            if st.free.len() < nsegs {
+            if st.segments.free_count() < nsegs {
                 return Err(io_error(format!(
                     "no room for a checkpoint: {nsegs} segments needed, {} free",
-                    st.free.len()
+                    st.segments.free_count()
                 )));
             }
             (0..nsegs)
                 .map(|_| {
-                    let s = st.free.pop_first().expect("counted");
-                    st.seg_seq_max += 1;
-                    st.segs[s as usize] = Seg {
-                        kind: SegKind::Checkpoint,
-                        seq: st.seg_seq_max,
-                    };
+                    let (s, _) = st.segments.open(SegKind::Checkpoint).expect("counted");
                     s
                 })
                 .collect()
@@ -140,34 +136,26 @@ impl<D: BlockDevice> NativeStore<D> {
             Ok(slot) => {
                 let old = std::mem::replace(&mut st.slot, slot);
                 for s in old.segments {
-                    self.release_segment(&mut st, s);
+                    st.segments.release(s);
                 }
                 // Journal segments wholly before the checkpoint hold nothing replay needs;
                 // those without live data are free now, the rest wait for the cleaner.
                 for s in 0..self.geo.segments {
-                    let seg = st.segs[s as usize];
+                    let seg = st.segments.get(s);
                     if seg.kind == SegKind::Journal
                         && seg.seq < pos.segment_seq
                         && st.index.segment_live[s as usize] == 0
                     {
-                        self.release_segment(&mut st, s);
+                        st.segments.release(s);
                     }
                 }
-                st.blocks_since_checkpoint = 0;
+                st.journal.blocks_since_checkpoint = 0;
                 st.stats.checkpoints += 1;
             }
         }
         drop(st);
         self.changed.notify_all();
         Ok(())
-    }
-
-    pub(crate) fn release_segment(&self, st: &mut crate::store::State, s: u32) {
-        st.segs[s as usize] = Seg {
-            kind: SegKind::Free,
-            seq: 0,
-        };
-        st.free.insert(s);
     }
 
     async fn write_checkpoint(
@@ -180,7 +168,7 @@ impl<D: BlockDevice> NativeStore<D> {
         for (i, &s) in segs.iter().enumerate() {
             let chunk = &blob[(i * per_seg).min(blob.len())..((i + 1) * per_seg).min(blob.len())];
             let mut buf = AlignedBuf::new(BLOCK + chunk.len());
-            let seq = self.st.borrow().segs[s as usize].seq;
+            let seq = self.st.borrow().segments.get(s).seq;
             let header = SegmentHeader {
                 uuid: self.uuid,
                 shard: self.shard,
@@ -207,7 +195,7 @@ impl<D: BlockDevice> NativeStore<D> {
                 uuid: self.uuid,
                 generation: st.slot.generation + 1,
                 journal: pos,
-                segment_seq_max: st.seg_seq_max,
+                segment_seq_max: st.segments.seq_max(),
                 blob_len: blob.len() as u64,
                 blob_crc: crc32c(blob),
                 segments: segs.to_vec(),
@@ -244,13 +232,13 @@ impl<D: BlockDevice> NativeStore<D> {
                 return Ok(true);
             }
         };
-        let picked_seq = self.st.borrow().segs[victim as usize].seq;
+        let picked_seq = self.st.borrow().segments.get(victim).seq;
         let still_victim = |st: &crate::store::State| {
-            let s = st.segs[victim as usize];
+            let s = st.segments.get(victim);
             s.kind == SegKind::Journal
                 && s.seq == picked_seq
                 && s.seq < st.slot.journal.segment_seq
-                && victim != st.seg
+                && victim != st.journal.seg
         };
         if self.st.borrow().index.segment_live[victim as usize] == 0 {
             let _guard = match locked {
@@ -262,7 +250,7 @@ impl<D: BlockDevice> NativeStore<D> {
             self.drain().await?;
             let mut st = self.st.borrow_mut();
             if still_victim(&st) && st.index.segment_live[victim as usize] == 0 {
-                self.release_segment(&mut st, victim);
+                st.segments.release(victim);
                 st.stats.segments_cleaned += 1;
             }
             return Ok(true);
@@ -349,7 +337,7 @@ impl<D: BlockDevice> NativeStore<D> {
                 expected,
                 "cleaner could not find every live block; segment kept"
             );
-            self.st.borrow_mut().segs[victim as usize].seq = u64::MAX;
+            self.st.borrow_mut().segments.keep(victim);
             return Ok(false);
         }
         self.st.borrow_mut().stats.checksum_errors += bad_blocks;
@@ -371,7 +359,7 @@ impl<D: BlockDevice> NativeStore<D> {
             };
             let mut st = self.st.borrow_mut();
             self.batch_for(&mut st, SET_BLOCK_BYTES + oid.len(), 1)?;
-            let b = st.open.as_mut().expect("opened");
+            let b = st.journal.open.as_mut().expect("opened");
             let paddr = b.next_data_block();
             b.data.push(data.clone());
             let d = Delta::SetBlock {
@@ -383,8 +371,7 @@ impl<D: BlockDevice> NativeStore<D> {
             };
             d.encode(&mut b.meta);
             batch = b.id;
-            st.dirty.insert(paddr, data);
-            st.dirty_bytes += BLOCK as u64;
+            st.cache.add_dirty(paddr, data);
             st.index
                 .apply(&d)
                 .map_err(|e| io_error(format!("internal: relocation: {e}")))?;
@@ -393,7 +380,7 @@ impl<D: BlockDevice> NativeStore<D> {
         self.wait_durable(batch).await?;
         let mut st = self.st.borrow_mut();
         if st.index.segment_live[victim as usize] == 0 {
-            self.release_segment(&mut st, victim);
+            st.segments.release(victim);
         }
         st.stats.segments_cleaned += 1;
         st.stats.blocks_relocated += moved as u64;
@@ -414,14 +401,15 @@ impl<D: BlockDevice> NativeStore<D> {
             if self.st.borrow().failed.is_some() {
                 return;
             }
-            let result = if self.st.borrow().blocks_since_checkpoint >= self.checkpoint_interval() {
-                let _guard = self.apply_lock.lock().await;
-                self.checkpoint().await.map(|_| true)
-            } else if self.free_below(self.config.clean_start_pct) {
-                self.clean_one(false).await
-            } else {
-                Ok(false)
-            };
+            let result =
+                if self.st.borrow().journal.blocks_since_checkpoint >= self.checkpoint_interval() {
+                    let _guard = self.apply_lock.lock().await;
+                    self.checkpoint().await.map(|_| true)
+                } else if self.free_below(self.config.clean_start_pct) {
+                    self.clean_one(false).await
+                } else {
+                    Ok(false)
+                };
             match result {
                 Ok(true) => continue,
                 Ok(false) => self.changed.wait(seen).await,
@@ -435,9 +423,13 @@ impl<D: BlockDevice> NativeStore<D> {
 
     fn has_journal_after_checkpoint(&self) -> bool {
         let st = self.st.borrow();
-        st.segs.iter().enumerate().any(|(i, s)| {
-            s.kind == SegKind::Journal && s.seq >= st.slot.journal.segment_seq && i as u32 != st.seg
-        })
+        let after = st.slot.journal.segment_seq;
+        let open = st.journal.seg;
+        let any = st
+            .segments
+            .iter()
+            .any(|(i, s)| s.kind == SegKind::Journal && s.seq >= after && i != open);
+        any
     }
 
     /// Cost-benefit choice among segments the journal no longer needs: the most free space
@@ -446,12 +438,11 @@ impl<D: BlockDevice> NativeStore<D> {
         let st = self.st.borrow();
         let cap = (self.geo.segment_blocks - 1) as f64;
         let mut best: Option<(f64, u32, u32)> = None;
-        for (i, s) in st.segs.iter().enumerate() {
-            let i = i as u32;
+        for (i, s) in st.segments.iter() {
             if s.kind != SegKind::Journal
                 || s.seq >= st.slot.journal.segment_seq
-                || i == st.seg
-                || s.seq == u64::MAX
+                || i == st.journal.seg
+                || st.segments.is_kept(i)
             {
                 continue;
             }
@@ -460,7 +451,7 @@ impl<D: BlockDevice> NativeStore<D> {
             if u >= 1.0 {
                 continue;
             }
-            let age = (st.seg_seq_max - s.seq) as f64 + 1.0;
+            let age = (st.segments.seq_max() - s.seq) as f64 + 1.0;
             let score = (1.0 - u) * age / (1.0 + u);
             let better = match best {
                 None => true,

@@ -5,11 +5,13 @@
 //! deltas (which may need old blocks read for a partial overwrite); they wait for durability
 //! outside it, which is what lets many of them share one journal write.
 
+use crate::cache::BlockCache;
 use crate::device::{AlignedBuf, BlockDevice, BLOCK};
 use crate::error::{BlockReadError, ShardFailure};
 use crate::format::{CheckpointSlot, SegmentHeader, SegmentKind};
 use crate::index::{BlockRef, Geometry, Index};
-use crate::journal::{Batch, Notify};
+use crate::journal::{Batch, JournalState, Notify};
+use crate::segments::{SegKind, SegmentTable};
 use bytes::{Bytes, BytesMut};
 use carmine_store::checks::{
     check_attr_name, check_extent, check_io_len, check_list_limit, check_oid, error,
@@ -19,7 +21,7 @@ use carmine_store::{
 };
 use carmine_types::{crc32c, CollectionId};
 use std::cell::RefCell;
-use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap};
 use std::ops::Bound;
 
 /// Tunables of one shard.
@@ -74,88 +76,17 @@ pub struct NativeStats {
     pub journal_sync_ns: u64,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum SegKind {
-    Free,
-    Journal,
-    Checkpoint,
-}
-
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct Seg {
-    pub kind: SegKind,
-    pub seq: u64,
-}
-
+/// Everything of a shard that changes, owned by its reactor. Each part keeps its own
+/// invariants; `State` only holds them together so one borrow covers a transaction.
 pub(crate) struct State {
     pub index: Index,
-    pub segs: Vec<Seg>,
-    pub free: BTreeSet<u32>,
-    /// The segment the journal appends to, its sequence and nonce.
-    pub seg: u32,
-    pub seg_seq: u64,
-    pub nonce: u64,
-    /// Its header still has to go out with the first record.
-    pub seg_header_pending: bool,
-    /// Next free block of the journal (shard-relative).
-    pub wp: u64,
-    pub next_record_seq: u64,
-    pub seg_seq_max: u64,
-    pub open: Option<Batch>,
-    pub sealed: VecDeque<Batch>,
-    pub next_batch: u64,
-    pub durable_batch: u64,
-    /// Highest batch handed to a writer.
-    pub taken_batch: u64,
-    pub writes_in_flight: u32,
-    /// Batch ranges written and synced but not yet contiguous with `durable_batch`, with the
-    /// record sequence of the last batch of each.
-    pub written: Vec<(u64, u64, u64)>,
-    /// The record sequence of `durable_batch` (0: none yet).
-    pub durable_record_seq: u64,
-    /// The highest batch anyone waits for; the committer writes up to it.
-    pub wanted_batch: u64,
-    /// A shard-owned committer task is running (`background`): waiters leave journal
-    /// writes to it instead of writing themselves.
-    pub committer: bool,
-    pub failed: Option<ShardFailure>,
-    pub dirty: HashMap<u64, Bytes>,
-    pub dirty_bytes: u64,
-    pub cache: HashMap<u64, Bytes>,
-    pub fifo: VecDeque<u64>,
+    pub segments: SegmentTable,
+    pub journal: JournalState,
+    pub cache: BlockCache,
+    /// The checkpoint the next mount would load.
     pub slot: CheckpointSlot,
-    pub blocks_since_checkpoint: u64,
+    pub failed: Option<ShardFailure>,
     pub stats: NativeStats,
-}
-
-impl State {
-    /// What acknowledging a write relies on: nothing counts as durable that was not handed
-    /// to a writer, nothing handed to a writer that was not gathered, and record sequences
-    /// agree. Checked after every journal write; a violation is a bug that could acknowledge
-    /// a write before it is on the device, so it stops the process rather than go on.
-    pub(crate) fn check_journal_accounting(&self) {
-        assert!(
-            self.durable_batch <= self.taken_batch && self.taken_batch <= self.next_batch,
-            "journal accounting: durable batch {} ≤ taken {} ≤ gathered {} does not hold",
-            self.durable_batch,
-            self.taken_batch,
-            self.next_batch
-        );
-        assert!(
-            self.durable_record_seq < self.next_record_seq,
-            "journal accounting: durable record {} is not below the next record {}",
-            self.durable_record_seq,
-            self.next_record_seq
-        );
-        assert!(
-            self.written
-                .iter()
-                .all(|&(first, last, _)| first > self.durable_batch + 1 && first <= last),
-            "journal accounting: written ranges {:?} overlap the durable batch {}",
-            self.written,
-            self.durable_batch
-        );
-    }
 }
 
 /// One shard of the native store on device `D`.
@@ -201,7 +132,10 @@ impl<D: BlockDevice> NativeStore<D> {
 
     /// Segments free, and in total.
     pub fn segments_free(&self) -> (u32, u32) {
-        (self.st.borrow().free.len() as u32, self.geo.segments)
+        (
+            self.st.borrow().segments.free_count() as u32,
+            self.geo.segments,
+        )
     }
 
     pub(crate) fn byte_offset(&self, block: u64) -> u64 {
@@ -232,7 +166,7 @@ impl<D: BlockDevice> NativeStore<D> {
 
     /// Starts writing into a fresh segment (its header goes out with the first record).
     pub(crate) fn roll_segment(&self, st: &mut State) -> Result<()> {
-        let seg = st.free.pop_first().ok_or_else(|| {
+        let (seg, seq) = st.segments.open(SegKind::Journal).ok_or_else(|| {
             error(
                 StoreErrorKind::NoSpace,
                 NO_CID,
@@ -240,37 +174,32 @@ impl<D: BlockDevice> NativeStore<D> {
                 "no free segment for the journal",
             )
         })?;
-        st.seg_seq_max += 1;
-        st.segs[seg as usize] = Seg {
-            kind: SegKind::Journal,
-            seq: st.seg_seq_max,
-        };
-        st.seg = seg;
-        st.seg_seq = st.seg_seq_max;
-        st.nonce = rand::random();
-        st.seg_header_pending = true;
-        st.wp = self.geo.segment_start(seg) + 1;
+        st.journal.seg = seg;
+        st.journal.seg_seq = seq;
+        st.journal.nonce = rand::random();
+        st.journal.seg_header_pending = true;
+        st.journal.wp = self.geo.segment_start(seg) + 1;
         Ok(())
     }
 
     /// Makes sure the open batch can take `meta` more metadata bytes and `data` more blocks,
     /// sealing it and opening another (in a new segment if need be) when it cannot.
     pub(crate) fn batch_for(&self, st: &mut State, meta: usize, data: usize) -> Result<()> {
-        if let Some(b) = &st.open {
+        if let Some(b) = &st.journal.open {
             if b.fits(meta, data) {
                 return Ok(());
             }
-            let b = st.open.take().expect("checked");
-            st.wp = b.start + b.blocks();
-            st.sealed.push_back(b);
+            let b = st.journal.open.take().expect("checked");
+            st.journal.wp = b.start + b.blocks();
+            st.journal.sealed.push_back(b);
         }
-        let seg_end = self.geo.segment_start(st.seg) + self.geo.segment_blocks;
+        let seg_end = self.geo.segment_start(st.journal.seg) + self.geo.segment_blocks;
         let need = crate::format::RecordHeader::blocks_for(meta, data) as u64;
-        if st.wp + need > seg_end {
+        if st.journal.wp + need > seg_end {
             self.roll_segment(st)?;
         }
-        let seg_end = self.geo.segment_start(st.seg) + self.geo.segment_blocks;
-        if st.wp + need > seg_end {
+        let seg_end = self.geo.segment_start(st.journal.seg) + self.geo.segment_blocks;
+        if st.journal.wp + need > seg_end {
             return Err(error(
                 StoreErrorKind::InvalidArgument,
                 NO_CID,
@@ -281,24 +210,25 @@ impl<D: BlockDevice> NativeStore<D> {
                 ),
             ));
         }
-        let segment_header = std::mem::take(&mut st.seg_header_pending).then_some(SegmentHeader {
-            uuid: self.uuid,
-            shard: self.shard,
-            kind: SegmentKind::Journal,
-            seq: st.seg_seq,
-            nonce: st.nonce,
-        });
-        st.next_batch += 1;
-        st.next_record_seq += 1;
-        st.open = Some(Batch {
-            id: st.next_batch,
-            start: st.wp,
+        let segment_header =
+            std::mem::take(&mut st.journal.seg_header_pending).then_some(SegmentHeader {
+                uuid: self.uuid,
+                shard: self.shard,
+                kind: SegmentKind::Journal,
+                seq: st.journal.seg_seq,
+                nonce: st.journal.nonce,
+            });
+        st.journal.next_batch += 1;
+        st.journal.next_record_seq += 1;
+        st.journal.open = Some(Batch {
+            id: st.journal.next_batch,
+            start: st.journal.wp,
             segment_header,
-            record_seq: st.next_record_seq - 1,
-            nonce: st.nonce,
+            record_seq: st.journal.next_record_seq - 1,
+            nonce: st.journal.nonce,
             meta: BytesMut::new(),
             data: Vec::new(),
-            room: seg_end - st.wp,
+            room: seg_end - st.journal.wp,
         });
         Ok(())
     }
@@ -312,17 +242,17 @@ impl<D: BlockDevice> NativeStore<D> {
             let seen = self.changed.generation();
             let write = {
                 let mut st = self.st.borrow_mut();
-                if st.durable_batch >= id {
+                if st.journal.durable_batch >= id {
                     return Ok(());
                 }
                 if let Some(why) = &st.failed {
                     return Err(io_error(format!("journal write failed: {why}")));
                 }
-                let writable = id > st.taken_batch
-                    && st.writes_in_flight < self.config.journal_writes_max.max(1);
-                if st.committer {
-                    if id > st.wanted_batch {
-                        st.wanted_batch = id;
+                let writable = id > st.journal.taken_batch
+                    && st.journal.writes_in_flight < self.config.journal_writes_max.max(1);
+                if st.journal.committer {
+                    if id > st.journal.wanted_batch {
+                        st.journal.wanted_batch = id;
                         if writable {
                             self.commit_wanted.notify_all();
                         }
@@ -347,10 +277,10 @@ impl<D: BlockDevice> NativeStore<D> {
         struct Running<'a>(&'a RefCell<State>);
         impl Drop for Running<'_> {
             fn drop(&mut self) {
-                self.0.borrow_mut().committer = false;
+                self.0.borrow_mut().journal.committer = false;
             }
         }
-        self.st.borrow_mut().committer = true;
+        self.st.borrow_mut().journal.committer = true;
         let _running = Running(&self.st);
         let mut writes = FuturesUnordered::new();
         loop {
@@ -361,8 +291,8 @@ impl<D: BlockDevice> NativeStore<D> {
                     break;
                 }
                 st.failed.is_none()
-                    && st.wanted_batch > st.taken_batch
-                    && st.writes_in_flight < self.config.journal_writes_max.max(1)
+                    && st.journal.wanted_batch > st.journal.taken_batch
+                    && st.journal.writes_in_flight < self.config.journal_writes_max.max(1)
             };
             if start {
                 // Counted in flight before the first await, so the next check sees it.
@@ -385,7 +315,10 @@ impl<D: BlockDevice> NativeStore<D> {
     pub(crate) async fn drain(&self) -> Result<()> {
         let last = {
             let st = self.st.borrow();
-            st.open.as_ref().map_or(st.next_batch, |b| b.id)
+            st.journal
+                .open
+                .as_ref()
+                .map_or(st.journal.next_batch, |b| b.id)
         };
         self.wait_durable(last).await
     }
@@ -395,18 +328,18 @@ impl<D: BlockDevice> NativeStore<D> {
     /// future cancelled), it hands them back so the next writer writes them again.
     fn take_batches(&self) -> TakenWrite<'_, D> {
         let mut st = self.st.borrow_mut();
-        st.writes_in_flight += 1;
-        if let Some(b) = st.open.take() {
-            st.wp = b.start + b.blocks();
-            st.sealed.push_back(b);
+        st.journal.writes_in_flight += 1;
+        if let Some(b) = st.journal.open.take() {
+            st.journal.wp = b.start + b.blocks();
+            st.journal.sealed.push_back(b);
         }
-        let batches: Vec<Batch> = st.sealed.drain(..).collect();
+        let batches: Vec<Batch> = st.journal.sealed.drain(..).collect();
         if let Some(last) = batches.last() {
-            st.taken_batch = last.id;
+            st.journal.taken_batch = last.id;
         }
         TakenWrite {
             store: self,
-            durable_seq: st.durable_record_seq,
+            durable_seq: st.journal.durable_record_seq,
             batches,
             done: false,
         }
@@ -450,7 +383,8 @@ impl<D: BlockDevice> NativeStore<D> {
             let mut st = self.st.borrow_mut();
             st.stats.journal_write_ns += (written - started).as_nanos() as u64;
             st.stats.journal_sync_ns += written.elapsed().as_nanos() as u64;
-            st.writes_in_flight = st
+            st.journal.writes_in_flight = st
+                .journal
                 .writes_in_flight
                 .checked_sub(1)
                 .expect("a journal write ends only after it was counted in flight");
@@ -461,79 +395,23 @@ impl<D: BlockDevice> NativeStore<D> {
                 }
                 Ok(()) => {
                     for b in &batches {
-                        st.dirty_bytes = st
-                            .dirty_bytes
-                            .checked_sub(b.data_bytes())
-                            .expect("dirty bytes count every block of a batch not yet written");
-                        st.blocks_since_checkpoint += b.blocks();
+                        st.cache.batch_written(b.data_blocks());
                         st.stats.records += 1;
-                        for i in 0..b.data.len() as u64 {
-                            let paddr = b.start + 1 + i;
-                            if let Some(data) = st.dirty.remove(&paddr) {
-                                self.cache_insert(&mut st, paddr, data);
-                            }
-                        }
                     }
-                    if let (Some(first), Some(last)) = (batches.first(), batches.last()) {
-                        st.written.push((first.id, last.id, last.record_seq));
-                    }
-                    // Advance the durable mark over every contiguous written range.
-                    while let Some(i) = st
-                        .written
-                        .iter()
-                        .position(|&(first, _, _)| first == st.durable_batch + 1)
-                    {
-                        let (_, last, seq) = st.written.swap_remove(i);
-                        st.durable_batch = last;
-                        st.durable_record_seq = seq;
-                    }
+                    st.journal.published(&batches);
                     st.stats.device_writes += batches.len() as u64;
                     st.stats.device_bytes_written += bytes;
-                    st.check_journal_accounting();
                 }
             }
         }
         self.changed.notify_all();
     }
 
-    pub(crate) fn cache_insert(&self, st: &mut State, paddr: u64, data: Bytes) {
-        let limit = (self.config.cache_bytes / BLOCK as u64) as usize;
-        if limit == 0 {
-            return;
-        }
-        // Blocks written by clients are slices of the network receive buffers they came in;
-        // kept as they are, one cached 4 KiB block would keep its whole (256 KiB or larger)
-        // buffer alive, and the cache budget would bound nothing. Cache a copy of its own.
-        let data = Bytes::copy_from_slice(&data);
-        if st.cache.insert(paddr, data).is_none() {
-            st.fifo.push_back(paddr);
-        }
-        while st.cache.len() > limit {
-            match st.fifo.pop_front() {
-                Some(p) => {
-                    st.cache.remove(&p);
-                }
-                None => break,
-            }
-        }
-        // Keys of entries dropped by invalidation linger in the FIFO: trim them now and then.
-        if st.fifo.len() > 2 * limit + 1024 {
-            let cache = &st.cache;
-            st.fifo.retain(|p| cache.contains_key(p));
-        }
-    }
-
     /// Forgets blocks the index no longer maps.
     pub(crate) fn invalidate_freed(st: &mut State) {
-        let State {
-            index,
-            dirty,
-            cache,
-            ..
-        } = st;
+        let State { index, cache, .. } = st;
         for p in index.take_freed() {
-            dirty.remove(&p);
-            cache.remove(&p);
+            cache.invalidate(p);
         }
     }
 
@@ -662,11 +540,7 @@ impl<D: BlockDevice> NativeStore<D> {
             {
                 let mut st = self.st.borrow_mut();
                 for (l, b) in &blocks {
-                    let hit = st
-                        .dirty
-                        .get(&b.paddr)
-                        .or_else(|| st.cache.get(&b.paddr))
-                        .cloned();
+                    let hit = st.cache.get(b.paddr).cloned();
                     match hit {
                         Some(data) => {
                             st.stats.cache_hits += 1;
@@ -751,12 +625,12 @@ impl<D: BlockDevice> Drop for TakenWrite<'_, D> {
         // the kernel, if any, writes those same bytes).
         let store = self.store;
         let mut st = store.st.borrow_mut();
-        st.writes_in_flight -= 1;
+        st.journal.writes_in_flight -= 1;
         if let Some(first) = self.batches.first() {
-            st.taken_batch = st.taken_batch.min(first.id - 1);
+            st.journal.taken_batch = st.journal.taken_batch.min(first.id - 1);
         }
         for b in self.batches.drain(..).rev() {
-            st.sealed.push_front(b);
+            st.journal.sealed.push_front(b);
         }
         drop(st);
         store.commit_wanted.notify_all();

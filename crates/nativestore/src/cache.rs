@@ -1,0 +1,99 @@
+//! The shard's block cache: data accepted but not yet on the device ("dirty", bounded by
+//! back-pressure, never evicted), and clean copies of written blocks kept for reads and
+//! partial overwrites under a byte budget, evicted first in, first out.
+
+use crate::device::BLOCK;
+use bytes::Bytes;
+use std::collections::{HashMap, VecDeque};
+
+pub(crate) struct BlockCache {
+    dirty: HashMap<u64, Bytes>,
+    dirty_bytes: u64,
+    clean: HashMap<u64, Bytes>,
+    /// Insertion order of `clean`; may hold keys invalidated since (trimmed now and then).
+    fifo: VecDeque<u64>,
+    clean_blocks_max: usize,
+}
+
+impl BlockCache {
+    pub fn new(clean_bytes_max: u64) -> Self {
+        Self {
+            dirty: HashMap::new(),
+            dirty_bytes: 0,
+            clean: HashMap::new(),
+            fifo: VecDeque::new(),
+            clean_blocks_max: (clean_bytes_max / BLOCK as u64) as usize,
+        }
+    }
+
+    /// The data of device block `paddr`, if it is in memory (dirty or clean).
+    pub fn get(&self, paddr: u64) -> Option<&Bytes> {
+        self.dirty.get(&paddr).or_else(|| self.clean.get(&paddr))
+    }
+
+    /// Data placed at `paddr` (a fresh place: the journal never writes one twice) in a batch
+    /// not yet written.
+    pub fn add_dirty(&mut self, paddr: u64, data: Bytes) {
+        debug_assert_eq!(data.len(), BLOCK);
+        let before = self.dirty.insert(paddr, data);
+        assert!(
+            before.is_none(),
+            "block {paddr} placed twice before it was written"
+        );
+        self.dirty_bytes += BLOCK as u64;
+    }
+
+    /// Bytes in batches not yet on the device (invalidated blocks included: their batch
+    /// still carries them until it is written).
+    pub fn dirty_bytes(&self) -> u64 {
+        self.dirty_bytes
+    }
+
+    /// A batch of `blocks` data blocks is on the device now: its blocks stop counting as
+    /// dirty, and those still mapped stay as clean copies.
+    pub fn batch_written(&mut self, blocks: impl Iterator<Item = u64>) {
+        for paddr in blocks {
+            self.dirty_bytes = self
+                .dirty_bytes
+                .checked_sub(BLOCK as u64)
+                .expect("dirty bytes count every block of a batch not yet written");
+            if let Some(data) = self.dirty.remove(&paddr) {
+                self.insert_clean(paddr, data);
+            }
+        }
+    }
+
+    /// Keeps a clean copy of `paddr`, evicting the oldest beyond the budget.
+    pub fn insert_clean(&mut self, paddr: u64, data: Bytes) {
+        let limit = self.clean_blocks_max;
+        if limit == 0 {
+            return;
+        }
+        // Blocks written by clients are slices of the network receive buffers they came in;
+        // kept as they are, one cached 4 KiB block would keep its whole (256 KiB or larger)
+        // buffer alive, and the cache budget would bound nothing. Cache a copy of its own.
+        let data = Bytes::copy_from_slice(&data);
+        if self.clean.insert(paddr, data).is_none() {
+            self.fifo.push_back(paddr);
+        }
+        while self.clean.len() > limit {
+            match self.fifo.pop_front() {
+                Some(p) => {
+                    self.clean.remove(&p);
+                }
+                None => break,
+            }
+        }
+        if self.fifo.len() > 2 * limit + 1024 {
+            let clean = &self.clean;
+            self.fifo.retain(|p| clean.contains_key(p));
+        }
+    }
+
+    /// Forgets a block the index no longer maps. A dirty one still goes to the device with
+    /// its batch (the record holds it), and counts as dirty until then, but is not kept.
+    pub fn invalidate(&mut self, paddr: u64) {
+        self.dirty.remove(&paddr);
+        self.clean.remove(&paddr);
+    }
+}
