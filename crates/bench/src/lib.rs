@@ -180,8 +180,16 @@ pub struct BenchArgs {
     #[arg(long, value_parser = parse_size)]
     pub device_size: Option<u64>,
     /// Native store: acknowledge on O_DIRECT completion, without fdatasync.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "dsync")]
     pub no_fsync: bool,
+    /// Microseconds an idle reactor polls before it sleeps, in the OSDs and in the built-in
+    /// client (default: none). For reactors with a core of their own.
+    #[arg(long)]
+    pub idle_poll_us: Option<u64>,
+    /// Native store: O_DSYNC journal writes (FUA where the device has it) instead of a
+    /// separate fdatasync; still power-loss durable.
+    #[arg(long)]
+    pub dsync: bool,
     /// fio-rbd: the Ceph OSD's object store for the throw-away cluster.
     #[arg(long, default_value = "bluestore", value_parser = ["bluestore", "memstore"])]
     pub ceph_store: String,
@@ -208,6 +216,9 @@ pub struct BenchArgs {
 }
 
 pub fn run(mut a: BenchArgs) -> Result<()> {
+    if let Some(us) = a.idle_poll_us {
+        carmine_reactor::set_idle_poll(std::time::Duration::from_micros(us));
+    }
     match a.action.take() {
         Some(BenchAction::Plan { file, output }) => return plan::run_plan(&file, output),
         Some(BenchAction::Compare { runs, output }) => {
@@ -333,12 +344,14 @@ fn bench_carmine(a: &BenchArgs, cluster_dir: &std::path::Path) -> Result<Run> {
         memory_limit: (a.volume_size * 2).max(1 << 30),
         device_size: Some(a.device_size.unwrap_or((a.volume_size * 2).max(2 << 30))),
         no_fsync: a.no_fsync,
+        dsync: a.dsync,
         exe: None,
         cpu_policy: a.cpu_policy,
         cpu_set: Some(a.osd_cpu.clone()),
         no_pin: false,
         recovery_rate_mib: None,
         recovery_busy_rate_mib: None,
+        idle_poll_us: a.idle_poll_us,
         pool: Some("rbd".into()),
         pg_num: Some(64),
         size: Some(a.size),

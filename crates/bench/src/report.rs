@@ -80,6 +80,10 @@ pub struct Run {
     /// `memory`, or `native` (with `fsync` false when acknowledged without fdatasync).
     pub store: String,
     pub fsync: bool,
+    /// With `fsync`: O_DSYNC journal writes instead of a separate fdatasync.
+    pub dsync: bool,
+    /// Microseconds idle reactors (OSDs and built-in client) poll before sleeping.
+    pub idle_poll_us: u64,
     pub latency_target_ms: f64,
     pub rows: Vec<Row>,
     /// OSD and client usage sampled every half second over the sweep (after the prefill).
@@ -128,6 +132,8 @@ impl Run {
             cpu_policy: a.cpu_policy.to_string(),
             store: a.store.clone(),
             fsync: !a.no_fsync,
+            dsync: a.dsync,
+            idle_poll_us: a.idle_poll_us.unwrap_or(0),
             latency_target_ms: a.latency_target_ms,
             rows,
             timeline: Vec::new(),
@@ -167,8 +173,12 @@ fn system(run: &Run) -> String {
             ),
         };
     }
+    let idle_poll = match run.idle_poll_us {
+        0 => String::new(),
+        us => format!(", idle reactors poll {us} µs before sleeping"),
+    };
     format!(
-        "Carmine, {} OSD(s) x {} reactor(s), {} on cpu {} (cpu policy {}), {} store",
+        "Carmine, {} OSD(s) x {} reactor(s), {} on cpu {} (cpu policy {}), {} store{idle_poll}",
         run.osds,
         run.reactors,
         match run.size {
@@ -178,6 +188,7 @@ fn system(run: &Run) -> String {
         run.osd_cpu,
         run.cpu_policy,
         match (run.store.as_str(), run.fsync) {
+            ("native", true) if run.dsync => "native (O_DSYNC journal writes)",
             ("native", true) => "native (fdatasync per group commit)",
             ("native", false) => "native (no fdatasync: process-crash durability)",
             ("", _) => "memory",

@@ -59,8 +59,12 @@ pub struct UpArgs {
     pub device_size: Option<u64>,
     /// Native store: acknowledge after O_DIRECT completion only (no fdatasync): survives a
     /// process crash, not power loss.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "dsync")]
     pub no_fsync: bool,
+    /// Native store: O_DSYNC journal writes (FUA where the device has it) instead of a
+    /// separate fdatasync; still power-loss durable.
+    #[arg(long)]
+    pub dsync: bool,
     /// Memory budget per reactor shard.
     #[arg(long, default_value = "2G", value_parser = parse_size)]
     pub memory_limit: u64,
@@ -84,6 +88,10 @@ pub struct UpArgs {
     /// 0: the rate above).
     #[arg(long)]
     pub recovery_busy_rate_mib: Option<u64>,
+    /// Microseconds an idle OSD reactor polls before it sleeps (the OSDs' default, 0, if not
+    /// given): for reactors with a core of their own.
+    #[arg(long)]
+    pub idle_poll_us: Option<u64>,
     /// Name of the pool created with the cluster [rbd].
     #[arg(long)]
     pub pool: Option<String>,
@@ -1034,6 +1042,8 @@ fn start_osd(
         }
         if a.no_fsync {
             cmd.arg("--durability").arg("process-crash");
+        } else if a.dsync {
+            cmd.arg("--durability").arg("power-loss-dsync");
         }
     }
     cmd.arg("--memory-limit")
@@ -1051,6 +1061,9 @@ fn start_osd(
     }
     if let Some(r) = a.recovery_busy_rate_mib {
         cmd.arg("--recovery-busy-rate-mib").arg(r.to_string());
+    }
+    if let Some(us) = a.idle_poll_us {
+        cmd.arg("--idle-poll-us").arg(us.to_string());
     }
     // Own process group: a Ctrl-C aimed at the shell does not take the cluster down.
     use std::os::unix::process::CommandExt;

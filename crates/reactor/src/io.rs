@@ -36,12 +36,14 @@ pub async fn read_some<S: Socket>(
         buf.reserve(min_spare);
     }
     let BufResult(res, uninit) = stream.read(buf.uninit()).await;
+    crate::load::note_activity();
     (res, uninit.into_inner())
 }
 
 /// Writes all of `buf`, then hands it back cleared for reuse.
 pub async fn write_all<S: Socket>(stream: &mut S, buf: BytesMut) -> (io::Result<()>, BytesMut) {
     let BufResult(res, mut buf) = stream.write_all(buf).await;
+    crate::load::note_activity();
     buf.clear();
     (res, buf)
 }
@@ -65,6 +67,7 @@ pub async fn write_all_noting<S: Socket>(
             Ok(n) => {
                 done += n;
                 progress.set(progress.get() + 1);
+                crate::load::note_activity();
             }
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
             Err(e) => break Err(e),

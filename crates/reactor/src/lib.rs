@@ -16,7 +16,7 @@ mod thread;
 mod watchdog;
 
 pub use fifo::{FifoGuard, FifoLock};
-pub use load::{block_on_measured, LoadShare, LoadSnapshot, ReactorLoad};
+pub use load::{block_on_measured, set_idle_poll, LoadShare, LoadSnapshot, ReactorLoad};
 pub use mailbox::{mailbox, Mailbox, MailboxSender};
 pub use notify::Doorbell;
 pub use thread::{spawn_reactor, spawn_reactor_in, ReactorHandle};
@@ -33,7 +33,8 @@ pub fn block_on<F: std::future::Future>(fut: F) -> F::Output {
     rt.block_on(fut)
 }
 
-/// A runtime for the current thread. Idle reactors sleep in the kernel (no busy polling).
+/// A runtime for the current thread. Idle reactors sleep in the kernel, after polling for the
+/// idle-poll time if one is set ([`set_idle_poll`]; none by default).
 ///
 /// The ring is set up for exactly one submitting thread: SINGLE_ISSUER, DEFER_TASKRUN
 /// (completion work runs only when the reactor waits for it, not as interrupts in the middle of
