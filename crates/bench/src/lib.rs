@@ -186,6 +186,9 @@ pub struct BenchArgs {
     /// client (default: none). For reactors with a core of their own.
     #[arg(long)]
     pub idle_poll_us: Option<u64>,
+    /// Native store: journal writes in flight per shard (default: the OSDs' own, 1).
+    #[arg(long)]
+    pub journal_writes: Option<u32>,
     /// Native store: O_DSYNC journal writes (FUA where the device has it) instead of a
     /// separate fdatasync; still power-loss durable.
     #[arg(long)]
@@ -352,6 +355,7 @@ fn bench_carmine(a: &BenchArgs, cluster_dir: &std::path::Path) -> Result<Run> {
         recovery_rate_mib: None,
         recovery_busy_rate_mib: None,
         idle_poll_us: a.idle_poll_us,
+        journal_writes: a.journal_writes,
         pool: Some("rbd".into()),
         pg_num: Some(64),
         size: Some(a.size),

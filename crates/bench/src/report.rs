@@ -84,6 +84,8 @@ pub struct Run {
     pub dsync: bool,
     /// Microseconds idle reactors (OSDs and built-in client) poll before sleeping.
     pub idle_poll_us: u64,
+    /// Native store: journal writes in flight per shard, if not the OSDs' default.
+    pub journal_writes: Option<u32>,
     pub latency_target_ms: f64,
     pub rows: Vec<Row>,
     /// OSD and client usage sampled every half second over the sweep (after the prefill).
@@ -134,6 +136,7 @@ impl Run {
             fsync: !a.no_fsync,
             dsync: a.dsync,
             idle_poll_us: a.idle_poll_us.unwrap_or(0),
+            journal_writes: a.journal_writes,
             latency_target_ms: a.latency_target_ms,
             rows,
             timeline: Vec::new(),
@@ -173,10 +176,13 @@ fn system(run: &Run) -> String {
             ),
         };
     }
-    let idle_poll = match run.idle_poll_us {
+    let mut idle_poll = match run.idle_poll_us {
         0 => String::new(),
         us => format!(", idle reactors poll {us} µs before sleeping"),
     };
+    if let Some(n) = run.journal_writes {
+        idle_poll += &format!(", {n} journal writes in flight per shard");
+    }
     format!(
         "Carmine, {} OSD(s) x {} reactor(s), {} on cpu {} (cpu policy {}), {} store{idle_poll}",
         run.osds,

@@ -58,6 +58,7 @@ pub fn run(a: DemoArgs) -> Result<()> {
         recovery_rate_mib: None,
         recovery_busy_rate_mib: None,
         idle_poll_us: None,
+        journal_writes: None,
         pool: Some("rbd".into()),
         pg_num: Some(64),
         size: Some(1),

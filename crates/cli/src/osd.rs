@@ -82,6 +82,11 @@ pub struct OsdArgs {
     /// Native store: data cache per reactor shard.
     #[arg(long, default_value = "64M", value_parser = parse_size)]
     pub cache: u64,
+    /// Native store: journal writes (a write of gathered records and its sync) in flight at
+    /// once per shard. More overlaps the next write with the current sync, at the price of
+    /// smaller group commits.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=8))]
+    pub journal_writes: u32,
     /// Native store: when a write is acknowledged.
     #[arg(long, value_enum, default_value = "power-loss")]
     pub durability: Durability,
@@ -426,6 +431,7 @@ fn native_store(a: &OsdArgs, reactors: u32) -> Result<StoreConfig> {
         device,
         config: carmine_nativestore::NativeConfig {
             cache_bytes: a.cache,
+            journal_writes_max: a.journal_writes,
             ..Default::default()
         },
         sync: match a.durability {

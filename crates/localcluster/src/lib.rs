@@ -92,6 +92,9 @@ pub struct UpArgs {
     /// given): for reactors with a core of their own.
     #[arg(long)]
     pub idle_poll_us: Option<u64>,
+    /// Native store: journal writes in flight per shard (the OSDs' default, 1, if not given).
+    #[arg(long)]
+    pub journal_writes: Option<u32>,
     /// Name of the pool created with the cluster [rbd].
     #[arg(long)]
     pub pool: Option<String>,
@@ -1064,6 +1067,9 @@ fn start_osd(
     }
     if let Some(us) = a.idle_poll_us {
         cmd.arg("--idle-poll-us").arg(us.to_string());
+    }
+    if let Some(n) = a.journal_writes {
+        cmd.arg("--journal-writes").arg(n.to_string());
     }
     // Own process group: a Ctrl-C aimed at the shell does not take the cluster down.
     use std::os::unix::process::CommandExt;
