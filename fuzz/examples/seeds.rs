@@ -761,6 +761,14 @@ fn auth(c: &mut Corpus) {
     c.put("auth_handshake", "proof", &b);
 }
 
+/// B+tree nodes: a full leaf, an empty leaf, an inner node.
+fn tree_nodes(c: &mut Corpus) {
+    for (i, block) in carmine_btree::fuzzing::sample_nodes().iter().enumerate() {
+        assert!(carmine_btree::fuzzing::decode_and_reencode(block).is_some());
+        c.put_both("tree_node", &format!("node{i}"), block, block.len() - 4);
+    }
+}
+
 fn main() {
     let root = std::env::args()
         .nth(1)
@@ -775,5 +783,6 @@ fn main() {
     store_blocks(&mut c);
     journal(&mut c);
     auth(&mut c);
+    tree_nodes(&mut c);
     println!("wrote {} seeds under {}", c.written, c.root.display());
 }

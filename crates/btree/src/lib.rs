@@ -1,0 +1,632 @@
+//! A copy-on-write B+tree of 4 KiB checksummed nodes, loaded on demand — the native store's
+//! second-generation metadata (decision 0013, step 1). Pure code: no I/O.
+//!
+//! - Nodes live in memory while loaded; a node the tree needs but does not hold makes the
+//!   operation fail with [`TreeError::Need`] *before anything changed*: the caller reads that
+//!   block, hands it to [`Tree::load`] and tries again. So the tree never blocks and never
+//!   does I/O, and the store decides where and when to read.
+//! - Changing a node makes it and every node above it dirty. [`Tree::flush`] writes the dirty
+//!   nodes bottom up, each to a new place the caller chooses (never over its old copy), and
+//!   returns the new root, the blocks to write, and the places no longer referenced (to be
+//!   reused once the new root is durable).
+//! - [`Tree::evict_clean`] drops loaded nodes that equal their copy on the device.
+//!
+//! Deletion removes empty nodes but does not merge underfull siblings: a tree that shrinks
+//! keeps some slack until its keys are written again. Keys and values have bounded sizes
+//! ([`KEY_MAX`], [`VALUE_MAX`]) so any two entries fit a node.
+
+mod node;
+
+use node::{Body, Node, Ptr, ROOM};
+pub use node::{NodeError, Paddr, KEY_MAX, NODE_SIZE, VALUE_MAX};
+
+/// A node an operation needs is on the device only.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Need {
+    pub paddr: Paddr,
+    /// A key that leads to it from the root: what [`Tree::load`] follows.
+    pub key: Vec<u8>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TreeError {
+    #[error("tree node at {} is not loaded", .0.paddr)]
+    Need(Need),
+    #[error("key of {0} bytes (at most {KEY_MAX})")]
+    KeyTooLong(usize),
+    #[error("value of {0} bytes (at most {VALUE_MAX})")]
+    ValueTooLong(usize),
+}
+
+/// Why [`Tree::load`] refused a block.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum LoadError {
+    #[error(transparent)]
+    Node(#[from] NodeError),
+    #[error("no unloaded node at {paddr} on the way to that key")]
+    NotWanted { paddr: Paddr },
+    #[error("node at {paddr} is at level {found}, its parent expects {expected}")]
+    WrongLevel {
+        paddr: Paddr,
+        found: u8,
+        expected: u8,
+    },
+}
+
+/// What [`Tree::flush`] produced.
+#[derive(Debug, Default)]
+pub struct Flushed {
+    pub root: Paddr,
+    /// Blocks to write, children before their parents.
+    pub writes: Vec<(Paddr, Vec<u8>)>,
+    /// Places the tree no longer references once `root` is the root: free them only after
+    /// the checkpoint naming `root` is durable.
+    pub freed: Vec<Paddr>,
+}
+
+pub struct Tree {
+    nodes: Vec<Option<Node>>,
+    free_ids: Vec<usize>,
+    root: Ptr,
+    /// The level the root must have when it is loaded from the device (`None`: any).
+    root_level: Option<u8>,
+    /// Device copies of nodes removed from the tree since the last flush.
+    removed: Vec<Paddr>,
+}
+
+impl Default for Tree {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Tree {
+    /// An empty tree (one empty leaf, dirty).
+    pub fn new() -> Self {
+        Tree {
+            nodes: vec![Some(Node::leaf())],
+            free_ids: Vec::new(),
+            root: Ptr::Mem(0),
+            root_level: Some(0),
+            removed: Vec::new(),
+        }
+    }
+
+    /// The tree whose root node is at `root` on the device; nothing loaded yet.
+    pub fn open(root: Paddr) -> Self {
+        Tree {
+            nodes: Vec::new(),
+            free_ids: Vec::new(),
+            root: Ptr::Disk(root),
+            root_level: None,
+            removed: Vec::new(),
+        }
+    }
+
+    /// Nodes held in memory.
+    pub fn loaded(&self) -> usize {
+        self.nodes.len() - self.free_ids.len()
+    }
+
+    /// Whether anything changed since the last flush.
+    pub fn is_dirty(&self) -> bool {
+        match self.root {
+            Ptr::Disk(_) => false,
+            Ptr::Mem(id) => self.node(id).dirty,
+        }
+    }
+
+    fn node(&self, id: usize) -> &Node {
+        self.nodes[id].as_ref().expect("live node id")
+    }
+
+    fn node_mut(&mut self, id: usize) -> &mut Node {
+        self.nodes[id].as_mut().expect("live node id")
+    }
+
+    fn alloc(&mut self, n: Node) -> usize {
+        match self.free_ids.pop() {
+            Some(id) => {
+                self.nodes[id] = Some(n);
+                id
+            }
+            None => {
+                self.nodes.push(Some(n));
+                self.nodes.len() - 1
+            }
+        }
+    }
+
+    fn release(&mut self, id: usize) {
+        let n = self.nodes[id].take().expect("live node id");
+        if let Some(p) = n.disk {
+            self.removed.push(p);
+        }
+        self.free_ids.push(id);
+    }
+
+    /// The loaded nodes from the root to the leaf that holds `key`, each with the index of
+    /// the child taken from it.
+    fn descend(&self, key: &[u8]) -> Result<Vec<(usize, usize)>, TreeError> {
+        let mut path = Vec::new();
+        let mut ptr = self.root;
+        loop {
+            let id = match ptr {
+                Ptr::Disk(paddr) => {
+                    return Err(TreeError::Need(Need {
+                        paddr,
+                        key: key.to_vec(),
+                    }))
+                }
+                Ptr::Mem(id) => id,
+            };
+            let n = self.node(id);
+            match &n.body {
+                Body::Leaf(_) => {
+                    path.push((id, 0));
+                    return Ok(path);
+                }
+                Body::Inner(children) => {
+                    let i = n.child_for(key);
+                    path.push((id, i));
+                    ptr = children[i];
+                }
+            }
+        }
+    }
+
+    pub fn get(&self, key: &[u8]) -> Result<Option<&[u8]>, TreeError> {
+        let path = self.descend(key)?;
+        let leaf = self.node(path.last().expect("a path ends in a leaf").0);
+        let Body::Leaf(vals) = &leaf.body else {
+            unreachable!("descend ends in a leaf")
+        };
+        Ok(leaf
+            .keys
+            .binary_search_by(|k| k.as_slice().cmp(key))
+            .ok()
+            .map(|i| vals[i].as_slice()))
+    }
+
+    fn make_dirty(&mut self, path: &[(usize, usize)]) {
+        for &(id, _) in path {
+            self.node_mut(id).dirty = true;
+        }
+    }
+
+    /// Sets `key` to `value`; returns the value it replaced.
+    pub fn insert(&mut self, key: &[u8], value: &[u8]) -> Result<Option<Vec<u8>>, TreeError> {
+        if key.len() > KEY_MAX {
+            return Err(TreeError::KeyTooLong(key.len()));
+        }
+        if value.len() > VALUE_MAX {
+            return Err(TreeError::ValueTooLong(value.len()));
+        }
+        let path = self.descend(key)?;
+        self.make_dirty(&path);
+        // A key below an inner node's first bound goes to its first child: lower the bound,
+        // so every bound stays at most every key below it (a split of that child must not
+        // hand its parent a bound equal to, or below, the first one).
+        for &(id, at) in &path[..path.len() - 1] {
+            let n = self.node_mut(id);
+            if at == 0 && key < n.keys[0].as_slice() {
+                n.keys[0] = key.to_vec();
+            }
+        }
+        let leaf_id = path.last().expect("a path ends in a leaf").0;
+        let leaf = self.node_mut(leaf_id);
+        let Body::Leaf(vals) = &mut leaf.body else {
+            unreachable!("descend ends in a leaf")
+        };
+        let old = match leaf.keys.binary_search_by(|k| k.as_slice().cmp(key)) {
+            Ok(i) => Some(std::mem::replace(&mut vals[i], value.to_vec())),
+            Err(i) => {
+                leaf.keys.insert(i, key.to_vec());
+                vals.insert(i, value.to_vec());
+                None
+            }
+        };
+        self.split_overfull(&path);
+        Ok(old)
+    }
+
+    /// Splits the nodes of `path` that no longer fit, from the leaf up.
+    fn split_overfull(&mut self, path: &[(usize, usize)]) {
+        for depth in (0..path.len()).rev() {
+            let (id, _) = path[depth];
+            if self.node(id).used() <= ROOM {
+                return;
+            }
+            let right = self.node_mut(id).split_off_upper();
+            let right_key = right.keys[0].clone();
+            let rid = self.alloc(right);
+            if depth == 0 {
+                let left = self.node(id);
+                let root = Node {
+                    level: left.level + 1,
+                    keys: vec![left.keys[0].clone(), right_key],
+                    body: Body::Inner(vec![Ptr::Mem(id), Ptr::Mem(rid)]),
+                    disk: None,
+                    dirty: true,
+                };
+                let root_id = self.alloc(root);
+                self.root = Ptr::Mem(root_id);
+                self.root_level = None;
+                return;
+            }
+            let (parent, at) = path[depth - 1];
+            let p = self.node_mut(parent);
+            p.keys.insert(at + 1, right_key);
+            let Body::Inner(children) = &mut p.body else {
+                unreachable!("a parent is an inner node")
+            };
+            children.insert(at + 1, Ptr::Mem(rid));
+        }
+    }
+
+    /// Removes `key`; returns its value.
+    pub fn remove(&mut self, key: &[u8]) -> Result<Option<Vec<u8>>, TreeError> {
+        let path = self.descend(key)?;
+        let leaf_id = path.last().expect("a path ends in a leaf").0;
+        let Ok(i) = self
+            .node(leaf_id)
+            .keys
+            .binary_search_by(|k| k.as_slice().cmp(key))
+        else {
+            return Ok(None);
+        };
+        self.make_dirty(&path);
+        let leaf = self.node_mut(leaf_id);
+        leaf.keys.remove(i);
+        let Body::Leaf(vals) = &mut leaf.body else {
+            unreachable!("descend ends in a leaf")
+        };
+        let old = vals.remove(i);
+        // Empty nodes leave their parents, up to (not including) the root.
+        for depth in (1..path.len()).rev() {
+            let (id, _) = path[depth];
+            if self.node(id).len() > 0 {
+                break;
+            }
+            self.release(id);
+            let (parent, at) = path[depth - 1];
+            let p = self.node_mut(parent);
+            p.keys.remove(at);
+            let Body::Inner(children) = &mut p.body else {
+                unreachable!("a parent is an inner node")
+            };
+            children.remove(at);
+        }
+        self.collapse_root();
+        Ok(Some(old))
+    }
+
+    /// A root with one loaded child gives way to it; an inner root left without children
+    /// becomes an empty leaf.
+    fn collapse_root(&mut self) {
+        while let Ptr::Mem(id) = self.root {
+            let n = self.node(id);
+            let Body::Inner(children) = &n.body else {
+                return;
+            };
+            match children.as_slice() {
+                [] => {
+                    let mut leaf = Node::leaf();
+                    leaf.disk = n.disk;
+                    *self.node_mut(id) = leaf;
+                    self.root_level = Some(0);
+                    return;
+                }
+                [Ptr::Mem(child)] => {
+                    let child = *child;
+                    self.release(id);
+                    self.node_mut(child).dirty = true;
+                    self.root = Ptr::Mem(child);
+                    self.root_level = None;
+                }
+                _ => return,
+            }
+        }
+    }
+
+    /// Up to `limit` entries with keys from `from` (inclusive) to `to` (exclusive; `None`:
+    /// the end), in order.
+    #[allow(clippy::type_complexity)]
+    pub fn range(
+        &self,
+        from: &[u8],
+        to: Option<&[u8]>,
+        limit: usize,
+    ) -> Result<Vec<(Vec<u8>, Vec<u8>)>, TreeError> {
+        let mut out = Vec::new();
+        self.collect(self.root, from, from, to, limit, &mut out)?;
+        Ok(out)
+    }
+
+    fn collect(
+        &self,
+        ptr: Ptr,
+        route: &[u8],
+        from: &[u8],
+        to: Option<&[u8]>,
+        limit: usize,
+        out: &mut Vec<(Vec<u8>, Vec<u8>)>,
+    ) -> Result<(), TreeError> {
+        let id = match ptr {
+            Ptr::Disk(paddr) => {
+                return Err(TreeError::Need(Need {
+                    paddr,
+                    key: route.to_vec(),
+                }))
+            }
+            Ptr::Mem(id) => id,
+        };
+        let n = self.node(id);
+        match &n.body {
+            Body::Leaf(vals) => {
+                let start = n.keys.partition_point(|k| k.as_slice() < from);
+                for (k, v) in n.keys.iter().zip(vals).skip(start) {
+                    if out.len() >= limit || to.is_some_and(|t| k.as_slice() >= t) {
+                        break;
+                    }
+                    out.push((k.clone(), v.clone()));
+                }
+            }
+            Body::Inner(children) => {
+                let first = n.child_for(from);
+                for (i, (k, child)) in n.keys.iter().zip(children).enumerate().skip(first) {
+                    if out.len() >= limit || to.is_some_and(|t| k.as_slice() >= t) {
+                        break;
+                    }
+                    // The route to a child: `from` for the first one visited (it holds
+                    // `from`), else the child's own lower bound.
+                    let route = if i == first { route } else { k.as_slice() };
+                    self.collect(*child, route, from, to, limit, out)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Takes the block of a node an operation needed (`need`, from a [`TreeError::Need`]):
+    /// checks it and hangs it where the tree expects it.
+    pub fn load(&mut self, need: &Need, block: &[u8]) -> Result<(), LoadError> {
+        let mut ptr = self.root;
+        let mut parent: Option<(usize, usize)> = None;
+        loop {
+            match ptr {
+                Ptr::Disk(p) if p == need.paddr => break,
+                Ptr::Disk(p) => return Err(LoadError::NotWanted { paddr: p }),
+                Ptr::Mem(id) => {
+                    let n = self.node(id);
+                    let Body::Inner(children) = &n.body else {
+                        return Err(LoadError::NotWanted { paddr: need.paddr });
+                    };
+                    let i = n.child_for(&need.key);
+                    parent = Some((id, i));
+                    ptr = children[i];
+                }
+            }
+        }
+        let node = Node::decode(need.paddr, block)?;
+        let expected = match parent {
+            Some((pid, _)) => Some(self.node(pid).level - 1),
+            None => self.root_level,
+        };
+        if let Some(expected) = expected {
+            if node.level != expected {
+                return Err(LoadError::WrongLevel {
+                    paddr: need.paddr,
+                    found: node.level,
+                    expected,
+                });
+            }
+        }
+        let id = self.alloc(node);
+        match parent {
+            None => {
+                self.root = Ptr::Mem(id);
+                self.root_level = None;
+            }
+            Some((pid, i)) => {
+                let Body::Inner(children) = &mut self.node_mut(pid).body else {
+                    unreachable!("checked above")
+                };
+                children[i] = Ptr::Mem(id);
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes every dirty node to a new place from `place`, children first.
+    pub fn flush(&mut self, place: &mut dyn FnMut() -> Paddr) -> Flushed {
+        let mut out = Flushed {
+            freed: std::mem::take(&mut self.removed),
+            ..Flushed::default()
+        };
+        out.root = match self.root {
+            Ptr::Disk(p) => p,
+            Ptr::Mem(id) => self.flush_node(id, place, &mut out),
+        };
+        out
+    }
+
+    fn flush_node(
+        &mut self,
+        id: usize,
+        place: &mut dyn FnMut() -> Paddr,
+        out: &mut Flushed,
+    ) -> Paddr {
+        let n = self.node(id);
+        if !n.dirty {
+            // Clean: so is everything loaded below it (changes dirty the whole path).
+            return n.disk.expect("a clean node has a copy on the device");
+        }
+        if let Body::Inner(children) = &n.body {
+            let loaded: Vec<usize> = children
+                .iter()
+                .filter_map(|c| match c {
+                    Ptr::Mem(cid) => Some(*cid),
+                    Ptr::Disk(_) => None,
+                })
+                .collect();
+            for cid in loaded {
+                self.flush_node(cid, place, out);
+            }
+        }
+        let new = place();
+        let n = self.node(id);
+        let block = n.encode(|c| match c {
+            Ptr::Disk(p) => p,
+            Ptr::Mem(cid) => self.node(cid).disk.expect("children were flushed first"),
+        });
+        let old = n.disk;
+        out.freed.extend(old);
+        out.writes.push((new, block));
+        let n = self.node_mut(id);
+        n.disk = Some(new);
+        n.dirty = false;
+        new
+    }
+
+    /// Drops every loaded node below the root that equals its copy on the device and has no
+    /// loaded child: repeated, whole clean subtrees go. Returns how many were dropped.
+    pub fn evict_clean(&mut self) -> usize {
+        let Ptr::Mem(root) = self.root else {
+            return 0;
+        };
+        self.evict_below(root)
+    }
+
+    fn evict_below(&mut self, id: usize) -> usize {
+        let Body::Inner(children) = &self.node(id).body else {
+            return 0;
+        };
+        let children: Vec<(usize, usize)> = children
+            .iter()
+            .enumerate()
+            .filter_map(|(i, c)| match c {
+                Ptr::Mem(cid) => Some((i, *cid)),
+                Ptr::Disk(_) => None,
+            })
+            .collect();
+        let mut dropped = 0;
+        for (i, cid) in children {
+            dropped += self.evict_below(cid);
+            let c = self.node(cid);
+            let childless = match &c.body {
+                Body::Leaf(_) => true,
+                Body::Inner(cc) => cc.iter().all(|p| matches!(p, Ptr::Disk(_))),
+            };
+            if !c.dirty && childless {
+                let paddr = c.disk.expect("a clean node has a copy on the device");
+                self.nodes[cid] = None;
+                self.free_ids.push(cid);
+                let Body::Inner(cs) = &mut self.node_mut(id).body else {
+                    unreachable!("checked above")
+                };
+                cs[i] = Ptr::Disk(paddr);
+                dropped += 1;
+            }
+        }
+        dropped
+    }
+}
+
+/// For the fuzz target of the node decoder (`fuzz/fuzz_targets/tree_node.rs`).
+#[doc(hidden)]
+pub mod fuzzing {
+    use crate::node::{Node, Ptr};
+
+    /// Decodes `block` as the node at place 1 and, if it decodes, encodes it again.
+    pub fn decode_and_reencode(block: &[u8]) -> Option<Vec<u8>> {
+        let n = Node::decode(1, block).ok()?;
+        Some(n.encode(|c| match c {
+            Ptr::Disk(p) => p,
+            Ptr::Mem(_) => unreachable!("a decoded node has only device children"),
+        }))
+    }
+
+    /// Blocks of real nodes (a full leaf, an inner node, an empty leaf), for the fuzzer's
+    /// seeds.
+    pub fn sample_nodes() -> Vec<Vec<u8>> {
+        let mut t = crate::Tree::new();
+        for i in 0..120u32 {
+            t.insert(format!("object-{i:04}").as_bytes(), &[i as u8; 48])
+                .expect("small entries fit");
+        }
+        let mut next = 0;
+        let mut writes = t
+            .flush(&mut || {
+                next += 1;
+                next
+            })
+            .writes;
+        // Children are written before their parents: the first is a leaf, the last the root.
+        let root = writes.pop().expect("the root is written").1;
+        let leaf = writes.swap_remove(0).1;
+        let empty = crate::Tree::new().flush(&mut || 1).writes.remove(0).1;
+        vec![leaf, root, empty]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    #[test]
+    fn grows_splits_flushes_and_reloads() {
+        let mut t = Tree::new();
+        for i in 0..2000u32 {
+            let k = format!("key-{i:06}");
+            t.insert(k.as_bytes(), &[i as u8; 40]).unwrap();
+        }
+        let mut next = 100;
+        let mut place = || {
+            next += 1;
+            next
+        };
+        let f = t.flush(&mut place);
+        assert!(
+            f.writes.len() > 20,
+            "2,000 entries of ~50 bytes need many nodes"
+        );
+        let dev: HashMap<Paddr, Vec<u8>> = f.writes.into_iter().collect();
+        let mut t = Tree::open(f.root);
+        let mut loads = 0;
+        let got = loop {
+            match t.get(b"key-001234") {
+                Ok(v) => break v.map(<[u8]>::to_vec),
+                Err(TreeError::Need(n)) => {
+                    t.load(&n, &dev[&n.paddr]).unwrap();
+                    loads += 1;
+                }
+                Err(e) => panic!("{e}"),
+            }
+        };
+        assert_eq!(got, Some(vec![1234u32 as u8; 40]));
+        assert!(
+            loads >= 2 && t.loaded() == loads,
+            "only the path was loaded"
+        );
+    }
+
+    #[test]
+    fn a_damaged_node_is_refused() {
+        let mut t = Tree::new();
+        t.insert(b"a", b"1").unwrap();
+        let f = t.flush(&mut || 7);
+        let mut block = f.writes[0].1.clone();
+        block[40] ^= 1;
+        let mut t = Tree::open(7);
+        let Err(TreeError::Need(n)) = t.get(b"a") else {
+            panic!("the root is not loaded")
+        };
+        assert_eq!(
+            t.load(&n, &block),
+            Err(LoadError::Node(NodeError::Checksum { paddr: 7 }))
+        );
+        assert_eq!(t.loaded(), 0);
+    }
+}
