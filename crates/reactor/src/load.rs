@@ -208,12 +208,14 @@ fn run_loop<F: Future>(
             }
             if rt.run() {
                 rt.poll_with(Some(Duration::ZERO));
-            } else if idle_poll > 0 {
+                continue;
+            }
+            let mut runnable = false;
+            if idle_poll > 0 {
                 // Poll before sleeping; any socket I/O completed meanwhile starts the window
                 // again, so a reactor that serves one request at a time stays awake.
                 let mut seen = activity();
                 let mut until = Instant::now() + Duration::from_nanos(idle_poll);
-                let mut runnable = false;
                 while Instant::now() < until {
                     rt.poll_with(Some(Duration::ZERO));
                     if let Poll::Ready(out) = fut.as_mut().poll(&mut cx) {
@@ -231,15 +233,8 @@ fn run_loop<F: Future>(
                     }
                     std::hint::spin_loop();
                 }
-                if !runnable {
-                    let asleep = Instant::now();
-                    load.going_to_sleep(asleep - awake_since, asleep);
-                    rt.poll();
-                    let woke = Instant::now();
-                    load.woke(woke - asleep, woke);
-                    awake_since = woke;
-                }
-            } else {
+            }
+            if !runnable {
                 let asleep = Instant::now();
                 load.going_to_sleep(asleep - awake_since, asleep);
                 rt.poll();
