@@ -126,11 +126,17 @@ fn requests() -> Vec<Request> {
             },
             OsdOp::Remove,
         ]),
+        Request::MarkUnfoundLost {
+            pool: 1,
+            pg_seed: 0x1f,
+            epoch: 9,
+        },
     ]
 }
 
 fn responses() -> Vec<Response> {
     vec![
+        Response::MarkedLost { objects: 15 },
         Response::Pong {
             payload: Bytes::from_static(b"ping"),
         },
@@ -163,6 +169,7 @@ fn opcode_index(op: Opcode) -> u8 {
         Opcode::Auth => 4,
         Opcode::Peer => 5,
         Opcode::Scrub => 6,
+        Opcode::MarkLost => 7,
     }
 }
 
@@ -193,6 +200,7 @@ fn wire(c: &mut Corpus) {
             Request::Fence { .. } => Opcode::Fence,
             Request::Object(_) => Opcode::Object,
             Request::Scrub { .. } => Opcode::Scrub,
+            Request::MarkUnfoundLost { .. } => Opcode::MarkLost,
         };
         c.put("frame_decoder", &format!("request{i}"), &b);
         c.put(
@@ -211,6 +219,7 @@ fn wire(c: &mut Corpus) {
             Response::Fenced => Opcode::Fence,
             Response::Object { .. } => Opcode::Object,
             Response::Scrubbed(_) => Opcode::Scrub,
+            Response::MarkedLost { .. } => Opcode::MarkLost,
         };
         c.put("frame_decoder", &format!("response{i}"), &b);
         c.put(

@@ -43,7 +43,8 @@ fuzz_target!(|data: &[u8]| {
         Opcode::Auth,
         Opcode::Peer,
         Opcode::Scrub,
-    ][(sel as usize >> 1) % 7];
+        Opcode::MarkLost,
+    ][(sel as usize >> 1) % 8];
     // Mostly OK; error replies and unknown status codes otherwise.
     let status = if sel & 0x80 == 0 { 0 } else { c.u8() as u16 };
     let request_id = c.u64();

@@ -1,5 +1,6 @@
 //! `carmine pg scrub|deep-scrub|repair`: compare a PG's copies at its primary, and rewrite the
-//! bad ones, on demand. Scheduled scrubs run in the OSDs on their own.
+//! bad ones, on demand. Scheduled scrubs run in the OSDs on their own. `carmine pg
+//! mark-unfound-lost`: give up the objects no copy holds, so their PG serves again.
 
 use crate::size::format_size;
 use anyhow::{bail, Context, Result};
@@ -16,6 +17,10 @@ pub enum PgCommand {
     DeepScrub(ScrubArgs),
     /// A deep scrub that rewrites each bad copy from a good one, then looks again.
     Repair(ScrubArgs),
+    /// Give up the objects a PG waits for that no reachable copy holds (`cluster status`
+    /// counts them as unfound): they are deleted, and the PG serves its other objects again.
+    /// Their data is lost for good; bring back any OSD that may hold them first.
+    MarkUnfoundLost(ScrubArgs),
 }
 
 #[derive(Args, Debug)]
@@ -41,23 +46,55 @@ fn parse_pgid(s: &str) -> Result<(u32, u32)> {
     ))
 }
 
+/// The PGs `args` names: one, or every PG of a pool.
+fn named_pgs(client: &Client, args: &ScrubArgs) -> Result<Vec<(u32, u32)>> {
+    Ok(match (&args.pgid, &args.pool) {
+        (Some(id), _) => vec![parse_pgid(id)?],
+        (None, Some(name)) => {
+            let map = client.map();
+            let pool = map.pool(client.pool_id(name)?)?;
+            (0..pool.pg_num).map(|s| (pool.id, s)).collect()
+        }
+        (None, None) => bail!("give a PG id or --pool"),
+    })
+}
+
+fn mark_unfound_lost(args: ScrubArgs) -> Result<()> {
+    carmine_reactor::block_on(async move {
+        let client = connect(&args.dir.dir).await?;
+        let pgs = named_pgs(&client, &args)?;
+        let mut total = 0;
+        for (pool, seed) in pgs {
+            let pg = carmine_types::PgId { pool, seed };
+            match client.mark_unfound_lost(pool, seed).await {
+                Ok(n) => {
+                    println!("pg {pg}: {n} unfound objects given up");
+                    total += n;
+                }
+                // With --pool, PGs that wait for nothing are simply skipped.
+                Err(e)
+                    if args.pool.is_some()
+                        && e.status() == Some(carmine_proto::Status::InvalidArgument) => {}
+                Err(e) => return Err(e).with_context(|| format!("pg {pg}")),
+            }
+        }
+        if args.pool.is_some() {
+            println!("{total} unfound objects given up");
+        }
+        Ok(())
+    })
+}
+
 pub fn run(cmd: PgCommand) -> Result<()> {
     let (mode, args) = match cmd {
         PgCommand::Scrub(a) => (ScrubMode::Light, a),
         PgCommand::DeepScrub(a) => (ScrubMode::Deep, a),
         PgCommand::Repair(a) => (ScrubMode::Repair, a),
+        PgCommand::MarkUnfoundLost(a) => return mark_unfound_lost(a),
     };
     carmine_reactor::block_on(async move {
         let client = connect(&args.dir.dir).await?;
-        let pgs: Vec<(u32, u32)> = match (&args.pgid, &args.pool) {
-            (Some(id), _) => vec![parse_pgid(id)?],
-            (None, Some(name)) => {
-                let map = client.map();
-                let pool = map.pool(client.pool_id(name)?)?;
-                (0..pool.pg_num).map(|s| (pool.id, s)).collect()
-            }
-            (None, None) => bail!("give a PG id or --pool"),
-        };
+        let pgs = named_pgs(&client, &args)?;
         let mut unrepaired = 0;
         let mut findings = 0;
         for (pool, seed) in &pgs {

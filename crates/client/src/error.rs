@@ -84,6 +84,7 @@ impl ClientError {
             Response::Object { .. } => "object reply",
             Response::Fenced => "fence confirmation",
             Response::Scrubbed(_) => "scrub report",
+            Response::MarkedLost { .. } => "count of objects given up",
         };
         ClientError::Unexpected {
             detail: format!("{addr} answered with a {kind}"),

@@ -331,6 +331,50 @@ impl Client {
         }
     }
 
+    /// At the primary of PG `seed` of `pool`, which waits for objects no reachable copy holds:
+    /// gives them up (deletes them from the PG's history) so the PG goes active without them.
+    /// Returns how many it gave up; a PG that waits for no unfound object answers
+    /// `InvalidArgument`. The operator's decision, never the client's.
+    pub async fn mark_unfound_lost(&self, pool: PoolId, seed: u32) -> Result<u64, ClientError> {
+        let pg = carmine_types::PgId { pool, seed };
+        let mut outage = None;
+        let mut attempt = 0;
+        loop {
+            let map = self.map();
+            let addr = match map
+                .pg_primary(pg)
+                .and_then(|(osd, r)| Some(map.osd(osd)?.reactors[r as usize]))
+            {
+                Some(a) => a,
+                None => {
+                    self.wait_in_outage(&mut outage, ClientError::NoOsd { pg })
+                        .await?;
+                    continue;
+                }
+            };
+            let req = Request::MarkUnfoundLost {
+                pool,
+                pg_seed: seed,
+                epoch: map.epoch,
+            };
+            match self.call(addr, &req).await {
+                Ok(Response::MarkedLost { objects }) => return Ok(objects),
+                Ok(other) => return Err(ClientError::unexpected(addr, &other)),
+                Err(e)
+                    if e.status() == Some(Status::WrongTarget)
+                        && attempt < self.inner.cfg.retries_max =>
+                {
+                    attempt += 1;
+                    self.refresh_map().await?;
+                }
+                Err(e) if e.is_connection_failure() => {
+                    self.wait_in_outage(&mut outage, e).await?;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
     /// The map this client routes by.
     pub fn map(&self) -> Rc<OsdMap> {
         self.inner.map.borrow().clone()

@@ -114,6 +114,11 @@ async fn answer<S: ObjectStore + 'static>(
             epoch,
             mode,
         }) => scrub_request(shard, pool, pg_seed, epoch, mode).await,
+        Ok(Request::MarkUnfoundLost {
+            pool,
+            pg_seed,
+            epoch,
+        }) => mark_lost_request(shard, pool, pg_seed, epoch).await,
         // A client that knows a newer epoch than this reactor must not be served by the
         // older one: wait (briefly) for the newer map to arrive here.
         Ok(Request::Object(req)) if !caught_up(shard, req.epoch).await => Err(reject(
@@ -247,6 +252,33 @@ async fn scrub_request<S: ObjectStore + 'static>(
     epoch: u32,
     mode: carmine_proto::ScrubMode,
 ) -> Result<Response, ErrorReply> {
+    let pg = operator_pg(shard, pool, seed, epoch, "there is nothing to compare").await?;
+    crate::replication::scrub(&shard.rc(), pg, mode)
+        .await
+        .map(Response::Scrubbed)
+}
+
+/// An operator giving up a PG's unfound objects, at its primary.
+async fn mark_lost_request<S: ObjectStore + 'static>(
+    shard: &Shard<S>,
+    pool: carmine_types::PoolId,
+    seed: u32,
+    epoch: u32,
+) -> Result<Response, ErrorReply> {
+    let pg = operator_pg(shard, pool, seed, epoch, "no object can be unfound").await?;
+    crate::replication::give_up_unfound(&shard.rc(), pg)
+        .map(|objects| Response::MarkedLost { objects })
+}
+
+/// The replicated PG an operator's request names, if this reactor serves it in the
+/// client's map epoch (or a newer one).
+async fn operator_pg<S: ObjectStore + 'static>(
+    shard: &Shard<S>,
+    pool: carmine_types::PoolId,
+    seed: u32,
+    epoch: u32,
+    single_copy: &str,
+) -> Result<PgId, ErrorReply> {
     if !caught_up(shard, epoch).await {
         return Err(reject(
             Status::WrongTarget,
@@ -273,10 +305,7 @@ async fn scrub_request<S: ObjectStore + 'static>(
         if p.size < 2 {
             return Err(reject(
                 Status::InvalidArgument,
-                format!(
-                    "pool {} keeps one copy: there is nothing to compare",
-                    p.name
-                ),
+                format!("pool {} keeps one copy: {single_copy}", p.name),
             ));
         }
         if !view.owned.contains(&pg) {
@@ -289,9 +318,7 @@ async fn scrub_request<S: ObjectStore + 'static>(
             ));
         }
     }
-    crate::replication::scrub(&shard.rc(), pg, mode)
-        .await
-        .map(Response::Scrubbed)
+    Ok(pg)
 }
 
 pub(crate) fn reject(status: Status, message: impl Into<String>) -> ErrorReply {

@@ -971,6 +971,73 @@ fn objects_whose_every_holder_lost_its_disk_are_reported_unfound_and_never_serve
         served <= fetched,
         "{served} objects served, but osd.2 held only {fetched}"
     );
+    // The operator gives the lost objects up (`carmine pg mark-unfound-lost`): their PGs go
+    // active without them; the lost ones read as absent, the others as written, and a lost
+    // object can be written again.
+    let pg_num = map.pools[0].pg_num;
+    carmine_reactor::block_on(async {
+        let c = client(&map, Duration::from_secs(10)).await;
+        let mut given_up = 0;
+        for seed in 0..pg_num {
+            match c.mark_unfound_lost(1, seed).await {
+                Ok(n) => given_up += n,
+                Err(e) if e.status() == Some(Status::InvalidArgument) => {}
+                Err(e) => panic!("pg 1.{seed:x}: {e}"),
+            }
+        }
+        assert_eq!(given_up, lost, "objects given up");
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let (mut absent, mut intact) = (0, 0);
+        for i in 0..N {
+            loop {
+                let got = c
+                    .execute(1, &format!("obj{i}"), vec![OsdOp::Read { off: 0, len: 0 }])
+                    .await;
+                match &got {
+                    Err(e) if e.status() == Some(Status::ObjectNotFound) => absent += 1,
+                    Ok(out) if matches!(&out[..], [OpOutput::Data(d)] if *d == data(i, 1)) => {
+                        intact += 1
+                    }
+                    Err(ClientError::Unavailable { last, .. })
+                        if last.status() == Some(Status::PgInactive)
+                            && Instant::now() < deadline =>
+                    {
+                        continue
+                    }
+                    other => panic!("obj{i} after giving up: {other:?}"),
+                }
+                break;
+            }
+        }
+        assert_eq!(
+            (absent, intact),
+            (lost, fetched),
+            "(absent, intact) objects"
+        );
+        for i in 0..N {
+            write(&c, i, 2).await.unwrap();
+        }
+        for i in 0..N {
+            let got = c
+                .execute(1, &format!("obj{i}"), vec![OsdOp::Read { off: 0, len: 0 }])
+                .await
+                .unwrap();
+            assert!(
+                matches!(&got[..], [OpOutput::Data(d)] if *d == data(i, 2)),
+                "obj{i}"
+            );
+        }
+    });
+    // The gauge follows at the OSDs' next PG-state pass.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while unfound(&osds) != 0 {
+        assert!(
+            Instant::now() < deadline,
+            "{} unfound objects left after giving them up",
+            unfound(&osds)
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
     for o in osds.into_iter().flatten() {
         o.shutdown().unwrap();
     }

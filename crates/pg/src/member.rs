@@ -137,6 +137,9 @@ pub struct Member {
     member_round: BTreeMap<OsdId, u32>,
     /// As a primary gathering infos: objects no member heard from holds (it waits for more).
     unfound: usize,
+    /// Set while [`Event::GiveUpUnfound`] is handled: activation deletes the unfound objects
+    /// instead of waiting for them.
+    give_up_unfound: bool,
     /// The member's clock, as of the event being handled.
     now: u64,
     /// The read lease's duration in the host's clock (0: no leases; only a PG of one member
@@ -188,6 +191,7 @@ impl Member {
             acked_head: BTreeMap::new(),
             member_round: BTreeMap::new(),
             unfound: 0,
+            give_up_unfound: false,
             now: 0,
             lease: 0,
             promises: BTreeMap::new(),
@@ -588,6 +592,13 @@ impl Member {
             Event::Clock => self.maybe_active(),
             Event::Persisted { seq } => self.on_persisted(seq, &mut out),
             Event::Recovered { oid, version } => self.on_recovered(oid, version, &mut out),
+            Event::GiveUpUnfound => {
+                if self.unfound() > 0 {
+                    self.give_up_unfound = true;
+                    self.try_activate(&mut out);
+                    self.give_up_unfound = false;
+                }
+            }
         }
         // At once on activation, and whenever one is due and something happens.
         self.ping_if_due(&mut out);
@@ -816,13 +827,18 @@ impl Member {
         let holds = |(_, _, objects, missing): &Answer, oid: &String, v: &Version| {
             objects.get(oid) == Some(v) && !missing.contains(oid)
         };
-        let unfound = auth_objects
+        let unfound: Vec<String> = auth_objects
             .iter()
             .filter(|(o, v)| !heard.values().any(|a| holds(a, o, v)))
-            .count();
-        self.unfound = unfound;
-        if unfound > 0 {
+            .map(|(o, _)| o.clone())
+            .collect();
+        self.unfound = unfound.len();
+        if !unfound.is_empty() && !self.give_up_unfound {
             return;
+        }
+        let mut auth_objects = auth_objects;
+        for oid in &unfound {
+            auth_objects.remove(oid);
         }
         // Leases this member granted earlier intervals' primaries run out first.
         let own = self.promise_left(self.osd);
@@ -831,6 +847,19 @@ impl Member {
         self.begin_history();
         self.log.reset_to(&auth_log);
         self.adopt_objects(auth_objects);
+        // Given up by the operator: a delete each, in this epoch, so every member that takes
+        // the history drops whatever older copy it kept, and a retried write is not
+        // mistaken for one of the lost ones.
+        for oid in unfound {
+            let e = Entry {
+                version: self.log.head().next_in(self.epoch),
+                oid,
+                kind: OpKind::Delete,
+                reqid: None,
+            };
+            self.apply(&e);
+        }
+        self.unfound = 0;
         self.les = self.epoch;
         let source = (source != self.osd).then_some(source);
         self.activation_persist = self.persist(Persisting::History { source }, out);

@@ -53,6 +53,9 @@ pub enum Opcode {
     Peer = 6,
     /// Compare (and repair) a PG's copies; sent to the PG's primary, answered with a report.
     Scrub = 7,
+    /// Give up the objects of a PG that no reachable copy holds (`carmine pg
+    /// mark-unfound-lost`); sent to the PG's primary, answered with how many it gave up.
+    MarkLost = 8,
 }
 
 impl Opcode {
@@ -65,6 +68,7 @@ impl Opcode {
             5 => Some(Self::Auth),
             6 => Some(Self::Peer),
             7 => Some(Self::Scrub),
+            8 => Some(Self::MarkLost),
             _ => None,
         }
     }

@@ -458,6 +458,14 @@ pub enum Request {
         epoch: u32,
         mode: crate::ScrubMode,
     },
+    /// At the primary of PG `pool`.`pg_seed` (in the client's map `epoch`), which waits for
+    /// objects no reachable copy holds: delete them from its history and go active without
+    /// them. The operator's decision that they are lost.
+    MarkUnfoundLost {
+        pool: PoolId,
+        pg_seed: u32,
+        epoch: u32,
+    },
 }
 
 /// What one read op produced. Write ops produce `None`.
@@ -547,11 +555,21 @@ impl OpOutput {
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Response {
-    Pong { payload: Bytes },
-    Map { encoded: Bytes },
-    Object { outputs: Vec<OpOutput> },
+    Pong {
+        payload: Bytes,
+    },
+    Map {
+        encoded: Bytes,
+    },
+    Object {
+        outputs: Vec<OpOutput>,
+    },
     Fenced,
     Scrubbed(crate::ScrubReport),
+    /// How many unfound objects the PG gave up.
+    MarkedLost {
+        objects: u64,
+    },
 }
 
 /// A failed request: the status, the failing op's index when one op failed, and a message.
@@ -581,6 +599,7 @@ pub fn encode_request(out: &mut BytesMut, request_id: u64, req: &Request) {
         Request::Object(_) => Opcode::Object,
         Request::Fence { .. } => Opcode::Fence,
         Request::Scrub { .. } => Opcode::Scrub,
+        Request::MarkUnfoundLost { .. } => Opcode::MarkLost,
     };
     encode_frame(out, FrameKind::Request, opcode, request_id, 0, |b| {
         let mut e = Encoder::new(b);
@@ -610,6 +629,13 @@ pub fn encode_request(out: &mut BytesMut, request_id: u64, req: &Request) {
             } => {
                 e.u32(*pool).u32(*pg_seed).u32(*epoch).u8(*mode as u8);
             }
+            Request::MarkUnfoundLost {
+                pool,
+                pg_seed,
+                epoch,
+            } => {
+                e.u32(*pool).u32(*pg_seed).u32(*epoch);
+            }
         }
     });
 }
@@ -621,6 +647,7 @@ pub fn encode_response(out: &mut BytesMut, request_id: u64, resp: &Response) {
         Response::Object { .. } => Opcode::Object,
         Response::Fenced => Opcode::Fence,
         Response::Scrubbed(_) => Opcode::Scrub,
+        Response::MarkedLost { .. } => Opcode::MarkLost,
     };
     encode_frame(
         out,
@@ -643,6 +670,9 @@ pub fn encode_response(out: &mut BytesMut, request_id: u64, resp: &Response) {
                 }
                 Response::Fenced => {}
                 Response::Scrubbed(r) => r.encode(&mut e),
+                Response::MarkedLost { objects } => {
+                    e.u64(*objects);
+                }
             }
         },
     );
@@ -776,6 +806,11 @@ impl Request {
                     })?
                 },
             },
+            Opcode::MarkLost => Request::MarkUnfoundLost {
+                pool: d.u32("pool").map_err(err)?,
+                pg_seed: d.u32("pg").map_err(err)?,
+                epoch: d.u32("epoch").map_err(err)?,
+            },
             Opcode::Auth => return Err(ProtoError::Handshake),
         };
         d.finish("request").map_err(err)?;
@@ -830,6 +865,9 @@ impl Response {
             }
             Opcode::Fence => Response::Fenced,
             Opcode::Scrub => Response::Scrubbed(crate::ScrubReport::decode(&mut d).map_err(err)?),
+            Opcode::MarkLost => Response::MarkedLost {
+                objects: d.u64("objects given up").map_err(err)?,
+            },
             Opcode::Auth => return Err(ProtoError::Handshake),
             Opcode::Peer => return Err(ProtoError::Peer),
         };

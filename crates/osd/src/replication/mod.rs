@@ -22,7 +22,7 @@ mod write;
 pub(crate) use carmine_pg::envelope::{Body, ObjectCopy, PeerMessage};
 pub use recover::{RecoveryConfig, RECOVERY_BUSY_RATE_DEFAULT, RECOVERY_RATE_DEFAULT};
 pub use scrub::ScrubSchedule;
-pub(crate) use scrub::{repair_for_read, scrub};
+pub(crate) use scrub::{give_up_unfound, repair_for_read, scrub};
 pub(crate) use write::{ready_to_read, write};
 
 use crate::reactor::Shard;

@@ -101,6 +101,28 @@ fn inactive(pg: PgId, why: &str) -> ErrorReply {
 }
 
 /// Scrubs the whole of `pg`, of which this reactor must be the active primary.
+/// Gives up the objects of `pg` that no reachable copy holds, at its primary: returns how
+/// many (the PG then goes active without them), or why not.
+pub(crate) fn give_up_unfound<S: ObjectStore + 'static>(
+    shard: &Rc<Shard<S>>,
+    pg: PgId,
+) -> Result<u64, ErrorReply> {
+    let pgr = shard
+        .replication
+        .pg(pg)
+        .ok_or_else(|| inactive(pg, "no copy of it here"))?;
+    let unfound = pgr.member.borrow().unfound() as u64;
+    if unfound == 0 {
+        return Err(reject(
+            Status::InvalidArgument,
+            format!("pg {pg} waits for no unfound object here (is this its primary, peering?)"),
+        ));
+    }
+    tracing::warn!(%pg, unfound, "the operator gives up the PG's unfound objects");
+    super::drive(shard, &pgr, carmine_pg::Event::GiveUpUnfound, None);
+    Ok(unfound)
+}
+
 pub(crate) async fn scrub<S: ObjectStore + 'static>(
     shard: &Rc<Shard<S>>,
     pg: PgId,

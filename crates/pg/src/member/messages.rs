@@ -144,6 +144,10 @@ pub enum Event {
         oid: String,
         version: Version,
     },
+    /// The operator gives up the objects no reachable member holds (`carmine pg
+    /// mark-unfound-lost`): a primary that waits only for them deletes them from the
+    /// authoritative history, in its own epoch, and goes active without them.
+    GiveUpUnfound,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
