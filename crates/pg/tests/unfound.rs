@@ -1,0 +1,129 @@
+//! Objects no member holds any more: the primary waits for them and counts them as unfound;
+//! the operator's `GiveUpUnfound` deletes them from the history (a delete entry each, in the
+//! primary's epoch), and the PG goes active and takes writes to them again.
+
+use carmine_pg::{Action, Event, Member, Msg, OpKind, ReqId};
+
+/// Carries out `actions` of member `m` at once (persists and records succeed), returning
+/// the messages it sent and the writes it acknowledged.
+fn carry(m: &mut Member, actions: Vec<Action>) -> (Vec<(u32, Msg)>, Vec<ReqId>) {
+    let (mut sent, mut acked) = (Vec::new(), Vec::new());
+    let mut queue = actions;
+    while !queue.is_empty() {
+        let mut next = Vec::new();
+        for a in queue {
+            match a {
+                Action::Send { to, msg } => sent.push((to, msg)),
+                Action::Persist { seq, .. } => next.extend(m.handle(0, Event::Persisted { seq })),
+                Action::Record { interval, .. } => next.extend(m.handle(
+                    0,
+                    Event::Recorded {
+                        epoch: interval.epoch,
+                    },
+                )),
+                Action::Ack { req, .. } => acked.push(req),
+                _ => {}
+            }
+        }
+        queue = next;
+    }
+    (sent, acked)
+}
+
+/// Hands `ev` to the members named in `to` (all if `None`), then delivers every message
+/// until none is in flight; returns the writes acknowledged.
+fn run(ms: &mut [Member], to: Option<usize>, ev: Event) -> Vec<ReqId> {
+    let mut inbox = Vec::new();
+    let mut acked = Vec::new();
+    for (i, m) in ms.iter_mut().enumerate() {
+        if to.is_some_and(|t| t != i) {
+            continue;
+        }
+        let (sent, a) = {
+            let actions = m.handle(0, ev.clone());
+            carry(m, actions)
+        };
+        acked.extend(a);
+        inbox.extend(sent.into_iter().map(|(dest, msg)| (i as u32, dest, msg)));
+    }
+    while let Some((from, dest, msg)) = inbox.pop() {
+        let m = &mut ms[dest as usize];
+        let actions = m.handle(0, Event::Msg { from, msg });
+        let (sent, a) = carry(m, actions);
+        acked.extend(a);
+        inbox.extend(sent.into_iter().map(|(d, msg)| (dest, d, msg)));
+    }
+    acked
+}
+
+fn map(epoch: u32, acting: Vec<u32>) -> Event {
+    Event::Map {
+        epoch,
+        acting,
+        history: Vec::new(),
+        min_size: 1,
+    }
+}
+
+fn write(ms: &mut [Member], primary: usize, tid: u64, oid: &str) -> bool {
+    let req = ReqId { client: 7, tid };
+    let ev = Event::Write {
+        req,
+        oid: oid.into(),
+        kind: OpKind::Modify,
+    };
+    run(ms, Some(primary), ev).contains(&req)
+}
+
+#[test]
+fn objects_nobody_holds_are_waited_for_until_given_up_then_deleted() {
+    let mut ms: Vec<Member> = (0..3).map(|o| Member::new(o, 64)).collect();
+    // Epoch 1: osd.0 and osd.1 hold "a" and "b".
+    run(&mut ms, None, map(1, vec![0, 1]));
+    assert!(ms[0].is_active_primary(), "{}", ms[0].describe());
+    assert!(write(&mut ms, 0, 1, "a"));
+    assert!(write(&mut ms, 0, 2, "b"));
+    // Epoch 2: osd.2 joins and takes the history, lacking both (nothing recovers them here).
+    run(&mut ms, None, map(2, vec![0, 1, 2]));
+    assert!(ms[0].is_active_primary(), "{}", ms[0].describe());
+    assert_eq!(ms[2].missing.len(), 2, "{}", ms[2].describe());
+    // Both holders lose their disks and come back empty; osd.2 leads epoch 3.
+    ms[0] = Member::new(0, 64);
+    ms[1] = Member::new(1, 64);
+    run(&mut ms, None, map(3, vec![2, 0, 1]));
+    assert!(!ms[2].is_active_primary(), "{}", ms[2].describe());
+    assert_eq!(ms[2].unfound(), 2, "{}", ms[2].describe());
+    assert!(
+        !write(&mut ms, 2, 3, "c"),
+        "a PG waiting for objects took a write"
+    );
+    // Asked on a member that waits for nothing: nothing happens.
+    run(&mut ms, Some(0), Event::GiveUpUnfound);
+    assert_eq!(ms[2].unfound(), 2);
+    // Given up at the primary: active, "a" and "b" gone from every copy's history.
+    run(&mut ms, Some(2), Event::GiveUpUnfound);
+    assert!(ms[2].is_active_primary(), "{}", ms[2].describe());
+    assert_eq!(ms[2].unfound(), 0);
+    for m in &ms {
+        assert!(
+            m.objects.is_empty() && m.missing.is_empty(),
+            "{}",
+            m.describe()
+        );
+        let deletes: Vec<&str> = m
+            .log
+            .entries()
+            .filter(|e| e.kind == OpKind::Delete)
+            .map(|e| e.oid.as_str())
+            .collect();
+        assert_eq!(deletes, ["a", "b"], "{}", m.describe());
+        assert!(m
+            .log
+            .entries()
+            .all(|e| e.kind != OpKind::Delete || e.version.epoch == 3));
+    }
+    // The PG takes writes again, to the lost objects too.
+    assert!(write(&mut ms, 2, 4, "a"));
+    assert!(write(&mut ms, 2, 5, "c"));
+    assert_eq!(ms[0].objects.len(), 2, "{}", ms[0].describe());
+}
