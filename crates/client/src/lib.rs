@@ -291,43 +291,15 @@ impl Client {
         seed: u32,
         mode: carmine_proto::ScrubMode,
     ) -> Result<carmine_proto::ScrubReport, ClientError> {
-        let pg = carmine_types::PgId { pool, seed };
-        let mut outage = None;
-        let mut attempt = 0;
-        loop {
-            let map = self.map();
-            let addr = match map
-                .pg_primary(pg)
-                .and_then(|(osd, r)| Some(map.osd(osd)?.reactors[r as usize]))
-            {
-                Some(a) => a,
-                None => {
-                    self.wait_in_outage(&mut outage, ClientError::NoOsd { pg })
-                        .await?;
-                    continue;
-                }
-            };
-            let req = Request::Scrub {
-                pool,
-                pg_seed: seed,
-                epoch: map.epoch,
-                mode,
-            };
-            match self.call(addr, &req).await {
-                Ok(Response::Scrubbed(r)) => return Ok(r),
-                Ok(other) => return Err(ClientError::unexpected(addr, &other)),
-                Err(e)
-                    if e.status() == Some(Status::WrongTarget)
-                        && attempt < self.inner.cfg.retries_max =>
-                {
-                    attempt += 1;
-                    self.refresh_map().await?;
-                }
-                Err(e) if e.is_connection_failure() || e.status() == Some(Status::PgInactive) => {
-                    self.wait_in_outage(&mut outage, e).await?;
-                }
-                Err(e) => return Err(e),
-            }
+        let req = |epoch| Request::Scrub {
+            pool,
+            pg_seed: seed,
+            epoch,
+            mode,
+        };
+        match self.call_primary(pool, seed, req, true).await? {
+            (_, Response::Scrubbed(r)) => Ok(r),
+            (addr, other) => Err(ClientError::unexpected(addr, &other)),
         }
     }
 
@@ -336,6 +308,28 @@ impl Client {
     /// Returns how many it gave up; a PG that waits for no unfound object answers
     /// `InvalidArgument`. The operator's decision, never the client's.
     pub async fn mark_unfound_lost(&self, pool: PoolId, seed: u32) -> Result<u64, ClientError> {
+        let req = |epoch| Request::MarkUnfoundLost {
+            pool,
+            pg_seed: seed,
+            epoch,
+        };
+        match self.call_primary(pool, seed, req, false).await? {
+            (_, Response::MarkedLost { objects }) => Ok(objects),
+            (addr, other) => Err(ClientError::unexpected(addr, &other)),
+        }
+    }
+
+    /// Sends the operator request `req(epoch)` to the primary of PG `seed` of `pool` as the
+    /// map names it, following the map when the OSD says it is not the target, and waiting
+    /// out an outage (also a PG that is not active, if `inactive_is_outage`). Returns the
+    /// answer and who gave it.
+    async fn call_primary(
+        &self,
+        pool: PoolId,
+        seed: u32,
+        req: impl Fn(u32) -> Request,
+        inactive_is_outage: bool,
+    ) -> Result<(SocketAddr, Response), ClientError> {
         let pg = carmine_types::PgId { pool, seed };
         let mut outage = None;
         let mut attempt = 0;
@@ -352,14 +346,8 @@ impl Client {
                     continue;
                 }
             };
-            let req = Request::MarkUnfoundLost {
-                pool,
-                pg_seed: seed,
-                epoch: map.epoch,
-            };
-            match self.call(addr, &req).await {
-                Ok(Response::MarkedLost { objects }) => return Ok(objects),
-                Ok(other) => return Err(ClientError::unexpected(addr, &other)),
+            match self.call(addr, &req(map.epoch)).await {
+                Ok(resp) => return Ok((addr, resp)),
                 Err(e)
                     if e.status() == Some(Status::WrongTarget)
                         && attempt < self.inner.cfg.retries_max =>
@@ -367,7 +355,10 @@ impl Client {
                     attempt += 1;
                     self.refresh_map().await?;
                 }
-                Err(e) if e.is_connection_failure() => {
+                Err(e)
+                    if e.is_connection_failure()
+                        || (inactive_is_outage && e.status() == Some(Status::PgInactive)) =>
+                {
                     self.wait_in_outage(&mut outage, e).await?;
                 }
                 Err(e) => return Err(e),

@@ -2,37 +2,16 @@
 //! while its replica answers its pings, says which member went silent once the lease lapsed,
 //! and a replica tells a new primary how long its promise to the old one still runs.
 
+mod common;
+
 use carmine_pg::{Action, Event, Member, Msg};
 
 const LEASE: u64 = 1_000;
 
-/// Delivers what `from` asked for, answering persists and records at once, and returns the
+/// Delivers what `m` asked for, answering persists and records at once, and returns the
 /// messages it sent.
 fn carry(m: &mut Member, now: u64, actions: Vec<Action>) -> Vec<(u32, Msg)> {
-    let mut sent = Vec::new();
-    let mut queue = actions;
-    while !queue.is_empty() {
-        let mut next = Vec::new();
-        for a in queue {
-            match a {
-                Action::Send { to, msg } => sent.push((to, msg)),
-                Action::Persist { seq, .. } => {
-                    next.extend(m.handle(now, Event::Persisted { seq }));
-                }
-                Action::Record { interval, .. } => {
-                    next.extend(m.handle(
-                        now,
-                        Event::Recorded {
-                            epoch: interval.epoch,
-                        },
-                    ));
-                }
-                _ => {}
-            }
-        }
-        queue = next;
-    }
-    sent
+    common::carry(m, now, actions).0
 }
 
 /// Runs the two members until nothing is in flight, at `now`; `link` says whether messages

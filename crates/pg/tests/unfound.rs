@@ -2,32 +2,12 @@
 //! the operator's `GiveUpUnfound` deletes them from the history (a delete entry each, in the
 //! primary's epoch), and the PG goes active and takes writes to them again.
 
+mod common;
+
 use carmine_pg::{Action, Event, Member, Msg, OpKind, ReqId};
 
-/// Carries out `actions` of member `m` at once (persists and records succeed), returning
-/// the messages it sent and the writes it acknowledged.
 fn carry(m: &mut Member, actions: Vec<Action>) -> (Vec<(u32, Msg)>, Vec<ReqId>) {
-    let (mut sent, mut acked) = (Vec::new(), Vec::new());
-    let mut queue = actions;
-    while !queue.is_empty() {
-        let mut next = Vec::new();
-        for a in queue {
-            match a {
-                Action::Send { to, msg } => sent.push((to, msg)),
-                Action::Persist { seq, .. } => next.extend(m.handle(0, Event::Persisted { seq })),
-                Action::Record { interval, .. } => next.extend(m.handle(
-                    0,
-                    Event::Recorded {
-                        epoch: interval.epoch,
-                    },
-                )),
-                Action::Ack { req, .. } => acked.push(req),
-                _ => {}
-            }
-        }
-        queue = next;
-    }
-    (sent, acked)
+    common::carry(m, 0, actions)
 }
 
 /// Hands `ev` to the members named in `to` (all if `None`), then delivers every message
