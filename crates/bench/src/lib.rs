@@ -428,7 +428,7 @@ fn bench_against(a: &BenchArgs, running: &carmine_localcluster::Running) -> Resu
                 }
                 Some(match a.target {
                     Target::FioNbd => {
-                        let g = NbdGateway::start(&dir)?;
+                        let g = NbdGateway::start(&dir, a.idle_poll_us)?;
                         (fio::Fio::nbd(&g.uri), Some(g))
                     }
                     _ => (
@@ -556,7 +556,7 @@ struct NbdGateway {
 }
 
 impl NbdGateway {
-    fn start(cluster_dir: &std::path::Path) -> Result<Self> {
+    fn start(cluster_dir: &std::path::Path, idle_poll_us: Option<u64>) -> Result<Self> {
         let port = std::net::TcpListener::bind("127.0.0.1:0")?
             .local_addr()?
             .port();
@@ -567,6 +567,7 @@ impl NbdGateway {
                 "nbd", "serve", "--export", "bench", "--listen", &listen, "--dir",
             ])
             .arg(cluster_dir)
+            .args(idle_poll_us.map(|us| format!("--idle-poll-us={us}")))
             .stdout(std::process::Stdio::null())
             .spawn()
             .context("starting the NBD gateway")?;

@@ -27,10 +27,11 @@ pub use compio::runtime::spawn;
 pub use compio::time::{sleep, timeout};
 pub use io::Socket;
 
-/// Runs `fut` to completion on a fresh runtime on the current thread (for tools and tests).
+/// Runs `fut` to completion on a fresh runtime on the current thread (tools, the NBD gateway,
+/// tests), polling before it sleeps if an idle poll is set ([`set_idle_poll`]).
 pub fn block_on<F: std::future::Future>(fut: F) -> F::Output {
     let rt = new_runtime().expect("cannot create an io_uring runtime");
-    rt.block_on(fut)
+    block_on_measured(&rt, fut, &ReactorLoad::default())
 }
 
 /// A runtime for the current thread. Idle reactors sleep in the kernel, after polling for the
