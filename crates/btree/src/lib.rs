@@ -72,6 +72,8 @@ pub struct Tree {
     root_level: Option<u8>,
     /// Device copies of nodes removed from the tree since the last flush.
     removed: Vec<Paddr>,
+    /// Counts node visits, for least-recently-used eviction.
+    clock: std::cell::Cell<u64>,
 }
 
 impl Default for Tree {
@@ -89,6 +91,7 @@ impl Tree {
             root: Ptr::Mem(0),
             root_level: Some(0),
             removed: Vec::new(),
+            clock: Default::default(),
         }
     }
 
@@ -100,6 +103,7 @@ impl Tree {
             root: Ptr::Disk(root),
             root_level: None,
             removed: Vec::new(),
+            clock: Default::default(),
         }
     }
 
@@ -118,6 +122,13 @@ impl Tree {
 
     fn node(&self, id: usize) -> &Node {
         self.nodes[id].as_ref().expect("live node id")
+    }
+
+    /// Notes that an operation went through node `id`.
+    fn touch(&self, id: usize) {
+        let now = self.clock.get() + 1;
+        self.clock.set(now);
+        self.node(id).used.set(now);
     }
 
     fn node_mut(&mut self, id: usize) -> &mut Node {
@@ -160,6 +171,7 @@ impl Tree {
                 }
                 Ptr::Mem(id) => id,
             };
+            self.touch(id);
             let n = self.node(id);
             match &n.body {
                 Body::Leaf(_) => {
@@ -248,6 +260,7 @@ impl Tree {
                     body: Body::Inner(vec![Ptr::Mem(id), Ptr::Mem(rid)]),
                     disk: None,
                     dirty: true,
+                    used: Default::default(),
                 };
                 let root_id = self.alloc(root);
                 self.root = Ptr::Mem(root_id);
@@ -361,6 +374,7 @@ impl Tree {
             }
             Ptr::Mem(id) => id,
         };
+        self.touch(id);
         let n = self.node(id);
         match &n.body {
             Body::Leaf(vals) => {
@@ -489,6 +503,59 @@ impl Tree {
         new
     }
 
+    /// Drops loaded nodes, least recently used first, until at most `max_loaded` are held
+    /// (or none can go: the root, dirty nodes and the nodes above them stay). A node goes
+    /// only if it equals its copy on the device and none of its children is loaded. Returns
+    /// how many were dropped.
+    pub fn evict_to(&mut self, max_loaded: usize) -> usize {
+        let mut dropped = 0;
+        while self.loaded() > max_loaded {
+            let Ptr::Mem(root) = self.root else {
+                break;
+            };
+            // Candidates: (last use, parent, child index, child).
+            let mut cands = Vec::new();
+            let mut stack = vec![root];
+            while let Some(id) = stack.pop() {
+                let Body::Inner(children) = &self.node(id).body else {
+                    continue;
+                };
+                for (i, c) in children.iter().enumerate() {
+                    let Ptr::Mem(cid) = *c else { continue };
+                    let child = self.node(cid);
+                    let childless = match &child.body {
+                        Body::Leaf(_) => true,
+                        Body::Inner(cc) => cc.iter().all(|p| matches!(p, Ptr::Disk(_))),
+                    };
+                    if !child.dirty && childless {
+                        cands.push((child.used.get(), id, i, cid));
+                    } else {
+                        stack.push(cid);
+                    }
+                }
+            }
+            if cands.is_empty() {
+                break;
+            }
+            cands.sort_unstable();
+            let want = self.loaded() - max_loaded;
+            for &(_, parent, i, cid) in cands.iter().take(want) {
+                let paddr = self
+                    .node(cid)
+                    .disk
+                    .expect("a clean node has a copy on the device");
+                self.nodes[cid] = None;
+                self.free_ids.push(cid);
+                let Body::Inner(cs) = &mut self.node_mut(parent).body else {
+                    unreachable!("a parent is an inner node")
+                };
+                cs[i] = Ptr::Disk(paddr);
+                dropped += 1;
+            }
+        }
+        dropped
+    }
+
     /// Drops every loaded node below the root that equals its copy on the device and has no
     /// loaded child: repeated, whole clean subtrees go. Returns how many were dropped.
     pub fn evict_clean(&mut self) -> usize {
@@ -610,6 +677,40 @@ mod tests {
             loads >= 2 && t.loaded() == loads,
             "only the path was loaded"
         );
+    }
+
+    #[test]
+    fn eviction_takes_the_least_recently_used_node_first() {
+        let mut t = Tree::new();
+        for i in 0..2000u32 {
+            t.insert(format!("key-{i:06}").as_bytes(), &[1; 40])
+                .unwrap();
+        }
+        let mut next = 0;
+        let f = t.flush(&mut || {
+            next += 1;
+            next
+        });
+        let dev: HashMap<Paddr, Vec<u8>> = f.writes.into_iter().collect();
+        let mut t = Tree::open(f.root);
+        let get = |t: &mut Tree, k: &str| loop {
+            match t.get(k.as_bytes()) {
+                Ok(v) => return v.is_some(),
+                Err(TreeError::Need(n)) => t.load(&n, &dev[&n.paddr]).unwrap(),
+                Err(e) => panic!("{e}"),
+            }
+        };
+        // Two leaves far apart: "cold" first, then "hot".
+        assert!(get(&mut t, "key-000010"));
+        assert!(get(&mut t, "key-001990"));
+        let loaded = t.loaded();
+        assert_eq!(t.evict_to(loaded - 1), 1);
+        // The hot leaf is still there: no load needed for it.
+        assert!(t.get(b"key-001990").is_ok());
+        assert!(matches!(t.get(b"key-000010"), Err(TreeError::Need(_))));
+        // Down to the root alone once every clean node may go.
+        t.evict_to(0);
+        assert_eq!(t.loaded(), 1);
     }
 
     #[test]

@@ -69,6 +69,9 @@ pub(crate) struct Node {
     pub disk: Option<Paddr>,
     /// Differs from its copy on the device (or has none).
     pub dirty: bool,
+    /// When an operation last went through it (the tree's clock): eviction takes the least
+    /// recently used first.
+    pub used: std::cell::Cell<u64>,
 }
 
 impl Node {
@@ -79,6 +82,7 @@ impl Node {
             body: Body::Leaf(Vec::new()),
             disk: None,
             dirty: true,
+            used: Default::default(),
         }
     }
 
@@ -126,6 +130,7 @@ impl Node {
             body,
             disk: None,
             dirty: true,
+            used: Default::default(),
         }
     }
 
@@ -225,6 +230,7 @@ impl Node {
             body,
             disk: Some(paddr),
             dirty: false,
+            used: Default::default(),
         })
     }
 }

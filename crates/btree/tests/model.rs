@@ -15,6 +15,7 @@ enum Op {
     Range(Vec<u8>, usize),
     Flush,
     Evict,
+    EvictTo(usize),
     Reopen,
 }
 
@@ -34,6 +35,7 @@ fn op() -> impl Strategy<Value = Op> {
         2 => (key(), 1usize..50).prop_map(|(k, n)| Op::Range(k, n)),
         1 => Just(Op::Flush),
         1 => Just(Op::Evict),
+        1 => (0usize..6).prop_map(Op::EvictTo),
         1 => Just(Op::Reopen),
     ]
 }
@@ -145,6 +147,12 @@ proptest! {
                 Op::Evict => {
                     dev.flush(&mut t);
                     t.evict_clean();
+                }
+                Op::EvictTo(n) => {
+                    dev.flush(&mut t);
+                    t.evict_to(n);
+                    // All clean: only the root may stay beyond the budget.
+                    prop_assert!(t.loaded() <= n.max(1), "{} loaded, budget {n}", t.loaded());
                 }
                 Op::Reopen => {
                     let root = dev.flush(&mut t);
