@@ -38,6 +38,13 @@ pub enum TreeError {
     ValueTooLong(usize),
 }
 
+fn need(paddr: Paddr, key: &[u8]) -> TreeError {
+    TreeError::Need(Need {
+        paddr,
+        key: key.to_vec(),
+    })
+}
+
 /// Why [`Tree::load`] refused a block.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum LoadError {
@@ -163,12 +170,7 @@ impl Tree {
         let mut ptr = self.root;
         loop {
             let id = match ptr {
-                Ptr::Disk(paddr) => {
-                    return Err(TreeError::Need(Need {
-                        paddr,
-                        key: key.to_vec(),
-                    }))
-                }
+                Ptr::Disk(paddr) => return Err(need(paddr, key)),
                 Ptr::Mem(id) => id,
             };
             self.touch(id);
@@ -366,12 +368,7 @@ impl Tree {
         out: &mut Vec<(Vec<u8>, Vec<u8>)>,
     ) -> Result<(), TreeError> {
         let id = match ptr {
-            Ptr::Disk(paddr) => {
-                return Err(TreeError::Need(Need {
-                    paddr,
-                    key: route.to_vec(),
-                }))
-            }
+            Ptr::Disk(paddr) => return Err(need(paddr, route)),
             Ptr::Mem(id) => id,
         };
         self.touch(id);
@@ -559,44 +556,7 @@ impl Tree {
     /// Drops every loaded node below the root that equals its copy on the device and has no
     /// loaded child: repeated, whole clean subtrees go. Returns how many were dropped.
     pub fn evict_clean(&mut self) -> usize {
-        let Ptr::Mem(root) = self.root else {
-            return 0;
-        };
-        self.evict_below(root)
-    }
-
-    fn evict_below(&mut self, id: usize) -> usize {
-        let Body::Inner(children) = &self.node(id).body else {
-            return 0;
-        };
-        let children: Vec<(usize, usize)> = children
-            .iter()
-            .enumerate()
-            .filter_map(|(i, c)| match c {
-                Ptr::Mem(cid) => Some((i, *cid)),
-                Ptr::Disk(_) => None,
-            })
-            .collect();
-        let mut dropped = 0;
-        for (i, cid) in children {
-            dropped += self.evict_below(cid);
-            let c = self.node(cid);
-            let childless = match &c.body {
-                Body::Leaf(_) => true,
-                Body::Inner(cc) => cc.iter().all(|p| matches!(p, Ptr::Disk(_))),
-            };
-            if !c.dirty && childless {
-                let paddr = c.disk.expect("a clean node has a copy on the device");
-                self.nodes[cid] = None;
-                self.free_ids.push(cid);
-                let Body::Inner(cs) = &mut self.node_mut(id).body else {
-                    unreachable!("checked above")
-                };
-                cs[i] = Ptr::Disk(paddr);
-                dropped += 1;
-            }
-        }
-        dropped
+        self.evict_to(0)
     }
 }
 

@@ -96,6 +96,17 @@ impl Drop for Running<'_> {
     }
 }
 
+/// This reactor's copy of `pg`, for an operator's request.
+fn copy_here<S: ObjectStore + 'static>(
+    shard: &Rc<Shard<S>>,
+    pg: PgId,
+) -> Result<Rc<PgReplica>, ErrorReply> {
+    shard
+        .replication
+        .pg(pg)
+        .ok_or_else(|| inactive(pg, "no copy of it here"))
+}
+
 fn inactive(pg: PgId, why: &str) -> ErrorReply {
     reject(Status::PgInactive, format!("pg {pg}: {why}"))
 }
@@ -107,10 +118,7 @@ pub(crate) fn give_up_unfound<S: ObjectStore + 'static>(
     shard: &Rc<Shard<S>>,
     pg: PgId,
 ) -> Result<u64, ErrorReply> {
-    let pgr = shard
-        .replication
-        .pg(pg)
-        .ok_or_else(|| inactive(pg, "no copy of it here"))?;
+    let pgr = copy_here(shard, pg)?;
     let unfound = pgr.member.borrow().unfound() as u64;
     if unfound == 0 {
         return Err(reject(
@@ -128,10 +136,7 @@ pub(crate) async fn scrub<S: ObjectStore + 'static>(
     pg: PgId,
     mode: ScrubMode,
 ) -> Result<ScrubReport, ErrorReply> {
-    let pgr = shard
-        .replication
-        .pg(pg)
-        .ok_or_else(|| inactive(pg, "no copy of it here"))?;
+    let pgr = copy_here(shard, pg)?;
     let (epoch, acting) = {
         let m = pgr.member.borrow();
         if !m.is_active_primary() {
