@@ -7,7 +7,7 @@ use bytes::{Bytes, BytesMut};
 use carmine_cluster::{OsdInfo, OsdMap, Pool};
 use carmine_nativestore::fuzzing::{
     decode_checkpoint_slot, decode_deltas, decode_segment_header, decode_superblock, encode_record,
-    parse_record, CheckpointSlot, Delta, IndexState, JournalPos, SegmentHeader, SegmentKind,
+    parse_record, CheckpointSlot, Delta, Extent, IndexState, JournalPos, SegmentHeader, SegmentKind,
     Superblock, BLOCK,
 };
 use carmine_proto::{
@@ -644,19 +644,17 @@ fn deltas() -> Vec<Delta> {
         Delta::CreateCollection(c),
         Delta::Touch(c, o.clone()),
         Delta::SetSize(c, o.clone(), 3 * 4096),
-        Delta::SetBlock {
+        Delta::SetExtent {
             cid: c,
             oid: o.clone(),
             lblock: 0,
-            paddr: 3,
-            crc: 0xdead,
+            extent: Extent::new(3, &[0xdead]),
         },
-        Delta::SetBlock {
+        Delta::SetExtent {
             cid: c,
             oid: o.clone(),
             lblock: 2,
-            paddr: 11,
-            crc: 0xbeef,
+            extent: Extent::new(11, &[0xbeef, 0xf00d, 0xcafe]),
         },
         Delta::SetAttr(c, o.clone(), "image".into(), Bytes::from_static(b"hdr")),
         Delta::OmapSet(
@@ -705,6 +703,23 @@ fn journal(c: &mut Corpus) {
         "empty",
         &IndexState::new(8, 16).encode(),
     );
+    // A version 1 blob (format 1 and 2 stores: one entry per block), as those builds wrote it.
+    let mut v1 = Vec::new();
+    v1.extend_from_slice(&1u32.to_le_bytes()); // version
+    v1.extend_from_slice(&1u32.to_le_bytes()); // collections
+    v1.extend_from_slice(&[1, 0, 0, 0, 7, 0, 0, 0, 1, 0, 0, 0]); // pool 1, seed 7, 1 object
+    v1.extend_from_slice(&[3, 0, 0, 0]);
+    v1.extend_from_slice(b"obj");
+    v1.extend_from_slice(&(3u64 * 4096).to_le_bytes());
+    v1.extend_from_slice(&2u64.to_le_bytes()); // blocks
+    for (l, paddr, crc) in [(0u64, 3u64, 0xdeadu32), (1, 4, 0xbeef)] {
+        v1.extend_from_slice(&l.to_le_bytes());
+        v1.extend_from_slice(&paddr.to_le_bytes());
+        v1.extend_from_slice(&crc.to_le_bytes());
+    }
+    v1.extend_from_slice(&[0; 4 + 4 + 8]); // no xattrs, no omap header, no omap
+    IndexState::decode(&v1, 8, 16).expect("the version 1 seed decodes");
+    c.put("checkpoint_index", "version1", &v1);
 
     // Records: written-mode inputs, and the written bytes as raw and sealed-header inputs.
     let big_meta = encode_deltas(

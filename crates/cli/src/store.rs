@@ -3,8 +3,8 @@
 use crate::size::parse_size;
 use anyhow::{bail, Context, Result};
 use carmine_nativestore::{
-    fsck, mkfs, read_superblock, read_superblock_copies, DeviceLock, FileDevice, SyncMode,
-    DEFAULT_SEGMENT_SIZE,
+    fsck, mkfs, read_superblock, read_superblock_copies, upgrade, DeviceLock, FileDevice, SyncMode,
+    DEFAULT_SEGMENT_SIZE, FORMAT_VERSION,
 };
 use clap::{Args, Subcommand};
 use std::path::{Path, PathBuf};
@@ -15,8 +15,11 @@ pub enum StoreCommand {
     Mkfs(MkfsArgs),
     /// Check every structure and every data block's checksum, offline.
     Fsck(DeviceArg),
-    /// Print the superblock: geometry and shards.
+    /// Print the superblock: format, geometry and shards.
     Stat(DeviceArg),
+    /// Bring a store of an older format to this build's, offline, after checking that every
+    /// shard reads. One-way: builds of the older format then refuse the store.
+    Upgrade(DeviceArg),
 }
 
 #[derive(Args, Debug)]
@@ -183,6 +186,7 @@ pub fn run(c: StoreCommand) -> Result<()> {
                 read_superblock(&dev).await.map_err(std::io::Error::other)
             })
             .with_context(|| format!("reading {}", a.device.display()))?;
+            println!("format        {}", sb.version);
             println!("uuid          {:032x}", sb.uuid);
             println!("segment size  {} bytes", sb.segment_size);
             for (i, s) in sb.shards.iter().enumerate() {
@@ -195,6 +199,7 @@ pub fn run(c: StoreCommand) -> Result<()> {
             }
             Ok(())
         }
+        StoreCommand::Upgrade(a) => upgrade_store(&a.device),
         StoreCommand::Fsck(a) => {
             let _lock = DeviceLock::acquire(&a.device)
                 .with_context(|| format!("locking {}", a.device.display()))?;
@@ -247,4 +252,40 @@ pub fn run(c: StoreCommand) -> Result<()> {
             Ok(())
         }
     }
+}
+
+/// `carmine store upgrade`: every shard must mount read-only (its checkpoint and journal
+/// readable by this build) before the superblock changes.
+fn upgrade_store(device: &Path) -> Result<()> {
+    let _lock =
+        DeviceLock::acquire(device).with_context(|| format!("locking {}", device.display()))?;
+    let sb = carmine_reactor::block_on(async {
+        let dev = FileDevice::open(device, SyncMode::Fdatasync).await?;
+        read_superblock(&dev).await.map_err(std::io::Error::other)
+    })
+    .with_context(|| format!("reading the store on {}", device.display()))?;
+    if sb.version == FORMAT_VERSION {
+        println!("{} is already in format {FORMAT_VERSION}", device.display());
+        return Ok(());
+    }
+    for shard in 0..sb.shards.len() as u32 {
+        let report = carmine_reactor::block_on(async {
+            let dev = FileDevice::open(device, SyncMode::Fdatasync).await?;
+            fsck(dev, shard).await.map_err(std::io::Error::other)
+        })
+        .with_context(|| format!("reading shard {shard} before the upgrade; nothing changed"))?;
+        if !report.errors.is_empty() {
+            bail!(
+                "shard {shard} has {} errors (see `carmine store fsck`); not upgrading",
+                report.errors.len()
+            );
+        }
+    }
+    let old = carmine_reactor::block_on(async {
+        let dev = FileDevice::open(device, SyncMode::Fdatasync).await?;
+        upgrade(&dev).await.map_err(std::io::Error::other)
+    })
+    .with_context(|| format!("upgrading {}", device.display()))?;
+    println!("{}: format {old} -> {FORMAT_VERSION}", device.display());
+    Ok(())
 }

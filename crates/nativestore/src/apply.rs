@@ -13,6 +13,7 @@
 use crate::delta::Delta;
 use crate::device::BLOCK;
 use crate::error::ShardFailure;
+use crate::extents::{Extent, EXTENT_BLOCKS_MAX};
 use crate::index::{BlockRef, Index};
 use crate::store::{io_error, NativeStore, State, NO_CID};
 use crate::BlockDevice;
@@ -26,7 +27,8 @@ use carmine_types::{crc32c, CollectionId};
 use std::collections::HashMap;
 
 const B: u64 = BLOCK as u64;
-/// Encoded size of a `SetBlock` delta, less the object name.
+/// Encoded size of a one-block `SetExtent` delta, less the object name: an upper bound per
+/// block of a longer one too (see [`Delta::set_extent_len`]).
 pub(crate) const SET_BLOCK_BYTES: usize = 1 + 8 + 4 + 8 + 8 + 4;
 const DELTA_SLACK: usize = 64;
 
@@ -145,8 +147,8 @@ pub(crate) fn plan(index: &Index, txn: &Transaction) -> Result<Plan> {
     let pre_edges = |p: &mut Plan, sh: &Shadow, cid, oid: &str, off, len| {
         if let Some(o) = sh.pre_blocks(cid, oid) {
             for l in partial_edges(off, len) {
-                if let Some(b) = o.blocks.get(&l) {
-                    p.preread.push(*b);
+                if let Some(b) = o.blocks.get(l) {
+                    p.preread.push(b);
                 }
             }
         }
@@ -236,9 +238,9 @@ pub(crate) fn plan(index: &Index, txn: &Transaction) -> Result<Plan> {
                 p.meta_bytes += SET_BLOCK_BYTES + 5 * (DELTA_SLACK + oid.len());
                 if let Some(b) = sh
                     .pre_blocks(*cid, oid)
-                    .and_then(|o| o.blocks.get(&(size / B)))
+                    .and_then(|o| o.blocks.get(size / B))
                 {
-                    p.preread.push(*b);
+                    p.preread.push(b);
                 }
             }
             Op::Remove { cid, oid } => {
@@ -299,9 +301,9 @@ pub(crate) fn plan(index: &Index, txn: &Transaction) -> Result<Plan> {
                 }
                 // The source may have grown earlier in this transaction: bound by both.
                 let pre = sh.pre_blocks(*cid, src);
-                let n = pre.map_or(0, |o| o.blocks.len()) + p.data_blocks;
+                let n = pre.map_or(0, |o| o.blocks.blocks() as usize) + p.data_blocks;
                 if let Some(o) = pre {
-                    p.preread.extend(o.blocks.values().copied());
+                    p.preread.extend(o.blocks.iter().map(|(_, b)| b));
                 }
                 sh.create(*cid, dst)?;
                 p.data_blocks += n;
@@ -325,15 +327,15 @@ pub(crate) fn plan(index: &Index, txn: &Transaction) -> Result<Plan> {
                 let mut src_blocks = p.data_blocks;
                 if *len > 0 {
                     if let Some(o) = sh.pre_blocks(*cid, src) {
-                        let r = o.blocks.range(src_off / B..=(src_off + len - 1) / B);
+                        let r = o.blocks.range(src_off / B..(src_off + len - 1) / B + 1);
                         for (_, b) in r {
-                            p.preread.push(*b);
+                            p.preread.push(b);
                             src_blocks += 1;
                         }
                     }
                     if let Some(o) = sh.pre_blocks(*cid, dst) {
-                        let r = o.blocks.range(dst_off / B..=(dst_off + len - 1) / B);
-                        p.preread.extend(r.map(|(_, b)| *b));
+                        let r = o.blocks.range(dst_off / B..(dst_off + len - 1) / B + 1);
+                        p.preread.extend(r.map(|(_, b)| b));
                     }
                 }
                 sh.create(*cid, dst)?;
@@ -347,6 +349,25 @@ pub(crate) fn plan(index: &Index, txn: &Transaction) -> Result<Plan> {
         }
     }
     Ok(p)
+}
+
+/// Data blocks placed for consecutive logical blocks, waiting to be mapped as one extent.
+struct Run {
+    first: u64,
+    paddr: u64,
+    n: usize,
+    crcs: [u32; EXTENT_BLOCKS_MAX as usize],
+}
+
+impl Default for Run {
+    fn default() -> Self {
+        Self {
+            first: 0,
+            paddr: 0,
+            n: 0,
+            crcs: [0; EXTENT_BLOCKS_MAX as usize],
+        }
+    }
 }
 
 /// Executes a planned transaction against the state: see the module comment.
@@ -368,13 +389,14 @@ impl<D: BlockDevice> Exec<'_, D> {
         Ok(())
     }
 
-    /// Puts a full block of data in the open batch; returns where it will live. Refuses to
-    /// let the record outgrow its segment should the plan's bound ever be wrong.
-    fn place(&mut self, data: Bytes, oid: &str) -> Result<BlockRef> {
+    /// Puts a full block of data in the open batch; returns where it will live. `run` blocks
+    /// placed before it wait for the same `SetExtent`. Refuses to let the record outgrow its
+    /// segment should the plan's bound ever be wrong.
+    fn place(&mut self, data: Bytes, oid: &str, run: usize) -> Result<BlockRef> {
         debug_assert_eq!(data.len(), BLOCK);
         let crc = crc32c(&data);
-        // This transaction's deltas so far and the SetBlock about to follow.
-        let pending_meta = self.meta.len() + SET_BLOCK_BYTES + oid.len();
+        // This transaction's deltas so far and the SetExtent about to follow.
+        let pending_meta = self.meta.len() + Delta::set_extent_len(oid.len(), run + 1);
         let b = self
             .st
             .journal
@@ -393,13 +415,51 @@ impl<D: BlockDevice> Exec<'_, D> {
     }
 
     fn set_block(&mut self, cid: CollectionId, oid: &str, lblock: u64, data: Bytes) -> Result<()> {
-        let r = self.place(data, oid)?;
-        self.emit(Delta::SetBlock {
+        let mut run = Run::default();
+        self.put_block(&mut run, cid, oid, lblock, data)?;
+        self.map_run(&mut run, cid, oid)
+    }
+
+    /// Places the data of logical block `l`, to be mapped with the blocks before it in `run`
+    /// as one extent when they follow each other (else `run` is mapped first).
+    fn put_block(
+        &mut self,
+        run: &mut Run,
+        cid: CollectionId,
+        oid: &str,
+        l: u64,
+        data: Bytes,
+    ) -> Result<()> {
+        if run.n > 0 && (l != run.first + run.n as u64 || run.n as u64 == EXTENT_BLOCKS_MAX) {
+            self.map_run(run, cid, oid)?;
+        }
+        let b = self.place(data, oid, run.n)?;
+        if run.n > 0 && b.paddr != run.paddr + run.n as u64 {
+            // Never expected (a transaction's blocks go to one batch, in order), but an
+            // extent must be contiguous on the device.
+            return Err(io_error(
+                "internal: a write's blocks were not placed in order",
+            ));
+        }
+        if run.n == 0 {
+            (run.first, run.paddr) = (l, b.paddr);
+        }
+        run.crcs[run.n] = b.crc;
+        run.n += 1;
+        Ok(())
+    }
+
+    /// Maps the blocks gathered in `run` (if any) as one extent.
+    fn map_run(&mut self, run: &mut Run, cid: CollectionId, oid: &str) -> Result<()> {
+        if run.n == 0 {
+            return Ok(());
+        }
+        let n = std::mem::take(&mut run.n);
+        self.emit(Delta::SetExtent {
             cid,
             oid: oid.to_owned(),
-            lblock,
-            paddr: r.paddr,
-            crc: r.crc,
+            lblock: run.first,
+            extent: Extent::new(run.paddr, &run.crcs[..n]),
         })
     }
 
@@ -414,7 +474,7 @@ impl<D: BlockDevice> Exec<'_, D> {
     }
 
     fn block_of(&self, cid: CollectionId, oid: &str, l: u64) -> Option<BlockRef> {
-        self.st.index.object(cid, oid)?.blocks.get(&l).copied()
+        self.st.index.object(cid, oid)?.blocks.get(l)
     }
 
     fn size_of(&self, cid: CollectionId, oid: &str) -> u64 {
@@ -426,6 +486,7 @@ impl<D: BlockDevice> Exec<'_, D> {
     fn write_bytes(&mut self, cid: CollectionId, oid: &str, off: u64, data: &Bytes) -> Result<()> {
         let end = off + data.len() as u64;
         let mut pos = off;
+        let mut run = Run::default();
         while pos < end {
             let l = pos / B;
             let bstart = l * B;
@@ -441,10 +502,12 @@ impl<D: BlockDevice> Exec<'_, D> {
                 buf[(pos - bstart) as usize..(to - bstart) as usize].copy_from_slice(&src);
                 buf.freeze()
             };
-            self.set_block(cid, oid, l, block)?;
+            // Old content of a partial block was read above from the map as it stood: the
+            // run is mapped after every block is placed.
+            self.put_block(&mut run, cid, oid, l, block)?;
             pos = to;
         }
-        Ok(())
+        self.map_run(&mut run, cid, oid)
     }
 
     /// Zeros `[from, to)`: whole blocks are unmapped, partial ones rewritten (or unmapped when
@@ -460,7 +523,7 @@ impl<D: BlockDevice> Exec<'_, D> {
                 .st
                 .index
                 .object(cid, oid)
-                .is_some_and(|o| o.blocks.range(first_full..end_full).next().is_some());
+                .is_some_and(|o| o.blocks.any_in(first_full..end_full));
             if mapped {
                 self.emit(Delta::Punch(cid, oid.to_owned(), first_full, end_full))?;
             }
@@ -534,7 +597,7 @@ impl<D: BlockDevice> Exec<'_, D> {
                         .st
                         .index
                         .object(cid, &oid)
-                        .is_some_and(|o| o.blocks.range(kept..).next().is_some());
+                        .is_some_and(|o| o.blocks.any_in(kept..u64::MAX));
                     if beyond {
                         self.emit(Delta::Punch(cid, oid.clone(), kept, u64::MAX))?;
                     }
@@ -572,7 +635,7 @@ impl<D: BlockDevice> Exec<'_, D> {
                     .st
                     .index
                     .object(cid, &src)
-                    .map(|o| o.blocks.iter().map(|(l, b)| (*l, *b)).collect())
+                    .map(|o| o.blocks.iter().collect())
                     .unwrap_or_default();
                 let contents = blocks
                     .iter()
@@ -583,10 +646,11 @@ impl<D: BlockDevice> Exec<'_, D> {
                 }
                 self.emit(Delta::Touch(cid, dst.clone()))?;
                 self.emit(Delta::CopyMeta(cid, src, dst.clone()))?;
+                let mut run = Run::default();
                 for (l, data) in contents {
-                    self.set_block(cid, &dst, l, data)?;
+                    self.put_block(&mut run, cid, &dst, l, data)?;
                 }
-                Ok(())
+                self.map_run(&mut run, cid, &dst)
             }
             Op::CloneRange {
                 cid,
@@ -608,12 +672,7 @@ impl<D: BlockDevice> Exec<'_, D> {
                         .st
                         .index
                         .object(cid, &src)
-                        .map(|o| {
-                            o.blocks
-                                .range(src_off / B..=(src_end - 1) / B)
-                                .map(|(l, b)| (*l, *b))
-                                .collect()
-                        })
+                        .map(|o| o.blocks.range(src_off / B..(src_end - 1) / B + 1).collect())
                         .unwrap_or_default();
                     for (l, b) in blocks {
                         let data = self.content(&b)?;

@@ -6,6 +6,8 @@ use bytes::{Bytes, BytesMut};
 use carmine_types::limits::{ATTR_NAME_LEN_MAX, OBJECT_NAME_LEN_MAX, VALUE_LEN_MAX};
 use carmine_types::{CollectionId, DecodeError, Decoder, Encoder, PgId};
 
+use crate::extents::{Extent, EXTENT_BLOCKS_MAX};
+
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Delta {
     CreateCollection(CollectionId),
@@ -14,13 +16,13 @@ pub enum Delta {
     Touch(CollectionId, String),
     Remove(CollectionId, String),
     SetSize(CollectionId, String, u64),
-    /// Maps logical block `lblock` to device block `paddr` holding data with checksum `crc`.
-    SetBlock {
+    /// Maps logical blocks from `lblock` on to the device blocks of `extent`, whose data
+    /// must match its checksums. Encoded as *set block* (tag 6) when it is one block long.
+    SetExtent {
         cid: CollectionId,
         oid: String,
         lblock: u64,
-        paddr: u64,
-        crc: u32,
+        extent: Extent,
     },
     /// Unmaps logical blocks `[from, to)` (they read as zeros).
     Punch(CollectionId, String, u64, u64),
@@ -30,7 +32,7 @@ pub enum Delta {
     OmapRm(CollectionId, String, Vec<Bytes>),
     OmapClear(CollectionId, String),
     OmapHeader(CollectionId, String, Bytes),
-    /// Makes `dst`'s size, xattrs and omap a copy of `src`'s (data goes by `SetBlock`).
+    /// Makes `dst`'s size, xattrs and omap a copy of `src`'s (data goes by `SetExtent`).
     CopyMeta(CollectionId, String, String),
 }
 
@@ -41,6 +43,12 @@ fn cid(e: &mut Encoder<'_, BytesMut>, c: CollectionId) {
 }
 
 impl Delta {
+    /// Encoded size of a `SetExtent` of `blocks` blocks for an object name of `oid_len` bytes.
+    pub fn set_extent_len(oid_len: usize, blocks: usize) -> usize {
+        let count = if blocks > 1 { 4 } else { 0 };
+        1 + 8 + 4 + oid_len + 8 + 8 + count + 4 * blocks
+    }
+
     pub fn encode(&self, out: &mut BytesMut) {
         let mut e = Encoder::new(out);
         match self {
@@ -67,16 +75,22 @@ impl Delta {
                 cid(&mut e, *c);
                 e.str(o).u64(*s);
             }
-            Delta::SetBlock {
+            Delta::SetExtent {
                 cid: c,
                 oid,
                 lblock,
-                paddr,
-                crc,
+                extent,
             } => {
-                e.u8(6);
+                let crcs = extent.crcs.as_slice();
+                e.u8(if crcs.len() == 1 { 6 } else { 15 });
                 cid(&mut e, *c);
-                e.str(oid).u64(*lblock).u64(*paddr).u32(*crc);
+                e.str(oid).u64(*lblock).u64(extent.paddr);
+                if crcs.len() > 1 {
+                    e.u32(crcs.len() as u32);
+                }
+                for crc in crcs {
+                    e.u32(*crc);
+                }
             }
             Delta::Punch(c, o, from, to) => {
                 e.u8(7);
@@ -140,13 +154,37 @@ impl Delta {
             3 => Delta::Touch(c, name(d)?),
             4 => Delta::Remove(c, name(d)?),
             5 => Delta::SetSize(c, name(d)?, d.u64("size")?),
-            6 => Delta::SetBlock {
-                cid: c,
-                oid: name(d)?,
-                lblock: d.u64("lblock")?,
-                paddr: d.u64("paddr")?,
-                crc: d.u32("crc")?,
-            },
+            6 | 15 => {
+                let oid = name(d)?;
+                let lblock = d.u64("lblock")?;
+                let paddr = d.u64("paddr")?;
+                let n = match tag {
+                    6 => 1,
+                    _ => d.u32("extent blocks")? as u64,
+                };
+                // Bounded like the writer's extents, and inside the address space, so that
+                // nothing downstream has to fear an overflow or a huge allocation.
+                if !(1..=EXTENT_BLOCKS_MAX).contains(&n)
+                    || (tag == 15 && n == 1)
+                    || lblock.checked_add(n).is_none()
+                    || paddr.checked_add(n).is_none()
+                {
+                    return Err(DecodeError::Invalid {
+                        what: "extent blocks",
+                        found: n,
+                    });
+                }
+                let mut crcs = [0u32; EXTENT_BLOCKS_MAX as usize];
+                for crc in &mut crcs[..n as usize] {
+                    *crc = d.u32("crc")?;
+                }
+                Delta::SetExtent {
+                    cid: c,
+                    oid,
+                    lblock,
+                    extent: Extent::new(paddr, &crcs[..n as usize]),
+                }
+            }
             7 => Delta::Punch(c, name(d)?, d.u64("from")?, d.u64("to")?),
             8 => Delta::SetAttr(
                 c,

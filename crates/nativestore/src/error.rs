@@ -25,6 +25,16 @@ pub enum MountError {
     /// A newer format: a reason to stop, never to fall back on the backup copy.
     #[error("superblock: {0}")]
     NewerFormat(#[source] FormatError),
+    /// An older format: readable (fsck), but written only once upgraded, so that a build
+    /// of that format never meets records it cannot read after a downgrade.
+    #[error(
+        "the store is in format {found}; this build writes format {}: run `carmine store \
+         upgrade --device PATH` first (one-way: builds older than format {} then refuse the \
+         store), or keep using the older build",
+        crate::FORMAT_VERSION,
+        crate::FORMAT_VERSION
+    )]
+    OlderFormat { found: u32 },
     #[error(
         "superblock damaged ({primary}) and its backup too ({backup}); refusing to touch the \
          device"

@@ -6,10 +6,12 @@ use crate::device::BLOCK;
 use bytes::{Bytes, BytesMut};
 use carmine_types::{crc32c, Decoder, Encoder};
 
+/// Version 3: block maps are extents (the *set extent* delta, checkpoint version 2).
 /// Version 2: a backup superblock at [`SUPER_BACKUP_OFFSET`]; records carry the durable mark
 /// and their checksum covers the metadata only (each data block is checked by the checksum
-/// its `SetBlock` delta holds). Version 1 stores are still read.
-pub const FORMAT_VERSION: u32 = 2;
+/// its delta holds). Stores of versions 1 and 2 are read, and written only once upgraded
+/// (`carmine store upgrade`): an older build must never meet records it cannot read.
+pub const FORMAT_VERSION: u32 = 3;
 /// The oldest version this build still reads.
 pub const FORMAT_VERSION_MIN: u32 = 1;
 pub const SUPER_MAGIC: &[u8; 8] = b"CRMNSTOR";
@@ -90,6 +92,9 @@ pub struct ShardLayout {
 /// Block 0 of the device: the geometry every shard is mounted with.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Superblock {
+    /// The format the store is written in (a store older than this build's is mounted
+    /// read-only until upgraded).
+    pub version: u32,
     pub uuid: u128,
     pub segment_size: u32,
     pub shards: Vec<ShardLayout>,
@@ -130,6 +135,7 @@ impl Superblock {
             })
             .collect();
         Ok(Self {
+            version: FORMAT_VERSION,
             uuid,
             segment_size,
             shards,
@@ -140,7 +146,7 @@ impl Superblock {
         let mut b = BytesMut::with_capacity(BLOCK);
         b.extend_from_slice(SUPER_MAGIC);
         let mut e = Encoder::new(&mut b);
-        e.u32(FORMAT_VERSION)
+        e.u32(self.version)
             .u32(BLOCK as u32)
             .u32(self.segment_size)
             .u64(self.uuid as u64)
@@ -190,6 +196,7 @@ impl Superblock {
             ));
         }
         Ok(Self {
+            version: u32::from_le_bytes(block[8..12].try_into().unwrap()),
             uuid: lo | hi << 64,
             segment_size,
             shards: layouts,

@@ -30,13 +30,8 @@ pub async fn fsck<D: BlockDevice>(dev: D, shard: u32) -> Result<FsckReport, Moun
             .colls
             .iter()
             .flat_map(|(cid, coll)| {
-                coll.iter().map(|(oid, o)| {
-                    (
-                        *cid,
-                        oid.clone(),
-                        o.blocks.iter().map(|(l, b)| (*l, *b)).collect(),
-                    )
-                })
+                coll.iter()
+                    .map(|(oid, o)| (*cid, oid.clone(), o.blocks.iter().collect()))
             })
             .collect()
     };

@@ -14,11 +14,13 @@ use carmine_types::{DecodeError, Decoder};
 
 pub use crate::delta::Delta;
 pub use crate::device::BLOCK;
+pub use crate::extents::Extent;
 pub use crate::format::{
     CheckpointSlot, FormatError, JournalPos, RecordHeader, SegmentHeader, SegmentKind, Superblock,
     CKPT_SEGMENTS_MAX, FORMAT_VERSION, FORMAT_VERSION_MIN, INLINE_META, RECORD_HEADER_LEN,
     RECORD_MAGIC, SEGMENT_MAGIC, SHARDS_MAX, SLOT_MAGIC, SUPER_MAGIC,
 };
+pub use crate::index::CHECKPOINT_VERSION;
 
 /// Block 0 of the device (and its backup copy).
 pub fn decode_superblock(block: &[u8]) -> Result<Superblock, FormatError> {
@@ -122,7 +124,7 @@ impl IndexState {
             .colls
             .values()
             .flat_map(|c| c.values())
-            .map(|o| o.blocks.len() as u64)
+            .map(|o| o.blocks.blocks())
             .sum();
         if blocks != ix.live_blocks {
             return Err(format!(

@@ -4,22 +4,17 @@
 
 use crate::delta::Delta;
 use crate::error::IndexError;
+pub use crate::extents::BlockRef;
+use crate::extents::{Extent, ExtentMap, EXTENT_BLOCKS_MAX};
 use bytes::{Bytes, BytesMut};
 use carmine_types::limits::{ATTR_NAME_LEN_MAX, OBJECT_NAME_LEN_MAX, VALUE_LEN_MAX};
 use carmine_types::{CollectionId, DecodeError, Decoder, Encoder, PgId};
 use std::collections::BTreeMap;
 
-/// Where one logical block lives and the checksum its data must match.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct BlockRef {
-    pub paddr: u64,
-    pub crc: u32,
-}
-
 #[derive(Clone, Debug, Default)]
 pub struct Onode {
     pub size: u64,
-    pub blocks: BTreeMap<u64, BlockRef>,
+    pub blocks: ExtentMap,
     pub attrs: BTreeMap<String, Bytes>,
     pub omap_header: Bytes,
     pub omap: BTreeMap<Bytes, Bytes>,
@@ -55,6 +50,21 @@ pub struct Index {
     geometry: Geometry,
     /// Device blocks unmapped by `apply` since the last `take_freed`, for cache invalidation.
     freed: Vec<u64>,
+    /// Blocks an apply unmapped, before their release is accounted.
+    released: Vec<BlockRef>,
+}
+
+/// An object of `colls` (a free function, so the index's other fields stay borrowable).
+fn object_in<'a>(
+    colls: &'a mut BTreeMap<CollectionId, Collection>,
+    cid: CollectionId,
+    oid: &str,
+) -> Result<&'a mut Onode, IndexError> {
+    colls
+        .get_mut(&cid)
+        .ok_or_else(|| missing("collection", cid, oid))?
+        .get_mut(oid)
+        .ok_or_else(|| missing("object", cid, oid))
 }
 
 fn missing(what: &'static str, cid: CollectionId, oid: &str) -> IndexError {
@@ -74,6 +84,7 @@ impl Index {
             segment_live: vec![0; geometry.segments as usize],
             geometry,
             freed: Vec::new(),
+            released: Vec::new(),
         }
     }
 
@@ -82,11 +93,20 @@ impl Index {
     }
 
     fn object_mut(&mut self, cid: CollectionId, oid: &str) -> Result<&mut Onode, IndexError> {
-        self.colls
-            .get_mut(&cid)
-            .ok_or_else(|| missing("collection", cid, oid))?
-            .get_mut(oid)
-            .ok_or_else(|| missing("object", cid, oid))
+        object_in(&mut self.colls, cid, oid)
+    }
+
+    /// Counts the blocks of `e` live, all or (if one lies outside every segment) none.
+    fn take_extent(&mut self, e: &Extent) -> Result<(), IndexError> {
+        for b in e.blocks() {
+            self.geometry
+                .segment_of(b.paddr)
+                .ok_or(IndexError::OutsideSegments(b.paddr))?;
+        }
+        for b in e.blocks() {
+            self.take_block(b)?;
+        }
+        Ok(())
     }
 
     fn take_block(&mut self, b: BlockRef) -> Result<(), IndexError> {
@@ -129,13 +149,11 @@ impl Index {
         Ok(())
     }
 
-    /// Releases mapped blocks. An accounting error leaves the blocks before it released:
-    /// the caller stops the shard (at run time) or refuses the mount (at replay).
-    fn release_all(
-        &mut self,
-        blocks: impl IntoIterator<Item = BlockRef>,
-    ) -> Result<(), IndexError> {
-        for b in blocks {
+    /// Releases the blocks an apply unmapped (in `released`). An accounting error leaves the
+    /// blocks before it released: the caller stops the shard (at run time) or refuses the
+    /// mount (at replay).
+    fn release_unmapped(&mut self) -> Result<(), IndexError> {
+        for b in self.released.drain(..) {
             Self::release_block(
                 &mut self.segment_live,
                 &mut self.live_blocks,
@@ -185,35 +203,28 @@ impl Index {
                     .remove(oid.as_str())
                     .ok_or_else(|| missing("object", *cid, oid))?;
                 self.objects -= 1;
-                self.release_all(onode.blocks.into_values())?;
+                self.released.extend(onode.blocks.iter().map(|(_, b)| b));
+                self.release_unmapped()?;
             }
             Delta::SetSize(cid, oid, size) => self.object_mut(*cid, oid)?.size = *size,
-            Delta::SetBlock {
+            Delta::SetExtent {
                 cid,
                 oid,
                 lblock,
-                paddr,
-                crc,
+                extent,
             } => {
-                let new = BlockRef {
-                    paddr: *paddr,
-                    crc: *crc,
-                };
                 self.object_mut(*cid, oid)?;
-                self.take_block(new)?;
-                let old = self.object_mut(*cid, oid)?.blocks.insert(*lblock, new);
-                self.release_all(old)?;
+                self.take_extent(extent)?;
+                let onode = object_in(&mut self.colls, *cid, oid)?;
+                onode
+                    .blocks
+                    .set(*lblock, extent.clone(), &mut self.released);
+                self.release_unmapped()?;
             }
             Delta::Punch(cid, oid, from, to) => {
-                let onode = self.object_mut(*cid, oid)?;
-                if from >= to {
-                    return Ok(());
-                }
-                let tail = onode.blocks.split_off(from);
-                let mut tail = tail;
-                let mut rest = tail.split_off(to);
-                onode.blocks.append(&mut rest);
-                self.release_all(tail.into_values())?;
+                let onode = object_in(&mut self.colls, *cid, oid)?;
+                onode.blocks.punch(*from, *to, &mut self.released);
+                self.release_unmapped()?;
             }
             Delta::SetAttr(cid, oid, name, value) => {
                 self.object_mut(*cid, oid)?
@@ -263,15 +274,18 @@ impl Index {
 
     /// The whole metadata as one blob, for a checkpoint.
     pub fn encode(&self) -> BytesMut {
-        let mut out = BytesMut::with_capacity(64 + self.live_blocks as usize * 20);
+        let mut out = BytesMut::with_capacity(64 + self.live_blocks as usize * 8);
         let mut e = Encoder::new(&mut out);
         e.u32(CHECKPOINT_VERSION).count(self.colls.len());
         for (cid, coll) in &self.colls {
             e.u32(cid.pool).u32(cid.seed).count(coll.len());
             for (oid, o) in coll {
-                e.str(oid).u64(o.size).u64(o.blocks.len() as u64);
-                for (l, b) in &o.blocks {
-                    e.u64(*l).u64(b.paddr).u32(b.crc);
+                e.str(oid).u64(o.size).u64(o.blocks.extent_count() as u64);
+                for (l, x) in o.blocks.extents() {
+                    e.u64(l).u64(x.paddr).u32(x.block_count() as u32);
+                    for crc in x.crcs.as_slice() {
+                        e.u32(*crc);
+                    }
                 }
                 e.count(o.attrs.len());
                 for (k, v) in &o.attrs {
@@ -294,7 +308,7 @@ impl Index {
     pub fn decode(blob: Bytes, geometry: Geometry) -> Result<Self, DecodeError> {
         let mut d = Decoder::new(blob);
         let version = d.u32("checkpoint version")?;
-        if version != CHECKPOINT_VERSION {
+        if !(1..=CHECKPOINT_VERSION).contains(&version) {
             return Err(DecodeError::Invalid {
                 what: "checkpoint version",
                 found: version as u64,
@@ -316,20 +330,20 @@ impl Index {
                     size: d.u64("size")?,
                     ..Onode::default()
                 };
-                for _ in 0..d.u64("blocks")? {
-                    let l = d.u64("lblock")?;
-                    after_last(&o.blocks, &l, "block order")?;
-                    let b = BlockRef {
-                        paddr: d.u64("paddr")?,
-                        crc: d.u32("crc")?,
-                    };
-                    if index.take_block(b).is_err() {
+                for _ in 0..d.u64(if version == 1 { "blocks" } else { "extents" })? {
+                    let (l, x) = decode_extent(&mut d, version)?;
+                    if index.take_extent(&x).is_err() {
                         return Err(DecodeError::Invalid {
                             what: "block address",
-                            found: b.paddr,
+                            found: x.paddr,
                         });
                     }
-                    o.blocks.insert(l, b);
+                    if !o.blocks.push_back(l, x) {
+                        return Err(DecodeError::Invalid {
+                            what: "block order",
+                            found: o.blocks.blocks(),
+                        });
+                    }
                 }
                 for _ in 0..d.count("xattrs", big)? {
                     let k = d.string("xattr name", ATTR_NAME_LEN_MAX)?;
@@ -357,7 +371,33 @@ impl Index {
     }
 }
 
-pub(crate) const CHECKPOINT_VERSION: u32 = 1;
+/// Version 2: block maps as extents (a logical block, a device block, a count and one
+/// checksum per block). Version 1 (one entry per block) is still read.
+pub const CHECKPOINT_VERSION: u32 = 2;
+
+/// One block-map entry of a checkpoint: a block (version 1) or an extent.
+fn decode_extent(d: &mut Decoder, version: u32) -> Result<(u64, Extent), DecodeError> {
+    let l = d.u64("lblock")?;
+    let paddr = d.u64("paddr")?;
+    let n = match version {
+        1 => 1,
+        _ => d.u32("extent blocks")? as u64,
+    };
+    if !(1..=EXTENT_BLOCKS_MAX).contains(&n)
+        || l.checked_add(n).is_none()
+        || paddr.checked_add(n).is_none()
+    {
+        return Err(DecodeError::Invalid {
+            what: "extent blocks",
+            found: n,
+        });
+    }
+    let mut crcs = [0u32; EXTENT_BLOCKS_MAX as usize];
+    for crc in &mut crcs[..n as usize] {
+        *crc = d.u32("crc")?;
+    }
+    Ok((l, Extent::new(paddr, &crcs[..n as usize])))
+}
 
 /// Fails unless `key` sorts after every key already in `map` (checkpoint keys are written in
 /// order); `found` is the number of entries before it.
@@ -394,16 +434,18 @@ mod tests {
         ix.apply(&Delta::CreateCollection(cid())).unwrap();
         ix.apply(&Delta::Touch(cid(), "a".into())).unwrap();
         for &(lblock, paddr) in blocks {
-            let delta = Delta::SetBlock {
-                cid: cid(),
-                oid: "a".into(),
-                lblock,
-                paddr,
-                crc: 0,
-            };
-            ix.apply(&delta).unwrap();
+            ix.apply(&set_block(lblock, paddr)).unwrap();
         }
         ix
+    }
+
+    fn set_block(lblock: u64, paddr: u64) -> Delta {
+        Delta::SetExtent {
+            cid: cid(),
+            oid: "a".into(),
+            lblock,
+            extent: Extent::new(paddr, &[0]),
+        }
     }
 
     #[test]
@@ -412,13 +454,7 @@ mod tests {
         // segment counted empty (the cleaner would take it for free) but say so.
         let mut ix = index_with(&[(0, 20), (1, 21)]);
         ix.segment_live[1] = 1;
-        let overwrite = |paddr| Delta::SetBlock {
-            cid: cid(),
-            oid: "a".into(),
-            lblock: 0,
-            paddr,
-            crc: 0,
-        };
+        let overwrite = |paddr| set_block(0, paddr);
         ix.apply(&overwrite(40)).unwrap();
         assert_eq!(ix.segment_live[1], 0);
         let err = ix
@@ -434,14 +470,21 @@ mod tests {
     #[test]
     fn a_block_outside_every_segment_is_refused() {
         let mut ix = index_with(&[]);
-        let delta = Delta::SetBlock {
+        assert_eq!(
+            ix.apply(&set_block(0, 1)),
+            Err(IndexError::OutsideSegments(1))
+        );
+        // An extent partly outside: nothing of it is counted.
+        let delta = Delta::SetExtent {
             cid: cid(),
             oid: "a".into(),
             lblock: 0,
-            paddr: 1,
-            crc: 0,
+            extent: Extent::new(GEO.segment_start(GEO.segments) - 1, &[0, 0]),
         };
-        assert_eq!(ix.apply(&delta), Err(IndexError::OutsideSegments(1)));
+        assert!(matches!(
+            ix.apply(&delta),
+            Err(IndexError::OutsideSegments(_))
+        ));
         assert_eq!(ix.live_blocks, 0);
     }
 
@@ -459,9 +502,10 @@ mod tests {
     #[test]
     fn checkpoint_with_a_repeated_block_is_rejected() {
         let one = index_with(&[(4, 3)]).encode();
-        let two = index_with(&[(4, 3), (5, 4)]).encode();
-        // Rewrite the second block's logical number (after its oid, size, count and the first
-        // block's 20 bytes) to repeat the first's.
+        // Not contiguous on the device, so two extents.
+        let two = index_with(&[(4, 3), (5, 10)]).encode();
+        // Rewrite the second extent's logical block (where `one` has its xattr count, omap
+        // header and omap count) to repeat the first's.
         let mut blob = two.to_vec();
         let second = one.len() - 4 - 4 - 8;
         assert_eq!(blob[second..second + 8], 5u64.to_le_bytes());
@@ -473,6 +517,33 @@ mod tests {
                 ..
             })
         ));
+    }
+
+    #[test]
+    fn version_1_checkpoints_are_read() {
+        let mut v1 = BytesMut::new();
+        let mut e = Encoder::new(&mut v1);
+        e.u32(1).count(1).u32(cid().pool).u32(cid().seed).count(1);
+        e.str("a").u64(3 * 4096).u64(3);
+        for (l, paddr) in [(0u64, 7u64), (1, 8), (2, 30)] {
+            e.u64(l).u64(paddr).u32(l as u32 + 100);
+        }
+        e.count(0).bytes(b"").u64(0);
+        let ix = Index::decode(v1.freeze(), GEO).unwrap();
+        let o = ix.object(cid(), "a").unwrap();
+        assert_eq!(o.blocks.extent_count(), 3);
+        assert_eq!(o.blocks.get(1), Some(BlockRef { paddr: 8, crc: 101 }));
+        assert_eq!(
+            o.blocks.get(2),
+            Some(BlockRef {
+                paddr: 30,
+                crc: 102
+            })
+        );
+        assert_eq!(ix.live_blocks, 3);
+        // Written back in the current version, it reads the same.
+        let back = Index::decode(ix.encode().freeze(), GEO).unwrap();
+        assert_eq!(back.object(cid(), "a").unwrap().blocks, o.blocks);
     }
 
     #[test]

@@ -97,7 +97,7 @@ impl Batch {
         let overflow = &self.meta[inline..];
         let ostart = (1 + self.data.len()) * BLOCK;
         rec[ostart..ostart + overflow.len()].copy_from_slice(overflow);
-        // The metadata only: every data block has its own checksum in its SetBlock delta,
+        // The metadata only: every data block has its own checksum in its SetExtent delta,
         // so one bad data block costs that block, not the record and all after it.
         RecordHeader {
             seq: self.record_seq,

@@ -12,6 +12,7 @@ mod cache;
 mod delta;
 mod device;
 mod error;
+mod extents;
 mod format;
 mod fsck;
 #[doc(hidden)]
@@ -28,7 +29,9 @@ pub use device::{AlignedBuf, BlockDevice, DeviceLock, FileDevice, SyncMode, BLOC
 pub use error::{IndexError, JournalError, MountError, ShardFailure};
 pub use format::{FormatError, Superblock, FORMAT_VERSION, SUPER_BACKUP_OFFSET};
 pub use fsck::{fsck, FsckReport};
-pub use mount::{mkfs, read_superblock, read_superblock_copies, MountReport, SuperblockCopies};
+pub use mount::{
+    mkfs, read_superblock, read_superblock_copies, upgrade, MountReport, SuperblockCopies,
+};
 pub use simdev::{CrashImage, SimDevice};
 pub use store::{NativeConfig, NativeStats, NativeStore};
 

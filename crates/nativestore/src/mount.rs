@@ -5,8 +5,8 @@ use crate::delta::Delta;
 use crate::device::{AlignedBuf, BlockDevice, BLOCK};
 use crate::error::{JournalError, MountError};
 use crate::format::{
-    CheckpointSlot, FormatError, JournalPos, SegmentHeader, SegmentKind, Superblock, SHARD_ALIGN,
-    SHARD_HEADER_BLOCKS, SUPER_BACKUP_OFFSET,
+    CheckpointSlot, FormatError, JournalPos, SegmentHeader, SegmentKind, Superblock,
+    FORMAT_VERSION, SHARD_ALIGN, SHARD_HEADER_BLOCKS, SUPER_BACKUP_OFFSET,
 };
 use crate::index::{Geometry, Index};
 use crate::journal::JournalState;
@@ -66,6 +66,31 @@ async fn write_block<D: BlockDevice>(dev: &D, off: u64, data: &[u8]) -> Result<(
 /// (with a warning). A superblock of a newer format is refused, never bypassed.
 pub async fn read_superblock<D: BlockDevice>(dev: &D) -> Result<Superblock, MountError> {
     Ok(read_superblock_copies(dev).await?.superblock)
+}
+
+/// Brings a store of an older format to this build's, in place, and returns the version it
+/// had. Every structure of the older versions stays readable, so only the superblock copies
+/// change, both rewritten from the one a mount would use: the backup first, then the
+/// primary, each synced (a crash in between leaves a primary of the old version, which
+/// mount refuses and a rerun finishes).
+pub async fn upgrade<D: BlockDevice>(dev: &D) -> Result<u32, MountError> {
+    let copies = read_superblock_copies(dev).await?;
+    let old = copies.superblock.version;
+    if old == FORMAT_VERSION && copies.primary_damaged.is_none() && copies.backup_problem.is_none()
+    {
+        return Ok(old);
+    }
+    let sb = Superblock {
+        version: FORMAT_VERSION,
+        ..copies.superblock
+    };
+    for at in [SUPER_BACKUP_OFFSET, 0] {
+        write_block(dev, at, &sb.encode()).await?;
+        dev.sync()
+            .await
+            .map_err(io_err("syncing the superblock", at))?;
+    }
+    Ok(old)
 }
 
 /// What the two superblock copies hold.
@@ -216,6 +241,9 @@ impl<D: BlockDevice> NativeStore<D> {
         writable: bool,
     ) -> Result<(Self, MountReport), MountError> {
         let sb = read_superblock(&dev).await?;
+        if writable && sb.version < FORMAT_VERSION {
+            return Err(MountError::OlderFormat { found: sb.version });
+        }
         let layout = *sb
             .shards
             .get(shard as usize)
@@ -514,15 +542,17 @@ impl<D: BlockDevice> NativeStore<D> {
 }
 
 /// The data blocks of the record at `rec_paddr` whose contents fail the checksum their
-/// `SetBlock` delta carries, by device block.
+/// `SetExtent` delta carries, by device block.
 fn bad_data_blocks(deltas: &[Delta], rec_paddr: u64, data: &[u8]) -> Vec<u64> {
     let blocks = (data.len() / BLOCK) as u64;
     deltas
         .iter()
         .filter_map(|d| match d {
-            Delta::SetBlock { paddr, crc, .. } => Some((*paddr, *crc)),
+            Delta::SetExtent { extent, .. } => Some(extent.blocks()),
             _ => None,
         })
+        .flatten()
+        .map(|b| (b.paddr, b.crc))
         .filter(|(paddr, _)| paddr.wrapping_sub(rec_paddr + 1) < blocks)
         .filter(|(paddr, crc)| {
             let i = (paddr - rec_paddr - 1) as usize;

@@ -3,16 +3,17 @@
 //! the submit path of whichever transaction finds space short — so writers slow down as the
 //! store fills instead of failing, and no background task is needed.
 
-use crate::apply::SET_BLOCK_BYTES;
 use crate::delta::Delta;
 use crate::device::{AlignedBuf, BlockDevice, BLOCK};
 use crate::error::ShardFailure;
+use crate::extents::{Extent, EXTENT_BLOCKS_MAX};
 use crate::format::{CheckpointSlot, SegmentHeader, SegmentKind, CKPT_SEGMENTS_MAX};
 use crate::journal::parse_record;
 use crate::segments::SegKind;
-use crate::store::{io_error, NativeStore};
+use crate::store::{io_error, NativeStore, State};
 use bytes::{Bytes, BytesMut};
 use carmine_store::Result;
+use carmine_types::CollectionId;
 use carmine_types::{crc32c, Decoder};
 
 impl<D: BlockDevice> NativeStore<D> {
@@ -271,8 +272,8 @@ impl<D: BlockDevice> NativeStore<D> {
                 "segment {victim} holds live data but its header is unreadable"
             )));
         };
-        // Walk its records; every data block was placed by a SetBlock in its own record.
-        let mut live: Vec<(Delta, Bytes)> = Vec::new();
+        // Walk its records; every data block was placed by a SetExtent in its own record.
+        let mut live: Vec<LiveBlock> = Vec::new();
         let mut bad_blocks = 0;
         let area = buf.full();
         let mut at = BLOCK;
@@ -292,20 +293,22 @@ impl<D: BlockDevice> NativeStore<D> {
                 let Ok(delta) = Delta::decode(&mut d) else {
                     break;
                 };
-                if let Delta::SetBlock {
+                let Delta::SetExtent {
                     cid,
-                    ref oid,
-                    lblock,
-                    paddr,
-                    crc,
+                    oid,
+                    lblock: first,
+                    extent,
                 } = delta
-                {
+                else {
+                    continue;
+                };
+                let Some(object) = st.index.object(cid, &oid) else {
+                    continue;
+                };
+                for (k, b) in extent.blocks().enumerate() {
+                    let (lblock, paddr, crc) = (first + k as u64, b.paddr, b.crc);
                     let i = paddr.wrapping_sub(rec_start + 1);
-                    let still = st
-                        .index
-                        .object(cid, oid)
-                        .and_then(|o| o.blocks.get(&lblock))
-                        .is_some_and(|b| b.paddr == paddr);
+                    let still = object.blocks.get(lblock).is_some_and(|b| b.paddr == paddr);
                     if i < rec.header.data_blocks as u64 && still {
                         let data = &rec.data[i as usize * BLOCK..(i as usize + 1) * BLOCK];
                         if crc32c(data) != crc {
@@ -319,7 +322,13 @@ impl<D: BlockDevice> NativeStore<D> {
                                 "cleaner moves a block that fails its checksum"
                             );
                         }
-                        live.push((delta.clone(), Bytes::copy_from_slice(data)));
+                        live.push(LiveBlock {
+                            cid,
+                            oid: oid.clone(),
+                            lblock,
+                            crc,
+                            data: Bytes::copy_from_slice(data),
+                        });
                     }
                 }
             }
@@ -344,38 +353,46 @@ impl<D: BlockDevice> NativeStore<D> {
         let moved = live.len();
         // Block by block, so the moved blocks fill what is left of the journal's segment and
         // flow on into the next: one record per victim would need a whole fresh segment, and at
-        // high fill cleaning would then free no more than it takes.
+        // high fill cleaning would then free no more than it takes. Blocks that follow each
+        // other in an object and land next to each other in one batch move as one extent.
         let mut batch = 0;
-        for (delta, data) in live {
-            let Delta::SetBlock {
-                cid,
-                oid,
-                lblock,
-                crc,
-                ..
-            } = delta
-            else {
-                unreachable!("only SetBlock collected")
-            };
+        let mut run: Option<Moved> = None;
+        for block in live {
             let mut st = self.st.borrow_mut();
-            self.batch_for(&mut st, SET_BLOCK_BYTES + oid.len(), 1)?;
+            if let Some(r) = run.take() {
+                let next = r.crcs.len() + 1;
+                let open = st.journal.open.as_ref().expect("opened by the run");
+                if r.continued_by(&block)
+                    && open.fits(Delta::set_extent_len(block.oid.len(), next), 1)
+                {
+                    run = Some(r);
+                } else {
+                    r.map::<D>(&mut st)?;
+                }
+            }
+            let pending = run.as_ref().map_or(0, |r| r.crcs.len());
+            self.batch_for(
+                &mut st,
+                Delta::set_extent_len(block.oid.len(), pending + 1),
+                1,
+            )?;
             let b = st.journal.open.as_mut().expect("opened");
             let paddr = b.next_data_block();
-            b.data.push(data.clone());
-            let d = Delta::SetBlock {
-                cid,
-                oid,
-                lblock,
-                paddr,
-                crc,
-            };
-            d.encode(&mut b.meta);
+            b.data.push(block.data.clone());
             batch = b.id;
-            st.cache.add_dirty(paddr, data);
-            st.index
-                .apply(&d)
-                .map_err(|e| io_error(format!("internal: relocation: {e}")))?;
-            Self::invalidate_freed(&mut st);
+            st.cache.add_dirty(paddr, block.data);
+            let r = run.get_or_insert_with(|| Moved {
+                cid: block.cid,
+                oid: block.oid,
+                first: block.lblock,
+                paddr,
+                crcs: Vec::new(),
+            });
+            debug_assert_eq!(paddr, r.paddr + r.crcs.len() as u64);
+            r.crcs.push(block.crc);
+        }
+        if let Some(r) = run {
+            r.map::<D>(&mut self.st.borrow_mut())?;
         }
         self.wait_durable(batch).await?;
         let mut st = self.st.borrow_mut();
@@ -462,5 +479,49 @@ impl<D: BlockDevice> NativeStore<D> {
             }
         }
         best.map(|(_, i, _)| i)
+    }
+}
+
+/// A live block the cleaner found in its victim segment.
+struct LiveBlock {
+    cid: CollectionId,
+    oid: String,
+    lblock: u64,
+    crc: u32,
+    data: Bytes,
+}
+
+/// Blocks the cleaner moved into the open batch, waiting to be mapped as one extent.
+struct Moved {
+    cid: CollectionId,
+    oid: String,
+    first: u64,
+    paddr: u64,
+    crcs: Vec<u32>,
+}
+
+impl Moved {
+    fn continued_by(&self, b: &LiveBlock) -> bool {
+        b.cid == self.cid
+            && b.oid == self.oid
+            && b.lblock == self.first + self.crcs.len() as u64
+            && (self.crcs.len() as u64) < EXTENT_BLOCKS_MAX
+    }
+
+    /// Writes the run's delta into the open batch (which holds its blocks) and applies it.
+    fn map<D: BlockDevice>(self, st: &mut State) -> Result<()> {
+        let d = Delta::SetExtent {
+            cid: self.cid,
+            oid: self.oid,
+            lblock: self.first,
+            extent: Extent::new(self.paddr, &self.crcs),
+        };
+        let b = st.journal.open.as_mut().expect("the run's batch is open");
+        d.encode(&mut b.meta);
+        st.index
+            .apply(&d)
+            .map_err(|e| io_error(format!("internal: relocation: {e}")))?;
+        NativeStore::<D>::invalidate_freed(st);
+        Ok(())
     }
 }

@@ -60,6 +60,8 @@ pub struct NativeStats {
     pub records: u64,
     pub device_writes: u64,
     pub device_bytes_written: u64,
+    /// Metadata (delta) bytes in the records written: the map's share of the journal.
+    pub journal_meta_bytes: u64,
     pub user_bytes_written: u64,
     /// Transactions applied to the index and queued for the journal (acknowledged once
     /// their batch is durable).
@@ -411,6 +413,7 @@ impl<D: BlockDevice> NativeStore<D> {
                     for b in &batches {
                         st.cache.batch_written(b.data_blocks());
                         st.stats.records += 1;
+                        st.stats.journal_meta_bytes += b.meta.len() as u64;
                     }
                     st.journal.published(&batches);
                     st.stats.device_writes += batches.len() as u64;
@@ -519,11 +522,7 @@ impl<D: BlockDevice> NativeStore<D> {
         check_io_len(cid, oid, end - off)?;
         let first = off / BLOCK as u64;
         let last = (end - 1) / BLOCK as u64;
-        let blocks = obj
-            .blocks
-            .range(first..=last)
-            .map(|(l, b)| (*l, *b))
-            .collect();
+        let blocks = obj.blocks.range(first..last + 1).collect();
         Ok((end - off, blocks))
     }
 

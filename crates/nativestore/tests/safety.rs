@@ -3,8 +3,8 @@
 
 use bytes::Bytes;
 use carmine_nativestore::{
-    fsck, mkfs, read_superblock_copies, FormatError, MountError, NativeConfig, NativeStore,
-    SimDevice, BLOCK, FORMAT_VERSION, SUPER_BACKUP_OFFSET,
+    fsck, mkfs, read_superblock_copies, upgrade, AlignedBuf, BlockDevice, FormatError, MountError,
+    NativeConfig, NativeStore, SimDevice, BLOCK, FORMAT_VERSION, SUPER_BACKUP_OFFSET,
 };
 use carmine_store::{ObjectStore, StoreErrorKind, Transaction};
 use carmine_types::{CollectionId, PgId};
@@ -259,4 +259,61 @@ fn a_crafted_checkpoint_slot_is_an_error_not_a_crash() {
         matches!(&err, MountError::Checkpoint { detail, .. } if detail.contains("claims")),
         "{err}"
     );
+}
+
+/// Rewrites the superblock copy at `at` as format `version` (everything else as it is).
+fn set_superblock_version(dev: &SimDevice, at: u64, version: u32) {
+    let mut sb = block_on(read_superblock_copies(dev)).unwrap().superblock;
+    sb.version = version;
+    let mut buf = AlignedBuf::new(BLOCK);
+    buf.extend_from_slice(&sb.encode());
+    buf.pad_to_block();
+    block_on(dev.write_at(buf, at)).0.unwrap();
+}
+
+#[test]
+fn an_older_format_is_read_but_written_only_after_an_upgrade() {
+    let dev = four_records();
+    let big = Bytes::from((0..16 * BLOCK).map(|i| (i / 7) as u8).collect::<Vec<u8>>());
+    let store = mount(&dev);
+    let mut t = Transaction::new();
+    t.write(C, "big", 0, big.clone());
+    block_on(store.submit(t)).unwrap();
+    drop(store);
+    for at in [0, SUPER_BACKUP_OFFSET] {
+        set_superblock_version(&dev, at, FORMAT_VERSION - 1);
+    }
+    let before = dev.image();
+    let refused = |dev: &SimDevice| {
+        let err = block_on(NativeStore::mount(dev.clone(), 0, NativeConfig::default()))
+            .err()
+            .expect("mounted an older format for writing");
+        assert!(
+            matches!(err, MountError::OlderFormat { found } if found == FORMAT_VERSION - 1),
+            "{err}"
+        );
+        assert!(err.to_string().contains("carmine store upgrade"), "{err}");
+    };
+    refused(&dev);
+    assert!(before == dev.image(), "a refused mount changed the device");
+    // Read-only checks still work on the older format.
+    let report = block_on(fsck(dev.clone(), 0)).unwrap();
+    assert!(report.errors.is_empty(), "{:?}", report.errors);
+    assert_eq!(report.mount.objects, 5);
+    // A crash in the middle of an upgrade: the backup is new, the primary still old.
+    set_superblock_version(&dev, SUPER_BACKUP_OFFSET, FORMAT_VERSION);
+    refused(&dev);
+    assert_eq!(block_on(upgrade(&dev)).unwrap(), FORMAT_VERSION - 1);
+    let copies = block_on(read_superblock_copies(&dev)).unwrap();
+    assert_eq!(copies.superblock.version, FORMAT_VERSION);
+    assert!(
+        copies.backup_problem.is_none(),
+        "{:?}",
+        copies.backup_problem
+    );
+    let store = mount(&dev);
+    assert_eq!(block_on(store.read(C, "big", 0, 0)).unwrap(), big);
+    assert_eq!(block_on(store.read(C, "c", 0, 0)).unwrap(), pattern(0xc3));
+    drop(store);
+    assert_eq!(block_on(upgrade(&dev)).unwrap(), FORMAT_VERSION);
 }

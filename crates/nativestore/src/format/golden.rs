@@ -5,6 +5,7 @@
 
 use super::*;
 use crate::delta::Delta;
+use crate::extents::Extent;
 use crate::index::CHECKPOINT_VERSION;
 use carmine_types::PgId;
 
@@ -338,12 +339,11 @@ fn delta_table_matches_the_encoder() {
         Delta::Touch(c, o()),
         Delta::Remove(c, o()),
         Delta::SetSize(c, o(), 7),
-        Delta::SetBlock {
+        Delta::SetExtent {
             cid: c,
             oid: o(),
             lblock: 1,
-            paddr: 2,
-            crc: 3,
+            extent: Extent::new(2, &[3]),
         },
         Delta::Punch(c, o(), 1, 2),
         Delta::SetAttr(c, o(), s(), b()),
@@ -353,6 +353,12 @@ fn delta_table_matches_the_encoder() {
         Delta::OmapClear(c, o()),
         Delta::OmapHeader(c, o(), b()),
         Delta::CopyMeta(c, o(), s()),
+        Delta::SetExtent {
+            cid: c,
+            oid: o(),
+            lblock: 1,
+            extent: Extent::new(2, &[3, 4]),
+        },
     ];
     let text = section("Journal records");
     let rows = table(&text[text.find("| tag |").expect("the delta table")..]);
