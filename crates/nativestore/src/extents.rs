@@ -94,7 +94,8 @@ impl Extent {
 
     /// Whether `next` continues this extent on the device and the two fit in one.
     fn joins(&self, next: &Extent) -> bool {
-        self.paddr + self.block_count() == next.paddr && self.block_count() + next.block_count() <= EXTENT_BLOCKS_MAX
+        self.paddr + self.block_count() == next.paddr
+            && self.block_count() + next.block_count() <= EXTENT_BLOCKS_MAX
     }
 
     fn join(self, next: Extent) -> Extent {
@@ -124,7 +125,11 @@ impl ExtentMap {
 
     /// The extent holding logical block `l`, with its first logical block.
     fn covering(&self, l: u64) -> Option<(u64, &Extent)> {
-        let (&s, e) = self.map.range(..=l).next_back()?;
+        // Bounded below by the longest extent, so both ends of the range share one descent.
+        let (&s, e) = self
+            .map
+            .range(l.saturating_sub(EXTENT_BLOCKS_MAX - 1)..=l)
+            .next_back()?;
         (l - s < e.block_count()).then_some((s, e))
     }
 
@@ -180,6 +185,23 @@ impl ExtentMap {
         if from >= to {
             return;
         }
+        // The common case (a random overwrite inside a longer extent): cut that one extent
+        // once, without splitting it twice first.
+        if let Some((s, e)) = self.covering(from) {
+            let end = s + e.block_count();
+            if to <= end {
+                let e = self.map.remove(&s).expect("just found");
+                released.extend((from - s..to - s).map(|i| e.block(i)));
+                self.blocks -= to - from;
+                if s < from {
+                    self.map.insert(s, e.sub(0, from - s));
+                }
+                if to < end {
+                    self.map.insert(to, e.sub(to - s, end - s));
+                }
+                return;
+            }
+        }
         self.split_at(from);
         self.split_at(to);
         while let Some((&s, _)) = self.map.range(from..to).next() {
@@ -189,25 +211,50 @@ impl ExtentMap {
         }
     }
 
-    /// Maps `[l, l + ext.block_count())` to `ext`; what was mapped there is appended to `released`.
-    /// Joins neighbours that continue it both logically and on the device.
+    /// Maps `[l, l + n)` to `ext` of `n` blocks; what was mapped there is appended to
+    /// `released`. Joins the extent before it when `ext` continues it both logically and on
+    /// the device (writes that go forward; one that continues backwards is left apart —
+    /// joining only saves entries, and looking both ways costs every random write a lookup).
     pub fn set(&mut self, l: u64, ext: Extent, released: &mut Vec<BlockRef>) {
         let n = ext.block_count();
-        self.punch(l, l + n, released);
         self.blocks += n;
-        let (mut start, mut ext) = (l, ext);
-        if let Some((&ps, pe)) = self.map.range(..l).next_back() {
-            if ps + pe.block_count() == l && pe.joins(&ext) {
-                let pe = self.map.remove(&ps).expect("just found");
-                (start, ext) = (ps, pe.join(ext));
+        // An overwrite of exactly one extent (random writes over a fragmented map) swaps it
+        // in place, and one descent finds both it and the extent before it.
+        let mut near = self.map.range_mut(l.saturating_sub(EXTENT_BLOCKS_MAX)..=l);
+        if let Some((&s, cur)) = near.next_back() {
+            if s == l && cur.block_count() == n {
+                let old = std::mem::replace(cur, ext);
+                let joins = near
+                    .next_back()
+                    .is_some_and(|(&ps, pe)| ps + pe.block_count() == l && pe.joins(cur));
+                released.extend(old.blocks());
+                self.blocks -= n;
+                if joins {
+                    self.join_before(l);
+                }
+                return;
             }
         }
-        let end = start + ext.block_count();
-        if self.map.get(&end).is_some_and(|next| ext.joins(next)) {
-            let next = self.map.remove(&end).expect("just found");
-            ext = ext.join(next);
+        self.punch(l, l + n, released);
+        self.map.insert(l, ext);
+        self.join_before(l);
+    }
+
+    /// Joins the extent at `l` to the one before it if it continues it.
+    fn join_before(&mut self, l: u64) {
+        let Some((&ps, pe)) = self
+            .map
+            .range(l.saturating_sub(EXTENT_BLOCKS_MAX)..l)
+            .next_back()
+        else {
+            return;
+        };
+        if ps + pe.block_count() != l || !self.map.get(&l).is_some_and(|e| pe.joins(e)) {
+            return;
         }
-        self.map.insert(start, ext);
+        let pe = self.map.remove(&ps).expect("just found");
+        let e = self.map.remove(&l).expect("just found");
+        self.map.insert(ps, pe.join(e));
     }
 
     /// Appends an extent after every mapped block, as it is (loading a checkpoint, which
