@@ -10,6 +10,7 @@
 //!    (later ops see earlier ones), places new data blocks in the open batch and encodes the
 //!    deltas into it.
 
+use crate::cache::BlockMap;
 use crate::delta::Delta;
 use crate::device::BLOCK;
 use crate::error::ShardFailure;
@@ -374,7 +375,7 @@ impl Default for Run {
 pub(crate) struct Exec<'s, D: BlockDevice> {
     pub device: std::marker::PhantomData<D>,
     pub st: &'s mut State,
-    pub pre: &'s HashMap<u64, Bytes>,
+    pub pre: &'s BlockMap<Bytes>,
     pub meta: BytesMut,
 }
 
@@ -774,8 +775,8 @@ impl<D: BlockDevice> NativeStore<D> {
     }
 
     /// Collects the blocks a transaction may read: from memory when there, else the device.
-    async fn read_ahead(&self, wanted: &[BlockRef]) -> Result<HashMap<u64, Bytes>> {
-        let mut got = HashMap::new();
+    async fn read_ahead(&self, wanted: &[BlockRef]) -> Result<BlockMap<Bytes>> {
+        let mut got = BlockMap::default();
         let mut missing = Vec::new();
         {
             let st = self.st.borrow();

@@ -5,11 +5,39 @@
 use crate::device::BLOCK;
 use bytes::Bytes;
 use std::collections::{HashMap, VecDeque};
+use std::hash::{BuildHasherDefault, Hasher};
+
+/// Hashes device block numbers with one multiply. They are assigned by the store, never
+/// chosen by a client, so SipHash's resistance to crafted keys buys nothing here; it cost
+/// ~9% of the OSD core on 64 KiB writes (five map operations per block written).
+#[derive(Clone, Copy, Default)]
+pub(crate) struct BlockHasher(u64);
+
+impl Hasher for BlockHasher {
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.write_u64(*b as u64);
+        }
+    }
+
+    fn write_u64(&mut self, n: u64) {
+        // An odd constant: a bijection on the low bits (the bucket) that also fills the top
+        // bits (hashbrown's tag) for consecutive block numbers.
+        self.0 = (self.0 ^ n).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    }
+
+    fn finish(&self) -> u64 {
+        self.0
+    }
+}
+
+/// A map keyed by device block number.
+pub(crate) type BlockMap<V> = HashMap<u64, V, BuildHasherDefault<BlockHasher>>;
 
 pub(crate) struct BlockCache {
-    dirty: HashMap<u64, Bytes>,
+    dirty: BlockMap<Bytes>,
     dirty_bytes: u64,
-    clean: HashMap<u64, Bytes>,
+    clean: BlockMap<Bytes>,
     /// Insertion order of `clean`; may hold keys invalidated since (trimmed now and then).
     fifo: VecDeque<u64>,
     clean_blocks_max: usize,
@@ -18,9 +46,9 @@ pub(crate) struct BlockCache {
 impl BlockCache {
     pub fn new(clean_bytes_max: u64) -> Self {
         Self {
-            dirty: HashMap::new(),
+            dirty: BlockMap::default(),
             dirty_bytes: 0,
-            clean: HashMap::new(),
+            clean: BlockMap::default(),
             fifo: VecDeque::new(),
             clean_blocks_max: (clean_bytes_max / BLOCK as u64) as usize,
         }

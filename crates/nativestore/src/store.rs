@@ -5,7 +5,7 @@
 //! deltas (which may need old blocks read for a partial overwrite); they wait for durability
 //! outside it, which is what lets many of them share one journal write.
 
-use crate::cache::BlockCache;
+use crate::cache::{BlockCache, BlockMap};
 use crate::device::{AlignedBuf, BlockDevice, BLOCK};
 use crate::error::{BlockReadError, ShardFailure};
 use crate::format::{CheckpointSlot, SegmentHeader, SegmentKind};
@@ -21,7 +21,7 @@ use carmine_store::{
 };
 use carmine_types::{crc32c, CollectionId};
 use std::cell::RefCell;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::ops::Bound;
 
 /// Tunables of one shard.
@@ -436,8 +436,8 @@ impl<D: BlockDevice> NativeStore<D> {
     pub(crate) async fn read_blocks(
         &self,
         wanted: &[BlockRef],
-    ) -> std::result::Result<HashMap<u64, Bytes>, BlockReadError> {
-        let mut out = HashMap::with_capacity(wanted.len());
+    ) -> std::result::Result<BlockMap<Bytes>, BlockReadError> {
+        let mut out = BlockMap::with_capacity_and_hasher(wanted.len(), Default::default());
         let mut sorted: Vec<BlockRef> = wanted.to_vec();
         sorted.sort_by_key(|b| b.paddr);
         sorted.dedup_by_key(|b| b.paddr);
