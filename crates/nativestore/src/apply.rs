@@ -702,28 +702,41 @@ impl<D: BlockDevice> NativeStore<D> {
             return self.drain().await;
         }
         let guard = self.apply_lock.lock().await;
+        // Metadata counts too: every checkpoint carries all of it, so names, xattrs and
+        // omap entries fill a store just as data does.
         let grows = txn.ops.iter().any(|op| {
             matches!(
                 op,
-                Op::Write { .. } | Op::Clone { .. } | Op::CloneRange { .. }
+                Op::Write { .. }
+                    | Op::Clone { .. }
+                    | Op::CloneRange { .. }
+                    | Op::Touch { .. }
+                    | Op::SetAttrs { .. }
+                    | Op::OmapSetKeys { .. }
+                    | Op::OmapSetHeader { .. }
+                    | Op::CreateCollection { .. }
             )
         });
         self.make_room(grows).await?;
         let plan = plan(&self.st.borrow().index, &txn)?;
         {
             let st = self.st.borrow();
-            if plan.growth_blocks > 0
-                && st.index.live_blocks + plan.growth_blocks as u64 > self.capacity_blocks()
-            {
+            let meta_blocks =
+                (st.index.encoded_len() + plan.meta_bytes as u64).div_ceil(BLOCK as u64);
+            let used = st.index.live_blocks + meta_blocks;
+            if grows && used + plan.growth_blocks as u64 > self.capacity_blocks() {
                 return Err(error(
                     StoreErrorKind::NoSpace,
                     NO_CID,
                     "",
                     format!(
-                        "{} more blocks would pass the capacity of {} blocks ({} in use)",
+                        "{} more data blocks and up to {} metadata bytes would pass the \
+                         capacity of {} blocks ({} in use for data, {} for metadata)",
                         plan.growth_blocks,
+                        plan.meta_bytes,
                         self.capacity_blocks(),
-                        st.index.live_blocks
+                        st.index.live_blocks,
+                        st.index.encoded_len().div_ceil(BLOCK as u64)
                     ),
                 ));
             }

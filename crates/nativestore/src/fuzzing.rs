@@ -132,6 +132,23 @@ impl IndexState {
                 ix.live_blocks
             ));
         }
+        for o in ix.colls.values().flat_map(|c| c.values()) {
+            if o.meta_bytes != o.recount_meta() {
+                return Err(format!(
+                    "an object's metadata counted {} bytes, {} held",
+                    o.meta_bytes,
+                    o.recount_meta()
+                ));
+            }
+        }
+        let encoded = ix.encode().len() as u64;
+        if ix.encoded_len() != encoded || ix.recount_encoded() != encoded {
+            return Err(format!(
+                "checkpoint length kept {}, recounted {}, encoded {encoded}",
+                ix.encoded_len(),
+                ix.recount_encoded()
+            ));
+        }
         let per_segment: u64 = ix.segment_live.iter().map(|&n| n as u64).sum();
         if per_segment != ix.live_blocks {
             return Err(format!(

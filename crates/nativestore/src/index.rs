@@ -18,6 +18,47 @@ pub struct Onode {
     pub attrs: BTreeMap<String, Bytes>,
     pub omap_header: Bytes,
     pub omap: BTreeMap<Bytes, Bytes>,
+    /// Checkpoint bytes of the xattrs, the omap header and the omap entries, kept by `apply`.
+    pub meta_bytes: u64,
+}
+
+/// Checkpoint bytes of an object besides its name, extents and metadata: name length, size,
+/// extent count, xattr count, omap header length, omap entry count.
+const ONODE_FIXED: u64 = 4 + 8 + 8 + 4 + 4 + 8;
+/// Checkpoint bytes of a collection's header: pool, seed, object count.
+const COLL_FIXED: u64 = 12;
+/// Checkpoint bytes before the first collection: version and collection count.
+const BLOB_FIXED: u64 = 8;
+
+/// Checkpoint bytes of one xattr or omap entry (two length-prefixed byte strings).
+fn entry_len(key: usize, value: usize) -> u64 {
+    8 + key as u64 + value as u64
+}
+
+impl Onode {
+    /// What the object takes in a checkpoint, name included.
+    fn encoded_len(&self, name: &str) -> u64 {
+        name.len() as u64
+            + ONODE_FIXED
+            + self.meta_bytes
+            + 20 * self.blocks.extent_count() as u64
+            + 4 * self.blocks.blocks()
+    }
+
+    /// `meta_bytes` counted afresh.
+    pub fn recount_meta(&self) -> u64 {
+        self.omap_header.len() as u64
+            + self
+                .attrs
+                .iter()
+                .map(|(k, v)| entry_len(k.len(), v.len()))
+                .sum::<u64>()
+            + self
+                .omap
+                .iter()
+                .map(|(k, v)| entry_len(k.len(), v.len()))
+                .sum::<u64>()
+    }
 }
 
 pub type Collection = BTreeMap<String, Onode>;
@@ -52,6 +93,8 @@ pub struct Index {
     freed: Vec<u64>,
     /// Blocks an apply unmapped, before their release is accounted.
     released: Vec<BlockRef>,
+    /// The length `encode` would give now, kept by `apply`.
+    encoded: u64,
 }
 
 /// An object of `colls` (a free function, so the index's other fields stay borrowable).
@@ -85,6 +128,7 @@ impl Index {
             geometry,
             freed: Vec::new(),
             released: Vec::new(),
+            encoded: BLOB_FIXED,
         }
     }
 
@@ -94,6 +138,37 @@ impl Index {
 
     fn object_mut(&mut self, cid: CollectionId, oid: &str) -> Result<&mut Onode, IndexError> {
         object_in(&mut self.colls, cid, oid)
+    }
+
+    /// Runs `change` on an object (with the list unmapped blocks go to), keeping the
+    /// checkpoint length in step with what it changes.
+    fn change_object<R>(
+        &mut self,
+        cid: CollectionId,
+        oid: &str,
+        change: impl FnOnce(&mut Onode, &mut Vec<BlockRef>) -> R,
+    ) -> Result<R, IndexError> {
+        let o = object_in(&mut self.colls, cid, oid)?;
+        let before = o.encoded_len(oid);
+        let r = change(o, &mut self.released);
+        self.encoded = self.encoded - before + o.encoded_len(oid);
+        Ok(r)
+    }
+
+    /// Bytes a checkpoint of the index takes now: what the checkpoint reserve and the
+    /// capacity charge for metadata.
+    pub fn encoded_len(&self) -> u64 {
+        self.encoded
+    }
+
+    /// `encoded_len` counted afresh, from the content.
+    pub fn recount_encoded(&self) -> u64 {
+        BLOB_FIXED
+            + self
+                .colls
+                .values()
+                .map(|c| COLL_FIXED + c.iter().map(|(k, o)| o.encoded_len(k)).sum::<u64>())
+                .sum::<u64>()
     }
 
     /// Counts the blocks of `e` live, all or (if one lies outside every segment) none.
@@ -176,11 +251,15 @@ impl Index {
     pub fn apply(&mut self, delta: &Delta) -> Result<(), IndexError> {
         match delta {
             Delta::CreateCollection(cid) => {
-                self.colls.entry(*cid).or_default();
+                if let std::collections::btree_map::Entry::Vacant(e) = self.colls.entry(*cid) {
+                    e.insert(Collection::new());
+                    self.encoded += COLL_FIXED;
+                }
             }
             Delta::RemoveCollection(cid) => match self.colls.get(cid) {
                 Some(c) if c.is_empty() => {
                     self.colls.remove(cid);
+                    self.encoded -= COLL_FIXED;
                 }
                 Some(_) => return Err(IndexError::CollectionNotEmpty(*cid)),
                 None => return Err(missing("collection", *cid, "")),
@@ -191,7 +270,9 @@ impl Index {
                     .get_mut(cid)
                     .ok_or_else(|| missing("collection", *cid, oid))?;
                 if !coll.contains_key(oid.as_str()) {
-                    coll.insert(oid.clone(), Onode::default());
+                    let o = Onode::default();
+                    self.encoded += o.encoded_len(oid);
+                    coll.insert(oid.clone(), o);
                     self.objects += 1;
                 }
             }
@@ -203,6 +284,7 @@ impl Index {
                     .remove(oid.as_str())
                     .ok_or_else(|| missing("object", *cid, oid))?;
                 self.objects -= 1;
+                self.encoded -= onode.encoded_len(oid);
                 self.released.extend(onode.blocks.iter().map(|(_, b)| b));
                 self.release_unmapped()?;
             }
@@ -215,58 +297,82 @@ impl Index {
             } => {
                 self.object_mut(*cid, oid)?;
                 self.take_extent(extent)?;
-                let onode = object_in(&mut self.colls, *cid, oid)?;
-                onode
-                    .blocks
-                    .set(*lblock, extent.clone(), &mut self.released);
+                self.change_object(*cid, oid, |o, released| {
+                    o.blocks.set(*lblock, extent.clone(), released)
+                })?;
                 self.release_unmapped()?;
             }
             Delta::Punch(cid, oid, from, to) => {
-                let onode = object_in(&mut self.colls, *cid, oid)?;
-                onode.blocks.punch(*from, *to, &mut self.released);
+                self.change_object(*cid, oid, |o, released| {
+                    o.blocks.punch(*from, *to, released)
+                })?;
                 self.release_unmapped()?;
             }
             Delta::SetAttr(cid, oid, name, value) => {
-                self.object_mut(*cid, oid)?
-                    .attrs
-                    .insert(name.clone(), value.clone());
+                self.change_object(*cid, oid, |o, _| {
+                    if let Some(old) = o.attrs.insert(name.clone(), value.clone()) {
+                        o.meta_bytes -= entry_len(name.len(), old.len());
+                    }
+                    o.meta_bytes += entry_len(name.len(), value.len());
+                })?;
             }
             Delta::RmAttr(cid, oid, name) => {
-                self.object_mut(*cid, oid)?.attrs.remove(name);
+                self.change_object(*cid, oid, |o, _| {
+                    if let Some(old) = o.attrs.remove(name) {
+                        o.meta_bytes -= entry_len(name.len(), old.len());
+                    }
+                })?;
             }
             Delta::OmapSet(cid, oid, kvs) => {
-                let o = self.object_mut(*cid, oid)?;
-                for (k, v) in kvs {
-                    o.omap.insert(k.clone(), v.clone());
-                }
+                self.change_object(*cid, oid, |o, _| {
+                    for (k, v) in kvs {
+                        if let Some(old) = o.omap.insert(k.clone(), v.clone()) {
+                            o.meta_bytes -= entry_len(k.len(), old.len());
+                        }
+                        o.meta_bytes += entry_len(k.len(), v.len());
+                    }
+                })?;
             }
             Delta::OmapRm(cid, oid, keys) => {
-                let o = self.object_mut(*cid, oid)?;
-                for k in keys {
-                    o.omap.remove(k);
-                }
+                self.change_object(*cid, oid, |o, _| {
+                    for k in keys {
+                        if let Some(old) = o.omap.remove(k) {
+                            o.meta_bytes -= entry_len(k.len(), old.len());
+                        }
+                    }
+                })?;
             }
             Delta::OmapClear(cid, oid) => {
-                let o = self.object_mut(*cid, oid)?;
-                o.omap.clear();
-                o.omap_header = Bytes::new();
+                self.change_object(*cid, oid, |o, _| {
+                    o.omap.clear();
+                    o.omap_header = Bytes::new();
+                    o.meta_bytes = o.recount_meta();
+                })?;
             }
-            Delta::OmapHeader(cid, oid, h) => self.object_mut(*cid, oid)?.omap_header = h.clone(),
+            Delta::OmapHeader(cid, oid, h) => {
+                self.change_object(*cid, oid, |o, _| {
+                    o.meta_bytes = o.meta_bytes - o.omap_header.len() as u64 + h.len() as u64;
+                    o.omap_header = h.clone();
+                })?;
+            }
             Delta::CopyMeta(cid, src, dst) => {
                 let s = self
                     .object(*cid, src)
                     .ok_or_else(|| missing("source object", *cid, src))?;
-                let (size, attrs, header, omap) = (
+                let (size, attrs, header, omap, meta_bytes) = (
                     s.size,
                     s.attrs.clone(),
                     s.omap_header.clone(),
                     s.omap.clone(),
+                    s.meta_bytes,
                 );
-                let d = self.object_mut(*cid, dst)?;
-                d.size = size;
-                d.attrs = attrs;
-                d.omap_header = header;
-                d.omap = omap;
+                self.change_object(*cid, dst, |d, _| {
+                    d.size = size;
+                    d.attrs = attrs;
+                    d.omap_header = header;
+                    d.omap = omap;
+                    d.meta_bytes = meta_bytes;
+                })?;
             }
         }
         Ok(())
@@ -356,18 +462,15 @@ impl Index {
                     after_last(&o.omap, &k, "omap key order")?;
                     o.omap.insert(k, d.bytes("omap value", VALUE_LEN_MAX)?);
                 }
+                o.meta_bytes = o.recount_meta();
                 coll.insert(oid, o);
                 index.objects += 1;
             }
             index.colls.insert(cid, coll);
         }
         d.finish("checkpoint")?;
+        index.encoded = index.recount_encoded();
         Ok(index)
-    }
-
-    /// Metadata bytes held, roughly: for reporting and the checkpoint reserve.
-    pub fn approx_bytes(&self) -> u64 {
-        self.live_blocks * 48 + self.objects * 256
     }
 }
 
@@ -517,6 +620,53 @@ mod tests {
                 ..
             })
         ));
+    }
+
+    /// The checkpoint length is kept by every kind of delta, to the byte: the checkpoint
+    /// reserve and the capacity charge metadata by it.
+    #[test]
+    fn the_kept_checkpoint_length_is_the_encoded_one_after_every_delta() {
+        let b = |s: &'static str| Bytes::from_static(s.as_bytes());
+        let (c, a) = (cid(), || "a".to_string());
+        let deltas = vec![
+            Delta::CreateCollection(c),
+            Delta::CreateCollection(c),
+            Delta::Touch(c, a()),
+            Delta::Touch(c, a()),
+            set_block(0, 3),
+            set_block(1, 4),
+            Delta::SetExtent {
+                cid: c,
+                oid: a(),
+                lblock: 5,
+                extent: Extent::new(20, &[1, 2, 3]),
+            },
+            Delta::Punch(c, a(), 6, 7),
+            Delta::SetAttr(c, a(), "x".into(), b("value")),
+            Delta::SetAttr(c, a(), "x".into(), b("longer value")),
+            Delta::SetAttr(c, a(), "y".into(), b("")),
+            Delta::RmAttr(c, a(), "y".into()),
+            Delta::RmAttr(c, a(), "absent".into()),
+            Delta::OmapSet(c, a(), vec![(b("k1"), b("v1")), (b("k2"), b("v22"))]),
+            Delta::OmapSet(c, a(), vec![(b("k1"), b("replaced"))]),
+            Delta::OmapRm(c, a(), vec![b("k2"), b("absent")]),
+            Delta::OmapHeader(c, a(), b("header")),
+            Delta::Touch(c, "bee".into()),
+            Delta::CopyMeta(c, a(), "bee".into()),
+            Delta::OmapClear(c, a()),
+            Delta::SetSize(c, a(), 1 << 20),
+            Delta::Remove(c, "bee".into()),
+            Delta::Remove(c, a()),
+            Delta::RemoveCollection(c),
+        ];
+        let mut ix = Index::new(GEO);
+        for d in &deltas {
+            ix.apply(d).unwrap();
+            let encoded = ix.encode().len() as u64;
+            assert_eq!(ix.encoded_len(), encoded, "after {d:?}");
+            assert_eq!(ix.recount_encoded(), encoded, "after {d:?}");
+        }
+        assert_eq!(ix.encoded_len(), BLOB_FIXED);
     }
 
     #[test]

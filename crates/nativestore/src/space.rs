@@ -28,12 +28,13 @@ impl<D: BlockDevice> NativeStore<D> {
     }
 
     fn checkpoint_segments_needed(&self) -> u64 {
-        let bytes = self.st.borrow().index.approx_bytes() + BLOCK as u64;
+        let bytes = self.st.borrow().index.encoded_len() + BLOCK as u64;
         bytes.div_ceil((self.geo.segment_blocks - 1) * BLOCK as u64) + 1
     }
 
     /// Called with the apply lock held, before a transaction is planned. `grows`: the
-    /// transaction may add data; one that only removes or shrinks may use the last reserve.
+    /// transaction may add data or metadata; one that only removes or shrinks may use the
+    /// last reserve.
     pub(crate) async fn make_room(&self, grows: bool) -> Result<()> {
         // Back-pressure on memory: data not yet on the device is bounded.
         loop {

@@ -854,7 +854,8 @@ impl<D: BlockDevice> ObjectStore for NativeStore<D> {
         let st = self.st.borrow();
         StoreStatfs {
             bytes_total: self.capacity_blocks() * BLOCK as u64,
-            bytes_used: st.index.live_blocks * BLOCK as u64,
+            // Metadata is charged as its checkpoint takes it.
+            bytes_used: st.index.live_blocks * BLOCK as u64 + st.index.encoded_len(),
             objects: st.index.objects,
         }
     }

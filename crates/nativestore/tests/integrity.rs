@@ -391,3 +391,62 @@ fn extents_of_every_length_survive_cleaning_at_high_fill_and_remounts() {
     let report = block_on(fsck(dev.clone(), 0)).unwrap();
     assert!(report.errors.is_empty(), "{:?}", report.errors);
 }
+
+#[test]
+fn metadata_alone_fills_the_store_to_a_clear_no_space_never_a_failed_shard() {
+    // 24 segments of 256 KiB; omap values and xattrs only, no data block: the checkpoint
+    // grows with every transaction, and must always still fit.
+    let dev = formatted(7 << 20, 256 << 10);
+    let store = mount(&dev, NativeConfig::default());
+    submit(&store, |t| {
+        t.create_collection(C);
+    })
+    .unwrap();
+    let value = Bytes::from(vec![0x5a; 2000]);
+    let mut stored = 0u64;
+    let full = loop {
+        assert!(stored < 100_000, "metadata never filled the store");
+        let oid = format!("obj-{}", stored / 16);
+        let key = Bytes::from(format!("key-{stored}"));
+        let r = submit(&store, |t| {
+            t.omap_set(C, &oid, vec![(key, value.clone())]);
+        });
+        match r {
+            Ok(()) => stored += 1,
+            Err(kind) => break kind,
+        }
+    };
+    assert_eq!(full, StoreErrorKind::NoSpace);
+    assert_eq!(
+        store.failure(),
+        None,
+        "the shard failed instead of refusing"
+    );
+    let used = store.statfs().bytes_used;
+    assert!(
+        used >= stored * 2000,
+        "statfs counts {used} bytes used for {stored} values of 2000 bytes"
+    );
+    // Reads go on; deletes free room and writes go on.
+    let got = block_on(store.omap_get_values(C, "obj-0", &[Bytes::from("key-0")])).unwrap();
+    assert_eq!(got.len(), 1);
+    for i in 0..stored / 16 / 2 {
+        submit(&store, |t| {
+            t.remove(C, &format!("obj-{i}"));
+        })
+        .unwrap();
+    }
+    submit(&store, |t| {
+        t.write(C, "after", 0, block(7));
+    })
+    .unwrap();
+    drop(store);
+    let store = mount(&dev, NativeConfig::default());
+    assert_eq!(block_on(store.read(C, "after", 0, 0)).unwrap(), block(7));
+    let last = format!("obj-{}", (stored - 1) / 16);
+    let key = Bytes::from(format!("key-{}", stored - 1));
+    let got = block_on(store.omap_get_values(C, &last, std::slice::from_ref(&key))).unwrap();
+    assert_eq!(got.get(&key), Some(&value));
+    let report = block_on(fsck(dev.clone(), 0)).unwrap();
+    assert!(report.errors.is_empty(), "{:?}", report.errors);
+}
