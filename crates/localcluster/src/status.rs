@@ -318,7 +318,9 @@ pub fn status(dir: &Path) -> Result<Status> {
         checks.add(
             Health::Warn,
             format!(
-                "Slow or broken links between OSDs: {} pgs' primaries have not heard from all                  their copies for longer than the read lease (their reads wait, and so do                  writes; the primaries' logs name the silent OSDs)",
+                "Slow or broken links between OSDs: {} pgs' primaries have not heard from all \
+                 their copies for longer than the read lease (their reads wait, and so do \
+                 writes; the primaries' logs name the silent OSDs)",
                 usage.unleased
             ),
         );

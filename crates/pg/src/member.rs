@@ -137,8 +137,11 @@ pub struct Member {
     member_round: BTreeMap<OsdId, u32>,
     /// As a primary gathering infos: objects no member heard from holds (it waits for more).
     unfound: usize,
-    /// Set while [`Event::GiveUpUnfound`] is handled: activation deletes the unfound objects
-    /// instead of waiting for them.
+    /// Set by [`Event::GiveUpUnfound`] until this peering activates or the epoch changes:
+    /// activation then deletes the unfound objects instead of waiting for them. It outlives
+    /// the event because activation may still wait for something else (a member's answer,
+    /// promises to run out); it does not outlive the epoch, whose unfound objects the
+    /// operator judged.
     give_up_unfound: bool,
     /// The member's clock, as of the event being handled.
     now: u64,
@@ -503,6 +506,11 @@ impl Member {
         self.role == Role::Active
     }
 
+    /// A primary still gathering its members' histories (it may wait for unfound objects).
+    pub fn is_peering(&self) -> bool {
+        matches!(self.role, Role::Peering { .. })
+    }
+
     pub fn epoch(&self) -> u32 {
         self.epoch
     }
@@ -596,7 +604,6 @@ impl Member {
                 if self.unfound() > 0 {
                     self.give_up_unfound = true;
                     self.try_activate(&mut out);
-                    self.give_up_unfound = false;
                 }
             }
         }
@@ -628,6 +635,7 @@ impl Member {
         self.epoch = epoch;
         self.history = history;
         self.min_size = min_size;
+        self.give_up_unfound = false;
         if !changed && matches!(self.role, Role::Active | Role::Replica) {
             // Same interval: writes in flight go on (their replica messages carry the new
             // epoch when sent again).
@@ -836,6 +844,7 @@ impl Member {
         if !unfound.is_empty() && !self.give_up_unfound {
             return;
         }
+        self.give_up_unfound = false;
         let mut auth_objects = auth_objects;
         for oid in &unfound {
             auth_objects.remove(oid);
@@ -1179,7 +1188,15 @@ impl Member {
         // A retry of a write already made is answered, not applied again; one still in
         // flight is answered when it completes.
         // (Once every acting member holds its object: one that joined since may not yet.)
-        if let Some(e) = self.log.find_request(req) {
+        // A retried write the operator gave up since (its object unfound, then deleted by a
+        // delete the OSD made itself) is made again, below: answered from the log it would
+        // be acknowledged with data that is gone.
+        let given_up = |e: &Entry| {
+            self.log
+                .after(e.version)
+                .any(|l| l.oid == e.oid && l.kind == OpKind::Delete && l.reqid.is_none())
+        };
+        if let Some(e) = self.log.find_request(req).filter(|e| !given_up(e)) {
             let (version, oid) = (e.version, e.oid.clone());
             if self.any_lacks(&oid) {
                 out.push(Action::Refuse { req });

@@ -119,6 +119,10 @@ struct Sim {
     quick_restarts: bool,
     reads: u64,
     lease_waits: u64,
+    /// Times the operator gave up a waiting primary's unfound objects.
+    given_up: u64,
+    /// A give-up not yet settled: (primary, epoch, objects it counted unfound).
+    pending_give_up: Option<(u32, u32, usize)>,
 }
 
 /// A message on its way: (from, to, (the sender's incarnation, the receiver's as the sender
@@ -170,6 +174,8 @@ impl Sim {
             quick_restarts: std::env::var("CARMINE_SIM_QUICK_RESTARTS").map_or(true, |v| v != "0"),
             reads: 0,
             lease_waits: 0,
+            given_up: 0,
+            pending_give_up: None,
         };
         s.rate = (0..n).map(|_| s.rng.random_range(970..=1030)).collect();
         s.lease = LEASES[s.rng.random_range(0..LEASES.len())];
@@ -545,7 +551,69 @@ impl Sim {
         }
     }
 
+    /// The operator's `carmine pg mark-unfound-lost` on primary `o`: the PG may go active
+    /// without the objects no member it heard holds, deleting them in its own epoch. Their
+    /// acknowledged writes are given up, and only theirs: it may drop no more objects than
+    /// it counted unfound, and every other acknowledged write stays checked.
+    fn give_up(&mut self, o: u32) {
+        let unfound = self.members[o as usize].unfound();
+        self.log.push(format!(
+            "t{} operator gives up osd.{o}'s {unfound} unfound objects",
+            self.now
+        ));
+        self.given_up += 1;
+        self.pending_give_up = Some((o, self.epoch, unfound));
+        self.run(o, Event::GiveUpUnfound);
+        self.settle_give_up();
+    }
+
+    /// Once the primary that was told to give up leaves peering in that epoch (it may first
+    /// wait for other things), the acknowledged writes of the objects it deleted are given
+    /// up; a crash or a new epoch cancels the give-up.
+    fn settle_give_up(&mut self) {
+        let Some((o, epoch, unfound)) = self.pending_give_up else {
+            return;
+        };
+        let m = &self.members[o as usize];
+        if !self.running[o as usize] || m.epoch() != epoch {
+            self.pending_give_up = None;
+            return;
+        }
+        if m.is_peering() {
+            return;
+        }
+        self.pending_give_up = None;
+        let dropped: Vec<String> = self
+            .acked
+            .iter()
+            .filter(|(oid, v)| m.objects.get(*oid) < Some(*v))
+            .map(|(oid, _)| oid.clone())
+            .collect();
+        if dropped.len() > unfound {
+            self.violations.push(format!(
+                "t{}: osd.{o} counted {unfound} unfound objects but giving them up dropped \
+                 acknowledged writes of {dropped:?}",
+                self.now
+            ));
+        }
+        for oid in dropped {
+            self.log
+                .push(format!("t{} {oid} given up by the operator", self.now));
+            self.acked.remove(&oid);
+        }
+    }
+
     fn faults(&mut self) {
+        // Now and then the operator gives up on a primary that waits for unfound objects
+        // (a draw only then, so seeds without unfound objects run as before).
+        if let Some(&p) = self.acting.first() {
+            if self.running[p as usize]
+                && self.members[p as usize].unfound() > 0
+                && self.rng.random_bool(0.05)
+            {
+                self.give_up(p);
+            }
+        }
         let r: f64 = self.rng.random();
         if r < 0.004 {
             // Crash an OSD: the manager notices (down in a new epoch) a little later.
@@ -615,6 +683,7 @@ impl Sim {
 
     /// One tick: faults (unless healed), maps, messages due, member ticks, the client.
     fn step(&mut self, faults: bool) {
+        self.settle_give_up();
         self.now += 1;
         if faults {
             self.faults();
@@ -715,8 +784,8 @@ impl Sim {
 }
 
 /// What one seed did: acknowledged writes, objects recovered, reads served, reads held
-/// back for a lease.
-type Counts = (u64, u64, u64, u64);
+/// back for a lease, unfound objects given up by the operator.
+type Counts = (u64, u64, u64, u64, u64);
 
 fn run_seed(seed: u64, shape: Shape) -> Result<Counts, String> {
     let mut sim = Sim::new(seed, shape);
@@ -741,6 +810,7 @@ fn run_seed(seed: u64, shape: Shape) -> Result<Counts, String> {
     };
     for _ in 0..STEPS {
         sim.step(true);
+        sim.settle_give_up();
         if let Err(e) = sim.check() {
             return fail(&sim, e);
         }
@@ -758,6 +828,7 @@ fn run_seed(seed: u64, shape: Shape) -> Result<Counts, String> {
     let before = sim.acks;
     for _ in 0..600 {
         sim.step(false);
+        sim.settle_give_up();
         if let Err(e) = sim.check() {
             return fail(&sim, e);
         }
@@ -798,7 +869,13 @@ fn run_seed(seed: u64, shape: Shape) -> Result<Counts, String> {
             );
         }
     }
-    Ok((sim.acks, sim.recovered, sim.reads, sim.lease_waits))
+    Ok((
+        sim.acks,
+        sim.recovered,
+        sim.reads,
+        sim.lease_waits,
+        sim.given_up,
+    ))
 }
 
 /// Runs the seeds `CARMINE_SIM_SEEDS` says (300 by default), or the one
@@ -813,17 +890,19 @@ fn run_seeds(shape: Shape) {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(300);
-    let (mut acks, mut recovered, mut reads, mut waits) = (0, 0, 0, 0);
+    let (mut acks, mut recovered, mut reads, mut waits, mut given_up) = (0, 0, 0, 0, 0);
     for seed in 0..seeds {
-        let (a, r, rd, w) = run_seed(seed, shape).unwrap_or_else(|e| panic!("{e}"));
+        let (a, r, rd, w, g) = run_seed(seed, shape).unwrap_or_else(|e| panic!("{e}"));
         acks += a;
         recovered += r;
         reads += rd;
         waits += w;
+        given_up += g;
     }
     println!(
         "{seeds} seeds: {acks} acknowledged writes, {recovered} objects recovered, \
-         {reads} reads served, {waits} held back for a lease"
+         {reads} reads served, {waits} held back for a lease, {given_up} give-ups of \
+         unfound objects"
     );
     assert!(
         reads > seeds * 50,
