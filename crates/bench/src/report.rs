@@ -158,8 +158,9 @@ fn system(run: &Run) -> String {
     if let Some(c) = &run.ceph {
         return match (c.osds, c.size) {
             (Some(osds), Some(size)) if c.throwaway => format!(
-                "Ceph ({}), {osds} classic OSD(s) with {} on cpu {}, tcmalloc {}, throw-away \
-                 single-node cluster (bench/ceph/vstart-ceph.sh), pool size {size} (min_size {})",
+                "Ceph ({}), {osds} classic OSD(s) with {} on cpu {}, tcmalloc {}, librbd cache \
+                 off (writes acknowledged once durable, as Carmine's), throw-away single-node \
+                 cluster (bench/ceph/vstart-ceph.sh), pool size {size} (min_size {})",
                 c.version,
                 c.store,
                 run.osd_cpu,
