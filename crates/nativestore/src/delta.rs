@@ -6,7 +6,7 @@ use bytes::{Bytes, BytesMut};
 use carmine_types::limits::{ATTR_NAME_LEN_MAX, OBJECT_NAME_LEN_MAX, VALUE_LEN_MAX};
 use carmine_types::{CollectionId, DecodeError, Decoder, Encoder, PgId};
 
-use crate::extents::{Extent, EXTENT_BLOCKS_MAX};
+use crate::extents::{decode_extent, Extent};
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Delta {
@@ -162,27 +162,18 @@ impl Delta {
                     6 => 1,
                     _ => d.u32("extent blocks")? as u64,
                 };
-                // Bounded like the writer's extents, and inside the address space, so that
-                // nothing downstream has to fear an overflow or a huge allocation.
-                if !(1..=EXTENT_BLOCKS_MAX).contains(&n)
-                    || (tag == 15 && n == 1)
-                    || lblock.checked_add(n).is_none()
-                    || paddr.checked_add(n).is_none()
-                {
+                // A one-block extent has one encoding only (set block).
+                if tag == 15 && n == 1 {
                     return Err(DecodeError::Invalid {
                         what: "extent blocks",
                         found: n,
                     });
                 }
-                let mut crcs = [0u32; EXTENT_BLOCKS_MAX as usize];
-                for crc in &mut crcs[..n as usize] {
-                    *crc = d.u32("crc")?;
-                }
                 Delta::SetExtent {
                     cid: c,
                     oid,
                     lblock,
-                    extent: Extent::new(paddr, &crcs[..n as usize]),
+                    extent: decode_extent(d, lblock, paddr, n)?,
                 }
             }
             7 => Delta::Punch(c, name(d)?, d.u64("from")?, d.u64("to")?),

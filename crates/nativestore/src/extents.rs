@@ -3,6 +3,7 @@
 //! partial read still checks what it reads). A 64 KiB write is one entry, not sixteen; a read
 //! of contiguous data finds its device run in one lookup.
 
+use carmine_types::{DecodeError, Decoder};
 use std::collections::BTreeMap;
 use std::ops::Range;
 
@@ -104,6 +105,32 @@ impl Extent {
         crcs.extend_from_slice(next.crcs.as_slice());
         Extent::new(self.paddr, &crcs)
     }
+}
+
+/// Reads the checksums of an extent of `n` blocks mapping logical block `lblock` to device
+/// block `paddr` (from a delta or a checkpoint). Refuses a count outside
+/// `1..=EXTENT_BLOCKS_MAX` and an extent past the end of either address space, so nothing
+/// downstream has to fear an overflow or a huge allocation.
+pub(crate) fn decode_extent(
+    d: &mut Decoder,
+    lblock: u64,
+    paddr: u64,
+    n: u64,
+) -> Result<Extent, DecodeError> {
+    if !(1..=EXTENT_BLOCKS_MAX).contains(&n)
+        || lblock.checked_add(n).is_none()
+        || paddr.checked_add(n).is_none()
+    {
+        return Err(DecodeError::Invalid {
+            what: "extent blocks",
+            found: n,
+        });
+    }
+    let mut crcs = [0u32; EXTENT_BLOCKS_MAX as usize];
+    for crc in &mut crcs[..n as usize] {
+        *crc = d.u32("crc")?;
+    }
+    Ok(Extent::new(paddr, &crcs[..n as usize]))
 }
 
 /// Logical block → extent starting there; extents never overlap.

@@ -5,7 +5,7 @@
 use crate::delta::Delta;
 use crate::error::IndexError;
 pub use crate::extents::BlockRef;
-use crate::extents::{Extent, ExtentMap, EXTENT_BLOCKS_MAX};
+use crate::extents::{self, Extent, ExtentMap};
 use bytes::{Bytes, BytesMut};
 use carmine_types::limits::{ATTR_NAME_LEN_MAX, OBJECT_NAME_LEN_MAX, VALUE_LEN_MAX};
 use carmine_types::{CollectionId, DecodeError, Decoder, Encoder, PgId};
@@ -437,7 +437,7 @@ impl Index {
                     ..Onode::default()
                 };
                 for _ in 0..d.u64(if version == 1 { "blocks" } else { "extents" })? {
-                    let (l, x) = decode_extent(&mut d, version)?;
+                    let (l, x) = decode_map_entry(&mut d, version)?;
                     if index.take_extent(&x).is_err() {
                         return Err(DecodeError::Invalid {
                             what: "block address",
@@ -479,27 +479,14 @@ impl Index {
 pub const CHECKPOINT_VERSION: u32 = 2;
 
 /// One block-map entry of a checkpoint: a block (version 1) or an extent.
-fn decode_extent(d: &mut Decoder, version: u32) -> Result<(u64, Extent), DecodeError> {
+fn decode_map_entry(d: &mut Decoder, version: u32) -> Result<(u64, Extent), DecodeError> {
     let l = d.u64("lblock")?;
     let paddr = d.u64("paddr")?;
     let n = match version {
         1 => 1,
         _ => d.u32("extent blocks")? as u64,
     };
-    if !(1..=EXTENT_BLOCKS_MAX).contains(&n)
-        || l.checked_add(n).is_none()
-        || paddr.checked_add(n).is_none()
-    {
-        return Err(DecodeError::Invalid {
-            what: "extent blocks",
-            found: n,
-        });
-    }
-    let mut crcs = [0u32; EXTENT_BLOCKS_MAX as usize];
-    for crc in &mut crcs[..n as usize] {
-        *crc = d.u32("crc")?;
-    }
-    Ok((l, Extent::new(paddr, &crcs[..n as usize])))
+    Ok((l, extents::decode_extent(d, l, paddr, n)?))
 }
 
 /// Fails unless `key` sorts after every key already in `map` (checkpoint keys are written in
