@@ -294,14 +294,7 @@ fn is_local(osd: &OsdInfo) -> bool {
         .is_some_and(|a| TcpListener::bind((a.ip(), 0)).is_ok())
 }
 
-/// This machine's name: the failure domain its OSDs share.
-pub fn host_name() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map(|h| h.trim().to_owned())
-        .ok()
-        .filter(|h| !h.is_empty())
-        .unwrap_or_else(|| "localhost".into())
-}
+pub use carmine_mapstore::membership::host_name;
 
 /// Picks `n` distinct ports that are free now, below the kernel's ephemeral range (32768 and
 /// up by default), so that no outgoing connection of another process can be given one of

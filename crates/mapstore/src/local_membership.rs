@@ -7,13 +7,14 @@
 //! OSD, not a partition, and it stays up in the map as Ceph's would until its peers report it
 //! (peer heartbeats come with replication, #12).
 
-use crate::membership::Registration;
+use crate::membership::{host_name, Registration};
 use crate::MapStoreError;
 use std::collections::BTreeMap;
 use std::fs::File;
 use std::io::{Read, Seek, Write};
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 
 const ALIVE_DIR: &str = "alive";
 const LEADER_LOCK: &str = "mgr.lock";
@@ -86,7 +87,7 @@ impl LocalOsdLock {
         std::fs::create_dir_all(&alive).map_err(|e| io_err(&alive, e))?;
         let _guard = DirGuard::take(&alive)?;
         let path = alive.join(format!("osd.{}", reg.osd));
-        if let Some(holder) = read_if_locked(&path)? {
+        if let Some(holder) = live_holder(&path)? {
             return Err(MapStoreError::Invalid(match holder {
                 Some(h) => format!(
                     "osd.{} is already running: pid {} on {} holds its registration",
@@ -138,12 +139,43 @@ fn read_if_locked(path: &Path) -> Result<Option<Option<Registration>>, MapStoreE
     Ok(Some(serde_json::from_slice(&text).ok()))
 }
 
+/// Like [`read_if_locked`], but a holder registered on this host whose process is gone is
+/// waited for (up to a few seconds) instead of reported: the lock goes with the last
+/// reference to its open file, which the kernel may drop a moment after a killed process is
+/// gone, and a restart in that moment must not be refused as a second OSD (seen in CI: a
+/// kill -9 and an immediate restart).
+fn live_holder(path: &Path) -> Result<Option<Option<Registration>>, MapStoreError> {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let holder = read_if_locked(path)?;
+        let gone = matches!(&holder, Some(Some(h)) if h.host == host_name() && !pid_alive(h.pid));
+        if !gone || Instant::now() >= deadline {
+            return Ok(holder);
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Whether process `pid` of this host runs (a zombie, already exited, does not).
+fn pid_alive(pid: u32) -> bool {
+    // SAFETY: plain syscall; signal 0 only checks that the process exists.
+    let r = unsafe { libc::kill(pid as libc::pid_t, 0) };
+    if r != 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH) {
+        return false;
+    }
+    // The state follows the parenthesised command name in /proc/PID/stat.
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    !stat
+        .rsplit_once(')')
+        .is_some_and(|(_, rest)| rest.trim_start().starts_with('Z'))
+}
+
 /// The registration of OSD `osd` in `dir`, if a live process holds it: lets a second process
 /// with the same id stop before it touches the store or the ports (the exclusive check is
 /// [`LocalOsdLock::register`]).
 pub fn local_holder(dir: &Path, osd: u32) -> Result<Option<Registration>, MapStoreError> {
     let path = dir.join(ALIVE_DIR).join(format!("osd.{osd}"));
-    Ok(read_if_locked(&path)?.flatten())
+    Ok(live_holder(&path)?.flatten())
 }
 
 /// The OSDs registered now in `dir/alive`, by id: those whose process still holds its lock.
@@ -266,6 +298,38 @@ mod tests {
         let again = LocalOsdLock::register(&d, &reg(3)).unwrap();
         assert_eq!(local_registered(&d).unwrap().len(), 2);
         drop((again, other));
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    /// A killed OSD's lock can outlive its process by a moment: a restart then waits for it
+    /// instead of being refused as a second OSD; a live holder is still refused at once.
+    #[test]
+    fn a_lock_left_by_a_process_that_is_gone_is_waited_for_not_refused() {
+        let d = temp("gone");
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let dead_pid = child.id();
+        child.wait().unwrap();
+        let dead = Registration {
+            host: host_name(),
+            pid: dead_pid,
+            ..reg(5)
+        };
+        // The dead process's registration, its lock still held (here, by this process).
+        let held = LocalOsdLock::register(&d, &dead).unwrap();
+        let release = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(300));
+            drop(held);
+        });
+        let started = Instant::now();
+        let again = LocalOsdLock::register(&d, &reg(5)).unwrap();
+        assert!(started.elapsed() >= Duration::from_millis(250));
+        release.join().unwrap();
+        // A holder whose process runs (this one) is refused without waiting.
+        let started = Instant::now();
+        let e = LocalOsdLock::register(&d, &reg(5)).unwrap_err().to_string();
+        assert!(e.contains("already running"), "{e}");
+        assert!(started.elapsed() < Duration::from_secs(1));
+        drop(again);
         std::fs::remove_dir_all(&d).unwrap();
     }
 
