@@ -12,14 +12,16 @@ where
     F: FnOnce(Volumes) -> Fut,
     Fut: std::future::Future<Output = ()>,
 {
-    let addrs: Vec<_> = (0..2)
-        .map(|_| {
-            TcpListener::bind("127.0.0.1:0")
-                .unwrap()
-                .local_addr()
-                .unwrap()
-        })
-        .collect();
+    // Below the ephemeral range: a port the kernel picked for `:0` can be handed to another
+    // test's outgoing connection before the OSD binds it (seen in CI: AddrInUse).
+    let mut addrs: Vec<std::net::SocketAddr> = Vec::new();
+    while addrs.len() < 2 {
+        let addr: std::net::SocketAddr =
+            ([127, 0, 0, 1], rand::random_range(10_000..32_000)).into();
+        if !addrs.contains(&addr) && TcpListener::bind(addr).is_ok() {
+            addrs.push(addr);
+        }
+    }
     let map = OsdMap {
         epoch: 1,
         osds: vec![OsdInfo::new(0, "localhost", addrs.clone())],
