@@ -367,6 +367,8 @@ fn bench_carmine(a: &BenchArgs, cluster_dir: &std::path::Path) -> Result<Run> {
         managers: None,
         lease_ttl: None,
         down_out_grace: None,
+        peer_grace: None,
+        report_hold: None,
     };
     // Each run gets a new cluster: one left in this directory by an earlier run goes.
     carmine_localcluster::forget(cluster_dir)?;

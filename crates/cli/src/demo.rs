@@ -70,6 +70,8 @@ pub fn run(a: DemoArgs) -> Result<()> {
         managers: None,
         lease_ttl: None,
         down_out_grace: None,
+        peer_grace: None,
+        report_hold: None,
     };
     let running = carmine_localcluster::up(&up)?;
     for line in &running.notes {

@@ -37,6 +37,10 @@ pub struct MgrArgs {
     /// How long an OSD stays down before it is marked out and its PGs move ("10m", "90").
     #[arg(long, default_value = "600", value_parser = crate::nbd::parse_duration)]
     pub down_out_grace: Duration,
+    /// How long an OSD that its peers report they cannot hear from stays down (registered or
+    /// not); each further time in a row holds it twice as long ("20s", "1m").
+    #[arg(long, default_value = "20s", value_parser = crate::nbd::parse_duration)]
+    pub report_hold: Duration,
     /// How often the leader compares registrations with the map.
     #[arg(long, default_value = "250ms", value_parser = crate::nbd::parse_duration)]
     pub tick: Duration,
@@ -66,6 +70,7 @@ pub fn run(a: MgrArgs) -> Result<()> {
         tick: a.tick,
         policy: Policy {
             down_out_grace: a.down_out_grace,
+            report_hold: a.report_hold,
         },
     };
     println!(

@@ -130,6 +130,12 @@ pub struct OsdArgs {
     /// TTL, or failovers take longer than the TTL says.
     #[arg(long, default_value = "2s", value_parser = parse_read_lease)]
     pub read_lease: Duration,
+    /// How long a replicated PG of this OSD waits on another OSD that does not answer before
+    /// this OSD reports it to the managers, which may mark it down (a hung OSD, or a link
+    /// broken between two OSDs that both still reach the map store). At least two read
+    /// leases.
+    #[arg(long, default_value = "10s", value_parser = crate::nbd::parse_duration)]
+    pub peer_grace: Duration,
     /// Microseconds an idle reactor keeps polling for work before it sleeps in the kernel (0:
     /// sleep at once). Cuts the wake-up cost out of a request-at-a-time client's latency, at
     /// the price of the poll's CPU: for reactors with a core of their own.
@@ -216,6 +222,14 @@ fn load_map(source: &MapSource) -> Result<OsdMap> {
 }
 
 pub fn run(a: OsdArgs, access: &carmine_localcluster::EtcdAccessArgs) -> Result<()> {
+    if a.peer_grace < 2 * a.read_lease {
+        bail!(
+            "--peer-grace {:?} is shorter than two read leases ({:?}): a peer that is only slow \
+             to renew one would be reported",
+            a.peer_grace,
+            2 * a.read_lease
+        );
+    }
     let source = map_source(&a, access)?;
     Control::check_not_running(&source, a.id)?;
     let map = load_map(&source)?;
@@ -347,7 +361,7 @@ pub fn run(a: OsdArgs, access: &carmine_localcluster::EtcdAccessArgs) -> Result<
         std::process::id(),
         source.describe()
     );
-    let stopped = wait_for_stop(signals, &mut osd, &control);
+    let stopped = wait_for_stop(signals, &mut osd, &control, a.peer_grace);
     println!("osd.{} shutting down", a.id);
     control.stop();
     stopped?;
@@ -449,6 +463,7 @@ fn wait_for_stop(
     mut signals: signal_hook::iterator::Signals,
     osd: &mut Osd,
     control: &Control,
+    peer_grace: Duration,
 ) -> Result<()> {
     loop {
         if signals.pending().next().is_some() {
@@ -457,6 +472,12 @@ fn wait_for_stop(
         if osd.any_reactor_exited() {
             bail!("a reactor exited unexpectedly; stopping");
         }
+        let silent = osd
+            .silent_peers()
+            .into_iter()
+            .filter(|(_, d)| *d >= peer_grace)
+            .collect();
+        control.report_silent(silent);
         // Waiting on the map channel is the loop's pause: a new epoch reaches the reactors
         // as soon as it arrives.
         if let Some(map) = control.newer_map(Duration::from_millis(100)) {

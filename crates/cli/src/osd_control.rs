@@ -7,13 +7,15 @@
 use anyhow::{Context, Result};
 use carmine_cluster::OsdMap;
 use carmine_mapstore::etcd_client::Etcd;
+use carmine_mapstore::failure_reports::{publish_etcd, publish_local, FailureReport};
 use carmine_mapstore::local_membership::LocalOsdLock;
 use carmine_mapstore::membership::{OsdLease, Registration};
 use carmine_mapstore::{EtcdMapStore, LocalMapStore, MapStore};
 use carmine_osd::LeaseClock;
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -99,8 +101,22 @@ pub struct Control {
     maps: mpsc::Receiver<OsdMap>,
     watcher: Option<JoinHandle<()>>,
     keeper: Option<JoinHandle<Option<OsdLease>>>,
-    /// With a map file: the registration beside it, held (locked) while the process lives.
-    local: Option<LocalOsdLock>,
+    /// With a map file: the registration beside it, held (locked) while the process lives,
+    /// and the directory failure reports go to.
+    local: Option<(LocalOsdLock, std::path::PathBuf)>,
+    /// The failure report as last published: the OSDs reported (for the log), and the
+    /// report itself once changed, for the lease keeper to publish (with etcd).
+    reported: Mutex<Vec<u32>>,
+    report: Arc<PendingReport>,
+    reg: Registration,
+}
+
+/// A failure report waiting for the lease keeper (etcd), which publishes it under the lease
+/// it holds then.
+#[derive(Default)]
+struct PendingReport {
+    /// `Some(None)`: withdraw the report.
+    next: Mutex<Option<Option<FailureReport>>>,
 }
 
 impl Control {
@@ -116,6 +132,7 @@ impl Control {
         clock: Option<Arc<LeaseClock>>,
     ) -> Result<Control> {
         let stop = Arc::new(AtomicBool::new(false));
+        let report = Arc::new(PendingReport::default());
         let mut local = None;
         let keeper = match source {
             MapSource::File(path) => {
@@ -123,7 +140,9 @@ impl Control {
                 let held = LocalOsdLock::register(dir, &reg)
                     .with_context(|| format!("registering osd.{} in {}", reg.osd, dir.display()))?;
                 println!("osd.{} registered in {}", reg.osd, held.path().display());
-                local = Some(held);
+                // A report an earlier run left is not believed (another pid), but is noise.
+                let _ = publish_local(dir, reg.osd, None);
+                local = Some((held, dir.to_owned()));
                 None
             }
             MapSource::Etcd {
@@ -149,10 +168,18 @@ impl Control {
                     c.renewed(sent);
                 }
                 let stop = stop.clone();
+                let publish = Publisher {
+                    etcd,
+                    cluster: cluster.clone(),
+                    osd: reg.osd,
+                    pending: report.clone(),
+                    published: None,
+                    failing: false,
+                };
                 Some(
                     std::thread::Builder::new()
                         .name(format!("osd{}-lease", reg.osd))
-                        .spawn(move || keep_registered(lease, maps, clock, &stop))?,
+                        .spawn(move || keep_registered(lease, maps, clock, publish, &stop))?,
                 )
             }
         };
@@ -170,7 +197,57 @@ impl Control {
             watcher: Some(watcher),
             keeper,
             local,
+            reported: Mutex::new(Vec::new()),
+            report,
+            reg,
         })
+    }
+
+    /// Reports the OSDs in `silent` (each silent for longer than the peer grace) to the
+    /// managers, if that is a change: at once beside a map file, through the lease keeper in
+    /// etcd. An empty map withdraws the report.
+    pub fn report_silent(&self, silent: BTreeMap<u32, Duration>) {
+        let ids: Vec<u32> = silent.keys().copied().collect();
+        let mut reported = self.reported.lock().unwrap_or_else(|e| e.into_inner());
+        if *reported == ids {
+            return;
+        }
+        if ids.is_empty() {
+            println!(
+                "osd.{}: every peer answers again; report withdrawn",
+                self.reg.osd
+            );
+        } else {
+            let list: Vec<String> = silent
+                .iter()
+                .map(|(o, d)| format!("osd.{o} ({:.1} s)", d.as_secs_f64()))
+                .collect();
+            println!(
+                "osd.{}: reporting to the managers that these OSDs do not answer: {}",
+                self.reg.osd,
+                list.join(", ")
+            );
+        }
+        let report = (!ids.is_empty()).then(|| {
+            let ms = silent
+                .iter()
+                .map(|(o, d)| (*o, d.as_millis() as u64))
+                .collect();
+            FailureReport::new(&self.reg, ms)
+        });
+        match &self.local {
+            Some((_, dir)) => {
+                if let Err(e) = publish_local(dir, self.reg.osd, report.as_ref()) {
+                    // Tried again at the next change; the managers see the old one meanwhile.
+                    eprintln!("warning: publishing the failure report: {e}");
+                    return;
+                }
+            }
+            None => {
+                *self.report.next.lock().unwrap_or_else(|e| e.into_inner()) = Some(report);
+            }
+        }
+        *reported = ids;
     }
 
     /// Refuses early (before the store is opened or a port bound) an OSD whose id a live
@@ -206,7 +283,10 @@ impl Control {
             }
         }
         // Unlocked: the managers see it go at once.
-        drop(self.local.take());
+        if let Some((held, dir)) = self.local.take() {
+            let _ = publish_local(&dir, self.reg.osd, None);
+            drop(held);
+        }
         // The watcher notices within a watch slice; the process does not wait for it.
         drop(self.watcher.take());
     }
@@ -219,6 +299,7 @@ fn keep_registered(
     mut lease: OsdLease,
     maps: Box<dyn MapStore + Send>,
     clock: Option<Arc<LeaseClock>>,
+    mut publish: Publisher,
     stop: &AtomicBool,
 ) -> Option<OsdLease> {
     let mut failing = false;
@@ -278,14 +359,64 @@ fn keep_registered(
             }
         }
         let every = lease.ttl() / if failing { 10 } else { 3 };
-        // Sleep in short steps so a stop is prompt.
+        // Sleep in short steps so a stop is prompt and a new failure report goes out at once.
         let mut slept = Duration::ZERO;
         while slept < every && !stop.load(Ordering::Relaxed) {
+            if !failing {
+                publish.step(lease.lease_id());
+            }
             std::thread::sleep(Duration::from_millis(50));
             slept += Duration::from_millis(50);
         }
     }
     Some(lease)
+}
+
+/// Publishes the OSD's failure report in etcd under its lease: when it changes, and again
+/// under a new lease after a lapse (the old one took the key with it).
+struct Publisher {
+    etcd: Etcd,
+    cluster: String,
+    osd: u32,
+    pending: Arc<PendingReport>,
+    /// The report in etcd, and the lease it is under.
+    published: Option<(Option<FailureReport>, i64)>,
+    /// The last attempt failed (said once, not at every retry).
+    failing: bool,
+}
+
+impl Publisher {
+    fn step(&mut self, lease: i64) {
+        let newer = self
+            .pending
+            .next
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        let report = match (newer, &self.published) {
+            (Some(r), _) => r,
+            // Only a report (not its absence) needs publishing again under a new lease.
+            (None, Some((Some(r), l))) if *l != lease => Some(r.clone()),
+            (None, _) => return,
+        };
+        match publish_etcd(&self.etcd, &self.cluster, self.osd, lease, report.as_ref()) {
+            Ok(()) => {
+                self.published = Some((report, lease));
+                self.failing = false;
+            }
+            Err(e) => {
+                if !std::mem::replace(&mut self.failing, true) {
+                    eprintln!("publishing the failure report: {e}; retrying");
+                }
+                // Handed back unless a newer one came meanwhile.
+                self.pending
+                    .next
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .get_or_insert(report);
+            }
+        }
+    }
 }
 
 fn watch_maps(

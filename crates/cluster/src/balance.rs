@@ -185,7 +185,6 @@ mod tests {
     use super::*;
     use crate::map::{OsdInfo, Pool};
     use crate::WEIGHT_ONE;
-    use bytes::Bytes;
     use std::net::SocketAddr;
 
     fn cluster(osds: u32, hosts: u32, pg_num: u32, size: u8) -> OsdMap {
@@ -372,28 +371,13 @@ mod tests {
         );
     }
 
-    /// The map's encoding as an older format: without the last pool's `min_size` (v3), and
-    /// without the (here empty) exception count too (v2).
-    fn older(m: &OsdMap, version: u16) -> Bytes {
-        let v4 = m.encode();
-        // ... pool size, min_size | exception count (4) | crc (4)
-        let body = &v4[..v4.len() - 4];
-        let mut raw = body[..body.len() - 5].to_vec();
-        if version == 3 {
-            raw.extend_from_slice(&body[body.len() - 4..]);
-        }
-        raw[4..6].copy_from_slice(&version.to_le_bytes());
-        let crc = carmine_types::crc32c(&raw);
-        raw.extend_from_slice(&crc.to_le_bytes());
-        Bytes::from(raw)
-    }
-
     #[test]
-    fn version_2_and_3_maps_are_still_read_with_min_size_1_and_no_exceptions() {
+    fn version_2_to_4_maps_are_still_read_with_min_size_1_no_exceptions_and_no_holds() {
         let m = cluster(3, 3, 16, 1);
         assert_eq!(m.pools.len(), 1);
         assert_eq!(m.pools[0].min_size, 1);
-        assert_eq!(OsdMap::decode(older(&m, 3)).unwrap(), m);
-        assert_eq!(OsdMap::decode(older(&m, 2)).unwrap(), m);
+        assert_eq!(OsdMap::decode(m.encode_as(4)).unwrap(), m);
+        assert_eq!(OsdMap::decode(m.encode_as(3)).unwrap(), m);
+        assert_eq!(OsdMap::decode(m.encode_as(2)).unwrap(), m);
     }
 }

@@ -10,13 +10,15 @@ use std::net::SocketAddr;
 use thiserror::Error;
 
 const MAP_MAGIC: u32 = u32::from_le_bytes(*b"CMAP");
-pub const MAP_FORMAT_VERSION: u16 = 4;
+pub const MAP_FORMAT_VERSION: u16 = 5;
 /// Maps written before OSDs had `in`, a host and a down stamp: still read (all OSDs in).
 const MAP_FORMAT_V1: u16 = 1;
 /// Maps written before placement exceptions (upmaps): still read (none).
 const MAP_FORMAT_V2: u16 = 2;
 /// Maps written before pools had `min_size`: still read (`min_size` 1, as they served).
 const MAP_FORMAT_V3: u16 = 3;
+/// Maps written before OSDs could be held down on their peers' reports: still read (none).
+const MAP_FORMAT_V4: u16 = 4;
 /// Placement exceptions per map: one per PG at most, and far fewer in practice (the balancer
 /// moves a few PGs per OSD).
 const UPMAPS_MAX: usize = 1 << 18;
@@ -70,6 +72,13 @@ pub struct OsdInfo {
     /// When it was marked down (Unix seconds; 0 while up): the grace period runs from here,
     /// across manager failovers.
     pub down_since: u64,
+    /// Marked down on its peers' failure reports (it was registered, but they could not hear
+    /// from it): it stays down until then (Unix seconds), even while registered. Kept after
+    /// it is up again, as when its last hold ended.
+    pub held_down_until: u64,
+    /// How many times in a row its peers' reports marked it down, each hold twice the one
+    /// before (flap damping); a mark down long after the last hold ended counts from 1.
+    pub report_markdowns: u16,
     /// The host it runs on: the failure domain placement spreads copies over.
     pub host: String,
     /// Its share of PGs relative to the others (16.16 fixed point, `WEIGHT_ONE` = 1.0; by
@@ -88,6 +97,8 @@ impl OsdInfo {
             in_: true,
             auto_out: false,
             down_since: 0,
+            held_down_until: 0,
+            report_markdowns: 0,
             host: host.into(),
             weight: WEIGHT_ONE,
             reactors,
@@ -388,36 +399,43 @@ impl OsdMap {
     }
 
     pub fn encode(&self) -> Bytes {
+        self.encode_as(MAP_FORMAT_VERSION)
+    }
+
+    /// The encoding in format `version` (2 up to the current one; what an older format
+    /// cannot hold is left out): the current one, or older ones for tests of the decoder.
+    pub(crate) fn encode_as(&self, version: u16) -> Bytes {
+        debug_assert!((MAP_FORMAT_V2..=MAP_FORMAT_VERSION).contains(&version));
         let mut out = BytesMut::new();
         let mut e = Encoder::new(&mut out);
         e.u32(MAP_MAGIC)
-            .u16(MAP_FORMAT_VERSION)
+            .u16(version)
             .u32(self.epoch)
             .count(self.osds.len());
         for o in &self.osds {
-            e.u32(o.id)
-                .u8(o.flags())
-                .u32(o.weight)
-                .u64(o.down_since)
-                .str(&o.host)
-                .count(o.reactors.len());
+            e.u32(o.id).u8(o.flags()).u32(o.weight).u64(o.down_since);
+            if version > MAP_FORMAT_V4 {
+                e.u64(o.held_down_until).u16(o.report_markdowns);
+            }
+            e.str(&o.host).count(o.reactors.len());
             for a in &o.reactors {
                 e.str(&a.to_string());
             }
         }
         e.count(self.pools.len());
         for p in &self.pools {
-            e.u32(p.id)
-                .str(&p.name)
-                .u32(p.pg_num)
-                .u8(p.size)
-                .u8(p.min_size);
+            e.u32(p.id).str(&p.name).u32(p.pg_num).u8(p.size);
+            if version > MAP_FORMAT_V3 {
+                e.u8(p.min_size);
+            }
         }
-        e.count(self.upmaps.len());
-        for (pg, items) in &self.upmaps {
-            e.u32(pg.pool).u32(pg.seed).count(items.len());
-            for (from, to) in items {
-                e.u32(*from).u32(*to);
+        if version > MAP_FORMAT_V2 {
+            e.count(self.upmaps.len());
+            for (pg, items) in &self.upmaps {
+                e.u32(pg.pool).u32(pg.seed).count(items.len());
+                for (from, to) in items {
+                    e.u32(*from).u32(*to);
+                }
             }
         }
         let crc = crc32c(&out);
@@ -454,12 +472,13 @@ impl OsdMap {
         let mut osds = Vec::with_capacity(n);
         for _ in 0..n {
             let id = d.u32("osd id")?;
-            let (flags, weight, down_since, host) = if version == MAP_FORMAT_V1 {
+            let (flags, weight, down_since, held, host) = if version == MAP_FORMAT_V1 {
                 let up = d.bool("osd up")?;
                 (
                     FLAG_IN | if up { FLAG_UP } else { 0 },
                     WEIGHT_ONE,
                     0,
+                    (0, 0),
                     String::new(),
                 )
             } else {
@@ -473,6 +492,14 @@ impl OsdMap {
                     flags,
                     d.u32("osd weight")?,
                     d.u64("osd down since")?,
+                    if version > MAP_FORMAT_V4 {
+                        (
+                            d.u64("osd held down until")?,
+                            d.u16("osd report markdowns")?,
+                        )
+                    } else {
+                        (0, 0)
+                    },
                     d.string("osd host", HOST_LEN_MAX)?,
                 )
             };
@@ -488,6 +515,8 @@ impl OsdMap {
                 in_: flags & FLAG_IN != 0,
                 auto_out: flags & FLAG_AUTO_OUT != 0,
                 down_since,
+                held_down_until: held.0,
+                report_markdowns: held.1,
                 host,
                 weight,
                 reactors,
@@ -543,6 +572,22 @@ impl OsdMap {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_hold_on_peers_reports_round_trips_and_older_formats_read_as_none() {
+        let mut m = map(3, 2);
+        m.osds[1].up = false;
+        m.osds[1].down_since = 1_790_000_000;
+        m.osds[1].held_down_until = 1_790_000_040;
+        m.osds[1].report_markdowns = 3;
+        assert_eq!(OsdMap::decode(m.encode()).unwrap(), m);
+        let old = OsdMap::decode(m.encode_as(MAP_FORMAT_V4)).unwrap();
+        assert_eq!(
+            (old.osds[1].held_down_until, old.osds[1].report_markdowns),
+            (0, 0)
+        );
+        assert!(!old.osds[1].up);
+    }
 
     fn map(osds: u32, reactors: u16) -> OsdMap {
         OsdMap {

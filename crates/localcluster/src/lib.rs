@@ -131,6 +131,40 @@ pub struct UpArgs {
     /// [600].
     #[arg(long)]
     pub down_out_grace: Option<u64>,
+    /// Seconds a replicated PG waits on an OSD that does not answer before its OSD reports it
+    /// to the managers (an OSD that hangs, or a link broken between two OSDs) [10].
+    #[arg(long)]
+    pub peer_grace: Option<u64>,
+    /// Seconds an OSD its peers reported stays down the first time; each further time in a
+    /// row twice as long [20].
+    #[arg(long)]
+    pub report_hold: Option<u64>,
+}
+
+/// How the cluster's OSDs report peers they cannot hear from, and how long the managers hold
+/// a reported OSD down (decision 0014).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub(crate) struct FailureDetection {
+    pub peer_grace_secs: u64,
+    pub report_hold_secs: u64,
+}
+
+impl Default for FailureDetection {
+    fn default() -> Self {
+        FailureDetection {
+            peer_grace_secs: 10,
+            report_hold_secs: 20,
+        }
+    }
+}
+
+impl FailureDetection {
+    fn with_flags(self, a: &UpArgs) -> Self {
+        FailureDetection {
+            peer_grace_secs: a.peer_grace.unwrap_or(self.peer_grace_secs),
+            report_hold_secs: a.report_hold.unwrap_or(self.report_hold_secs),
+        }
+    }
 }
 
 /// The new pool's copies and `min_size`: as asked, or 3 (min 2) once there are 3 OSDs, else
@@ -452,6 +486,8 @@ pub(crate) struct ClusterFile {
     /// existed, unless `up --managers` asks).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) local_managers: Option<managers::LocalManagers>,
+    #[serde(default)]
+    pub(crate) failure: FailureDetection,
 }
 
 const CLUSTER_FILE: &str = "cluster.json";
@@ -544,6 +580,13 @@ pub fn up(a: &UpArgs) -> Result<Running> {
                 "--etcd-ca/--etcd-cert/--etcd-key/--etcd-user/--etcd-password-file are for an \
                  etcd given with --etcd (a private etcd makes and keeps its own)"
             );
+        }
+    }
+    if let Some(f) = settings.as_mut() {
+        let tuned = f.failure.with_flags(a);
+        if tuned != f.failure {
+            f.failure = tuned;
+            write_atomically(&dir.join(CLUSTER_FILE), &serde_json::to_vec_pretty(f)?)?;
         }
     }
     if let Some(f) = settings.as_mut().filter(|f| f.etcd.is_none()) {
@@ -832,6 +875,7 @@ fn new_cluster(
                 .is_none()
                 .then(|| managers::LocalManagers::default().with_flags(a)),
             etcd: etcd.clone(),
+            failure: FailureDetection::default().with_flags(a),
         })?,
     )?;
     let stored = maps::open(dir, etcd.as_ref()).and_then(|store| {
@@ -1015,6 +1059,11 @@ fn start_osd(
             .arg("--lease-ttl")
             .arg(e.lease_ttl_secs.to_string()),
     };
+    let failure = read_cluster_file(dir)?
+        .map(|f| f.failure)
+        .unwrap_or_default();
+    cmd.arg("--peer-grace")
+        .arg(format!("{}s", failure.peer_grace_secs));
     cmd.arg("--perf-socket").arg(perf_socket_path(dir, id));
     if key_path(dir).exists() {
         cmd.arg("--key-file").arg(key_path(dir));

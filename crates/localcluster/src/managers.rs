@@ -41,6 +41,7 @@ pub(crate) struct Plan {
     pub count: u32,
     lease_ttl_secs: u64,
     down_out_grace_secs: u64,
+    report_hold_secs: u64,
     backend: Vec<String>,
 }
 
@@ -52,12 +53,14 @@ impl Plan {
                 count: e.managers,
                 lease_ttl_secs: e.lease_ttl_secs,
                 down_out_grace_secs: e.down_out_grace_secs,
+                report_hold_secs: f.failure.report_hold_secs,
                 backend: e.osd_args(),
             }),
             (None, Some(m)) => Some(Plan {
                 count: m.count,
                 lease_ttl_secs: maps::lease_ttl_default(),
                 down_out_grace_secs: m.down_out_grace_secs,
+                report_hold_secs: f.failure.report_hold_secs,
                 backend: vec!["--map".into(), crate::map_path(dir).display().to_string()],
             }),
             (None, None) => None,
@@ -70,6 +73,19 @@ pub(crate) fn leader(dir: &Path, etcd: Option<&EtcdSettings>) -> Result<Option<S
     Ok(match etcd {
         Some(e) => carmine_mapstore::membership::leader(&e.client()?, &e.cluster)?,
         None => carmine_mapstore::local_membership::local_leader(dir)?,
+    })
+}
+
+/// The failure reports the cluster's OSDs publish now, by reporter (those of earlier runs
+/// beside a map file included: the caller compares them with the registrations).
+pub(crate) fn failure_reports(
+    dir: &Path,
+    etcd: Option<&EtcdSettings>,
+) -> Result<std::collections::BTreeMap<u32, carmine_mapstore::failure_reports::FailureReport>> {
+    use carmine_mapstore::failure_reports::{etcd_reports, local_reports};
+    Ok(match etcd {
+        Some(e) => etcd_reports(&e.client()?, &e.cluster)?,
+        None => local_reports(dir)?,
     })
 }
 
@@ -222,7 +238,9 @@ pub(crate) fn ensure(exe: &Path, dir: &Path, plan: &Plan) -> Result<Vec<u32>> {
             .arg("--lease-ttl")
             .arg(plan.lease_ttl_secs.to_string())
             .arg("--down-out-grace")
-            .arg(plan.down_out_grace_secs.to_string());
+            .arg(plan.down_out_grace_secs.to_string())
+            .arg("--report-hold")
+            .arg(format!("{}s", plan.report_hold_secs));
         use std::os::unix::process::CommandExt;
         let child = cmd
             .current_dir(dir)

@@ -254,6 +254,49 @@ pub fn status(dir: &Path) -> Result<Status> {
             format!("{} osds down ({})", down.len(), down.join(", ")),
         );
     }
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    for o in map.osds.iter().filter(|o| !o.up && o.held_down_until > now) {
+        checks.add(
+            Health::Warn,
+            format!(
+                "osd.{} is held down on its peers' failure reports for {} s more (time {} in \
+                 a row; it comes back up then if it runs)",
+                o.id,
+                o.held_down_until - now,
+                o.report_markdowns
+            ),
+        );
+    }
+    // Reports of OSDs' current runs about OSDs still up: what the managers judge next.
+    match managers::failure_reports(&dir, etcd.as_ref()) {
+        Ok(reports) => {
+            for r in reports.values() {
+                let live_run = live
+                    .iter()
+                    .any(|(id, pid)| *id == r.reporter && *pid == r.pid as i32)
+                    || etcd.is_some();
+                let silent: Vec<String> = r
+                    .silent_ms
+                    .iter()
+                    .filter(|(t, _)| map.osd(**t).is_some_and(|o| o.up))
+                    .map(|(t, ms)| format!("osd.{t} (silent {:.1} s)", *ms as f64 / 1000.0))
+                    .collect();
+                if live_run && !silent.is_empty() && map.osd(r.reporter).is_some_and(|o| o.up) {
+                    checks.add(
+                        Health::Warn,
+                        format!(
+                            "osd.{} reports it cannot hear from {}",
+                            r.reporter,
+                            silent.join(", ")
+                        ),
+                    );
+                }
+            }
+        }
+        Err(e) => checks.add(Health::Warn, format!("reading failure reports: {e:#}")),
+    }
     let (inactive, undersized) = pg_copies(&map);
     let total: usize = map.pools.iter().map(|p| p.pg_num as usize).sum();
     if inactive > 0 {

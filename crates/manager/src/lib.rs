@@ -9,6 +9,7 @@
 
 mod planes;
 pub mod policy;
+pub mod reports;
 
 use carmine_mapstore::{EtcdAccess, MapStoreError};
 use planes::{Commit, EtcdPlane, LocalPlane, Plane};
@@ -99,7 +100,8 @@ fn step(cfg: &ManagerConfig, plane: &mut dyn Plane) -> Result<(), MapStoreError>
         return Ok(());
     };
     let alive = plane.alive()?;
-    let Some(next) = next_epoch(&map, &alive, unix_now(), &cfg.policy) else {
+    let reports = carmine_mapstore::failure_reports::current(plane.reports()?, &alive);
+    let Some(next) = next_epoch(&map, &alive, &reports, unix_now(), &cfg.policy) else {
         return Ok(());
     };
     match plane.commit(&map, &next.map)? {

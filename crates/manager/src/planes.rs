@@ -5,6 +5,7 @@
 use crate::ManagerConfig;
 use carmine_cluster::OsdMap;
 use carmine_mapstore::etcd_client::Etcd;
+use carmine_mapstore::failure_reports::{etcd_reports, local_reports, FailureReport};
 use carmine_mapstore::local_membership::{local_registered, LocalLeadership};
 use carmine_mapstore::membership::{registered, Leadership, Registration};
 use carmine_mapstore::{EtcdAccess, EtcdMapStore, LocalMapStore, MapStore, MapStoreError};
@@ -25,6 +26,9 @@ pub(crate) trait Plane {
     fn lead(&mut self) -> Result<bool, MapStoreError>;
     fn map(&self) -> Result<Option<OsdMap>, MapStoreError>;
     fn alive(&self) -> Result<BTreeMap<u32, Registration>, MapStoreError>;
+    /// The failure reports published, by reporter (of any run: the caller keeps the
+    /// current ones).
+    fn reports(&self) -> Result<BTreeMap<u32, FailureReport>, MapStoreError>;
     /// Replaces `map` with `next`, only while leading.
     fn commit(&mut self, map: &OsdMap, next: &OsdMap) -> Result<Commit, MapStoreError>;
     /// Steps down, so another manager takes over at once.
@@ -97,6 +101,10 @@ impl Plane for EtcdPlane {
         registered(&self.etcd, &self.cluster)
     }
 
+    fn reports(&self) -> Result<BTreeMap<u32, FailureReport>, MapStoreError> {
+        etcd_reports(&self.etcd, &self.cluster)
+    }
+
     fn commit(&mut self, map: &OsdMap, next: &OsdMap) -> Result<Commit, MapStoreError> {
         let Some((l, _)) = self.leading.as_ref() else {
             return Ok(Commit::Deposed);
@@ -164,6 +172,10 @@ impl Plane for LocalPlane {
 
     fn alive(&self) -> Result<BTreeMap<u32, Registration>, MapStoreError> {
         local_registered(&self.dir)
+    }
+
+    fn reports(&self) -> Result<BTreeMap<u32, FailureReport>, MapStoreError> {
+        local_reports(&self.dir)
     }
 
     fn commit(&mut self, map: &OsdMap, next: &OsdMap) -> Result<Commit, MapStoreError> {

@@ -2,6 +2,7 @@
 //! the next epoch, or nothing. No I/O here, so every rule is tested directly.
 
 use carmine_cluster::OsdMap;
+use carmine_mapstore::failure_reports::FailureReport;
 use carmine_mapstore::membership::Registration;
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -11,10 +12,15 @@ use std::time::Duration;
 pub struct Policy {
     /// How long an OSD may stay down before it is marked out and its PGs move elsewhere.
     pub down_out_grace: Duration,
+    /// How long an OSD marked down on its peers' reports stays down the first time; each
+    /// further time in a row holds it twice as long (see [`crate::reports`]).
+    pub report_hold: Duration,
 }
 
 /// Default for [`Policy::down_out_grace`]: Ceph's `mon_osd_down_out_interval`.
 pub const DOWN_OUT_GRACE_DEFAULT: Duration = Duration::from_secs(600);
+/// Default for [`Policy::report_hold`].
+pub const REPORT_HOLD_DEFAULT: Duration = Duration::from_secs(20);
 
 /// A change and why it was made.
 #[derive(Debug, PartialEq, Eq)]
@@ -23,10 +29,13 @@ pub struct NextEpoch {
     pub reasons: Vec<String>,
 }
 
-/// The map that should follow `map` given the OSDs registered now (`alive`) at Unix time
-/// `now`, or `None` if it is right as it is:
+/// The map that should follow `map` given the OSDs registered now (`alive`), their failure
+/// reports (`reports`, of their current runs) at Unix time `now`, or `None` if it is right as
+/// it is:
 /// - a registered OSD marked down is marked up (and in again, if it was marked out
-///   automatically rather than by an operator);
+///   automatically rather than by an operator) — unless its peers' reports hold it down;
+/// - an OSD up and registered that its peers report they cannot hear from is marked down
+///   and held down for a while ([`crate::reports`]: one per epoch);
 /// - an OSD marked up that is not registered (its lease ran out, or it stopped) is marked
 ///   down, stamped with `now`;
 /// - an OSD down and in for `down_out_grace` is marked out, automatically — unless a pool
@@ -36,6 +45,7 @@ pub struct NextEpoch {
 pub fn next_epoch(
     map: &OsdMap,
     alive: &BTreeMap<u32, Registration>,
+    reports: &BTreeMap<u32, FailureReport>,
     now: u64,
     policy: &Policy,
 ) -> Option<NextEpoch> {
@@ -44,6 +54,8 @@ pub fn next_epoch(
     let may_move_pgs = map.pools.iter().all(|p| p.size >= 2);
     for o in &mut next.osds {
         match alive.get(&o.id) {
+            // Its peers could not hear from it: it stays down for the hold.
+            Some(_) if !o.up && now < o.held_down_until => {}
             Some(reg) if !o.up => {
                 o.up = true;
                 o.down_since = 0;
@@ -89,6 +101,9 @@ pub fn next_epoch(
             }
             _ => {}
         }
+    }
+    if let Some(why) = crate::reports::mark_down_reported(&mut next, alive, reports, now, policy) {
+        reasons.push(why);
     }
     if reasons.is_empty() {
         return None;
@@ -146,18 +161,24 @@ mod tests {
 
     const P: Policy = Policy {
         down_out_grace: Duration::from_secs(600),
+        report_hold: REPORT_HOLD_DEFAULT,
     };
+
+    const NO_REPORTS: &BTreeMap<u32, FailureReport> = &BTreeMap::new();
 
     #[test]
     fn nothing_changes_while_every_osd_is_registered() {
         let m = map(3);
-        assert_eq!(next_epoch(&m, &alive(&m, &[0, 1, 2]), 1000, &P), None);
+        assert_eq!(
+            next_epoch(&m, &alive(&m, &[0, 1, 2]), NO_REPORTS, 1000, &P),
+            None
+        );
     }
 
     #[test]
     fn an_unregistered_osd_goes_down_in_the_next_epoch_and_stays_in() {
         let m = map(3);
-        let n = next_epoch(&m, &alive(&m, &[0, 2]), 1000, &P).unwrap();
+        let n = next_epoch(&m, &alive(&m, &[0, 2]), NO_REPORTS, 1000, &P).unwrap();
         assert_eq!(n.map.epoch, 6);
         let o = n.map.osd(1).unwrap();
         assert!(!o.up && o.in_ && !o.auto_out);
@@ -166,14 +187,19 @@ mod tests {
         // Nothing else moved.
         assert!(n.map.osd(0).unwrap().up && n.map.osd(2).unwrap().up);
         // Within the grace period: no further change.
-        assert_eq!(next_epoch(&n.map, &alive(&m, &[0, 2]), 1599, &P), None);
+        assert_eq!(
+            next_epoch(&n.map, &alive(&m, &[0, 2]), NO_REPORTS, 1599, &P),
+            None
+        );
     }
 
     #[test]
     fn after_the_grace_period_a_down_osd_is_marked_out_and_back_in_when_it_returns() {
         let m = map(2);
-        let down = next_epoch(&m, &alive(&m, &[0]), 1000, &P).unwrap().map;
-        let out = next_epoch(&down, &alive(&m, &[0]), 1600, &P).unwrap();
+        let down = next_epoch(&m, &alive(&m, &[0]), NO_REPORTS, 1000, &P)
+            .unwrap()
+            .map;
+        let out = next_epoch(&down, &alive(&m, &[0]), NO_REPORTS, 1600, &P).unwrap();
         let o = out.map.osd(1).unwrap();
         assert!(!o.up && !o.in_ && o.auto_out);
         assert_eq!(out.map.epoch, down.epoch + 1);
@@ -183,7 +209,7 @@ mod tests {
             let pg = carmine_types::PgId { pool: 1, seed };
             assert_eq!(out.map.pg_primary(pg).unwrap().0, 0);
         }
-        let back = next_epoch(&out.map, &alive(&m, &[0, 1]), 1700, &P).unwrap();
+        let back = next_epoch(&out.map, &alive(&m, &[0, 1]), NO_REPORTS, 1700, &P).unwrap();
         let o = back.map.osd(1).unwrap();
         assert!(o.up && o.in_ && !o.auto_out && o.down_since == 0);
         assert_eq!(back.reasons, vec!["osd.1 up (pid 101 on h), in again"]);
@@ -193,12 +219,15 @@ mod tests {
     fn a_down_osd_without_a_stamp_gets_one_and_a_full_grace_period() {
         let mut m = map(2);
         m.osds[1].up = false; // as a format-1 map decodes: down, in, down_since 0
-        let n = next_epoch(&m, &alive(&m, &[0]), 5000, &P).unwrap();
+        let n = next_epoch(&m, &alive(&m, &[0]), NO_REPORTS, 5000, &P).unwrap();
         let o = n.map.osd(1).unwrap();
         assert!(o.in_ && o.down_since == 5000, "{o:?}");
-        assert_eq!(next_epoch(&n.map, &alive(&m, &[0]), 5599, &P), None);
+        assert_eq!(
+            next_epoch(&n.map, &alive(&m, &[0]), NO_REPORTS, 5599, &P),
+            None
+        );
         assert!(
-            !next_epoch(&n.map, &alive(&m, &[0]), 5600, &P)
+            !next_epoch(&n.map, &alive(&m, &[0]), NO_REPORTS, 5600, &P)
                 .unwrap()
                 .map
                 .osd(1)
@@ -211,17 +240,24 @@ mod tests {
     fn with_a_single_copy_pool_a_down_osd_is_never_marked_out() {
         let mut m = map(2);
         m.pools[0].size = 1;
-        let down = next_epoch(&m, &alive(&m, &[0]), 1000, &P).unwrap().map;
-        assert_eq!(next_epoch(&down, &alive(&m, &[0]), 1000 + 86_400, &P), None);
+        let down = next_epoch(&m, &alive(&m, &[0]), NO_REPORTS, 1000, &P)
+            .unwrap()
+            .map;
+        assert_eq!(
+            next_epoch(&down, &alive(&m, &[0]), NO_REPORTS, 1000 + 86_400, &P),
+            None
+        );
         assert!(down.osd(1).unwrap().in_);
     }
 
     #[test]
     fn an_osd_an_operator_marked_out_stays_out_when_it_comes_back() {
         let m = map(2);
-        let mut down = next_epoch(&m, &alive(&m, &[0]), 1000, &P).unwrap().map;
+        let mut down = next_epoch(&m, &alive(&m, &[0]), NO_REPORTS, 1000, &P)
+            .unwrap()
+            .map;
         down.osds[1].in_ = false; // `carmine osd out 1`
-        let back = next_epoch(&down, &alive(&m, &[0, 1]), 1100, &P).unwrap();
+        let back = next_epoch(&down, &alive(&m, &[0, 1]), NO_REPORTS, 1100, &P).unwrap();
         let o = back.map.osd(1).unwrap();
         assert!(o.up && !o.in_);
         assert_eq!(back.reasons, vec!["osd.1 up (pid 101 on h)"]);
@@ -230,8 +266,10 @@ mod tests {
     #[test]
     fn an_osd_that_returns_within_the_grace_period_is_up_and_never_out() {
         let m = map(2);
-        let down = next_epoch(&m, &alive(&m, &[0]), 1000, &P).unwrap().map;
-        let back = next_epoch(&down, &alive(&m, &[0, 1]), 1010, &P)
+        let down = next_epoch(&m, &alive(&m, &[0]), NO_REPORTS, 1000, &P)
+            .unwrap()
+            .map;
+        let back = next_epoch(&down, &alive(&m, &[0, 1]), NO_REPORTS, 1010, &P)
             .unwrap()
             .map;
         assert_eq!(back.osd(1), m.osd(1));

@@ -36,3 +36,12 @@ pub fn pg_history(cluster: &str, pg: carmine_types::PgId) -> String {
 pub fn read_lease(cluster: &str, osd: u32) -> String {
     format!("/carmine/{cluster}/osd/{osd}/read-lease")
 }
+
+/// Failure reports: the OSDs one OSD cannot hear from, attached to the reporter's lease.
+pub fn failure_reports_prefix(cluster: &str) -> String {
+    format!("/carmine/{cluster}/reports/")
+}
+
+pub fn failure_report(cluster: &str, osd: u32) -> String {
+    format!("{}osd.{osd}", failure_reports_prefix(cluster))
+}

@@ -12,6 +12,7 @@
 mod access;
 mod etcd;
 pub mod etcd_client;
+pub mod failure_reports;
 pub mod keys;
 mod local;
 pub mod local_membership;

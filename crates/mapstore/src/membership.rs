@@ -141,6 +141,12 @@ impl OsdLease {
         self.ttl
     }
 
+    /// The lease the registration is attached to now (a new one after a lapse): what the
+    /// OSD's failure report goes under.
+    pub fn lease_id(&self) -> i64 {
+        self.lease
+    }
+
     /// Deregisters now (a clean stop): the managers see the OSD go at once.
     pub fn release(self) -> Result<(), MapStoreError> {
         self.etcd.revoke(self.lease)

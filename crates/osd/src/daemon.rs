@@ -349,6 +349,21 @@ impl Osd {
             .collect()
     }
 
+    /// Other OSDs that this OSD's PGs wait on without hearing from them, each with the longest
+    /// silence any reactor saw (see `carmine_pg::Member::unresponsive`): what the control
+    /// thread reports to the managers once it outlasts the peer grace.
+    pub fn silent_peers(&self) -> std::collections::BTreeMap<OsdId, std::time::Duration> {
+        let mut all = std::collections::BTreeMap::new();
+        for m in &self.metrics {
+            for (o, ns) in m.silent_peers() {
+                let d = std::time::Duration::from_nanos(ns);
+                let s = all.entry(o).or_insert(d);
+                *s = (*s).max(d);
+            }
+        }
+        all
+    }
+
     /// True once any reactor has stopped on its own (a failure: reactors run until shutdown).
     pub fn any_reactor_exited(&self) -> bool {
         self.reactors.iter().any(|(_, h)| h.is_finished())

@@ -92,6 +92,9 @@ pub struct ReactorMetrics {
     /// Recovery's pace over the last seconds: bytes/s, and thousandths of objects/s.
     recovery_bytes_per_sec: AtomicU64,
     recovery_milli_objects_per_sec: AtomicU64,
+    /// Other OSDs this reactor's PGs wait on without hearing from them, and for how long
+    /// (ns): set once per replication tick, read by the control thread for failure reports.
+    silent_peers: std::sync::Mutex<Vec<(carmine_types::OsdId, u64)>>,
 }
 
 /// Adds to a counter that only its reactor writes: a plain load and store rather than a
@@ -181,6 +184,18 @@ impl ReactorMetrics {
         self.pgs_peering.store(peering, Ordering::Relaxed);
         self.objects_to_recover.store(to_recover, Ordering::Relaxed);
         self.objects_unfound.store(unfound, Ordering::Relaxed);
+    }
+
+    pub(crate) fn set_silent_peers(&self, peers: Vec<(carmine_types::OsdId, u64)>) {
+        *self.silent_peers.lock().unwrap_or_else(|e| e.into_inner()) = peers;
+    }
+
+    /// See [`ReactorMetrics::set_silent_peers`].
+    pub fn silent_peers(&self) -> Vec<(carmine_types::OsdId, u64)> {
+        self.silent_peers
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 
     pub(crate) fn recovered(&self, bytes: u64) {

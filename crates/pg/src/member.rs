@@ -28,6 +28,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 mod messages;
 mod missing;
+mod silence;
 
 pub use messages::{Action, Event, Msg, Persisting};
 
@@ -159,6 +160,12 @@ pub struct Member {
     readable_until: u64,
     /// When it last went active.
     active_since: u64,
+    /// As a primary: when it began peering in this interval (or again after a failed record):
+    /// members it waits on since then and has not heard from are silent that long.
+    peering_since: u64,
+    /// As a replica: when its primary's last ping of this interval came (none yet: the
+    /// primary may still be activating, and owes it nothing).
+    pinged_at: Option<u64>,
     /// As a primary: it goes active no sooner than this, when the leases its members granted
     /// to earlier intervals' primaries have run out.
     prior_leases_until: u64,
@@ -202,6 +209,8 @@ impl Member {
             last_ping: None,
             readable_until: 0,
             active_since: 0,
+            peering_since: 0,
+            pinged_at: None,
             prior_leases_until: 0,
         }
     }
@@ -583,6 +592,7 @@ impl Member {
                     self.role = Role::Peering {
                         heard: BTreeMap::new(),
                     };
+                    self.peering_since = self.now;
                     self.on_tick(&mut out);
                 }
             }
@@ -631,6 +641,7 @@ impl Member {
             self.pongs.clear();
             self.readable_until = 0;
             self.last_ping = None;
+            self.pinged_at = None;
         }
         self.epoch = epoch;
         self.history = history;
@@ -655,6 +666,7 @@ impl Member {
         } else {
             Role::Stray
         };
+        self.peering_since = self.now;
         self.on_tick(out);
     }
 
@@ -1076,6 +1088,7 @@ impl Member {
                     && self.lease > 0
                 {
                     let until = self.now.saturating_add(self.lease);
+                    self.pinged_at = Some(self.now);
                     let e = self.promises.entry(Some(from)).or_default();
                     *e = (*e).max(until);
                     out.push(Action::Send {

@@ -202,3 +202,57 @@ fn a_primary_trusts_no_more_than_the_lease_its_replica_granted() {
         "trusted the primary's own, longer lease"
     );
 }
+
+#[test]
+fn a_primary_names_members_it_waits_on_with_how_long_they_have_been_silent() {
+    let mut ms = two_members(0);
+    tick(&mut ms, 1, Event::Clock, true);
+    assert!(ms[0].unresponsive(1).is_empty(), "{}", ms[0].describe());
+    assert!(
+        ms[1].unresponsive(1).is_empty(),
+        "pinged: the replica names nobody"
+    );
+    // Pings answered every quarter lease: nobody silent.
+    let mut now = 1;
+    for _ in 0..8 {
+        now += LEASE / 4;
+        tick(&mut ms, now, Event::Clock, true);
+        assert!(ms[0].unresponsive(now).is_empty());
+    }
+    // The link breaks after the ping at `now`: silent only once the promise has run out, and
+    // then counted from the last ping it answered.
+    let last = now;
+    while now < last + 3 * LEASE {
+        now += 50;
+        tick(&mut ms, now, Event::Clock, false);
+        let silent = ms[0].unresponsive(now);
+        if ms[0].readable(now) {
+            assert!(
+                silent.is_empty(),
+                "silent while its lease holds: {silent:?}"
+            );
+        } else {
+            assert_eq!(silent, vec![(1, now - last)]);
+        }
+    }
+    // The replica misses the pings of its active primary: silent since the last one came.
+    assert_eq!(ms[1].unresponsive(now), vec![(0, now - last)]);
+    // A new interval (an epoch was missed) with the replica still silent: the primary waits
+    // on its query since peering began.
+    let map = Event::Map {
+        epoch: 3,
+        acting: vec![0, 1],
+        history: Vec::new(),
+        min_size: 1,
+    };
+    let t = now + 10;
+    tick(&mut ms, t, map, false);
+    assert!(ms[0].is_peering(), "{}", ms[0].describe());
+    assert_eq!(ms[0].unresponsive(t + 700), vec![(1, 700)]);
+    // The link heals: the member answers, the PG goes active, nobody is silent.
+    let t = t + 800;
+    tick(&mut ms, t, Event::Tick, true);
+    tick(&mut ms, t + 1, Event::Clock, true);
+    assert!(ms[0].is_active_primary(), "{}", ms[0].describe());
+    assert!(ms[0].unresponsive(t + 1).is_empty(), "{}", ms[0].describe());
+}

@@ -460,8 +460,13 @@ fn tick<S: ObjectStore + 'static>(shard: &Rc<Shard<S>>) {
     let all: Vec<Rc<PgReplica>> = shard.replication.pgs.borrow().values().cloned().collect();
     let (mut active, mut peering, mut to_recover, mut unfound, mut unleased) = (0, 0, 0, 0, 0);
     let now = clock();
+    let mut silent_peers: BTreeMap<OsdId, u64> = BTreeMap::new();
     for pgr in &all {
         let m = pgr.member.borrow();
+        for (o, silent) in m.unresponsive(now) {
+            let s = silent_peers.entry(o).or_default();
+            *s = (*s).max(silent);
+        }
         if m.acting().first() == Some(&shard.osd) {
             if m.is_active_primary() {
                 active += 1;
@@ -497,6 +502,9 @@ fn tick<S: ObjectStore + 'static>(shard: &Rc<Shard<S>>) {
     shard
         .metrics
         .set_pg_states(active, peering, to_recover, unfound, unleased);
+    shard
+        .metrics
+        .set_silent_peers(silent_peers.into_iter().collect());
     let (objects, bytes) = shard.metrics.recovered_totals();
     let (bps, ops) = shard.replication.pace.borrow_mut().update(objects, bytes);
     shard.metrics.set_recovery_pace(bps, ops);

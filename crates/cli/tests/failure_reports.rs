@@ -1,0 +1,131 @@
+//! Failure reports with real processes (decision 0014): an OSD that hangs keeps its
+//! registration (with a map file its lock lives as long as its process), so only its peers can
+//! tell. They report it once it has not answered for the peer grace, the managers mark it
+//! down and hold it down, the PGs peer without it and the clients' writes complete; when it
+//! runs again it comes back up after the hold and catches up.
+
+mod common;
+
+use common::Cluster;
+use std::time::{Duration, Instant};
+
+fn signal(pid: i32, sig: i32) {
+    // SAFETY: plain syscall on a pid this test's cluster started.
+    unsafe { libc::kill(pid, sig) };
+}
+
+fn osd_pid(c: &Cluster, id: u32) -> i32 {
+    std::fs::read_to_string(c.dir.join(format!("osd.{id}.pid")))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap()
+}
+
+/// Continues a stopped OSD whatever happens to the test, so that `cluster down` can stop it.
+struct Continue(i32);
+
+impl Drop for Continue {
+    fn drop(&mut self) {
+        signal(self.0, libc::SIGCONT);
+    }
+}
+
+fn pattern(len: usize, seed: u8) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u32).wrapping_mul(2_654_435_761).to_le_bytes()[1] ^ seed)
+        .collect()
+}
+
+fn osd_state(c: &Cluster, id: u32) -> carmine_cluster::OsdInfo {
+    carmine_localcluster::read_map(&c.dir)
+        .unwrap()
+        .osd(id)
+        .unwrap()
+        .clone()
+}
+
+fn wait_for(what: &str, limit: Duration, mut done: impl FnMut() -> bool) -> Duration {
+    let start = Instant::now();
+    while !done() {
+        assert!(start.elapsed() < limit, "{what}: not within {limit:?}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    start.elapsed()
+}
+
+#[test]
+fn a_hung_osd_is_reported_by_its_peers_marked_down_held_and_back_after_the_hold() {
+    let c = Cluster::up(
+        "reports",
+        &[
+            "--osds",
+            "3",
+            "--pg-num",
+            "16",
+            "--peer-grace",
+            "4",
+            "--report-hold",
+            "6",
+        ],
+    );
+    c.ok(&[
+        "volume",
+        "create",
+        "v",
+        "--size",
+        "8M",
+        "--object-size",
+        "1M",
+    ]);
+    let first = pattern(8 << 20, 1);
+    c.write_volume("v", &first);
+    let victim = osd_pid(&c, 2);
+    let _cont = Continue(victim);
+    signal(victim, libc::SIGSTOP);
+    let stopped = Instant::now();
+    // Writes to every object: those of PGs with osd.2 wait until the managers mark it down
+    // on the others' reports, then complete in the next interval.
+    let second = pattern(8 << 20, 2);
+    c.write_volume("v", &second);
+    let took = stopped.elapsed();
+    let o = osd_state(&c, 2);
+    assert!(!o.up && o.in_, "{o:?}");
+    assert_eq!(o.report_markdowns, 1, "{o:?}");
+    assert!(o.held_down_until > 0, "{o:?}");
+    // The grace (4 s), a report, a manager tick, peering: well under the 30 s a client
+    // waits for a PG before it gives up.
+    assert!(took < Duration::from_secs(20), "writes waited {took:?}");
+    let log = std::fs::read_to_string(c.dir.join("mgr.0.log")).unwrap_or_default()
+        + &std::fs::read_to_string(c.dir.join("mgr.1.log")).unwrap_or_default();
+    assert!(
+        log.contains("osd.2 down on failure reports (unreachable from osd.0, osd.1)"),
+        "{log}"
+    );
+    let status = String::from_utf8_lossy(&c.run(&["cluster", "status"]).stdout).into_owned();
+    assert!(
+        status.contains("osd.2 is held down on its peers' failure reports"),
+        "{status}"
+    );
+    // Running again, it stays down until the hold ends, then comes back up, catches up and
+    // serves what was written while it hung.
+    signal(victim, libc::SIGCONT);
+    let held = Duration::from_secs(o.held_down_until)
+        .saturating_sub(std::time::UNIX_EPOCH.elapsed().unwrap());
+    wait_for("osd.2 back up", held + Duration::from_secs(15), || {
+        osd_state(&c, 2).up
+    });
+    wait_for("HEALTH_OK", Duration::from_secs(30), || {
+        c.run(&["cluster", "status"]).status.success()
+    });
+    let back = c
+        .cmd(&["volume", "read", "v", "--file", "-", "-q"])
+        .output()
+        .unwrap();
+    assert!(back.status.success());
+    assert!(back.stdout == second, "the volume does not read back");
+    // Nothing reports anything any more.
+    let status = c.ok(&["cluster", "status"]);
+    assert!(!status.contains("cannot hear"), "{status}");
+    eprintln!("writes waited {took:?} for the hung osd.2 to be marked down");
+}

@@ -1,0 +1,63 @@
+//! Which other OSDs a member waits on and does not hear from: what its host reports to the
+//! managers as unreachable once it lasts (a broken link between two OSDs that both still reach
+//! the map store, or a hung OSD whose registration outlives it; ARCHITECTURE.md, "Failure
+//! reports"). Only the member that waits can tell: a primary waits on every member it peers
+//! with, and while active on every acting member's answers to its pings; a replica waits on
+//! its active primary's pings.
+
+use super::{Member, Role};
+use carmine_types::OsdId;
+
+impl Member {
+    /// The OSDs this member waits on that have not answered, each with how long it has been
+    /// silent (in the host's clock):
+    /// - as the active primary with read leases, each other acting member whose last promise
+    ///   ran out (silent since the ping it last answered was sent, or since the PG went
+    ///   active);
+    /// - while peering, each member it queried that has not answered this round, and while
+    ///   activating, each acting member that has not acknowledged (silent since peering
+    ///   began).
+    ///
+    /// As a replica, its primary once its pings stopped for longer than a lease (an active
+    /// primary pings every quarter lease, whatever else it waits for; silent since the last
+    /// ping came). Nothing before the first ping of the interval: the primary may still be
+    /// activating, waiting on another member. Nothing as a stray.
+    pub fn unresponsive(&self, now: u64) -> Vec<(OsdId, u64)> {
+        let since_peering = now.saturating_sub(self.peering_since);
+        match &self.role {
+            Role::Active => {
+                if self.lease == 0 || self.acting.len() < 2 {
+                    return Vec::new();
+                }
+                self.acting
+                    .iter()
+                    .filter(|o| **o != self.osd)
+                    .filter(|o| self.promise_from(**o).is_none_or(|end| end <= now))
+                    .map(|o| {
+                        let last = self.pongs.get(o).map_or(0, |p| p.0);
+                        (*o, now.saturating_sub(last.max(self.active_since)))
+                    })
+                    .collect()
+            }
+            Role::Peering { heard } => self
+                .probe_set()
+                .into_iter()
+                .filter(|o| *o != self.osd && !heard.contains_key(o))
+                .map(|o| (o, since_peering))
+                .collect(),
+            Role::Activating { acked, .. } => self
+                .acting
+                .iter()
+                .filter(|o| !acked.contains(o))
+                .map(|o| (*o, since_peering))
+                .collect(),
+            Role::Replica => match (self.pinged_at, self.acting.first()) {
+                (Some(at), Some(&primary)) if self.lease > 0 && now > at + self.lease => {
+                    vec![(primary, now - at)]
+                }
+                _ => Vec::new(),
+            },
+            Role::Stray => Vec::new(),
+        }
+    }
+}
