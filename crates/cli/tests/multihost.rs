@@ -13,6 +13,9 @@ use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 const TTL: u64 = 2;
+/// Seconds before an OSD reports a peer it cannot hear, and that a reported one is held down.
+const PEER_GRACE: u64 = 4;
+const REPORT_HOLD: u64 = 5;
 
 /// The namespaces and links of one test run; removed when dropped.
 struct Net {
@@ -34,6 +37,25 @@ impl Net {
     }
     fn set_link(&self, i: u32, up: bool) {
         ip(&["link", "set", &self.veth(i), if up { "up" } else { "down" }]);
+    }
+    /// Cuts (or restores) the link between hosts `a` and `b` alone: each drops what it would
+    /// send the other, so no TCP connection between them gets anywhere, while both still
+    /// reach every other host.
+    fn set_pair(&self, a: u32, b: u32, up: bool) {
+        for (from, to) in [(a, b), (b, a)] {
+            let dest = format!("{}/32", Net::addr(to));
+            let verb = if up { "del" } else { "add" };
+            ip(&[
+                "netns",
+                "exec",
+                &self.ns(from),
+                "ip",
+                "route",
+                verb,
+                "blackhole",
+                &dest,
+            ]);
+        }
     }
 }
 
@@ -273,6 +295,10 @@ fn three_hosts(test: u32, phase: &dyn Fn(&str)) -> Option<Cluster> {
             &TTL.to_string(),
             "--pg-num",
             "32",
+            "--peer-grace",
+            &PEER_GRACE.to_string(),
+            "--report-hold",
+            &REPORT_HOLD.to_string(),
         ],
     ));
     // osd.1 and osd.2 on hosts 2 and 3: added to the map (in; nothing is stored yet, so no
@@ -301,7 +327,9 @@ fn three_hosts(test: u32, phase: &dyn Fn(&str)) -> Option<Cluster> {
             .find_map(|l| l.strip_prefix("start it on that host with: carmine "))
             .unwrap_or_else(|| panic!("{said}"))
             .to_owned();
-        let args: Vec<&str> = flags.split_whitespace().collect();
+        let grace = format!("{PEER_GRACE}s");
+        let mut args: Vec<&str> = flags.split_whitespace().collect();
+        args.extend(["--peer-grace", &grace]);
         let child = carmine_in(&c.net.ns(host), &dir, &args)
             .stdout(std::fs::File::create(dir.join(format!("osd.{id}.remote.log"))).unwrap())
             .stderr(std::fs::File::create(dir.join(format!("osd.{id}.remote.err"))).unwrap())
@@ -626,4 +654,140 @@ fn a_partitioned_osd_serves_nothing_stale_and_catches_up_once_healed() {
         std::thread::sleep(Duration::from_millis(500));
     }
     phase("healed: osd.2 caught up, deep scrub clean");
+}
+
+/// A link cut between two OSD hosts that both still reach etcd (and so stay registered): the
+/// PGs that need both stall until their peers' failure reports get one end marked down
+/// (decision 0014); then writes flow without it. While the link stays cut, the OSD that comes
+/// back after its hold is reported again and held twice as long; once healed it stays up and
+/// the volume reads back whole.
+#[test]
+fn a_link_cut_between_two_osds_gets_one_end_marked_down_on_reports_and_back_once_healed() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let t0 = Instant::now();
+    let phase = |what: &str| println!("{:>6.1} s  {what}", t0.elapsed().as_secs_f64());
+    let Some(c) = three_hosts(3, &phase) else {
+        return;
+    };
+    let dir = c.dir.clone();
+    let (h1, h4) = (c.net.ns(1), c.net.ns(4));
+    ok(carmine_in(
+        &h1,
+        &dir,
+        &[
+            "pool",
+            "create",
+            "rep",
+            "--size",
+            "3",
+            "--min-size",
+            "2",
+            "--pg-num",
+            "16",
+        ],
+    ));
+    let vol = |args: &[&str]| {
+        let mut all = vec!["volume"];
+        all.extend_from_slice(args);
+        all.extend_from_slice(&["--pool", "rep"]);
+        carmine_in(&h4, &dir, &all)
+    };
+    ok(vol(&[
+        "create",
+        "r",
+        "--size",
+        "16M",
+        "--object-size",
+        "1M",
+    ]));
+    let first = dir.join("first");
+    std::fs::write(&first, vec![0x11u8; 16 << 20]).unwrap();
+    ok(vol(&[
+        "write",
+        "r",
+        "--file",
+        first.to_str().unwrap(),
+        "-q",
+    ]));
+    phase("16 MiB written to a pool of three copies");
+
+    c.net.set_pair(2, 3, false);
+    let cut = Instant::now();
+    let second = dir.join("second");
+    std::fs::write(&second, vec![0x22u8; 16 << 20]).unwrap();
+    ok(vol(&[
+        "write",
+        "r",
+        "--file",
+        second.to_str().unwrap(),
+        "-q",
+    ]));
+    let took = cut.elapsed();
+    phase("written again with the link between hosts 2 and 3 cut");
+    let m = map(&c);
+    let down: Vec<u32> = m.osds.iter().filter(|o| !o.up).map(|o| o.id).collect();
+    // Either end would do; the managers take the higher id on a tie.
+    assert_eq!(down, vec![2], "epoch {}", m.epoch);
+    assert!(
+        took < Duration::from_secs(PEER_GRACE + 15),
+        "the writes waited {took:?}"
+    );
+    println!("the writes waited {took:?} for one end of the cut link to be marked down");
+    let mgr_log = || {
+        (0..2)
+            .map(|i| std::fs::read_to_string(dir.join(format!("mgr.{i}.log"))).unwrap_or_default())
+            .collect::<String>()
+    };
+    assert!(
+        mgr_log().contains("osd.2 down on failure reports (unreachable from osd.1)"),
+        "{}",
+        mgr_log()
+    );
+    // Still cut: back after its hold, reported again, held twice as long.
+    let start = Instant::now();
+    while !mgr_log().contains("(time 2 in a row)") {
+        assert!(
+            start.elapsed() < Duration::from_secs(REPORT_HOLD + PEER_GRACE + 20),
+            "osd.2 was not reported again: {}",
+            mgr_log()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    phase("reported again after its hold");
+    c.net.set_pair(2, 3, true);
+    let took = wait_for(
+        &c,
+        "every OSD up after healing",
+        Duration::from_secs(2 * REPORT_HOLD + 20),
+        |m| m.osds.iter().all(|o| o.up),
+    );
+    println!("all up {took:?} after the link came back");
+    let back = dir.join("back");
+    ok(vol(&[
+        "read",
+        "r",
+        "--length",
+        "16M",
+        "--file",
+        back.to_str().unwrap(),
+        "-q",
+    ]));
+    assert!(
+        std::fs::read(&back).unwrap() == std::fs::read(&second).unwrap(),
+        "the volume does not read back what was written while the link was cut"
+    );
+    // Every copy catches up and nothing is reported any more.
+    let start = Instant::now();
+    loop {
+        let out = carmine_in(&h4, &dir, &["cluster", "status"])
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        if out.status.success() && text.contains("HEALTH_OK") {
+            break;
+        }
+        assert!(start.elapsed() < Duration::from_secs(60), "{text}");
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    phase("healthy again");
 }
