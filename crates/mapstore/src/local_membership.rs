@@ -5,7 +5,7 @@
 //! dies, `kill -9` included, so nothing expires on a timer and a death is seen at once. A
 //! process that is alive but stuck (stopped, hung) keeps its locks: on one host that is a hung
 //! OSD, not a partition, and it stays up in the map as Ceph's would until its peers report it
-//! (peer heartbeats come with replication, #12).
+//! (failure reports, `crate::failure_reports`, decision 0014).
 
 use crate::membership::{host_name, Registration};
 use crate::MapStoreError;
