@@ -253,6 +253,8 @@ fn map() -> OsdMap {
             .map(|id| OsdInfo {
                 up: id != 1,
                 down_since: if id == 1 { 1_790_000_000 } else { 0 },
+                held_down_until: if id == 1 { 1_790_000_020 } else { 0 },
+                report_markdowns: u16::from(id == 1),
                 ..OsdInfo::new(
                     id,
                     "host-a",
