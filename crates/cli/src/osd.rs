@@ -294,6 +294,7 @@ pub fn run(a: OsdArgs, access: &carmine_localcluster::EtcdAccessArgs) -> Result<
     // With etcd, clients are served only while the lease surely holds (decision 0009).
     let lease = matches!(source, MapSource::Etcd { .. })
         .then(|| std::sync::Arc::new(carmine_osd::LeaseClock::new(a.lease_ttl)));
+    let map_at_start = map.clone();
     let osd = Osd::start(OsdConfig {
         id: a.id,
         map,
@@ -361,7 +362,7 @@ pub fn run(a: OsdArgs, access: &carmine_localcluster::EtcdAccessArgs) -> Result<
         std::process::id(),
         source.describe()
     );
-    let stopped = wait_for_stop(signals, &mut osd, &control, a.peer_grace);
+    let stopped = wait_for_stop(signals, &mut osd, &control, a.peer_grace, &map_at_start);
     println!("osd.{} shutting down", a.id);
     control.stop();
     stopped?;
@@ -464,7 +465,17 @@ fn wait_for_stop(
     osd: &mut Osd,
     control: &Control,
     peer_grace: Duration,
+    first: &OsdMap,
 ) -> Result<()> {
+    // A map that holds this OSD down on its peers' reports: the managers mark it up again
+    // only once it says it took that map (decision 0014).
+    let id = osd.id();
+    let hold_in = |m: &OsdMap| {
+        m.osd(id)
+            .filter(|o| !o.up && o.down_since < o.held_down_until)
+            .map_or(0, |o| o.held_down_until)
+    };
+    let mut held_seen = hold_in(first);
     loop {
         if signals.pending().next().is_some() {
             return Ok(());
@@ -477,7 +488,7 @@ fn wait_for_stop(
             .into_iter()
             .filter(|(_, d)| *d >= peer_grace)
             .collect();
-        control.report_silent(silent);
+        control.report(silent, held_seen);
         // Waiting on the map channel is the loop's pause: a new epoch reaches the reactors
         // as soon as it arrives.
         if let Some(map) = control.newer_map(Duration::from_millis(100)) {
@@ -489,6 +500,7 @@ fn wait_for_stop(
                 )
             });
             println!("osd.{}: map epoch {} ({me})", osd.id(), map.epoch);
+            held_seen = held_seen.max(hold_in(&map));
             osd.apply_map(map)?;
         }
     }

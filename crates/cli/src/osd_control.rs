@@ -104,9 +104,9 @@ pub struct Control {
     /// With a map file: the registration beside it, held (locked) while the process lives,
     /// and the directory failure reports go to.
     local: Option<(LocalOsdLock, std::path::PathBuf)>,
-    /// The failure report as last published: the OSDs reported (for the log), and the
-    /// report itself once changed, for the lease keeper to publish (with etcd).
-    reported: Mutex<Vec<u32>>,
+    /// The failure report as last published: the OSDs reported (for the log) and the hold
+    /// seen; the report itself once changed, for the lease keeper to publish (with etcd).
+    reported: Mutex<(Vec<u32>, u64)>,
     report: Arc<PendingReport>,
     reg: Registration,
 }
@@ -197,27 +197,37 @@ impl Control {
             watcher: Some(watcher),
             keeper,
             local,
-            reported: Mutex::new(Vec::new()),
+            reported: Mutex::new((Vec::new(), 0)),
             report,
             reg,
         })
     }
 
     /// Reports the OSDs in `silent` (each silent for longer than the peer grace) to the
-    /// managers, if that is a change: at once beside a map file, through the lease keeper in
-    /// etcd. An empty map withdraws the report.
-    pub fn report_silent(&self, silent: BTreeMap<u32, Duration>) {
+    /// managers, and the hold of the newest map that holds this OSD down on reports
+    /// (`held_seen`, 0: none), if that is a change: at once beside a map file, through the
+    /// lease keeper in etcd. Nothing to say withdraws the report.
+    pub fn report(&self, silent: BTreeMap<u32, Duration>, held_seen: u64) {
         let ids: Vec<u32> = silent.keys().copied().collect();
         let mut reported = self.reported.lock().unwrap_or_else(|e| e.into_inner());
-        if *reported == ids {
+        if reported.0 == ids && reported.1 == held_seen {
             return;
         }
-        if ids.is_empty() {
+        if held_seen != reported.1 {
             println!(
-                "osd.{}: every peer answers again; report withdrawn",
+                "osd.{}: held down on peers' failure reports until {held_seen} (Unix time); \
+                 telling the managers it runs",
                 self.reg.osd
             );
-        } else {
+        }
+        if ids.is_empty() {
+            if !reported.0.is_empty() {
+                println!(
+                    "osd.{}: every peer answers again; report withdrawn",
+                    self.reg.osd
+                );
+            }
+        } else if ids != reported.0 {
             let list: Vec<String> = silent
                 .iter()
                 .map(|(o, d)| format!("osd.{o} ({:.1} s)", d.as_secs_f64()))
@@ -228,12 +238,12 @@ impl Control {
                 list.join(", ")
             );
         }
-        let report = (!ids.is_empty()).then(|| {
+        let report = (!ids.is_empty() || held_seen > 0).then(|| {
             let ms = silent
                 .iter()
                 .map(|(o, d)| (*o, d.as_millis() as u64))
                 .collect();
-            FailureReport::new(&self.reg, ms)
+            FailureReport::new(&self.reg, ms, held_seen)
         });
         match &self.local {
             Some((_, dir)) => {
@@ -247,7 +257,7 @@ impl Control {
                 *self.report.next.lock().unwrap_or_else(|e| e.into_inner()) = Some(report);
             }
         }
-        *reported = ids;
+        *reported = (ids, held_seen);
     }
 
     /// Refuses early (before the store is opened or a port bound) an OSD whose id a live

@@ -724,31 +724,30 @@ fn a_link_cut_between_two_osds_gets_one_end_marked_down_on_reports_and_back_once
     ]));
     let took = cut.elapsed();
     phase("written again with the link between hosts 2 and 3 cut");
-    let m = map(&c);
-    let down: Vec<u32> = m.osds.iter().filter(|o| !o.up).map(|o| o.id).collect();
-    // Either end would do; the managers take the higher id on a tie.
-    assert_eq!(down, vec![2], "epoch {}", m.epoch);
-    assert!(
-        took < Duration::from_secs(PEER_GRACE + 15),
-        "the writes waited {took:?}"
-    );
-    println!("the writes waited {took:?} for one end of the cut link to be marked down");
     let mgr_log = || {
         (0..2)
             .map(|i| std::fs::read_to_string(dir.join(format!("mgr.{i}.log"))).unwrap_or_default())
             .collect::<String>()
     };
+    // Either end of the link will do: the one reported first, or the higher id when both
+    // reports are in. Never osd.0, which hears both. (The map may show it up again already:
+    // its hold is short here.)
+    let log = mgr_log();
+    let ends = [1, 2].map(|o| log.contains(&format!("osd.{o} down on failure reports")));
+    assert!(ends[0] ^ ends[1], "{log}");
+    assert!(!log.contains("osd.0 down"), "{log}");
     assert!(
-        mgr_log().contains("osd.2 down on failure reports (unreachable from osd.1)"),
-        "{}",
-        mgr_log()
+        took < Duration::from_secs(PEER_GRACE + 15),
+        "the writes waited {took:?}"
     );
-    // Still cut: back after its hold, reported again, held twice as long.
+    println!("the writes waited {took:?} for one end of the cut link to be marked down");
+    // Still cut: back after its hold, reported again, held twice as long (the same end: the
+    // managers prefer one marked down on reports lately).
     let start = Instant::now();
     while !mgr_log().contains("(time 2 in a row)") {
         assert!(
             start.elapsed() < Duration::from_secs(REPORT_HOLD + PEER_GRACE + 20),
-            "osd.2 was not reported again: {}",
+            "not reported again: {}",
             mgr_log()
         );
         std::thread::sleep(Duration::from_millis(200));

@@ -257,15 +257,21 @@ pub fn status(dir: &Path) -> Result<Status> {
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs());
-    for o in map.osds.iter().filter(|o| !o.up && o.held_down_until > now) {
+    for o in map
+        .osds
+        .iter()
+        .filter(|o| !o.up && o.down_since < o.held_down_until)
+    {
+        let when = if o.held_down_until > now {
+            format!("for {} s more", o.held_down_until - now)
+        } else {
+            "past its hold, until it says it runs (hung?)".into()
+        };
         checks.add(
             Health::Warn,
             format!(
-                "osd.{} is held down on its peers' failure reports for {} s more (time {} in \
-                 a row; it comes back up then if it runs)",
-                o.id,
-                o.held_down_until - now,
-                o.report_markdowns
+                "osd.{} is held down on its peers' failure reports {when} (time {} in a row)",
+                o.id, o.report_markdowns
             ),
         );
     }

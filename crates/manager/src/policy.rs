@@ -54,8 +54,31 @@ pub fn next_epoch(
     let may_move_pgs = map.pools.iter().all(|p| p.size >= 2);
     for o in &mut next.osds {
         match alive.get(&o.id) {
-            // Its peers could not hear from it: it stays down for the hold.
-            Some(_) if !o.up && now < o.held_down_until => {}
+            // Its peers could not hear from it: it stays down for the hold, and after it until
+            // it shows that it runs (a hung OSD keeps its registration, not its wits) —
+            // marked out after the grace period like a dead one.
+            Some(_)
+                if !o.up
+                    && o.down_since < o.held_down_until
+                    && (now < o.held_down_until
+                        || reports
+                            .get(&o.id)
+                            .is_none_or(|r| r.held_seen < o.held_down_until)) =>
+            {
+                if may_move_pgs
+                    && o.in_
+                    && now.saturating_sub(o.down_since) >= policy.down_out_grace.as_secs()
+                {
+                    o.in_ = false;
+                    o.auto_out = true;
+                    reasons.push(format!(
+                        "osd.{} out (held down on failure reports for {} s, grace {} s)",
+                        o.id,
+                        now.saturating_sub(o.down_since),
+                        policy.down_out_grace.as_secs()
+                    ));
+                }
+            }
             Some(reg) if !o.up => {
                 o.up = true;
                 o.down_since = 0;

@@ -6,12 +6,15 @@
 //! reads for a read lease the member no longer grants. The managers cannot tell which end is
 //! at fault, only count: the OSD on most broken links goes down (an OSD that hangs, or whose
 //! network is cut, is on a link with every peer that shares a PG with it; a single cut link
-//! between two healthy OSDs is one link, and either end will do), then the one most reported,
-//! then the higher id. One OSD per epoch: its PGs peer without it, the reports about it stop
+//! between two healthy OSDs is one link, and either end will do), then one marked down on
+//! reports lately (so that a link cut for good takes the same end down each time), then the
+//! one most reported, then the higher id. One OSD per epoch: its PGs peer without it, the reports about it stop
 //! counting (it is down), and what remains is judged again at the next tick.
 //!
 //! A marked-down OSD is held down for [`crate::policy::Policy::report_hold`] even though it
-//! is registered, then marked up; if it is reported again soon after (within
+//! is registered, then marked up once its report says it took the map that holds it (an OSD
+//! that hangs keeps its registration but cannot say so: it stays down, and is marked out
+//! after the down grace like a dead one); if it is reported again soon after (within
 //! [`FLAP_WINDOW`] of the end of its last hold), the hold doubles, up to [`HOLD_MAX`] —
 //! Ceph's flap damping, which keeps a link that breaks again and again from making an epoch
 //! per second. Never more than half the OSDs that are in are down by reports' doing: a
@@ -59,9 +62,15 @@ pub(crate) fn mark_down_reported(
         *degree.entry(b).or_default() += 1;
     }
     let reported = |id: u32| reporters.get(&id).map_or(0, |r| r.len());
+    // Marked down on reports lately: of a link cut for good, the same end each time (its
+    // holds grow), not the one whose report happened to come first.
+    let lately = |id: u32| {
+        next.osd(id)
+            .is_some_and(|o| o.held_down_until > 0 && now < o.held_down_until + FLAP_WINDOW_SECS)
+    };
     let victim = *degree
         .iter()
-        .max_by_key(|(id, d)| (**d, reported(**id), **id))
+        .max_by_key(|(id, d)| (**d, lately(**id), reported(**id), **id))
         .expect("a link has two ends")
         .0;
     let in_ = next.osds.iter().filter(|o| o.in_).count();
@@ -190,10 +199,18 @@ mod tests {
                         pid: 100 + r,
                         started: 1,
                         silent_ms: ts.iter().map(|t| (*t, 12_000)).collect(),
+                        held_seen: 0,
                     },
                 )
             })
             .collect()
+    }
+
+    /// The report of an OSD that took the map holding it down until `held`.
+    fn seen(osd: u32, held: u64) -> BTreeMap<u32, FailureReport> {
+        let mut r = reports(&[(osd, &[])]);
+        r.get_mut(&osd).unwrap().held_seen = held;
+        r
     }
 
     fn downs(m: &OsdMap) -> Vec<u32> {
@@ -218,9 +235,18 @@ mod tests {
             vec!["osd.1 down on failure reports (unreachable from osd.0, osd.2), held down 20 s (time 1 in a row)"]
         );
         // Registered all along, it stays down for the hold (the reports about a down OSD no
-        // longer count), then comes back up.
+        // longer count), and after it until it shows it took the map that holds it (a hung
+        // OSD cannot); then it comes back up.
         assert_eq!(next_epoch(&n.map, &alive(3), &r, 1019, &P), None);
-        let back = next_epoch(&n.map, &alive(3), &BTreeMap::new(), 1020, &P).unwrap();
+        assert_eq!(
+            next_epoch(&n.map, &alive(3), &BTreeMap::new(), 1500, &P),
+            None
+        );
+        // Never heard from, it is marked out after the grace period like a dead OSD.
+        let out = next_epoch(&n.map, &alive(3), &BTreeMap::new(), 1600, &P).unwrap();
+        let o = out.map.osd(1).unwrap();
+        assert!(!o.up && !o.in_ && o.auto_out, "{o:?}");
+        let back = next_epoch(&n.map, &alive(3), &seen(1, 1020), 1020, &P).unwrap();
         assert_eq!(downs(&back.map), Vec::<u32>::new());
         assert_eq!(back.map.osd(1).unwrap().held_down_until, 1020);
     }
@@ -235,7 +261,7 @@ mod tests {
             let o = n.map.osd(1).unwrap();
             assert_eq!((o.report_markdowns, o.held_down_until - now), (time, hold));
             now += hold;
-            m = next_epoch(&n.map, &alive(3), &BTreeMap::new(), now, &P)
+            m = next_epoch(&n.map, &alive(3), &seen(1, now), now, &P)
                 .unwrap()
                 .map;
             assert!(m.osd(1).unwrap().up);
@@ -263,6 +289,14 @@ mod tests {
             downs(&next_epoch(&m, &alive(3), &r, 1000, &P).unwrap().map),
             vec![0]
         );
+        // Unless the reporter was marked down on reports lately: the link is still cut, and
+        // the same end goes again.
+        let back = next_epoch(&n.map, &alive(3), &seen(2, 1020), 1020, &P)
+            .unwrap()
+            .map;
+        let again = next_epoch(&back, &alive(3), &r, 1030, &P).unwrap();
+        assert_eq!(downs(&again.map), vec![2], "{:?}", again.reasons);
+        assert_eq!(again.map.osd(2).unwrap().report_markdowns, 2);
     }
 
     #[test]

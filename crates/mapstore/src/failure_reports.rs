@@ -27,15 +27,21 @@ pub struct FailureReport {
     pub started: u64,
     /// Each OSD it waits on without an answer, and for how long (ms) when it reported.
     pub silent_ms: BTreeMap<u32, u64>,
+    /// The hold (`held_down_until` of the map) of the newest map this run took in which it
+    /// is held down on reports: proof that it runs and follows the map, which a held OSD
+    /// must give before the managers mark it up again (a hung one cannot). 0: none.
+    #[serde(default)]
+    pub held_seen: u64,
 }
 
 impl FailureReport {
-    pub fn new(reg: &Registration, silent_ms: BTreeMap<u32, u64>) -> Self {
+    pub fn new(reg: &Registration, silent_ms: BTreeMap<u32, u64>, held_seen: u64) -> Self {
         FailureReport {
             reporter: reg.osd,
             pid: reg.pid,
             started: reg.started,
             silent_ms,
+            held_seen,
         }
     }
 
@@ -179,13 +185,13 @@ mod tests {
         publish_local(
             dir.as_path(),
             1,
-            Some(&FailureReport::new(&reg(1, 50), silent)),
+            Some(&FailureReport::new(&reg(1, 50), silent, 0)),
         )
         .unwrap();
         publish_local(
             dir.as_path(),
             3,
-            Some(&FailureReport::new(&reg(3, 60), [(2, 9_000)].into())),
+            Some(&FailureReport::new(&reg(3, 60), [(2, 9_000)].into(), 0)),
         )
         .unwrap();
         let all = local_reports(dir.as_path()).unwrap();
