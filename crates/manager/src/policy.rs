@@ -1,7 +1,7 @@
 //! What the manager decides, as a pure function of the map, who is registered, and the time:
 //! the next epoch, or nothing. No I/O here, so every rule is tested directly.
 
-use carmine_cluster::OsdMap;
+use carmine_cluster::{OsdInfo, OsdMap};
 use carmine_mapstore::failure_reports::FailureReport;
 use carmine_mapstore::membership::Registration;
 use std::collections::BTreeMap;
@@ -58,27 +58,21 @@ pub fn next_epoch(
             // it shows that it runs (a hung OSD keeps its registration, not its wits) —
             // marked out after the grace period like a dead one.
             Some(_)
-                if !o.up
-                    && o.down_since < o.held_down_until
-                    && (now < o.held_down_until
-                        || reports
-                            .get(&o.id)
-                            .is_none_or(|r| r.held_seen < o.held_down_until)) =>
-            {
-                if may_move_pgs
+                if held(o, reports, now)
+                    && may_move_pgs
                     && o.in_
-                    && now.saturating_sub(o.down_since) >= policy.down_out_grace.as_secs()
-                {
-                    o.in_ = false;
-                    o.auto_out = true;
-                    reasons.push(format!(
-                        "osd.{} out (held down on failure reports for {} s, grace {} s)",
-                        o.id,
-                        now.saturating_sub(o.down_since),
-                        policy.down_out_grace.as_secs()
-                    ));
-                }
+                    && now.saturating_sub(o.down_since) >= policy.down_out_grace.as_secs() =>
+            {
+                o.in_ = false;
+                o.auto_out = true;
+                reasons.push(format!(
+                    "osd.{} out (held down on failure reports for {} s, grace {} s)",
+                    o.id,
+                    now.saturating_sub(o.down_since),
+                    policy.down_out_grace.as_secs()
+                ));
             }
+            Some(_) if held(o, reports, now) => {}
             Some(reg) if !o.up => {
                 o.up = true;
                 o.down_since = 0;
@@ -133,6 +127,17 @@ pub fn next_epoch(
     }
     next.epoch = map.epoch + 1;
     Some(NextEpoch { map: next, reasons })
+}
+
+/// Whether `o`, marked down on its peers' reports, stays down: its hold runs, or it has not
+/// said yet that it took the map holding it.
+fn held(o: &OsdInfo, reports: &BTreeMap<u32, FailureReport>, now: u64) -> bool {
+    !o.up
+        && o.down_since < o.held_down_until
+        && (now < o.held_down_until
+            || reports
+                .get(&o.id)
+                .is_none_or(|r| r.held_seen < o.held_down_until))
 }
 
 #[cfg(test)]
