@@ -194,11 +194,7 @@ fn a_cluster_uses_a_secured_etcd_given_its_certificates_and_password() {
 
     // An OSD for another host needs no copy of the key file: etcd (which authenticates its
     // clients) holds the key, and the OSD takes it from there.
-    let free = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let free = carmine_testkit::free_addr().port();
     let said = c.ok(&[
         "osd",
         "add",

@@ -4,7 +4,7 @@ mod common;
 
 use common::Cluster;
 use std::io::Write;
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpStream;
 use std::process::{Child, Command, Output};
 use std::time::{Duration, Instant};
 
@@ -21,11 +21,7 @@ impl Drop for Gateway {
 }
 
 fn serve(c: &Cluster, exports: &str, extra: &[&str]) -> Gateway {
-    let port = TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = carmine_testkit::free_addr().port();
     let listen = format!("127.0.0.1:{port}");
     let child = c
         .cmd(

@@ -461,11 +461,7 @@ fn grow(name: &str, writes: bool) {
         })
     };
     std::thread::sleep(Duration::from_millis(300));
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = carmine_testkit::free_addr().port();
     c.ok(&[
         "osd",
         "add",

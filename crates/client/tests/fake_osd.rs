@@ -212,10 +212,7 @@ fn an_exclusive_create_in_doubt_goes_back_to_the_caller_unsent_twice() {
 fn an_unreachable_osd_is_retried_until_the_retry_timeout_then_reported() {
     carmine_reactor::block_on(async {
         // Nobody listens there: connecting fails instead of hanging.
-        let dead: SocketAddr = TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap();
+        let dead: SocketAddr = carmine_testkit::free_addr();
         let lonely = Client::connect(&[dead], cfg(Duration::from_millis(400))).await;
         assert!(lonely.is_err(), "connected to a closed port");
     });

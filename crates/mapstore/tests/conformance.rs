@@ -269,13 +269,7 @@ conformance!(
 
 #[test]
 fn an_unreachable_etcd_is_an_error_not_a_hang() {
-    let dead = format!(
-        "http://{}",
-        std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-    );
+    let dead = format!("http://{}", carmine_testkit::free_addr());
     let s = EtcdMapStore::new(&[dead], "x").unwrap();
     let t = Instant::now();
     assert!(matches!(s.get(), Err(MapStoreError::Unavailable(_))));

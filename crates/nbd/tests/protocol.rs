@@ -25,10 +25,7 @@ fn start() -> (Osd, SocketAddr) {
 
 fn start_with(cfg: NbdConfig) -> (Osd, SocketAddr, Arc<NbdStats>) {
     let stats = cfg.stats.clone();
-    let osd_addr = TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap();
+    let osd_addr = carmine_testkit::free_addr();
     let map = OsdMap::single_osd(vec![osd_addr], 8);
     let osd = Osd::start(OsdConfig::in_memory(0, map, 64 << 20)).unwrap();
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();

@@ -12,17 +12,14 @@ use carmine_proto::{
     Status,
 };
 use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpStream};
 
 fn key(b: u8) -> AuthKey {
     AuthKey::from_bytes([b; 32])
 }
 
 fn start(auth: Option<AuthKey>) -> (Osd, SocketAddr) {
-    let addr = TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap();
+    let addr = carmine_testkit::free_addr();
     let osd = Osd::start(OsdConfig {
         auth_key: auth,
         ..OsdConfig::in_memory(0, OsdMap::single_osd(vec![addr], 8), 64 << 20)
@@ -267,14 +264,7 @@ fn silent_peers_cannot_hold_more_than_a_few_handshake_slots() {
 #[test]
 fn requests_to_an_osd_with_another_key_fail_as_authentication_errors_at_once() {
     // osd.0 has the client's key, osd.1 another one (a misconfigured OSD).
-    let addrs: Vec<SocketAddr> = (0..2)
-        .map(|_| {
-            TcpListener::bind("127.0.0.1:0")
-                .unwrap()
-                .local_addr()
-                .unwrap()
-        })
-        .collect();
+    let addrs: Vec<SocketAddr> = (0..2).map(|_| carmine_testkit::free_addr()).collect();
     let map = OsdMap {
         epoch: 1,
         osds: (0..2)

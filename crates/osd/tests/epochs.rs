@@ -7,14 +7,11 @@ use carmine_client::{Client, ClientConfig, Connection};
 use carmine_cluster::{OsdInfo, OsdMap, Pool};
 use carmine_osd::{Osd, OsdConfig, StoreConfig};
 use carmine_proto::{ObjectRequest, OsdOp, Request, Response, Status};
-use std::net::{SocketAddr, TcpListener};
+use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 fn free_addr() -> SocketAddr {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
+    carmine_testkit::free_addr()
 }
 
 /// osd.0 (running here) and osd.1 (only in the map), one reactor each.

@@ -7,7 +7,7 @@ use carmine_cluster::OsdMap;
 use carmine_nativestore::{FileDevice, NativeConfig, SyncMode};
 use carmine_osd::{Osd, OsdConfig, StoreConfig, CONNECTIONS_MAX_DEFAULT};
 use carmine_proto::{OpOutput, OsdOp, Status};
-use std::net::{SocketAddr, TcpListener};
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -45,12 +45,7 @@ impl Native {
                 .unwrap();
         });
         let addrs: Vec<SocketAddr> = (0..REACTORS)
-            .map(|_| {
-                TcpListener::bind("127.0.0.1:0")
-                    .unwrap()
-                    .local_addr()
-                    .unwrap()
-            })
+            .map(|_| carmine_testkit::free_addr())
             .collect();
         let mut n = Native {
             osd: None,

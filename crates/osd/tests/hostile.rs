@@ -10,7 +10,7 @@ use carmine_nativestore::{FileDevice, NativeConfig, SyncMode};
 use carmine_osd::{Osd, OsdConfig, StoreConfig, CONNECTIONS_MAX_DEFAULT, IDLE_TIMEOUT_DEFAULT};
 use carmine_proto::{encode_request, try_decode_frame, ObjectRequest, OsdOp, Request};
 use std::io::{BufRead, Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpStream};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -42,10 +42,7 @@ enum Store {
 }
 
 fn free_addr() -> SocketAddr {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
+    carmine_testkit::free_addr()
 }
 
 fn start_native(name: &str) -> Native {

@@ -9,7 +9,6 @@ use carmine_osd::{Osd, OsdConfig};
 use carmine_proto::OsdOp;
 use std::io::Read;
 use std::net::{SocketAddr, TcpListener};
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
@@ -19,23 +18,10 @@ const DEADLINE: Duration = Duration::from_secs(20);
 /// them, where it used to fail on the first.
 const STALL: Duration = Duration::from_millis(300);
 
-/// A free port below the kernel's ephemeral range. A port from `bind(0)` is in that range, so
-/// while the OSD is down any outgoing connection on the machine (the client's own reconnect
-/// attempts included) may take it as its source port, and the restarted OSD could not bind it.
+/// A free port below the kernel's ephemeral range (see `carmine_testkit::free_addr`): while
+/// the OSD is down, the client's own reconnect attempts must not take it.
 fn free_addr() -> SocketAddr {
-    static NEXT: AtomicU32 = AtomicU32::new(0);
-    let low: u32 = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
-        .ok()
-        .and_then(|r| r.split_whitespace().next()?.parse().ok())
-        .unwrap_or(32768);
-    let (first, span) = (10_000, low.saturating_sub(10_000).max(1));
-    let start = std::process::id() * 7919;
-    (0..span)
-        .map(|i| first + (start + NEXT.fetch_add(1, Ordering::Relaxed) + i) % span)
-        .find_map(|port| TcpListener::bind(("127.0.0.1", port as u16)).ok())
-        .expect("a free port below the ephemeral range")
-        .local_addr()
-        .unwrap()
+    carmine_testkit::free_addr()
 }
 
 fn map() -> OsdMap {

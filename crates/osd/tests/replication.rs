@@ -14,7 +14,7 @@ use carmine_pg::Version;
 use carmine_proto::auth::AuthKey;
 use carmine_proto::{encode_frame, FrameKind, Opcode};
 use carmine_proto::{OpOutput, OsdOp, Request, Response, ScrubMode, ScrubReport, Status};
-use std::net::{SocketAddr, TcpListener};
+use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -57,10 +57,7 @@ fn free_addr() -> SocketAddr {
     static GIVEN: std::sync::Mutex<Vec<SocketAddr>> = std::sync::Mutex::new(Vec::new());
     let mut given = GIVEN.lock().unwrap();
     loop {
-        let a = TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap();
+        let a = carmine_testkit::free_addr();
         if !given.contains(&a) {
             given.push(a);
             return a;

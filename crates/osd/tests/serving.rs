@@ -13,10 +13,7 @@ use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::time::Duration;
 
 fn free_addr() -> SocketAddr {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
+    carmine_testkit::free_addr()
 }
 
 fn start(reactors: usize) -> (Osd, OsdMap) {

@@ -6,7 +6,7 @@ use carmine_client::{Client, ClientConfig};
 use carmine_cluster::OsdMap;
 use carmine_osd::{Osd, OsdConfig};
 use carmine_volume::{LockOptions, VolumeError, Volumes};
-use std::net::{SocketAddr, TcpListener};
+use std::net::SocketAddr;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
@@ -26,14 +26,7 @@ impl Drop for Cluster {
 }
 
 fn cluster() -> Cluster {
-    let addrs: Vec<SocketAddr> = (0..2)
-        .map(|_| {
-            TcpListener::bind("127.0.0.1:0")
-                .unwrap()
-                .local_addr()
-                .unwrap()
-        })
-        .collect();
+    let addrs: Vec<SocketAddr> = (0..2).map(|_| carmine_testkit::free_addr()).collect();
     let osd = Osd::start(OsdConfig {
         reactor_cpus: vec![None, None],
         ..OsdConfig::in_memory(0, OsdMap::single_osd(addrs.clone(), 16), 256 << 20)

@@ -5,20 +5,16 @@ use carmine_client::{Client, ClientConfig};
 use carmine_cluster::{OsdInfo, OsdMap, Pool};
 use carmine_osd::{Osd, OsdConfig};
 use carmine_volume::{VolumeError, Volumes};
-use std::net::TcpListener;
 
 fn with_volumes<F, Fut>(f: F)
 where
     F: FnOnce(Volumes) -> Fut,
     Fut: std::future::Future<Output = ()>,
 {
-    // Below the ephemeral range: a port the kernel picked for `:0` can be handed to another
-    // test's outgoing connection before the OSD binds it (seen in CI: AddrInUse).
-    let mut addrs: Vec<std::net::SocketAddr> = Vec::new();
+    let mut addrs = vec![carmine_testkit::free_addr()];
     while addrs.len() < 2 {
-        let addr: std::net::SocketAddr =
-            ([127, 0, 0, 1], rand::random_range(10_000..32_000)).into();
-        if !addrs.contains(&addr) && TcpListener::bind(addr).is_ok() {
+        let addr = carmine_testkit::free_addr();
+        if !addrs.contains(&addr) {
             addrs.push(addr);
         }
     }

@@ -2,14 +2,11 @@
 
 use carmine_cluster::OsdMap;
 use carmine_osd::{Osd, OsdConfig};
-use std::net::{SocketAddr, TcpListener};
+use std::net::SocketAddr;
 use std::path::PathBuf;
 
 pub fn start_osd() -> (Osd, SocketAddr) {
-    let addr = TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap();
+    let addr = carmine_testkit::free_addr();
     let map = OsdMap::single_osd(vec![addr], 8);
     let osd = Osd::start(OsdConfig::in_memory(0, map, 256 << 20)).unwrap();
     (osd, addr)
