@@ -8,7 +8,7 @@
 //! the PG protocol sends again what matters on its ticks, as it must over any network.
 
 use bytes::BytesMut;
-use carmine_proto::{encode_frame, FrameKind, Opcode};
+use carmine_proto::{encode_frame, FrameKind, Opcode, FRAME_HEADER_LEN, FRAME_PAYLOAD_MAX};
 use carmine_reactor::io::write_all;
 use carmine_reactor::Doorbell;
 use carmine_reactor::TcpStream;
@@ -30,6 +30,8 @@ const RECONNECT_PAUSE: Duration = Duration::from_millis(100);
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 /// A write that sends nothing for this long (the peer stopped reading) ends the connection.
 const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
+/// At most one log line per this long about messages too large to send.
+const OVERSIZE_SAID_EVERY: Duration = Duration::from_secs(10);
 
 #[derive(Default)]
 struct Outbox {
@@ -44,6 +46,8 @@ pub(crate) struct Peers {
     me: OsdId,
     key: Option<carmine_proto::auth::AuthKey>,
     outboxes: RefCell<HashMap<SocketAddr, Rc<Outbox>>>,
+    /// When a message too large for a frame was last logged.
+    oversize_said: Cell<Option<Instant>>,
 }
 
 impl Peers {
@@ -52,6 +56,7 @@ impl Peers {
             me,
             key,
             outboxes: RefCell::new(HashMap::new()),
+            oversize_said: Cell::new(None),
         }
     }
 
@@ -67,14 +72,36 @@ impl Peers {
             tracing::debug!(%to, "peer message dropped: no connection, or a full outbox");
             return;
         }
-        encode_frame(
-            &mut outbox.buf.borrow_mut(),
-            FrameKind::Request,
-            Opcode::Peer,
-            0,
-            0,
-            fill,
-        );
+        // A message larger than a frame may be is never sent: the receiver would refuse the
+        // frame and close the connection, which every PG between the two reactors shares, and
+        // the protocol would send it again on its next tick. (A PG whose object list outgrows
+        // a frame: its peering waits, and this says why.)
+        let mut oversized = None;
+        {
+            let mut buf = outbox.buf.borrow_mut();
+            let start = buf.len();
+            encode_frame(&mut buf, FrameKind::Request, Opcode::Peer, 0, 0, |b| {
+                fill(b);
+                let len = b.len() - start - FRAME_HEADER_LEN;
+                if len > FRAME_PAYLOAD_MAX as usize {
+                    oversized = Some(len);
+                    b.truncate(start + FRAME_HEADER_LEN);
+                }
+            });
+            if oversized.is_some() {
+                buf.truncate(start);
+            }
+        }
+        if let Some(len) = oversized {
+            let said = self.oversize_said.get();
+            if said.is_none_or(|t| t.elapsed() >= OVERSIZE_SAID_EVERY) {
+                self.oversize_said.set(Some(Instant::now()));
+                tracing::error!(%to, len, max = FRAME_PAYLOAD_MAX,
+                    "a message to another OSD is larger than a frame may be: not sent (a PG \
+                     listing more objects than one message holds cannot peer)");
+            }
+            return;
+        }
         outbox.bell.ring();
         if !outbox.running.replace(true) {
             let key = self.key.clone();
@@ -136,4 +163,32 @@ async fn connect(
             .map_err(|e| e.to_string())?;
     }
     Ok(stream)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_message_larger_than_a_frame_is_dropped_whole_and_the_outbox_keeps_the_others() {
+        let peers = Peers::new(1, None);
+        let to: SocketAddr = "127.0.0.1:9".parse().unwrap();
+        let outbox = peers.outboxes.borrow_mut().entry(to).or_default().clone();
+        // As if a task drained this destination already: nothing is spawned here.
+        outbox.running.set(true);
+        peers.send(to, |b| b.extend_from_slice(b"small"));
+        let before = outbox.buf.borrow().len();
+        assert_eq!(before, FRAME_HEADER_LEN + 5);
+        peers.send(to, |b| {
+            b.extend_from_slice(&vec![7u8; FRAME_PAYLOAD_MAX as usize + 1]);
+        });
+        assert_eq!(
+            outbox.buf.borrow().len(),
+            before,
+            "the oversized frame was queued"
+        );
+        assert!(peers.oversize_said.get().is_some());
+        peers.send(to, |b| b.extend_from_slice(b"next"));
+        assert_eq!(outbox.buf.borrow().len(), before + FRAME_HEADER_LEN + 4);
+    }
 }
