@@ -468,15 +468,23 @@ fn wait_for_stop(
     first: &OsdMap,
 ) -> Result<()> {
     // A map that holds this OSD down on its peers' reports: the managers mark it up again
-    // only once it says it took that map (decision 0014).
+    // only once it says it took that map (decision 0014) — once every reactor serves it, not
+    // merely this thread: reactors stuck in the kernel must not vouch for themselves.
     let id = osd.id();
     let hold_in = |m: &OsdMap| {
         m.osd(id)
             .filter(|o| !o.up && o.down_since < o.held_down_until)
-            .map_or(0, |o| o.held_down_until)
+            .map(|o| (m.epoch, o.held_down_until))
     };
-    let mut held_seen = hold_in(first);
+    let mut held_seen = 0;
+    let mut hold_pending = hold_in(first);
     loop {
+        if let Some((epoch, held)) = hold_pending {
+            if osd.applied_epoch() >= epoch {
+                held_seen = held_seen.max(held);
+                hold_pending = None;
+            }
+        }
         if signals.pending().next().is_some() {
             return Ok(());
         }
@@ -500,7 +508,9 @@ fn wait_for_stop(
                 )
             });
             println!("osd.{}: map epoch {} ({me})", osd.id(), map.epoch);
-            held_seen = held_seen.max(hold_in(&map));
+            if let Some(hold) = hold_in(&map) {
+                hold_pending = Some(hold);
+            }
             osd.apply_map(map)?;
         }
     }

@@ -398,8 +398,19 @@ impl OsdMap {
             .collect()
     }
 
+    /// The encoding in the oldest format that holds everything the map says: format 4 unless
+    /// an OSD is held down on reports, so that daemons of the previous release still read the
+    /// maps of a cluster being upgraded until a hold needs format 5.
     pub fn encode(&self) -> Bytes {
-        self.encode_as(MAP_FORMAT_VERSION)
+        let held = self
+            .osds
+            .iter()
+            .any(|o| o.held_down_until != 0 || o.report_markdowns != 0);
+        self.encode_as(if held {
+            MAP_FORMAT_VERSION
+        } else {
+            MAP_FORMAT_V4
+        })
     }
 
     /// The encoding in format `version` (2 up to the current one; what an older format
@@ -580,13 +591,21 @@ mod tests {
         m.osds[1].down_since = 1_790_000_000;
         m.osds[1].held_down_until = 1_790_000_040;
         m.osds[1].report_markdowns = 3;
-        assert_eq!(OsdMap::decode(m.encode()).unwrap(), m);
+        let encoded = m.encode();
+        assert_eq!(
+            u16::from_le_bytes([encoded[4], encoded[5]]),
+            MAP_FORMAT_VERSION
+        );
+        assert_eq!(OsdMap::decode(encoded).unwrap(), m);
         let old = OsdMap::decode(m.encode_as(MAP_FORMAT_V4)).unwrap();
         assert_eq!(
             (old.osds[1].held_down_until, old.osds[1].report_markdowns),
             (0, 0)
         );
         assert!(!old.osds[1].up);
+        // Without a hold, the format the previous release reads.
+        let plain = map(3, 2).encode();
+        assert_eq!(u16::from_le_bytes([plain[4], plain[5]]), MAP_FORMAT_V4);
     }
 
     fn map(osds: u32, reactors: u16) -> OsdMap {

@@ -141,6 +141,9 @@ pub struct UpArgs {
     pub report_hold: Option<u64>,
 }
 
+/// The shortest `--peer-grace`: two of the OSDs' default read leases.
+const PEER_GRACE_MIN_SECS: u64 = 4;
+
 /// How the cluster's OSDs report peers they cannot hear from, and how long the managers hold
 /// a reported OSD down (decision 0014).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -581,6 +584,13 @@ pub fn up(a: &UpArgs) -> Result<Running> {
                  etcd given with --etcd (a private etcd makes and keeps its own)"
             );
         }
+    }
+    if a.peer_grace.is_some_and(|g| g < PEER_GRACE_MIN_SECS) {
+        bail!(
+            "--peer-grace {}: at least {PEER_GRACE_MIN_SECS} s (two of the OSDs' read leases; a \
+             peer only slow to renew one must not be reported)",
+            a.peer_grace.unwrap_or_default()
+        );
     }
     if let Some(f) = settings.as_mut() {
         let tuned = f.failure.with_flags(a);

@@ -100,7 +100,14 @@ fn step(cfg: &ManagerConfig, plane: &mut dyn Plane) -> Result<(), MapStoreError>
         return Ok(());
     };
     let alive = plane.alive()?;
-    let reports = carmine_mapstore::failure_reports::current(plane.reports()?, &alive);
+    // Reports that cannot be read must not stop the other rules (a dead OSD still goes down).
+    let reports = match plane.reports() {
+        Ok(r) => carmine_mapstore::failure_reports::current(r, &alive),
+        Err(e) => {
+            tracing::warn!(manager = cfg.name, "reading failure reports: {e}");
+            Default::default()
+        }
+    };
     let Some(next) = next_epoch(&map, &alive, &reports, unix_now(), &cfg.policy) else {
         return Ok(());
     };

@@ -119,7 +119,9 @@ pub fn next_epoch(
             _ => {}
         }
     }
-    if let Some(why) = crate::reports::mark_down_reported(&mut next, alive, reports, now, policy) {
+    if let Some(why) =
+        crate::reports::mark_down_reported(map, &mut next, alive, reports, now, policy)
+    {
         reasons.push(why);
     }
     if reasons.is_empty() {

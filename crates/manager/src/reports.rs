@@ -35,13 +35,20 @@ pub const HOLD_MAX: std::time::Duration = std::time::Duration::from_secs(3600);
 
 /// Marks down in `next` the OSD the reports single out, if any, and says why.
 pub(crate) fn mark_down_reported(
+    map: &OsdMap,
     next: &mut OsdMap,
     alive: &BTreeMap<u32, Registration>,
     reports: &BTreeMap<u32, FailureReport>,
     now: u64,
     policy: &Policy,
 ) -> Option<String> {
-    let up = |id: u32| next.osd(id).is_some_and(|o| o.up) && alive.contains_key(&id);
+    // Up before this epoch and still: one marked up in it has not had its PGs peer with it
+    // yet, so reports about it are older than its return.
+    let up = |id: u32| {
+        map.osd(id).is_some_and(|o| o.up)
+            && next.osd(id).is_some_and(|o| o.up)
+            && alive.contains_key(&id)
+    };
     // Broken links between two OSDs up and registered, and who reported whom.
     let mut links: BTreeSet<(u32, u32)> = BTreeSet::new();
     let mut reporters: BTreeMap<u32, BTreeSet<u32>> = BTreeMap::new();
@@ -65,8 +72,9 @@ pub(crate) fn mark_down_reported(
     // Marked down on reports lately: of a link cut for good, the same end each time (its
     // holds grow), not the one whose report happened to come first.
     let lately = |id: u32| {
-        next.osd(id)
-            .is_some_and(|o| o.held_down_until > 0 && now < o.held_down_until + FLAP_WINDOW_SECS)
+        next.osd(id).is_some_and(|o| {
+            o.held_down_until > 0 && now < o.held_down_until.saturating_add(FLAP_WINDOW_SECS)
+        })
     };
     let victim = *degree
         .iter()
@@ -74,7 +82,11 @@ pub(crate) fn mark_down_reported(
         .expect("a link has two ends")
         .0;
     let in_ = next.osds.iter().filter(|o| o.in_).count();
-    let up_after = next.osds.iter().filter(|o| o.up && o.id != victim).count();
+    let up_after = next
+        .osds
+        .iter()
+        .filter(|o| o.up && o.in_ && o.id != victim)
+        .count();
     if up_after * 2 < in_ {
         tracing::warn!(
             osd = victim,
@@ -88,7 +100,8 @@ pub(crate) fn mark_down_reported(
         .iter_mut()
         .find(|o| o.id == victim)
         .expect("the victim is in the map");
-    let in_a_row = o.held_down_until > 0 && now < o.held_down_until + FLAP_WINDOW_SECS;
+    let in_a_row =
+        o.held_down_until > 0 && now < o.held_down_until.saturating_add(FLAP_WINDOW_SECS);
     o.report_markdowns = if in_a_row {
         o.report_markdowns.saturating_add(1)
     } else {
@@ -100,7 +113,7 @@ pub(crate) fn mark_down_reported(
         .min(HOLD_MAX);
     o.up = false;
     o.down_since = now;
-    o.held_down_until = now + hold.as_secs().max(1);
+    o.held_down_until = now.saturating_add(hold.as_secs().max(1));
     let by: Vec<String> = reporters
         .get(&victim)
         .into_iter()
@@ -246,7 +259,11 @@ mod tests {
         let out = next_epoch(&n.map, &alive(3), &BTreeMap::new(), 1600, &P).unwrap();
         let o = out.map.osd(1).unwrap();
         assert!(!o.up && !o.in_ && o.auto_out, "{o:?}");
-        let back = next_epoch(&n.map, &alive(3), &seen(1, 1020), 1020, &P).unwrap();
+        // Reports about it still in (older than its return) do not take it down in the
+        // epoch that brings it back: its PGs have not peered with it yet.
+        let mut with_old = r.clone();
+        with_old.extend(seen(1, 1020));
+        let back = next_epoch(&n.map, &alive(3), &with_old, 1020, &P).unwrap();
         assert_eq!(downs(&back.map), Vec::<u32>::new());
         assert_eq!(back.map.osd(1).unwrap().held_down_until, 1020);
     }

@@ -364,6 +364,11 @@ impl Osd {
         all
     }
 
+    /// The oldest map epoch any reactor serves: every reactor has switched to it.
+    pub fn applied_epoch(&self) -> u32 {
+        self.metrics.iter().map(|m| m.epoch()).min().unwrap_or(0)
+    }
+
     /// True once any reactor has stopped on its own (a failure: reactors run until shutdown).
     pub fn any_reactor_exited(&self) -> bool {
         self.reactors.iter().any(|(_, h)| h.is_finished())

@@ -143,6 +143,11 @@ impl ReactorMetrics {
         add(&self.auth_refused, 1);
     }
 
+    /// The map epoch the reactor serves now.
+    pub fn epoch(&self) -> u32 {
+        self.epoch.load(Ordering::Relaxed)
+    }
+
     pub(crate) fn set_view(&self, epoch: u32, pgs: usize) {
         self.epoch.store(epoch, Ordering::Relaxed);
         self.pgs.store(pgs as u64, Ordering::Relaxed);

@@ -278,7 +278,10 @@ impl Member {
     }
 
     fn ping_due(&self, now: u64) -> bool {
-        let every = (self.lease / PINGS_PER_LEASE).max(1);
+        // Every quarter of the shorter of its own lease and the shortest one its members
+        // granted: a member configured with a shorter lease expects pings that often.
+        let granted = self.pongs.values().map(|p| p.1).min().unwrap_or(self.lease);
+        let every = (self.lease.min(granted) / PINGS_PER_LEASE).max(1);
         self.role == Role::Active
             && self.lease > 0
             && self.acting.len() >= 2
@@ -599,6 +602,8 @@ impl Member {
             Event::History { epoch, history } => {
                 if epoch == self.epoch && history != self.history {
                     if let Role::Peering { .. } = self.role {
+                        // Members it has not asked yet: none is silent before it asks.
+                        self.peering_since = self.now;
                         self.history = history;
                         self.on_tick(&mut out);
                     }
@@ -891,6 +896,8 @@ impl Member {
             acked: [self.osd].into(),
             recorded: false,
         };
+        // Every member answered its query just now: silence counts from the activation.
+        self.peering_since = self.now;
         self.on_tick(out);
     }
 
@@ -934,6 +941,11 @@ impl Member {
                 // its ticks until the map reaches this member.
                 // And only with what its disk holds (see `durable_answer`).
                 // And with how long the leases it granted other primaries still run.
+                if epoch == self.epoch && self.acting.first() == Some(&from) {
+                    // Its primary peers again (restarted within the interval, say): it owes
+                    // pings only once active again.
+                    self.pinged_at = None;
+                }
                 if epoch == self.epoch {
                     if let Some((info, log, objects, missing)) = self.durable_answer() {
                         let promise_left = self.promise_left(from);
@@ -984,6 +996,7 @@ impl Member {
                     let newer = this > self.activated
                         || (this == self.activated && log.head() > self.log.head());
                     if newer {
+                        self.pinged_at = None;
                         self.begin_history();
                         self.take_history(&log, objects);
                         self.les = epoch;

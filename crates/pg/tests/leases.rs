@@ -256,3 +256,37 @@ fn a_primary_names_members_it_waits_on_with_how_long_they_have_been_silent() {
     assert!(ms[0].is_active_primary(), "{}", ms[0].describe());
     assert!(ms[0].unresponsive(t + 1).is_empty(), "{}", ms[0].describe());
 }
+
+#[test]
+fn a_replica_with_a_shorter_lease_is_pinged_often_enough_and_forgets_pings_when_queried_again() {
+    let mut ms: Vec<Member> = (0..2).map(|o| Member::new(o, 16)).collect();
+    ms[0].set_read_lease(4 * LEASE, 0);
+    ms[1].set_read_lease(LEASE, 0);
+    let map = Event::Map {
+        epoch: 1,
+        acting: vec![0, 1],
+        history: Vec::new(),
+        min_size: 1,
+    };
+    tick(&mut ms, 0, map, true);
+    assert!(ms[0].is_active_primary(), "{}", ms[0].describe());
+    // The primary pings every quarter of the shorter lease the replica granted: neither side
+    // ever sees the other silent.
+    let mut now = 0;
+    for _ in 0..40 {
+        now += LEASE / 8;
+        tick(&mut ms, now, Event::Clock, true);
+        assert!(ms[0].unresponsive(now).is_empty(), "{}", ms[0].describe());
+        assert!(ms[1].unresponsive(now).is_empty(), "at {now}");
+    }
+    // The primary restarts within the interval and queries the replica again: until it is
+    // active and pings, the replica does not count it silent, however long peering takes.
+    let _ = ms[1].handle(
+        now,
+        Event::Msg {
+            from: 0,
+            msg: Msg::Query { epoch: 1 },
+        },
+    );
+    assert!(ms[1].unresponsive(now + 10 * LEASE).is_empty());
+}

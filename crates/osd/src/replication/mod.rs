@@ -463,7 +463,9 @@ fn tick<S: ObjectStore + 'static>(shard: &Rc<Shard<S>>) {
     let mut silent_peers: BTreeMap<OsdId, u64> = BTreeMap::new();
     for pgr in &all {
         let m = pgr.member.borrow();
-        for (o, silent) in m.unresponsive(now) {
+        // A copy broken by its store takes no events: its silences say nothing of its peers.
+        let broken = pgr.broken.borrow().is_some();
+        for (o, silent) in m.unresponsive(now).into_iter().filter(|_| !broken) {
             let s = silent_peers.entry(o).or_default();
             *s = (*s).max(silent);
         }

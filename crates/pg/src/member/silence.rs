@@ -14,14 +14,15 @@ impl Member {
     /// - as the active primary with read leases, each other acting member whose last promise
     ///   ran out (silent since the ping it last answered was sent, or since the PG went
     ///   active);
-    /// - while peering, each member it queried that has not answered this round, and while
-    ///   activating, each acting member that has not acknowledged (silent since peering
-    ///   began).
+    /// - while peering, each member it queried that has not answered this round (silent since
+    ///   peering began, or since the history named more members), and while activating, each
+    ///   acting member that has not acknowledged (silent since the activation was sent).
     ///
     /// As a replica, its primary once its pings stopped for longer than a lease (an active
     /// primary pings every quarter lease, whatever else it waits for; silent since the last
-    /// ping came). Nothing before the first ping of the interval: the primary may still be
-    /// activating, waiting on another member. Nothing as a stray.
+    /// ping came). Nothing before the first ping of the interval, nor after the primary
+    /// queried or activated it again (restarted within the interval): it may be peering,
+    /// waiting on another member. Nothing as a stray.
     pub fn unresponsive(&self, now: u64) -> Vec<(OsdId, u64)> {
         let since_peering = now.saturating_sub(self.peering_since);
         match &self.role {
