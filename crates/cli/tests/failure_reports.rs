@@ -15,14 +15,6 @@ fn signal(pid: i32, sig: i32) {
     unsafe { libc::kill(pid, sig) };
 }
 
-fn osd_pid(c: &Cluster, id: u32) -> i32 {
-    std::fs::read_to_string(c.dir.join(format!("osd.{id}.pid")))
-        .unwrap()
-        .trim()
-        .parse()
-        .unwrap()
-}
-
 /// Continues a stopped OSD whatever happens to the test, so that `cluster down` can stop it.
 struct Continue(i32);
 
@@ -81,7 +73,7 @@ fn a_hung_osd_is_reported_by_its_peers_marked_down_and_held_until_it_runs_again(
     ]);
     let first = pattern(8 << 20, 1);
     c.write_volume("v", &first);
-    let victim = osd_pid(&c, 2);
+    let victim = c.osd_pid(2);
     let _cont = Continue(victim);
     signal(victim, libc::SIGSTOP);
     let stopped = Instant::now();

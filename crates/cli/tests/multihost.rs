@@ -454,6 +454,43 @@ fn three_hosts_and_a_client_over_real_tcp_with_a_partition_and_its_healing() {
 /// Reads 4 KiB at `off` of NBD export `export` inside namespace `ns` and checks it against
 /// `byte`: `Some(true)` if every byte is `byte`, `Some(false)` if the data differs, `None` if
 /// the read failed or did not finish within `limit`.
+/// Makes pool `rep` (three copies, two needed, 16 PGs) and volume `r` in it (16 MiB of 1 MiB
+/// objects), and returns how to run `carmine volume ARGS --pool rep` on the client host 4.
+fn replicated_volume(c: &Cluster) -> impl Fn(&[&str]) -> Command {
+    let said = ok(carmine_in(
+        &c.net.ns(1),
+        &c.dir,
+        &[
+            "pool",
+            "create",
+            "rep",
+            "--size",
+            "3",
+            "--min-size",
+            "2",
+            "--pg-num",
+            "16",
+        ],
+    ));
+    assert!(said.contains("3 copies, min_size 2"), "{said}");
+    let (client, dir) = (c.net.ns(4), c.dir.clone());
+    let vol = move |args: &[&str]| {
+        let mut all = vec!["volume"];
+        all.extend_from_slice(args);
+        all.extend_from_slice(&["--pool", "rep"]);
+        carmine_in(&client, &dir, &all)
+    };
+    ok(vol(&[
+        "create",
+        "r",
+        "--size",
+        "16M",
+        "--object-size",
+        "1M",
+    ]));
+    vol
+}
+
 /// Restores host 3's link and waits up to `limit` for osd.2 to be up again.
 fn heal(c: &Cluster, limit: Duration) {
     c.net.set_link(3, true);
@@ -502,39 +539,10 @@ fn a_partitioned_osd_serves_nothing_stale_and_catches_up_once_healed() {
         return;
     };
     let dir = c.dir.clone();
-    let (h1, h3, h4) = (c.net.ns(1), c.net.ns(3), c.net.ns(4));
-    let said = ok(carmine_in(
-        &h1,
-        &dir,
-        &[
-            "pool",
-            "create",
-            "rep",
-            "--size",
-            "3",
-            "--min-size",
-            "2",
-            "--pg-num",
-            "16",
-        ],
-    ));
-    assert!(said.contains("3 copies, min_size 2"), "{said}");
+    let (h3, h4) = (c.net.ns(3), c.net.ns(4));
     const OBJECT: u64 = 1 << 20;
     const OBJECTS: u64 = 16;
-    let vol = |args: &[&str]| {
-        let mut all = vec!["volume"];
-        all.extend_from_slice(args);
-        all.extend_from_slice(&["--pool", "rep"]);
-        carmine_in(&h4, &dir, &all)
-    };
-    ok(vol(&[
-        "create",
-        "r",
-        "--size",
-        "16M",
-        "--object-size",
-        "1M",
-    ]));
+    let vol = replicated_volume(&c);
     let old = dir.join("old");
     std::fs::write(&old, vec![0xaau8; (OBJECT * OBJECTS) as usize]).unwrap();
     ok(vol(&["write", "r", "--file", old.to_str().unwrap(), "-q"]));
@@ -670,36 +678,8 @@ fn a_link_cut_between_two_osds_gets_one_end_marked_down_on_reports_and_back_once
         return;
     };
     let dir = c.dir.clone();
-    let (h1, h4) = (c.net.ns(1), c.net.ns(4));
-    ok(carmine_in(
-        &h1,
-        &dir,
-        &[
-            "pool",
-            "create",
-            "rep",
-            "--size",
-            "3",
-            "--min-size",
-            "2",
-            "--pg-num",
-            "16",
-        ],
-    ));
-    let vol = |args: &[&str]| {
-        let mut all = vec!["volume"];
-        all.extend_from_slice(args);
-        all.extend_from_slice(&["--pool", "rep"]);
-        carmine_in(&h4, &dir, &all)
-    };
-    ok(vol(&[
-        "create",
-        "r",
-        "--size",
-        "16M",
-        "--object-size",
-        "1M",
-    ]));
+    let h4 = c.net.ns(4);
+    let vol = replicated_volume(&c);
     let first = dir.join("first");
     std::fs::write(&first, vec![0x11u8; 16 << 20]).unwrap();
     ok(vol(&[

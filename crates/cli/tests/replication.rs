@@ -14,14 +14,6 @@ fn kill9(pid: i32) {
     unsafe { libc::kill(pid, libc::SIGKILL) };
 }
 
-fn osd_pid(c: &Cluster, id: u32) -> i32 {
-    std::fs::read_to_string(c.dir.join(format!("osd.{id}.pid")))
-        .unwrap()
-        .trim()
-        .parse()
-        .unwrap()
-}
-
 /// Deterministic, incompressible-looking bytes.
 fn pattern(len: usize, seed: u64) -> Vec<u8> {
     let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
@@ -122,7 +114,7 @@ fn three_copies_survive_kill_9_and_osds_that_come_back_empty_are_refilled() {
 
     // osd.0 dies mid-life: the next write waits for the map to mark it down and the PGs to
     // peer without it, then goes on with two copies.
-    let victim = osd_pid(&c, 0);
+    let victim = c.osd_pid(0);
     kill9(victim);
     let second = pattern(8 * MIB, 2);
     let t = Instant::now();
@@ -201,7 +193,7 @@ fn three_copies_survive_kill_9_and_osds_that_come_back_empty_are_refilled() {
 
     // The other two go in turn, each coming back empty: what is left always holds it all.
     for id in [1, 2] {
-        kill9(osd_pid(&c, id));
+        kill9(c.osd_pid(id));
         assert!(
             read_volume(&c, 16 * MIB) == expected,
             "data after losing osd.{id}"
@@ -213,7 +205,7 @@ fn three_copies_survive_kill_9_and_osds_that_come_back_empty_are_refilled() {
         eprintln!("osd.{id} refilled in {:?}", wait_clean(&c));
     }
     // Only osd.0 and osd.1 hold what they held before osd.2 went, both refilled once.
-    kill9(osd_pid(&c, 2));
+    kill9(c.osd_pid(2));
     assert!(read_volume(&c, 16 * MIB) == expected, "data at the end");
 }
 
@@ -317,7 +309,7 @@ fn a_block_corrupted_on_disk_is_found_by_deep_scrub_repaired_and_never_read() {
     // A block of `objno` on OSD `osd` goes bad while it is down; it comes back with it.
     let damage = |objno: u64, osd: u32| {
         let off = objno as usize * MIB + 8192;
-        kill9(osd_pid(&c, osd));
+        kill9(c.osd_pid(osd));
         std::thread::sleep(Duration::from_millis(200));
         let n = corrupt_on_disk(&c, osd, &data[off..off + 256]);
         assert!(
@@ -665,7 +657,7 @@ fn the_primary_of_busy_pgs_killed_mid_write_again_and_again_loses_no_acknowledge
         // Each round another OSD than the last, so every one dies mid-write in turn.
         let victim = busiest_primary(&c, killed.last().copied());
         let epoch_before = carmine_localcluster::read_map(&c.dir).unwrap().epoch;
-        kill9(osd_pid(&c, victim));
+        kill9(c.osd_pid(victim));
         // Every other round it is started again at once, as a supervisor would: usually
         // before the map notices, so the new process serves in the old one's epoch while
         // messages to and from the dead one are still on their way (incarnations, decision

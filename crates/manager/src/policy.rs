@@ -53,27 +53,16 @@ pub fn next_epoch(
     let mut reasons = Vec::new();
     let may_move_pgs = map.pools.iter().all(|p| p.size >= 2);
     for o in &mut next.osds {
+        let registered = alive.contains_key(&o.id);
+        let held = registered && held(o, reports, now);
+        let out_due = may_move_pgs
+            && !o.up
+            && o.in_
+            && o.down_since != 0
+            && now.saturating_sub(o.down_since) >= policy.down_out_grace.as_secs();
         match alive.get(&o.id) {
-            // Its peers could not hear from it: it stays down for the hold, and after it until
-            // it shows that it runs (a hung OSD keeps its registration, not its wits) —
-            // marked out after the grace period like a dead one.
-            Some(_)
-                if held(o, reports, now)
-                    && may_move_pgs
-                    && o.in_
-                    && now.saturating_sub(o.down_since) >= policy.down_out_grace.as_secs() =>
-            {
-                o.in_ = false;
-                o.auto_out = true;
-                reasons.push(format!(
-                    "osd.{} out (held down on failure reports for {} s, grace {} s)",
-                    o.id,
-                    now.saturating_sub(o.down_since),
-                    policy.down_out_grace.as_secs()
-                ));
-            }
-            Some(_) if held(o, reports, now) => {}
-            Some(reg) if !o.up => {
+            // Held down on its peers' reports (see `held`): stays down, registered or not.
+            Some(reg) if !o.up && !held => {
                 o.up = true;
                 o.down_since = 0;
                 let mut why = format!("osd.{} up (pid {} on {})", o.id, reg.pid, reg.host);
@@ -103,15 +92,19 @@ pub fn next_epoch(
                 o.down_since = now;
                 reasons.push(format!("osd.{} down, grace period from now", o.id));
             }
-            None if may_move_pgs
-                && o.in_
-                && now.saturating_sub(o.down_since) >= policy.down_out_grace.as_secs() =>
-            {
+            // Down (dead, or held: a hung OSD keeps its registration, not its wits) for the
+            // grace period.
+            _ if out_due => {
                 o.in_ = false;
                 o.auto_out = true;
                 reasons.push(format!(
-                    "osd.{} out (down for {} s, grace {} s)",
+                    "osd.{} out ({} for {} s, grace {} s)",
                     o.id,
+                    if held {
+                        "held down on failure reports"
+                    } else {
+                        "down"
+                    },
                     now.saturating_sub(o.down_since),
                     policy.down_out_grace.as_secs()
                 ));
@@ -143,11 +136,12 @@ fn held(o: &OsdInfo, reports: &BTreeMap<u32, FailureReport>, now: u64) -> bool {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use carmine_cluster::{OsdInfo, Pool};
 
-    fn map(n: u32) -> OsdMap {
+    /// `n` OSDs on one host, a pool of two copies.
+    pub(crate) fn map(n: u32) -> OsdMap {
         OsdMap {
             epoch: 5,
             osds: (0..n)
@@ -170,7 +164,8 @@ mod tests {
         }
     }
 
-    fn alive(m: &OsdMap, ids: &[u32]) -> BTreeMap<u32, Registration> {
+    /// Registrations of `ids`, as their runs would make them (pid 100 + id).
+    pub(crate) fn alive(m: &OsdMap, ids: &[u32]) -> BTreeMap<u32, Registration> {
         ids.iter()
             .map(|&id| {
                 let o = m.osd(id).unwrap();
@@ -189,7 +184,7 @@ mod tests {
             .collect()
     }
 
-    const P: Policy = Policy {
+    pub(crate) const P: Policy = Policy {
         down_out_grace: Duration::from_secs(600),
         report_hold: REPORT_HOLD_DEFAULT,
     };

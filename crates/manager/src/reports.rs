@@ -147,57 +147,23 @@ pub(crate) fn mark_down_reported(
 
 #[cfg(test)]
 mod tests {
-    use crate::policy::{next_epoch, Policy, REPORT_HOLD_DEFAULT};
-    use carmine_cluster::{OsdInfo, OsdMap, Pool};
+    use crate::policy::next_epoch;
+    use crate::policy::tests::P;
+    use carmine_cluster::OsdMap;
     use carmine_mapstore::failure_reports::FailureReport;
     use carmine_mapstore::membership::Registration;
     use std::collections::BTreeMap;
-    use std::time::Duration;
 
-    const P: Policy = Policy {
-        down_out_grace: Duration::from_secs(600),
-        report_hold: REPORT_HOLD_DEFAULT,
-    };
-
+    /// `n` OSDs, a pool of three copies (two needed), all registered.
     fn map(n: u32) -> OsdMap {
-        OsdMap {
-            epoch: 5,
-            osds: (0..n)
-                .map(|id| {
-                    OsdInfo::new(
-                        id,
-                        &format!("h{id}"),
-                        vec![format!("127.0.0.1:{}", 7000 + id).parse().unwrap()],
-                    )
-                })
-                .collect(),
-            pools: vec![Pool {
-                id: 1,
-                name: "rbd".into(),
-                pg_num: 16,
-                size: 3,
-                min_size: 2,
-            }],
-            upmaps: Default::default(),
-        }
+        let mut m = crate::policy::tests::map(n);
+        m.pools[0].size = 3;
+        m.pools[0].min_size = 2;
+        m
     }
 
     fn alive(n: u32) -> BTreeMap<u32, Registration> {
-        (0..n)
-            .map(|id| {
-                (
-                    id,
-                    Registration {
-                        osd: id,
-                        host: format!("h{id}"),
-                        pid: 100 + id,
-                        reactors: Vec::new(),
-                        started: 1,
-                        capacity: 0,
-                    },
-                )
-            })
-            .collect()
+        crate::policy::tests::alive(&map(n), &(0..n).collect::<Vec<_>>())
     }
 
     /// Reports: reporter → the OSDs it cannot hear from.

@@ -78,6 +78,15 @@ impl Cluster {
         self.pids_of("")
     }
 
+    /// The pid recorded for OSD `id`.
+    pub fn osd_pid(&self, id: u32) -> i32 {
+        std::fs::read_to_string(self.dir.join(format!("osd.{id}.pid")))
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap()
+    }
+
     /// The pids recorded for its OSDs.
     pub fn osd_pids(&self) -> Vec<i32> {
         self.pids_of("osd.")
