@@ -231,6 +231,13 @@ pub fn run(a: OsdArgs, access: &carmine_localcluster::EtcdAccessArgs) -> Result<
         );
     }
     let source = map_source(&a, access)?;
+    if matches!(source, MapSource::Etcd { .. }) && a.peer_grace <= a.lease_ttl {
+        eprintln!(
+            "warning: --peer-grace {:?} is not longer than --lease-ttl {:?}: peers will report a \
+             crashed OSD before its lease runs out, and it is then held down when it restarts",
+            a.peer_grace, a.lease_ttl
+        );
+    }
     Control::check_not_running(&source, a.id)?;
     let map = load_map(&source)?;
     let epoch = map.epoch;
