@@ -24,6 +24,21 @@ impl Drop for Continue {
     }
 }
 
+/// The longest peer silence any reactor of OSD `id` reports in its metrics (seconds).
+fn longest_silence(c: &Cluster, id: u32) -> f64 {
+    use std::io::{Read, Write};
+    let addr = std::fs::read_to_string(carmine_localcluster::metrics_path(&c.dir, id)).unwrap();
+    let mut s = std::net::TcpStream::connect(addr.trim()).unwrap();
+    write!(s, "GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+    let mut reply = String::new();
+    s.read_to_string(&mut reply).unwrap();
+    reply
+        .lines()
+        .filter(|l| l.starts_with("carmine_osd_peer_silence_longest_seconds{"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .fold(0.0, f64::max)
+}
+
 fn pattern(len: usize, seed: u8) -> Vec<u8> {
     (0..len)
         .map(|i| (i as u32).wrapping_mul(2_654_435_761).to_le_bytes()[1] ^ seed)
@@ -77,6 +92,13 @@ fn a_hung_osd_is_reported_by_its_peers_marked_down_and_held_until_it_runs_again(
     let _cont = Continue(victim);
     signal(victim, libc::SIGSTOP);
     let stopped = Instant::now();
+    // Meanwhile the others' metrics say how long osd.2 has been silent to them.
+    std::thread::sleep(Duration::from_secs(3));
+    let silence: f64 = [0, 1]
+        .iter()
+        .map(|&o| longest_silence(&c, o))
+        .fold(0.0, f64::max);
+    assert!(silence >= 1.0, "longest peer silence {silence} s");
     // Writes to every object: those of PGs with osd.2 wait until the managers mark it down
     // on the others' reports, then complete in the next interval.
     let second = pattern(8 << 20, 2);

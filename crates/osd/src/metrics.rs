@@ -411,6 +411,18 @@ pub fn render(osd: u32, reactors: &[ReactorSource]) -> String {
     );
     per_reactor(
         &mut t,
+        "carmine_osd_peer_silence_longest_seconds",
+        "gauge",
+        "The longest any other OSD that this reactor's PGs wait on has gone without answering \
+         (0: every one answers); past the OSD's --peer-grace it is reported to the managers \
+         as a failure.",
+        &|r| {
+            let longest = r.metrics.silent_peers().iter().map(|p| p.1).max();
+            format!("{:.3}", longest.unwrap_or(0) as f64 / 1e9)
+        },
+    );
+    per_reactor(
+        &mut t,
         "carmine_osd_recovered_objects_total",
         "counter",
         "Objects this reactor's PG copies fetched from other members (recovery, backfill).",
