@@ -113,7 +113,11 @@ pub(crate) fn mark_down_reported(
         .min(HOLD_MAX);
     o.up = false;
     o.down_since = now;
-    o.held_down_until = now.saturating_add(hold.as_secs().max(1));
+    // Past every earlier hold, whatever this manager's clock says against its predecessor's:
+    // an OSD's `held_seen` (at most an earlier hold) must not already cover the new one.
+    o.held_down_until = now
+        .saturating_add(hold.as_secs().max(1))
+        .max(o.held_down_until.saturating_add(1));
     let by: Vec<String> = reporters
         .get(&victim)
         .into_iter()
@@ -147,12 +151,13 @@ pub(crate) fn mark_down_reported(
 
 #[cfg(test)]
 mod tests {
-    use crate::policy::next_epoch;
     use crate::policy::tests::P;
+    use crate::policy::{next_epoch, Policy};
     use carmine_cluster::OsdMap;
     use carmine_mapstore::failure_reports::FailureReport;
     use carmine_mapstore::membership::Registration;
     use std::collections::BTreeMap;
+    use std::time::Duration;
 
     /// `n` OSDs, a pool of three copies (two needed), all registered.
     fn map(n: u32) -> OsdMap {
@@ -255,6 +260,27 @@ mod tests {
         let n = next_epoch(&m, &alive(3), &r, now, &P).unwrap();
         let o = n.map.osd(1).unwrap();
         assert_eq!((o.report_markdowns, o.held_down_until - now), (1, 20));
+    }
+
+    #[test]
+    fn a_new_hold_ends_after_every_earlier_one_even_from_a_manager_whose_clock_is_behind() {
+        let mut m = map(3);
+        m.osds[1].held_down_until = 5000; // set by a predecessor whose clock ran ahead
+        m.osds[1].report_markdowns = 1;
+        let r = reports(&[(0, &[1]), (2, &[1])]);
+        let n = next_epoch(&m, &alive(3), &r, 1000, &P).unwrap();
+        let o = n.map.osd(1).unwrap();
+        assert!(!o.up && o.held_down_until > 5000, "{o:?}");
+        // The OSD's word on the earlier hold does not bring it back (a long grace: not out
+        // yet either).
+        let patient = Policy {
+            down_out_grace: Duration::from_secs(86_400),
+            ..P
+        };
+        assert_eq!(
+            next_epoch(&n.map, &alive(3), &seen(1, 5000), 5002, &patient),
+            None
+        );
     }
 
     #[test]
