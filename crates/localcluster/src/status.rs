@@ -68,6 +68,8 @@ struct Usage {
     /// Recovery's pace over the OSDs' last ten seconds.
     recovery_bytes_per_sec: f64,
     recovery_objects_per_sec: f64,
+    /// The largest peering listing of any PG (bytes): the most of any reactor, not a sum.
+    listing_max: u64,
 }
 
 impl Usage {
@@ -86,6 +88,7 @@ impl Usage {
         self.recovered_bytes += o.recovered_bytes;
         self.recovery_bytes_per_sec += o.recovery_bytes_per_sec;
         self.recovery_objects_per_sec += o.recovery_objects_per_sec;
+        self.listing_max = self.listing_max.max(o.listing_max);
     }
 }
 
@@ -124,6 +127,12 @@ fn scrape_usage(addr: &str) -> Option<Usage> {
         recovered_bytes: sum("carmine_osd_recovered_bytes_total"),
         recovery_bytes_per_sec: sum_f("carmine_osd_recovery_bytes_per_second"),
         recovery_objects_per_sec: sum_f("carmine_osd_recovery_objects_per_second"),
+        listing_max: text
+            .lines()
+            .filter(|l| l.starts_with("carmine_osd_pg_peering_listing_bytes_max{"))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+            .max()
+            .unwrap_or(0),
     })
 }
 
@@ -371,6 +380,24 @@ pub fn status(dir: &Path) -> Result<Status> {
                  their copies for longer than the read lease (their reads wait, and so do \
                  writes; the primaries' logs name the silent OSDs)",
                 usage.unleased
+            ),
+        );
+    }
+    // Peering sends a PG's whole object list in one message (until backfill by scan).
+    let frame = u64::from(carmine_proto::FRAME_PAYLOAD_MAX);
+    if usage.listing_max > frame / 2 {
+        checks.add(
+            if usage.listing_max > frame * 9 / 10 {
+                Health::Err
+            } else {
+                Health::Warn
+            },
+            format!(
+                "A PG lists {:.1} MiB of objects and log in its peering messages, of the {:.1} \
+                 MiB one message holds: past it the PG cannot peer (spread the objects over \
+                 more PGs: a pool with a larger pg_num)",
+                usage.listing_max as f64 / (1u64 << 20) as f64,
+                frame as f64 / (1u64 << 20) as f64
             ),
         );
     }

@@ -95,6 +95,8 @@ pub struct ReactorMetrics {
     /// Other OSDs this reactor's PGs wait on without hearing from them, and for how long
     /// (ns): set once per replication tick, read by the control thread for failure reports.
     silent_peers: std::sync::Mutex<Vec<(carmine_types::OsdId, u64)>>,
+    /// The largest peering listing (bytes) of the PGs this reactor is primary of.
+    pg_listing_max: AtomicU64,
 }
 
 /// Adds to a counter that only its reactor writes: a plain load and store rather than a
@@ -189,6 +191,10 @@ impl ReactorMetrics {
         self.pgs_peering.store(peering, Ordering::Relaxed);
         self.objects_to_recover.store(to_recover, Ordering::Relaxed);
         self.objects_unfound.store(unfound, Ordering::Relaxed);
+    }
+
+    pub(crate) fn set_pg_listing_max(&self, bytes: u64) {
+        self.pg_listing_max.store(bytes, Ordering::Relaxed);
     }
 
     pub(crate) fn set_silent_peers(&self, peers: Vec<(carmine_types::OsdId, u64)>) {
@@ -408,6 +414,15 @@ pub fn render(osd: u32, reactors: &[ReactorSource]) -> String {
          without hearing all their copies (reads and writes wait: a link between OSDs is slow \
          or broken).",
         &|r| load(&r.metrics.pgs_unleased).to_string(),
+    );
+    per_reactor(
+        &mut t,
+        "carmine_osd_pg_peering_listing_bytes_max",
+        "gauge",
+        "The largest object list and log, in bytes, that a PG this reactor is primary of sends \
+         in one peering message (looked at every 10 s). A PG whose list outgrows a frame's \
+         payload cannot peer.",
+        &|r| load(&r.metrics.pg_listing_max).to_string(),
     );
     per_reactor(
         &mut t,

@@ -290,3 +290,59 @@ fn a_replica_with_a_shorter_lease_is_pinged_often_enough_and_forgets_pings_when_
     );
     assert!(ms[1].unresponsive(now + 10 * LEASE).is_empty());
 }
+
+#[test]
+fn the_peering_listing_grows_with_each_object_and_its_log_entry() {
+    let mut ms = two_members(0);
+    let empty = ms[0].peering_listing_bytes();
+    for (i, oid) in ["a", "object-two"].into_iter().enumerate() {
+        let write = Event::Write {
+            req: carmine_pg::ReqId {
+                client: 1,
+                tid: i as u64,
+            },
+            oid: oid.into(),
+            kind: carmine_pg::OpKind::Modify,
+        };
+        let actions = ms[0].handle(10, write);
+        let mut inbox: Vec<(u32, u32, Msg)> = Vec::new();
+        for (to, msg) in carry(&mut ms[0], 10, actions) {
+            inbox.push((0, to, msg));
+        }
+        settle(&mut ms, 10, inbox, true);
+    }
+    // Each object: its name and 16 bytes in the list, its name and 48 in the log.
+    let names = "a".len() + "object-two".len();
+    assert_eq!(
+        ms[0].peering_listing_bytes(),
+        empty + 2 * names + 2 * (16 + 48),
+        "{}",
+        ms[0].describe()
+    );
+    // And it bounds what an answer to a query really encodes to (beyond a fixed header).
+    let answer = ms[0].handle(
+        20,
+        Event::Msg {
+            from: 1,
+            msg: Msg::Query { epoch: 1 },
+        },
+    );
+    let info = answer
+        .into_iter()
+        .find_map(|a| match a {
+            Action::Send {
+                msg: msg @ Msg::Info { .. },
+                ..
+            } => Some(msg),
+            _ => None,
+        })
+        .expect("an answer");
+    let mut out = bytes::BytesMut::new();
+    carmine_pg::wire::encode_msg(&mut out, &info);
+    let listed = ms[0].peering_listing_bytes();
+    assert!(
+        out.len() <= listed + 128,
+        "{} bytes encoded, {listed} estimated",
+        out.len()
+    );
+}

@@ -49,6 +49,8 @@ const TICK: Duration = Duration::from_millis(100);
 /// An active primary needs its ticks only to resend replica writes lost on a broken
 /// connection: every this many ticks.
 const ACTIVE_TICK_EVERY: u32 = 10;
+/// Ticks between looks at a PG's peering listing size (an O(objects) sum): 10 s.
+const LISTING_LOOK_EVERY: u32 = 100;
 /// A copy of a PG this OSD no longer serves asks whether the PG is clean elsewhere (and the
 /// copy may go) every this many ticks.
 const STRAY_CHECK_EVERY: u32 = 50;
@@ -132,6 +134,9 @@ pub(crate) struct PgReplica {
     pub last_source: Cell<Option<OsdId>>,
     pub scrub: scrub::ScrubState,
     ticks: Cell<u32>,
+    /// As primary, the PG's peering listing in bytes as last looked at (see
+    /// `Member::peering_listing_bytes`).
+    listing_bytes: Cell<usize>,
 }
 
 impl PgReplica {
@@ -173,6 +178,7 @@ impl PgReplica {
             last_source: Cell::new(None),
             scrub: scrub::ScrubState::new(schedule),
             ticks: Cell::new(0),
+            listing_bytes: Cell::new(0),
         }
     }
 }
@@ -461,7 +467,9 @@ fn tick<S: ObjectStore + 'static>(shard: &Rc<Shard<S>>) {
     let (mut active, mut peering, mut to_recover, mut unfound, mut unleased) = (0, 0, 0, 0, 0);
     let now = clock();
     let mut silent_peers: BTreeMap<OsdId, u64> = BTreeMap::new();
+    let mut listing_max = 0;
     for pgr in &all {
+        listing_max = listing_max.max(pgr.listing_bytes.get());
         let m = pgr.member.borrow();
         // A copy broken by its store takes no events: its silences say nothing of its peers.
         let broken = pgr.broken.borrow().is_some();
@@ -507,6 +515,7 @@ fn tick<S: ObjectStore + 'static>(shard: &Rc<Shard<S>>) {
     shard
         .metrics
         .set_silent_peers(silent_peers.into_iter().collect());
+    shard.metrics.set_pg_listing_max(listing_max as u64);
     let (objects, bytes) = shard.metrics.recovered_totals();
     let (bps, ops) = shard.replication.pace.borrow_mut().update(objects, bytes);
     shard.metrics.set_recovery_pace(bps, ops);
@@ -516,6 +525,12 @@ fn tick<S: ObjectStore + 'static>(shard: &Rc<Shard<S>>) {
         }
         let n = pgr.ticks.get().wrapping_add(1);
         pgr.ticks.set(n);
+        if n % LISTING_LOOK_EVERY == 0 {
+            let m = pgr.member.borrow();
+            let mine = m.acting().first() == Some(&shard.osd);
+            pgr.listing_bytes
+                .set(if mine { m.peering_listing_bytes() } else { 0 });
+        }
         let (behind, active, epoch, primary) = {
             let m = pgr.member.borrow();
             (

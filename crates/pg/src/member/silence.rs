@@ -23,6 +23,18 @@ impl Member {
     /// ping came). Nothing before the first ping of the interval, nor after the primary
     /// queried or activated it again (restarted within the interval): it may be peering,
     /// waiting on another member. Nothing as a stray.
+    /// About how many bytes this copy's history takes in a peering message (an answer to a
+    /// query, an activation): its object list and its log. Peering sends it in one message,
+    /// so it must stay below a frame's payload until object lists go in chunks (backfill by
+    /// scan); hosts watch it. O(objects): for a periodic look, not per request.
+    pub fn peering_listing_bytes(&self) -> usize {
+        // Per object: its name and length prefix, a version; per log entry, the same plus
+        // kind and request id.
+        let objects: usize = self.objects.keys().map(|o| o.len() + 16).sum();
+        let log: usize = self.log.entries().map(|e| e.oid.len() + 48).sum();
+        objects + log
+    }
+
     pub fn unresponsive(&self, now: u64) -> Vec<(OsdId, u64)> {
         let since_peering = now.saturating_sub(self.peering_since);
         match &self.role {
