@@ -480,7 +480,7 @@ fn wait_for_stop(
     let id = osd.id();
     let hold_in = |m: &OsdMap| {
         m.osd(id)
-            .filter(|o| !o.up && o.down_since < o.held_down_until)
+            .filter(|o| o.down_on_reports())
             .map(|o| (m.epoch, o.held_down_until))
     };
     let mut held_seen = 0;

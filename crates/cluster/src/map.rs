@@ -105,6 +105,12 @@ impl OsdInfo {
         }
     }
 
+    /// Down because its peers reported it (decision 0014), not because it went away: its
+    /// last mark down came with a hold.
+    pub fn down_on_reports(&self) -> bool {
+        !self.up && self.down_since < self.held_down_until
+    }
+
     fn flags(&self) -> u8 {
         (self.up as u8 * FLAG_UP)
             | (self.in_ as u8 * FLAG_IN)

@@ -266,11 +266,7 @@ pub fn status(dir: &Path) -> Result<Status> {
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs());
-    for o in map
-        .osds
-        .iter()
-        .filter(|o| !o.up && o.down_since < o.held_down_until)
-    {
+    for o in map.osds.iter().filter(|o| o.down_on_reports()) {
         let when = if o.held_down_until > now {
             format!("for {} s more", o.held_down_until - now)
         } else {

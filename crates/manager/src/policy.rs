@@ -127,8 +127,7 @@ pub fn next_epoch(
 /// Whether `o`, marked down on its peers' reports, stays down: its hold runs, or it has not
 /// said yet that it took the map holding it.
 fn held(o: &OsdInfo, reports: &BTreeMap<u32, FailureReport>, now: u64) -> bool {
-    !o.up
-        && o.down_since < o.held_down_until
+    o.down_on_reports()
         && (now < o.held_down_until
             || reports
                 .get(&o.id)

@@ -472,10 +472,11 @@ fn tick<S: ObjectStore + 'static>(shard: &Rc<Shard<S>>) {
         listing_max = listing_max.max(pgr.listing_bytes.get());
         let m = pgr.member.borrow();
         // A copy broken by its store takes no events: its silences say nothing of its peers.
-        let broken = pgr.broken.borrow().is_some();
-        for (o, silent) in m.unresponsive(now).into_iter().filter(|_| !broken) {
-            let s = silent_peers.entry(o).or_default();
-            *s = (*s).max(silent);
+        if pgr.broken.borrow().is_none() {
+            for (o, silent) in m.unresponsive(now) {
+                let s = silent_peers.entry(o).or_default();
+                *s = (*s).max(silent);
+            }
         }
         if m.acting().first() == Some(&shard.osd) {
             if m.is_active_primary() {
