@@ -2,10 +2,10 @@
 
 use crate::volume::Target;
 use anyhow::{Context, Result};
-use carmine_client::ClientConfig;
+use carmine_client::{ClientConfig, SharedInstance};
 use carmine_localcluster::connect_with;
-use carmine_nbd::{Export, NbdConfig};
-use carmine_volume::{LockOptions, Volumes};
+use carmine_nbd::{Export, NbdConfig, Spread};
+use carmine_volume::{LockOptions, LockShare, Volumes};
 use clap::{Args, Subcommand};
 use futures::future::Either;
 use std::net::SocketAddr;
@@ -63,6 +63,15 @@ pub struct ServeArgs {
     /// at once): lower latency at low queue depth, for a gateway with a core of its own.
     #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u64).range(0..=10_000))]
     pub idle_poll_us: u64,
+    /// Reactor threads serving NBD connections, each with its own cluster connections;
+    /// connections are spread over them in turn. They all write as one client under each
+    /// volume's one lock.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u8).range(1..=64))]
+    pub reactors: u8,
+    /// Cores to pin the reactors to, e.g. "0" or "2-3" (reactor i on the i-th, in turn).
+    /// Unpinned by default.
+    #[arg(long)]
+    pub cpu_set: Option<String>,
     #[command(flatten)]
     pub target: Target,
 }
@@ -70,114 +79,252 @@ pub struct ServeArgs {
 pub fn run(cmd: NbdCommand) -> Result<()> {
     let NbdCommand::Serve(a) = cmd;
     carmine_reactor::set_idle_poll(Duration::from_micros(a.idle_poll_us));
-    carmine_reactor::block_on(async move {
-        let cfg = ClientConfig {
-            retry_timeout: a.retry_timeout,
-            ..ClientConfig::default()
+    let cpus = match &a.cpu_set {
+        Some(list) => carmine_reactor::cpu::parse_cpu_list(list).context("--cpu-set")?,
+        None => Vec::new(),
+    };
+    let cpu_of = move |i: usize| (!cpus.is_empty()).then(|| cpus[i % cpus.len()]);
+    if let Some(cpu) = cpu_of(0) {
+        carmine_reactor::cpu::pin_current_thread(cpu)
+            .with_context(|| format!("pinning the gateway to cpu {cpu}"))?;
+    }
+    carmine_reactor::block_on(serve(a, cpu_of))
+}
+
+/// What a reactor thread other than the first needs to serve the same exports.
+struct ReactorSetup {
+    lane: u8,
+    instance: u64,
+    target: Target,
+    client: ClientConfig,
+    /// Each export's name and the share of its lock (`None`: read-only).
+    exports: Vec<(String, Option<LockShare>)>,
+    nbd: NbdConfig,
+    stop: Arc<AtomicBool>,
+}
+
+async fn serve(a: ServeArgs, cpu_of: impl Fn(usize) -> Option<u32>) -> Result<()> {
+    let client_cfg = ClientConfig {
+        retry_timeout: a.retry_timeout,
+        ..ClientConfig::default()
+    };
+    let client = connect_with(&a.target.dir.dir, client_cfg.clone()).await?;
+    let pool = client.pool_id(&a.target.pool)?;
+    let instance = client.instance();
+    let volumes = Volumes::new(client, pool);
+    let mut exports = Vec::with_capacity(a.exports.len());
+    for name in &a.exports {
+        // A writable export holds the volume's exclusive lock: one writer per volume.
+        let lock = LockOptions {
+            lease: a.lock_lease,
+            holder: format!(
+                "carmine nbd serve on {} (pid {})",
+                a.listen,
+                std::process::id()
+            ),
         };
-        let client = connect_with(&a.target.dir.dir, cfg).await?;
-        let pool = client.pool_id(&a.target.pool)?;
+        let image = if a.read_only {
+            volumes.open_read_only(name).await
+        } else {
+            volumes.open_with(name, &lock).await
+        }
+        .with_context(|| format!("opening volume {name:?}"))?;
+        exports.push(Export {
+            name: name.clone(),
+            image,
+            read_only: a.read_only,
+        });
+    }
+    let std_listener = std::net::TcpListener::bind(a.listen)
+        .with_context(|| format!("listening on {}", a.listen))?;
+    std_listener.set_nonblocking(true)?;
+    let listener = carmine_reactor::TcpListener::from_std(std_listener)?;
+    let exports = Rc::new(exports);
+    let cfg = NbdConfig {
+        inflight_max: a.inflight_max,
+        connection_bytes_max: usize::try_from(a.connection_bytes_max)
+            .context("--connection-bytes-max")?,
+        connections_max: a.connections_max,
+        idle_timeout: Some(a.idle_timeout).filter(|t| !t.is_zero()),
+        ..NbdConfig::default()
+    };
+    // SIGTERM/SIGINT: stop serving and hand the volume locks back, so the next gateway
+    // need not wait out the lease.
+    let stop = Arc::new(AtomicBool::new(false));
+    for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
+        signal_hook::flag::register(sig, stop.clone()).context("installing signal handlers")?;
+    }
+    // The other reactors, each ready (connected, its exports open) before any connection
+    // is handed to it.
+    let mut mailboxes = Vec::new();
+    let mut reactors = Vec::new();
+    for lane in 1..a.reactors {
+        let setup = ReactorSetup {
+            lane,
+            instance,
+            target: a.target.clone(),
+            client: client_cfg.clone(),
+            exports: exports
+                .iter()
+                .map(|e| (e.name.clone(), e.image.lock_share()))
+                .collect(),
+            nbd: cfg.clone(),
+            stop: stop.clone(),
+        };
+        let (tx, rx) = carmine_reactor::mailbox(HANDOFF_QUEUE);
+        let (ready_tx, ready_rx) = futures::channel::oneshot::channel();
+        let handle = carmine_reactor::spawn_reactor(
+            format!("nbd-{lane}"),
+            cpu_of(usize::from(lane)),
+            move || serve_handed(setup, rx, ready_tx),
+        )
+        .with_context(|| format!("starting reactor {lane}"))?;
+        match ready_rx.await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                stop.store(true, Ordering::Relaxed);
+                return Err(e.context(format!("starting reactor {lane}")));
+            }
+            Err(_) => anyhow::bail!("reactor {lane} ended while starting"),
+        }
+        mailboxes.push(tx);
+        reactors.push(handle);
+    }
+    let spread = Spread::over(mailboxes);
+    let mode = if a.read_only {
+        "read-only"
+    } else {
+        "read-write"
+    };
+    if !a.read_only {
+        println!(
+            "nbd: holding the exclusive lock of {} (lease {:?}); other writers are refused",
+            a.exports.join(", "),
+            a.lock_lease
+        );
+    }
+    println!(
+        "nbd: serving {} on nbd://{}/ ({mode}, {} reactor{})",
+        a.exports.join(", "),
+        a.listen,
+        a.reactors,
+        if a.reactors == 1 { "" } else { "s" }
+    );
+    if carmine_localcluster::store_kind(&a.target.dir.dir).as_deref() == Some("memory") {
+        println!(
+            "nbd: WARNING: this cluster keeps its data in memory (store `memory`): \
+             flush and FUA complete, but nothing survives an OSD restart"
+        );
+    }
+    if let Some(path) = &a.unix {
+        remove_stale_socket(path)?;
+        let unix = carmine_reactor::UnixListener::bind(path)
+            .await
+            .with_context(|| format!("listening on {}", path.display()))?;
+        println!("nbd: serving on nbd+unix:///?socket={}", path.display());
+        let (exports, cfg, spread) = (exports.clone(), cfg.clone(), spread.clone());
+        carmine_reactor::spawn(async move {
+            if let Err(e) = carmine_nbd::serve_unix(unix, exports, cfg, spread).await {
+                eprintln!("nbd: unix socket listener failed: {e}");
+            }
+        })
+        .detach();
+    }
+    let serving = std::pin::pin!(carmine_nbd::serve(
+        listener,
+        exports.clone(),
+        cfg,
+        spread.clone()
+    ));
+    let stopping = std::pin::pin!(until(&stop));
+    let served = match futures::future::select(serving, stopping).await {
+        Either::Left((res, _)) => res.map_err(anyhow::Error::from),
+        Either::Right(_) => Ok(()),
+    };
+    // The other reactors stop serving (their connections close) before the locks go back.
+    stop.store(true, Ordering::Relaxed);
+    let deadline = std::time::Instant::now() + RELEASE_TIMEOUT;
+    while reactors.iter().any(|r| !r.is_finished()) && std::time::Instant::now() < deadline {
+        carmine_reactor::sleep(Duration::from_millis(20)).await;
+    }
+    let per_reactor = spread.served();
+    if per_reactor.len() > 1 {
+        let counts: Vec<String> = per_reactor.iter().map(u64::to_string).collect();
+        println!("nbd: connections per reactor: {}", counts.join(", "));
+    }
+    served?;
+    let release = release_locks(&volumes, &exports, &a.target, a.retry_timeout);
+    match carmine_reactor::timeout(RELEASE_TIMEOUT, release).await {
+        Ok(Ok(names)) if names.is_empty() => println!("nbd: stopped"),
+        Ok(Ok(names)) => println!("nbd: stopped; released the lock of {}", names.join(", ")),
+        Ok(Err(e)) => println!("nbd: stopped; locks left to expire after their lease: {e:#}"),
+        Err(_) => println!(
+            "nbd: stopped; releasing the locks took over {RELEASE_TIMEOUT:?}, they expire \
+             after their lease"
+        ),
+    }
+    Ok(())
+}
+
+/// Connections waiting to be taken by one reactor; the acceptor waits beyond it.
+const HANDOFF_QUEUE: usize = 64;
+
+async fn until(stop: &AtomicBool) {
+    while !stop.load(Ordering::Relaxed) {
+        carmine_reactor::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// One reactor other than the first: its own client, speaking as the first's client
+/// instance in a lane of its own, the exports opened under the first's locks, then the
+/// connections handed to it until the gateway stops.
+async fn serve_handed(
+    setup: ReactorSetup,
+    handed: carmine_reactor::Mailbox<carmine_nbd::Accepted>,
+    ready: futures::channel::oneshot::Sender<Result<()>>,
+) {
+    let opened = async {
+        let cfg = ClientConfig {
+            instance: Some(SharedInstance {
+                id: setup.instance,
+                lane: setup.lane,
+            }),
+            ..setup.client.clone()
+        };
+        let client = connect_with(&setup.target.dir.dir, cfg).await?;
+        let pool = client.pool_id(&setup.target.pool)?;
         let volumes = Volumes::new(client, pool);
-        let mut exports = Vec::with_capacity(a.exports.len());
-        for name in &a.exports {
-            // A writable export holds the volume's exclusive lock: one writer per volume.
-            let lock = LockOptions {
-                lease: a.lock_lease,
-                holder: format!(
-                    "carmine nbd serve on {} (pid {})",
-                    a.listen,
-                    std::process::id()
-                ),
-            };
-            let image = if a.read_only {
-                volumes.open_read_only(name).await
-            } else {
-                volumes.open_with(name, &lock).await
+        let mut exports = Vec::with_capacity(setup.exports.len());
+        for (name, share) in &setup.exports {
+            let image = match share {
+                Some(share) => volumes.open_shared(name, share.clone()).await,
+                None => volumes.open_read_only(name).await,
             }
             .with_context(|| format!("opening volume {name:?}"))?;
             exports.push(Export {
                 name: name.clone(),
                 image,
-                read_only: a.read_only,
+                read_only: share.is_none(),
             });
         }
-        let std_listener = std::net::TcpListener::bind(a.listen)
-            .with_context(|| format!("listening on {}", a.listen))?;
-        std_listener.set_nonblocking(true)?;
-        let listener = carmine_reactor::TcpListener::from_std(std_listener)?;
-        let exports = Rc::new(exports);
-        let cfg = NbdConfig {
-            inflight_max: a.inflight_max,
-            connection_bytes_max: usize::try_from(a.connection_bytes_max)
-                .context("--connection-bytes-max")?,
-            connections_max: a.connections_max,
-            idle_timeout: Some(a.idle_timeout).filter(|t| !t.is_zero()),
-            ..NbdConfig::default()
-        };
-        let mode = if a.read_only {
-            "read-only"
-        } else {
-            "read-write"
-        };
-        if !a.read_only {
-            println!(
-                "nbd: holding the exclusive lock of {} (lease {:?}); other writers are refused",
-                a.exports.join(", "),
-                a.lock_lease
-            );
+        anyhow::Ok(exports)
+    };
+    let exports = match opened.await {
+        Ok(e) => e,
+        Err(e) => {
+            let _ = ready.send(Err(e));
+            return;
         }
-        println!(
-            "nbd: serving {} on nbd://{}/ ({mode})",
-            a.exports.join(", "),
-            a.listen
-        );
-        if carmine_localcluster::store_kind(&a.target.dir.dir).as_deref() == Some("memory") {
-            println!(
-                "nbd: WARNING: this cluster keeps its data in memory (store `memory`): \
-                 flush and FUA complete, but nothing survives an OSD restart"
-            );
-        }
-        if let Some(path) = &a.unix {
-            remove_stale_socket(path)?;
-            let unix = carmine_reactor::UnixListener::bind(path)
-                .await
-                .with_context(|| format!("listening on {}", path.display()))?;
-            println!("nbd: serving on nbd+unix:///?socket={}", path.display());
-            let (exports, cfg) = (exports.clone(), cfg.clone());
-            carmine_reactor::spawn(async move {
-                if let Err(e) = carmine_nbd::serve_unix(unix, exports, cfg).await {
-                    eprintln!("nbd: unix socket listener failed: {e}");
-                }
-            })
-            .detach();
-        }
-        // SIGTERM/SIGINT: stop serving and hand the volume locks back, so the next gateway
-        // need not wait out the lease.
-        let stop = Arc::new(AtomicBool::new(false));
-        for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
-            signal_hook::flag::register(sig, stop.clone()).context("installing signal handlers")?;
-        }
-        let serving = std::pin::pin!(carmine_nbd::serve(listener, exports.clone(), cfg));
-        let stopping = std::pin::pin!(async {
-            while !stop.load(Ordering::Relaxed) {
-                carmine_reactor::sleep(Duration::from_millis(50)).await;
-            }
-        });
-        if let Either::Left((res, _)) = futures::future::select(serving, stopping).await {
-            res?;
-        }
-        let release = release_locks(&volumes, &exports, &a.target, a.retry_timeout);
-        match carmine_reactor::timeout(RELEASE_TIMEOUT, release).await {
-            Ok(Ok(names)) if names.is_empty() => println!("nbd: stopped"),
-            Ok(Ok(names)) => println!("nbd: stopped; released the lock of {}", names.join(", ")),
-            Ok(Err(e)) => println!("nbd: stopped; locks left to expire after their lease: {e:#}"),
-            Err(_) => println!(
-                "nbd: stopped; releasing the locks took over {RELEASE_TIMEOUT:?}, they expire \
-                 after their lease"
-            ),
-        }
-        Ok(())
-    })
+    };
+    if ready.send(Ok(())).is_err() {
+        return;
+    }
+    let serving = std::pin::pin!(carmine_nbd::serve_handed(
+        handed,
+        Rc::new(exports),
+        setup.nbd
+    ));
+    futures::future::select(serving, std::pin::pin!(until(&setup.stop))).await;
 }
 
 /// How long a stopping gateway tries to hand its locks back before it leaves them to expire.

@@ -698,3 +698,162 @@ fn fio_verifies_across_an_osd_killed_and_restarted_mid_run() {
         "fio reported an error:\n{err}\n{report}"
     );
 }
+
+/// A `qemu-io` that stays connected and runs one command at a time: a client whose
+/// connection outlives whatever happens to the gateway between its commands.
+struct QemuIo {
+    child: Child,
+    stdin: std::process::ChildStdin,
+    lines: std::sync::mpsc::Receiver<String>,
+}
+
+impl QemuIo {
+    fn open(url: &str) -> QemuIo {
+        let mut child = Command::new("qemu-io")
+            .args(["-f", "raw", url])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("qemu-io (Debian package qemu-utils)");
+        let stdin = child.stdin.take().unwrap();
+        let (tx, lines) = std::sync::mpsc::channel();
+        for out in [
+            Box::new(child.stdout.take().unwrap()) as Box<dyn std::io::Read + Send>,
+            Box::new(child.stderr.take().unwrap()),
+        ] {
+            let tx = tx.clone();
+            std::thread::spawn(move || {
+                for line in std::io::BufRead::lines(std::io::BufReader::new(out)) {
+                    let Ok(line) = line else { return };
+                    if tx.send(line).is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+        QemuIo {
+            child,
+            stdin,
+            lines,
+        }
+    }
+
+    /// Runs `command` and returns the line that tells how it ended.
+    fn run(&mut self, command: &str) -> String {
+        writeln!(self.stdin, "{command}").unwrap();
+        self.stdin.flush().unwrap();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let line = self
+                .lines
+                .recv_timeout(left)
+                .unwrap_or_else(|_| panic!("qemu-io did not finish {command:?}"));
+            if ["wrote", "read ", "failed", "error", "Pattern verification"]
+                .iter()
+                .any(|w| line.contains(w))
+            {
+                return line;
+            }
+        }
+    }
+}
+
+impl Drop for QemuIo {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// `--reactors 2`: connections go to both reactors in turn, each reactor sees the other's
+/// writes, and both write as the one client instance that holds the volume's lock. When a
+/// second gateway breaks that lock, the connections of *both* reactors are refused, not only
+/// the one whose client took the lock.
+#[test]
+fn a_gateway_on_two_reactors_spreads_connections_and_loses_its_lock_on_both() {
+    use std::io::BufRead;
+    let c = Cluster::up("nbd-reactors", &[]);
+    c.ok(&["volume", "create", "disk", "--size", "8M"]);
+    let port = carmine_testkit::free_addr().port();
+    let listen = format!("127.0.0.1:{port}");
+    let mut first = Gateway {
+        child: c
+            .cmd(&[
+                "nbd",
+                "serve",
+                "--export",
+                "disk",
+                "--listen",
+                &listen,
+                "--reactors",
+                "2",
+                "--lock-lease",
+                "1s",
+            ])
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap(),
+        port,
+    };
+    let mut said = std::io::BufReader::new(first.child.stdout.take().unwrap()).lines();
+    loop {
+        let line = said.next().expect("the gateway ended").unwrap();
+        if line.contains("serving disk") {
+            assert!(line.contains("2 reactors"), "{line}");
+            break;
+        }
+    }
+    // Consecutive connections land on different reactors.
+    let mut one = QemuIo::open(&url(&first, "disk"));
+    let mut two = QemuIo::open(&url(&first, "disk"));
+    assert!(one.run("write -P 0x11 0 4k").contains("wrote"));
+    assert!(two.run("write -P 0x22 4k 4k").contains("wrote"));
+    assert!(one.run("read -P 0x22 4k 4k").contains("read "));
+    assert!(two.run("read -P 0x11 0 4k").contains("read "));
+
+    // The first gateway hangs; the second takes the lock over once the lease ran out, which
+    // fences the first's client instance.
+    let pid = first.child.id() as i32;
+    // SAFETY: plain syscalls on the gateway this test started.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGSTOP) }, 0);
+    let second = serve(&c, "disk", &[]);
+    ok(
+        "qemu-io",
+        &[
+            "-f",
+            "raw",
+            "-c",
+            "write -P 0x33 0 8k",
+            &url(&second, "disk"),
+        ],
+    );
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGCONT) }, 0);
+    for (client, at) in [(&mut one, 0), (&mut two, 4096)] {
+        let out = client.run(&format!("write -P 0x44 {at} 4k"));
+        assert!(
+            out.contains("failed"),
+            "a write through the gateway whose lock was broken: {out}"
+        );
+    }
+    ok(
+        "qemu-io",
+        &[
+            "-f",
+            "raw",
+            "-c",
+            "read -P 0x33 0 8k",
+            &url(&second, "disk"),
+        ],
+    );
+    drop((one, two));
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
+    let rest: Vec<String> = said.map_while(Result::ok).collect();
+    assert!(first.child.wait().unwrap().success(), "{rest:?}");
+    assert!(
+        rest.iter()
+            .any(|l| l.contains("connections per reactor: 1, 1")),
+        "{rest:?}"
+    );
+}

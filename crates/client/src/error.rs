@@ -48,6 +48,8 @@ pub enum ClientError {
     NoAddress,
     #[error("unexpected reply: {detail}")]
     Unexpected { detail: String },
+    #[error("invalid client configuration: {0}")]
+    Config(String),
 }
 
 impl ClientError {

@@ -77,7 +77,24 @@ pub struct ClientConfig {
     /// The cluster key: every connection starts with the handshake that proves this client
     /// and the OSD both hold it. `None` for clusters without authentication.
     pub key: Option<carmine_proto::auth::AuthKey>,
+    /// Speak as an existing client instance instead of a new random one: the clients of
+    /// one process's several reactor threads that share an image lock (and are fenced
+    /// together). Each must have its own `lane`, which keeps their request ids apart.
+    pub instance: Option<SharedInstance>,
 }
+
+/// One client instance spoken for by several [`Client`]s, one per reactor thread. The
+/// instance is what an image lock names and what a fence shuts out; a request's id is its
+/// instance and tid, so each client numbers its tids in its own lane (the top byte).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SharedInstance {
+    /// Never 0 ("anonymous" on the wire).
+    pub id: u64,
+    pub lane: u8,
+}
+
+/// The bits of a tid below its lane.
+const TID_LANE_SHIFT: u32 = 56;
 
 /// Default for [`ClientConfig::retry_timeout`]: longer than an OSD takes to restart.
 pub const RETRY_TIMEOUT_DEFAULT: Duration = Duration::from_secs(30);
@@ -92,6 +109,7 @@ impl Default for ClientConfig {
             retry_backoff_max: Duration::from_secs(1),
             connect_timeout: CONNECT_TIMEOUT_DEFAULT,
             key: None,
+            instance: None,
         }
     }
 }
@@ -113,7 +131,8 @@ struct Inner {
     /// weighted draw each when weights differ) runs once per PG and epoch, not per request.
     routes: RefCell<HashMap<PgId, Option<SocketAddr>>>,
     conns: RefCell<HashMap<SocketAddr, Endpoint>>,
-    /// The number of the last object request: every retry of one carries the same.
+    /// The number of the last object request: every retry of one carries the same. Its top
+    /// byte is this client's lane of a shared instance (0 otherwise).
     last_tid: std::cell::Cell<u64>,
     /// Held during a map refresh: the many requests that want one at the same moment (an OSD
     /// went away under all of them) share it instead of asking the cluster once each.
@@ -230,11 +249,20 @@ impl Client {
         map: Option<OsdMap>,
         cfg: ClientConfig,
     ) -> Result<Client, ClientError> {
+        let (instance, lane) = match cfg.instance {
+            Some(SharedInstance { id: 0, .. }) => {
+                return Err(ClientError::Config(
+                    "client instance 0 is the anonymous client".into(),
+                ))
+            }
+            Some(s) => (s.id, s.lane),
+            // Never 0, which means "anonymous" on the wire.
+            None => (rand::random::<u64>() | 1, 0),
+        };
         let client = Client {
             inner: Rc::new(Inner {
                 cfg,
-                // Never 0, which means "anonymous" on the wire.
-                instance: rand::random::<u64>() | 1,
+                instance,
                 bootstrap: bootstrap.to_vec(),
                 map: RefCell::new(Rc::new(map.unwrap_or(OsdMap {
                     epoch: 0,
@@ -244,7 +272,7 @@ impl Client {
                 }))),
                 routes: RefCell::new(HashMap::new()),
                 conns: RefCell::new(HashMap::new()),
-                last_tid: std::cell::Cell::new(0),
+                last_tid: std::cell::Cell::new(u64::from(lane) << TID_LANE_SHIFT),
                 refreshing: async_lock::Mutex::new(()),
                 refreshes: std::cell::Cell::new(0),
             }),

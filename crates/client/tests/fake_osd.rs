@@ -311,6 +311,45 @@ fn requests_carry_the_client_instance_and_fences_name_it() {
     }
 }
 
+/// Clients of one process's reactor threads speaking as one instance (one image lock, one
+/// fence) must still never send two requests with the same id: an OSD would answer the
+/// second from its log as a retry of the first, and never apply it.
+#[test]
+fn clients_sharing_an_instance_number_their_requests_apart() {
+    use carmine_client::SharedInstance;
+    let osd = FakeOsd::start(|req, _| Action::Reply(ok_object(object_ops(req))));
+    carmine_reactor::block_on(async {
+        let shared = |lane| ClientConfig {
+            instance: Some(SharedInstance { id: 0x77, lane }),
+            ..ClientConfig::default()
+        };
+        let a = Client::connect(&[osd.addr], shared(0)).await.unwrap();
+        let b = Client::connect(&[osd.addr], shared(1)).await.unwrap();
+        assert_eq!((a.instance(), b.instance()), (0x77, 0x77));
+        for c in [&a, &b, &a, &b] {
+            c.write(1, "obj", 0, Bytes::from_static(b"x"))
+                .await
+                .unwrap();
+        }
+        let anonymous = ClientConfig {
+            instance: Some(SharedInstance { id: 0, lane: 2 }),
+            ..ClientConfig::default()
+        };
+        assert!(Client::connect(&[osd.addr], anonymous).await.is_err());
+    });
+    let ids: Vec<(u64, u64)> = osd
+        .seen()
+        .iter()
+        .filter_map(|r| match r {
+            Request::Object(w) => Some((w.client, w.tid)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(ids.len(), 4);
+    let unique: std::collections::BTreeSet<_> = ids.iter().collect();
+    assert_eq!(unique.len(), 4, "request ids repeated: {ids:?}");
+}
+
 #[test]
 fn a_fence_that_an_osd_refuses_fails() {
     let osd = FakeOsd::start(|_, _| Action::Error(Status::Busy));

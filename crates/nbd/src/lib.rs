@@ -25,4 +25,7 @@ mod protocol;
 mod server;
 
 pub use protocol::ProtocolError;
-pub use server::{serve, serve_connection, serve_unix, Export, NbdConfig, NbdStats};
+pub use server::{
+    serve, serve_connection, serve_handed, serve_unix, Accepted, Export, NbdConfig, NbdStats,
+    Spread,
+};

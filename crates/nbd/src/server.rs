@@ -4,7 +4,10 @@ use crate::protocol::*;
 use async_lock::Semaphore;
 use bytes::{BufMut, Bytes, BytesMut};
 use carmine_reactor::io::{read_some, shutdown_write, write_all, write_all_noting};
-use carmine_reactor::{Doorbell, Socket, TcpListener, UnixListener, Watchdog};
+use carmine_reactor::{
+    Doorbell, Mailbox, MailboxSender, Socket, TcpListener, TcpStream, UnixListener, UnixStream,
+    Watchdog,
+};
 use carmine_volume::{Image, VolumeError};
 use std::cell::{Cell, RefCell};
 use std::future::Future;
@@ -64,6 +67,8 @@ pub struct NbdStats {
     pub connections_accepted: AtomicU64,
     pub connections_refused: AtomicU64,
     pub connections_closed: AtomicU64,
+    /// Connections counted in and not yet closed, over every reactor of the gateway.
+    pub connections_open: AtomicU64,
     pub accept_errors: AtomicU64,
     /// The most bytes any one connection held at once (requests executing plus replies
     /// unsent): stays within `connection_bytes_max` plus one request.
@@ -77,35 +82,166 @@ const REPLY_OVERHEAD: usize = 64;
 const BLOCK_SIZE_PREFERRED: u32 = 4096;
 
 /// Accepts TCP connections until the listener fails for good; each connection is served by
-/// its own task.
+/// its own task, on this reactor or, in turn, on the others of `spread`.
 pub async fn serve(
     listener: TcpListener,
     exports: Rc<Vec<Export>>,
     cfg: NbdConfig,
+    spread: Rc<Spread>,
 ) -> io::Result<()> {
-    let open = Rc::new(Cell::new(0usize));
     loop {
         match listener.accept().await {
             Ok((stream, peer)) => {
                 let _ = stream.set_nodelay(true);
-                admit(stream, peer.to_string(), &exports, &cfg, &open);
+                if !count_in(&cfg) {
+                    continue;
+                }
+                let peer = peer.to_string();
+                match spread.pick() {
+                    None => spawn_served(stream, peer, &exports, &cfg),
+                    Some(to) => {
+                        let handed = handoff(&stream).map(|s| Accepted::Tcp(s, peer.clone()));
+                        spread.hand(to, handed, &peer, &cfg).await;
+                    }
+                }
             }
             Err(e) => accept_failed(e, &cfg).await?,
         }
     }
 }
 
-/// Accepts Unix-domain socket connections until the listener fails for good.
+/// Accepts Unix-domain socket connections until the listener fails for good, spread over the
+/// reactors like TCP ones.
 pub async fn serve_unix(
     listener: UnixListener,
     exports: Rc<Vec<Export>>,
     cfg: NbdConfig,
+    spread: Rc<Spread>,
 ) -> io::Result<()> {
-    let open = Rc::new(Cell::new(0usize));
     loop {
         match listener.accept().await {
-            Ok((stream, _)) => admit(stream, "unix socket".into(), &exports, &cfg, &open),
+            Ok((stream, _)) => {
+                if !count_in(&cfg) {
+                    continue;
+                }
+                let peer = "unix socket".to_string();
+                match spread.pick() {
+                    None => spawn_served(stream, peer, &exports, &cfg),
+                    Some(to) => {
+                        let handed = handoff(&stream).map(Accepted::Unix);
+                        spread.hand(to, handed, &peer, &cfg).await;
+                    }
+                }
+            }
             Err(e) => accept_failed(e, &cfg).await?,
+        }
+    }
+}
+
+/// A connection one reactor accepted for another to serve (`carmine nbd serve --reactors N`).
+/// It travels as a plain descriptor: a socket of one io_uring runtime is not another's.
+pub enum Accepted {
+    Tcp(std::net::TcpStream, String),
+    Unix(std::os::unix::net::UnixStream),
+}
+
+/// Where accepted connections are served: the accepting reactor and the other reactors'
+/// mailboxes, in turn, so N connections land on N different reactors.
+#[derive(Default)]
+pub struct Spread {
+    others: Vec<RefCell<MailboxSender<Accepted>>>,
+    next: Cell<usize>,
+    /// Connections served per reactor, this one first.
+    served: RefCell<Vec<u64>>,
+}
+
+impl Spread {
+    /// Every connection is served by the reactor that accepted it.
+    pub fn local() -> Rc<Spread> {
+        Rc::default()
+    }
+
+    /// Connections go in turn to this reactor and to each of `others`.
+    pub fn over(others: Vec<MailboxSender<Accepted>>) -> Rc<Spread> {
+        Rc::new(Spread {
+            served: RefCell::new(vec![0; others.len() + 1]),
+            others: others.into_iter().map(RefCell::new).collect(),
+            next: Cell::new(0),
+        })
+    }
+
+    /// Connections given to each reactor so far, the accepting one first.
+    pub fn served(&self) -> Vec<u64> {
+        let mut v = self.served.borrow().clone();
+        v.resize(self.others.len() + 1, 0);
+        v
+    }
+
+    /// `None`: serve the next connection here; `Some(i)`: hand it to `others[i]`.
+    fn pick(&self) -> Option<usize> {
+        let n = self.next.get();
+        self.next.set((n + 1) % (self.others.len() + 1));
+        let mut served = self.served.borrow_mut();
+        if served.len() <= n {
+            served.resize(n + 1, 0);
+        }
+        served[n] += 1;
+        n.checked_sub(1)
+    }
+
+    /// Hands a connection over (waiting while that reactor's mailbox is full: accepting
+    /// slows down rather than queueing without bound). A connection that cannot be handed
+    /// over is closed and no longer counted.
+    async fn hand(&self, to: usize, conn: io::Result<Accepted>, peer: &str, cfg: &NbdConfig) {
+        let conn = match conn {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::warn!(
+                    peer,
+                    "cannot hand the connection to reactor {}: {e}",
+                    to + 1
+                );
+                count_out(cfg);
+                return;
+            }
+        };
+        // The sender is taken out for the wait: a RefCell borrow must not live across it.
+        let mut tx = self.others[to].borrow().clone();
+        if tx.send(conn).await.is_err() {
+            tracing::warn!(peer, "reactor {} is gone; connection closed", to + 1);
+            count_out(cfg);
+        }
+    }
+}
+
+/// A descriptor of its own for an accepted socket, to travel to another reactor; the
+/// accepting runtime's handle is closed when `stream` is dropped.
+fn handoff<S, T>(stream: &S) -> io::Result<T>
+where
+    S: std::os::fd::AsFd,
+    T: From<std::os::fd::OwnedFd>,
+{
+    Ok(T::from(stream.as_fd().try_clone_to_owned()?))
+}
+
+/// Serves connections that another reactor accepted and handed here, until it stops handing
+/// them (the mailbox's senders are gone).
+pub async fn serve_handed(
+    mut mailbox: Mailbox<Accepted>,
+    exports: Rc<Vec<Export>>,
+    cfg: NbdConfig,
+) {
+    while let Some(conn) = mailbox.recv().await {
+        let started = match conn {
+            Accepted::Tcp(s, peer) => {
+                TcpStream::from_std(s).map(|s| spawn_served(s, peer, &exports, &cfg))
+            }
+            Accepted::Unix(s) => UnixStream::from_std(s)
+                .map(|s| spawn_served(s, "unix socket".into(), &exports, &cfg)),
+        };
+        if let Err(e) = started {
+            tracing::warn!("cannot serve a handed connection: {e}");
+            count_out(&cfg);
         }
     }
 }
@@ -128,33 +264,42 @@ async fn accept_failed(e: io::Error, cfg: &NbdConfig) -> io::Result<()> {
     Ok(())
 }
 
-fn admit<S: Socket>(
-    stream: S,
-    peer: String,
-    exports: &Rc<Vec<Export>>,
-    cfg: &NbdConfig,
-    open: &Rc<Cell<usize>>,
-) {
-    if open.get() >= cfg.connections_max {
-        cfg.stats
-            .connections_refused
-            .fetch_add(1, Ordering::Relaxed);
-        tracing::warn!(peer, "refusing connection: {} open", open.get());
-        return;
+/// Counts a new connection in, unless `connections_max` are open (over all reactors): then
+/// it is refused (closed when the caller drops it).
+fn count_in(cfg: &NbdConfig) -> bool {
+    let stats = &cfg.stats;
+    let admitted = stats
+        .connections_open
+        .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+            (n < cfg.connections_max as u64).then_some(n + 1)
+        });
+    match admitted {
+        Ok(_) => {
+            stats.connections_accepted.fetch_add(1, Ordering::Relaxed);
+            true
+        }
+        Err(open) => {
+            stats.connections_refused.fetch_add(1, Ordering::Relaxed);
+            tracing::warn!("refusing connection: {open} open");
+            false
+        }
     }
-    cfg.stats
-        .connections_accepted
-        .fetch_add(1, Ordering::Relaxed);
-    open.set(open.get() + 1);
-    let (exports, cfg, open) = (exports.clone(), cfg.clone(), open.clone());
+}
+
+fn count_out(cfg: &NbdConfig) {
+    cfg.stats.connections_open.fetch_sub(1, Ordering::AcqRel);
+    cfg.stats.connections_closed.fetch_add(1, Ordering::Relaxed);
+}
+
+/// Serves a counted-in connection on this reactor, in a task of its own.
+fn spawn_served<S: Socket>(stream: S, peer: String, exports: &Rc<Vec<Export>>, cfg: &NbdConfig) {
+    let (exports, cfg) = (exports.clone(), cfg.clone());
     carmine_reactor::spawn(async move {
-        let stats = cfg.stats.clone();
-        match serve_connection(stream, exports, cfg).await {
+        match serve_connection(stream, exports, cfg.clone()).await {
             Ok(()) => tracing::info!(peer, "nbd client disconnected"),
             Err(e) => tracing::warn!(peer, "nbd connection ended: {e}"),
         }
-        open.set(open.get() - 1);
-        stats.connections_closed.fetch_add(1, Ordering::Relaxed);
+        count_out(&cfg);
     })
     .detach();
 }

@@ -45,7 +45,7 @@ fn start_with(cfg: NbdConfig) -> (Osd, SocketAddr, Arc<NbdStats>) {
                 read_only: false,
             }]);
             let l = carmine_reactor::TcpListener::from_std(listener).unwrap();
-            let _ = carmine_nbd::serve(l, exports, cfg).await;
+            let _ = carmine_nbd::serve(l, exports, cfg, carmine_nbd::Spread::local()).await;
         })
     });
     (osd, addr, stats)

@@ -1,6 +1,6 @@
 //! I/O on an open image.
 
-use crate::lock::HeldLock;
+use crate::lock::{HeldLock, LockShare};
 use crate::striping::{extents, Extent};
 use crate::{data_oid, ignore_missing, ImageInfo, VolumeError};
 use bytes::{Bytes, BytesMut};
@@ -17,7 +17,32 @@ pub struct Image {
     client: Client,
     pool: PoolId,
     info: ImageInfo,
-    lock: Option<Rc<HeldLock>>,
+    lock: Option<ImageLock>,
+}
+
+/// How a writable image handle has the exclusive lock.
+#[derive(Clone)]
+pub(crate) enum ImageLock {
+    /// It took the lock and renews it.
+    Held(Rc<HeldLock>),
+    /// Another reactor thread of this process holds it for the same client instance.
+    Shared(LockShare),
+}
+
+impl ImageLock {
+    fn check(&self) -> Result<(), VolumeError> {
+        match self {
+            ImageLock::Held(l) => l.check(),
+            ImageLock::Shared(l) => l.check(),
+        }
+    }
+
+    fn note_fenced(&self) {
+        match self {
+            ImageLock::Held(l) => l.note_fenced(),
+            ImageLock::Shared(l) => l.note_fenced(),
+        }
+    }
 }
 
 impl Image {
@@ -25,7 +50,7 @@ impl Image {
         client: Client,
         pool: PoolId,
         info: ImageInfo,
-        lock: Option<Rc<HeldLock>>,
+        lock: Option<ImageLock>,
     ) -> Self {
         Self {
             client,
@@ -63,21 +88,35 @@ impl Image {
         e.into()
     }
 
-    /// The lock record this handle holds (`None`: read-only, or lost): what
-    /// [`crate::Volumes::release_lock_record`] takes to release it from another client.
+    /// The lock record this handle holds (`None`: read-only, lost, or a shared lock held
+    /// by another thread): what [`crate::Volumes::release_lock_record`] takes to release it
+    /// from another client.
     pub fn lock_record(&self) -> Option<Bytes> {
-        let lock = self.lock.as_ref()?;
+        let Some(ImageLock::Held(lock)) = &self.lock else {
+            return None;
+        };
         lock.check().ok()?;
         Some(lock.record())
     }
 
-    /// Gives up the exclusive lock (for this handle and all its clones), so the next opener
-    /// need not wait for the lease to run out. Dropping an image without closing it leaves
-    /// the lock to expire.
+    /// The lock this handle took, for clients of the same instance on other reactor threads
+    /// ([`crate::Volumes::open_shared`]). `None` if it took none (read-only, or itself
+    /// opened on a share).
+    pub fn lock_share(&self) -> Option<LockShare> {
+        match &self.lock {
+            Some(ImageLock::Held(lock)) => Some(lock.share()),
+            _ => None,
+        }
+    }
+
+    /// Gives up the exclusive lock (for this handle, all its clones and every handle opened
+    /// on its share), so the next opener need not wait for the lease to run out. Dropping an
+    /// image without closing it leaves the lock to expire. A handle opened on a share gives
+    /// nothing up: its holder does.
     pub async fn close(self) -> Result<(), VolumeError> {
         match &self.lock {
-            Some(lock) => lock.release().await,
-            None => Ok(()),
+            Some(ImageLock::Held(lock)) => lock.release().await,
+            _ => Ok(()),
         }
     }
 

@@ -47,7 +47,8 @@ mod striping;
 pub use error::VolumeError;
 pub use header::{ImageInfo, OBJECT_SIZE_DEFAULT, OBJECT_SIZE_MAX, OBJECT_SIZE_MIN};
 pub use image::Image;
-pub use lock::{LockInfo, LockOptions};
+use image::ImageLock;
+pub use lock::{LockInfo, LockOptions, LockShare};
 
 use bytes::Bytes;
 use carmine_client::Client;
@@ -342,12 +343,41 @@ impl Volumes {
         );
         // Read after locking: the size cannot change under us from here on.
         match self.read_header(name, &id).await {
-            Ok(info) => Ok(Image::new(self.client.clone(), self.pool, info, Some(held))),
+            Ok(info) => Ok(Image::new(
+                self.client.clone(),
+                self.pool,
+                info,
+                Some(ImageLock::Held(held)),
+            )),
             Err(e) => {
                 let _ = held.release().await;
                 Err(e)
             }
         }
+    }
+
+    /// Opens an image for reading and writing under a lock that a handle on another reactor
+    /// thread of this process holds ([`Image::lock_share`]). This client must speak as the
+    /// lock's instance (`ClientConfig::instance`): then a fence of the holder shuts it out
+    /// too, and it stops writing when the holder loses or releases the lock.
+    pub async fn open_shared(&self, name: &str, share: LockShare) -> Result<Image, VolumeError> {
+        if self.client.instance() != share.owner || name != share.image {
+            return Err(VolumeError::InvalidArgument(format!(
+                "a share of the lock of {:?} held by client instance {:#x} was offered to \
+                 client instance {:#x} opening {name:?}",
+                share.image,
+                share.owner,
+                self.client.instance()
+            )));
+        }
+        share.check()?;
+        let info = self.info(name).await?;
+        Ok(Image::new(
+            self.client.clone(),
+            self.pool,
+            info,
+            Some(ImageLock::Shared(share)),
+        ))
     }
 
     /// Opens an image for reading only, without its lock: writes are refused.

@@ -19,8 +19,10 @@ use bytes::{Bytes, BytesMut};
 use carmine_client::Client;
 use carmine_proto::{OpOutput, OsdOp, Status};
 use carmine_types::{crc32c, Decoder, Encoder, PoolId};
-use std::cell::{Cell, RefCell};
+use std::cell::RefCell;
 use std::rc::{Rc, Weak};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 pub(crate) const LOCK_XATTR: &str = "lock";
@@ -131,6 +133,75 @@ impl Default for LockOptions {
     }
 }
 
+/// Whether a lock held by this process still is, shared by the handle that holds it and
+/// renews it and the [`LockShare`]s of other reactor threads writing under it: whichever of
+/// them learns the lock is lost (a renewal finds another owner, an OSD answers `Fenced`)
+/// stops them all. Read with one atomic load per write.
+#[derive(Debug, Default)]
+struct LockState {
+    /// Set once the lock is lost or released: `reason` says which.
+    gone: AtomicBool,
+    reason: Mutex<Option<String>>,
+}
+
+impl LockState {
+    fn check(&self, image: &str) -> Result<(), VolumeError> {
+        if !self.gone.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        let reason = self
+            .reason
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        Err(VolumeError::LockLost {
+            name: image.into(),
+            reason: reason.unwrap_or_default(),
+        })
+    }
+
+    /// Marks the lock gone for `reason`, unless it already was. True if this call did.
+    fn end(&self, reason: impl FnOnce() -> String) -> bool {
+        let mut r = self.reason.lock().unwrap_or_else(|p| p.into_inner());
+        if r.is_some() {
+            return false;
+        }
+        *r = Some(reason());
+        self.gone.store(true, Ordering::Release);
+        true
+    }
+
+    fn note_fenced(&self) {
+        self.end(|| "this client was fenced by one that broke the lock".into());
+    }
+}
+
+/// A handle on a lock another thread of this process holds (see [`crate::Image::lock_share`]),
+/// for a client of the same instance on another reactor thread: it writes under the lock
+/// without renewing it, and stops when the holder loses or releases it.
+#[derive(Clone, Debug)]
+pub struct LockShare {
+    pub(crate) owner: u64,
+    pub(crate) image: String,
+    state: Arc<LockState>,
+}
+
+impl LockShare {
+    /// The client instance holding the lock: a client that writes under it must speak as
+    /// that instance (`ClientConfig::instance`), so that a fence shuts it out too.
+    pub fn owner(&self) -> u64 {
+        self.owner
+    }
+
+    pub(crate) fn check(&self) -> Result<(), VolumeError> {
+        self.state.check(&self.image)
+    }
+
+    pub(crate) fn note_fenced(&self) {
+        self.state.note_fenced()
+    }
+}
+
 /// The lock as this process holds it.
 pub(crate) struct HeldLock {
     client: Client,
@@ -139,27 +210,13 @@ pub(crate) struct HeldLock {
     header: String,
     /// The record last written by us (or by another opener of this same client instance).
     current: RefCell<Bytes>,
-    /// Why the lock was lost, once it was.
-    lost: RefCell<Option<String>>,
-    released: Cell<bool>,
+    state: Arc<LockState>,
 }
 
 impl HeldLock {
-    /// `Err` once the lock was lost: writes must not be sent.
+    /// `Err` once the lock was lost or released: writes must not be sent.
     pub fn check(&self) -> Result<(), VolumeError> {
-        if self.released.get() {
-            return Err(VolumeError::LockLost {
-                name: self.image.clone(),
-                reason: "the image was closed".into(),
-            });
-        }
-        match &*self.lost.borrow() {
-            Some(reason) => Err(VolumeError::LockLost {
-                name: self.image.clone(),
-                reason: reason.clone(),
-            }),
-            None => Ok(()),
-        }
+        self.state.check(&self.image)
     }
 
     pub fn record(&self) -> Bytes {
@@ -168,14 +225,21 @@ impl HeldLock {
 
     /// Records that an OSD refused us as fenced: the lock was broken.
     pub fn note_fenced(&self) {
-        self.lost
-            .borrow_mut()
-            .get_or_insert_with(|| "this client was fenced by one that broke the lock".into());
+        self.state.note_fenced()
+    }
+
+    /// For a client of this same instance on another reactor thread.
+    pub fn share(&self) -> LockShare {
+        LockShare {
+            owner: self.client.instance(),
+            image: self.image.clone(),
+            state: self.state.clone(),
+        }
     }
 
     /// Gives the lock up, if it is still ours.
     pub async fn release(&self) -> Result<(), VolumeError> {
-        if self.released.replace(true) || self.lost.borrow().is_some() {
+        if !self.state.end(|| "the image was closed".into()) {
             return Ok(());
         }
         let current = self.current.borrow().clone();
@@ -239,7 +303,7 @@ impl HeldLock {
 
     fn lose(&self, reason: String) {
         tracing::error!(image = self.image, "image lock lost: {reason}");
-        self.lost.borrow_mut().get_or_insert(reason);
+        self.state.end(|| reason);
     }
 }
 
@@ -410,15 +474,14 @@ pub(crate) fn hold(
         image: image.into(),
         header: header_oid(id),
         current: RefCell::new(record),
-        lost: RefCell::new(None),
-        released: Cell::new(false),
+        state: Arc::default(),
     });
     let weak: Weak<HeldLock> = Rc::downgrade(&held);
     carmine_reactor::spawn(async move {
         loop {
             carmine_reactor::sleep(lease / 3).await;
             let Some(held) = weak.upgrade() else { return };
-            if held.released.get() || held.lost.borrow().is_some() {
+            if held.check().is_err() {
                 return;
             }
             held.renew().await;
