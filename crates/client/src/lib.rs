@@ -556,14 +556,25 @@ impl Client {
     /// The connection to `addr`, opened on first use and reopened after a failure. Callers that
     /// find it broken at the same time share one attempt to reopen it.
     pub async fn connection(&self, addr: SocketAddr) -> Result<Rc<Connection>, ClientError> {
-        let (opening, failures_before) = {
+        let failures_before = {
             let mut conns = self.inner.conns.borrow_mut();
             let ep = conns.entry(addr).or_default();
             if let Some(c) = ep.usable() {
                 return Ok(c);
             }
-            (ep.opening.clone(), ep.open_failures)
+            ep.open_failures
         };
+        // Boxed: opening a connection (connect, handshake, timers) is a large state machine,
+        // and every request's future would carry its size inline (memcpy'd at each spawn).
+        Box::pin(self.open_connection(addr, failures_before)).await
+    }
+
+    async fn open_connection(
+        &self,
+        addr: SocketAddr,
+        failures_before: u64,
+    ) -> Result<Rc<Connection>, ClientError> {
+        let opening = self.inner.conns.borrow()[&addr].opening.clone();
         let _opening = opening.lock().await;
         {
             let conns = self.inner.conns.borrow();
@@ -628,7 +639,7 @@ impl Client {
     pub async fn execute(
         &self,
         pool: PoolId,
-        oid: &str,
+        oid: impl Into<String>,
         ops: Vec<OsdOp>,
     ) -> Result<Vec<OpOutput>, ClientError> {
         let mut req = ObjectRequest {
@@ -641,10 +652,12 @@ impl Client {
                 self.inner.last_tid.set(tid);
                 tid
             },
-            oid: oid.to_owned(),
+            oid: oid.into(),
             ops,
         };
         let idempotent = req.ops.iter().all(OsdOp::is_idempotent);
+        // Every await off the common path (an outage, a map refresh, a retry's timer) is
+        // boxed: this future is part of every request's, and each spawn copies it whole.
         let mut attempt = 0;
         let mut outage: Option<Outage> = None;
         loop {
@@ -652,7 +665,7 @@ impl Client {
                 Ok(addr) => addr,
                 // The PG is down (no OSD of it is up): it waits for one like for an outage.
                 Err(e @ ClientError::NoOsd { .. }) => {
-                    self.wait_in_outage(&mut outage, e).await?;
+                    Box::pin(self.wait_in_outage(&mut outage, e)).await?;
                     continue;
                 }
                 Err(e) => return Err(e),
@@ -667,7 +680,7 @@ impl Client {
                     let cfg = &self.inner.cfg;
                     let left = (cfg.retry_timeout.saturating_sub(o.since.elapsed()))
                         .max(cfg.connect_timeout);
-                    carmine_reactor::timeout(left, self.call(addr, &req_msg))
+                    Box::pin(carmine_reactor::timeout(left, self.call(addr, &req_msg)))
                         .await
                         .unwrap_or_else(|_| {
                             Err(ClientError::Disconnected {
@@ -695,16 +708,16 @@ impl Client {
                 {
                     attempt += 1;
                     tracing::debug!("{e}; refreshing the map (attempt {attempt})");
-                    self.refresh_map().await?;
+                    Box::pin(self.refresh_map()).await?;
                 }
                 Err(e) if e.is_connection_failure() && (idempotent || !e.in_doubt()) => {
-                    self.wait_in_outage(&mut outage, e).await?;
+                    Box::pin(self.wait_in_outage(&mut outage, e)).await?;
                 }
                 // The PG is peering or has too few copies up: nothing was applied; it is an
                 // outage of the PG. (A replicated PG also answers a retry it already applied
                 // from its log, by the request number.)
                 Err(e) if e.status() == Some(Status::PgInactive) => {
-                    self.wait_in_outage(&mut outage, e).await?;
+                    Box::pin(self.wait_in_outage(&mut outage, e)).await?;
                 }
                 Err(e) => return Err(e),
             }
@@ -788,7 +801,7 @@ impl Client {
     pub async fn write(
         &self,
         pool: PoolId,
-        oid: &str,
+        oid: impl Into<String>,
         off: u64,
         data: Bytes,
     ) -> Result<(), ClientError> {

@@ -76,6 +76,8 @@ pub struct NbdStats {
 }
 
 const READ_SPARE_MIN: usize = 256 * 1024;
+/// The largest reply buffer a connection keeps for its next batch.
+const SPARE_KEEP_MAX: usize = 4 << 20;
 /// Bytes a reply costs beyond its data (header, chunk framing), rounded up.
 const REPLY_OVERHEAD: usize = 64;
 /// Preferred block size advertised to clients: the store's page.
@@ -650,13 +652,17 @@ impl Replies {
 async fn write_replies<S: Socket>(replies: Rc<Replies>, mut stream: S, stall: Duration) {
     let mut dog = Watchdog::new(stall);
     let progress = Cell::new(0u64);
+    // The buffer of the last batch sent: replies queued while a batch is on its way go into
+    // it, so they append to memory already grown instead of regrowing an empty one.
+    let mut spare = BytesMut::new();
     loop {
         replies.bell.wait().await;
         loop {
-            let batch = std::mem::take(&mut *replies.buf.borrow_mut());
-            if batch.is_empty() {
+            if replies.buf.borrow().is_empty() {
                 break;
             }
+            let batch =
+                std::mem::replace(&mut *replies.buf.borrow_mut(), std::mem::take(&mut spare));
             let sent = batch.len();
             progress.set(progress.get() + 1);
             let write = write_all_noting(&mut stream, batch, &progress);
@@ -664,7 +670,7 @@ async fn write_replies<S: Socket>(replies: Rc<Replies>, mut stream: S, stall: Du
             replies.unsent.set(replies.unsent.get() - sent);
             replies.progress.set(replies.progress.get() + 1);
             replies.room.ring();
-            let Some((res, spare)) = written else {
+            let Some((res, sent_buf)) = written else {
                 tracing::warn!("nbd client took no reply bytes for {stall:?}; dropping it");
                 replies.failed.set(true);
                 return;
@@ -673,9 +679,10 @@ async fn write_replies<S: Socket>(replies: Rc<Replies>, mut stream: S, stall: Du
                 replies.failed.set(true);
                 return;
             }
-            let mut buf = replies.buf.borrow_mut();
-            if buf.is_empty() {
-                *buf = spare;
+            // One burst of large reads must not pin its memory for the connection's life.
+            if sent_buf.capacity() <= SPARE_KEEP_MAX {
+                spare = sent_buf;
+                spare.clear();
             }
         }
         if replies.closing.get() || replies.failed.get() {
@@ -840,14 +847,14 @@ async fn transmit<S: Socket>(wire: Wire<S>, session: Session, cfg: NbdConfig) ->
         };
         let permit = permits.acquire_arc().await;
         let (export, replies) = (export.clone(), replies.clone());
-        carmine_reactor::spawn(async move {
+        let fut = async move {
             execute(&export, req, payload, &replies).await;
             replies.executing.set(replies.executing.get() - cost);
             replies.progress.set(replies.progress.get() + 1);
             replies.room.ring();
             drop(permit);
-        })
-        .detach();
+        };
+        carmine_reactor::spawn(fut).detach();
     };
     // Let every started request finish and queue its reply before closing.
     let mut all = Vec::with_capacity(cfg.inflight_max);

@@ -172,7 +172,7 @@ impl Image {
             off: e.obj_off,
             len: e.len as u32,
         };
-        match self.client.execute(self.pool, &self.oid(e), vec![op]).await {
+        match self.client.execute(self.pool, self.oid(e), vec![op]).await {
             Ok(mut outs) => match outs.pop() {
                 Some(carmine_proto::OpOutput::Data(d)) if d.len() as u64 <= e.len => Ok(d),
                 _ => Err(VolumeError::Client(
@@ -196,7 +196,7 @@ impl Image {
             // The common small write: one object, no join machinery.
             return self
                 .client
-                .write(self.pool, &self.oid(&e), e.obj_off, data)
+                .write(self.pool, self.oid(&e), e.obj_off, data)
                 .await
                 .map_err(|err| self.failed(err));
         }

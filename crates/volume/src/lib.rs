@@ -70,7 +70,17 @@ pub(crate) fn header_oid(id: &str) -> String {
 }
 
 pub(crate) fn data_oid(id: &str, objno: u64) -> String {
-    format!("carmine_data.{id}.{objno:016x}")
+    // By hand: this runs for every I/O, and `format!` with padding costs several times more.
+    const PREFIX: &str = "carmine_data.";
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let mut oid = String::with_capacity(PREFIX.len() + id.len() + 17);
+    oid.push_str(PREFIX);
+    oid.push_str(id);
+    oid.push('.');
+    for nibble in (0..16).rev() {
+        oid.push(HEX[(objno >> (nibble * 4)) as usize & 0xf] as char);
+    }
+    oid
 }
 
 /// The images of one pool.
@@ -650,4 +660,24 @@ pub(crate) fn ignore_missing(
 
 fn random_id() -> String {
     format!("{:016x}", rand::random::<u64>())
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn data_object_names_keep_their_format() {
+        // Objects already stored are found by these names: the hand-written formatter must
+        // produce exactly what `format!` did.
+        for (id, n) in [
+            ("0123abcd", 0u64),
+            ("x", 0xdead_beef),
+            ("id", u64::MAX),
+            ("", 17),
+        ] {
+            assert_eq!(
+                super::data_oid(id, n),
+                format!("carmine_data.{id}.{n:016x}")
+            );
+        }
+    }
 }
