@@ -83,6 +83,16 @@ pub fn run(cmd: NbdCommand) -> Result<()> {
         Some(list) => carmine_reactor::cpu::parse_cpu_list(list).context("--cpu-set")?,
         None => Vec::new(),
     };
+    if !cpus.is_empty() && cpus.len() < usize::from(a.reactors) {
+        // Measured: two reactors on one core with fio beside them collapse at depth 64
+        // (17-23K IOPS instead of 78K), each waking the other for a few requests at a time.
+        eprintln!(
+            "nbd: WARNING: {} reactors on {} core(s): reactors sharing a core preempt each \
+             other and serve less than one reactor would",
+            a.reactors,
+            cpus.len()
+        );
+    }
     let cpu_of = move |i: usize| (!cpus.is_empty()).then(|| cpus[i % cpus.len()]);
     if let Some(cpu) = cpu_of(0) {
         carmine_reactor::cpu::pin_current_thread(cpu)
