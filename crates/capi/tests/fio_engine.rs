@@ -42,7 +42,8 @@ fn fio(engine: &Path, addr: SocketAddr, args: &[&str]) -> serde_json::Value {
         .env_remove("LD_LIBRARY_PATH")
         .arg(format!("--ioengine=external:{}", engine.display()))
         .arg(format!("--osds={addr}"))
-        .args(["--output-format=json", "--bs=4k"])
+        // No verify state files left in the crate's directory.
+        .args(["--output-format=json", "--bs=4k", "--verify_state_save=0"])
         .args(args)
         .output()
         .expect("running fio");
