@@ -183,22 +183,34 @@ async fn serve(a: ServeArgs, cpu_of: impl Fn(usize) -> Option<u32>) -> Result<()
         };
         let (tx, rx) = carmine_reactor::mailbox(HANDOFF_QUEUE);
         let (ready_tx, ready_rx) = futures::channel::oneshot::channel();
-        let handle = carmine_reactor::spawn_reactor(
+        let started = carmine_reactor::spawn_reactor(
             format!("nbd-{lane}"),
             cpu_of(usize::from(lane)),
             move || serve_handed(setup, rx, ready_tx),
         )
-        .with_context(|| format!("starting reactor {lane}"))?;
-        match ready_rx.await {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => {
-                stop.store(true, Ordering::Relaxed);
-                return Err(e.context(format!("starting reactor {lane}")));
+        .with_context(|| format!("starting reactor {lane}"));
+        let ready = match started {
+            Ok(handle) => {
+                reactors.push(handle);
+                match ready_rx.await {
+                    Ok(Ok(())) => Ok(()),
+                    Ok(Err(e)) => Err(e.context(format!("starting reactor {lane}"))),
+                    Err(_) => Err(anyhow::anyhow!("reactor {lane} ended while starting")),
+                }
             }
-            Err(_) => anyhow::bail!("reactor {lane} ended while starting"),
+            Err(e) => Err(e),
+        };
+        if let Err(e) = ready {
+            // The locks taken so far go back now rather than after their lease.
+            stop.store(true, Ordering::Relaxed);
+            wait_for(&reactors).await;
+            let release = release_locks(&volumes, &exports, &a.target, a.retry_timeout);
+            if let Ok(Err(r)) = carmine_reactor::timeout(RELEASE_TIMEOUT, release).await {
+                eprintln!("nbd: locks left to expire after their lease: {r:#}");
+            }
+            return Err(e);
         }
         mailboxes.push(tx);
-        reactors.push(handle);
     }
     let spread = Spread::over(mailboxes);
     let mode = if a.read_only {
@@ -246,23 +258,29 @@ async fn serve(a: ServeArgs, cpu_of: impl Fn(usize) -> Option<u32>) -> Result<()
         cfg,
         spread.clone()
     ));
-    let stopping = std::pin::pin!(until(&stop));
+    // A reactor that ends on its own (a panic) would keep its share of the connections
+    // counted and get every Nth new one: the gateway stops instead, handing its locks back.
+    let stopping = std::pin::pin!(async {
+        while !stop.load(Ordering::Relaxed) {
+            if let Some(r) = reactors.iter().find(|r| r.is_finished()) {
+                return Err(anyhow::anyhow!("reactor {} ended unexpectedly", r.name));
+            }
+            carmine_reactor::sleep(Duration::from_millis(50)).await;
+        }
+        Ok(())
+    });
     let served = match futures::future::select(serving, stopping).await {
         Either::Left((res, _)) => res.map_err(anyhow::Error::from),
-        Either::Right(_) => Ok(()),
+        Either::Right((res, _)) => res,
     };
     // The other reactors stop serving (their connections close) before the locks go back.
     stop.store(true, Ordering::Relaxed);
-    let deadline = std::time::Instant::now() + RELEASE_TIMEOUT;
-    while reactors.iter().any(|r| !r.is_finished()) && std::time::Instant::now() < deadline {
-        carmine_reactor::sleep(Duration::from_millis(20)).await;
-    }
+    wait_for(&reactors).await;
     let per_reactor = spread.served();
     if per_reactor.len() > 1 {
         let counts: Vec<String> = per_reactor.iter().map(u64::to_string).collect();
         println!("nbd: connections per reactor: {}", counts.join(", "));
     }
-    served?;
     let release = release_locks(&volumes, &exports, &a.target, a.retry_timeout);
     match carmine_reactor::timeout(RELEASE_TIMEOUT, release).await {
         Ok(Ok(names)) if names.is_empty() => println!("nbd: stopped"),
@@ -273,7 +291,15 @@ async fn serve(a: ServeArgs, cpu_of: impl Fn(usize) -> Option<u32>) -> Result<()
              after their lease"
         ),
     }
-    Ok(())
+    served
+}
+
+/// Waits (a bounded time) for the other reactors to finish once told to stop.
+async fn wait_for(reactors: &[carmine_reactor::ReactorHandle<()>]) {
+    let deadline = std::time::Instant::now() + RELEASE_TIMEOUT;
+    while reactors.iter().any(|r| !r.is_finished()) && std::time::Instant::now() < deadline {
+        carmine_reactor::sleep(Duration::from_millis(20)).await;
+    }
 }
 
 /// Connections waiting to be taken by one reactor; the acceptor waits beyond it.
@@ -358,6 +384,12 @@ async fn release_locks(
         return Ok(Vec::new());
     }
     let client = volumes.client();
+    // The fence goes to the OSDs of the newest map: another reactor may have written to an
+    // OSD this reactor's older map does not name yet.
+    client
+        .refresh_map()
+        .await
+        .context("fetching the map to fence by")?;
     client
         .fence(client.instance())
         .await

@@ -191,8 +191,8 @@ impl Spread {
         n.checked_sub(1)
     }
 
-    /// Hands a connection over (waiting while that reactor's mailbox is full: accepting
-    /// slows down rather than queueing without bound). A connection that cannot be handed
+    /// Hands a connection over. What waits in a mailbox is bounded by `connections_max`: a
+    /// connection is counted in before it is handed over. A connection that cannot be handed
     /// over is closed and no longer counted.
     async fn hand(&self, to: usize, conn: io::Result<Accepted>, peer: &str, cfg: &NbdConfig) {
         let conn = match conn {
@@ -207,7 +207,8 @@ impl Spread {
                 return;
             }
         };
-        // The sender is taken out for the wait: a RefCell borrow must not live across it.
+        // A clone per connection: a RefCell borrow must not live across the send. (A fresh
+        // clone always has a slot, so this never waits; the count above is the bound.)
         let mut tx = self.others[to].borrow().clone();
         if tx.send(conn).await.is_err() {
             tracing::warn!(peer, "reactor {} is gone; connection closed", to + 1);

@@ -113,6 +113,10 @@ impl Image {
     /// on its share), so the next opener need not wait for the lease to run out. Dropping an
     /// image without closing it leaves the lock to expire. A handle opened on a share gives
     /// nothing up: its holder does.
+    ///
+    /// Writes of other threads already past their lock check may still be on their way when
+    /// the record goes: a holder with shares fences its own instance first
+    /// (`Client::fence`), then releases the record, as `nbd serve` does.
     pub async fn close(self) -> Result<(), VolumeError> {
         match &self.lock {
             Some(ImageLock::Held(lock)) => lock.release().await,

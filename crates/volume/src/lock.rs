@@ -307,6 +307,15 @@ impl HeldLock {
     }
 }
 
+impl Drop for HeldLock {
+    /// The last handle on the lock is gone without `close`: renewals stop (the lock expires
+    /// after its lease), and handles on other threads that share it stop writing now.
+    fn drop(&mut self) {
+        self.state
+            .end(|| "the image holding the lock was dropped".into());
+    }
+}
+
 /// Reads an image's lock record: `None` if nobody holds it.
 pub(crate) async fn read_lock(
     client: &Client,

@@ -250,3 +250,78 @@ fn a_holder_that_dropped_its_image_is_taken_over_after_one_lease() {
         assert_eq!(img.read(0, 4096).await.unwrap(), block(7));
     });
 }
+
+/// A lock held on one reactor thread and shared with another (`open_shared`, as `nbd serve
+/// --reactors N` does): the sharer writes as the same client instance, refuses an instance
+/// that is not the holder's, and stops writing — without asking any OSD — once the holder
+/// closes the image, or drops it without closing.
+#[test]
+fn a_shared_lock_stops_its_sharers_when_the_holder_closes_or_drops_it() {
+    use carmine_client::SharedInstance;
+    let c = cluster();
+    let addrs = c.addrs.clone();
+    carmine_reactor::block_on(async {
+        volumes(&c)
+            .await
+            .create("vm", 1 << 20, Some(64 << 10))
+            .await
+            .unwrap();
+    });
+    for dropped in [false, true] {
+        let (share_tx, share_rx) = mpsc::channel();
+        let (written_tx, written_rx) = mpsc::channel::<()>();
+        let (closed_tx, closed_rx) = mpsc::channel::<()>();
+        let holder_addrs = addrs.clone();
+        let holder = std::thread::spawn(move || {
+            carmine_reactor::block_on(async move {
+                let client = Client::connect(&holder_addrs, ClientConfig::default())
+                    .await
+                    .unwrap();
+                let instance = client.instance();
+                let img = Volumes::new(client, 1)
+                    .open_with("vm", &opts("holder"))
+                    .await
+                    .unwrap();
+                share_tx
+                    .send((instance, img.lock_share().unwrap()))
+                    .unwrap();
+                written_rx.recv().unwrap();
+                if dropped {
+                    drop(img);
+                } else {
+                    img.close().await.unwrap();
+                }
+                closed_tx.send(()).unwrap();
+            })
+        });
+        let (instance, share) = share_rx.recv().unwrap();
+        carmine_reactor::block_on(async {
+            // Another instance may not write under the share.
+            let stranger = volumes(&c).await;
+            assert!(stranger.open_shared("vm", share.clone()).await.is_err());
+            let cfg = ClientConfig {
+                instance: Some(SharedInstance {
+                    id: instance,
+                    lane: 1,
+                }),
+                ..ClientConfig::default()
+            };
+            let client = Client::connect(&addrs, cfg).await.unwrap();
+            let sharer = Volumes::new(client, 1)
+                .open_shared("vm", share)
+                .await
+                .unwrap();
+            sharer.write(0, block(0x51)).await.unwrap();
+            assert_eq!(sharer.read(0, 4096).await.unwrap(), block(0x51));
+            written_tx.send(()).unwrap();
+            closed_rx.recv().unwrap();
+            let err = sharer
+                .write(0, block(0x52))
+                .await
+                .expect_err("a sharer wrote after its holder let the lock go");
+            assert!(matches!(err, VolumeError::LockLost { .. }), "{err}");
+            assert_eq!(sharer.read(0, 4096).await.unwrap(), block(0x51));
+        });
+        holder.join().unwrap();
+    }
+}
