@@ -167,7 +167,7 @@ fn opcode_index(op: Opcode) -> u8 {
         Opcode::Object => 2,
         Opcode::Fence => 3,
         Opcode::Auth => 4,
-        Opcode::Peer => 5,
+        Opcode::Peer | Opcode::PeerPart => 5,
         Opcode::Scrub => 6,
         Opcode::MarkLost => 7,
     }
@@ -244,6 +244,11 @@ fn wire(c: &mut Corpus) {
     );
     stream.extend_from_slice(&b);
     c.put("frame_decoder", "stream", &stream);
+    // A message between OSDs in three parts, then one in a single part.
+    let mut parts = BytesMut::new();
+    carmine_proto::peer_parts::encode_parts_sized(&mut parts, &[7u8; 100], 40);
+    carmine_proto::peer_parts::encode_parts(&mut parts, b"one part");
+    c.put("frame_decoder", "peer_parts", &parts);
 }
 
 fn map() -> OsdMap {

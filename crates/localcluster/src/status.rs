@@ -2,7 +2,7 @@
 //! epoch and where it lives, managers, OSDs up/in, PGs by state, space used as the OSDs'
 //! metrics report it), then each OSD and reactor as found by pinging it.
 
-use crate::{live_osds, managers, map_path, ping, read_cluster_file};
+use crate::{live_osds, managers, map_path, ping, read_cluster_file, store_kind};
 use anyhow::{Context, Result};
 use carmine_cluster::OsdMap;
 use std::fmt::Write;
@@ -379,21 +379,32 @@ pub fn status(dir: &Path) -> Result<Status> {
             ),
         );
     }
-    // Peering sends a PG's whole object list in one message (until backfill by scan).
-    let frame = u64::from(carmine_proto::FRAME_PAYLOAD_MAX);
-    if usage.listing_max > frame / 2 {
+    // Peering sends a PG's whole object list in one message (until backfill by scan), in
+    // parts when it outgrows a frame; a copy that takes the PG's history stores it in one
+    // transaction, which the native store keeps within one journal segment.
+    let (limit, what) = match store_kind(&dir).as_deref() {
+        Some("native") => (
+            u64::from(carmine_nativestore::DEFAULT_SEGMENT_SIZE),
+            "one native-store transaction holds",
+        ),
+        _ => (
+            carmine_proto::peer_parts::PEER_MESSAGE_MAX as u64,
+            "one message between OSDs holds",
+        ),
+    };
+    if usage.listing_max > limit / 2 {
         checks.add(
-            if usage.listing_max > frame * 9 / 10 {
+            if usage.listing_max > limit * 9 / 10 {
                 Health::Err
             } else {
                 Health::Warn
             },
             format!(
                 "A PG lists {:.1} MiB of objects and log in its peering messages, of the {:.1} \
-                 MiB one message holds: past it the PG cannot peer (spread the objects over \
+                 MiB {what}: past it the PG cannot peer or recover (spread the objects over \
                  more PGs: a pool with a larger pg_num)",
                 usage.listing_max as f64 / (1u64 << 20) as f64,
-                frame as f64 / (1u64 << 20) as f64
+                limit as f64 / (1u64 << 20) as f64
             ),
         );
     }

@@ -6,6 +6,7 @@ use crate::handler::{handle_frame, Sender};
 use bytes::BytesMut;
 use carmine_cluster::OsdMap;
 use carmine_nativestore::{FileDevice, NativeStore};
+use carmine_proto::peer_parts::{self, Assembly};
 use carmine_proto::try_decode_frame;
 use carmine_reactor::io::{read_some, write_all_noting};
 use carmine_reactor::{Mailbox, TcpListener, TcpStream, Watchdog};
@@ -376,6 +377,20 @@ async fn serve<S: ObjectStore + 'static>(setup: ReactorSetup, store: S) -> Resul
     Ok(())
 }
 
+/// Puts the parts of a message between OSDs back together (`Ok(None)`: more to come). Only
+/// another OSD sends parts (or anyone, in a cluster without authentication): a client that
+/// does loses its connection rather than make this reactor hold its bytes.
+fn reassemble(
+    parts: &mut Assembly,
+    frame: carmine_proto::Frame,
+    sender: Sender,
+) -> Result<Option<carmine_proto::Frame>, String> {
+    if frame.header.opcode == carmine_proto::Opcode::PeerPart && sender == Sender::Client {
+        return Err("a client sent part of a message between OSDs".into());
+    }
+    peer_parts::assemble(parts, frame).map_err(|e| format!("bad message part: {e}"))
+}
+
 /// Serves one connection: decode every complete request in the receive buffer, append the
 /// replies to one send buffer, write them with one call, read again. Pipelined clients thus
 /// get batched reads and writes without any per-request syscall.
@@ -394,10 +409,18 @@ async fn serve_connection<S: ObjectStore + 'static>(
     let mut wbuf = BytesMut::new();
     let mut watch = Watch::new(shard.idle_timeout);
     let progress = Cell::new(0u64);
+    let mut parts = Assembly::default();
     loop {
         loop {
             match try_decode_frame(&mut rbuf) {
-                Ok(Some(frame)) => handle_frame(shard, frame, &mut wbuf, sender).await,
+                Ok(Some(frame)) => match reassemble(&mut parts, frame, sender) {
+                    Ok(Some(frame)) => handle_frame(shard, frame, &mut wbuf, sender).await,
+                    Ok(None) => {}
+                    Err(e) => {
+                        flush(&mut stream, &mut wbuf, &mut watch, &progress).await?;
+                        return Err(e);
+                    }
+                },
                 Ok(None) => break,
                 // The stream can no longer be trusted: drop this connection only.
                 Err(e) => {
@@ -596,6 +619,7 @@ async fn serve_connection_concurrently<S: ObjectStore + 'static>(
     let mut pending = 0usize;
     // The receive buffer holds no whole frame (it was decoded up to a partial one).
     let mut no_whole_frame = true;
+    let mut parts = Assembly::default();
     loop {
         // Decode what was read, as far as the in-flight and backlog bounds allow.
         while !closed
@@ -610,6 +634,16 @@ async fn serve_connection_concurrently<S: ObjectStore + 'static>(
                 }
                 Err(e) => {
                     failure = Some(format!("bad frame: {e}"));
+                    closed = true;
+                    rbuf.clear();
+                    break;
+                }
+            };
+            let frame = match reassemble(&mut parts, frame, sender) {
+                Ok(Some(frame)) => frame,
+                Ok(None) => continue,
+                Err(e) => {
+                    failure = Some(e);
                     closed = true;
                     rbuf.clear();
                     break;

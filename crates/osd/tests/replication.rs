@@ -1039,3 +1039,91 @@ fn objects_whose_every_holder_lost_its_disk_are_reported_unfound_and_never_serve
         o.shutdown().unwrap();
     }
 }
+
+/// An object whose copy — data and omap — is larger than one frame: recovery sends it to a
+/// copy that came back empty in parts (it used to refuse it, and the PG never healed).
+#[test]
+fn an_object_larger_than_a_frame_with_its_omap_is_recovered_in_parts() {
+    log_if_asked();
+    let _serial = one_at_a_time();
+    let dir = TempDir::new("recovery-in-parts");
+    let mut map = three_osd_map(1);
+    let mut osds: Vec<Option<Osd>> = (0..3).map(|id| Some(start(id, &map, dir.path()))).collect();
+    wait_settled(&map, dir.path());
+    let data = Bytes::from(
+        (0..15usize << 20)
+            .map(|b| (b / 4096 + b % 251) as u8)
+            .collect::<Vec<u8>>(),
+    );
+    // 80 values of 64 KiB: 5 MiB of omap, so the copy is ~20 MiB against a 16.25 MiB frame.
+    let kvs: Vec<(Bytes, Bytes)> = (0..80u8)
+        .map(|k| {
+            (
+                Bytes::from(format!("key{k:03}")),
+                Bytes::from(vec![k; 64 << 10]),
+            )
+        })
+        .collect();
+    assert!(data.len() + 80 * (64 << 10) > carmine_proto::FRAME_PAYLOAD_MAX as usize);
+    carmine_reactor::block_on(async {
+        let c = client(&map, Duration::from_secs(20)).await;
+        c.execute(1, "huge", vec![OsdOp::WriteFull { data: data.clone() }])
+            .await
+            .unwrap();
+        for chunk in kvs.chunks(40) {
+            c.execute(
+                1,
+                "huge",
+                vec![OsdOp::OmapSet {
+                    kvs: chunk.to_vec(),
+                }],
+            )
+            .await
+            .unwrap();
+        }
+    });
+
+    // osd.0 goes with its memory and comes back empty: its PG of "huge" settles on three
+    // copies only once osd.0 holds the object again.
+    osds[0].take().unwrap().shutdown().unwrap();
+    next(&mut map, |m| m.osds[0].up = false);
+    publish(&mut osds, &map, dir.path());
+    osds[0] = Some(start(0, &map, dir.path()));
+    next(&mut map, |m| m.osds[0].up = true);
+    publish(&mut osds, &map, dir.path());
+
+    // osd.0 alone (min_size 1) holds it whole.
+    for id in [1, 2] {
+        osds[id].take().unwrap().shutdown().unwrap();
+    }
+    next(&mut map, |m| {
+        m.osds[1].up = false;
+        m.osds[2].up = false;
+        m.pools[0].min_size = 1;
+    });
+    publish(&mut osds, &map, dir.path());
+    carmine_reactor::block_on(async {
+        let c = client(&map, Duration::from_secs(20)).await;
+        let out = c
+            .execute(1, "huge", vec![OsdOp::Read { off: 0, len: 0 }])
+            .await
+            .unwrap();
+        let [OpOutput::Data(got)] = &out[..] else {
+            panic!("{out:?}")
+        };
+        assert!(got == &data, "the recovered data differs");
+        let keys: Vec<Bytes> = kvs.iter().map(|(k, _)| k.clone()).collect();
+        let out = c
+            .execute(1, "huge", vec![OsdOp::OmapGetVals { keys }])
+            .await
+            .unwrap();
+        let [OpOutput::Omap { entries, .. }] = &out[..] else {
+            panic!("{out:?}")
+        };
+        assert_eq!(entries.len(), kvs.len());
+        assert!(entries == &kvs, "the recovered omap differs");
+    });
+    for o in osds.into_iter().flatten() {
+        o.shutdown().unwrap();
+    }
+}

@@ -56,6 +56,8 @@ pub enum Opcode {
     /// Give up the objects of a PG that no reachable copy holds (`carmine pg
     /// mark-unfound-lost`); sent to the PG's primary, answered with how many it gave up.
     MarkLost = 8,
+    /// A part of a `Peer` message too large for one frame (see `peer_parts`).
+    PeerPart = 9,
 }
 
 impl Opcode {
@@ -69,6 +71,7 @@ impl Opcode {
             6 => Some(Self::Peer),
             7 => Some(Self::Scrub),
             8 => Some(Self::MarkLost),
+            9 => Some(Self::PeerPart),
             _ => None,
         }
     }

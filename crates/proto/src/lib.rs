@@ -10,6 +10,7 @@
 pub mod auth;
 mod frame;
 mod message;
+pub mod peer_parts;
 mod scrub;
 
 pub use frame::{begin_frame, peek_frame_header, try_decode_frame, Frame, OpenFrame};

@@ -788,7 +788,7 @@ impl Request {
                 })
             }
             // Messages between OSDs are decoded by the OSD's replication layer.
-            Opcode::Peer => return Err(ProtoError::Peer),
+            Opcode::Peer | Opcode::PeerPart => return Err(ProtoError::Peer),
             Opcode::Fence => Request::Fence {
                 client: d.u64("fenced client").map_err(err)?,
             },
@@ -869,7 +869,7 @@ impl Response {
                 objects: d.u64("objects given up").map_err(err)?,
             },
             Opcode::Auth => return Err(ProtoError::Handshake),
-            Opcode::Peer => return Err(ProtoError::Peer),
+            Opcode::Peer | Opcode::PeerPart => return Err(ProtoError::Peer),
         };
         d.finish("response").map_err(err)?;
         Ok(Ok(resp))

@@ -8,6 +8,7 @@
 //! the PG protocol sends again what matters on its ticks, as it must over any network.
 
 use bytes::BytesMut;
+use carmine_proto::peer_parts::{self, PEER_MESSAGE_MAX};
 use carmine_proto::{encode_frame, FrameKind, Opcode, FRAME_HEADER_LEN, FRAME_PAYLOAD_MAX};
 use carmine_reactor::io::write_all;
 use carmine_reactor::Doorbell;
@@ -72,33 +73,38 @@ impl Peers {
             tracing::debug!(%to, "peer message dropped: no connection, or a full outbox");
             return;
         }
-        // A message larger than a frame may be is never sent: the receiver would refuse the
-        // frame and close the connection, which every PG between the two reactors shares, and
-        // the protocol would send it again on its next tick. (A PG whose object list outgrows
-        // a frame: its peering waits, and this says why.)
+        // A message larger than a frame goes in parts (a PG's object listing, an object copy
+        // with a large omap); one larger than a receiver takes in parts is never sent: it
+        // would close the connection, which every PG between the two reactors shares, and the
+        // protocol would send it again on its next tick. (Its PG waits, and this says why.)
         let mut oversized = None;
         {
             let mut buf = outbox.buf.borrow_mut();
             let start = buf.len();
+            let mut whole = None;
             encode_frame(&mut buf, FrameKind::Request, Opcode::Peer, 0, 0, |b| {
                 fill(b);
                 let len = b.len() - start - FRAME_HEADER_LEN;
                 if len > FRAME_PAYLOAD_MAX as usize {
-                    oversized = Some(len);
-                    b.truncate(start + FRAME_HEADER_LEN);
+                    whole = Some(b.split_off(start + FRAME_HEADER_LEN));
                 }
             });
-            if oversized.is_some() {
+            if let Some(message) = whole {
                 buf.truncate(start);
+                if message.len() <= PEER_MESSAGE_MAX {
+                    peer_parts::encode_parts(&mut buf, &message);
+                } else {
+                    oversized = Some(message.len());
+                }
             }
         }
         if let Some(len) = oversized {
             let said = self.oversize_said.get();
             if said.is_none_or(|t| t.elapsed() >= OVERSIZE_SAID_EVERY) {
                 self.oversize_said.set(Some(Instant::now()));
-                tracing::error!(%to, len, max = FRAME_PAYLOAD_MAX,
-                    "a message to another OSD is larger than a frame may be: not sent (a PG \
-                     listing more objects than one message holds cannot peer)");
+                tracing::error!(%to, len, max = PEER_MESSAGE_MAX,
+                    "a message to another OSD is larger than one may be, even in parts: not \
+                     sent (a PG listing more objects than one message holds cannot peer)");
             }
             return;
         }
@@ -170,7 +176,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_message_larger_than_a_frame_is_dropped_whole_and_the_outbox_keeps_the_others() {
+    fn a_message_larger_than_a_frame_goes_in_parts_and_one_too_large_for_parts_is_dropped() {
         let peers = Peers::new(1, None);
         let to: SocketAddr = "127.0.0.1:9".parse().unwrap();
         let outbox = peers.outboxes.borrow_mut().entry(to).or_default().clone();
@@ -179,16 +185,33 @@ mod tests {
         peers.send(to, |b| b.extend_from_slice(b"small"));
         let before = outbox.buf.borrow().len();
         assert_eq!(before, FRAME_HEADER_LEN + 5);
+        let big: Vec<u8> = (0..FRAME_PAYLOAD_MAX as usize + 1000)
+            .map(|i| i as u8)
+            .collect();
+        peers.send(to, |b| b.extend_from_slice(&big));
         peers.send(to, |b| {
-            b.extend_from_slice(&vec![7u8; FRAME_PAYLOAD_MAX as usize + 1]);
+            b.extend_from_slice(&vec![7u8; PEER_MESSAGE_MAX + 1]);
         });
-        assert_eq!(
-            outbox.buf.borrow().len(),
-            before,
-            "the oversized frame was queued"
-        );
         assert!(peers.oversize_said.get().is_some());
         peers.send(to, |b| b.extend_from_slice(b"next"));
-        assert_eq!(outbox.buf.borrow().len(), before + FRAME_HEADER_LEN + 4);
+        // What the receiver sees: the small message, the big one whole, the next one.
+        let mut stream = outbox.buf.borrow().clone();
+        let mut assembly = peer_parts::Assembly::default();
+        let mut got = Vec::new();
+        while let Some(f) = carmine_proto::try_decode_frame(&mut stream).unwrap() {
+            if let Some(f) = peer_parts::assemble(&mut assembly, f).unwrap() {
+                assert_eq!(f.header.opcode, Opcode::Peer);
+                got.push(f.payload);
+            }
+        }
+        assert!(stream.is_empty());
+        assert_eq!(
+            got.len(),
+            3,
+            "the message too large even for parts was queued"
+        );
+        assert_eq!(&got[0][..], b"small");
+        assert_eq!(&got[1][..], &big[..]);
+        assert_eq!(&got[2][..], b"next");
     }
 }

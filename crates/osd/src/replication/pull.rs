@@ -17,7 +17,7 @@ use std::time::Duration;
 const PULL_TIMEOUT: Duration = Duration::from_secs(3);
 /// Omap entries read per call when copying an object.
 const OMAP_PAGE: usize = 1024;
-/// Room a copy leaves in its frame for names and framing.
+/// Room a copy leaves in its message for names and framing.
 const COPY_OVERHEAD_MAX: usize = 256 * 1024;
 
 /// Pulls waiting for their answer, by PG and object.
@@ -148,7 +148,7 @@ pub(super) async fn read_copy<S: ObjectStore>(
         + attrs.iter().map(|(k, v)| k.len() + v.len()).sum::<usize>()
         + omap_header.len()
         + omap.iter().map(|(k, v)| k.len() + v.len()).sum::<usize>();
-    if size + COPY_OVERHEAD_MAX > carmine_proto::FRAME_PAYLOAD_MAX as usize {
+    if size + COPY_OVERHEAD_MAX > carmine_proto::peer_parts::PEER_MESSAGE_MAX {
         return Err(format!(
             "{size} bytes with its metadata: more than one recovery message carries"
         ));
