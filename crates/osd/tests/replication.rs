@@ -1127,3 +1127,101 @@ fn an_object_larger_than_a_frame_with_its_omap_is_recovered_in_parts() {
         o.shutdown().unwrap();
     }
 }
+
+/// A PG of 300K objects, whose listing (~19 MiB) passes a frame: a copy that comes back empty
+/// is sent the listing in parts at activation and learns what it must fetch. Slow (a minute
+/// or two): `cargo test --release -p carmine-osd --test replication -- --ignored`.
+#[test]
+#[ignore = "slow: 300K objects; run by hand with --ignored"]
+fn a_pg_whose_listing_passes_a_frame_peers_with_it_in_parts() {
+    use futures::StreamExt;
+    log_if_asked();
+    let _serial = one_at_a_time();
+    let dir = TempDir::new("big-pg");
+    let mut map = three_osd_map(1);
+    map.pools[0].pg_num = 1;
+    let start = |id: u32, map: &OsdMap| {
+        Osd::start(OsdConfig {
+            reactor_cpus: vec![None],
+            pg_history: Some(Arc::new(LocalPgHistory::new(dir.path()))),
+            ..OsdConfig::in_memory(id, map.clone(), 2 << 30)
+        })
+        .unwrap()
+    };
+    let mut osds: Vec<Option<Osd>> = (0..3).map(|id| Some(start(id, &map))).collect();
+    wait_settled(&map, dir.path());
+    const N: usize = 300_000;
+    // Names as long as a volume's data objects: ~63 bytes of listing each.
+    let name = |i: usize| format!("carmine_data.0123456789abcdef.{i:016x}");
+    let began = Instant::now();
+    carmine_reactor::block_on(async {
+        let c = client(&map, Duration::from_secs(30)).await;
+        futures::stream::iter(0..N)
+            .map(|i| {
+                let c = c.clone();
+                async move {
+                    c.execute(
+                        1,
+                        name(i),
+                        vec![OsdOp::Write {
+                            off: 0,
+                            data: Bytes::from_static(b"x"),
+                        }],
+                    )
+                    .await
+                    .unwrap()
+                }
+            })
+            .buffer_unordered(256)
+            .for_each(|_| async {})
+            .await;
+    });
+    eprintln!("{N} objects written in {:?}", began.elapsed());
+
+    osds[0].take().unwrap().shutdown().unwrap();
+    next(&mut map, |m| m.osds[0].up = false);
+    publish(&mut osds, &map, dir.path());
+    osds[0] = Some(start(0, &map));
+    next(&mut map, |m| m.osds[0].up = true);
+    hand_out(&mut osds, &map);
+    // The empty copy took the activation (its listing in parts): it knows it lacks them all.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let lacking: u64 = osds[0]
+            .as_ref()
+            .unwrap()
+            .metrics_sources()
+            .iter()
+            .map(|r| r.metrics.objects_to_recover())
+            .sum();
+        let recovered: u64 = osds[0]
+            .as_ref()
+            .unwrap()
+            .metrics_sources()
+            .iter()
+            .map(|r| r.metrics.recovered_objects())
+            .sum();
+        if lacking + recovered >= N as u64 {
+            eprintln!("osd.0 lacks {lacking}, recovered {recovered}");
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "osd.0 never took the PG's listing: lacks {lacking}, recovered {recovered}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    carmine_reactor::block_on(async {
+        let c = client(&map, Duration::from_secs(30)).await;
+        for i in [0, N / 2, N - 1] {
+            let out = c
+                .execute(1, name(i), vec![OsdOp::Read { off: 0, len: 0 }])
+                .await
+                .unwrap();
+            assert!(matches!(&out[..], [OpOutput::Data(d)] if &d[..] == b"x"));
+        }
+    });
+    for o in osds.into_iter().flatten() {
+        o.shutdown().unwrap();
+    }
+}
