@@ -259,6 +259,35 @@ fn next(map: &mut OsdMap, change: impl FnOnce(&mut OsdMap)) {
     change(map);
 }
 
+/// osd.0 goes with its memory (its PGs settle on the other two) and comes back empty, as
+/// `start` makes it; its new map is handed out, not waited for (recovery may take a while).
+fn osd0_comes_back_empty(
+    osds: &mut [Option<Osd>],
+    map: &mut OsdMap,
+    histories: &Path,
+    start: impl FnOnce(&OsdMap) -> Osd,
+) {
+    osds[0].take().unwrap().shutdown().unwrap();
+    next(map, |m| m.osds[0].up = false);
+    publish(osds, map, histories);
+    osds[0] = Some(start(map));
+    next(map, |m| m.osds[0].up = true);
+    hand_out(osds, map);
+}
+
+/// osd.1 and osd.2 go; osd.0 serves alone (min_size 1), with what it holds.
+fn only_osd0_left(osds: &mut [Option<Osd>], map: &mut OsdMap, histories: &Path) {
+    for id in [1, 2] {
+        osds[id].take().unwrap().shutdown().unwrap();
+    }
+    next(map, |m| {
+        m.osds[1].up = false;
+        m.osds[2].up = false;
+        m.pools[0].min_size = 1;
+    });
+    publish(osds, map, histories);
+}
+
 /// With RUST_LOG set, the OSDs' logs go to the test's output.
 fn log_if_asked() {
     if std::env::var_os("RUST_LOG").is_some() {
@@ -761,12 +790,7 @@ fn a_copy_that_comes_back_empty_is_refilled_in_the_background_while_its_pgs_serv
     });
 
     // osd.0 goes with its memory, and comes back empty.
-    osds[0].take().unwrap().shutdown().unwrap();
-    next(&mut map, |m| m.osds[0].up = false);
-    publish(&mut osds, &map, dir.path());
-    osds[0] = Some(start(0, &map));
-    next(&mut map, |m| m.osds[0].up = true);
-    hand_out(&mut osds, &map);
+    osd0_comes_back_empty(&mut osds, &mut map, dir.path(), |m| start(0, m));
 
     // Its PGs serve at once: every object reads back, and half are overwritten (each write
     // waits for osd.0 to hold its object, which it fetches first, whatever the rate).
@@ -810,15 +834,7 @@ fn a_copy_that_comes_back_empty_is_refilled_in_the_background_while_its_pgs_serv
     assert!(recovered >= N as u64, "{recovered} objects recovered");
 
     // osd.0 alone (min_size 1) holds every object, the overwritten ones at round 2.
-    for id in [1, 2] {
-        osds[id].take().unwrap().shutdown().unwrap();
-    }
-    next(&mut map, |m| {
-        m.osds[1].up = false;
-        m.osds[2].up = false;
-        m.pools[0].min_size = 1;
-    });
-    publish(&mut osds, &map, dir.path());
+    only_osd0_left(&mut osds, &mut map, dir.path());
     carmine_reactor::block_on(async {
         let c = client(&map, Duration::from_secs(20)).await;
         for i in 0..N {
@@ -1085,23 +1101,11 @@ fn an_object_larger_than_a_frame_with_its_omap_is_recovered_in_parts() {
 
     // osd.0 goes with its memory and comes back empty: its PG of "huge" settles on three
     // copies only once osd.0 holds the object again.
-    osds[0].take().unwrap().shutdown().unwrap();
-    next(&mut map, |m| m.osds[0].up = false);
-    publish(&mut osds, &map, dir.path());
-    osds[0] = Some(start(0, &map, dir.path()));
-    next(&mut map, |m| m.osds[0].up = true);
-    publish(&mut osds, &map, dir.path());
+    osd0_comes_back_empty(&mut osds, &mut map, dir.path(), |m| start(0, m, dir.path()));
+    wait_settled(&map, dir.path());
 
     // osd.0 alone (min_size 1) holds it whole.
-    for id in [1, 2] {
-        osds[id].take().unwrap().shutdown().unwrap();
-    }
-    next(&mut map, |m| {
-        m.osds[1].up = false;
-        m.osds[2].up = false;
-        m.pools[0].min_size = 1;
-    });
-    publish(&mut osds, &map, dir.path());
+    only_osd0_left(&mut osds, &mut map, dir.path());
     carmine_reactor::block_on(async {
         let c = client(&map, Duration::from_secs(20)).await;
         let out = c
@@ -1178,12 +1182,7 @@ fn a_pg_whose_listing_passes_a_frame_peers_with_it_in_parts() {
     });
     eprintln!("{N} objects written in {:?}", began.elapsed());
 
-    osds[0].take().unwrap().shutdown().unwrap();
-    next(&mut map, |m| m.osds[0].up = false);
-    publish(&mut osds, &map, dir.path());
-    osds[0] = Some(start(0, &map));
-    next(&mut map, |m| m.osds[0].up = true);
-    hand_out(&mut osds, &map);
+    osd0_comes_back_empty(&mut osds, &mut map, dir.path(), |m| start(0, m));
     // The empty copy took the activation (its listing in parts): it knows it lacks them all.
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
