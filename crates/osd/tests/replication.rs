@@ -912,7 +912,7 @@ fn objects_whose_every_holder_lost_its_disk_are_reported_unfound_and_never_serve
     };
     // Every PG's history, not just the first one's: a PG that had not activated on osd.2
     // when the other two lose their disks has no copy left that even names its objects (it
-    // waits as incomplete: the next test).
+    // goes active empty: ARCHITECTURE.md, "Not yet").
     while lacking(osds[2].as_ref().unwrap()) + recovered(osds[2].as_ref().unwrap()) < N as u64 {
         assert!(
             Instant::now() < deadline,
