@@ -562,9 +562,7 @@ impl Sim {
             self.now
         ));
         self.given_up += 1;
-        // The member's epoch, not the simulator's: its map may lag, and it gives up in the
-        // peering of the epoch it is in.
-        self.pending_give_up = Some((o, self.members[o as usize].epoch(), unfound));
+        self.pending_give_up = Some((o, self.epoch, unfound));
         self.run(o, Event::GiveUpUnfound);
         self.settle_give_up();
     }
