@@ -138,11 +138,6 @@ pub struct Member {
     member_round: BTreeMap<OsdId, u32>,
     /// As a primary gathering infos: objects no member heard from holds (it waits for more).
     unfound: usize,
-    /// As a primary that heard its whole acting set: recorded intervals none of whose
-    /// members it heard vouches for (their OSDs are down, or came back empty). It waits.
-    uncovered: usize,
-    /// Of those, the intervals all of whose members answered (came back empty).
-    lost_intervals: usize,
     /// Set by [`Event::GiveUpUnfound`] until this peering activates or the epoch changes:
     /// activation then deletes the unfound objects instead of waiting for them. It outlives
     /// the event because activation may still wait for something else (a member's answer,
@@ -206,8 +201,6 @@ impl Member {
             acked_head: BTreeMap::new(),
             member_round: BTreeMap::new(),
             unfound: 0,
-            uncovered: 0,
-            lost_intervals: 0,
             give_up_unfound: false,
             now: 0,
             lease: 0,
@@ -510,10 +503,7 @@ impl Member {
                     });
                 }
             }
-            Role::Activating { .. } => {
-                self.record_if_taken(out);
-                self.maybe_active()
-            }
+            Role::Activating { .. } => self.maybe_active(),
             Role::Active => {
                 let (me, durable) = (self.osd, self.durable_head);
                 self.acked_head.insert(me, durable);
@@ -626,7 +616,7 @@ impl Member {
             Event::Persisted { seq } => self.on_persisted(seq, &mut out),
             Event::Recovered { oid, version } => self.on_recovered(oid, version, &mut out),
             Event::GiveUpUnfound => {
-                if self.unfound() > 0 || self.incomplete() > 0 {
+                if self.unfound() > 0 {
                     self.give_up_unfound = true;
                     self.try_activate(&mut out);
                 }
@@ -662,9 +652,6 @@ impl Member {
         self.history = history;
         self.min_size = min_size;
         self.give_up_unfound = false;
-        // Counted again by this epoch's peering.
-        self.uncovered = 0;
-        self.lost_intervals = 0;
         if !changed && matches!(self.role, Role::Active | Role::Replica) {
             // Same interval: writes in flight go on (their replica messages carry the new
             // epoch when sent again).
@@ -778,7 +765,13 @@ impl Member {
                     out.push(self.activation(o));
                 }
                 if !recorded {
-                    self.record_if_taken(out);
+                    out.push(Action::Record {
+                        interval: Interval {
+                            epoch: self.epoch,
+                            acting: self.acting.clone(),
+                        },
+                        after: self.history.last().map(|i| i.epoch),
+                    });
                 }
                 self.maybe_active();
             }
@@ -843,21 +836,10 @@ impl Member {
         let Role::Peering { heard } = &self.role else {
             return;
         };
-        if !self.acting.iter().all(|o| heard.contains_key(o)) {
-            return;
-        }
-        let heard_les: BTreeMap<OsdId, u32> = heard
-            .iter()
-            .map(|(o, a)| (*o, a.0.last_epoch_started))
-            .collect();
-        let uncovered = uncovered_intervals(&self.history, &heard_les);
-        self.uncovered = uncovered.len();
-        // Those whose every member answered: no OSD can vouch for them any more.
-        self.lost_intervals = uncovered
-            .iter()
-            .filter(|i| i.acting.iter().all(|o| heard.contains_key(o)))
-            .count();
-        if self.uncovered > 0 && !self.give_up_unfound {
+        let heard_ids: BTreeSet<OsdId> = heard.keys().copied().collect();
+        if !self.acting.iter().all(|o| heard_ids.contains(o))
+            || !uncovered_intervals(&self.history, &heard_ids).is_empty()
+        {
             return;
         }
         let infos: Vec<PeerInfo> = heard.values().map(|h| h.0).collect();
@@ -879,8 +861,6 @@ impl Member {
         if !unfound.is_empty() && !self.give_up_unfound {
             return;
         }
-        self.uncovered = 0;
-        self.lost_intervals = 0;
         self.give_up_unfound = false;
         let mut auth_objects = auth_objects;
         for oid in &unfound {
@@ -919,29 +899,6 @@ impl Member {
         // Every member answered its query just now: silence counts from the activation.
         self.peering_since = self.now;
         self.on_tick(out);
-    }
-
-    /// Records the interval once every acting member, this one included, holds its history
-    /// durably: then a member of a recorded interval that answers a later peering with an
-    /// older last active epoch can only have lost its disk (`uncovered_intervals`).
-    fn record_if_taken(&self, out: &mut Vec<Action>) {
-        if let Role::Activating {
-            acked,
-            recorded: false,
-        } = &self.role
-        {
-            if self.acting.iter().all(|o| acked.contains(o))
-                && self.persisted >= self.activation_persist
-            {
-                out.push(Action::Record {
-                    interval: Interval {
-                        epoch: self.epoch,
-                        acting: self.acting.clone(),
-                    },
-                    after: self.history.last().map(|i| i.epoch),
-                });
-            }
-        }
     }
 
     fn maybe_active(&mut self) {
@@ -1075,15 +1032,10 @@ impl Member {
                 if epoch == self.epoch && self.member_round.get(&from) == Some(&round) {
                     match &mut self.role {
                         Role::Activating { acked, .. } => {
-                            // The last acknowledgement records the interval at once.
-                            let last =
-                                acked.insert(from) && self.acting.iter().all(|o| acked.contains(o));
+                            acked.insert(from);
                             self.peer_missing.insert(from, Some(missing));
                             let h = self.acked_head.entry(from).or_default();
                             *h = (*h).max(head);
-                            if last {
-                                self.record_if_taken(out);
-                            }
                         }
                         Role::Active => {
                             // A member caught up: it has every write up to `head`, but the

@@ -488,17 +488,11 @@ fn tick<S: ObjectStore + 'static>(shard: &Rc<Shard<S>>) {
         to_recover += m.missing.len() as u64;
         let lost = m.unfound() as u64;
         unfound += lost;
-        let incomplete = m.lost_intervals();
         if lost > 0 && !pgr.unfound_said.replace(true) {
             tracing::error!(pg = %pgr.pg, objects = lost, history = ?m.history(),
                 "objects of this PG are held by no member heard from: it waits for an OSD \
                  of its recorded intervals that holds them");
-        } else if incomplete > 0 && !pgr.unfound_said.replace(true) {
-            tracing::error!(pg = %pgr.pg, intervals = incomplete, history = ?m.history(),
-                "recorded intervals of this PG are vouched for by none of their members: each \
-                 answered with an empty copy (lost disks), so the writes of those intervals \
-                 are gone; the PG waits for `carmine pg mark-unfound-lost`");
-        } else if lost == 0 && incomplete == 0 {
+        } else if lost == 0 {
             pgr.unfound_said.set(false);
         }
         match m.lease_lapsed(now) {
