@@ -149,7 +149,6 @@ pub enum Accepted {
 
 /// Where accepted connections are served: the accepting reactor and the other reactors'
 /// mailboxes, in turn, so N connections land on N different reactors.
-#[derive(Default)]
 pub struct Spread {
     others: Vec<RefCell<MailboxSender<Accepted>>>,
     next: Cell<usize>,
@@ -160,7 +159,7 @@ pub struct Spread {
 impl Spread {
     /// Every connection is served by the reactor that accepted it.
     pub fn local() -> Rc<Spread> {
-        Rc::default()
+        Spread::over(Vec::new())
     }
 
     /// Connections go in turn to this reactor and to each of `others`.
@@ -174,20 +173,14 @@ impl Spread {
 
     /// Connections given to each reactor so far, the accepting one first.
     pub fn served(&self) -> Vec<u64> {
-        let mut v = self.served.borrow().clone();
-        v.resize(self.others.len() + 1, 0);
-        v
+        self.served.borrow().clone()
     }
 
     /// `None`: serve the next connection here; `Some(i)`: hand it to `others[i]`.
     fn pick(&self) -> Option<usize> {
         let n = self.next.get();
         self.next.set((n + 1) % (self.others.len() + 1));
-        let mut served = self.served.borrow_mut();
-        if served.len() <= n {
-            served.resize(n + 1, 0);
-        }
-        served[n] += 1;
+        self.served.borrow_mut()[n] += 1;
         n.checked_sub(1)
     }
 

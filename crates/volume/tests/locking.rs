@@ -46,6 +46,17 @@ async fn volumes(c: &Cluster) -> Volumes {
     Volumes::new(client, 1)
 }
 
+/// A 1 MiB volume "vm" of 64 KiB objects, created from a client of its own.
+fn create_vm(c: &Cluster) {
+    carmine_reactor::block_on(async {
+        volumes(c)
+            .await
+            .create("vm", 1 << 20, Some(64 << 10))
+            .await
+            .unwrap();
+    });
+}
+
 fn opts(who: &str) -> LockOptions {
     LockOptions {
         lease: LEASE,
@@ -148,13 +159,7 @@ fn a_live_holder_keeps_the_volume_and_blocks_other_writers_resize_and_rm() {
 fn a_hung_holder_is_fenced_and_its_late_writes_never_land() {
     let c = cluster();
     let addrs = c.addrs.clone();
-    carmine_reactor::block_on(async {
-        volumes(&c)
-            .await
-            .create("vm", 1 << 20, Some(64 << 10))
-            .await
-            .unwrap();
-    });
+    create_vm(&c);
     let (opened_tx, opened_rx) = mpsc::channel::<()>();
     let (wake_tx, wake_rx) = mpsc::channel::<()>();
     let a = std::thread::spawn(move || {
@@ -260,13 +265,7 @@ fn a_shared_lock_stops_its_sharers_when_the_holder_closes_or_drops_it() {
     use carmine_client::SharedInstance;
     let c = cluster();
     let addrs = c.addrs.clone();
-    carmine_reactor::block_on(async {
-        volumes(&c)
-            .await
-            .create("vm", 1 << 20, Some(64 << 10))
-            .await
-            .unwrap();
-    });
+    create_vm(&c);
     for dropped in [false, true] {
         let (share_tx, share_rx) = mpsc::channel();
         let (written_tx, written_rx) = mpsc::channel::<()>();
