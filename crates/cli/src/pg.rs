@@ -68,7 +68,9 @@ fn mark_unfound_lost(args: ScrubArgs) -> Result<()> {
             let pg = carmine_types::PgId { pool, seed };
             match client.mark_unfound_lost(pool, seed).await {
                 Ok(n) => {
-                    println!("pg {pg}: {n} unfound objects given up");
+                    // An incomplete PG gives up whole intervals, whose writes nobody can
+                    // count: its figure is 0.
+                    println!("pg {pg}: gave up what no copy holds ({n} unfound objects)");
                     total += n;
                 }
                 // With --pool, PGs that wait for nothing are simply skipped.

@@ -61,6 +61,8 @@ struct Usage {
     peering: u64,
     to_recover: u64,
     unfound: u64,
+    /// PGs waiting as incomplete: every copy of some recorded interval came back empty.
+    incomplete: u64,
     /// Active PGs whose primary has gone more than a read lease without hearing all copies.
     unleased: u64,
     recovered_objects: u64,
@@ -83,6 +85,7 @@ impl Usage {
         self.peering += o.peering;
         self.to_recover += o.to_recover;
         self.unfound += o.unfound;
+        self.incomplete += o.incomplete;
         self.unleased += o.unleased;
         self.recovered_objects += o.recovered_objects;
         self.recovered_bytes += o.recovered_bytes;
@@ -122,6 +125,7 @@ fn scrape_usage(addr: &str) -> Option<Usage> {
         peering: sum("carmine_osd_pgs_peering"),
         to_recover: sum("carmine_osd_objects_to_recover"),
         unfound: sum("carmine_osd_objects_unfound"),
+        incomplete: sum("carmine_osd_pgs_incomplete"),
         unleased: sum("carmine_osd_pgs_read_lease_lapsed"),
         recovered_objects: sum("carmine_osd_recovered_objects_total"),
         recovered_bytes: sum("carmine_osd_recovered_bytes_total"),
@@ -365,6 +369,17 @@ pub fn status(dir: &Path) -> Result<Status> {
                  an OSD that holds them (start the OSDs that are down; the primaries' logs \
                  name the PGs)",
                 usage.unfound
+            ),
+        );
+    }
+    if usage.incomplete > 0 {
+        checks.add(
+            Health::Err,
+            format!(
+                "Reduced data availability: {} pgs incomplete: every copy of some of their \
+                 recorded intervals came back empty (lost disks), so their writes are gone; \
+                 the PGs wait for `carmine pg mark-unfound-lost PGID` to go on without them",
+                usage.incomplete
             ),
         );
     }

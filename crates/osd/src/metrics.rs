@@ -58,6 +58,21 @@ struct KindCounters {
     buckets: [AtomicU64; LATENCY_BUCKETS.len() + 1],
 }
 
+/// A reactor's replicated PGs by state, counted each tick.
+#[derive(Debug, Default)]
+pub(crate) struct PgStates {
+    /// PGs it is primary of, active or still peering.
+    pub active: u64,
+    pub peering: u64,
+    /// Of the peering ones: those no copy can complete (lost disks).
+    pub incomplete: u64,
+    /// Objects its copies still have to fetch, and those no member heard from holds.
+    pub to_recover: u64,
+    pub unfound: u64,
+    /// Active PGs whose primary went longer than a lease without hearing every copy.
+    pub unleased: u64,
+}
+
 /// One reactor's counters.
 #[derive(Default)]
 pub struct ReactorMetrics {
@@ -87,6 +102,7 @@ pub struct ReactorMetrics {
     objects_to_recover: AtomicU64,
     objects_unfound: AtomicU64,
     pgs_unleased: AtomicU64,
+    pgs_incomplete: AtomicU64,
     recovered_objects: AtomicU64,
     recovered_bytes: AtomicU64,
     /// Recovery's pace over the last seconds: bytes/s, and thousandths of objects/s.
@@ -178,19 +194,16 @@ impl ReactorMetrics {
 
     /// The replicated PGs this reactor is primary of, by state, and the objects its copies
     /// still have to fetch (refreshed every tick).
-    pub(crate) fn set_pg_states(
-        &self,
-        active: u64,
-        peering: u64,
-        to_recover: u64,
-        unfound: u64,
-        unleased: u64,
-    ) {
-        self.pgs_unleased.store(unleased, Ordering::Relaxed);
-        self.pgs_active.store(active, Ordering::Relaxed);
-        self.pgs_peering.store(peering, Ordering::Relaxed);
-        self.objects_to_recover.store(to_recover, Ordering::Relaxed);
-        self.objects_unfound.store(unfound, Ordering::Relaxed);
+    pub(crate) fn set_pg_states(&self, states: &PgStates) {
+        self.pgs_unleased.store(states.unleased, Ordering::Relaxed);
+        self.pgs_active.store(states.active, Ordering::Relaxed);
+        self.pgs_peering.store(states.peering, Ordering::Relaxed);
+        self.pgs_incomplete
+            .store(states.incomplete, Ordering::Relaxed);
+        self.objects_to_recover
+            .store(states.to_recover, Ordering::Relaxed);
+        self.objects_unfound
+            .store(states.unfound, Ordering::Relaxed);
     }
 
     pub(crate) fn set_pg_listing_max(&self, bytes: u64) {
@@ -265,6 +278,11 @@ impl ReactorMetrics {
     /// and tools).
     pub fn objects_unfound(&self) -> u64 {
         self.objects_unfound.load(Ordering::Relaxed)
+    }
+
+    /// PGs this reactor is primary of that wait as incomplete (for tests and tools).
+    pub fn pgs_incomplete(&self) -> u64 {
+        self.pgs_incomplete.load(Ordering::Relaxed)
     }
 
     /// Objects this reactor's PG copies fetched from other members (for tests and tools).
@@ -405,6 +423,14 @@ pub fn render(osd: u32, reactors: &[ReactorSource]) -> String {
         "Objects that PGs this reactor is primary of need and no member it heard from holds: \
          the PG waits, peering, for an OSD that does.",
         &|r| load(&r.metrics.objects_unfound).to_string(),
+    );
+    per_reactor(
+        &mut t,
+        "carmine_osd_pgs_incomplete",
+        "gauge",
+        "PGs this reactor is primary of that wait as incomplete: every member of some recorded \
+         interval answered with an empty copy (lost disks), so none vouches for its writes.",
+        &|r| load(&r.metrics.pgs_incomplete).to_string(),
     );
     per_reactor(
         &mut t,

@@ -861,6 +861,15 @@ fn unfound(osds: &[Option<Osd>]) -> u64 {
         .sum()
 }
 
+/// The sum over `osds`' reactors of the PGs waiting as incomplete.
+fn incomplete(osds: &[Option<Osd>]) -> u64 {
+    osds.iter()
+        .flatten()
+        .flat_map(|o| o.metrics_sources())
+        .map(|r| r.metrics.pgs_incomplete())
+        .sum()
+}
+
 #[test]
 fn objects_whose_every_holder_lost_its_disk_are_reported_unfound_and_never_served_empty() {
     log_if_asked();
@@ -912,7 +921,7 @@ fn objects_whose_every_holder_lost_its_disk_are_reported_unfound_and_never_serve
     };
     // Every PG's history, not just the first one's: a PG that had not activated on osd.2
     // when the other two lose their disks has no copy left that even names its objects (it
-    // goes active empty: ARCHITECTURE.md, "Not yet").
+    // waits as incomplete: the next test).
     while lacking(osds[2].as_ref().unwrap()) + recovered(osds[2].as_ref().unwrap()) < N as u64 {
         assert!(
             Instant::now() < deadline,
@@ -1221,6 +1230,105 @@ fn a_pg_whose_listing_passes_a_frame_peers_with_it_in_parts() {
                 .await
                 .unwrap();
             assert!(matches!(&out[..], [OpOutput::Data(d)] if &d[..] == b"x"));
+        }
+    });
+    for o in osds.into_iter().flatten() {
+        o.shutdown().unwrap();
+    }
+}
+
+/// Every OSD that held the PGs' objects loses its disk before the third copy took any
+/// history: peering hears only empty copies, which vouch for no interval they were in, so the
+/// PGs wait instead of going active empty — reads are refused, never answered "absent" —
+/// until the operator gives the lost writes up; then the objects read as absent.
+#[test]
+fn pgs_whose_every_copy_came_back_empty_wait_for_the_operator() {
+    log_if_asked();
+    let _serial = one_at_a_time();
+    let dir = TempDir::new("all-lost");
+    let mut map = three_osd_map(1);
+    let mut osds: Vec<Option<Osd>> = (0..3).map(|id| Some(start(id, &map, dir.path()))).collect();
+    const N: usize = 16;
+    wait_settled(&map, dir.path());
+    carmine_reactor::block_on(async {
+        let c = client(&map, Duration::from_secs(20)).await;
+        for i in 0..N {
+            write(&c, i, 1).await.unwrap();
+        }
+    });
+    osds[2].take().unwrap().shutdown().unwrap();
+    next(&mut map, |m| m.osds[2].up = false);
+    publish(&mut osds, &map, dir.path());
+    // osd.0 and osd.1 lose their disks while osd.2 is still away; all three come back empty.
+    for id in [0, 1] {
+        osds[id].take().unwrap().shutdown().unwrap();
+    }
+    next(&mut map, |m| {
+        m.osds[0].up = false;
+        m.osds[1].up = false;
+    });
+    hand_out(&mut osds, &map);
+    for id in 0..3 {
+        osds[id as usize] = Some(start(id, &map, dir.path()));
+    }
+    next(&mut map, |m| {
+        for o in &mut m.osds {
+            o.up = true;
+        }
+    });
+    hand_out(&mut osds, &map);
+    std::thread::sleep(Duration::from_secs(2));
+    carmine_reactor::block_on(async {
+        let c = client(&map, Duration::from_millis(800)).await;
+        for i in 0..N {
+            let got = c
+                .execute(1, &format!("obj{i}"), vec![OsdOp::Read { off: 0, len: 0 }])
+                .await;
+            assert!(
+                matches!(&got, Err(ClientError::Unavailable { last, .. })
+                    if last.status() == Some(Status::PgInactive)),
+                "obj{i} was served by a PG none of whose copies vouches for its writes: {got:?}"
+            );
+        }
+        // Every PG counts as incomplete (status says HEALTH_ERR), and none as unfound: their
+        // copies name no object.
+        let pgs = map.pools[0].pg_num as u64;
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while incomplete(&osds) != pgs {
+            assert!(
+                Instant::now() < deadline,
+                "{} of {pgs} PGs reported incomplete",
+                incomplete(&osds)
+            );
+            carmine_reactor::sleep(Duration::from_millis(50)).await;
+        }
+        assert_eq!(unfound(&osds), 0);
+        // The operator gives them up: every PG goes active without them.
+        let c = client(&map, Duration::from_secs(10)).await;
+        for seed in 0..map.pools[0].pg_num {
+            match c.mark_unfound_lost(1, seed).await {
+                Ok(_) => {}
+                Err(e) => panic!("pg 1.{seed:x}: {e}"),
+            }
+        }
+        let deadline = Instant::now() + Duration::from_secs(20);
+        for i in 0..N {
+            loop {
+                let got = c
+                    .execute(1, &format!("obj{i}"), vec![OsdOp::Read { off: 0, len: 0 }])
+                    .await;
+                match &got {
+                    Err(e) if e.status() == Some(Status::ObjectNotFound) => break,
+                    _ => {
+                        assert!(Instant::now() < deadline, "obj{i}: {got:?}");
+                        carmine_reactor::sleep(Duration::from_millis(50)).await;
+                    }
+                }
+            }
+        }
+        while incomplete(&osds) != 0 {
+            assert!(Instant::now() < deadline, "PGs still counted incomplete");
+            carmine_reactor::sleep(Duration::from_millis(50)).await;
         }
     });
     for o in osds.into_iter().flatten() {

@@ -1,6 +1,7 @@
 //! A PG's recorded history (decision 0009, point 4): the acting sets of the intervals that
-//! went active, oldest first. A primary appends its own before it goes active, with a
-//! compare-and-swap on the last one, and peers only once it has heard from a member of each.
+//! went active, oldest first. A primary appends its own once every member took its
+//! activation and before it goes active, with a compare-and-swap on the last one, and
+//! activates only once each earlier interval is vouched for (`uncovered_intervals`).
 //! Stored in the map store, one record per PG, in this encoding (docs/format/pg-history.md).
 
 use crate::peering::Interval;

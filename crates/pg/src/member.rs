@@ -112,6 +112,9 @@ pub struct Member {
     peer_inc: BTreeMap<OsdId, u64>,
     /// The epoch the current interval (this acting set, no epoch missed) began in.
     interval_start: u32,
+    /// The epoch in which `history` was last read from the map store (or found changed by a
+    /// failed record): a primary activates only on a history read in its own interval.
+    history_read: u32,
     /// Persists asked for: the head each one makes durable, and for one that takes a history,
     /// the copy as it was before (what the disk holds until it lands: a history may wait
     /// long for its data, and a query is answered from this meanwhile).
@@ -138,6 +141,11 @@ pub struct Member {
     member_round: BTreeMap<OsdId, u32>,
     /// As a primary gathering infos: objects no member heard from holds (it waits for more).
     unfound: usize,
+    /// As a primary that heard its whole acting set: recorded intervals none of whose
+    /// members it heard vouches for (their OSDs are down, or came back empty). It waits.
+    uncovered: usize,
+    /// Of those, the intervals all of whose members answered (came back empty).
+    lost_intervals: usize,
     /// Set by [`Event::GiveUpUnfound`] until this peering activates or the epoch changes:
     /// activation then deletes the unfound objects instead of waiting for them. It outlives
     /// the event because activation may still wait for something else (a member's answer,
@@ -190,6 +198,7 @@ impl Member {
             incarnation: 0,
             peer_inc: BTreeMap::new(),
             interval_start: 0,
+            history_read: 0,
             persist_seq: 0,
             persisting: std::collections::VecDeque::new(),
             before_history: None,
@@ -201,6 +210,8 @@ impl Member {
             acked_head: BTreeMap::new(),
             member_round: BTreeMap::new(),
             unfound: 0,
+            uncovered: 0,
+            lost_intervals: 0,
             give_up_unfound: false,
             now: 0,
             lease: 0,
@@ -503,7 +514,10 @@ impl Member {
                     });
                 }
             }
-            Role::Activating { .. } => self.maybe_active(),
+            Role::Activating { .. } => {
+                self.record_if_taken(out);
+                self.maybe_active()
+            }
             Role::Active => {
                 let (me, durable) = (self.osd, self.durable_head);
                 self.acked_head.insert(me, durable);
@@ -538,9 +552,15 @@ impl Member {
         let role = match &self.role {
             Role::Stray => "stray".to_string(),
             Role::Peering { heard } => format!(
-                "peering, heard {:?}, {} objects unfound",
+                "peering, heard {:?}, {} objects unfound, {} intervals unaccounted for{}",
                 heard.keys().collect::<Vec<_>>(),
-                self.unfound
+                self.unfound,
+                self.uncovered,
+                if self.history_read < self.interval_start {
+                    ", history not read yet"
+                } else {
+                    ""
+                }
             ),
             Role::Activating { acked, recorded } => {
                 format!("activating, acked {acked:?}, recorded {recorded}")
@@ -591,6 +611,7 @@ impl Member {
             Event::RecordFailed { epoch, history } => {
                 if epoch == self.epoch && matches!(self.role, Role::Activating { .. }) {
                     self.history = history;
+                    self.history_read = epoch;
                     self.round += 1;
                     self.role = Role::Peering {
                         heard: BTreeMap::new(),
@@ -600,12 +621,18 @@ impl Member {
                 }
             }
             Event::History { epoch, history } => {
-                if epoch == self.epoch && history != self.history {
+                if epoch == self.epoch {
+                    let first = self.history_read < self.interval_start;
+                    self.history_read = epoch;
                     if let Role::Peering { .. } = self.role {
-                        // Members it has not asked yet: none is silent before it asks.
-                        self.peering_since = self.now;
-                        self.history = history;
-                        self.on_tick(&mut out);
+                        if history != self.history {
+                            // Members it has not asked yet: none is silent before it asks.
+                            self.peering_since = self.now;
+                            self.history = history;
+                            self.on_tick(&mut out);
+                        } else if first {
+                            self.try_activate(&mut out);
+                        }
                     }
                 }
             }
@@ -616,7 +643,7 @@ impl Member {
             Event::Persisted { seq } => self.on_persisted(seq, &mut out),
             Event::Recovered { oid, version } => self.on_recovered(oid, version, &mut out),
             Event::GiveUpUnfound => {
-                if self.unfound() > 0 {
+                if self.unfound() > 0 || self.incomplete() > 0 {
                     self.give_up_unfound = true;
                     self.try_activate(&mut out);
                 }
@@ -631,7 +658,7 @@ impl Member {
         &mut self,
         epoch: u32,
         acting: Vec<OsdId>,
-        history: Vec<Interval>,
+        history: Option<Vec<Interval>>,
         min_size: usize,
         out: &mut Vec<Action>,
     ) {
@@ -649,9 +676,15 @@ impl Member {
             self.pinged_at = None;
         }
         self.epoch = epoch;
-        self.history = history;
+        if let Some(history) = history {
+            self.history = history;
+            self.history_read = epoch;
+        }
         self.min_size = min_size;
         self.give_up_unfound = false;
+        // Counted again by this epoch's peering.
+        self.uncovered = 0;
+        self.lost_intervals = 0;
         if !changed && matches!(self.role, Role::Active | Role::Replica) {
             // Same interval: writes in flight go on (their replica messages carry the new
             // epoch when sent again).
@@ -765,13 +798,7 @@ impl Member {
                     out.push(self.activation(o));
                 }
                 if !recorded {
-                    out.push(Action::Record {
-                        interval: Interval {
-                            epoch: self.epoch,
-                            acting: self.acting.clone(),
-                        },
-                        after: self.history.last().map(|i| i.epoch),
-                    });
+                    self.record_if_taken(out);
                 }
                 self.maybe_active();
             }
@@ -836,10 +863,26 @@ impl Member {
         let Role::Peering { heard } = &self.role else {
             return;
         };
-        let heard_ids: BTreeSet<OsdId> = heard.keys().copied().collect();
-        if !self.acting.iter().all(|o| heard_ids.contains(o))
-            || !uncovered_intervals(&self.history, &heard_ids).is_empty()
+        // A history from before this interval may lack an interval another primary recorded
+        // meanwhile; activating on it would raise the members' last active epochs past
+        // intervals it never heard from.
+        if !self.acting.iter().all(|o| heard.contains_key(o))
+            || self.history_read < self.interval_start
         {
+            return;
+        }
+        let heard_les: BTreeMap<OsdId, u32> = heard
+            .iter()
+            .map(|(o, a)| (*o, a.0.last_epoch_started))
+            .collect();
+        let uncovered = uncovered_intervals(&self.history, &heard_les);
+        self.uncovered = uncovered.len();
+        // Those whose every member answered: no OSD can vouch for them any more.
+        self.lost_intervals = uncovered
+            .iter()
+            .filter(|i| i.acting.iter().all(|o| heard.contains_key(o)))
+            .count();
+        if self.uncovered > 0 && !self.give_up_unfound {
             return;
         }
         let infos: Vec<PeerInfo> = heard.values().map(|h| h.0).collect();
@@ -861,6 +904,8 @@ impl Member {
         if !unfound.is_empty() && !self.give_up_unfound {
             return;
         }
+        self.uncovered = 0;
+        self.lost_intervals = 0;
         self.give_up_unfound = false;
         let mut auth_objects = auth_objects;
         for oid in &unfound {
@@ -899,6 +944,29 @@ impl Member {
         // Every member answered its query just now: silence counts from the activation.
         self.peering_since = self.now;
         self.on_tick(out);
+    }
+
+    /// Records the interval once every acting member, this one included, holds its history
+    /// durably: then a member of a recorded interval that answers a later peering with an
+    /// older last active epoch can only have lost its disk (`uncovered_intervals`).
+    fn record_if_taken(&self, out: &mut Vec<Action>) {
+        if let Role::Activating {
+            acked,
+            recorded: false,
+        } = &self.role
+        {
+            if self.acting.iter().all(|o| acked.contains(o))
+                && self.persisted >= self.activation_persist
+            {
+                out.push(Action::Record {
+                    interval: Interval {
+                        epoch: self.epoch,
+                        acting: self.acting.clone(),
+                    },
+                    after: self.history.last().map(|i| i.epoch),
+                });
+            }
+        }
     }
 
     fn maybe_active(&mut self) {
@@ -1032,10 +1100,15 @@ impl Member {
                 if epoch == self.epoch && self.member_round.get(&from) == Some(&round) {
                     match &mut self.role {
                         Role::Activating { acked, .. } => {
-                            acked.insert(from);
+                            // The last acknowledgement records the interval at once.
+                            let last =
+                                acked.insert(from) && self.acting.iter().all(|o| acked.contains(o));
                             self.peer_missing.insert(from, Some(missing));
                             let h = self.acked_head.entry(from).or_default();
                             *h = (*h).max(head);
+                            if last {
+                                self.record_if_taken(out);
+                            }
                         }
                         Role::Active => {
                             // A member caught up: it has every write up to `head`, but the

@@ -65,7 +65,9 @@ fn peer(
     acting: &[u32],
     heard: &BTreeSet<u32>,
 ) -> Option<u32> {
-    if !uncovered_intervals(history, heard).is_empty() {
+    let heard_les: std::collections::BTreeMap<u32, u32> =
+        heard.iter().map(|&o| (o, copies[o as usize].les)).collect();
+    if !uncovered_intervals(history, &heard_les).is_empty() {
         return None;
     }
     let ids: Vec<u32> = heard.iter().copied().collect();

@@ -59,7 +59,7 @@ fn two_members(earlier_until: u64) -> Vec<Member> {
     let map = Event::Map {
         epoch: 1,
         acting: vec![0, 1],
-        history: Vec::new(),
+        history: Some(Vec::new()),
         min_size: 1,
     };
     tick(&mut ms, 0, map, true);
@@ -114,7 +114,7 @@ fn a_replica_reports_its_promise_to_the_old_primary_and_not_to_the_one_asking() 
     let map = Event::Map {
         epoch: 2,
         acting: vec![2, 1],
-        history: Vec::new(),
+        history: Some(Vec::new()),
         min_size: 1,
     };
     let _ = ms[1].handle(500, map);
@@ -148,7 +148,7 @@ fn a_restarted_member_takes_its_earlier_promises_to_run_a_lease_past_its_start()
         Event::Map {
             epoch: 3,
             acting: vec![2, 1],
-            history: Vec::new(),
+            history: Some(Vec::new()),
             min_size: 1,
         },
     );
@@ -173,7 +173,7 @@ fn a_new_primary_goes_active_only_after_the_promises_it_heard_of_ran_out() {
     let map = Event::Map {
         epoch: 2,
         acting: vec![1],
-        history: Vec::new(),
+        history: Some(Vec::new()),
         min_size: 1,
     };
     let mut p = ms.remove(1);
@@ -242,7 +242,7 @@ fn a_primary_names_members_it_waits_on_with_how_long_they_have_been_silent() {
     let map = Event::Map {
         epoch: 3,
         acting: vec![0, 1],
-        history: Vec::new(),
+        history: Some(Vec::new()),
         min_size: 1,
     };
     let t = now + 10;
@@ -265,7 +265,7 @@ fn a_replica_with_a_shorter_lease_is_pinged_often_enough_and_forgets_pings_when_
     let map = Event::Map {
         epoch: 1,
         acting: vec![0, 1],
-        history: Vec::new(),
+        history: Some(Vec::new()),
         min_size: 1,
     };
     tick(&mut ms, 0, map, true);

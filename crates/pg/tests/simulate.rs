@@ -112,6 +112,9 @@ struct Sim {
     lease: u64,
     /// Answers of the map store due on the next step.
     answers: Vec<(u32, Event)>,
+    /// Histories read from the map store, as a host asks for one with a new map: delivered
+    /// at (tick, sequence) to the OSD, read when asked (the store may change meanwhile).
+    history_reads: BTreeMap<(u64, u64), (u32, Event)>,
     /// Crashed OSDs may restart at once, in the same epoch, with messages of their previous
     /// incarnation still on the way (`CARMINE_SIM_QUICK_RESTARTS=0` turns it off). Without
     /// incarnations on messages, seed 1918 had a replica apply a dead primary's write after
@@ -171,6 +174,7 @@ impl Sim {
             reader_view: (0, None),
             lease: 0,
             answers: Vec::new(),
+            history_reads: BTreeMap::new(),
             quick_restarts: std::env::var("CARMINE_SIM_QUICK_RESTARTS").map_or(true, |v| v != "0"),
             reads: 0,
             lease_waits: 0,
@@ -222,13 +226,26 @@ impl Sim {
         }
     }
 
+    /// The map comes with the history read from the store at once, or (as the OSD does it)
+    /// without one: the member keeps the history it knew, maybe none after a restart, and the
+    /// store's answer comes a few ticks later.
     fn deliver_map(&mut self, o: u32) {
+        let read_with_map = self.rng.random_bool(0.5);
         let ev = Event::Map {
             epoch: self.epoch,
             acting: self.acting.clone(),
-            history: self.history.clone(),
+            history: read_with_map.then(|| self.history.clone()),
             min_size: self.shape.min_size,
         };
+        if !read_with_map {
+            let at = self.now + self.rng.random_range(1..6);
+            self.seq += 1;
+            let answer = Event::History {
+                epoch: self.epoch,
+                history: self.history.clone(),
+            };
+            self.history_reads.insert((at, self.seq), (o, answer));
+        }
         self.run(o, ev);
     }
 
@@ -562,7 +579,9 @@ impl Sim {
             self.now
         ));
         self.given_up += 1;
-        self.pending_give_up = Some((o, self.epoch, unfound));
+        // The member's epoch, not the simulator's: its map may lag, and it gives up in the
+        // peering of the epoch it is in.
+        self.pending_give_up = Some((o, self.members[o as usize].epoch(), unfound));
         self.run(o, Event::GiveUpUnfound);
         self.settle_give_up();
     }
@@ -693,6 +712,15 @@ impl Sim {
         self.spread_map();
         for (o, ev) in std::mem::take(&mut self.answers) {
             self.run(o, ev);
+        }
+        while let Some(entry) = self.history_reads.first_entry() {
+            if entry.key().0 > self.now {
+                break;
+            }
+            let (o, ev) = entry.remove();
+            if self.running[o as usize] {
+                self.run(o, ev);
+            }
         }
         // Complete the persists that are due.
         let done: Vec<(u64, u64)> = self

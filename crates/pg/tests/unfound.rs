@@ -40,7 +40,7 @@ fn map(epoch: u32, acting: Vec<u32>) -> Event {
     Event::Map {
         epoch,
         acting,
-        history: Vec::new(),
+        history: Some(Vec::new()),
         min_size: 1,
     }
 }

@@ -382,13 +382,9 @@ fn feed_map<S: ObjectStore + 'static>(shard: &Rc<Shard<S>>, pgr: &Rc<PgReplica>,
         return;
     };
     let acting = map.pg_osds(pgr.pg, pool.size);
-    let (epoch, history, same) = {
+    let (epoch, same) = {
         let m = pgr.member.borrow();
-        (
-            m.epoch(),
-            m.history().to_vec(),
-            m.acting() == acting.as_slice(),
-        )
+        (m.epoch(), m.acting() == acting.as_slice())
     };
     if map.epoch <= epoch {
         return;
@@ -396,10 +392,12 @@ fn feed_map<S: ObjectStore + 'static>(shard: &Rc<Shard<S>>, pgr: &Rc<PgReplica>,
     if acting.first() == Some(&shard.osd) && !(same && map.epoch == epoch + 1) {
         ask_history(shard, pgr, map.epoch);
     }
+    // The member keeps the history it knew; a primary of a new interval activates only once
+    // the map store's answer to the ask above came.
     let ev = Event::Map {
         epoch: map.epoch,
         acting,
-        history,
+        history: None,
         min_size: pool.min_size as usize,
     };
     drive(shard, pgr, ev, None);
@@ -464,7 +462,7 @@ pub(crate) fn on_answer<S: ObjectStore + 'static>(shard: &Rc<Shard<S>>, answer: 
 fn tick<S: ObjectStore + 'static>(shard: &Rc<Shard<S>>) {
     let map = shard.view.borrow().map.clone();
     let all: Vec<Rc<PgReplica>> = shard.replication.pgs.borrow().values().cloned().collect();
-    let (mut active, mut peering, mut to_recover, mut unfound, mut unleased) = (0, 0, 0, 0, 0);
+    let mut states = crate::metrics::PgStates::default();
     let now = clock();
     let mut silent_peers: BTreeMap<OsdId, u64> = BTreeMap::new();
     let mut listing_max = 0;
@@ -480,24 +478,31 @@ fn tick<S: ObjectStore + 'static>(shard: &Rc<Shard<S>>) {
         }
         if m.acting().first() == Some(&shard.osd) {
             if m.is_active_primary() {
-                active += 1;
+                states.active += 1;
             } else {
-                peering += 1;
+                states.peering += 1;
             }
         }
-        to_recover += m.missing.len() as u64;
+        states.to_recover += m.missing.len() as u64;
         let lost = m.unfound() as u64;
-        unfound += lost;
+        states.unfound += lost;
+        let incomplete = m.lost_intervals();
+        states.incomplete += u64::from(incomplete > 0);
         if lost > 0 && !pgr.unfound_said.replace(true) {
             tracing::error!(pg = %pgr.pg, objects = lost, history = ?m.history(),
                 "objects of this PG are held by no member heard from: it waits for an OSD \
                  of its recorded intervals that holds them");
-        } else if lost == 0 {
+        } else if incomplete > 0 && !pgr.unfound_said.replace(true) {
+            tracing::error!(pg = %pgr.pg, intervals = incomplete, history = ?m.history(),
+                "recorded intervals of this PG are vouched for by none of their members: each \
+                 answered with an empty copy (lost disks), so the writes of those intervals \
+                 are gone; the PG waits for `carmine pg mark-unfound-lost`");
+        } else if lost == 0 && incomplete == 0 {
             pgr.unfound_said.set(false);
         }
         match m.lease_lapsed(now) {
             Some((lapsed, silent)) if lapsed > shard.replication.lease_ns => {
-                unleased += 1;
+                states.unleased += 1;
                 if !pgr.unleased_said.replace(true) {
                     tracing::warn!(pg = %pgr.pg, ?silent, lapsed_ms = lapsed / 1_000_000,
                         "no read lease from these members for longer than a lease: reads and \
@@ -510,9 +515,7 @@ fn tick<S: ObjectStore + 'static>(shard: &Rc<Shard<S>>) {
             _ => {}
         }
     }
-    shard
-        .metrics
-        .set_pg_states(active, peering, to_recover, unfound, unleased);
+    shard.metrics.set_pg_states(&states);
     shard
         .metrics
         .set_silent_peers(silent_peers.into_iter().collect());
@@ -842,7 +845,7 @@ pub(crate) fn on_peer<S: ObjectStore + 'static>(
                             Event::Map {
                                 epoch: map.epoch,
                                 acting: map.pg_osds(pg, pool.size),
-                                history: Vec::new(),
+                                history: None,
                                 min_size: pool.min_size as usize,
                             },
                         );

@@ -119,14 +119,22 @@ pub(crate) fn give_up_unfound<S: ObjectStore + 'static>(
     pg: PgId,
 ) -> Result<u64, ErrorReply> {
     let pgr = copy_here(shard, pg)?;
-    let unfound = pgr.member.borrow().unfound() as u64;
-    if unfound == 0 {
+    let (unfound, incomplete) = {
+        let m = pgr.member.borrow();
+        (m.unfound() as u64, m.incomplete())
+    };
+    if unfound == 0 && incomplete == 0 {
         return Err(reject(
             Status::InvalidArgument,
-            format!("pg {pg} waits for no unfound object here (is this its primary, peering?)"),
+            format!(
+                "pg {pg} waits for no unfound object and no lost interval here (is this its \
+                 primary, peering?)"
+            ),
         ));
     }
-    tracing::warn!(%pg, unfound, "the operator gives up the PG's unfound objects");
+    tracing::warn!(%pg, unfound, incomplete,
+        "the operator gives up the PG's unfound objects and the writes of intervals no copy \
+         vouches for");
     super::drive(shard, &pgr, carmine_pg::Event::GiveUpUnfound, None);
     Ok(unfound)
 }

@@ -93,11 +93,13 @@ pub enum Msg {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Event {
     /// A new map epoch: the PG's acting set in it (primary first; empty: no OSD serves it),
-    /// the intervals recorded in its history, and the pool's `min_size`.
+    /// the pool's `min_size`, and the intervals recorded in its history if the host read them
+    /// from the map store in this epoch (`None`: the member keeps the history it knew, and a
+    /// primary of a new interval waits for [`Event::History`] before it activates).
     Map {
         epoch: u32,
         acting: Vec<OsdId>,
-        history: Vec<Interval>,
+        history: Option<Vec<Interval>>,
         min_size: usize,
     },
     Msg {
@@ -115,8 +117,10 @@ pub enum Event {
         history: Vec<Interval>,
     },
     /// The PG's recorded history as the map store has it now, read in `epoch`: a primary
-    /// still gathering infos probes by it from then on (a map comes with the history the
-    /// host knew, which may be behind; the record's compare-and-swap catches any that is).
+    /// still gathering infos probes by it from then on, and activates only on a history read
+    /// in its interval. (Activation raises its members' last active epoch before the record's
+    /// compare-and-swap could catch a stale history, and a raised epoch vouches for the
+    /// intervals before it: `uncovered_intervals`.)
     History {
         epoch: u32,
         history: Vec<Interval>,

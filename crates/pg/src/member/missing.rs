@@ -124,6 +124,25 @@ impl Member {
         }
     }
 
+    /// As a peering primary that heard its whole acting set: how many recorded intervals
+    /// no member it heard can vouch for (their OSDs are down, or came back empty). While
+    /// any is left the PG waits; the operator's give-up lets it go active without them.
+    pub fn incomplete(&self) -> usize {
+        match self.role {
+            Role::Peering { .. } => self.uncovered,
+            _ => 0,
+        }
+    }
+
+    /// Of [`Member::incomplete`]'s intervals, those all of whose members answered: their
+    /// copies came back empty, so only the operator can let the PG go on without them.
+    pub fn lost_intervals(&self) -> usize {
+        match self.role {
+            Role::Peering { .. } => self.lost_intervals,
+            _ => 0,
+        }
+    }
+
     /// Active, and every acting member holds every object: nothing is degraded, and the PG's
     /// recorded history may shrink to this interval.
     pub fn is_clean(&self) -> bool {
