@@ -64,6 +64,16 @@ pub enum MountError {
          device is left as it is)"
     )]
     AcknowledgedRecordLost { record: u64, durable_mark: u64 },
+    #[error(
+        "segment {segment} has a damaged header, yet holds journal records that show records \
+         up to {durable_mark} were acknowledged, past record {record} where the journal read \
+         ends: mounting would silently drop them; refusing (the device is left as it is)"
+    )]
+    DamagedSegmentHeader {
+        segment: u32,
+        record: u64,
+        durable_mark: u64,
+    },
     #[error("segment {segment} holds {live} live blocks but no journal header ({detail})")]
     LiveBlocksOutsideJournal {
         segment: u32,
