@@ -51,11 +51,14 @@ pub trait PgHistoryStore: std::fmt::Debug {
         })
     }
 
-    /// Drops every interval before the one of `epoch`, if that one is still the newest: once
-    /// it went active, its members hold everything acknowledged before it, so a later primary
-    /// needs to hear only from one of them. Returns whether the history was shortened.
-    fn settle(&self, pg: PgId, epoch: u32) -> Result<bool, MapStoreError> {
-        let edit = &mut |h: &History| Ok(settled(h, epoch));
+    /// Drops every interval before the newest, if that one was recorded in `from..=epoch`:
+    /// the interval of the primary that asks, clean in `epoch`, which began in `from` (within
+    /// an interval only its primary records; the map may have moved on since it recorded
+    /// without changing the acting set). Once it went active its members hold everything
+    /// acknowledged before it, so a later primary needs to hear only from one of them.
+    /// Returns whether the history was shortened.
+    fn settle(&self, pg: PgId, from: u32, epoch: u32) -> Result<bool, MapStoreError> {
+        let edit = &mut |h: &History| Ok(settled(h, from, epoch));
         Ok(matches!(self.change(pg, edit)?, Change::Replaced))
     }
 }
@@ -68,12 +71,15 @@ pub enum Change {
     Kept(History),
 }
 
-/// `h` cut to its newest interval, if that is the one of `epoch` and there is more before it.
-fn settled(h: &History, epoch: u32) -> Option<History> {
+/// `h` cut to its newest interval, if that was recorded in `from..=epoch` and there is more
+/// before it.
+fn settled(h: &History, from: u32, epoch: u32) -> Option<History> {
     match h.intervals.last() {
-        Some(last) if last.epoch == epoch && h.intervals.len() > 1 => Some(History {
-            intervals: vec![last.clone()],
-        }),
+        Some(last) if (from..=epoch).contains(&last.epoch) && h.intervals.len() > 1 => {
+            Some(History {
+                intervals: vec![last.clone()],
+            })
+        }
         _ => None,
     }
 }

@@ -148,6 +148,22 @@ fn a_damaged_history_is_reported_and_never_overwritten(b: &Backend) {
     ));
 }
 
+fn settles_to_the_newest_interval_if_it_is_the_callers(b: &Backend) {
+    for (after, i) in [(None, iv(3, &[0, 1])), (Some(3), iv(5, &[1, 2]))] {
+        assert_eq!(b.store.record(PG, after, i).unwrap(), Recorded::Done);
+    }
+    // A primary whose interval began in 6: the newest (5) is not its own.
+    assert!(!b.store.settle(PG, 6, 9).unwrap());
+    // One clean in 4 (interval from 2) whose map is behind the newest (5): not its own.
+    assert!(!b.store.settle(PG, 2, 4).unwrap());
+    assert_eq!(epochs(b), vec![3, 5]);
+    // The primary that recorded 5, clean in 8 after epochs that kept its acting set.
+    assert!(b.store.settle(PG, 4, 8).unwrap());
+    assert_eq!(epochs(b), vec![5]);
+    // Nothing left to drop.
+    assert!(!b.store.settle(PG, 4, 8).unwrap());
+}
+
 macro_rules! conformance {
     ($($case:ident),* $(,)?) => {
         mod local_backend {
@@ -163,4 +179,5 @@ conformance!(
     appends_only_after_the_interval_the_caller_saw,
     racing_primaries_never_both_record_after_the_same_interval,
     a_damaged_history_is_reported_and_never_overwritten,
+    settles_to_the_newest_interval_if_it_is_the_callers,
 );

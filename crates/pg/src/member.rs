@@ -437,6 +437,16 @@ impl Member {
         }
     }
 
+    /// This (fresh) member takes over its host's persist queue from `old`, whose copy the host
+    /// is removing: its persist sequence continues `old`'s, so completions of `old`'s
+    /// persists still queued count for nothing here (they would otherwise pass for this
+    /// member's own, and let it acknowledge before its writes are durable).
+    pub fn succeed(mut self, old: &Member) -> Self {
+        self.persist_seq = old.persist_seq;
+        self.persisted = old.persist_seq;
+        self
+    }
+
     /// Asks the host to persist the copy as it is now.
     fn persist(&mut self, what: Persisting, out: &mut Vec<Action>) -> u64 {
         self.persist_seq += 1;
@@ -462,6 +472,12 @@ impl Member {
     /// first, with its log entry, asks for it; see [`Event::Write`]).
     pub fn next_version(&self) -> Option<Version> {
         (self.role == Role::Active).then(|| self.log.head().next_in(self.epoch))
+    }
+
+    /// The epoch in which this member's current interval began (its acting set unchanged
+    /// since, with no epoch missed).
+    pub fn interval_start(&self) -> u32 {
+        self.interval_start
     }
 
     /// The acting set of the current epoch, primary first.
@@ -643,7 +659,7 @@ impl Member {
             Event::Persisted { seq } => self.on_persisted(seq, &mut out),
             Event::Recovered { oid, version } => self.on_recovered(oid, version, &mut out),
             Event::GiveUpUnfound => {
-                if self.unfound() > 0 || self.incomplete() > 0 {
+                if self.unfound() > 0 || self.lost_intervals() > 0 {
                     self.give_up_unfound = true;
                     self.try_activate(&mut out);
                 }
@@ -882,7 +898,10 @@ impl Member {
             .iter()
             .filter(|i| i.acting.iter().all(|o| heard.contains_key(o)))
             .count();
-        if self.uncovered > 0 && !self.give_up_unfound {
+        // The operator gives up only intervals whose every copy answered empty: one with a
+        // member not heard from yet waits for it (that OSD may come back with the writes, or
+        // hold a read lease as an old primary cut off).
+        if self.uncovered > self.lost_intervals || (self.uncovered > 0 && !self.give_up_unfound) {
             return;
         }
         let infos: Vec<PeerInfo> = heard.values().map(|h| h.0).collect();

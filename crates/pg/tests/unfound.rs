@@ -107,3 +107,60 @@ fn objects_nobody_holds_are_waited_for_until_given_up_then_deleted() {
     assert!(write(&mut ms, 2, 5, "c"));
     assert_eq!(ms[0].objects.len(), 2, "{}", ms[0].describe());
 }
+
+/// Like [`run`], but messages to the OSDs in `down` are lost.
+fn run_without(ms: &mut [Member], down: &[u32], to: Option<usize>, ev: Event) {
+    let mut inbox = Vec::new();
+    for (i, m) in ms.iter_mut().enumerate() {
+        if to.is_some_and(|t| t != i) || down.contains(&(i as u32)) {
+            continue;
+        }
+        let actions = m.handle(0, ev.clone());
+        let (sent, _) = carry(m, actions);
+        inbox.extend(sent.into_iter().map(|(dest, msg)| (i as u32, dest, msg)));
+    }
+    while let Some((from, dest, msg)) = inbox.pop() {
+        if down.contains(&dest) {
+            continue;
+        }
+        let m = &mut ms[dest as usize];
+        let actions = m.handle(0, Event::Msg { from, msg });
+        let (sent, _) = carry(m, actions);
+        inbox.extend(sent.into_iter().map(|(d, msg)| (dest, d, msg)));
+    }
+}
+
+#[test]
+fn a_give_up_passes_intervals_whose_copies_came_back_empty_never_unheard_ones() {
+    let mut ms: Vec<Member> = (0..4).map(|o| Member::new(o, 64)).collect();
+    run(&mut ms, None, map(1, vec![0, 1]));
+    assert!(write(&mut ms, 0, 1, "a"));
+    let history = vec![carmine_pg::Interval {
+        epoch: 1,
+        acting: vec![0, 1],
+    }];
+    let epoch2 = Event::Map {
+        epoch: 2,
+        acting: vec![2, 3],
+        history: Some(history),
+        min_size: 1,
+    };
+    // osd.0 and osd.1 are down: the interval that wrote "a" is not accounted for, and a
+    // give-up does not pass it (they may come back with "a").
+    run_without(&mut ms, &[0, 1], None, epoch2.clone());
+    run_without(&mut ms, &[0, 1], Some(2), Event::GiveUpUnfound);
+    assert!(!ms[2].is_active_primary(), "{}", ms[2].describe());
+    assert_eq!(ms[2].lost_intervals(), 0, "{}", ms[2].describe());
+    // They come back empty (lost disks) and answer: the interval is lost, and the PG waits
+    // for the operator.
+    ms[0] = Member::new(0, 64);
+    ms[1] = Member::new(1, 64);
+    run(&mut ms, Some(0), epoch2.clone());
+    run(&mut ms, Some(1), epoch2);
+    run(&mut ms, Some(2), Event::Tick);
+    assert!(!ms[2].is_active_primary(), "{}", ms[2].describe());
+    assert_eq!(ms[2].lost_intervals(), 1, "{}", ms[2].describe());
+    run(&mut ms, Some(2), Event::GiveUpUnfound);
+    assert!(ms[2].is_active_primary(), "{}", ms[2].describe());
+    assert!(ms[2].objects.is_empty(), "{}", ms[2].describe());
+}

@@ -29,9 +29,11 @@ pub(crate) enum Ask {
         after: Option<u32>,
         interval: Interval,
     },
-    /// The PG went active in `epoch` with every member: earlier intervals may go.
+    /// The PG is clean in `epoch` on an interval that began in `from`: the intervals
+    /// before its recorded one may go.
     Settle {
         pg: PgId,
+        from: u32,
         epoch: u32,
     },
 }
@@ -110,7 +112,7 @@ pub(crate) fn start(
 
 fn answer(store: &(dyn PgHistoryStore + Send + Sync), ask: Ask) -> Answer {
     let (pg, epoch) = match &ask {
-        Ask::Get { pg, epoch } | Ask::Record { pg, epoch, .. } | Ask::Settle { pg, epoch } => {
+        Ask::Get { pg, epoch } | Ask::Record { pg, epoch, .. } | Ask::Settle { pg, epoch, .. } => {
             (*pg, *epoch)
         }
     };
@@ -136,7 +138,9 @@ fn answer(store: &(dyn PgHistoryStore + Send + Sync), ask: Ask) -> Answer {
                     history: h.intervals,
                 },
             }),
-        Ask::Settle { .. } => store.settle(pg, epoch).map(|_| Answer::Settled { pg }),
+        Ask::Settle { from, .. } => store
+            .settle(pg, from, epoch)
+            .map(|_| Answer::Settled { pg }),
     };
     answered.unwrap_or_else(|e| Answer::Failed {
         pg,

@@ -434,7 +434,12 @@ pub(crate) fn on_answer<S: ObjectStore + 'static>(shard: &Rc<Shard<S>>, answer: 
         Answer::Got { epoch, history, .. } => {
             pgr.asked.set(None);
             pgr.fetched.set(pgr.fetched.get().max(epoch));
-            purge::consider(shard, &pgr, &history);
+            // Only a history read in the map's current epoch can show this copy is no longer
+            // needed: one read earlier (the worker was slow) may miss an interval recorded
+            // since that holds writes only this copy has.
+            if epoch == shard.view.borrow().map.epoch {
+                purge::consider(shard, &pgr, &history);
+            }
             // (An answer for an older epoch is ignored by the member.)
             drive(shard, &pgr, Event::History { epoch, history }, None);
         }
@@ -579,9 +584,9 @@ pub(crate) fn drive<S: ObjectStore + 'static>(
     }
     let actions = pgr.member.borrow_mut().handle(clock(), ev);
     carry_out(shard, pgr, actions, ops);
-    let (epoch, idle) = {
+    let (epoch, from, idle) = {
         let m = pgr.member.borrow();
-        (m.epoch(), m.writes_in_flight() == 0)
+        (m.epoch(), m.interval_start(), m.writes_in_flight() == 0)
     };
     if idle {
         pgr.inflight_ops.borrow_mut().clear();
@@ -590,7 +595,13 @@ pub(crate) fn drive<S: ObjectStore + 'static>(
     // until then, members of earlier intervals may hold objects no acting member has yet.
     if pgr.settled.get() < epoch && pgr.member.borrow().is_clean() {
         if let Some(h) = &shard.replication.history {
-            if h.ask(Ask::Settle { pg: pgr.pg, epoch }) {
+            // The interval was recorded in some epoch from its start on: the map may have
+            // moved on since without changing the acting set.
+            if h.ask(Ask::Settle {
+                pg: pgr.pg,
+                from,
+                epoch,
+            }) {
                 pgr.settled.set(epoch);
             }
         }

@@ -56,7 +56,8 @@ pub(crate) fn consider<S: ObjectStore + 'static>(
     }
     let objects = pgr.held.borrow().len();
     tracing::info!(pg = %pgr.pg, objects, "removing the stray copy of a PG that is clean elsewhere");
-    *pgr.member.borrow_mut() = shard.replication.new_member();
+    let fresh = shard.replication.new_member().succeed(&pgr.member.borrow());
+    *pgr.member.borrow_mut() = fresh;
     pgr.held.borrow_mut().clear();
     pgr.log_keys.borrow_mut().clear();
     pgr.inflight_ops.borrow_mut().clear();
@@ -98,6 +99,10 @@ pub(super) async fn run<S: ObjectStore>(shard: &Shard<S>, pgr: &PgReplica) -> Re
             .map_err(|e| format!("removing the stray PG's objects: {e}"))?;
         removed += page.items.len();
     }
+    // Jobs of the removed member queued before this one ran first and noted what they
+    // stored; none of it is here any more (jobs queued after this one run after it).
+    pgr.held.borrow_mut().clear();
+    pgr.log_keys.borrow_mut().clear();
     tracing::info!(%pg, removed, "stray copy removed");
     Ok(())
 }

@@ -121,7 +121,7 @@ pub(crate) fn give_up_unfound<S: ObjectStore + 'static>(
     let pgr = copy_here(shard, pg)?;
     let (unfound, incomplete) = {
         let m = pgr.member.borrow();
-        (m.unfound() as u64, m.incomplete())
+        (m.unfound() as u64, m.lost_intervals())
     };
     if unfound == 0 && incomplete == 0 {
         return Err(reject(
@@ -643,7 +643,7 @@ pub(crate) fn take_push<S: ObjectStore + 'static>(
             None => {
                 let pgr = shard.replication.pg(pg).expect("checked");
                 let v = copy.is_some().then_some(version);
-                install(&shard, &pgr, &oid, v, copy).await
+                install(&shard, &pgr, &oid, v, copy, epoch).await
             }
         };
         send(&shard, from, pg, Body::Pushed { token, result });
@@ -652,15 +652,24 @@ pub(crate) fn take_push<S: ObjectStore + 'static>(
 }
 
 /// Replaces this copy of `oid` with `copy` at `version` (`None`: removes it), with the
-/// version the PG's state records for it, in one transaction.
+/// version the PG's state records for it, in one transaction: a repair decided in `epoch`.
 async fn install<S: ObjectStore>(
     shard: &Shard<S>,
     pgr: &PgReplica,
     oid: &str,
     version: Option<Version>,
     copy: Option<ObjectCopy>,
+    epoch: u32,
 ) -> Result<(), String> {
     let pg = pgr.pg;
+    // A repair's fetches take a while: if this copy took a newer history meanwhile (the
+    // object deleted there, or written again), what was decided before must not land.
+    let les = pgr.member.borrow().les;
+    if les > epoch {
+        return Err(format!(
+            "{oid:?} not rewritten: this copy took the history of epoch {les} since the repair              was decided in {epoch}"
+        ));
+    }
     let mut txn = Transaction::new();
     txn.touch(pg, oid).remove(pg, oid);
     if let Some(c) = copy {
@@ -713,7 +722,7 @@ async fn repair<S: ObjectStore + 'static>(
     };
     for (osd, _) in &v.bad {
         if *osd == shard.osd {
-            install(shard, pgr, &v.oid, v.want, copy.clone()).await?;
+            install(shard, pgr, &v.oid, v.want, copy.clone(), epoch).await?;
             continue;
         }
         let mut replies = Replies::new(&shard.replication);
@@ -765,7 +774,7 @@ pub(crate) async fn repair_for_read<S: ObjectStore + 'static>(
     for src in acting.into_iter().filter(|o| *o != shard.osd) {
         match pull::fetch(shard, pg, src, oid).await {
             Some((version, Some(copy))) if version == want => {
-                install(shard, &pgr, oid, Some(want), Some(copy)).await?;
+                install(shard, &pgr, oid, Some(want), Some(copy), epoch).await?;
                 shard.metrics.read_repaired();
                 tracing::warn!(%pg, oid, source = src, "bad local copy rewritten for a read");
                 return Ok(());

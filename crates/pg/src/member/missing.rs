@@ -124,18 +124,10 @@ impl Member {
         }
     }
 
-    /// As a peering primary that heard its whole acting set: how many recorded intervals
-    /// no member it heard can vouch for (their OSDs are down, or came back empty). While
-    /// any is left the PG waits; the operator's give-up lets it go active without them.
-    pub fn incomplete(&self) -> usize {
-        match self.role {
-            Role::Peering { .. } => self.uncovered,
-            _ => 0,
-        }
-    }
-
-    /// Of [`Member::incomplete`]'s intervals, those all of whose members answered: their
-    /// copies came back empty, so only the operator can let the PG go on without them.
+    /// As a peering primary that heard its whole acting set: the recorded intervals no member
+    /// can vouch for though every member of each answered — their copies came back empty
+    /// (lost disks), so only the operator's give-up lets the PG go on without their writes.
+    /// (An interval with a member not heard from yet waits for it, give-up or not.)
     pub fn lost_intervals(&self) -> usize {
         match self.role {
             Role::Peering { .. } => self.lost_intervals,
