@@ -328,10 +328,18 @@ impl<D: BlockDevice> NativeStore<D> {
             Index::decode(Bytes::from(blob), geo).map_err(|e| bad_checkpoint(e.to_string()))?;
 
         let mut headers: Vec<Option<SegmentHeader>> = Vec::with_capacity(geo.segments as usize);
+        // Written segments whose header fails its checks (not another store's or shard's: a
+        // device formatted over an old store keeps the old headers until the cleaner reuses
+        // their segments).
+        let mut damaged: Vec<u32> = Vec::new();
         for s in 0..geo.segments {
             let block = read_block(&dev, seg_off(s)).await?;
+            let decoded = SegmentHeader::decode(block.full());
+            if decoded.is_err() && block.full().iter().any(|&b| b != 0) {
+                damaged.push(s);
+            }
             headers.push(
-                SegmentHeader::decode(block.full())
+                decoded
                     .ok()
                     .filter(|h| h.uuid == sb.uuid && h.shard == shard),
             );
@@ -454,14 +462,9 @@ impl<D: BlockDevice> NativeStore<D> {
         // only a crash that tore the header's first write is harmless (nothing in it was
         // acknowledged then). A bit flipped since would drop every acknowledged record in it,
         // and after it, without a trace: its records' own durable marks tell the two apart.
-        for (s, h) in headers.iter().enumerate() {
-            let s = s as u32;
-            if h.is_some() || slot.segments.contains(&s) {
+        for s in damaged {
+            if slot.segments.contains(&s) {
                 continue;
-            }
-            let block = read_block(&dev, seg_off(s)).await?;
-            if block.full().iter().all(|&b| b == 0) {
-                continue; // never written
             }
             let len = geo.segment_blocks as usize * BLOCK;
             let area = read_at(
@@ -471,7 +474,7 @@ impl<D: BlockDevice> NativeStore<D> {
                 "reading a segment with a damaged header",
             )
             .await?;
-            let mark = records_mark(area.full());
+            let mark = records_mark(area.full(), expected);
             if mark >= expected {
                 return Err(MountError::DamagedSegmentHeader {
                     segment: s,
@@ -573,9 +576,10 @@ impl<D: BlockDevice> NativeStore<D> {
 
 /// The highest durable mark of the records a segment holds from its block 1 on, walked record
 /// by record (their data blocks are never taken for headers) while each is valid and of the
-/// first one's nonce; 0 if none is.
-fn records_mark(segment: &[u8]) -> u64 {
-    let (mut at, mut mark, mut nonce) = (BLOCK, 0, None);
+/// first one's nonce — if one of them is record `expected`, where the journal read ended (the
+/// segment continues this journal); 0 otherwise (none valid, or an old store's records).
+fn records_mark(segment: &[u8], expected: u64) -> u64 {
+    let (mut at, mut mark, mut nonce, mut continues) = (BLOCK, 0, None, false);
     while at + BLOCK <= segment.len() {
         let Some(h) = RecordHeader::decode(&segment[at..at + BLOCK]) else {
             break;
@@ -584,10 +588,15 @@ fn records_mark(segment: &[u8]) -> u64 {
             break;
         }
         nonce = Some(h.nonce);
+        continues |= h.seq == expected;
         mark = mark.max(h.durable_seq);
         at += h.total_blocks as usize * BLOCK;
     }
-    mark
+    if continues {
+        mark
+    } else {
+        0
+    }
 }
 
 /// The data blocks of the record at `rec_paddr` whose contents fail the checksum their

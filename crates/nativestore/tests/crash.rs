@@ -39,6 +39,17 @@ fn seed() -> u64 {
         .unwrap_or_else(rand::random)
 }
 
+/// The run's random source and a proptest runner drawn from it (`CARMINE_SEED` replays).
+fn seeded(seed: u64) -> (rand::rngs::StdRng, TestRunner) {
+    eprintln!("CARMINE_SEED={seed}");
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let runner = TestRunner::new_with_rng(
+        Config::default(),
+        TestRng::from_seed(RngAlgorithm::ChaCha, &rng.random::<[u8; 32]>()),
+    );
+    (rng, runner)
+}
+
 /// Small checkpoint interval and cache, so checkpoints, cache misses and the cleaner all run.
 fn config() -> NativeConfig {
     NativeConfig {
@@ -105,12 +116,7 @@ fn setup_txn() -> Transaction {
 #[test]
 fn recovery_after_random_crashes_matches_the_model() {
     let seed = seed();
-    eprintln!("CARMINE_SEED={seed}");
-    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
-    let mut runner = TestRunner::new_with_rng(
-        Config::default(),
-        TestRng::from_seed(RngAlgorithm::ChaCha, &rng.random::<[u8; 32]>()),
-    );
+    let (mut rng, mut runner) = seeded(seed);
     let strategy = arb_transaction();
 
     let dev = SimDevice::new(DEVICE);
@@ -310,12 +316,7 @@ const SENTINEL: &str = "~sentinel";
 #[test]
 fn a_flipped_bit_in_what_the_store_wrote_is_refused_or_reported_never_a_different_state() {
     let seed = seed();
-    eprintln!("CARMINE_SEED={seed}");
-    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
-    let mut runner = TestRunner::new_with_rng(
-        Config::default(),
-        TestRng::from_seed(RngAlgorithm::ChaCha, &rng.random::<[u8; 32]>()),
-    );
+    let (mut rng, mut runner) = seeded(seed);
     let strategy = arb_transaction();
     let dev = SimDevice::new(DEVICE);
     let model = ModelStore::new();

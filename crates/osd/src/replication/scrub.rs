@@ -667,7 +667,8 @@ async fn install<S: ObjectStore>(
     let les = pgr.member.borrow().les;
     if les > epoch {
         return Err(format!(
-            "{oid:?} not rewritten: this copy took the history of epoch {les} since the repair              was decided in {epoch}"
+            "{oid:?} not rewritten: this copy took the history of epoch {les} since the repair \
+             was decided in {epoch}"
         ));
     }
     let mut txn = Transaction::new();
