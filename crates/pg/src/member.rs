@@ -974,9 +974,7 @@ impl Member {
             recorded: false,
         } = &self.role
         {
-            if self.acting.iter().all(|o| acked.contains(o))
-                && self.persisted >= self.activation_persist
-            {
+            if self.taken_by_all(acked) {
                 out.push(Action::Record {
                     interval: Interval {
                         epoch: self.epoch,
@@ -988,14 +986,15 @@ impl Member {
         }
     }
 
+    /// Every acting member acknowledged the activation (`acked`), and this one's own copy of
+    /// the history is durable too.
+    fn taken_by_all(&self, acked: &BTreeSet<OsdId>) -> bool {
+        self.acting.iter().all(|o| acked.contains(o)) && self.persisted >= self.activation_persist
+    }
+
     fn maybe_active(&mut self) {
         if let Role::Activating { acked, recorded } = &self.role {
-            // Its own copy of the history durable too.
-            if *recorded
-                && self.acting.iter().all(|o| acked.contains(o))
-                && self.persisted >= self.activation_persist
-                && self.now >= self.prior_leases_until
-            {
+            if *recorded && self.taken_by_all(acked) && self.now >= self.prior_leases_until {
                 self.role = Role::Active;
                 self.active_since = self.now;
                 // A lease before the first reads, without waiting for the next tick.
@@ -1119,15 +1118,12 @@ impl Member {
                 if epoch == self.epoch && self.member_round.get(&from) == Some(&round) {
                     match &mut self.role {
                         Role::Activating { acked, .. } => {
-                            // The last acknowledgement records the interval at once.
-                            let last =
-                                acked.insert(from) && self.acting.iter().all(|o| acked.contains(o));
+                            acked.insert(from);
                             self.peer_missing.insert(from, Some(missing));
                             let h = self.acked_head.entry(from).or_default();
                             *h = (*h).max(head);
-                            if last {
-                                self.record_if_taken(out);
-                            }
+                            // The last acknowledgement records the interval at once.
+                            self.record_if_taken(out);
                         }
                         Role::Active => {
                             // A member caught up: it has every write up to `head`, but the

@@ -284,18 +284,16 @@ mod tests {
         assert_eq!(plan_member(&auth, &PgLog::new(10)), MemberPlan::Backfill);
     }
 
+    fn iv(epoch: u32, acting: &[OsdId]) -> Interval {
+        Interval {
+            epoch,
+            acting: acting.to_vec(),
+        }
+    }
+
     #[test]
     fn an_interval_nobody_was_heard_from_blocks_activation() {
-        let history = vec![
-            Interval {
-                epoch: 3,
-                acting: vec![0, 1],
-            },
-            Interval {
-                epoch: 5,
-                acting: vec![2],
-            },
-        ];
+        let history = vec![iv(3, &[0, 1]), iv(5, &[2])];
         let heard: BTreeMap<OsdId, u32> = [(0, 3), (3, 0)].into();
         let left = uncovered_intervals(&history, &heard);
         assert_eq!(left, vec![&history[1]]);
@@ -304,16 +302,7 @@ mod tests {
 
     #[test]
     fn a_member_that_lost_its_disk_vouches_for_no_interval_it_was_in() {
-        let history = vec![
-            Interval {
-                epoch: 3,
-                acting: vec![0, 1],
-            },
-            Interval {
-                epoch: 5,
-                acting: vec![1, 2],
-            },
-        ];
+        let history = vec![iv(3, &[0, 1]), iv(5, &[1, 2])];
         // osd.1 and osd.2 came back empty (last active epoch 0): they vouch for neither
         // interval, though they were in both.
         let heard: BTreeMap<OsdId, u32> = [(1, 0), (2, 0)].into();
