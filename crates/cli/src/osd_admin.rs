@@ -1,4 +1,4 @@
-//! `carmine osd out|in|add|rm|reweight|reweight-by-capacity|balance|tree`: membership changes an operator makes, as map epochs, and the
+//! `carmine osd out|in|lost|add|rm|reweight|reweight-by-capacity|balance|tree`: membership changes an operator makes, as map epochs, and the
 //! view of OSDs by host. Changes are compare-and-swaps on the map store like the manager's,
 //! so they never overwrite an epoch someone else committed meanwhile.
 
@@ -28,6 +28,18 @@ pub enum OsdAdmin {
         /// Refused unless given this flag (replication and backfill will lift this).
         #[arg(long)]
         allow_single_copy_moves: bool,
+    },
+    /// Declare down OSDs lost: their disks are gone for good. PGs stop waiting for their
+    /// copies of the intervals recorded before now; writes only those copies held are then
+    /// reported (incomplete PGs, unfound objects) for `pg mark-unfound-lost` to give up. The
+    /// OSDs are also marked out, so their PGs are placed elsewhere.
+    Lost {
+        #[command(flatten)]
+        dir: DirArg,
+        ids: Vec<u32>,
+        /// Needed: PGs may go on without writes only these OSDs held.
+        #[arg(long)]
+        yes_i_really_mean_it: bool,
     },
     /// Add an OSD on another host to the map (down until it registers; out unless --in).
     /// Start it there with the command this prints.
@@ -119,6 +131,11 @@ pub fn run(cmd: OsdAdmin) -> Result<()> {
             ids,
             allow_single_copy_moves,
         } => set_in(&dir.dir, &ids, true, allow_single_copy_moves),
+        OsdAdmin::Lost {
+            dir,
+            ids,
+            yes_i_really_mean_it,
+        } => set_lost(&dir.dir, &ids, yes_i_really_mean_it),
         OsdAdmin::Add {
             dir,
             host,
@@ -393,6 +410,7 @@ fn reweight_by_capacity(dir: &std::path::Path, dry_run: bool, allow_moves: bool)
 }
 
 fn rm(dir: &std::path::Path, id: u32) -> Result<()> {
+    refuse_while_histories_name(dir, id)?;
     let store = carmine_localcluster::map_store(dir)?;
     let stored = carmine_mapstore::update(store.as_ref(), 10, |current| {
         let map = existing(current)?;
@@ -418,6 +436,31 @@ fn rm(dir: &std::path::Path, id: u32) -> Result<()> {
     .context("the cluster has no map")?;
     println!("removed osd.{id}; map epoch {}", stored.epoch);
     Ok(())
+}
+
+/// Refuses to remove an OSD that a PG's recorded history still names: the PG may need its
+/// copy (it is not clean without it yet), and once the OSD is out of the map it could not be
+/// waited for, nor declared lost, any more.
+fn refuse_while_histories_name(dir: &std::path::Path, id: u32) -> Result<()> {
+    let map = carmine_localcluster::read_map(dir)?;
+    let histories = carmine_localcluster::pg_histories(dir)?;
+    let naming: Vec<String> = carmine_localcluster::pgs_naming(&map, histories.as_ref(), id)?
+        .iter()
+        .map(|pg| pg.to_string())
+        .collect();
+    if naming.is_empty() {
+        return Ok(());
+    }
+    let shown = naming.len().min(8);
+    bail!(
+        "osd.{id} is named by the recorded history of {} PG(s) ({}{}): they are not clean \
+         without it yet and may need its copy. Wait until `cluster status` says HEALTH_OK; if \
+         its disk is gone for good, `osd lost {id} --yes-i-really-mean-it` first, then `pg \
+         mark-unfound-lost` for the PGs that wait",
+        naming.len(),
+        naming[..shown].join(", "),
+        if naming.len() > shown { ", …" } else { "" }
+    )
 }
 
 fn balance(
@@ -529,6 +572,71 @@ fn set_in(dir: &std::path::Path, ids: &[u32], in_: bool, allow_moves: bool) -> R
     Ok(())
 }
 
+/// `osd lost`: see [`OsdAdmin::Lost`].
+fn set_lost(dir: &std::path::Path, ids: &[u32], confirmed: bool) -> Result<()> {
+    if ids.is_empty() {
+        bail!("name at least one OSD id");
+    }
+    if !confirmed {
+        bail!(
+            "declaring an OSD lost lets its PGs go on without the copies it held: writes only \
+             it had are given up once `pg mark-unfound-lost` is run. If its disk may still \
+             come back, start the OSD instead. Pass --yes-i-really-mean-it to declare it lost"
+        );
+    }
+    // A process that still runs may hold a read lease, and serve: it must be gone first.
+    let alive = carmine_localcluster::registrations(dir)?;
+    if let Some(id) = ids.iter().find(|id| alive.contains_key(id)) {
+        bail!(
+            "osd.{id} is still registered as running (or its registration has not expired \
+             yet): stop its process before declaring it lost"
+        );
+    }
+    let store = carmine_localcluster::map_store(dir)?;
+    let mut before = None;
+    let stored = carmine_mapstore::update(store.as_ref(), 10, |current| {
+        let map = existing(current)?;
+        let mut next = map.clone();
+        next.epoch = map.epoch + 1;
+        for id in ids {
+            let Some(o) = next.osds.iter_mut().find(|o| o.id == *id) else {
+                return Err(carmine_mapstore::MapStoreError::Invalid(format!(
+                    "osd.{id} is not in the map"
+                )));
+            };
+            if o.up {
+                return Err(carmine_mapstore::MapStoreError::Invalid(format!(
+                    "osd.{id} is up: only a down OSD can be declared lost (stop it, and wait \
+                     until the map marks it down)"
+                )));
+            }
+            // The intervals recorded up to now; an interval it serves after coming back is
+            // its own to answer for.
+            o.lost_at = next.epoch;
+            o.in_ = false;
+            o.auto_out = false;
+        }
+        if !next.osds.iter().any(|o| o.in_) {
+            return Err(carmine_mapstore::MapStoreError::Invalid(
+                "refusing to mark every OSD out: no PG would have a place".into(),
+            ));
+        }
+        before = Some(map.clone());
+        Ok(Some(next))
+    })?
+    .context("the cluster has no map")?;
+    print_moved(before.as_ref(), &stored);
+    let names: Vec<String> = ids.iter().map(|i| format!("osd.{i}")).collect();
+    println!(
+        "declared {} lost and out; map epoch {}. PGs whose recorded intervals only they \
+         could vouch for show as incomplete in `cluster status`: `carmine pg mark-unfound-lost \
+         PGID` lets each go on without those writes",
+        names.join(", "),
+        stored.epoch
+    );
+    Ok(())
+}
+
 /// How many PGs a committed change placed elsewhere (`before`: the map it changed).
 fn print_moved(before: Option<&OsdMap>, stored: &OsdMap) {
     if let Some(b) = before {
@@ -574,7 +682,11 @@ pub fn tree(map: &OsdMap) -> String {
                 "{:<6}     osd.{:<15} {:>5} {:>4} {:>6} {:>8.4}",
                 o.id,
                 o.id,
-                if o.up { "up" } else { "down" },
+                match (o.up, o.lost_at) {
+                    (true, _) => "up",
+                    (false, 0) => "down",
+                    (false, _) => "lost",
+                },
                 if o.in_ { "in" } else { "out" },
                 pgs,
                 o.weight as f64 / carmine_cluster::WEIGHT_ONE as f64

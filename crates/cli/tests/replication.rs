@@ -712,3 +712,82 @@ fn the_primary_of_busy_pgs_killed_mid_write_again_and_again_loses_no_acknowledge
     let status = healthy(&c);
     assert!(status.contains("osd: 3 osds: 3 up, 3 in"), "{status}");
 }
+
+#[test]
+fn an_osd_declared_lost_must_be_down_is_shown_lost_and_may_come_back_empty() {
+    let c = Cluster::up("lost", &["--osds", "3", "--pg-num", "8"]);
+    healthy(&c);
+    c.ok(&["volume", "create", "v", "--size", "4M"]);
+    let data = pattern(4 << 20, 7);
+    c.write_volume("v", &data);
+    let err = c.fails(&["osd", "lost", "2", "--yes-i-really-mean-it"]);
+    assert!(err.contains("osd.2 is still registered as running"), "{err}");
+    kill9(c.osd_pid(2));
+    let start = Instant::now();
+    while carmine_localcluster::read_map(&c.dir).unwrap().osds[2].up {
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "osd.2 never marked down"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let err = c.fails(&["osd", "lost", "2"]);
+    assert!(err.contains("--yes-i-really-mean-it"), "{err}");
+    let out = c.ok(&["osd", "lost", "2", "--yes-i-really-mean-it"]);
+    assert!(out.contains("declared osd.2 lost and out"), "{out}");
+    let map = carmine_localcluster::read_map(&c.dir).unwrap();
+    assert_eq!(map.osds[2].lost_at, map.epoch);
+    assert!(!map.osds[2].in_);
+    let tree = c.ok(&["osd", "tree"]);
+    assert!(
+        tree.lines()
+            .any(|l| l.contains("osd.2") && l.contains("lost")),
+        "{tree}"
+    );
+    let status = String::from_utf8_lossy(&c.run(&["cluster", "status"]).stdout).into_owned();
+    assert!(
+        status.contains(&format!("declared lost: osd.2 in epoch {}", map.epoch)),
+        "{status}"
+    );
+    // The two copies left hold everything.
+    assert!(
+        read_volume(&c, 4 << 20) == data,
+        "data after osd.2 was declared lost"
+    );
+    // It comes back empty and is marked in again: refilled like any new OSD.
+    c.ok(&["cluster", "up"]);
+    c.ok(&["osd", "in", "2"]);
+    eprintln!("osd.2 refilled in {:?}", wait_clean(&c));
+    assert!(
+        read_volume(&c, 4 << 20) == data,
+        "data after osd.2 came back"
+    );
+    healthy(&c);
+    // Retired: out, stopped, and removed once no PG's history names it any more (until
+    // then, removing it is refused: it could be neither waited for nor declared lost).
+    c.ok(&["osd", "out", "2"]);
+    kill9(c.osd_pid(2));
+    let start = Instant::now();
+    let mut refused = 0;
+    loop {
+        let out = c.run(&["osd", "rm", "2"]);
+        if out.status.success() {
+            break;
+        }
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains("is up") || err.contains("named by the recorded history"),
+            "{err}"
+        );
+        refused += 1;
+        assert!(start.elapsed() < Duration::from_secs(30), "osd rm 2: {err}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    eprintln!("osd rm 2 refused {refused} times, then done");
+    let map = carmine_localcluster::read_map(&c.dir).unwrap();
+    assert!(map.osd(2).is_none());
+    assert!(
+        read_volume(&c, 4 << 20) == data,
+        "data after osd.2 was removed"
+    );
+}

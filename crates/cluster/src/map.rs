@@ -10,7 +10,7 @@ use std::net::SocketAddr;
 use thiserror::Error;
 
 const MAP_MAGIC: u32 = u32::from_le_bytes(*b"CMAP");
-pub const MAP_FORMAT_VERSION: u16 = 5;
+pub const MAP_FORMAT_VERSION: u16 = 6;
 /// Maps written before OSDs had `in`, a host and a down stamp: still read (all OSDs in).
 const MAP_FORMAT_V1: u16 = 1;
 /// Maps written before placement exceptions (upmaps): still read (none).
@@ -19,6 +19,8 @@ const MAP_FORMAT_V2: u16 = 2;
 const MAP_FORMAT_V3: u16 = 3;
 /// Maps written before OSDs could be held down on their peers' reports: still read (none).
 const MAP_FORMAT_V4: u16 = 4;
+/// Maps written before OSDs could be declared lost: still read (none).
+const MAP_FORMAT_V5: u16 = 5;
 /// Placement exceptions per map: one per PG at most, and far fewer in practice (the balancer
 /// moves a few PGs per OSD).
 const UPMAPS_MAX: usize = 1 << 18;
@@ -79,6 +81,9 @@ pub struct OsdInfo {
     /// How many times in a row its peers' reports marked it down, each hold twice the one
     /// before (flap damping); a mark down long after the last hold ended counts from 1.
     pub report_markdowns: u16,
+    /// The epoch in which an operator declared it lost (`osd lost`: its disk is gone for
+    /// good), 0 if never: PGs stop waiting for its copies of the intervals before then.
+    pub lost_at: u32,
     /// The host it runs on: the failure domain placement spreads copies over.
     pub host: String,
     /// Its share of PGs relative to the others (16.16 fixed point, `WEIGHT_ONE` = 1.0; by
@@ -99,6 +104,7 @@ impl OsdInfo {
             down_since: 0,
             held_down_until: 0,
             report_markdowns: 0,
+            lost_at: 0,
             host: host.into(),
             weight: WEIGHT_ONE,
             reactors,
@@ -193,6 +199,12 @@ impl OsdMap {
             }
             if o.auto_out && o.in_ {
                 return invalid(format!("osd.{} is in but marked out automatically", o.id));
+            }
+            if o.lost_at > self.epoch {
+                return invalid(format!(
+                    "osd.{} declared lost in epoch {}, after the map's {}",
+                    o.id, o.lost_at, self.epoch
+                ));
             }
         }
         for (i, p) in self.pools.iter().enumerate() {
@@ -397,6 +409,15 @@ impl OsdMap {
             .flat_map(|p| (0..p.pg_num).map(move |seed| PgId { pool: p.id, seed }))
     }
 
+    /// The OSDs declared lost, each with the epoch it was declared in.
+    pub fn lost(&self) -> BTreeMap<OsdId, u32> {
+        self.osds
+            .iter()
+            .filter(|o| o.lost_at != 0)
+            .map(|o| (o.id, o.lost_at))
+            .collect()
+    }
+
     /// Every PG whose primary is reactor `reactor` of `osd`, over all pools.
     pub fn pgs_of_reactor(&self, osd: OsdId, reactor: u32) -> Vec<PgId> {
         self.all_pgs()
@@ -405,15 +426,18 @@ impl OsdMap {
     }
 
     /// The encoding in the oldest format that holds everything the map says: format 4 unless
-    /// an OSD is held down on reports, so that daemons of the previous release still read the
-    /// maps of a cluster being upgraded until a hold needs format 5.
+    /// an OSD is held down on reports (5) or declared lost (6), so that daemons of earlier
+    /// releases still read the maps of a cluster being upgraded until it needs more.
     pub fn encode(&self) -> Bytes {
         let held = self
             .osds
             .iter()
             .any(|o| o.held_down_until != 0 || o.report_markdowns != 0);
-        self.encode_as(if held {
+        let lost = self.osds.iter().any(|o| o.lost_at != 0);
+        self.encode_as(if lost {
             MAP_FORMAT_VERSION
+        } else if held {
+            MAP_FORMAT_V5
         } else {
             MAP_FORMAT_V4
         })
@@ -433,6 +457,9 @@ impl OsdMap {
             e.u32(o.id).u8(o.flags()).u32(o.weight).u64(o.down_since);
             if version > MAP_FORMAT_V4 {
                 e.u64(o.held_down_until).u16(o.report_markdowns);
+            }
+            if version > MAP_FORMAT_V5 {
+                e.u32(o.lost_at);
             }
             e.str(&o.host).count(o.reactors.len());
             for a in &o.reactors {
@@ -489,13 +516,14 @@ impl OsdMap {
         let mut osds = Vec::with_capacity(n);
         for _ in 0..n {
             let id = d.u32("osd id")?;
-            let (flags, weight, down_since, held, host) = if version == MAP_FORMAT_V1 {
+            let (flags, weight, down_since, held, lost_at, host) = if version == MAP_FORMAT_V1 {
                 let up = d.bool("osd up")?;
                 (
                     FLAG_IN | if up { FLAG_UP } else { 0 },
                     WEIGHT_ONE,
                     0,
                     (0, 0),
+                    0,
                     String::new(),
                 )
             } else {
@@ -517,6 +545,11 @@ impl OsdMap {
                     } else {
                         (0, 0)
                     },
+                    if version > MAP_FORMAT_V5 {
+                        d.u32("osd lost at")?
+                    } else {
+                        0
+                    },
                     d.string("osd host", HOST_LEN_MAX)?,
                 )
             };
@@ -534,6 +567,7 @@ impl OsdMap {
                 down_since,
                 held_down_until: held.0,
                 report_markdowns: held.1,
+                lost_at,
                 host,
                 weight,
                 reactors,
@@ -598,10 +632,7 @@ mod tests {
         m.osds[1].held_down_until = 1_790_000_040;
         m.osds[1].report_markdowns = 3;
         let encoded = m.encode();
-        assert_eq!(
-            u16::from_le_bytes([encoded[4], encoded[5]]),
-            MAP_FORMAT_VERSION
-        );
+        assert_eq!(u16::from_le_bytes([encoded[4], encoded[5]]), MAP_FORMAT_V5);
         assert_eq!(OsdMap::decode(encoded).unwrap(), m);
         let old = OsdMap::decode(m.encode_as(MAP_FORMAT_V4)).unwrap();
         assert_eq!(
@@ -612,6 +643,24 @@ mod tests {
         // Without a hold, the format the previous release reads.
         let plain = map(3, 2).encode();
         assert_eq!(u16::from_le_bytes([plain[4], plain[5]]), MAP_FORMAT_V4);
+    }
+
+    #[test]
+    fn an_osd_declared_lost_round_trips_and_older_formats_read_as_never() {
+        let mut m = map(3, 2);
+        m.osds[2].up = false;
+        m.osds[2].lost_at = 3;
+        let encoded = m.encode();
+        assert_eq!(
+            u16::from_le_bytes([encoded[4], encoded[5]]),
+            MAP_FORMAT_VERSION
+        );
+        assert_eq!(OsdMap::decode(encoded).unwrap(), m);
+        let old = OsdMap::decode(m.encode_as(MAP_FORMAT_V5)).unwrap();
+        assert_eq!(old.osds[2].lost_at, 0);
+        // A declaration from the future is refused.
+        m.osds[2].lost_at = 4;
+        assert!(matches!(m.validate(), Err(MapError::Invalid(_))));
     }
 
     fn map(osds: u32, reactors: u16) -> OsdMap {

@@ -4,6 +4,7 @@
 //! OSDs are started as `<carmine binary> osd …`, by default the running executable; set
 //! `exe` in [`UpArgs`] to start another binary (tests do).
 
+mod histories;
 mod managers;
 mod maps;
 mod status;
@@ -17,6 +18,7 @@ use carmine_proto::auth::AuthKey;
 use carmine_proto::{Request, Response};
 use carmine_reactor::cpu::{allocate, parse_cpu_list, Allocation, CpuPolicy, CpuTopology};
 use clap::Args;
+pub use histories::{pg_histories, pgs_naming};
 use std::net::{SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};

@@ -63,6 +63,8 @@ struct Usage {
     unfound: u64,
     /// PGs waiting as incomplete: every copy of some recorded interval came back empty.
     incomplete: u64,
+    /// PGs waiting for down OSDs of their recorded intervals.
+    down: u64,
     /// Active PGs whose primary has gone more than a read lease without hearing all copies.
     unleased: u64,
     recovered_objects: u64,
@@ -86,6 +88,7 @@ impl Usage {
         self.to_recover += o.to_recover;
         self.unfound += o.unfound;
         self.incomplete += o.incomplete;
+        self.down += o.down;
         self.unleased += o.unleased;
         self.recovered_objects += o.recovered_objects;
         self.recovered_bytes += o.recovered_bytes;
@@ -126,6 +129,7 @@ fn scrape_usage(addr: &str) -> Option<Usage> {
         to_recover: sum("carmine_osd_objects_to_recover"),
         unfound: sum("carmine_osd_objects_unfound"),
         incomplete: sum("carmine_osd_pgs_incomplete"),
+        down: sum("carmine_osd_pgs_down"),
         unleased: sum("carmine_osd_pgs_read_lease_lapsed"),
         recovered_objects: sum("carmine_osd_recovered_objects_total"),
         recovered_bytes: sum("carmine_osd_recovered_bytes_total"),
@@ -383,6 +387,18 @@ pub fn status(dir: &Path) -> Result<Status> {
             ),
         );
     }
+    if usage.down > 0 {
+        checks.add(
+            Health::Warn,
+            format!(
+                "Reduced data availability: {} pgs down: they wait for OSDs that are down and \
+                 may hold writes of their recorded intervals (the primaries' logs name them); \
+                 start those OSDs, or declare one whose disk is gone for good with `carmine \
+                 osd lost ID`",
+                usage.down
+            ),
+        );
+    }
     if usage.unleased > 0 {
         checks.add(
             Health::Warn,
@@ -478,10 +494,21 @@ pub fn status(dir: &Path) -> Result<Status> {
     }
     let up = map.osds.iter().filter(|o| o.up).count();
     let in_ = map.osds.iter().filter(|o| o.in_).count();
+    let lost: Vec<String> = map
+        .osds
+        .iter()
+        .filter(|o| o.lost_at != 0)
+        .map(|o| format!("osd.{} in epoch {}", o.id, o.lost_at))
+        .collect();
     writeln!(
         t,
-        "  osd: {} osds: {up} up, {in_} in; {answering} answering",
-        map.osds.len()
+        "  osd: {} osds: {up} up, {in_} in; {answering} answering{}",
+        map.osds.len(),
+        if lost.is_empty() {
+            String::new()
+        } else {
+            format!("; declared lost: {}", lost.join(", "))
+        }
     )?;
     for p in &map.pools {
         writeln!(

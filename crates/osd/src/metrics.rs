@@ -66,6 +66,8 @@ pub(crate) struct PgStates {
     pub peering: u64,
     /// Of the peering ones: those no copy can complete (lost disks).
     pub incomplete: u64,
+    /// Of the peering ones: those that wait for down OSDs of their recorded intervals.
+    pub down: u64,
     /// Objects its copies still have to fetch, and those no member heard from holds.
     pub to_recover: u64,
     pub unfound: u64,
@@ -97,12 +99,14 @@ pub struct ReactorMetrics {
     read_lease_waits: AtomicU64,
     replica_writes: AtomicU64,
     read_lease_refusals: AtomicU64,
+    writes_refused_full: AtomicU64,
     pgs_active: AtomicU64,
     pgs_peering: AtomicU64,
     objects_to_recover: AtomicU64,
     objects_unfound: AtomicU64,
     pgs_unleased: AtomicU64,
     pgs_incomplete: AtomicU64,
+    pgs_down: AtomicU64,
     recovered_objects: AtomicU64,
     recovered_bytes: AtomicU64,
     /// Recovery's pace over the last seconds: bytes/s, and thousandths of objects/s.
@@ -200,6 +204,7 @@ impl ReactorMetrics {
         self.pgs_peering.store(states.peering, Ordering::Relaxed);
         self.pgs_incomplete
             .store(states.incomplete, Ordering::Relaxed);
+        self.pgs_down.store(states.down, Ordering::Relaxed);
         self.objects_to_recover
             .store(states.to_recover, Ordering::Relaxed);
         self.objects_unfound
@@ -250,6 +255,15 @@ impl ReactorMetrics {
         add(&self.read_lease_waits, 1);
     }
 
+    pub(crate) fn write_refused_full(&self) {
+        add(&self.writes_refused_full, 1);
+    }
+
+    /// Writes to replicated PGs refused because this OSD's store is full.
+    pub fn writes_refused_full(&self) -> u64 {
+        self.writes_refused_full.load(Ordering::Relaxed)
+    }
+
     pub(crate) fn read_lease_refused(&self) {
         add(&self.read_lease_refusals, 1);
     }
@@ -283,6 +297,11 @@ impl ReactorMetrics {
     /// PGs this reactor is primary of that wait as incomplete (for tests and tools).
     pub fn pgs_incomplete(&self) -> u64 {
         self.pgs_incomplete.load(Ordering::Relaxed)
+    }
+
+    /// PGs this reactor is primary of that wait for down OSDs (for tests and tools).
+    pub fn pgs_down(&self) -> u64 {
+        self.pgs_down.load(Ordering::Relaxed)
     }
 
     /// Objects this reactor's PG copies fetched from other members (for tests and tools).
@@ -434,6 +453,15 @@ pub fn render(osd: u32, reactors: &[ReactorSource]) -> String {
     );
     per_reactor(
         &mut t,
+        "carmine_osd_pgs_down",
+        "gauge",
+        "PGs this reactor is primary of that wait, peering, for OSDs of their recorded \
+         intervals that are down: only those may hold the intervals' writes (start them, or \
+         declare one whose disk is gone `carmine osd lost`).",
+        &|r| load(&r.metrics.pgs_down).to_string(),
+    );
+    per_reactor(
+        &mut t,
         "carmine_osd_pgs_read_lease_lapsed",
         "gauge",
         "Active PGs this reactor is primary of that have gone longer than a read lease \
@@ -559,6 +587,14 @@ pub fn render(osd: u32, reactors: &[ReactorSource]) -> String {
         "Reads of replicated PGs refused because the read lease the other copies grant was not \
          renewed in time (the primary may be cut off from them).",
         &|r| load(&r.metrics.read_lease_refusals).to_string(),
+    );
+    per_reactor(
+        &mut t,
+        "carmine_osd_writes_refused_full_total",
+        "counter",
+        "Writes to replicated PGs this reactor refused with NoSpace because its store is 95% \
+         full (removals still go through).",
+        &|r| load(&r.metrics.writes_refused_full).to_string(),
     );
     per_reactor(
         &mut t,

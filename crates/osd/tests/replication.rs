@@ -5,298 +5,21 @@
 //! rewrite.
 
 use bytes::Bytes;
-use carmine_client::{Client, ClientConfig, ClientError, Connection};
-use carmine_cluster::{OsdInfo, OsdMap, Pool};
-use carmine_mapstore::{LocalPgHistory, PgHistoryStore};
+use carmine_client::{Client, ClientError};
+use carmine_cluster::OsdMap;
+use carmine_mapstore::LocalPgHistory;
 use carmine_osd::{Osd, OsdConfig, RecoveryConfig, ScrubSchedule};
 use carmine_pg::envelope::{Body, ObjectCopy, PeerMessage};
 use carmine_pg::Version;
 use carmine_proto::auth::AuthKey;
 use carmine_proto::{encode_frame, FrameKind, Opcode};
-use carmine_proto::{OpOutput, OsdOp, Request, Response, ScrubMode, ScrubReport, Status};
+use carmine_proto::{OpOutput, OsdOp, ScrubMode, Status};
 use std::net::SocketAddr;
-use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-/// A directory for the PG histories, removed at the end.
-struct TempDir(std::path::PathBuf);
-
-impl TempDir {
-    fn new(name: &str) -> Self {
-        let p = std::env::temp_dir().join(format!("carmine-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&p);
-        std::fs::create_dir_all(&p).unwrap();
-        TempDir(p)
-    }
-
-    fn path(&self) -> &Path {
-        &self.0
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-/// The tests of this file run one at a time: each picks free ports by binding and releasing
-/// them, and two clusters started at once could be handed the same one.
-static ONE_CLUSTER_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
-fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
-    ONE_CLUSTER_AT_A_TIME
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
-}
-
-/// A port nothing listens on, never one handed out before in this process (the kernel may
-/// give a just-released port again).
-fn free_addr() -> SocketAddr {
-    static GIVEN: std::sync::Mutex<Vec<SocketAddr>> = std::sync::Mutex::new(Vec::new());
-    let mut given = GIVEN.lock().unwrap();
-    loop {
-        let a = carmine_testkit::free_addr();
-        if !given.contains(&a) {
-            given.push(a);
-            return a;
-        }
-    }
-}
-
-fn three_osd_map(reactors: usize) -> OsdMap {
-    OsdMap {
-        epoch: 1,
-        osds: (0..3)
-            .map(|id| {
-                OsdInfo::new(
-                    id,
-                    &format!("host{id}"),
-                    (0..reactors).map(|_| free_addr()).collect(),
-                )
-            })
-            .collect(),
-        pools: vec![Pool {
-            id: 1,
-            name: "rbd".into(),
-            pg_num: 8,
-            size: 3,
-            min_size: 2,
-        }],
-        upmaps: Default::default(),
-    }
-}
-
-fn start(id: u32, map: &OsdMap, histories: &Path) -> Osd {
-    start_keyed(id, map, histories, None)
-}
-
-fn start_keyed(id: u32, map: &OsdMap, histories: &Path, auth_key: Option<AuthKey>) -> Osd {
-    start_with(id, map, histories, auth_key, Default::default())
-}
-
-fn start_with(
-    id: u32,
-    map: &OsdMap,
-    histories: &Path,
-    auth_key: Option<AuthKey>,
-    scrub: ScrubSchedule,
-) -> Osd {
-    start_recovering(id, map, histories, auth_key, scrub, Default::default())
-}
-
-fn start_recovering(
-    id: u32,
-    map: &OsdMap,
-    histories: &Path,
-    auth_key: Option<AuthKey>,
-    scrub: ScrubSchedule,
-    recovery: RecoveryConfig,
-) -> Osd {
-    Osd::start(OsdConfig {
-        reactor_cpus: vec![None; map.osds[0].reactors.len()],
-        auth_key,
-        pg_history: Some(Arc::new(LocalPgHistory::new(histories))),
-        scrub,
-        recovery,
-        ..OsdConfig::in_memory(id, map.clone(), 256 << 20)
-    })
-    .unwrap()
-}
-
-fn data(i: usize, round: u8) -> Bytes {
-    Bytes::from(vec![i as u8 ^ round.wrapping_mul(37); 4096 + i])
-}
-
-fn bootstrap(map: &OsdMap) -> Vec<SocketAddr> {
-    map.osds.iter().flat_map(|o| o.reactors.clone()).collect()
-}
-
-async fn client(map: &OsdMap, retry: Duration) -> Client {
-    keyed_client(map, retry, None).await
-}
-
-async fn keyed_client(map: &OsdMap, retry: Duration, key: Option<AuthKey>) -> Client {
-    Client::connect(
-        &bootstrap(map),
-        ClientConfig {
-            retry_timeout: retry,
-            key,
-            ..ClientConfig::default()
-        },
-    )
-    .await
-    .unwrap()
-}
-
-async fn write(c: &Client, i: usize, round: u8) -> Result<(), ClientError> {
-    c.execute(
-        1,
-        &format!("obj{i}"),
-        vec![OsdOp::WriteFull {
-            data: data(i, round),
-        }],
-    )
-    .await
-    .map(|_| ())
-}
-
-async fn check(c: &Client, i: usize, round: u8) {
-    let out = c
-        .execute(1, &format!("obj{i}"), vec![OsdOp::Read { off: 0, len: 0 }])
-        .await
-        .unwrap_or_else(|e| panic!("reading obj{i}: {e}"));
-    match &out[..] {
-        [OpOutput::Data(d)] => assert_eq!(d, &data(i, round), "obj{i} of round {round}"),
-        other => panic!("{other:?}"),
-    }
-}
-
-/// Hands `map` to every running OSD, and waits until every PG with enough copies up went
-/// active in it with all of them and is clean (its recorded history settled to that one
-/// interval): only then may the next OSD fail without the PG having to wait for one that is
-/// gone.
-fn publish(osds: &mut [Option<Osd>], map: &OsdMap, histories: &Path) {
-    hand_out(osds, map);
-    wait_settled(map, histories);
-}
-
-/// Hands `map` to every running OSD and waits until each of their reactors serves it.
-fn hand_out(osds: &mut [Option<Osd>], map: &OsdMap) {
-    for o in osds.iter_mut().flatten() {
-        o.apply_map(map.clone()).unwrap();
-    }
-    // Every reactor of a running OSD serves the new epoch.
-    let running: Vec<SocketAddr> = osds
-        .iter()
-        .flatten()
-        .flat_map(|o| map.osd(o.id()).unwrap().reactors.clone())
-        .collect();
-    carmine_reactor::block_on(async {
-        for addr in running {
-            let deadline = Instant::now() + Duration::from_secs(10);
-            loop {
-                // A connection made while a restarted OSD comes up may be reset: ask again.
-                let ask = async {
-                    let conn = Connection::open(addr, 4).await.ok()?;
-                    match conn.call(&Request::GetMap).await {
-                        Ok(Response::Map { encoded }) => {
-                            Some(OsdMap::decode(encoded).unwrap().epoch)
-                        }
-                        Ok(other) => panic!("{other:?}"),
-                        Err(_) => None,
-                    }
-                };
-                // (A bounded wait: a reply that never comes must fail the test, not hang it.)
-                let served = match carmine_reactor::timeout(Duration::from_secs(1), ask).await {
-                    Ok(epoch) => epoch.unwrap_or(0),
-                    Err(_) => {
-                        eprintln!("{addr} did not answer GetMap within 1 s; asking again");
-                        0
-                    }
-                };
-                if served >= map.epoch {
-                    break;
-                }
-                assert!(
-                    Instant::now() < deadline,
-                    "{addr} never took epoch {}",
-                    map.epoch
-                );
-                carmine_reactor::sleep(Duration::from_millis(5)).await;
-            }
-        }
-    });
-}
-
-fn wait_settled(map: &OsdMap, histories: &Path) {
-    let store = LocalPgHistory::new(histories);
-    let pool = &map.pools[0];
-    let deadline = Instant::now() + Duration::from_secs(30);
-    for pg in map.all_pgs() {
-        let acting = map.pg_osds(pg, pool.size);
-        if acting.len() < pool.min_size as usize {
-            continue;
-        }
-        loop {
-            let h = store.get(pg).unwrap();
-            if matches!(&h.intervals[..], [i] if i.acting == acting && i.epoch == map.epoch) {
-                break;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "pg {pg} never settled in epoch {}: {h:?}",
-                map.epoch
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-}
-
-fn next(map: &mut OsdMap, change: impl FnOnce(&mut OsdMap)) {
-    map.epoch += 1;
-    change(map);
-}
-
-/// osd.0 goes with its memory (its PGs settle on the other two) and comes back empty, as
-/// `start` makes it; its new map is handed out, not waited for (recovery may take a while).
-fn osd0_comes_back_empty(
-    osds: &mut [Option<Osd>],
-    map: &mut OsdMap,
-    histories: &Path,
-    start: impl FnOnce(&OsdMap) -> Osd,
-) {
-    osds[0].take().unwrap().shutdown().unwrap();
-    next(map, |m| m.osds[0].up = false);
-    publish(osds, map, histories);
-    osds[0] = Some(start(map));
-    next(map, |m| m.osds[0].up = true);
-    hand_out(osds, map);
-}
-
-/// osd.1 and osd.2 go; osd.0 serves alone (min_size 1), with what it holds.
-fn only_osd0_left(osds: &mut [Option<Osd>], map: &mut OsdMap, histories: &Path) {
-    for id in [1, 2] {
-        osds[id].take().unwrap().shutdown().unwrap();
-    }
-    next(map, |m| {
-        m.osds[1].up = false;
-        m.osds[2].up = false;
-        m.pools[0].min_size = 1;
-    });
-    publish(osds, map, histories);
-}
-
-/// With RUST_LOG set, the OSDs' logs go to the test's output.
-fn log_if_asked() {
-    if std::env::var_os("RUST_LOG").is_some() {
-        let _ = tracing_subscriber::fmt()
-            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
-            .with_test_writer()
-            .try_init();
-    }
-}
+mod common;
+use common::*;
 
 #[test]
 fn copies_survive_the_loss_of_osds_and_an_empty_osd_is_filled_again() {
@@ -401,22 +124,6 @@ async fn forge(addr: SocketAddr, key: &AuthKey, entity: &str, msg: &PeerMessage)
         .unwrap();
     let (res, _) = carmine_reactor::io::write_all(&mut s, frame).await;
     res.unwrap();
-}
-
-/// Deep-scrubs `seed` until it reports `n` findings (the forged pushes apply in the
-/// background).
-async fn findings(c: &Client, seed: u32, n: u64) -> ScrubReport {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let r = c.scrub(1, seed, ScrubMode::Deep).await.unwrap();
-        if r.findings_total >= n {
-            assert_eq!(r.findings_total, n, "{r:#?}");
-            assert_eq!(r.unrepaired(), n, "a deep scrub repairs nothing: {r:#?}");
-            return r;
-        }
-        assert!(Instant::now() < deadline, "{n} findings never came: {r:#?}");
-        carmine_reactor::sleep(Duration::from_millis(50)).await;
-    }
 }
 
 #[test]
@@ -870,6 +577,45 @@ fn incomplete(osds: &[Option<Osd>]) -> u64 {
         .sum()
 }
 
+/// The sum over `osds`' reactors of the PGs waiting for down OSDs.
+fn down(osds: &[Option<Osd>]) -> u64 {
+    osds.iter()
+        .flatten()
+        .flat_map(|o| o.metrics_sources())
+        .map(|r| r.metrics.pgs_down())
+        .sum()
+}
+
+/// Waits up to 10 s for `count(osds)` to be `want`.
+async fn until_counted(
+    osds: &[Option<Osd>],
+    what: &str,
+    count: fn(&[Option<Osd>]) -> u64,
+    want: u64,
+) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while count(osds) != want {
+        assert!(
+            Instant::now() < deadline,
+            "{} PGs counted {what}, not {want}",
+            count(osds)
+        );
+        carmine_reactor::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Reads `obj{i}` and expects the PG to refuse it as inactive (after the client's retries).
+async fn refused_as_inactive(c: &Client, i: usize) {
+    let got = c
+        .execute(1, &format!("obj{i}"), vec![OsdOp::Read { off: 0, len: 0 }])
+        .await;
+    assert!(
+        matches!(&got, Err(ClientError::Unavailable { last, .. })
+            if last.status() == Some(Status::PgInactive)),
+        "obj{i} was served by a PG that waits for a copy: {got:?}"
+    );
+}
+
 #[test]
 fn objects_whose_every_holder_lost_its_disk_are_reported_unfound_and_never_served_empty() {
     log_if_asked();
@@ -1281,27 +1027,12 @@ fn pgs_whose_every_copy_came_back_empty_wait_for_the_operator() {
     carmine_reactor::block_on(async {
         let c = client(&map, Duration::from_millis(800)).await;
         for i in 0..N {
-            let got = c
-                .execute(1, &format!("obj{i}"), vec![OsdOp::Read { off: 0, len: 0 }])
-                .await;
-            assert!(
-                matches!(&got, Err(ClientError::Unavailable { last, .. })
-                    if last.status() == Some(Status::PgInactive)),
-                "obj{i} was served by a PG none of whose copies vouches for its writes: {got:?}"
-            );
+            refused_as_inactive(&c, i).await;
         }
         // Every PG counts as incomplete (status says HEALTH_ERR), and none as unfound: their
         // copies name no object.
         let pgs = map.pools[0].pg_num as u64;
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while incomplete(&osds) != pgs {
-            assert!(
-                Instant::now() < deadline,
-                "{} of {pgs} PGs reported incomplete",
-                incomplete(&osds)
-            );
-            carmine_reactor::sleep(Duration::from_millis(50)).await;
-        }
+        until_counted(&osds, "incomplete", incomplete, pgs).await;
         assert_eq!(unfound(&osds), 0);
         // The operator gives them up: every PG goes active without them.
         let c = client(&map, Duration::from_secs(10)).await;
@@ -1329,6 +1060,103 @@ fn pgs_whose_every_copy_came_back_empty_wait_for_the_operator() {
         while incomplete(&osds) != 0 {
             assert!(Instant::now() < deadline, "PGs still counted incomplete");
             carmine_reactor::sleep(Duration::from_millis(50)).await;
+        }
+    });
+    for o in osds.into_iter().flatten() {
+        o.shutdown().unwrap();
+    }
+}
+
+#[test]
+fn a_pg_waiting_for_an_osd_whose_disk_is_gone_goes_on_once_it_is_declared_lost() {
+    log_if_asked();
+    let _serial = one_at_a_time();
+    let dir = TempDir::new("declared-lost");
+    let mut map = three_osd_map(1);
+    let mut osds: Vec<Option<Osd>> = (0..3).map(|id| Some(start(id, &map, dir.path()))).collect();
+    const N: usize = 16;
+    wait_settled(&map, dir.path());
+    // osd.2 goes away; the PGs settle on osd.0 and osd.1, which alone take round 2.
+    osds[2].take().unwrap().shutdown().unwrap();
+    next(&mut map, |m| m.osds[2].up = false);
+    publish(&mut osds, &map, dir.path());
+    carmine_reactor::block_on(async {
+        let c = client(&map, Duration::from_secs(20)).await;
+        for i in 0..N {
+            write(&c, i, 2).await.unwrap();
+        }
+    });
+    // osd.0 loses its disk and osd.1 never comes back; osd.2 returns (empty: a memory store).
+    for id in [0, 1] {
+        osds[id].take().unwrap().shutdown().unwrap();
+    }
+    next(&mut map, |m| {
+        m.osds[0].up = false;
+        m.osds[1].up = false;
+    });
+    hand_out(&mut osds, &map);
+    for id in [0, 2] {
+        osds[id as usize] = Some(start(id, &map, dir.path()));
+    }
+    next(&mut map, |m| {
+        m.osds[0].up = true;
+        m.osds[2].up = true;
+    });
+    hand_out(&mut osds, &map);
+    carmine_reactor::block_on(async {
+        // Every PG waits for osd.1, the only one that may hold round 2: "down", not
+        // incomplete (osd.1 may come back with it), and a give-up does not pass it.
+        let pgs = u64::from(map.pools[0].pg_num);
+        until_counted(&osds, "down", down, pgs).await;
+        assert_eq!(incomplete(&osds), 0);
+        let c = client(&map, Duration::from_millis(800)).await;
+        for i in 0..N {
+            refused_as_inactive(&c, i).await;
+        }
+        let c = client(&map, Duration::from_secs(10)).await;
+        for seed in 0..map.pools[0].pg_num {
+            let _ = c.mark_unfound_lost(1, seed).await;
+        }
+        carmine_reactor::sleep(Duration::from_millis(500)).await;
+        assert_eq!(
+            down(&osds),
+            pgs,
+            "a give-up passed an OSD that may come back"
+        );
+    });
+    // The operator declares osd.1 lost (`carmine osd lost 1`): down, out, lost in this epoch.
+    next(&mut map, |m| {
+        let epoch = m.epoch;
+        let o = &mut m.osds[1];
+        o.lost_at = epoch;
+        o.in_ = false;
+    });
+    hand_out(&mut osds, &map);
+    carmine_reactor::block_on(async {
+        // Every member of the interval has answered now: the PGs are incomplete, and wait
+        // for the operator's give-up, which lets them go on without round 2.
+        let pgs = u64::from(map.pools[0].pg_num);
+        until_counted(&osds, "incomplete", incomplete, pgs).await;
+        assert_eq!(down(&osds), 0);
+        let c = client(&map, Duration::from_millis(800)).await;
+        refused_as_inactive(&c, 0).await;
+        let c = client(&map, Duration::from_secs(10)).await;
+        for seed in 0..map.pools[0].pg_num {
+            c.mark_unfound_lost(1, seed)
+                .await
+                .unwrap_or_else(|e| panic!("pg 1.{seed:x}: {e}"));
+        }
+        until_counted(&osds, "incomplete", incomplete, 0).await;
+        for i in 0..N {
+            let got = c
+                .execute(1, &format!("obj{i}"), vec![OsdOp::Read { off: 0, len: 0 }])
+                .await;
+            assert!(
+                matches!(&got, Err(e) if e.status() == Some(Status::ObjectNotFound)),
+                "obj{i}: {got:?}"
+            );
+            write(&c, i, 3).await.unwrap();
+            check(&c, i, 3).await;
         }
     });
     for o in osds.into_iter().flatten() {

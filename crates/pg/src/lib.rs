@@ -17,6 +17,7 @@ pub use history::{History, HistoryError, HISTORY_FORMAT_VERSION, HISTORY_INTERVA
 pub use log::{Entry, LogError, OpKind, PgLog, ReqId, LOG_ENTRIES_DEFAULT};
 pub use member::{Action, Event, Member, Msg, Persisting};
 pub use peering::{
-    choose_authoritative, plan_member, uncovered_intervals, Interval, MemberPlan, Need, PeerInfo,
+    all_answered, answered, choose_authoritative, plan_member, uncovered_intervals, Interval,
+    MemberPlan, Need, PeerInfo,
 };
 pub use version::Version;

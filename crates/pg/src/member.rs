@@ -20,7 +20,8 @@
 
 use crate::log::{Entry, OpKind, PgLog, ReqId};
 use crate::peering::{
-    choose_authoritative, plan_member, uncovered_intervals, Interval, MemberPlan, PeerInfo,
+    all_answered, answered, choose_authoritative, plan_member, uncovered_intervals, Interval,
+    MemberPlan, PeerInfo,
 };
 use crate::version::Version;
 use carmine_types::OsdId;
@@ -144,8 +145,13 @@ pub struct Member {
     /// As a primary that heard its whole acting set: recorded intervals none of whose
     /// members it heard vouches for (their OSDs are down, or came back empty). It waits.
     uncovered: usize,
-    /// Of those, the intervals all of whose members answered (came back empty).
+    /// Of those, the intervals all of whose members answered (came back empty, or were
+    /// declared lost).
     lost_intervals: usize,
+    /// The OSDs an operator declared lost, with the epoch of the declaration (from the map).
+    lost: BTreeMap<OsdId, u32>,
+    /// Members of uncovered intervals that have not answered (see `waiting_on`).
+    waiting_on: BTreeSet<OsdId>,
     /// Set by [`Event::GiveUpUnfound`] until this peering activates or the epoch changes:
     /// activation then deletes the unfound objects instead of waiting for them. It outlives
     /// the event because activation may still wait for something else (a member's answer,
@@ -212,6 +218,8 @@ impl Member {
             unfound: 0,
             uncovered: 0,
             lost_intervals: 0,
+            lost: BTreeMap::new(),
+            waiting_on: BTreeSet::new(),
             give_up_unfound: false,
             now: 0,
             lease: 0,
@@ -614,7 +622,8 @@ impl Member {
                 acting,
                 history,
                 min_size,
-            } => self.on_map(epoch, acting, history, min_size, &mut out),
+                lost,
+            } => self.on_map(epoch, acting, history, min_size, lost, &mut out),
             Event::Msg { from, msg } => self.on_msg(from, msg, &mut out),
             Event::Recorded { epoch } => {
                 if epoch == self.epoch {
@@ -676,11 +685,13 @@ impl Member {
         acting: Vec<OsdId>,
         history: Option<Vec<Interval>>,
         min_size: usize,
+        lost: BTreeMap<OsdId, u32>,
         out: &mut Vec<Action>,
     ) {
         if epoch <= self.epoch {
             return;
         }
+        self.lost = lost;
         // The same interval only if no epoch was missed: an OSD cut off for a while may get
         // the same acting set back after other intervals went active without it.
         let changed = acting != self.acting || epoch != self.epoch + 1;
@@ -701,6 +712,7 @@ impl Member {
         // Counted again by this epoch's peering.
         self.uncovered = 0;
         self.lost_intervals = 0;
+        self.waiting_on.clear();
         if !changed && matches!(self.role, Role::Active | Role::Replica) {
             // Same interval: writes in flight go on (their replica messages carry the new
             // epoch when sent again).
@@ -891,13 +903,22 @@ impl Member {
             .iter()
             .map(|(o, a)| (*o, a.0.last_epoch_started))
             .collect();
-        let uncovered = uncovered_intervals(&self.history, &heard_les);
+        let uncovered = uncovered_intervals(&self.history, &heard_les, &self.lost);
         self.uncovered = uncovered.len();
         // Those whose every member answered: no OSD can vouch for them any more.
         self.lost_intervals = uncovered
             .iter()
-            .filter(|i| i.acting.iter().all(|o| heard.contains_key(o)))
+            .filter(|i| all_answered(i, &heard_les, &self.lost))
             .count();
+        self.waiting_on = uncovered
+            .iter()
+            .flat_map(|i| {
+                i.acting
+                    .iter()
+                    .filter(|o| !answered(**o, i, &heard_les, &self.lost))
+                    .copied()
+            })
+            .collect();
         // The operator gives up only intervals whose every copy answered empty: one with a
         // member not heard from yet waits for it (that OSD may come back with the writes, or
         // hold a read lease as an old primary cut off).
@@ -925,6 +946,7 @@ impl Member {
         }
         self.uncovered = 0;
         self.lost_intervals = 0;
+        self.waiting_on.clear();
         self.give_up_unfound = false;
         let mut auth_objects = auth_objects;
         for oid in &unfound {

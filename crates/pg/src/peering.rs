@@ -46,15 +46,17 @@ pub fn choose_authoritative(infos: &[PeerInfo], primary: OsdId) -> Option<usize>
 
 /// The recorded intervals no member heard from can vouch for: while any is left, the PG may
 /// not go active (it could miss writes that interval acknowledged); it waits for one of its
-/// members. `heard` maps each member heard to its last active epoch.
+/// members. `heard` maps each member heard to its last active epoch; `lost` each OSD an
+/// operator declared lost to the epoch it was declared in.
 ///
 /// An interval is recorded only once every member of it took its history durably, so:
 /// - a member of the interval vouches for it if its copy went active in it or later; one
 ///   that answers with an older last active epoch lost its disk and knows nothing of what
 ///   the interval wrote;
-/// - an interval all of whose members answered is also accounted for when a member heard
-///   went active after it: that later history holds every write the interval acknowledged,
-///   and with every member of it heard, none is left in the dark serving reads on a lease.
+/// - an interval all of whose members answered (see [`answered`]) is also accounted for when
+///   a member heard went active after it: that later history holds every write the interval
+///   acknowledged, and with every member of it heard, none is left in the dark serving reads
+///   on a lease.
 ///
 /// (Vouching by a later last active epoch alone, without hearing the interval's members,
 /// let a new primary go active while an unheard member's read lease still ran: simulator
@@ -62,6 +64,7 @@ pub fn choose_authoritative(infos: &[PeerInfo], primary: OsdId) -> Option<usize>
 pub fn uncovered_intervals<'a>(
     history: &'a [Interval],
     heard: &BTreeMap<OsdId, u32>,
+    lost: &BTreeMap<OsdId, u32>,
 ) -> Vec<&'a Interval> {
     let newest = heard.values().copied().max().unwrap_or(0);
     history
@@ -72,10 +75,36 @@ pub fn uncovered_intervals<'a>(
                 .iter()
                 .any(|o| heard.get(o).is_some_and(|les| *les >= i.epoch));
             // Every member answered (none lost in the dark), and a later history holds it.
-            let superseded = i.acting.iter().all(|o| heard.contains_key(o)) && newest > i.epoch;
+            let superseded = all_answered(i, heard, lost) && newest > i.epoch;
             !(vouched || superseded)
         })
         .collect()
+}
+
+/// Whether member `osd` of `interval` has answered for it: it was heard, or an operator
+/// declared it lost after the interval began (`osd lost`: its disk is gone for good, so its
+/// copy of the interval is as empty as one that came back blank; an OSD must be down to be
+/// declared lost, and so holds no read lease once its last one ran out). Declared lost
+/// before the interval, it served that interval after coming back, and must answer itself.
+pub fn answered(
+    osd: OsdId,
+    interval: &Interval,
+    heard: &BTreeMap<OsdId, u32>,
+    lost: &BTreeMap<OsdId, u32>,
+) -> bool {
+    heard.contains_key(&osd) || lost.get(&osd).is_some_and(|at| *at > interval.epoch)
+}
+
+/// Whether every member of `interval` answered for it.
+pub fn all_answered(
+    interval: &Interval,
+    heard: &BTreeMap<OsdId, u32>,
+    lost: &BTreeMap<OsdId, u32>,
+) -> bool {
+    interval
+        .acting
+        .iter()
+        .all(|o| answered(*o, interval, heard, lost))
 }
 
 /// What a member must fetch for an object it lacks.
@@ -293,28 +322,66 @@ mod tests {
 
     #[test]
     fn an_interval_nobody_was_heard_from_blocks_activation() {
+        let none = BTreeMap::new();
         let history = vec![iv(3, &[0, 1]), iv(5, &[2])];
         let heard: BTreeMap<OsdId, u32> = [(0, 3), (3, 0)].into();
-        let left = uncovered_intervals(&history, &heard);
+        let left = uncovered_intervals(&history, &heard, &none);
         assert_eq!(left, vec![&history[1]]);
-        assert!(uncovered_intervals(&history, &[(1, 3), (2, 5)].into()).is_empty());
+        assert!(uncovered_intervals(&history, &[(1, 3), (2, 5)].into(), &none).is_empty());
     }
 
     #[test]
     fn a_member_that_lost_its_disk_vouches_for_no_interval_it_was_in() {
+        let none = BTreeMap::new();
         let history = vec![iv(3, &[0, 1]), iv(5, &[1, 2])];
         // osd.1 and osd.2 came back empty (last active epoch 0): they vouch for neither
         // interval, though they were in both.
         let heard: BTreeMap<OsdId, u32> = [(1, 0), (2, 0)].into();
-        assert_eq!(uncovered_intervals(&history, &heard).len(), 2);
+        assert_eq!(uncovered_intervals(&history, &heard, &none).len(), 2);
         // osd.0 kept its copy of epoch 3: the second interval is still unaccounted for.
         let heard: BTreeMap<OsdId, u32> = [(0, 3), (1, 0), (2, 0)].into();
-        assert_eq!(uncovered_intervals(&history, &heard), vec![&history[1]]);
+        assert_eq!(
+            uncovered_intervals(&history, &heard, &none),
+            vec![&history[1]]
+        );
         // osd.3 went active in 7, after both: with every member of the first interval heard,
         // its later history accounts for it; the second waits for osd.1 or osd.2.
         let heard: BTreeMap<OsdId, u32> = [(0, 0), (1, 0), (3, 7)].into();
-        assert_eq!(uncovered_intervals(&history, &heard), vec![&history[1]]);
+        assert_eq!(
+            uncovered_intervals(&history, &heard, &none),
+            vec![&history[1]]
+        );
         let heard: BTreeMap<OsdId, u32> = [(0, 0), (1, 0), (2, 0), (3, 7)].into();
-        assert!(uncovered_intervals(&history, &heard).is_empty());
+        assert!(uncovered_intervals(&history, &heard, &none).is_empty());
+    }
+
+    #[test]
+    fn an_osd_declared_lost_answers_for_the_intervals_before_it_was_declared() {
+        let history = vec![iv(3, &[0, 1]), iv(5, &[1, 2])];
+        // osd.0 came back empty; osd.1 never came back: the first interval waits for it.
+        let heard: BTreeMap<OsdId, u32> = [(0, 0), (2, 5)].into();
+        let none = BTreeMap::new();
+        assert_eq!(
+            uncovered_intervals(&history, &heard, &none),
+            vec![&history[0]]
+        );
+        assert!(!all_answered(&history[0], &heard, &none));
+        // Declared lost in epoch 8: every member of the first interval has answered, and
+        // osd.2 went active after it, so that later history holds its writes.
+        let lost: BTreeMap<OsdId, u32> = [(1, 8)].into();
+        assert!(all_answered(&history[0], &heard, &lost));
+        assert!(uncovered_intervals(&history, &heard, &lost).is_empty());
+        // Without a later history, the interval stays unaccounted for, though answered: a
+        // loss for the operator to give up, never silently passed.
+        let heard: BTreeMap<OsdId, u32> = [(0, 0), (2, 0)].into();
+        let left = uncovered_intervals(&history, &heard, &lost);
+        assert_eq!(left, vec![&history[0], &history[1]]);
+        assert!(all_answered(&history[0], &heard, &lost));
+        assert!(all_answered(&history[1], &heard, &lost));
+        // Declared lost before an interval it served after coming back: it must answer for
+        // that one itself.
+        let early: BTreeMap<OsdId, u32> = [(1, 4)].into();
+        assert!(all_answered(&history[0], &heard, &early));
+        assert!(!all_answered(&history[1], &[(2, 0)].into(), &early));
     }
 }

@@ -67,7 +67,7 @@ fn peer(
 ) -> Option<u32> {
     let heard_les: std::collections::BTreeMap<u32, u32> =
         heard.iter().map(|&o| (o, copies[o as usize].les)).collect();
-    if !uncovered_intervals(history, &heard_les).is_empty() {
+    if !uncovered_intervals(history, &heard_les, &Default::default()).is_empty() {
         return None;
     }
     let ids: Vec<u32> = heard.iter().copied().collect();

@@ -61,6 +61,7 @@ fn two_members(earlier_until: u64) -> Vec<Member> {
         acting: vec![0, 1],
         history: Some(Vec::new()),
         min_size: 1,
+        lost: Default::default(),
     };
     tick(&mut ms, 0, map, true);
     ms
@@ -116,6 +117,7 @@ fn a_replica_reports_its_promise_to_the_old_primary_and_not_to_the_one_asking() 
         acting: vec![2, 1],
         history: Some(Vec::new()),
         min_size: 1,
+        lost: Default::default(),
     };
     let _ = ms[1].handle(500, map);
     let from_new = ms[1].handle(
@@ -150,6 +152,7 @@ fn a_restarted_member_takes_its_earlier_promises_to_run_a_lease_past_its_start()
             acting: vec![2, 1],
             history: Some(Vec::new()),
             min_size: 1,
+            lost: Default::default(),
         },
     );
     let out = m.handle(
@@ -175,6 +178,7 @@ fn a_new_primary_goes_active_only_after_the_promises_it_heard_of_ran_out() {
         acting: vec![1],
         history: Some(Vec::new()),
         min_size: 1,
+        lost: Default::default(),
     };
     let mut p = ms.remove(1);
     let actions = p.handle(400, map);
@@ -244,6 +248,7 @@ fn a_primary_names_members_it_waits_on_with_how_long_they_have_been_silent() {
         acting: vec![0, 1],
         history: Some(Vec::new()),
         min_size: 1,
+        lost: Default::default(),
     };
     let t = now + 10;
     tick(&mut ms, t, map, false);
@@ -267,6 +272,7 @@ fn a_replica_with_a_shorter_lease_is_pinged_often_enough_and_forgets_pings_when_
         acting: vec![0, 1],
         history: Some(Vec::new()),
         min_size: 1,
+        lost: Default::default(),
     };
     tick(&mut ms, 0, map, true);
     assert!(ms[0].is_active_primary(), "{}", ms[0].describe());

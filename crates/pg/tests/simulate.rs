@@ -236,6 +236,7 @@ impl Sim {
             acting: self.acting.clone(),
             history: read_with_map.then(|| self.history.clone()),
             min_size: self.shape.min_size,
+            lost: Default::default(),
         };
         if !read_with_map {
             let at = self.now + self.rng.random_range(1..6);

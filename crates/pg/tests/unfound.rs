@@ -42,6 +42,7 @@ fn map(epoch: u32, acting: Vec<u32>) -> Event {
         acting,
         history: Some(Vec::new()),
         min_size: 1,
+        lost: Default::default(),
     }
 }
 
@@ -144,6 +145,7 @@ fn a_give_up_passes_intervals_whose_copies_came_back_empty_never_unheard_ones() 
         acting: vec![2, 3],
         history: Some(history),
         min_size: 1,
+        lost: Default::default(),
     };
     // osd.0 and osd.1 are down: the interval that wrote "a" is not accounted for, and a
     // give-up does not pass it (they may come back with "a").
@@ -163,4 +165,44 @@ fn a_give_up_passes_intervals_whose_copies_came_back_empty_never_unheard_ones() 
     run(&mut ms, Some(2), Event::GiveUpUnfound);
     assert!(ms[2].is_active_primary(), "{}", ms[2].describe());
     assert!(ms[2].objects.is_empty(), "{}", ms[2].describe());
+}
+
+#[test]
+fn an_osd_declared_lost_lets_a_give_up_pass_the_intervals_it_was_waited_for() {
+    let mut ms: Vec<Member> = (0..4).map(|o| Member::new(o, 64)).collect();
+    run(&mut ms, None, map(1, vec![0, 1]));
+    assert!(write(&mut ms, 0, 1, "a"));
+    let history = vec![carmine_pg::Interval {
+        epoch: 1,
+        acting: vec![0, 1],
+    }];
+    let at = |epoch: u32, lost: &[(u32, u32)]| Event::Map {
+        epoch,
+        acting: vec![2, 3],
+        history: Some(history.clone()),
+        min_size: 1,
+        lost: lost.iter().copied().collect(),
+    };
+    // osd.0 comes back empty; osd.1 never comes back. The interval waits for osd.1, and a
+    // give-up does not pass it.
+    ms[0] = Member::new(0, 64);
+    run_without(&mut ms, &[1], None, at(2, &[]));
+    run_without(&mut ms, &[1], Some(2), Event::GiveUpUnfound);
+    assert!(!ms[2].is_active_primary(), "{}", ms[2].describe());
+    assert_eq!(ms[2].lost_intervals(), 0, "{}", ms[2].describe());
+    assert_eq!(ms[2].waiting_on(), &[1].into(), "{}", ms[2].describe());
+    // Declared lost before the interval began (it served epoch 1 after that): still waited for.
+    run_without(&mut ms, &[1], None, at(3, &[(1, 1)]));
+    run_without(&mut ms, &[1], Some(2), Event::GiveUpUnfound);
+    assert!(!ms[2].is_active_primary(), "{}", ms[2].describe());
+    assert_eq!(ms[2].lost_intervals(), 0, "{}", ms[2].describe());
+    // Declared lost in epoch 4: the interval is lost, and waits for the operator only.
+    run_without(&mut ms, &[1], None, at(4, &[(1, 4)]));
+    assert!(!ms[2].is_active_primary(), "{}", ms[2].describe());
+    assert_eq!(ms[2].lost_intervals(), 1, "{}", ms[2].describe());
+    assert!(ms[2].waiting_on().is_empty(), "{}", ms[2].describe());
+    run_without(&mut ms, &[1], Some(2), Event::GiveUpUnfound);
+    assert!(ms[2].is_active_primary(), "{}", ms[2].describe());
+    assert!(ms[2].objects.is_empty(), "{}", ms[2].describe());
+    assert!(write(&mut ms, 2, 2, "b"));
 }

@@ -8,6 +8,7 @@
 //! Transactions apply wholly or not at all: a failing op leaves the store exactly as before.
 
 pub mod checks;
+mod dry_run;
 mod error;
 mod memory;
 mod txn;
@@ -17,6 +18,7 @@ pub mod conformance;
 #[cfg(any(test, feature = "conformance"))]
 pub mod model;
 
+pub use dry_run::check_applies;
 pub use error::{StoreError, StoreErrorKind};
 pub use memory::{MemStore, MemStoreConfig};
 pub use txn::{Expect, Op, Transaction};

@@ -75,8 +75,6 @@ pub(crate) enum Job {
         /// The store lacks the object (it is being recovered): only the log entry is stored.
         lacking: bool,
     },
-    /// A write the primary applied itself before the member took it (a conditional write).
-    Applied { seq: u64 },
     /// Remove this OSD's stray copy of the PG (its member already forgot it).
     Purge,
     /// A whole history taken at activation.
@@ -109,12 +107,10 @@ pub(crate) struct PgReplica {
     pub held: RefCell<BTreeMap<String, Version>>,
     /// The log entries stored, oldest first (trimmed with the log).
     pub log_keys: RefCell<VecDeque<Version>>,
-    /// Conditional writes hold it while they check and apply; other writes pass through.
+    /// Conditional writes hold it while they are judged; other writes pass through.
     pub gate: carmine_reactor::FifoLock,
     /// As primary: the ops of writes in flight, for resending them to replicas.
     pub inflight_ops: RefCell<HashMap<Version, Vec<OsdOp>>>,
-    /// A conditional write this host applied itself at this version, before the member.
-    pub applied_locally: Cell<Option<Version>>,
     /// The epoch a history was asked for, a record is in flight for, or was settled in.
     pub asked: Cell<Option<u32>>,
     pub recording: Cell<Option<u32>>,
@@ -129,6 +125,8 @@ pub(crate) struct PgReplica {
     unfound_said: Cell<bool>,
     /// Whether the log said this PG's read lease lapsed for long.
     unleased_said: Cell<bool>,
+    /// Whether the log said this PG waits for down OSDs.
+    down_said: Cell<bool>,
     pub urgent: RefCell<std::collections::BTreeSet<String>>,
     /// The member the last history taken from another was copied from.
     pub last_source: Cell<Option<OsdId>>,
@@ -165,7 +163,6 @@ impl PgReplica {
             log_keys: RefCell::new(log_keys),
             gate: Default::default(),
             inflight_ops: RefCell::new(HashMap::new()),
-            applied_locally: Cell::new(None),
             asked: Cell::new(None),
             recording: Cell::new(None),
             settled: Cell::new(0),
@@ -174,6 +171,7 @@ impl PgReplica {
             recovering: Cell::new(false),
             unfound_said: Cell::new(false),
             unleased_said: Cell::new(false),
+            down_said: Cell::new(false),
             urgent: RefCell::new(Default::default()),
             last_source: Cell::new(None),
             scrub: scrub::ScrubState::new(schedule),
@@ -399,6 +397,7 @@ fn feed_map<S: ObjectStore + 'static>(shard: &Rc<Shard<S>>, pgr: &Rc<PgReplica>,
         acting,
         history: None,
         min_size: pool.min_size as usize,
+        lost: map.lost(),
     };
     drive(shard, pgr, ev, None);
 }
@@ -504,6 +503,16 @@ fn tick<S: ObjectStore + 'static>(shard: &Rc<Shard<S>>) {
                  are gone; the PG waits for `carmine pg mark-unfound-lost`");
         } else if lost == 0 && incomplete == 0 {
             pgr.unfound_said.set(false);
+        }
+        let waiting = m.waiting_on();
+        states.down += u64::from(!waiting.is_empty());
+        if waiting.is_empty() {
+            pgr.down_said.set(false);
+        } else if !pgr.down_said.replace(true) {
+            tracing::warn!(pg = %pgr.pg, osds = ?waiting, history = ?m.history(),
+                "this PG waits for these OSDs: only they may hold writes of its recorded \
+                 intervals; start them, or if an OSD's disk is gone for good, declare it \
+                 `carmine osd lost`");
         }
         match m.lease_lapsed(now) {
             Some((lapsed, silent)) if lapsed > shard.replication.lease_ns => {
@@ -707,7 +716,6 @@ fn queue_persist<S: ObjectStore + 'static>(
     let job = {
         let m = pgr.member.borrow();
         match what {
-            Persisting::Entry(v) if pgr.applied_locally.get() == Some(v) => Job::Applied { seq },
             Persisting::Entry(v) => {
                 let Some(entry) = m.log.entries().rev().find(|e| e.version == v).cloned() else {
                     drop(m);
@@ -858,6 +866,7 @@ pub(crate) fn on_peer<S: ObjectStore + 'static>(
                                 acting: map.pg_osds(pg, pool.size),
                                 history: None,
                                 min_size: pool.min_size as usize,
+                                lost: map.lost(),
                             },
                         );
                     }

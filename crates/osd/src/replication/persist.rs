@@ -105,7 +105,6 @@ async fn entries<S: ObjectStore>(
         let mut keys = pgr.log_keys.borrow_mut();
         for job in jobs {
             match job {
-                Job::Applied { seq } => last = last.max(seq),
                 Job::Entry {
                     seq,
                     entry,

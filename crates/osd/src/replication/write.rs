@@ -1,15 +1,15 @@
 //! Client requests on a replicated PG, at its primary. A write gets its version from the
 //! member, is applied here and sent to every other acting member at once, and is answered
 //! when every one of them has it durable. A write that may fail in the store (a compare, an
-//! exclusive create, a remove…) is first applied here alone, with its log entry, once the PG
-//! has nothing else in flight: only a write that succeeded is replicated, so every copy
+//! exclusive create, a remove…) is first judged against this store alone, once the PG has
+//! nothing else in flight: only a write that will succeed gets a version, so every copy
 //! applies the same changes. Reads are served only by an active primary, which holds every
 //! acknowledged write.
 
-use super::{drive, layout, op_kind, Outcome, PgReplica};
+use super::{drive, op_kind, Outcome, PgReplica};
 use crate::handler::{add_ops, from_store, reject};
 use crate::reactor::Shard;
-use carmine_pg::{Entry, Event, ReqId};
+use carmine_pg::{Event, ReqId};
 use carmine_proto::{ErrorReply, ObjectRequest, OpOutput, OsdOp, Status};
 use carmine_store::{ObjectStore, Transaction};
 use carmine_types::limits::{ATTR_NAME_LEN_MAX, IO_LEN_MAX, OBJECT_SIZE_MAX, VALUE_LEN_MAX};
@@ -259,6 +259,43 @@ fn check_limits(ops: &[OsdOp]) -> Result<(), ErrorReply> {
     Ok(())
 }
 
+/// The share of its store at which a primary refuses writes that may grow it (Ceph's
+/// `full_ratio`). A write the store refuses for space once it has a version stops the copy,
+/// so it must be refused before, with room left for the writes already in flight.
+const FULL_RATIO: f64 = 0.95;
+
+/// Refuses with `NoSpace` a write that may need space while this OSD's store is full;
+/// removals (which free space) still go through. (The other copies' stores are not known
+/// here: a full replica is not yet refused ahead.)
+fn refuse_when_full<S: ObjectStore + 'static>(
+    shard: &Shard<S>,
+    ops: &[OsdOp],
+) -> Result<(), ErrorReply> {
+    let s = shard.store.statfs();
+    if s.bytes_total == 0 || (s.bytes_used as f64) < s.bytes_total as f64 * FULL_RATIO {
+        return Ok(());
+    }
+    if ops.iter().all(|op| {
+        matches!(
+            op,
+            OsdOp::Remove | OsdOp::CmpXattr { .. } | OsdOp::CmpOmap { .. }
+        )
+    }) {
+        return Ok(());
+    }
+    shard.metrics.write_refused_full();
+    Err(reject(
+        Status::NoSpace,
+        format!(
+            "osd.{} is full ({:.1}% of {} bytes used): writes are refused until space is freed \
+             (removals go through)",
+            shard.osd,
+            s.bytes_used as f64 * 100.0 / s.bytes_total as f64,
+            s.bytes_total
+        ),
+    ))
+}
+
 /// What replicas apply of a write that passed its checks here: no compares, and a create
 /// that is no longer exclusive (it was, here).
 fn replicated_ops(ops: &[OsdOp]) -> Vec<OsdOp> {
@@ -287,6 +324,7 @@ pub(crate) async fn write<S: ObjectStore + 'static>(
         ));
     }
     check_limits(&req.ops)?;
+    refuse_when_full(shard, &req.ops)?;
     let n = req.ops.len();
     let reqid = match (req.client, req.tid) {
         (0, _) | (_, 0) => ReqId {
@@ -303,13 +341,16 @@ pub(crate) async fn write<S: ObjectStore + 'static>(
     }
     let waiter = if req.ops.iter().any(may_fail) {
         let _turn = pgr.gate.lock().await;
-        conditional(shard, &pgr, reqid, req).await?
+        match conditional(shard, &pgr, reqid, req).await? {
+            Judged::Holds => return Ok(vec![OpOutput::None; n]),
+            Judged::Entered(rx) => rx,
+        }
     } else {
         if !pgr.gate.is_idle() {
             // Behind a conditional write that came first.
             drop(pgr.gate.lock().await);
         }
-        enter(shard, &pgr, reqid, &req.oid, kind, req.ops, None)
+        enter(shard, &pgr, reqid, &req.oid, kind, req.ops)
     };
     let mut waiter = waiter;
     if let Ok(Some(outcome)) = waiter.try_recv() {
@@ -338,7 +379,6 @@ fn enter<S: ObjectStore + 'static>(
     oid: &str,
     kind: carmine_pg::OpKind,
     ops: Vec<OsdOp>,
-    applied_at: Option<carmine_pg::Version>,
 ) -> oneshot::Receiver<Outcome> {
     let (tx, rx) = oneshot::channel();
     shard
@@ -352,7 +392,6 @@ fn enter<S: ObjectStore + 'static>(
     if let Some(v) = next {
         pgr.inflight_ops.borrow_mut().insert(v, ops.clone());
     }
-    pgr.applied_locally.set(applied_at);
     drive(
         shard,
         pgr,
@@ -363,7 +402,6 @@ fn enter<S: ObjectStore + 'static>(
         },
         Some(&ops),
     );
-    pgr.applied_locally.set(None);
     if let Some(v) = next {
         // Not a new entry (refused, or a retry answered from the log): nothing to resend.
         let entered = pgr
@@ -380,91 +418,83 @@ fn enter<S: ObjectStore + 'static>(
     rx
 }
 
-/// A write that may fail: applied here first, alone, with its log entry; replicated only if
-/// the store took it.
+/// A write that may fail: judged here against the store, alone, once every write before it
+/// is durable and every acting member holds the object; it gets a version, and every copy
+/// applies it without its compares, only if it will succeed. Nothing is applied anywhere
+/// before the member takes it, so an interval that ends meanwhile leaves no trace of it. A
+/// request of compares alone changes nothing: it is answered without entering the log.
 async fn conditional<S: ObjectStore + 'static>(
     shard: &Rc<Shard<S>>,
     pgr: &Rc<PgReplica>,
     reqid: ReqId,
     req: ObjectRequest,
-) -> Result<oneshot::Receiver<Outcome>, ErrorReply> {
+) -> Result<Judged, ErrorReply> {
     let pg = pgr.pg;
     let kind = op_kind(&req.ops);
     let replicated = replicated_ops(&req.ops);
     // A retry of a write already made is answered from the log, not applied again.
     if pgr.member.borrow().log.find_request(reqid).is_some() {
-        return Ok(enter(shard, pgr, reqid, &req.oid, kind, replicated, None));
+        let rx = enter(shard, pgr, reqid, &req.oid, kind, replicated);
+        return Ok(Judged::Entered(rx));
     }
-    // Everything before it durable here, so the store's checks see every earlier write.
+    let mut txn = Transaction::new();
+    add_ops(&mut txn, pg, &req.oid, req.ops)?;
+    // Everything before it durable here, so the store shows every earlier write, and the
+    // object here (it may have been recovered while this request waited for the gate).
     let start = std::time::Instant::now();
-    loop {
-        if pgr.is_quiet() {
-            break;
-        }
+    let state = loop {
         if start.elapsed() > QUIET_WAIT {
             return Err(inactive(pg, "writes before this one are not durable yet"));
         }
+        if pgr.member.borrow().any_lacks(&req.oid) {
+            await_objects(shard, pgr, &req.oid, false).await?;
+            continue;
+        }
+        if pgr.is_quiet() {
+            let m = pgr.member.borrow();
+            if m.next_version().is_none() {
+                return Err(inactive(pg, "not active here (peering)"));
+            }
+            break (m.interval_start(), m.log.head());
+        }
         carmine_reactor::sleep(QUIET_POLL).await;
-    }
-    let (version, tail, les, trimmed) = {
-        let m = pgr.member.borrow();
-        let Some(version) = m.next_version() else {
-            return Err(inactive(pg, "not active here (peering)"));
-        };
-        let entry = Entry {
-            version,
-            oid: req.oid.clone(),
-            kind,
-            reqid: Some(reqid),
-        };
-        let mut after = m.log.clone();
-        after
-            .append(entry)
-            .map_err(|e| reject(Status::Internal, e.to_string()))?;
-        let keys = pgr.log_keys.borrow();
-        let trimmed: Vec<_> = keys
-            .iter()
-            .take_while(|v| **v <= after.tail())
-            .copied()
-            .collect();
-        (version, after.tail(), m.les, trimmed)
     };
-    let entry = Entry {
-        version,
-        oid: req.oid.clone(),
-        kind,
-        reqid: Some(reqid),
-    };
-    let mut txn = Transaction::new();
-    add_ops(&mut txn, pg, &req.oid, req.ops)?;
-    layout::add_entry(
-        &mut txn,
-        pg,
-        &entry,
-        false,
-        trimmed.iter().map(|v| layout::log_key(*v)).collect(),
-    );
-    layout::set_meta(&mut txn, pg, tail, version, les);
-    shard
-        .store
-        .submit(txn)
+    carmine_store::check_applies(&shard.store, &txn)
         .await
         .map_err(|e| from_store(e, None))?;
-    {
-        let mut keys = pgr.log_keys.borrow_mut();
-        keys.retain(|v| !trimmed.contains(v));
-        keys.push_back(version);
-        let mut held = pgr.held.borrow_mut();
-        match kind {
-            carmine_pg::OpKind::Modify => held.insert(req.oid.clone(), version),
-            carmine_pg::OpKind::Delete => held.remove(&req.oid),
-        };
+    // The gate kept other writes out, and only a new interval changes what the store holds
+    // of an object every member has (recovery fetches only what a member lacks): the
+    // judgement stands if the interval and the log are as they were. Else nothing was
+    // applied, and the client may simply retry.
+    let unchanged = {
+        let m = pgr.member.borrow();
+        m.next_version().is_some()
+            && (m.interval_start(), m.log.head()) == state
+            && !m.any_lacks(&req.oid)
+            // Compares alone are answered like a read: only while no newer interval can be
+            // active elsewhere (the read lease).
+            && (!replicated.is_empty() || m.readable(super::clock()))
+    };
+    if !unchanged {
+        return Err(inactive(
+            pg,
+            "the PG changed while the write's conditions were checked; nothing applied: retry",
+        ));
     }
-    // Nothing entered meanwhile (the gate is held and the PG was quiet), so the member gives
-    // it the version stored with it; if the interval ended meanwhile it is refused, and the
-    // next peering finds the entry here and decides.
-    let rx = enter(shard, pgr, reqid, &req.oid, kind, replicated, Some(version));
-    Ok(rx)
+    if replicated.is_empty() {
+        return Ok(Judged::Holds);
+    }
+    Ok(Judged::Entered(enter(
+        shard, pgr, reqid, &req.oid, kind, replicated,
+    )))
+}
+
+/// What became of a conditional write once judged.
+enum Judged {
+    /// Compares only, and they hold: nothing to write.
+    Holds,
+    /// Handed to the member; the receiver gets its outcome.
+    Entered(oneshot::Receiver<Outcome>),
 }
 
 #[cfg(test)]

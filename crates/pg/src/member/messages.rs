@@ -95,12 +95,15 @@ pub enum Event {
     /// A new map epoch: the PG's acting set in it (primary first; empty: no OSD serves it),
     /// the pool's `min_size`, and the intervals recorded in its history if the host read them
     /// from the map store in this epoch (`None`: the member keeps the history it knew, and a
-    /// primary of a new interval waits for [`Event::History`] before it activates).
+    /// primary of a new interval waits for [`Event::History`] before it activates). `lost`:
+    /// the OSDs an operator declared lost, each with the epoch it was declared in (their
+    /// copies of earlier intervals are given up as gone: `peering::answered`).
     Map {
         epoch: u32,
         acting: Vec<OsdId>,
         history: Option<Vec<Interval>>,
         min_size: usize,
+        lost: BTreeMap<OsdId, u32>,
     },
     Msg {
         from: OsdId,

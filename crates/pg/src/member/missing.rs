@@ -6,7 +6,7 @@
 use super::{Action, Member, Msg, Role};
 use crate::version::Version;
 use carmine_types::OsdId;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 /// What a copy says of its store once the store holds `oid` at `version`: no longer missing
 /// if that is the version it needs; missing if it names another version than the one now
@@ -132,6 +132,18 @@ impl Member {
         match self.role {
             Role::Peering { .. } => self.lost_intervals,
             _ => 0,
+        }
+    }
+
+    /// As a peering primary that heard its whole acting set: the members of recorded
+    /// intervals no one vouches for that have not answered (Ceph's PG state "down"). The PG
+    /// waits for one of them to come back; if an OSD's disk is gone for good, the operator
+    /// declares it lost (`osd lost`), and the interval counts as answered.
+    pub fn waiting_on(&self) -> &BTreeSet<OsdId> {
+        static NONE: BTreeSet<OsdId> = BTreeSet::new();
+        match self.role {
+            Role::Peering { .. } => &self.waiting_on,
+            _ => &NONE,
         }
     }
 

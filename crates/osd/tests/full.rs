@@ -1,0 +1,116 @@
+//! A replicated pool whose OSDs fill up refuses writes with `NoSpace` before a copy's store
+//! would refuse one it already gave a version to (which stops that copy): the PGs go on
+//! serving, removals free space, and writes go through again.
+
+mod common;
+use common::*;
+
+use bytes::Bytes;
+use carmine_cluster::OsdMap;
+use carmine_mapstore::LocalPgHistory;
+use carmine_osd::{Osd, OsdConfig};
+use carmine_proto::{OpOutput, OsdOp, Status};
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Memory stores this small fill after a few dozen objects.
+const STORE_BYTES: u64 = 8 << 20;
+const OBJECT: usize = 256 << 10;
+
+fn start_small(id: u32, map: &OsdMap, histories: &Path) -> Osd {
+    Osd::start(OsdConfig {
+        pg_history: Some(Arc::new(LocalPgHistory::new(histories))),
+        ..OsdConfig::in_memory(id, map.clone(), STORE_BYTES)
+    })
+    .unwrap()
+}
+
+fn body(i: usize) -> Bytes {
+    Bytes::from(vec![i as u8; OBJECT])
+}
+
+#[test]
+fn a_full_replicated_pool_refuses_writes_and_serves_on() {
+    let _serial = one_at_a_time();
+    log_if_asked();
+    let dir = TempDir::new("full");
+    let map = three_osd_map(1);
+    let osds: Vec<Option<Osd>> = (0..3)
+        .map(|id| Some(start_small(id, &map, dir.path())))
+        .collect();
+    wait_settled(&map, dir.path());
+    carmine_reactor::block_on(async {
+        let c = client(&map, Duration::from_secs(10)).await;
+        let put = |i: usize| {
+            let c = &c;
+            async move {
+                c.execute(
+                    1,
+                    &format!("big{i}"),
+                    vec![OsdOp::WriteFull { data: body(i) }],
+                )
+                .await
+            }
+        };
+        // Fill until refused: NoSpace, never a stopped copy.
+        let mut stored = 0;
+        loop {
+            match put(stored).await {
+                Ok(_) => stored += 1,
+                Err(e) => {
+                    assert_eq!(e.status(), Some(Status::NoSpace), "big{stored}: {e}");
+                    break;
+                }
+            }
+            assert!(stored < 64, "8 MiB stores took {stored} objects of 256 KiB");
+        }
+        eprintln!("{stored} objects of 256 KiB before the OSDs were full");
+        assert!(stored >= 8, "refused far from full: after {stored} objects");
+        // A conditional write is refused the same way.
+        let excl = c
+            .execute(
+                1,
+                "new",
+                vec![
+                    OsdOp::Create { exclusive: true },
+                    OsdOp::WriteFull { data: body(99) },
+                ],
+            )
+            .await;
+        assert_eq!(excl.unwrap_err().status(), Some(Status::NoSpace));
+        let refused: u64 = osds
+            .iter()
+            .flatten()
+            .flat_map(|o| o.metrics_sources())
+            .map(|r| r.metrics.writes_refused_full())
+            .sum();
+        assert!(
+            refused >= 2,
+            "{refused} writes counted as refused for space"
+        );
+        // Everything acknowledged reads back; removals go through and make room.
+        for i in 0..stored {
+            assert_eq!(c.read(1, &format!("big{i}"), 0, 0).await.unwrap(), body(i));
+        }
+        for i in 0..4 {
+            c.execute(1, &format!("big{i}"), vec![OsdOp::Remove])
+                .await
+                .unwrap();
+        }
+        put(stored).await.expect("a write after removals made room");
+        let out = c
+            .execute(1, &format!("big{stored}"), vec![OsdOp::Stat])
+            .await
+            .unwrap();
+        assert!(matches!(&out[..], [OpOutput::Stat { size, .. }] if *size == OBJECT as u64));
+        // No copy stopped: every PG scrubs clean on all three.
+        for seed in 0..map.pools[0].pg_num {
+            let report = findings(&c, seed, 0).await;
+            assert_eq!(report.acting.len(), 3, "pg {seed}: {report:?}");
+        }
+    });
+    for o in osds.into_iter().flatten() {
+        o.shutdown().unwrap();
+    }
+}
