@@ -721,7 +721,10 @@ fn an_osd_declared_lost_must_be_down_is_shown_lost_and_may_come_back_empty() {
     let data = pattern(4 << 20, 7);
     c.write_volume("v", &data);
     let err = c.fails(&["osd", "lost", "2", "--yes-i-really-mean-it"]);
-    assert!(err.contains("osd.2 is still registered as running"), "{err}");
+    assert!(
+        err.contains("osd.2 is still registered as running"),
+        "{err}"
+    );
     kill9(c.osd_pid(2));
     let start = Instant::now();
     while carmine_localcluster::read_map(&c.dir).unwrap().osds[2].up {

@@ -114,3 +114,99 @@ fn a_full_replicated_pool_refuses_writes_and_serves_on() {
         o.shutdown().unwrap();
     }
 }
+
+#[test]
+fn a_full_replica_is_known_to_its_primaries_which_refuse_writes_for_it() {
+    let _serial = one_at_a_time();
+    log_if_asked();
+    let dir = TempDir::new("full-replica");
+    let map = three_osd_map(1);
+    // osd.1 has half the room of the others; leases of 400 ms have it answer pings (and say
+    // whether it is full) every 100 ms.
+    let osds: Vec<Osd> = (0..3)
+        .map(|id| {
+            Osd::start(OsdConfig {
+                pg_history: Some(Arc::new(LocalPgHistory::new(dir.path()))),
+                read_lease: Duration::from_millis(400),
+                ..OsdConfig::in_memory(
+                    id,
+                    map.clone(),
+                    if id == 1 {
+                        STORE_BYTES
+                    } else {
+                        2 * STORE_BYTES
+                    },
+                )
+            })
+            .unwrap()
+        })
+        .collect();
+    wait_settled(&map, dir.path());
+    const SMALL: usize = 64 << 10;
+    let small = |i: usize| Bytes::from(vec![i as u8; SMALL]);
+    // Only objects of PGs osd.1 is a replica of: their primaries can know it is full only
+    // from its pongs.
+    let pool = &map.pools[0];
+    let names: Vec<String> = (0..10_000)
+        .map(|i| format!("s{i}"))
+        .filter(|oid| map.pg_primary(map.object_pg(pool, oid)).map(|p| p.0) != Some(1))
+        .take(200)
+        .collect();
+    carmine_reactor::block_on(async {
+        let c = client(&map, Duration::from_secs(10)).await;
+        let mut stored = 0;
+        let refusal = loop {
+            let put = c
+                .execute(
+                    1,
+                    &names[stored],
+                    vec![OsdOp::WriteFull {
+                        data: small(stored),
+                    }],
+                )
+                .await;
+            match put {
+                Ok(_) => stored += 1,
+                Err(e) => break e,
+            }
+            assert!(
+                stored < names.len(),
+                "{stored} objects of 64 KiB and osd.1 never full"
+            );
+            // Slower than its pings, so the primaries hear of it before it overflows.
+            carmine_reactor::sleep(Duration::from_millis(30)).await;
+        };
+        assert_eq!(refusal.status(), Some(Status::NoSpace), "{refusal}");
+        assert!(refusal.to_string().contains("osd.1"), "{refusal}");
+        eprintln!("{stored} objects of 64 KiB, then: {refusal}");
+        // No copy stopped: everything acknowledged reads back, and scrubs clean on all three.
+        for (i, oid) in names[..stored].iter().enumerate() {
+            assert_eq!(c.read(1, oid, 0, 0).await.unwrap(), small(i));
+        }
+        for seed in 0..map.pools[0].pg_num {
+            let report = findings(&c, seed, 0).await;
+            assert_eq!(report.acting.len(), 3, "pg {seed}: {report:?}");
+        }
+        // Removals make room; once osd.1 says so, writes go through again.
+        for oid in &names[..stored / 2] {
+            c.execute(1, oid, vec![OsdOp::Remove]).await.unwrap();
+        }
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        loop {
+            let put = c
+                .execute(1, &names[0], vec![OsdOp::WriteFull { data: small(7) }])
+                .await;
+            match put {
+                Ok(_) => break,
+                Err(e) if e.status() == Some(Status::NoSpace) => {
+                    assert!(std::time::Instant::now() < deadline, "{e}");
+                    carmine_reactor::sleep(Duration::from_millis(50)).await;
+                }
+                Err(e) => panic!("{e}"),
+            }
+        }
+    });
+    for o in osds {
+        o.shutdown().unwrap();
+    }
+}

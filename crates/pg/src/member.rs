@@ -170,6 +170,11 @@ pub struct Member {
     /// lease it granted, when it last pinged, and until when it may serve reads (the earliest
     /// of the stamps plus most of the shorter of its lease and the one granted).
     pongs: BTreeMap<OsdId, (u64, u64)>,
+    /// As the active primary: the other acting members whose last pong said their store is
+    /// full (see [`Member::full_members`]).
+    full_members: BTreeSet<OsdId>,
+    /// Whether this member's own store is full, as its host last said: its pongs say so.
+    store_full: bool,
     last_ping: Option<u64>,
     readable_until: u64,
     /// When it last went active.
@@ -225,6 +230,8 @@ impl Member {
             lease: 0,
             promises: BTreeMap::new(),
             pongs: BTreeMap::new(),
+            full_members: BTreeSet::new(),
+            store_full: false,
             last_ping: None,
             readable_until: 0,
             active_since: 0,
@@ -296,6 +303,22 @@ impl Member {
         }
     }
 
+    /// Tells the member whether its store is full (the host looks before handing it a
+    /// ping): its answers carry it to the primary.
+    pub fn note_store_full(&mut self, full: bool) {
+        self.store_full = full;
+    }
+
+    /// As the active primary: the other acting members whose store said it is full in its
+    /// last answer to a ping. Writes that may grow the PG are refused meanwhile.
+    pub fn full_members(&self) -> &BTreeSet<OsdId> {
+        static NONE: BTreeSet<OsdId> = BTreeSet::new();
+        match self.role {
+            Role::Active => &self.full_members,
+            _ => &NONE,
+        }
+    }
+
     fn ping_due(&self, now: u64) -> bool {
         // Every quarter of the shorter of its own lease and the shortest one its members
         // granted: a member configured with a shorter lease expects pings that often.
@@ -337,7 +360,7 @@ impl Member {
             .map(|&(stamp, granted)| stamp + self.trusted(granted))
     }
 
-    fn on_pong(&mut self, from: OsdId, epoch: u32, stamp: u64, granted: u64) {
+    fn on_pong(&mut self, from: OsdId, epoch: u32, stamp: u64, granted: u64, full: bool) {
         // A ping of this interval, sent since it went active (a stamp from another clock —
         // an earlier incarnation's — is ignored).
         if epoch < self.interval_start
@@ -352,6 +375,11 @@ impl Member {
         let p = self.pongs.entry(from).or_default();
         if stamp >= p.0 {
             *p = (stamp, granted);
+            if full {
+                self.full_members.insert(from);
+            } else {
+                self.full_members.remove(&from);
+            }
         }
         // None (some member never answered) sorts first: no lease yet.
         let until = self
@@ -698,6 +726,7 @@ impl Member {
         if changed {
             self.interval_start = epoch;
             self.pongs.clear();
+            self.full_members.clear();
             self.readable_until = 0;
             self.last_ping = None;
             self.pinged_at = None;
@@ -1220,6 +1249,7 @@ impl Member {
                             epoch,
                             stamp,
                             granted: self.lease,
+                            full: self.store_full,
                         },
                     });
                 }
@@ -1228,7 +1258,8 @@ impl Member {
                 epoch,
                 stamp,
                 granted,
-            } => self.on_pong(from, epoch, stamp, granted),
+                full,
+            } => self.on_pong(from, epoch, stamp, granted, full),
             Msg::NotActive { epoch } => {
                 // The history of this interval is the primary's: the member takes it whole,
                 // in a new round, so that what it said before restarting no longer counts.

@@ -28,6 +28,9 @@ const MSG_RECOVERED: u8 = 8;
 const MSG_LACKS: u8 = 9;
 const MSG_PING: u8 = 10;
 const MSG_PONG: u8 = 11;
+/// A pong from a replica whose store is full (kind 11 otherwise, so that a build that knows
+/// no fullness reads every pong of a replica with room).
+const MSG_PONG_FULL: u8 = 12;
 
 fn encode_names<'a, B: BufMut>(
     e: &mut Encoder<'_, B>,
@@ -241,8 +244,10 @@ pub fn encode_msg(out: &mut BytesMut, msg: &Msg) {
             epoch,
             stamp,
             granted,
+            full,
         } => {
-            e.u8(MSG_PONG).u32(*epoch).u64(*stamp).u64(*granted);
+            let kind = if *full { MSG_PONG_FULL } else { MSG_PONG };
+            e.u8(kind).u32(*epoch).u64(*stamp).u64(*granted);
         }
     }
 }
@@ -329,10 +334,11 @@ pub fn decode_msg(d: &mut Decoder, log_max: usize) -> Result<Msg, DecodeError> {
             epoch,
             stamp: d.u64("ping stamp")?,
         },
-        MSG_PONG => Msg::Pong {
+        MSG_PONG | MSG_PONG_FULL => Msg::Pong {
             epoch,
             stamp: d.u64("ping stamp")?,
             granted: d.u64("lease granted")?,
+            full: tag == MSG_PONG_FULL,
         },
         other => {
             return Err(DecodeError::Invalid {
@@ -444,6 +450,13 @@ mod tests {
                 epoch: 9,
                 stamp: 12_345,
                 granted: 2_000_000_000,
+                full: false,
+            },
+            Msg::Pong {
+                epoch: 9,
+                stamp: 12_346,
+                granted: 2_000_000_000,
+                full: true,
             },
         ];
         for m in &msgs {

@@ -352,3 +352,19 @@ fn the_peering_listing_grows_with_each_object_and_its_log_entry() {
         out.len()
     );
 }
+
+#[test]
+fn a_replica_says_in_its_pongs_whether_its_store_is_full() {
+    let mut ms = two_members(0);
+    assert!(ms[0].is_active_primary(), "{}", ms[0].describe());
+    tick(&mut ms, 1, Event::Clock, true);
+    assert!(ms[0].full_members().is_empty());
+    // Full: the next answered ping tells the primary.
+    ms[1].note_store_full(true);
+    tick(&mut ms, LEASE / 2, Event::Clock, true);
+    assert_eq!(ms[0].full_members(), &[1].into(), "{}", ms[0].describe());
+    // Room again (removals): the next one clears it.
+    ms[1].note_store_full(false);
+    tick(&mut ms, LEASE, Event::Clock, true);
+    assert!(ms[0].full_members().is_empty(), "{}", ms[0].describe());
+}

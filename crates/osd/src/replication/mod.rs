@@ -846,8 +846,14 @@ pub(crate) fn on_peer<S: ObjectStore + 'static>(
                     tracing::debug!(pg = %pg, from, "message of an earlier incarnation dropped");
                     return;
                 }
-                if let Msg::Rep { .. } = msg {
-                    shard.metrics.replica_write();
+                match msg {
+                    Msg::Rep { .. } => shard.metrics.replica_write(),
+                    // Its answer tells the primary whether this store has room for writes.
+                    Msg::Ping { .. } => pgr
+                        .member
+                        .borrow_mut()
+                        .note_store_full(write::store_full(&shard.store)),
+                    _ => {}
                 }
                 drive(shard, &pgr, Event::Msg { from, msg }, Some(&ops))
             }

@@ -264,36 +264,53 @@ fn check_limits(ops: &[OsdOp]) -> Result<(), ErrorReply> {
 /// so it must be refused before, with room left for the writes already in flight.
 const FULL_RATIO: f64 = 0.95;
 
-/// Refuses with `NoSpace` a write that may need space while this OSD's store is full;
-/// removals (which free space) still go through. (The other copies' stores are not known
-/// here: a full replica is not yet refused ahead.)
+/// Refuses with `NoSpace` a write that may need space while this OSD's store is full, or
+/// another acting member's said it was in its last answer to a ping (every quarter lease);
+/// removals (which free space) still go through.
 fn refuse_when_full<S: ObjectStore + 'static>(
     shard: &Shard<S>,
+    pgr: &PgReplica,
     ops: &[OsdOp],
 ) -> Result<(), ErrorReply> {
-    let s = shard.store.statfs();
-    if s.bytes_total == 0 || (s.bytes_used as f64) < s.bytes_total as f64 * FULL_RATIO {
-        return Ok(());
-    }
-    if ops.iter().all(|op| {
+    let mine = store_full(&shard.store);
+    let full: Vec<u32> = {
+        let m = pgr.member.borrow();
+        let others = m.full_members();
+        if !mine && others.is_empty() {
+            return Ok(());
+        }
+        mine.then_some(shard.osd)
+            .into_iter()
+            .chain(others.iter().copied())
+            .collect()
+    };
+    let frees = |op: &OsdOp| {
         matches!(
             op,
             OsdOp::Remove | OsdOp::CmpXattr { .. } | OsdOp::CmpOmap { .. }
         )
-    }) {
+    };
+    if ops.iter().all(frees) {
         return Ok(());
     }
     shard.metrics.write_refused_full();
+    let names: Vec<String> = full.iter().map(|o| format!("osd.{o}")).collect();
     Err(reject(
         Status::NoSpace,
         format!(
-            "osd.{} is full ({:.1}% of {} bytes used): writes are refused until space is freed \
-             (removals go through)",
-            shard.osd,
-            s.bytes_used as f64 * 100.0 / s.bytes_total as f64,
-            s.bytes_total
+            "pg {}: the store of {} is {:.0}% full or more: writes are refused until space is \
+             freed (removals go through)",
+            pgr.pg,
+            names.join(", "),
+            FULL_RATIO * 100.0
         ),
     ))
+}
+
+/// Whether `store` is full: writes that may grow it are refused.
+pub(crate) fn store_full<S: ObjectStore>(store: &S) -> bool {
+    let s = store.statfs();
+    s.bytes_total != 0 && s.bytes_used as f64 >= s.bytes_total as f64 * FULL_RATIO
 }
 
 /// What replicas apply of a write that passed its checks here: no compares, and a create
@@ -324,7 +341,7 @@ pub(crate) async fn write<S: ObjectStore + 'static>(
         ));
     }
     check_limits(&req.ops)?;
-    refuse_when_full(shard, &req.ops)?;
+    refuse_when_full(shard, &pgr, &req.ops)?;
     let n = req.ops.len();
     let reqid = match (req.client, req.tid) {
         (0, _) | (_, 0) => ReqId {

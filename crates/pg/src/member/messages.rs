@@ -79,6 +79,9 @@ pub enum Msg {
         stamp: u64,
         /// The lease promised, in the replica's clock.
         granted: u64,
+        /// The replica's store is full: the primary refuses writes that may grow the PG
+        /// (the replica would have to refuse one that has a version, which stops its copy).
+        full: bool,
     },
     /// The primary believes the member lacks these objects: the member answers `Recovered`
     /// for those it holds, and with `urgent` (a client waits) recovers the others first.
