@@ -26,6 +26,14 @@ fn start_small(id: u32, map: &OsdMap, histories: &Path) -> Osd {
     .unwrap()
 }
 
+/// A write's answer within 20 s: a write that a copy could not store waits for good (the
+/// copy stops), and the test must fail rather than hang.
+async fn bounded<T>(write: impl std::future::Future<Output = T>) -> T {
+    carmine_reactor::timeout(Duration::from_secs(20), write)
+        .await
+        .expect("a write got no answer in 20 s: a copy that could not store it holds it")
+}
+
 fn body(i: usize) -> Bytes {
     Bytes::from(vec![i as u8; OBJECT])
 }
@@ -45,12 +53,9 @@ fn a_full_replicated_pool_refuses_writes_and_serves_on() {
         let put = |i: usize| {
             let c = &c;
             async move {
-                c.execute(
-                    1,
-                    &format!("big{i}"),
-                    vec![OsdOp::WriteFull { data: body(i) }],
-                )
-                .await
+                let oid = format!("big{i}");
+                let write = c.execute(1, &oid, vec![OsdOp::WriteFull { data: body(i) }]);
+                bounded(write).await
             }
         };
         // Fill until refused: NoSpace, never a stopped copy.
@@ -156,15 +161,14 @@ fn a_full_replica_is_known_to_its_primaries_which_refuse_writes_for_it() {
         let c = client(&map, Duration::from_secs(10)).await;
         let mut stored = 0;
         let refusal = loop {
-            let put = c
-                .execute(
-                    1,
-                    &names[stored],
-                    vec![OsdOp::WriteFull {
-                        data: small(stored),
-                    }],
-                )
-                .await;
+            let put = bounded(c.execute(
+                1,
+                &names[stored],
+                vec![OsdOp::WriteFull {
+                    data: small(stored),
+                }],
+            ))
+            .await;
             match put {
                 Ok(_) => stored += 1,
                 Err(e) => break e,
