@@ -100,6 +100,7 @@ pub struct ReactorMetrics {
     replica_writes: AtomicU64,
     read_lease_refusals: AtomicU64,
     writes_refused_full: AtomicU64,
+    pg_copies_stopped: AtomicU64,
     pgs_active: AtomicU64,
     pgs_peering: AtomicU64,
     objects_to_recover: AtomicU64,
@@ -262,6 +263,15 @@ impl ReactorMetrics {
     /// Writes to replicated PGs refused because this OSD's store is full.
     pub fn writes_refused_full(&self) -> u64 {
         self.writes_refused_full.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn pg_copy_stopped(&self) {
+        add(&self.pg_copies_stopped, 1);
+    }
+
+    /// PG copies that stopped because the store refused a change (each restarts alone).
+    pub fn pg_copies_stopped(&self) -> u64 {
+        self.pg_copies_stopped.load(Ordering::Relaxed)
     }
 
     pub(crate) fn read_lease_refused(&self) {
@@ -595,6 +605,14 @@ pub fn render(osd: u32, reactors: &[ReactorSource]) -> String {
         "Writes to replicated PGs this reactor refused with NoSpace because its store is 95% \
          full (removals still go through).",
         &|r| load(&r.metrics.writes_refused_full).to_string(),
+    );
+    per_reactor(
+        &mut t,
+        "carmine_osd_pg_copy_restarts_total",
+        "counter",
+        "Replicated PG copies on this reactor that stopped because the store refused a change \
+         (no room, a device error) and restart from the store alone after a pause.",
+        &|r| load(&r.metrics.pg_copies_stopped).to_string(),
     );
     per_reactor(
         &mut t,

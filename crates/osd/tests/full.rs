@@ -9,7 +9,7 @@ use bytes::Bytes;
 use carmine_cluster::OsdMap;
 use carmine_mapstore::LocalPgHistory;
 use carmine_osd::{Osd, OsdConfig};
-use carmine_proto::{OpOutput, OsdOp, Status};
+use carmine_proto::{OpOutput, OsdOp, ScrubMode, Status};
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
@@ -209,6 +209,127 @@ fn a_full_replica_is_known_to_its_primaries_which_refuse_writes_for_it() {
                 Err(e) => panic!("{e}"),
             }
         }
+    });
+    for o in osds {
+        o.shutdown().unwrap();
+    }
+}
+
+/// A replica whose store has no room for a write its primary already gave a version to (the
+/// write came before its pong said full) does not hold the PG up: its copy stops, restarts
+/// from its store, takes the PG's history with that object missing, and the write is
+/// acknowledged by the three copies' logs. The store then counts as full, so writes are
+/// refused with `NoSpace`; once removals free room, the object is recovered and every copy
+/// scrubs clean.
+#[test]
+fn a_replica_without_room_for_a_write_restarts_its_copy_and_the_pg_serves_on() {
+    let _serial = one_at_a_time();
+    log_if_asked();
+    let dir = TempDir::new("full-overflow");
+    let map = three_osd_map(1);
+    // osd.1 has a quarter of the others' room, and objects are big: the write that
+    // overflows it leaves no time for a pong to warn its primary.
+    let osds: Vec<Osd> = (0..3)
+        .map(|id| {
+            let bytes = if id == 1 {
+                STORE_BYTES
+            } else {
+                4 * STORE_BYTES
+            };
+            Osd::start(OsdConfig {
+                pg_history: Some(Arc::new(LocalPgHistory::new(dir.path()))),
+                read_lease: Duration::from_millis(400),
+                ..OsdConfig::in_memory(id, map.clone(), bytes)
+            })
+            .unwrap()
+        })
+        .collect();
+    wait_settled(&map, dir.path());
+    const BIG: usize = 1 << 20;
+    let big = |i: usize| Bytes::from(vec![i as u8 + 1; BIG]);
+    let pool = &map.pools[0];
+    let names: Vec<String> = (0..10_000)
+        .map(|i| format!("o{i}"))
+        .filter(|oid| map.pg_primary(map.object_pg(pool, oid)).map(|p| p.0) != Some(1))
+        .take(32)
+        .collect();
+    let restarts = |osds: &[Osd]| -> u64 {
+        osds.iter()
+            .flat_map(|o| o.metrics_sources())
+            .map(|r| r.metrics.pg_copies_stopped())
+            .sum()
+    };
+    carmine_reactor::block_on(async {
+        let c = client(&map, Duration::from_secs(10)).await;
+        let mut stored = 0;
+        let refusal = loop {
+            let put = bounded(c.execute(
+                1,
+                &names[stored],
+                vec![OsdOp::WriteFull { data: big(stored) }],
+            ))
+            .await;
+            match put {
+                Ok(_) => stored += 1,
+                Err(e) => break e,
+            }
+            assert!(stored < names.len(), "8 MiB took {stored} objects of 1 MiB");
+        };
+        assert_eq!(refusal.status(), Some(Status::NoSpace), "{refusal}");
+        eprintln!("{stored} objects of 1 MiB, then: {refusal}");
+        assert!(
+            restarts(&osds) >= 1,
+            "osd.1 was warned in time: this test needs a write it has no room for"
+        );
+        assert!(
+            stored >= 7,
+            "refused early: after {stored} objects of 1 MiB"
+        );
+        // Everything acknowledged reads back, the object osd.1 lacks too (from its primary).
+        for (i, oid) in names[..stored].iter().enumerate() {
+            assert_eq!(c.read(1, oid, 0, 0).await.unwrap(), big(i), "{oid}");
+        }
+        // Removals go through and make room; writes are taken again once osd.1 says so, and
+        // the object it lacked is recovered.
+        for oid in &names[..stored / 2] {
+            bounded(c.execute(1, oid, vec![OsdOp::Remove]))
+                .await
+                .unwrap();
+        }
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        loop {
+            let put = bounded(c.execute(1, &names[0], vec![OsdOp::WriteFull { data: big(0) }]));
+            match put.await {
+                Ok(_) => break,
+                Err(e) if e.status() == Some(Status::NoSpace) => {
+                    assert!(std::time::Instant::now() < deadline, "{e}");
+                    carmine_reactor::sleep(Duration::from_millis(50)).await;
+                }
+                Err(e) => panic!("{e}"),
+            }
+        }
+        for seed in 0..map.pools[0].pg_num {
+            loop {
+                // Refused, or with findings, while osd.1 still lacks the object.
+                let r = c.scrub(1, seed, ScrubMode::Deep).await;
+                if r.as_ref()
+                    .is_ok_and(|r| r.findings_total == 0 && r.acting.len() == 3)
+                {
+                    break;
+                }
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "pg {seed} never scrubbed clean: {r:#?}"
+                );
+                carmine_reactor::sleep(Duration::from_millis(100)).await;
+            }
+        }
+        let lacking: u64 = osds
+            .iter()
+            .flat_map(|o| o.metrics_sources())
+            .map(|r| r.metrics.objects_to_recover())
+            .sum();
+        assert_eq!(lacking, 0, "objects still to recover");
     });
     for o in osds {
         o.shutdown().unwrap();

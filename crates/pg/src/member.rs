@@ -80,7 +80,13 @@ type Answer = (PeerInfo, PgLog, BTreeMap<String, Version>, BTreeSet<String>);
 struct Pending {
     version: Version,
     req: ReqId,
+    /// The acting members that have not acknowledged it durable yet.
     waiting: BTreeSet<OsdId>,
+    /// Those that hold its log entry durable but lack its object's data (they restarted, or
+    /// their store had no room for it, and took the PG's history with the object missing):
+    /// they recover it in the background. The write is done once the others number at least
+    /// `min_size`, as a write to a degraded PG is.
+    lacking: BTreeSet<OsdId>,
 }
 
 /// One OSD's copy of one PG. `log`, `objects`, `missing` and `les` are its durable state: a
@@ -529,6 +535,12 @@ impl Member {
     /// Writes in flight (as the active primary).
     pub fn writes_in_flight(&self) -> usize {
         self.pending.len()
+    }
+
+    /// The requests of the writes in flight (as the active primary): what a host that gives
+    /// up this member answers as refused (its clients retry, and find them by request id).
+    pub fn pending_requests(&self) -> impl Iterator<Item = ReqId> + '_ {
+        self.pending.iter().map(|p| p.req)
     }
 
     fn on_persisted(&mut self, seq: u64, out: &mut Vec<Action>) {
@@ -1403,14 +1415,18 @@ impl Member {
             version: entry.version,
             req,
             waiting,
+            lacking: BTreeSet::new(),
         });
         self.ack_done(out);
     }
 
     /// Acknowledges in version order: a write is done once it and every earlier one are on
-    /// every acting member.
+    /// every acting member, with their data on `min_size` of them at least.
     fn ack_done(&mut self, out: &mut Vec<Action>) {
-        while self.pending.first().is_some_and(|p| p.waiting.is_empty()) {
+        let (acting, min_size) = (self.acting.len(), self.min_size);
+        while self.pending.first().is_some_and(|p| {
+            p.waiting.is_empty() && acting.saturating_sub(p.lacking.len()) >= min_size
+        }) {
             let p = self.pending.remove(0);
             out.push(Action::Ack {
                 req: p.req,

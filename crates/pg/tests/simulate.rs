@@ -349,18 +349,31 @@ impl Sim {
                 }
                 Action::Ack { req, version } => {
                     if let Some((oid, _)) = self.outstanding.get(&req.tid).cloned() {
-                        // On every acting member's disk, data and all (or overwritten since).
-                        for &m in self.members[o as usize].acting() {
+                        // On every acting member's disk (or overwritten since), and data
+                        // and all on min_size of them at least: a member that restarted
+                        // with the write in flight may hold its log entry only, and recover
+                        // the object in the background.
+                        let acting = self.members[o as usize].acting().to_vec();
+                        let mut with_data = 0;
+                        for &m in &acting {
                             let disk = &self.disks[m as usize];
                             let held = disk.objects.get(&oid).copied();
                             let lacks = disk.missing.contains_key(&oid);
-                            if held < Some(version) || (held == Some(version) && lacks) {
+                            if held < Some(version) {
                                 self.violations.push(format!(
                                     "t{}: osd.{o} acknowledges {oid} {version} but osd.{m}'s \
-                                     disk has {held:?}, missing: {lacks}",
+                                     disk has {held:?}",
                                     self.now
                                 ));
                             }
+                            with_data += usize::from(!(held == Some(version) && lacks));
+                        }
+                        if with_data < self.shape.min_size {
+                            self.violations.push(format!(
+                                "t{}: osd.{o} acknowledges {oid} {version} with its data on \
+                                 {with_data} of {acting:?}",
+                                self.now
+                            ));
                         }
                     }
                     if let Some((oid, _)) = self.outstanding.remove(&req.tid) {

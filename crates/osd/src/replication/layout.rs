@@ -246,6 +246,20 @@ pub(crate) async fn load_all<S: ObjectStore>(
     }
 }
 
+/// The state of `pg` this shard holds, if any (a copy whose first history never reached the
+/// store has none).
+pub(crate) async fn load_pg<S: ObjectStore>(
+    store: &S,
+    pg: PgId,
+    log_max: usize,
+) -> Result<Option<Loaded>, String> {
+    match store.stat(META_COLLECTION, &meta_oid(pg)).await {
+        Ok(_) => load_one(store, pg, log_max).await.map(Some),
+        Err(e) if e.kind == carmine_store::StoreErrorKind::ObjectNotFound => Ok(None),
+        Err(e) => Err(format!("PG {}.{} state: {e}", pg.pool, pg.seed)),
+    }
+}
+
 async fn load_one<S: ObjectStore>(store: &S, pg: PgId, log_max: usize) -> Result<Loaded, String> {
     let oid = meta_oid(pg);
     let bad = |what: &str| format!("PG {}.{} state: {what}", pg.pool, pg.seed);

@@ -16,6 +16,7 @@ mod persist;
 mod pull;
 mod purge;
 mod recover;
+mod restart;
 mod scrub;
 mod write;
 
@@ -92,8 +93,20 @@ pub(crate) enum Job {
         oid: String,
         version: Version,
         copy: ObjectCopy,
-        done: oneshot::Sender<bool>,
+        done: oneshot::Sender<Stored>,
     },
+}
+
+/// How storing a recovered object ended.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Stored {
+    Yes,
+    /// The member no longer lacks it at that version.
+    NotWanted,
+    /// The store has no room for it: it stays missing, and recovery tries again later
+    /// (removals free room; the store counts as full meanwhile, so writes that grow it are
+    /// refused).
+    NoRoom,
 }
 
 /// One PG's member on this reactor, and what its host keeps beside it.
@@ -202,6 +215,11 @@ pub(crate) struct Replication {
     /// The longest lease this OSD's earlier runs may have promised under (≥ `lease_ns`).
     prior_lease_ns: u64,
     started_ns: u64,
+    /// Failures of PG copies here, for the pause before each restarts (see `restart`).
+    breaks: restart::Breaks,
+    /// The store's used bytes when it last refused a change for want of room: it counts as
+    /// full until a margin below that is free again (see `write::store_full`).
+    pub refused_room: Cell<Option<u64>>,
 }
 
 /// The members' clock: nanoseconds since this process first read it (monotone).
@@ -239,6 +257,8 @@ impl Replication {
             lease_ns: read_lease.as_nanos() as u64,
             prior_lease_ns: prior_read_lease.max(read_lease).as_nanos() as u64,
             started_ns: clock(),
+            breaks: Default::default(),
+            refused_room: Cell::new(None),
         }
     }
 
@@ -258,6 +278,18 @@ impl Replication {
     pub fn with_lease(&self, mut m: Member) -> Member {
         m.set_read_lease(self.lease_ns, self.started_ns + self.prior_lease_ns);
         m.set_incarnation(incarnation());
+        m
+    }
+
+    /// `m`, a member restarted alone from its store in this process: an incarnation newer
+    /// than `after` (its predecessor's), and the leases its predecessor may have granted
+    /// taken to run a full prior lease from now.
+    fn restarted(&self, mut m: Member, after: u64) -> Member {
+        m.set_read_lease(self.lease_ns, clock() + self.prior_lease_ns);
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64);
+        m.set_incarnation(now.max(after + 1));
         m
     }
 
@@ -643,8 +675,11 @@ fn carry_out<S: ObjectStore + 'static>(
                     }
                     _ => Vec::new(),
                 };
-                let to_inc = pgr.member.borrow().incarnation_of(to);
-                send_to(shard, to, to_inc, pgr.pg, Body::Pg { msg, ops });
+                let (from_inc, to_inc) = {
+                    let m = pgr.member.borrow();
+                    (m.incarnation(), m.incarnation_of(to))
+                };
+                send_to(shard, to, from_inc, to_inc, pgr.pg, Body::Pg { msg, ops });
             }
             Action::Record { interval, after } => {
                 let epoch = interval.epoch;
@@ -719,12 +754,20 @@ fn queue_persist<S: ObjectStore + 'static>(
             Persisting::Entry(v) => {
                 let Some(entry) = m.log.entries().rev().find(|e| e.version == v).cloned() else {
                     drop(m);
-                    fail(pgr, format!("entry {v} to persist is not in the log"));
+                    fail(
+                        shard,
+                        pgr,
+                        format!("entry {v} to persist is not in the log"),
+                    );
                     return;
                 };
                 let Some(ops) = ops else {
                     drop(m);
-                    fail(pgr, format!("entry {v} to persist came without its ops"));
+                    fail(
+                        shard,
+                        pgr,
+                        format!("entry {v} to persist came without its ops"),
+                    );
                     return;
                 };
                 Job::Entry {
@@ -762,15 +805,38 @@ pub(super) fn queue_job<S: ObjectStore + 'static>(
     }
 }
 
-/// This copy can no longer be trusted to follow its member: it stops taking work, loudly.
-pub(crate) fn fail(pgr: &PgReplica, why: String) {
+/// This copy can no longer be trusted to follow its member (its store refused a change): it
+/// stops taking work, loudly, refuses the writes it had in flight (their clients retry), and
+/// restarts from its store after a pause (see `restart`).
+pub(crate) fn fail<S: ObjectStore + 'static>(
+    shard: &Rc<Shard<S>>,
+    pgr: &Rc<PgReplica>,
+    why: String,
+) {
+    if pgr.broken.borrow().is_some() {
+        return;
+    }
     tracing::error!(pg = %pgr.pg, "replicated PG copy stopped: {why}");
-    pgr.broken.borrow_mut().get_or_insert(why);
+    *pgr.broken.borrow_mut() = Some(why);
+    shard.metrics.pg_copy_stopped();
+    let refused: Vec<ReqId> = pgr.member.borrow().pending_requests().collect();
+    for req in refused {
+        finish(shard, req, Outcome::Refused);
+    }
+    restart::schedule(shard, pgr);
+}
+
+/// Notes a store error: one of room makes the store count as full (see `write::store_full`).
+pub(crate) fn note_store_error<S: ObjectStore>(shard: &Shard<S>, e: &carmine_store::StoreError) {
+    if e.kind == carmine_store::StoreErrorKind::NoSpace {
+        let used = shard.store.statfs().bytes_used;
+        shard.replication.refused_room.set(Some(used));
+    }
 }
 
 /// Sends `body` about `pg` to the reactor of OSD `to` that serves it.
 pub(crate) fn send<S>(shard: &Shard<S>, to: OsdId, pg: PgId, body: Body) {
-    send_to(shard, to, 0, pg, body)
+    send_to(shard, to, incarnation(), 0, pg, body)
 }
 
 /// This process's incarnation: its start on the wall clock, in nanoseconds — larger than any
@@ -785,8 +851,16 @@ pub(crate) fn incarnation() -> u64 {
     })
 }
 
-/// Sends `body` to `to`, whose incarnation this OSD's member knows as `to_inc` (0: unknown).
-pub(crate) fn send_to<S>(shard: &Shard<S>, to: OsdId, to_inc: u64, pg: PgId, body: Body) {
+/// Sends `body` from the member of incarnation `from_inc` (the process's, unless the copy
+/// restarted alone) to `to`, whose incarnation that member knows as `to_inc` (0: unknown).
+pub(crate) fn send_to<S>(
+    shard: &Shard<S>,
+    to: OsdId,
+    from_inc: u64,
+    to_inc: u64,
+    pg: PgId,
+    body: Body,
+) {
     if to == shard.osd {
         return;
     }
@@ -799,7 +873,7 @@ pub(crate) fn send_to<S>(shard: &Shard<S>, to: OsdId, to_inc: u64, pg: PgId, bod
     };
     let msg = PeerMessage {
         from: shard.osd,
-        from_inc: incarnation(),
+        from_inc,
         to_inc,
         pg,
         body,
@@ -852,7 +926,7 @@ pub(crate) fn on_peer<S: ObjectStore + 'static>(
                     Msg::Ping { .. } => pgr
                         .member
                         .borrow_mut()
-                        .note_store_full(write::store_full(&shard.store)),
+                        .note_store_full(write::store_full(shard)),
                     _ => {}
                 }
                 drive(shard, &pgr, Event::Msg { from, msg }, Some(&ops))
@@ -879,7 +953,8 @@ pub(crate) fn on_peer<S: ObjectStore + 'static>(
                     for a in blank.handle(clock(), Event::Msg { from, msg }) {
                         if let Action::Send { to, msg } = a {
                             // The answer goes to the incarnation that asked.
-                            send_to(shard, to, from_inc, pg, Body::Pg { msg, ops: vec![] });
+                            let body = Body::Pg { msg, ops: vec![] };
+                            send_to(shard, to, blank.incarnation(), from_inc, pg, body);
                         }
                     }
                 }

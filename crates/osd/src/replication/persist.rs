@@ -6,7 +6,7 @@
 //! the record that it is no longer missing. The member hears `Persisted` (or `Recovered`) only
 //! once the store says durable, so nothing is acknowledged before it is.
 
-use super::{drive, fail, layout, Job, PgReplica};
+use super::{drive, fail, layout, note_store_error, Job, PgReplica, Stored};
 use crate::reactor::Shard;
 use carmine_pg::{Event, OpKind, Version};
 use carmine_store::{ObjectStore, Transaction};
@@ -59,7 +59,7 @@ pub(super) async fn run<S: ObjectStore + 'static>(shard: &Rc<Shard<S>>, pgr: &Rc
                 done,
             }) => match store_recovered(shard, pgr, &oid, version, copy).await {
                 Ok(stored) => {
-                    if stored {
+                    if stored == Stored::Yes {
                         drive(shard, pgr, Event::Recovered { oid, version }, None);
                     }
                     let _ = done.send(stored);
@@ -80,8 +80,8 @@ pub(super) async fn run<S: ObjectStore + 'static>(shard: &Rc<Shard<S>>, pgr: &Rc
             }
             Ok(Done::Superseded) => {}
             Err(why) => {
-                fail(pgr, why);
                 pgr.persisting.set(false);
+                fail(shard, pgr, why);
                 return;
             }
         }
@@ -150,11 +150,10 @@ async fn entries<S: ObjectStore>(
     }
     if let Some((tail, head, les)) = span {
         layout::set_meta(&mut txn, pg, tail, head, les);
-        shard
-            .store
-            .submit(txn)
-            .await
-            .map_err(|e| format!("storing writes: {e}"))?;
+        shard.store.submit(txn).await.map_err(|e| {
+            note_store_error(shard, &e);
+            format!("storing writes: {e}")
+        })?;
         let mut held = pgr.held.borrow_mut();
         for (oid, v) in changed {
             match v {
@@ -222,11 +221,10 @@ async fn take_history<S: ObjectStore + 'static>(
         txn.touch(pg, oid).remove(pg, oid);
     }
     layout::replace_all(&mut txn, pg, &log, &held, &missing, les);
-    shard
-        .store
-        .submit(txn)
-        .await
-        .map_err(|e| format!("storing the PG's history: {e}"))?;
+    shard.store.submit(txn).await.map_err(|e| {
+        note_store_error(shard, &e);
+        format!("storing the PG's history: {e}")
+    })?;
     *pgr.held.borrow_mut() = held;
     *pgr.log_keys.borrow_mut() = log.entries().map(|e| e.version).collect();
     Ok(Done::Persisted(seq))
@@ -253,16 +251,18 @@ fn already_held<S: ObjectStore + 'static>(shard: &Rc<Shard<S>>, pgr: &Rc<PgRepli
 }
 
 /// Stores a recovered object if the member still lacks it at that version: the object and
-/// the record that it is held, in one transaction. `Ok(false)`: no longer wanted.
+/// the record that it is held, in one transaction. A store without room for it changes
+/// nothing (transactions apply whole or not at all): the object stays missing, and this copy
+/// serves on.
 async fn store_recovered<S: ObjectStore>(
     shard: &Shard<S>,
     pgr: &PgReplica,
     oid: &str,
     version: Version,
     copy: super::ObjectCopy,
-) -> Result<bool, String> {
+) -> Result<Stored, String> {
     if pgr.member.borrow().missing.get(oid) != Some(&version) {
-        return Ok(false);
+        return Ok(Stored::NotWanted);
     }
     let pg = pgr.pg;
     let mut txn = Transaction::new();
@@ -270,13 +270,18 @@ async fn store_recovered<S: ObjectStore>(
     txn.touch(pg, oid).remove(pg, oid);
     install(&mut txn, pg, oid, copy);
     layout::set_recovered(&mut txn, pg, oid, version);
-    shard
-        .store
-        .submit(txn)
-        .await
-        .map_err(|e| format!("storing recovered object {oid:?}: {e}"))?;
+    match shard.store.submit(txn).await {
+        Ok(()) => {}
+        Err(e) if e.kind == carmine_store::StoreErrorKind::NoSpace => {
+            note_store_error(shard, &e);
+            tracing::warn!(pg = %pg, oid, %version,
+                "no room to store a recovered object: it stays missing until room is freed");
+            return Ok(Stored::NoRoom);
+        }
+        Err(e) => return Err(format!("storing recovered object {oid:?}: {e}")),
+    }
     pgr.held.borrow_mut().insert(oid.to_string(), version);
-    Ok(true)
+    Ok(Stored::Yes)
 }
 
 /// Adds to `txn` the ops that recreate object `oid` as `c` describes.

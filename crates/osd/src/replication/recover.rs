@@ -9,7 +9,7 @@
 //! with the copy's other changes, and in one transaction with the record saying it is no
 //! longer missing; only then does the member hear [`Event::Recovered`].
 
-use super::{pull, queue_job, Job, PgReplica};
+use super::{pull, queue_job, Job, PgReplica, Stored};
 use crate::reactor::Shard;
 use carmine_pg::Version;
 use carmine_store::ObjectStore;
@@ -28,6 +28,9 @@ pub const RECOVERY_BUSY_RATE_DEFAULT: u64 = 16 << 20;
 const BUSY_WINDOW: Duration = Duration::from_millis(100);
 /// Pause before asking again for an object no member sent.
 const RETRY_PAUSE: Duration = Duration::from_millis(200);
+/// The pause after a store had no room for a recovered object (room comes back only when
+/// clients remove objects).
+const NO_ROOM_PAUSE: Duration = Duration::from_secs(1);
 /// How long a recovery held back by the rate sleeps before it looks for urgent objects.
 const READY_SLICE: Duration = Duration::from_millis(10);
 /// What a copy takes from the budget before its size is known (a volume object's size), so
@@ -327,9 +330,16 @@ async fn run<S: ObjectStore + 'static>(shard: &Rc<Shard<S>>, pgr: &Rc<PgReplica>
             },
         );
         // One object at a time per PG: its copy is in memory until stored.
-        if let Ok(true) = rx.await {
-            shard.metrics.recovered(bytes);
-            count += 1;
+        match rx.await {
+            Ok(Stored::Yes) => {
+                shard.metrics.recovered(bytes);
+                count += 1;
+            }
+            Ok(Stored::NoRoom) => {
+                failed.insert(oid.clone());
+                carmine_reactor::sleep(NO_ROOM_PAUSE).await;
+            }
+            Ok(Stored::NotWanted) | Err(_) => {}
         }
         after = Some(oid);
     }

@@ -85,6 +85,11 @@ impl ScrubState {
             unrepaired: Cell::new(0),
         }
     }
+
+    /// A scrub of the PG runs here (as its primary), and may rewrite copies.
+    pub(crate) fn is_running(&self) -> bool {
+        self.running.get()
+    }
 }
 
 /// Clears the running flag however the scrub ends (a dropped request too).
@@ -653,9 +658,9 @@ pub(crate) fn take_push<S: ObjectStore + 'static>(
 
 /// Replaces this copy of `oid` with `copy` at `version` (`None`: removes it), with the
 /// version the PG's state records for it, in one transaction: a repair decided in `epoch`.
-async fn install<S: ObjectStore>(
-    shard: &Shard<S>,
-    pgr: &PgReplica,
+async fn install<S: ObjectStore + 'static>(
+    shard: &Rc<Shard<S>>,
+    pgr: &Rc<PgReplica>,
     oid: &str,
     version: Option<Version>,
     copy: Option<ObjectCopy>,
@@ -688,9 +693,10 @@ async fn install<S: ObjectStore>(
         }
         Err(e) => {
             let why = format!("rewriting {oid:?}: {e}");
+            super::note_store_error(shard, &e);
             if e.kind != carmine_store::StoreErrorKind::NoSpace {
                 // The store may hold half of it: this copy can no longer be trusted.
-                fail(pgr, why.clone());
+                fail(shard, pgr, why.clone());
             }
             Err(why)
         }

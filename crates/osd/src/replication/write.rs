@@ -31,6 +31,14 @@ fn inactive(pg: PgId, why: &str) -> ErrorReply {
     reject(Status::PgInactive, format!("pg {pg}: {why}"))
 }
 
+/// This copy stopped and restarts from its store: an outage of the PG, which clients wait out.
+fn stopped(pg: PgId, why: &str) -> ErrorReply {
+    inactive(
+        pg,
+        &format!("this copy stopped ({why}) and restarts from its store; retry"),
+    )
+}
+
 /// How long a read waits for the primary's read lease to be renewed (at least; one and a half
 /// leases if longer), and how often it looks (coarse: many reads may wait at once).
 const LEASE_WAIT: Duration = Duration::from_secs(3);
@@ -69,10 +77,7 @@ async fn check_readable<S: ObjectStore + 'static>(
     p: &Rc<PgReplica>,
 ) -> Result<(), ErrorReply> {
     if let Some(why) = p.broken.borrow().as_deref() {
-        return Err(reject(
-            Status::Io,
-            format!("pg {}: this copy stopped: {why}", p.pg),
-        ));
+        return Err(stopped(p.pg, why));
     }
     if !p.member.borrow().is_active_primary() {
         return Err(inactive(p.pg, "not active here yet (peering)"));
@@ -143,10 +148,7 @@ async fn await_objects<S: ObjectStore + 'static>(
             return Ok(());
         }
         if let Some(why) = pgr.broken.borrow().as_deref() {
-            return Err(reject(
-                Status::Io,
-                format!("pg {}: this copy stopped: {why}", pgr.pg),
-            ));
+            return Err(stopped(pgr.pg, why));
         }
         if start.elapsed() > RECOVERY_WAIT {
             return Err(inactive(
@@ -272,7 +274,7 @@ fn refuse_when_full<S: ObjectStore + 'static>(
     pgr: &PgReplica,
     ops: &[OsdOp],
 ) -> Result<(), ErrorReply> {
-    let mine = store_full(&shard.store);
+    let mine = store_full(shard);
     let full: Vec<u32> = {
         let m = pgr.member.borrow();
         let others = m.full_members();
@@ -307,10 +309,34 @@ fn refuse_when_full<S: ObjectStore + 'static>(
     ))
 }
 
-/// Whether `store` is full: writes that may grow it are refused.
-pub(crate) fn store_full<S: ObjectStore>(store: &S) -> bool {
-    let s = store.statfs();
-    s.bytes_total != 0 && s.bytes_used as f64 >= s.bytes_total as f64 * FULL_RATIO
+/// Once the store refused a change for room, it counts as full until this share of it is
+/// free again below where it was then (the ratio alone would let the next write in, and fail
+/// on another copy of the PG).
+const REFUSED_ROOM_MARGIN: f64 = 0.05;
+
+/// Whether this reactor's store is full: writes that may grow it are refused. It is, at
+/// `FULL_RATIO`, or since it refused a change for room until enough was freed.
+pub(crate) fn store_full<S: ObjectStore>(shard: &Shard<S>) -> bool {
+    let s = shard.store.statfs();
+    if s.bytes_total == 0 {
+        return false;
+    }
+    if s.bytes_used as f64 >= s.bytes_total as f64 * FULL_RATIO {
+        return true;
+    }
+    let refused = &shard.replication.refused_room;
+    match refused.get() {
+        Some(at)
+            if s.bytes_used as f64 + s.bytes_total as f64 * REFUSED_ROOM_MARGIN > at as f64 =>
+        {
+            true
+        }
+        Some(_) => {
+            refused.set(None);
+            false
+        }
+        None => false,
+    }
 }
 
 /// What replicas apply of a write that passed its checks here: no compares, and a create
@@ -335,10 +361,7 @@ pub(crate) async fn write<S: ObjectStore + 'static>(
         .pg(pg)
         .ok_or_else(|| inactive(pg, "no copy of it here yet"))?;
     if let Some(why) = pgr.broken.borrow().as_deref() {
-        return Err(reject(
-            Status::Io,
-            format!("pg {pg}: this copy stopped: {why}"),
-        ));
+        return Err(stopped(pg, why));
     }
     check_limits(&req.ops)?;
     refuse_when_full(shard, &pgr, &req.ops)?;
@@ -419,6 +442,10 @@ fn enter<S: ObjectStore + 'static>(
         },
         Some(&ops),
     );
+    if pgr.broken.borrow().is_some() {
+        // A stopped copy takes nothing (it refused its writes in flight as it stopped).
+        super::finish(shard, req, Outcome::Refused);
+    }
     if let Some(v) = next {
         // Not a new entry (refused, or a retry answered from the log): nothing to resend.
         let entered = pgr

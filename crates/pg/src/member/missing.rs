@@ -39,8 +39,9 @@ impl Member {
         }
     }
 
-    /// Counts the writes `member` has durable (up to the head it acknowledged, with their
-    /// object's data: a write whose object it still lacks is not on it yet).
+    /// Counts the writes `member` has durable (up to the head it acknowledged): with their
+    /// object's data, or as a log entry whose object it lacks and recovers (see
+    /// `Pending::lacking`).
     pub(super) fn count_acked(&mut self, member: OsdId) {
         let head = self
             .acked_head
@@ -72,6 +73,9 @@ impl Member {
                     .is_none_or(|e| lacks(&e.oid));
             if !lacks {
                 p.waiting.remove(&member);
+                p.lacking.remove(&member);
+            } else if p.waiting.remove(&member) {
+                p.lacking.insert(member);
             }
         }
     }
