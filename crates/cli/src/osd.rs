@@ -321,6 +321,7 @@ pub fn run(a: OsdArgs, access: &carmine_localcluster::EtcdAccessArgs) -> Result<
         },
         read_lease: a.read_lease,
         prior_read_lease: Some(prior_read_lease),
+        write_ack_wait: carmine_osd::WRITE_ACK_WAIT_DEFAULT,
         lease: lease.clone(),
     })?;
     for (r, (addr, cpu)) in info.reactors.iter().zip(&reactor_cpus).enumerate() {

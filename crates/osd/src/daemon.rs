@@ -51,6 +51,9 @@ pub struct OsdConfig {
     /// The longest read lease this OSD's earlier runs may still have promises under (`None`:
     /// `read_lease`): a restarted OSD takes them to run that long past its start.
     pub prior_read_lease: Option<std::time::Duration>,
+    /// How long a replicated write waits for all its copies before its client hears it is in
+    /// doubt and retries ([`crate::WRITE_ACK_WAIT_DEFAULT`]).
+    pub write_ack_wait: std::time::Duration,
     /// The OSD's lease in etcd, as its renewals go: clients are refused once it may have run
     /// out (see `lease`). `None`: no lease (a map file), never refused for it.
     pub lease: Option<std::sync::Arc<crate::LeaseClock>>,
@@ -75,6 +78,7 @@ impl OsdConfig {
             recovery: Default::default(),
             read_lease: crate::READ_LEASE_DEFAULT,
             prior_read_lease: None,
+            write_ack_wait: crate::WRITE_ACK_WAIT_DEFAULT,
             lease: None,
         }
     }
@@ -239,6 +243,7 @@ impl Osd {
                 recovery: cfg.recovery,
                 read_lease: cfg.read_lease,
                 prior_read_lease: cfg.prior_read_lease.unwrap_or(cfg.read_lease),
+                write_ack_wait: cfg.write_ack_wait,
                 lease: cfg.lease.clone(),
             };
             let name = format!("osd{}-r{}", cfg.id, index);

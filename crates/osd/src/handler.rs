@@ -696,8 +696,11 @@ mod tests {
                     None,
                     Default::default(),
                     Default::default(),
-                    crate::READ_LEASE_DEFAULT,
-                    crate::READ_LEASE_DEFAULT,
+                    crate::replication::Waits {
+                        read_lease: crate::READ_LEASE_DEFAULT,
+                        prior_read_lease: crate::READ_LEASE_DEFAULT,
+                        ack_wait: crate::WRITE_ACK_WAIT_DEFAULT,
+                    },
                 ),
                 me: std::rc::Weak::new(),
             };

@@ -101,6 +101,7 @@ pub struct ReactorMetrics {
     read_lease_refusals: AtomicU64,
     writes_refused_full: AtomicU64,
     pg_copies_stopped: AtomicU64,
+    write_ack_timeouts: AtomicU64,
     pgs_active: AtomicU64,
     pgs_peering: AtomicU64,
     objects_to_recover: AtomicU64,
@@ -263,6 +264,16 @@ impl ReactorMetrics {
     /// Writes to replicated PGs refused because this OSD's store is full.
     pub fn writes_refused_full(&self) -> u64 {
         self.writes_refused_full.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn write_ack_timed_out(&self) {
+        add(&self.write_ack_timeouts, 1);
+    }
+
+    /// Replicated writes answered "in doubt" because their copies did not all acknowledge
+    /// them within the ack wait.
+    pub fn write_ack_timeouts(&self) -> u64 {
+        self.write_ack_timeouts.load(Ordering::Relaxed)
     }
 
     pub(crate) fn pg_copy_stopped(&self) {
@@ -613,6 +624,15 @@ pub fn render(osd: u32, reactors: &[ReactorSource]) -> String {
         "Replicated PG copies on this reactor that stopped because the store refused a change \
          (no room, a device error) and restart from the store alone after a pause.",
         &|r| load(&r.metrics.pg_copies_stopped).to_string(),
+    );
+    per_reactor(
+        &mut t,
+        "carmine_osd_write_ack_timeouts_total",
+        "counter",
+        "Replicated writes answered 'in doubt, retry' because their copies had not all \
+         acknowledged them in time (`OsdConfig::write_ack_wait`: a member neither answering nor \
+         marked down).",
+        &|r| load(&r.metrics.write_ack_timeouts).to_string(),
     );
     per_reactor(
         &mut t,

@@ -53,6 +53,7 @@ pub(crate) struct ReactorSetup {
     pub recovery: crate::RecoveryConfig,
     pub read_lease: std::time::Duration,
     pub prior_read_lease: std::time::Duration,
+    pub write_ack_wait: std::time::Duration,
     pub lease: Option<Arc<crate::LeaseClock>>,
 }
 
@@ -210,6 +211,7 @@ async fn serve<S: ObjectStore + 'static>(setup: ReactorSetup, store: S) -> Resul
         recovery,
         read_lease,
         prior_read_lease,
+        write_ack_wait,
         lease,
         ..
     } = setup;
@@ -242,8 +244,11 @@ async fn serve<S: ObjectStore + 'static>(setup: ReactorSetup, store: S) -> Resul
             history,
             scrub,
             recovery,
-            read_lease,
-            prior_read_lease,
+            crate::replication::Waits {
+                read_lease,
+                prior_read_lease,
+                ack_wait: write_ack_wait,
+            },
         ),
         auth_key,
         handshaking: Cell::new(0),

@@ -100,6 +100,7 @@ fn start(
         recovery: Default::default(),
         read_lease: carmine_osd::READ_LEASE_DEFAULT,
         prior_read_lease: None,
+        write_ack_wait: carmine_osd::WRITE_ACK_WAIT_DEFAULT,
         lease: None,
     })
     .unwrap();

@@ -1163,3 +1163,73 @@ fn a_pg_waiting_for_an_osd_whose_disk_is_gone_goes_on_once_it_is_declared_lost()
         o.shutdown().unwrap();
     }
 }
+
+/// A write whose replica is gone while the map still has it up (nobody marked it down) is
+/// answered "in doubt" once the ack wait is over, so its client gives up within its own
+/// patience instead of waiting forever; once the map moves on, the PG serves again.
+#[test]
+fn a_write_whose_replica_vanished_unnoticed_is_answered_in_doubt_not_held_forever() {
+    let _serial = one_at_a_time();
+    log_if_asked();
+    let dir = TempDir::new("ack-wait");
+    let mut map = three_osd_map(1);
+    let mut osds: Vec<Option<Osd>> = (0..3)
+        .map(|id| {
+            Some(
+                Osd::start(OsdConfig {
+                    pg_history: Some(Arc::new(LocalPgHistory::new(dir.path()))),
+                    write_ack_wait: Duration::from_millis(500),
+                    ..OsdConfig::in_memory(id, map.clone(), 256 << 20)
+                })
+                .unwrap(),
+            )
+        })
+        .collect();
+    wait_settled(&map, dir.path());
+    // An object whose primary is not osd.2, the OSD that goes.
+    let pool = &map.pools[0];
+    let oid = (0..1000)
+        .map(|i| format!("w{i}"))
+        .find(|oid| map.pg_primary(map.object_pg(pool, oid)).map(|p| p.0) != Some(2))
+        .unwrap();
+    let body = Bytes::from(vec![7u8; 4096]);
+    // Active first (a new primary waits out its members' earlier leases).
+    carmine_reactor::block_on(async {
+        let c = client(&map, Duration::from_secs(10)).await;
+        c.execute(1, &oid, vec![OsdOp::WriteFull { data: body.clone() }])
+            .await
+            .unwrap();
+    });
+    osds[2].take().unwrap().shutdown().unwrap();
+    carmine_reactor::block_on(async {
+        let c = client(&map, Duration::from_secs(2)).await;
+        let started = Instant::now();
+        let put = c.execute(1, &oid, vec![OsdOp::WriteFull { data: body.clone() }]);
+        let err = carmine_reactor::timeout(Duration::from_secs(15), put)
+            .await
+            .expect("a write its replica never acknowledged held its client for 15 s")
+            .unwrap_err();
+        eprintln!("after {:?}: {err}", started.elapsed());
+        assert!(err.to_string().contains("in doubt"), "{err}");
+    });
+    let timeouts: u64 = osds
+        .iter()
+        .flatten()
+        .flat_map(|o| o.metrics_sources())
+        .map(|r| r.metrics.write_ack_timeouts())
+        .sum();
+    assert!(timeouts >= 1, "no write counted as timed out");
+    // The map notices: the PG peers without osd.2 and takes writes again.
+    next(&mut map, |m| m.osds[2].up = false);
+    publish(&mut osds, &map, dir.path());
+    carmine_reactor::block_on(async {
+        let c = client(&map, Duration::from_secs(10)).await;
+        c.execute(1, &oid, vec![OsdOp::WriteFull { data: body.clone() }])
+            .await
+            .unwrap();
+        assert_eq!(c.read(1, &oid, 0, 0).await.unwrap(), body);
+    });
+    for o in osds.into_iter().flatten() {
+        o.shutdown().unwrap();
+    }
+}

@@ -44,6 +44,10 @@ use std::time::Duration;
 /// failover waits for nothing more; long enough that pings every quarter of it survive a
 /// loaded reactor's pauses.
 pub const READ_LEASE_DEFAULT: Duration = Duration::from_secs(2);
+/// Default for `OsdConfig::write_ack_wait`: a member that neither acknowledges a write nor is
+/// marked down must not hold its client forever; well past a failover (peer grace, then
+/// peering), within a client's default patience (30 s) of retries.
+pub const WRITE_ACK_WAIT_DEFAULT: Duration = Duration::from_secs(20);
 /// How often members resend what the network may have lost (peering messages, replica
 /// writes not yet acknowledged) and PGs waiting on the map store ask again.
 const TICK: Duration = Duration::from_millis(100);
@@ -132,6 +136,9 @@ pub(crate) struct PgReplica {
     pub fetched: Cell<u32>,
     /// Why this copy stopped (its store refused a change): it takes no more work.
     pub broken: RefCell<Option<String>>,
+    /// Repairs writing to the store outside the persist queue (see `scrub::install`): a
+    /// restart waits for them to end.
+    pub rewrites: Cell<u32>,
     /// Whether the recovery task runs, and the objects a client waits for.
     pub recovering: Cell<bool>,
     /// Whether the log said this PG waits for unfound objects.
@@ -181,6 +188,7 @@ impl PgReplica {
             settled: Cell::new(0),
             fetched: Cell::new(0),
             broken: RefCell::new(None),
+            rewrites: Cell::new(0),
             recovering: Cell::new(false),
             unfound_said: Cell::new(false),
             unleased_said: Cell::new(false),
@@ -215,6 +223,8 @@ pub(crate) struct Replication {
     /// The longest lease this OSD's earlier runs may have promised under (≥ `lease_ns`).
     prior_lease_ns: u64,
     started_ns: u64,
+    /// How long a write waits for its copies before its client hears it is in doubt.
+    pub ack_wait: Duration,
     /// Failures of PG copies here, for the pause before each restarts (see `restart`).
     breaks: restart::Breaks,
     /// The store's used bytes when it last refused a change for want of room: it counts as
@@ -231,6 +241,13 @@ pub(crate) fn clock() -> u64 {
         .as_nanos() as u64
 }
 
+/// How long members wait on one another (see `OsdConfig`).
+pub(crate) struct Waits {
+    pub read_lease: Duration,
+    pub prior_read_lease: Duration,
+    pub ack_wait: Duration,
+}
+
 impl Replication {
     pub fn new(
         osd: OsdId,
@@ -238,9 +255,13 @@ impl Replication {
         history: Option<HistoryClient>,
         scrub_schedule: ScrubSchedule,
         recovery: RecoveryConfig,
-        read_lease: Duration,
-        prior_read_lease: Duration,
+        waits: Waits,
     ) -> Self {
+        let Waits {
+            read_lease,
+            prior_read_lease,
+            ack_wait,
+        } = waits;
         Replication {
             osd,
             log_max: carmine_pg::LOG_ENTRIES_DEFAULT,
@@ -257,6 +278,7 @@ impl Replication {
             lease_ns: read_lease.as_nanos() as u64,
             prior_lease_ns: prior_read_lease.max(read_lease).as_nanos() as u64,
             started_ns: clock(),
+            ack_wait,
             breaks: Default::default(),
             refused_room: Cell::new(None),
         }

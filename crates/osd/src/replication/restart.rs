@@ -78,7 +78,7 @@ async fn restart<S: ObjectStore + 'static>(
     carmine_reactor::sleep(delay).await;
     // Nothing of the old copy may write to the store once the new one has read it: its
     // persist task and a repair end on their own once they see it stopped.
-    while old.persisting.get() || old.scrub.is_running() {
+    while old.persisting.get() || old.scrub.is_running() || old.rewrites.get() > 0 {
         carmine_reactor::sleep(IDLE_POLL).await;
     }
     if !current(shard, old) {

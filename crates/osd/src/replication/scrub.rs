@@ -92,6 +92,22 @@ impl ScrubState {
     }
 }
 
+/// Counts a rewrite of `pgr`'s store outside its persist queue while it runs (however it ends).
+struct Rewriting<'a>(&'a PgReplica);
+
+impl<'a> Rewriting<'a> {
+    fn new(pgr: &'a PgReplica) -> Self {
+        pgr.rewrites.set(pgr.rewrites.get() + 1);
+        Rewriting(pgr)
+    }
+}
+
+impl Drop for Rewriting<'_> {
+    fn drop(&mut self) {
+        self.0.rewrites.set(self.0.rewrites.get() - 1);
+    }
+}
+
 /// Clears the running flag however the scrub ends (a dropped request too).
 struct Running<'a>(&'a ScrubState);
 
@@ -682,6 +698,10 @@ async fn install<S: ObjectStore + 'static>(
         super::persist::install(&mut txn, pg, oid, c);
     }
     layout::set_object_version(&mut txn, pg, oid, version);
+    if pgr.broken.borrow().is_some() {
+        return Err(format!("{oid:?} not rewritten: this copy stopped"));
+    }
+    let _rewriting = Rewriting::new(pgr);
     match shard.store.submit(txn).await {
         Ok(()) => {
             let mut held = pgr.held.borrow_mut();

@@ -400,14 +400,26 @@ pub(crate) async fn write<S: ObjectStore + 'static>(
             Outcome::Refused => Err(inactive(pg, "not active here (peering); nothing applied")),
         };
     }
-    match waiter.await {
-        Ok(Outcome::Acked(_)) => Ok(vec![OpOutput::None; n]),
+    let ack_wait = shard.replication.ack_wait;
+    match carmine_reactor::timeout(ack_wait, waiter).await {
+        Ok(Ok(Outcome::Acked(_))) => Ok(vec![OpOutput::None; n]),
         // It may be on some copies: the PG recognises its retry by the request number and
         // answers it from the log if it survived peering, or applies it if it did not.
-        Ok(Outcome::Refused) | Err(_) => Err(inactive(
+        Ok(Ok(Outcome::Refused) | Err(_)) => Err(inactive(
             pg,
             "the PG's interval ended with the write in flight (in doubt): retry it",
         )),
+        // Still in flight: a retry waits for the same outcome.
+        Err(_) => {
+            shard.metrics.write_ack_timed_out();
+            Err(inactive(
+                pg,
+                &format!(
+                    "the write waited {ack_wait:?} for its copies and is still in flight (in \
+                     doubt): retry it"
+                ),
+            ))
+        }
     }
 }
 
