@@ -1,7 +1,8 @@
 //! The encodings of what members send each other ([`Msg`]) and of the parts of a member's
 //! state that a host persists (log entries, versions). Versioned by the frame that carries
-//! them (protocol version 5) and the record that stores them; every count and string is
-//! bounded before anything is allocated, so a hostile peer costs one message, never a panic.
+//! them (`carmine_proto::PROTOCOL_VERSION`) and the record that stores them; every count and
+//! string is bounded before anything is allocated, so a hostile peer costs one message, never
+//! a panic.
 
 use crate::log::{Entry, OpKind, PgLog, ReqId};
 use crate::member::Msg;
