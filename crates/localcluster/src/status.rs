@@ -74,6 +74,8 @@ struct Usage {
     recovery_objects_per_sec: f64,
     /// The largest peering listing of any PG (bytes): the most of any reactor, not a sum.
     listing_max: u64,
+    /// Reactors whose store refused a change for want of room lately.
+    refused_room: u64,
 }
 
 impl Usage {
@@ -95,6 +97,7 @@ impl Usage {
         self.recovery_bytes_per_sec += o.recovery_bytes_per_sec;
         self.recovery_objects_per_sec += o.recovery_objects_per_sec;
         self.listing_max = self.listing_max.max(o.listing_max);
+        self.refused_room += o.refused_room;
     }
 }
 
@@ -141,6 +144,7 @@ fn scrape_usage(addr: &str) -> Option<Usage> {
             .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
             .max()
             .unwrap_or(0),
+        refused_room: sum("carmine_osd_store_refused_room"),
     })
 }
 
@@ -199,7 +203,17 @@ pub fn status(dir: &Path) -> Result<Status> {
             } else {
                 used as f64 / cap as f64
             };
-            if full >= FULL {
+            if this.refused_room > 0 {
+                checks.add(
+                    Health::Err,
+                    format!(
+                        "osd.{} is full: its store refused a write for want of room ({:.0}% \
+                         used); writes that would grow it are refused until space is freed",
+                        o.id,
+                        full * 100.0
+                    ),
+                );
+            } else if full >= FULL {
                 checks.add(
                     Health::Err,
                     format!(

@@ -102,6 +102,7 @@ pub struct ReactorMetrics {
     writes_refused_full: AtomicU64,
     pg_copies_stopped: AtomicU64,
     write_ack_timeouts: AtomicU64,
+    store_refused_room: AtomicU64,
     pgs_active: AtomicU64,
     pgs_peering: AtomicU64,
     objects_to_recover: AtomicU64,
@@ -264,6 +265,16 @@ impl ReactorMetrics {
     /// Writes to replicated PGs refused because this OSD's store is full.
     pub fn writes_refused_full(&self) -> u64 {
         self.writes_refused_full.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn set_store_refused_room(&self, refused: bool) {
+        self.store_refused_room
+            .store(u64::from(refused), Ordering::Relaxed);
+    }
+
+    /// Whether the store counts as full because it refused a change for want of room.
+    pub fn store_refused_room(&self) -> bool {
+        self.store_refused_room.load(Ordering::Relaxed) != 0
     }
 
     pub(crate) fn write_ack_timed_out(&self) {
@@ -624,6 +635,14 @@ pub fn render(osd: u32, reactors: &[ReactorSource]) -> String {
         "Replicated PG copies on this reactor that stopped because the store refused a change \
          (no room, a device error) and restart from the store alone after a pause.",
         &|r| load(&r.metrics.pg_copies_stopped).to_string(),
+    );
+    per_reactor(
+        &mut t,
+        "carmine_osd_store_refused_room",
+        "gauge",
+        "1 while the reactor's store counts as full because it refused a change for want of \
+         room (until 5% of it is free below that point), whatever its fill ratio says.",
+        &|r| load(&r.metrics.store_refused_room).to_string(),
     );
     per_reactor(
         &mut t,

@@ -285,6 +285,16 @@ fn a_replica_without_room_for_a_write_restarts_its_copy_and_the_pg_serves_on() {
             stored >= 7,
             "refused early: after {stored} objects of 1 MiB"
         );
+        let refused_room = |osds: &[Osd]| {
+            osds[1]
+                .metrics_sources()
+                .iter()
+                .any(|r| r.metrics.store_refused_room())
+        };
+        assert!(
+            refused_room(&osds),
+            "osd.1 does not say it refused a write for room"
+        );
         // Everything acknowledged reads back, the object osd.1 lacks too (from its primary).
         for (i, oid) in names[..stored].iter().enumerate() {
             assert_eq!(c.read(1, oid, 0, 0).await.unwrap(), big(i), "{oid}");
@@ -324,6 +334,7 @@ fn a_replica_without_room_for_a_write_restarts_its_copy_and_the_pg_serves_on() {
                 carmine_reactor::sleep(Duration::from_millis(100)).await;
             }
         }
+        assert!(!refused_room(&osds), "osd.1 still says it is out of room");
         let lacking: u64 = osds
             .iter()
             .flat_map(|o| o.metrics_sources())

@@ -853,6 +853,7 @@ pub(crate) fn note_store_error<S: ObjectStore>(shard: &Shard<S>, e: &carmine_sto
     if e.kind == carmine_store::StoreErrorKind::NoSpace {
         let used = shard.store.statfs().bytes_used;
         shard.replication.refused_room.set(Some(used));
+        shard.metrics.set_store_refused_room(true);
     }
 }
 

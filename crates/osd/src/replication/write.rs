@@ -333,6 +333,7 @@ pub(crate) fn store_full<S: ObjectStore>(shard: &Shard<S>) -> bool {
         }
         Some(_) => {
             refused.set(None);
+            shard.metrics.set_store_refused_room(false);
             false
         }
         None => false,
