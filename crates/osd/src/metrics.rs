@@ -103,6 +103,7 @@ pub struct ReactorMetrics {
     pg_copies_stopped: AtomicU64,
     write_ack_timeouts: AtomicU64,
     store_refused_room: AtomicU64,
+    writes_held_by_scrub: AtomicU64,
     pgs_active: AtomicU64,
     pgs_peering: AtomicU64,
     objects_to_recover: AtomicU64,
@@ -275,6 +276,15 @@ impl ReactorMetrics {
     /// Whether the store counts as full because it refused a change for want of room.
     pub fn store_refused_room(&self) -> bool {
         self.store_refused_room.load(Ordering::Relaxed) != 0
+    }
+
+    pub(crate) fn write_held_by_scrub(&self) {
+        add(&self.writes_held_by_scrub, 1);
+    }
+
+    /// Client writes that waited for a scrub chunk comparing their object.
+    pub fn writes_held_by_scrub(&self) -> u64 {
+        self.writes_held_by_scrub.load(Ordering::Relaxed)
     }
 
     pub(crate) fn write_ack_timed_out(&self) {
@@ -635,6 +645,14 @@ pub fn render(osd: u32, reactors: &[ReactorSource]) -> String {
         "Replicated PG copies on this reactor that stopped because the store refused a change \
          (no room, a device error) and restart from the store alone after a pause.",
         &|r| load(&r.metrics.pg_copies_stopped).to_string(),
+    );
+    per_reactor(
+        &mut t,
+        "carmine_osd_writes_held_by_scrub_total",
+        "counter",
+        "Client writes to replicated PGs that waited while a scrub chunk compared their object \
+         (writes to the PG's other objects go on).",
+        &|r| load(&r.metrics.writes_held_by_scrub).to_string(),
     );
     per_reactor(
         &mut t,

@@ -1233,3 +1233,81 @@ fn a_write_whose_replica_vanished_unnoticed_is_answered_in_doubt_not_held_foreve
         o.shutdown().unwrap();
     }
 }
+
+/// A scrub holds back only the writes to the objects of the chunk it compares: writes to an
+/// object outside it go on. Here an object that sorts first (so it is in the first chunk
+/// only) is written over and over while a deep scrub walks its PG chunk by chunk; at most one
+/// of those writes waits for the scrub. (A scrub that held the whole PG per chunk held one in
+/// about every chunk.)
+#[test]
+fn a_scrub_holds_back_only_the_writes_to_the_chunk_it_compares() {
+    let _serial = one_at_a_time();
+    log_if_asked();
+    let dir = TempDir::new("scrub-range");
+    let map = three_osd_map(1);
+    let no_schedule = ScrubSchedule {
+        light: None,
+        deep: None,
+    };
+    let osds: Vec<Osd> = (0..3)
+        .map(|id| start_with(id, &map, dir.path(), None, no_schedule))
+        .collect();
+    wait_settled(&map, dir.path());
+    let pool = &map.pools[0];
+    let first = "!first";
+    let pg = map.object_pg(pool, first);
+    let others: Vec<String> = (0..10_000)
+        .map(|i| format!("o{i}"))
+        .filter(|oid| map.object_pg(pool, oid) == pg)
+        .take(200)
+        .collect();
+    let chunk = Bytes::from(vec![5u8; 256 << 10]);
+    carmine_reactor::block_on(async {
+        let c = client(&map, Duration::from_secs(10)).await;
+        for oid in others.iter().map(String::as_str).chain([first]) {
+            c.execute(
+                1,
+                oid,
+                vec![OsdOp::WriteFull {
+                    data: chunk.clone(),
+                }],
+            )
+            .await
+            .unwrap();
+        }
+        let done = std::cell::Cell::new(false);
+        let writes = std::cell::Cell::new(0u64);
+        let scrub = async {
+            let r = c.scrub(1, pg.seed, ScrubMode::Deep).await;
+            done.set(true);
+            r
+        };
+        let writer = async {
+            while !done.get() {
+                let data = Bytes::from(vec![writes.get() as u8; 4096]);
+                c.execute(1, first, vec![OsdOp::WriteFull { data }])
+                    .await
+                    .unwrap();
+                writes.set(writes.get() + 1);
+            }
+        };
+        let (report, ()) = futures::join!(scrub, writer);
+        let report = report.unwrap();
+        assert_eq!(report.findings_total, 0, "{report:#?}");
+        assert_eq!(report.objects, others.len() as u64 + 1);
+        let held = total(&osds, |m| m.writes_held_by_scrub());
+        eprintln!(
+            "{} writes to {first} during a deep scrub of {} objects; {held} waited for it",
+            writes.get(),
+            report.objects
+        );
+        assert!(writes.get() >= 3, "the scrub ended before the writes began");
+        assert!(
+            held <= 1,
+            "{held} writes to {first} waited for the scrub's chunks"
+        );
+    });
+    for o in osds {
+        o.shutdown().unwrap();
+    }
+}

@@ -537,6 +537,17 @@ impl Member {
         self.pending.len()
     }
 
+    /// The objects of the writes in flight (as the active primary).
+    pub fn in_flight_objects(&self) -> impl Iterator<Item = &str> + '_ {
+        self.pending.iter().filter_map(|p| {
+            self.log
+                .entries()
+                .rev()
+                .find(|e| e.version == p.version)
+                .map(|e| e.oid.as_str())
+        })
+    }
+
     /// The requests of the writes in flight (as the active primary): what a host that gives
     /// up this member answers as refused (its clients retry, and find them by request id).
     pub fn pending_requests(&self) -> impl Iterator<Item = ReqId> + '_ {

@@ -136,6 +136,8 @@ pub(crate) struct PgReplica {
     pub fetched: Cell<u32>,
     /// Why this copy stopped (its store refused a change): it takes no more work.
     pub broken: RefCell<Option<String>>,
+    /// The objects a scrub chunk compares now: writes to them wait (see `scrub`).
+    pub scrub_fence: RefCell<Option<scrub::Range>>,
     /// Repairs writing to the store outside the persist queue (see `scrub::install`): a
     /// restart waits for them to end.
     pub rewrites: Cell<u32>,
@@ -158,6 +160,14 @@ pub(crate) struct PgReplica {
 }
 
 impl PgReplica {
+    /// Whether a scrub chunk holds writes to `oid` back.
+    pub fn fenced(&self, oid: &str) -> bool {
+        self.scrub_fence
+            .borrow()
+            .as_ref()
+            .is_some_and(|r| scrub::in_range(oid, r))
+    }
+
     /// Nothing in flight and nothing waiting for the store: every write this copy took is
     /// durable (as primary: on every acting member too).
     pub fn is_quiet(&self) -> bool {
@@ -189,6 +199,7 @@ impl PgReplica {
             fetched: Cell::new(0),
             broken: RefCell::new(None),
             rewrites: Cell::new(0),
+            scrub_fence: RefCell::new(None),
             recovering: Cell::new(false),
             unfound_said: Cell::new(false),
             unleased_said: Cell::new(false),

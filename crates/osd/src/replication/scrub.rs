@@ -1,6 +1,6 @@
 //! Scrub and repair of a replicated PG. The primary walks the PG in chunks of objects in name
-//! order; for each chunk it holds back the PG's writes (the conditional-write gate) until
-//! every write in flight is durable everywhere, asks each member for its report of the chunk
+//! order; for each chunk it holds back the writes to the chunk's objects (the others go on)
+//! until every write in flight to them is durable everywhere, asks each member for its report of the chunk
 //! (`ScrubAsk` → `ScrubMap`: versions and sizes, and with `deep` checksums of data, attributes
 //! and omap), and lets `carmine_pg::scrub::compare` judge. A repair rewrites each bad copy from
 //! the good one (`Push` → `Pushed`, or in place at the primary) and looks at the chunk again.
@@ -27,13 +27,13 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
-/// Objects per chunk: the PG's writes wait while a chunk is compared, so a deep chunk (which
-/// reads every byte on every member) is small.
+/// Objects per chunk: writes to the chunk's objects wait while it is compared, so a deep chunk
+/// (which reads every byte on every member) is small.
 const CHUNK_LIGHT: usize = 128;
 const CHUNK_DEEP: usize = 8;
 /// How long the primary waits for a member's report or a push's answer.
 const REPLY_TIMEOUT: Duration = Duration::from_secs(30);
-/// How long a chunk waits for the PG's writes in flight to become durable everywhere.
+/// How long a chunk waits for the writes in flight to its objects to become durable everywhere.
 const QUIET_WAIT: Duration = Duration::from_secs(10);
 const QUIET_POLL: Duration = Duration::from_millis(1);
 /// Bytes read per call when checksumming an object.
@@ -199,10 +199,11 @@ pub(crate) async fn scrub<S: ObjectStore + 'static>(
     };
     let mut after: Option<String> = None;
     loop {
-        let turn = pgr.gate.lock().await;
-        quiesce(&pgr, epoch).await?;
         let upto = chunk_end(shard, &pgr, after.as_deref(), deep).await?;
         let range = (after.clone(), upto);
+        // Writes to the chunk's objects wait while it is compared; the PG's others go on.
+        let fence = Fence::hold(&pgr, range.clone());
+        quiesce_range(&pgr, epoch, &range).await?;
         let (maps, upto) = gather(shard, &pgr, epoch, &acting, range.clone(), deep).await?;
         let range = (range.0, upto.clone());
         let expected = expected_in(&pgr, &range);
@@ -229,7 +230,7 @@ pub(crate) async fn scrub<S: ObjectStore + 'static>(
                 left.extend(v.bad.iter().map(|(osd, _)| (v.oid.clone(), *osd)));
             }
         }
-        drop(turn);
+        drop(fence);
         for v in verdicts {
             for (osd, problem) in v.bad {
                 report.findings_total += 1;
@@ -289,9 +290,10 @@ fn judge(
     compare(expected, &refs, primary)
 }
 
-type Range = (Option<String>, Option<String>);
+/// Objects after the first name, up to and with the second (`None`: from the start, to the end).
+pub(crate) type Range = (Option<String>, Option<String>);
 
-fn in_range(oid: &str, (after, upto): &Range) -> bool {
+pub(crate) fn in_range(oid: &str, (after, upto): &Range) -> bool {
     after.as_deref().is_none_or(|a| oid > a) && upto.as_deref().is_none_or(|u| oid <= u)
 }
 
@@ -307,6 +309,60 @@ fn expected_in(pgr: &PgReplica, range: &Range) -> BTreeMap<String, Version> {
         .take_while(|(o, _)| range.1.as_deref().is_none_or(|u| o.as_str() <= u))
         .map(|(o, v)| (o.clone(), *v))
         .collect()
+}
+
+/// Holds back writes to the objects of a scrub chunk while it lives (however the scrub ends).
+struct Fence<'a>(&'a PgReplica);
+
+impl<'a> Fence<'a> {
+    fn hold(pgr: &'a PgReplica, range: Range) -> Self {
+        *pgr.scrub_fence.borrow_mut() = Some(range);
+        Fence(pgr)
+    }
+}
+
+impl Drop for Fence<'_> {
+    fn drop(&mut self) {
+        self.0.scrub_fence.borrow_mut().take();
+    }
+}
+
+/// Waits until no write to an object of `range` is in flight or queued for this store (the
+/// caller holds new ones back), so every member's copy of the range is settled.
+async fn quiesce_range(pgr: &PgReplica, epoch: u32, range: &Range) -> Result<(), ErrorReply> {
+    let start = Instant::now();
+    loop {
+        {
+            let m = pgr.member.borrow();
+            if !m.is_active_primary() || m.epoch() != epoch {
+                return Err(inactive(
+                    pgr.pg,
+                    "its interval ended during the scrub: run it again",
+                ));
+            }
+            if !m.is_clean() {
+                // A member restarted since the scrub began: copies differ by design again.
+                return Err(inactive(
+                    pgr.pg,
+                    "objects are being recovered again: run the scrub again",
+                ));
+            }
+            let touches = |j: &super::Job| match j {
+                super::Job::Entry { entry, .. } => in_range(&entry.oid, range),
+                super::Job::Recovered { oid, .. } => in_range(oid, range),
+                super::Job::History { .. } | super::Job::Purge => true,
+            };
+            let busy = m.in_flight_objects().any(|o| in_range(o, range))
+                || pgr.jobs.borrow().iter().any(touches);
+            if !busy {
+                return Ok(());
+            }
+        }
+        if start.elapsed() > QUIET_WAIT {
+            return Err(inactive(pgr.pg, "its writes did not settle for the scrub"));
+        }
+        carmine_reactor::sleep(QUIET_POLL).await;
+    }
 }
 
 /// Waits until the PG has nothing in flight (the caller holds the gate, so nothing enters).

@@ -340,6 +340,33 @@ pub(crate) fn store_full<S: ObjectStore>(shard: &Shard<S>) -> bool {
     }
 }
 
+/// Waits while a scrub chunk compares `oid` (milliseconds, or a second for a deep chunk of
+/// large objects).
+async fn await_unfenced<S: ObjectStore + 'static>(
+    shard: &Shard<S>,
+    pgr: &PgReplica,
+    oid: &str,
+) -> Result<(), ErrorReply> {
+    if !pgr.fenced(oid) {
+        return Ok(());
+    }
+    shard.metrics.write_held_by_scrub();
+    let start = std::time::Instant::now();
+    while pgr.fenced(oid) {
+        if let Some(why) = pgr.broken.borrow().as_deref() {
+            return Err(stopped(pgr.pg, why));
+        }
+        if start.elapsed() > QUIET_WAIT {
+            return Err(inactive(
+                pgr.pg,
+                "a scrub of its object held the write back too long; nothing applied: retry",
+            ));
+        }
+        carmine_reactor::sleep(QUIET_POLL).await;
+    }
+    Ok(())
+}
+
 /// What replicas apply of a write that passed its checks here: no compares, and a create
 /// that is no longer exclusive (it was, here).
 fn replicated_ops(ops: &[OsdOp]) -> Vec<OsdOp> {
@@ -387,9 +414,15 @@ pub(crate) async fn write<S: ObjectStore + 'static>(
             Judged::Entered(rx) => rx,
         }
     } else {
-        if !pgr.gate.is_idle() {
-            // Behind a conditional write that came first.
-            drop(pgr.gate.lock().await);
+        loop {
+            if !pgr.gate.is_idle() {
+                // Behind a conditional write that came first (or a read's repair).
+                drop(pgr.gate.lock().await);
+            } else if pgr.fenced(&req.oid) {
+                await_unfenced(shard, &pgr, &req.oid).await?;
+            } else {
+                break;
+            }
         }
         enter(shard, &pgr, reqid, &req.oid, kind, req.ops)
     };
@@ -507,7 +540,7 @@ async fn conditional<S: ObjectStore + 'static>(
             await_objects(shard, pgr, &req.oid, false).await?;
             continue;
         }
-        if pgr.is_quiet() {
+        if pgr.is_quiet() && !pgr.fenced(&req.oid) {
             let m = pgr.member.borrow();
             if m.next_version().is_none() {
                 return Err(inactive(pg, "not active here (peering)"));
@@ -528,6 +561,7 @@ async fn conditional<S: ObjectStore + 'static>(
         m.next_version().is_some()
             && (m.interval_start(), m.log.head()) == state
             && !m.any_lacks(&req.oid)
+            && !pgr.fenced(&req.oid)
             // Compares alone are answered like a read: only while no newer interval can be
             // active elsewhere (the read lease).
             && (!replicated.is_empty() || m.readable(super::clock()))
