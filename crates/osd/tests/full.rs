@@ -26,6 +26,21 @@ fn start_small(id: u32, map: &OsdMap, histories: &Path) -> Osd {
     .unwrap()
 }
 
+/// Three OSDs whose stores hold `STORE_BYTES` times their factor, with leases of 400 ms (so
+/// replicas answer pings, and say whether they are full, every 100 ms).
+fn start_sized(map: &OsdMap, histories: &Path, factors: [u64; 3]) -> Vec<Osd> {
+    (0..3)
+        .map(|id| {
+            Osd::start(OsdConfig {
+                pg_history: Some(Arc::new(LocalPgHistory::new(histories))),
+                read_lease: Duration::from_millis(400),
+                ..OsdConfig::in_memory(id, map.clone(), factors[id as usize] * STORE_BYTES)
+            })
+            .unwrap()
+        })
+        .collect()
+}
+
 /// A write's answer within 20 s: a write that a copy could not store waits for good (the
 /// copy stops), and the test must fail rather than hang.
 async fn bounded<T>(write: impl std::future::Future<Output = T>) -> T {
@@ -126,26 +141,8 @@ fn a_full_replica_is_known_to_its_primaries_which_refuse_writes_for_it() {
     log_if_asked();
     let dir = TempDir::new("full-replica");
     let map = three_osd_map(1);
-    // osd.1 has half the room of the others; leases of 400 ms have it answer pings (and say
-    // whether it is full) every 100 ms.
-    let osds: Vec<Osd> = (0..3)
-        .map(|id| {
-            Osd::start(OsdConfig {
-                pg_history: Some(Arc::new(LocalPgHistory::new(dir.path()))),
-                read_lease: Duration::from_millis(400),
-                ..OsdConfig::in_memory(
-                    id,
-                    map.clone(),
-                    if id == 1 {
-                        STORE_BYTES
-                    } else {
-                        2 * STORE_BYTES
-                    },
-                )
-            })
-            .unwrap()
-        })
-        .collect();
+    // osd.1 has half the room of the others.
+    let osds = start_sized(&map, dir.path(), [2, 1, 2]);
     wait_settled(&map, dir.path());
     const SMALL: usize = 64 << 10;
     let small = |i: usize| Bytes::from(vec![i as u8; SMALL]);
@@ -229,21 +226,7 @@ fn a_replica_without_room_for_a_write_restarts_its_copy_and_the_pg_serves_on() {
     let map = three_osd_map(1);
     // osd.1 has a quarter of the others' room, and objects are big: the write that
     // overflows it leaves no time for a pong to warn its primary.
-    let osds: Vec<Osd> = (0..3)
-        .map(|id| {
-            let bytes = if id == 1 {
-                STORE_BYTES
-            } else {
-                4 * STORE_BYTES
-            };
-            Osd::start(OsdConfig {
-                pg_history: Some(Arc::new(LocalPgHistory::new(dir.path()))),
-                read_lease: Duration::from_millis(400),
-                ..OsdConfig::in_memory(id, map.clone(), bytes)
-            })
-            .unwrap()
-        })
-        .collect();
+    let osds = start_sized(&map, dir.path(), [4, 1, 4]);
     wait_settled(&map, dir.path());
     const BIG: usize = 1 << 20;
     let big = |i: usize| Bytes::from(vec![i as u8 + 1; BIG]);

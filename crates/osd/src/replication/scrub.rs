@@ -203,7 +203,7 @@ pub(crate) async fn scrub<S: ObjectStore + 'static>(
         let range = (after.clone(), upto);
         // Writes to the chunk's objects wait while it is compared; the PG's others go on.
         let fence = Fence::hold(&pgr, range.clone());
-        quiesce_range(&pgr, epoch, &range).await?;
+        quiesce(&pgr, epoch, Some(&range)).await?;
         let (maps, upto) = gather(shard, &pgr, epoch, &acting, range.clone(), deep).await?;
         let range = (range.0, upto.clone());
         let expected = expected_in(&pgr, &range);
@@ -327,9 +327,11 @@ impl Drop for Fence<'_> {
     }
 }
 
-/// Waits until no write to an object of `range` is in flight or queued for this store (the
-/// caller holds new ones back), so every member's copy of the range is settled.
-async fn quiesce_range(pgr: &PgReplica, epoch: u32, range: &Range) -> Result<(), ErrorReply> {
+/// Waits until what a chunk (`range`) or a read's repair (`None`: the whole PG) compares is
+/// settled on every member: no write to it in flight or queued for this store. The caller
+/// holds new ones back (a chunk's fence, or the PG's gate). A chunk also needs the PG still
+/// clean: a member restarted since the scrub began lacks objects by design.
+async fn quiesce(pgr: &PgReplica, epoch: u32, range: Option<&Range>) -> Result<(), ErrorReply> {
     let start = Instant::now();
     loop {
         {
@@ -340,44 +342,25 @@ async fn quiesce_range(pgr: &PgReplica, epoch: u32, range: &Range) -> Result<(),
                     "its interval ended during the scrub: run it again",
                 ));
             }
-            if !m.is_clean() {
-                // A member restarted since the scrub began: copies differ by design again.
-                return Err(inactive(
-                    pgr.pg,
-                    "objects are being recovered again: run the scrub again",
-                ));
-            }
-            let touches = |j: &super::Job| match j {
-                super::Job::Entry { entry, .. } => in_range(&entry.oid, range),
-                super::Job::Recovered { oid, .. } => in_range(oid, range),
-                super::Job::History { .. } | super::Job::Purge => true,
+            let settled = match range {
+                None => pgr.is_quiet(),
+                Some(_) if !m.is_clean() => {
+                    return Err(inactive(
+                        pgr.pg,
+                        "objects are being recovered again: run the scrub again",
+                    ))
+                }
+                Some(range) => {
+                    let touches = |j: &super::Job| match j {
+                        super::Job::Entry { entry, .. } => in_range(&entry.oid, range),
+                        super::Job::Recovered { oid, .. } => in_range(oid, range),
+                        super::Job::History { .. } | super::Job::Purge => true,
+                    };
+                    !m.in_flight_objects().any(|o| in_range(o, range))
+                        && !pgr.jobs.borrow().iter().any(touches)
+                }
             };
-            let busy = m.in_flight_objects().any(|o| in_range(o, range))
-                || pgr.jobs.borrow().iter().any(touches);
-            if !busy {
-                return Ok(());
-            }
-        }
-        if start.elapsed() > QUIET_WAIT {
-            return Err(inactive(pgr.pg, "its writes did not settle for the scrub"));
-        }
-        carmine_reactor::sleep(QUIET_POLL).await;
-    }
-}
-
-/// Waits until the PG has nothing in flight (the caller holds the gate, so nothing enters).
-async fn quiesce(pgr: &PgReplica, epoch: u32) -> Result<(), ErrorReply> {
-    let start = Instant::now();
-    loop {
-        {
-            let m = pgr.member.borrow();
-            if !m.is_active_primary() || m.epoch() != epoch {
-                return Err(inactive(
-                    pgr.pg,
-                    "its interval ended during the scrub: run it again",
-                ));
-            }
-            if pgr.is_quiet() {
+            if settled {
                 return Ok(());
             }
         }
@@ -853,7 +836,7 @@ pub(crate) async fn repair_for_read<S: ObjectStore + 'static>(
     let Some(want) = want else {
         return Err("the PG holds no such object".into());
     };
-    quiesce(&pgr, epoch).await.map_err(|e| e.message)?;
+    quiesce(&pgr, epoch, None).await.map_err(|e| e.message)?;
     for src in acting.into_iter().filter(|o| *o != shard.osd) {
         match pull::fetch(shard, pg, src, oid).await {
             Some((version, Some(copy))) if version == want => {
