@@ -659,7 +659,8 @@ pub fn render(osd: u32, reactors: &[ReactorSource]) -> String {
         "carmine_osd_store_refused_room",
         "gauge",
         "1 while the reactor's store counts as full because it refused a change for want of \
-         room (until 5% of it is free below that point), whatever its fill ratio says.",
+         room (until 5% of it is free below that point, or a minute passed), whatever its fill \
+         ratio says.",
         &|r| load(&r.metrics.store_refused_room).to_string(),
     );
     per_reactor(

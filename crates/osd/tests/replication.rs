@@ -1234,11 +1234,12 @@ fn a_write_whose_replica_vanished_unnoticed_is_answered_in_doubt_not_held_foreve
     }
 }
 
-/// A scrub holds back only the writes to the objects of the chunk it compares: writes to an
-/// object outside it go on. Here an object that sorts first (so it is in the first chunk
-/// only) is written over and over while a deep scrub walks its PG chunk by chunk; at most one
-/// of those writes waits for the scrub. (A scrub that held the whole PG per chunk held one in
-/// about every chunk.)
+/// A scrub holds back the writes to the objects of the chunk it compares, and only those.
+/// Here an object that sorts first (so it is in the first chunk only, with seven objects of
+/// 1 MiB that make that chunk long) is written over and over while a deep scrub walks its PG
+/// chunk by chunk: exactly one of those writes waits (the one that meets the first chunk),
+/// the others go on while later chunks are compared, and the scrub finds nothing amiss.
+/// (A scrub that held the whole PG per chunk let about one write through in all.)
 #[test]
 fn a_scrub_holds_back_only_the_writes_to_the_chunk_it_compares() {
     let _serial = one_at_a_time();
@@ -1261,19 +1262,25 @@ fn a_scrub_holds_back_only_the_writes_to_the_chunk_it_compares() {
         .filter(|oid| map.object_pg(pool, oid) == pg)
         .take(200)
         .collect();
-    let chunk = Bytes::from(vec![5u8; 256 << 10]);
+    let beside_first: Vec<String> = (0..10_000)
+        .map(|i| format!("!g{i}"))
+        .filter(|oid| map.object_pg(pool, oid) == pg)
+        .take(7)
+        .collect();
+    let small = Bytes::from(vec![5u8; 256 << 10]);
+    let big = Bytes::from(vec![6u8; 1 << 20]);
     carmine_reactor::block_on(async {
         let c = client(&map, Duration::from_secs(10)).await;
-        for oid in others.iter().map(String::as_str).chain([first]) {
-            c.execute(
-                1,
-                oid,
-                vec![OsdOp::WriteFull {
-                    data: chunk.clone(),
-                }],
-            )
-            .await
-            .unwrap();
+        let sized = others
+            .iter()
+            .map(|o| (o.as_str(), &small))
+            .chain([(first, &small)])
+            .chain(beside_first.iter().map(|o| (o.as_str(), &big)));
+        for (oid, data) in sized {
+            let data = data.clone();
+            c.execute(1, oid, vec![OsdOp::WriteFull { data }])
+                .await
+                .unwrap();
         }
         let done = std::cell::Cell::new(false);
         let writes = std::cell::Cell::new(0u64);
@@ -1294,7 +1301,7 @@ fn a_scrub_holds_back_only_the_writes_to_the_chunk_it_compares() {
         let (report, ()) = futures::join!(scrub, writer);
         let report = report.unwrap();
         assert_eq!(report.findings_total, 0, "{report:#?}");
-        assert_eq!(report.objects, others.len() as u64 + 1);
+        assert_eq!(report.objects, others.len() as u64 + 8);
         let held = total(&osds, |m| m.writes_held_by_scrub());
         eprintln!(
             "{} writes to {first} during a deep scrub of {} objects; {held} waited for it",
@@ -1302,9 +1309,9 @@ fn a_scrub_holds_back_only_the_writes_to_the_chunk_it_compares() {
             report.objects
         );
         assert!(writes.get() >= 3, "the scrub ended before the writes began");
-        assert!(
-            held <= 1,
-            "{held} writes to {first} waited for the scrub's chunks"
+        assert_eq!(
+            held, 1,
+            "writes to {first} that waited for the scrub's chunks"
         );
     });
     for o in osds {

@@ -486,6 +486,9 @@ impl Member {
     pub fn succeed(mut self, old: &Member) -> Self {
         self.persist_seq = old.persist_seq;
         self.persisted = old.persist_seq;
+        // Peers drop messages of an incarnation older than one they heard (a copy that
+        // restarted alone had a newer one than its process).
+        self.incarnation = self.incarnation.max(old.incarnation);
         self
     }
 
@@ -537,15 +540,22 @@ impl Member {
         self.pending.len()
     }
 
-    /// The objects of the writes in flight (as the active primary).
-    pub fn in_flight_objects(&self) -> impl Iterator<Item = &str> + '_ {
-        self.pending.iter().filter_map(|p| {
-            self.log
-                .entries()
-                .rev()
-                .find(|e| e.version == p.version)
-                .map(|e| e.oid.as_str())
-        })
+    /// Whether a write in flight (as the active primary) may be to an object `touches`
+    /// names: true too if the log no longer holds the oldest one (trimmed while it waits).
+    pub fn any_in_flight(&self, mut touches: impl FnMut(&str) -> bool) -> bool {
+        let Some(oldest) = self.pending.first().map(|p| p.version) else {
+            return false;
+        };
+        if self.log.entries().next().is_none_or(|e| e.version > oldest) {
+            return true;
+        }
+        // Writes in flight are the log's newest entries (those after the oldest one that
+        // are already done count too: a cautious answer).
+        self.log
+            .entries()
+            .rev()
+            .take_while(|e| e.version >= oldest)
+            .any(|e| touches(&e.oid))
     }
 
     /// The requests of the writes in flight (as the active primary): what a host that gives

@@ -136,8 +136,10 @@ pub(crate) struct PgReplica {
     pub fetched: Cell<u32>,
     /// Why this copy stopped (its store refused a change): it takes no more work.
     pub broken: RefCell<Option<String>>,
-    /// The objects a scrub chunk compares now: writes to them wait (see `scrub`).
+    /// The objects a scrub chunk compares now: writes to them wait (see `scrub`), in order of
+    /// arrival behind `fence_queue`.
     pub scrub_fence: RefCell<Option<scrub::Range>>,
+    pub fence_queue: carmine_reactor::FifoLock,
     /// Repairs writing to the store outside the persist queue (see `scrub::install`): a
     /// restart waits for them to end.
     pub rewrites: Cell<u32>,
@@ -200,6 +202,7 @@ impl PgReplica {
             broken: RefCell::new(None),
             rewrites: Cell::new(0),
             scrub_fence: RefCell::new(None),
+            fence_queue: Default::default(),
             recovering: Cell::new(false),
             unfound_said: Cell::new(false),
             unleased_said: Cell::new(false),
@@ -240,7 +243,7 @@ pub(crate) struct Replication {
     breaks: restart::Breaks,
     /// The store's used bytes when it last refused a change for want of room: it counts as
     /// full until a margin below that is free again (see `write::store_full`).
-    pub refused_room: Cell<Option<u64>>,
+    pub refused_room: Cell<Option<(u64, std::time::Instant)>>,
 }
 
 /// The members' clock: nanoseconds since this process first read it (monotone).
@@ -831,6 +834,10 @@ pub(super) fn queue_job<S: ObjectStore + 'static>(
     pgr: &Rc<PgReplica>,
     job: Job,
 ) {
+    if pgr.broken.borrow().is_some() {
+        // Dropped: see `fail`.
+        return;
+    }
     pgr.jobs.borrow_mut().push_back(job);
     if !pgr.persisting.replace(true) {
         let (shard, pgr) = (shard.clone(), pgr.clone());
@@ -851,6 +858,9 @@ pub(crate) fn fail<S: ObjectStore + 'static>(
     }
     tracing::error!(pg = %pgr.pg, "replicated PG copy stopped: {why}");
     *pgr.broken.borrow_mut() = Some(why);
+    // Nothing queued will be stored (the copy restarts from its store): dropped, so whoever
+    // waits for a recovered object's storing hears it will not be.
+    pgr.jobs.borrow_mut().clear();
     shard.metrics.pg_copy_stopped();
     let refused: Vec<ReqId> = pgr.member.borrow().pending_requests().collect();
     for req in refused {
@@ -863,7 +873,8 @@ pub(crate) fn fail<S: ObjectStore + 'static>(
 pub(crate) fn note_store_error<S: ObjectStore>(shard: &Shard<S>, e: &carmine_store::StoreError) {
     if e.kind == carmine_store::StoreErrorKind::NoSpace {
         let used = shard.store.statfs().bytes_used;
-        shard.replication.refused_room.set(Some(used));
+        let now = std::time::Instant::now();
+        shard.replication.refused_room.set(Some((used, now)));
         shard.metrics.set_store_refused_room(true);
     }
 }

@@ -76,23 +76,28 @@ async fn restart<S: ObjectStore + 'static>(
     delay: Duration,
 ) {
     carmine_reactor::sleep(delay).await;
-    // Nothing of the old copy may write to the store once the new one has read it: its
-    // persist task and a repair end on their own once they see it stopped.
-    while old.persisting.get() || old.scrub.is_running() || old.rewrites.get() > 0 {
-        carmine_reactor::sleep(IDLE_POLL).await;
-    }
-    if !current(shard, old) {
-        return;
-    }
     let repl = &shard.replication;
-    let loaded = match layout::load_pg(&shard.store, old.pg, repl.log_max).await {
-        Ok(l) => l,
-        Err(why) => {
-            tracing::error!(pg = %old.pg, "restarting this PG copy: {why}");
-            if current(shard, old) {
-                schedule(shard, old);
-            }
+    let busy = || old.persisting.get() || old.scrub.is_running() || old.rewrites.get() > 0;
+    // Nothing of the old copy may write to the store once the new one has read it: its
+    // persist task, a scrub and a repair end on their own once they see it stopped. (Read
+    // again if one was still busy when the reading ended.)
+    let loaded = loop {
+        while busy() {
+            carmine_reactor::sleep(IDLE_POLL).await;
+        }
+        if !current(shard, old) {
             return;
+        }
+        match layout::load_pg(&shard.store, old.pg, repl.log_max).await {
+            Ok(_) if busy() => continue,
+            Ok(l) => break l,
+            Err(why) => {
+                tracing::error!(pg = %old.pg, "restarting this PG copy: {why}");
+                if current(shard, old) {
+                    schedule(shard, old);
+                }
+                return;
+            }
         }
     };
     if !current(shard, old) {

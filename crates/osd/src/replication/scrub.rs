@@ -122,10 +122,17 @@ fn copy_here<S: ObjectStore + 'static>(
     shard: &Rc<Shard<S>>,
     pg: PgId,
 ) -> Result<Rc<PgReplica>, ErrorReply> {
-    shard
+    let pgr = shard
         .replication
         .pg(pg)
-        .ok_or_else(|| inactive(pg, "no copy of it here"))
+        .ok_or_else(|| inactive(pg, "no copy of it here"))?;
+    if pgr.broken.borrow().is_some() {
+        return Err(inactive(
+            pg,
+            "this copy stopped and restarts from its store",
+        ));
+    }
+    Ok(pgr)
 }
 
 fn inactive(pg: PgId, why: &str) -> ErrorReply {
@@ -329,17 +336,19 @@ impl Drop for Fence<'_> {
 
 /// Waits until what a chunk (`range`) or a read's repair (`None`: the whole PG) compares is
 /// settled on every member: no write to it in flight or queued for this store. The caller
-/// holds new ones back (a chunk's fence, or the PG's gate). A chunk also needs the PG still
-/// clean: a member restarted since the scrub began lacks objects by design.
+/// holds new client writes back (a chunk's fence, or the PG's gate; the two do not exclude
+/// each other: a read's repair may rewrite the primary's bad copy while a chunk compares it,
+/// which at worst reports it as unrepaired). A chunk also needs the PG still clean: a member
+/// restarted since the scrub began lacks objects by design.
 async fn quiesce(pgr: &PgReplica, epoch: u32, range: Option<&Range>) -> Result<(), ErrorReply> {
     let start = Instant::now();
     loop {
         {
             let m = pgr.member.borrow();
-            if !m.is_active_primary() || m.epoch() != epoch {
+            if !m.is_active_primary() || m.epoch() != epoch || pgr.broken.borrow().is_some() {
                 return Err(inactive(
                     pgr.pg,
-                    "its interval ended during the scrub: run it again",
+                    "its interval ended during the scrub, or its copy stopped: run it again",
                 ));
             }
             let settled = match range {
@@ -356,7 +365,7 @@ async fn quiesce(pgr: &PgReplica, epoch: u32, range: Option<&Range>) -> Result<(
                         super::Job::Recovered { oid, .. } => in_range(oid, range),
                         super::Job::History { .. } | super::Job::Purge => true,
                     };
-                    !m.in_flight_objects().any(|o| in_range(o, range))
+                    !m.any_in_flight(|o| in_range(o, range))
                         && !pgr.jobs.borrow().iter().any(touches)
                 }
             };

@@ -313,6 +313,9 @@ fn refuse_when_full<S: ObjectStore + 'static>(
 /// free again below where it was then (the ratio alone would let the next write in, and fail
 /// on another copy of the PG).
 const REFUSED_ROOM_MARGIN: f64 = 0.05;
+/// ...or until this long has passed (a native store may refuse room while its cleaner is
+/// behind, below any ratio; a write that overflows again renews the mark).
+const REFUSED_ROOM_HOLD: Duration = Duration::from_secs(60);
 
 /// Whether this reactor's store is full: writes that may grow it are refused. It is, at
 /// `FULL_RATIO`, or since it refused a change for room until enough was freed.
@@ -326,8 +329,9 @@ pub(crate) fn store_full<S: ObjectStore>(shard: &Shard<S>) -> bool {
     }
     let refused = &shard.replication.refused_room;
     match refused.get() {
-        Some(at)
-            if s.bytes_used as f64 + s.bytes_total as f64 * REFUSED_ROOM_MARGIN > at as f64 =>
+        Some((at, since))
+            if s.bytes_used as f64 + s.bytes_total as f64 * REFUSED_ROOM_MARGIN > at as f64
+                && since.elapsed() < REFUSED_ROOM_HOLD =>
         {
             true
         }
@@ -340,8 +344,12 @@ pub(crate) fn store_full<S: ObjectStore>(shard: &Shard<S>) -> bool {
     }
 }
 
-/// Waits while a scrub chunk compares `oid` (milliseconds, or a second for a deep chunk of
-/// large objects).
+/// The longest a write waits for scrub chunks comparing its object (each lasts milliseconds,
+/// or a second for a deep chunk of large objects; a member slow to report may hold one for its
+/// reply timeouts).
+const FENCE_WAIT: Duration = Duration::from_secs(120);
+
+/// Waits while a scrub chunk compares `oid`.
 async fn await_unfenced<S: ObjectStore + 'static>(
     shard: &Shard<S>,
     pgr: &PgReplica,
@@ -356,7 +364,7 @@ async fn await_unfenced<S: ObjectStore + 'static>(
         if let Some(why) = pgr.broken.borrow().as_deref() {
             return Err(stopped(pgr.pg, why));
         }
-        if start.elapsed() > QUIET_WAIT {
+        if start.elapsed() > FENCE_WAIT {
             return Err(inactive(
                 pgr.pg,
                 "a scrub of its object held the write back too long; nothing applied: retry",
@@ -392,7 +400,6 @@ pub(crate) async fn write<S: ObjectStore + 'static>(
         return Err(stopped(pg, why));
     }
     check_limits(&req.ops)?;
-    refuse_when_full(shard, &pgr, &req.ops)?;
     let n = req.ops.len();
     let reqid = match (req.client, req.tid) {
         (0, _) | (_, 0) => ReqId {
@@ -402,29 +409,48 @@ pub(crate) async fn write<S: ObjectStore + 'static>(
         },
         (client, tid) => ReqId { client, tid },
     };
+    // A retry of a write made (or in flight) is answered from the log whatever the stores'
+    // room: a final NoSpace would tell its client it was not applied.
+    if pgr.member.borrow().log.find_request(reqid).is_none() {
+        refuse_when_full(shard, &pgr, &req.ops)?;
+    }
     let kind = op_kind(&req.ops);
     // Every acting member holds the object before it is written.
     if pgr.member.borrow().any_lacks(&req.oid) {
         await_objects(shard, &pgr, &req.oid, false).await?;
     }
     let waiter = if req.ops.iter().any(may_fail) {
-        let _turn = pgr.gate.lock().await;
-        match conditional(shard, &pgr, reqid, req).await? {
-            Judged::Holds => return Ok(vec![OpOutput::None; n]),
-            Judged::Entered(rx) => rx,
+        loop {
+            // A scrub chunk comparing the object is waited for outside the gate, so the PG's
+            // other writes go on meanwhile.
+            await_unfenced(shard, &pgr, &req.oid).await?;
+            let _turn = pgr.gate.lock().await;
+            match conditional(shard, &pgr, reqid, &req).await? {
+                Judged::Holds => return Ok(vec![OpOutput::None; n]),
+                Judged::Entered(rx) => break rx,
+                Judged::Fenced => continue,
+            }
         }
     } else {
+        // Writes held by a scrub chunk go on in the order they came, and a write that comes
+        // while some are held queues behind them (one client's writes to an object keep their
+        // order).
+        let mut queued = None;
         loop {
             if !pgr.gate.is_idle() {
                 // Behind a conditional write that came first (or a read's repair).
                 drop(pgr.gate.lock().await);
+            } else if queued.is_none() && (pgr.fenced(&req.oid) || !pgr.fence_queue.is_idle()) {
+                queued = Some(pgr.fence_queue.lock().await);
             } else if pgr.fenced(&req.oid) {
                 await_unfenced(shard, &pgr, &req.oid).await?;
             } else {
                 break;
             }
         }
-        enter(shard, &pgr, reqid, &req.oid, kind, req.ops)
+        let rx = enter(shard, &pgr, reqid, &req.oid, kind, req.ops);
+        drop(queued);
+        rx
     };
     let mut waiter = waiter;
     if let Ok(Some(outcome)) = waiter.try_recv() {
@@ -467,6 +493,12 @@ fn enter<S: ObjectStore + 'static>(
     ops: Vec<OsdOp>,
 ) -> oneshot::Receiver<Outcome> {
     let (tx, rx) = oneshot::channel();
+    if pgr.broken.borrow().is_some() {
+        // A stopped copy takes nothing (it refused its writes in flight as it stopped); a
+        // retry of this request may wait on its successor, and is left alone.
+        let _ = tx.send(Outcome::Refused);
+        return rx;
+    }
     shard
         .replication
         .waiters
@@ -488,10 +520,6 @@ fn enter<S: ObjectStore + 'static>(
         },
         Some(&ops),
     );
-    if pgr.broken.borrow().is_some() {
-        // A stopped copy takes nothing (it refused its writes in flight as it stopped).
-        super::finish(shard, req, Outcome::Refused);
-    }
     if let Some(v) = next {
         // Not a new entry (refused, or a retry answered from the log): nothing to resend.
         let entered = pgr
@@ -517,18 +545,22 @@ async fn conditional<S: ObjectStore + 'static>(
     shard: &Rc<Shard<S>>,
     pgr: &Rc<PgReplica>,
     reqid: ReqId,
-    req: ObjectRequest,
+    req: &ObjectRequest,
 ) -> Result<Judged, ErrorReply> {
     let pg = pgr.pg;
     let kind = op_kind(&req.ops);
     let replicated = replicated_ops(&req.ops);
+    if pgr.fenced(&req.oid) {
+        // Fenced while this write waited for the gate.
+        return Ok(Judged::Fenced);
+    }
     // A retry of a write already made is answered from the log, not applied again.
     if pgr.member.borrow().log.find_request(reqid).is_some() {
         let rx = enter(shard, pgr, reqid, &req.oid, kind, replicated);
         return Ok(Judged::Entered(rx));
     }
     let mut txn = Transaction::new();
-    add_ops(&mut txn, pg, &req.oid, req.ops)?;
+    add_ops(&mut txn, pg, &req.oid, req.ops.clone())?;
     // Everything before it durable here, so the store shows every earlier write, and the
     // object here (it may have been recovered while this request waited for the gate).
     let start = std::time::Instant::now();
@@ -540,7 +572,10 @@ async fn conditional<S: ObjectStore + 'static>(
             await_objects(shard, pgr, &req.oid, false).await?;
             continue;
         }
-        if pgr.is_quiet() && !pgr.fenced(&req.oid) {
+        if pgr.fenced(&req.oid) {
+            return Ok(Judged::Fenced);
+        }
+        if pgr.is_quiet() {
             let m = pgr.member.borrow();
             if m.next_version().is_none() {
                 return Err(inactive(pg, "not active here (peering)"));
@@ -561,11 +596,14 @@ async fn conditional<S: ObjectStore + 'static>(
         m.next_version().is_some()
             && (m.interval_start(), m.log.head()) == state
             && !m.any_lacks(&req.oid)
-            && !pgr.fenced(&req.oid)
             // Compares alone are answered like a read: only while no newer interval can be
             // active elsewhere (the read lease).
             && (!replicated.is_empty() || m.readable(super::clock()))
     };
+    if pgr.fenced(&req.oid) {
+        // A scrub chunk began comparing the object meanwhile: judged again after it.
+        return Ok(Judged::Fenced);
+    }
     if !unchanged {
         return Err(inactive(
             pg,
@@ -586,6 +624,8 @@ enum Judged {
     Holds,
     /// Handed to the member; the receiver gets its outcome.
     Entered(oneshot::Receiver<Outcome>),
+    /// Not handed over: a scrub chunk compares the object; judge it again once it is done.
+    Fenced,
 }
 
 #[cfg(test)]
