@@ -8,7 +8,7 @@ mod common;
 
 use carmine_cluster::OsdMap;
 use carmine_proto::{Request, Response};
-use common::{alive, Cluster};
+use common::{alive, kill9, Cluster};
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
@@ -20,11 +20,6 @@ fn pid_of(c: &Cluster, file: &str) -> i32 {
         .trim()
         .parse()
         .unwrap()
-}
-
-fn kill9(pid: i32) {
-    // SAFETY: plain syscall on a pid this test's cluster started.
-    unsafe { libc::kill(pid, libc::SIGKILL) };
 }
 
 fn map(c: &Cluster) -> OsdMap {

@@ -6,13 +6,8 @@
 mod common;
 
 use carmine_mapstore::{LocalPgHistory, PgHistoryStore};
-use common::{alive, Cluster};
+use common::{alive, kill9, Cluster};
 use std::time::{Duration, Instant};
-
-fn kill9(pid: i32) {
-    // SAFETY: plain syscall on a pid this test's cluster started.
-    unsafe { libc::kill(pid, libc::SIGKILL) };
-}
 
 /// Deterministic, incompressible-looking bytes.
 fn pattern(len: usize, seed: u64) -> Vec<u8> {

@@ -302,3 +302,69 @@ fn failed_compares_creates_and_removes_change_no_copy() {
         o.shutdown().unwrap();
     }
 }
+
+/// Plain writes that come while a conditional write holds its PG's gate (it waits there for
+/// the writes before it to be durable) wait for it, then all go on. Each round: eight plain
+/// writes in flight, a conditional write that must wait for them, and eight more plain
+/// writes behind it. (Plain writes that found the gate busy once handed it to each other for
+/// ever, their reactor spinning, and no round ended.)
+#[test]
+fn plain_writes_that_meet_a_conditional_write_at_the_gate_all_go_on() {
+    let _serial = one_at_a_time();
+    log_if_asked();
+    let dir = TempDir::new("gate");
+    let map = three_osd_map(1);
+    let osds: Vec<Osd> = (0..3).map(|id| start(id, &map, dir.path())).collect();
+    wait_settled(&map, dir.path());
+    let pool = &map.pools[0];
+    let guarded = "guarded";
+    let pg = map.object_pg(pool, guarded);
+    let plain: Vec<&'static str> = (0..10_000)
+        .map(|i| &*format!("p{i}").leak())
+        .filter(|oid| map.object_pg(pool, oid) == pg)
+        .take(16)
+        .collect();
+    let (before, behind) = plain.split_at(8);
+    carmine_reactor::block_on(async {
+        let c = client(&map, Duration::from_secs(10)).await;
+        let set = |g: u64| OsdOp::SetXattr {
+            name: "gen".into(),
+            value: generation(g),
+        };
+        c.execute(1, guarded, vec![set(0)]).await.unwrap();
+        for round in 0..20u64 {
+            let data = Bytes::from(vec![round as u8; 4096]);
+            let put = |oid: &'static str| {
+                c.execute(1, oid, vec![OsdOp::WriteFull { data: data.clone() }])
+            };
+            let guard = OsdOp::CmpXattr {
+                name: "gen".into(),
+                value: Some(generation(round)),
+            };
+            // Polled, and so sent, in this order.
+            let all = futures::future::join3(
+                futures::future::join_all(before.iter().copied().map(put)),
+                c.execute(1, guarded, vec![guard, set(round + 1)]),
+                futures::future::join_all(behind.iter().copied().map(put)),
+            );
+            let (first, conditional, then) = carmine_reactor::timeout(Duration::from_secs(20), all)
+                .await
+                .unwrap_or_else(|_| panic!("round {round}: writes never answered"));
+            conditional.unwrap();
+            for r in first.into_iter().chain(then) {
+                r.unwrap();
+            }
+        }
+        let got = c
+            .execute(1, guarded, vec![OsdOp::GetXattr { name: "gen".into() }])
+            .await
+            .unwrap();
+        assert!(
+            matches!(&got[..], [OpOutput::Value(g)] if g == &generation(20)),
+            "{got:?}"
+        );
+    });
+    for o in osds {
+        o.shutdown().unwrap();
+    }
+}

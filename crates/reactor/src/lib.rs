@@ -42,12 +42,20 @@ pub fn block_on<F: std::future::Future>(fut: F) -> F::Output {
 /// its work) and COOP_TASKRUN. On this machine that took 4 KiB writes at depth 64 from 219K to
 /// 363K requests/s on the same server code (docs/decisions/0001-runtime.md). Kernels older
 /// than 6.1 lack DEFER_TASKRUN: the runtime then falls back to a default ring.
+///
+/// TASKRUN_FLAG too: with DEFER_TASKRUN, completions are only posted by an enter that asks for
+/// events. The runtime's non-blocking polls (made while tasks are still runnable) ask only if
+/// nothing woke the runtime since the last one, or if the kernel flags pending work in the
+/// ring, which it does only with this flag. Without it, a reactor whose tasks kept waking each
+/// other never saw a socket or file completion again: its timers fired, its connections went
+/// silent (writes handing a PG's gate to each other for ever did exactly that).
 pub fn new_runtime() -> std::io::Result<compio::runtime::Runtime> {
     let mut proactor = compio::driver::ProactorBuilder::new();
     proactor
         .single_issuer(true)
         .defer_taskrun(true)
-        .coop_taskrun(true);
+        .coop_taskrun(true)
+        .taskrun_flag(true);
     compio::runtime::RuntimeBuilder::new()
         .with_proactor(proactor)
         .build()
@@ -55,4 +63,56 @@ pub fn new_runtime() -> std::io::Result<compio::runtime::Runtime> {
             tracing::warn!("io_uring ring flags unsupported ({e}); using a default ring");
             compio::runtime::RuntimeBuilder::new().build()
         })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    /// A task that is always runnable (it wakes itself at every poll, as a livelock would)
+    /// must not keep the reactor's sockets from completing.
+    #[test]
+    fn sockets_complete_while_a_task_never_stops_waking_itself() {
+        let stop = std::rc::Rc::new(std::cell::Cell::new(false));
+        let echoed = crate::block_on({
+            let stop = stop.clone();
+            async move {
+                let spinner = crate::spawn({
+                    let stop = stop.clone();
+                    std::future::poll_fn(move |cx| {
+                        if stop.get() {
+                            return std::task::Poll::Ready(());
+                        }
+                        cx.waker().wake_by_ref();
+                        std::task::Poll::Pending
+                    })
+                });
+                // Let it start spinning before any socket exists.
+                crate::sleep(Duration::from_millis(10)).await;
+                let listener = crate::TcpListener::bind("127.0.0.1:0").await.unwrap();
+                let addr = listener.local_addr().unwrap();
+                let round_trip = async {
+                    let (accepted, connected) =
+                        futures::join!(listener.accept(), crate::TcpStream::connect(addr));
+                    let (mut b, _) = accepted.unwrap();
+                    let mut a = connected.unwrap();
+                    let (res, _) =
+                        crate::io::write_all(&mut a, bytes::BytesMut::from(&b"ping"[..])).await;
+                    res.unwrap();
+                    let (res, got) = crate::io::read_some(&mut b, bytes::BytesMut::new(), 4).await;
+                    res.unwrap();
+                    got
+                };
+                let got = crate::timeout(Duration::from_secs(5), round_trip).await;
+                stop.set(true);
+                spinner.await.unwrap();
+                got.ok()
+            }
+        });
+        assert_eq!(
+            echoed.as_deref(),
+            Some(&b"ping"[..]),
+            "no socket completed in 5 s while a task kept waking itself"
+        );
+    }
 }

@@ -123,6 +123,22 @@ impl Drop for Cluster {
     }
 }
 
+/// Kills `pid` with SIGKILL and returns once it has exited: the signal is delivered
+/// asynchronously, and a test that restarts the OSD at once must not find the old process
+/// still holding its registration.
+pub fn kill9(pid: i32) {
+    // SAFETY: plain syscall on a pid this test's cluster started.
+    unsafe { libc::kill(pid, libc::SIGKILL) };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while alive(pid) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "pid {pid} survived SIGKILL"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+}
+
 pub fn alive(pid: i32) -> bool {
     // A zombie is not alive: it has exited and waits to be reaped by its parent.
     std::fs::read_to_string(format!("/proc/{pid}/stat"))

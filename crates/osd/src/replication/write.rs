@@ -436,19 +436,26 @@ pub(crate) async fn write<S: ObjectStore + 'static>(
         // while some are held queues behind them (one client's writes to an object keep their
         // order).
         let mut queued = None;
-        loop {
-            if !pgr.gate.is_idle() {
-                // Behind a conditional write that came first (or a read's repair).
-                drop(pgr.gate.lock().await);
-            } else if queued.is_none() && (pgr.fenced(&req.oid) || !pgr.fence_queue.is_idle()) {
+        let turn = loop {
+            if queued.is_none() && (pgr.fenced(&req.oid) || !pgr.fence_queue.is_idle()) {
                 queued = Some(pgr.fence_queue.lock().await);
             } else if pgr.fenced(&req.oid) {
                 await_unfenced(shard, &pgr, &req.oid).await?;
+            } else if pgr.gate.is_idle() {
+                break None;
             } else {
-                break;
+                // A conditional write (or a read's repair) holds the gate or waits for it: this
+                // write enters in its turn, holding the gate, never while one is judged. One
+                // turn per try: writes that waited for the gate and went back to the end of
+                // its queue whenever another waited too passed it to each other for ever.
+                let turn = pgr.gate.lock().await;
+                if !pgr.fenced(&req.oid) {
+                    break Some(turn);
+                }
             }
-        }
+        };
         let rx = enter(shard, &pgr, reqid, &req.oid, kind, req.ops);
+        drop(turn);
         drop(queued);
         rx
     };
