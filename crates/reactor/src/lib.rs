@@ -43,19 +43,15 @@ pub fn block_on<F: std::future::Future>(fut: F) -> F::Output {
 /// 363K requests/s on the same server code (docs/decisions/0001-runtime.md). Kernels older
 /// than 6.1 lack DEFER_TASKRUN: the runtime then falls back to a default ring.
 ///
-/// TASKRUN_FLAG too: with DEFER_TASKRUN, completions are only posted by an enter that asks for
-/// events. The runtime's non-blocking polls (made while tasks are still runnable) ask only if
-/// nothing woke the runtime since the last one, or if the kernel flags pending work in the
-/// ring, which it does only with this flag. Without it, a reactor whose tasks kept waking each
-/// other never saw a socket or file completion again: its timers fired, its connections went
-/// silent (writes handing a PG's gate to each other for ever did exactly that).
+/// Not TASKRUN_FLAG: it lets every non-blocking submit run the ring's completion work, which cost
+/// ~12% of replicated 4 KiB writes at depth 16 here (docs/decisions/0001-runtime.md); the loop
+/// asks for completions itself instead ([`block_on_measured`]).
 pub fn new_runtime() -> std::io::Result<compio::runtime::Runtime> {
     let mut proactor = compio::driver::ProactorBuilder::new();
     proactor
         .single_issuer(true)
         .defer_taskrun(true)
-        .coop_taskrun(true)
-        .taskrun_flag(true);
+        .coop_taskrun(true);
     compio::runtime::RuntimeBuilder::new()
         .with_proactor(proactor)
         .build()

@@ -178,6 +178,13 @@ fn activity() -> u64 {
 /// if some are still runnable, reap completions without waiting; otherwise poll for up to the
 /// idle-poll time ([`set_idle_poll`]), then sleep until a completion, a timer or a wake-up.
 /// Two clock reads per sleep, none per task.
+///
+/// With DEFER_TASKRUN a completion is posted only by an enter that asks for events, and
+/// compio's poll does not ask when the runtime was woken since its last poll (it expects to
+/// be called again at once). A reactor whose tasks keep waking each other never sleeps, so it
+/// would never see a socket or file completion again: its timers fire, its connections go
+/// silent. So every `FORCED_REAP_EVERY` turns of the loop, a second poll follows the first,
+/// with no wake-up in between, and asks.
 pub fn block_on_measured<F: Future>(
     rt: &compio::runtime::Runtime,
     fut: F,
@@ -185,6 +192,11 @@ pub fn block_on_measured<F: Future>(
 ) -> F::Output {
     run_loop(rt, fut, load, IDLE_POLL_NS.load(Ordering::Relaxed))
 }
+
+/// Turns of the reactor loop between polls that surely reap completions (see
+/// [`block_on_measured`]): one extra non-blocking enter per this many, a bound on how long a
+/// busy reactor can go without seeing its I/O complete.
+const FORCED_REAP_EVERY: u32 = 64;
 
 fn run_loop<F: Future>(
     rt: &compio::runtime::Runtime,
@@ -201,7 +213,12 @@ fn run_loop<F: Future>(
         let mut awake_since = Instant::now();
         load.stretch
             .store(stretch_word(awake_since, false), Ordering::Relaxed);
+        let mut turns = 0u32;
         loop {
+            turns = turns.wrapping_add(1);
+            if turns % FORCED_REAP_EVERY == 0 {
+                rt.poll_with(Some(Duration::ZERO));
+            }
             if let Poll::Ready(out) = fut.as_mut().poll(&mut cx) {
                 rt.run();
                 return out;
