@@ -300,22 +300,29 @@ fn idle_and_stalled_connections_are_closed(store: Store) {
         Some(Duration::from_secs(1)),
     );
     let addr = n.map.osds[0].reactors[0];
+    let opened = Instant::now();
     let mut silent = connect(addr);
     let mut used = connect(addr);
     assert!(ping(&mut used, 1));
     let mut slowloris = connect(addr);
     send_half_a_frame(&mut slowloris);
     let mut active = connect(addr);
-    // Half the timeout later all are open.
+    // Half the timeout later all are open. (Only if it is still well within the timeout: on a
+    // box stalled for most of a second here the check would say nothing about the OSD.)
     std::thread::sleep(Duration::from_millis(500));
     for (what, s) in [
         ("silent", &mut silent),
         ("used", &mut used),
         ("slowloris", &mut slowloris),
     ] {
+        let quiet_for = opened.elapsed();
+        if quiet_for > Duration::from_millis(800) {
+            eprintln!("{store:?}: {what} checked after {quiet_for:?}, too late to tell");
+            continue;
+        }
         assert!(
             !closed_within(s, Duration::from_millis(10)),
-            "{store:?}: the {what} connection closed within half the idle timeout"
+            "{store:?}: the {what} connection closed within {quiet_for:?} (timeout 1 s)"
         );
     }
     // A connection that pings every 200 ms is kept for three timeouts and more...
