@@ -295,7 +295,6 @@ fn refuse_when_full<S: ObjectStore + 'static>(
     if ops.iter().all(frees) {
         return Ok(());
     }
-    shard.metrics.write_refused_full();
     let names: Vec<String> = full.iter().map(|o| format!("osd.{o}")).collect();
     Err(reject(
         Status::NoSpace,
@@ -411,8 +410,12 @@ pub(crate) async fn write<S: ObjectStore + 'static>(
     };
     // A retry of a write made (or in flight) is answered from the log whatever the stores'
     // room: a final NoSpace would tell its client it was not applied.
-    if pgr.member.borrow().log.find_request(reqid).is_none() {
-        refuse_when_full(shard, &pgr, &req.ops)?;
+    // (The log is searched only when a store is full: not once per write.)
+    if let Err(e) = refuse_when_full(shard, &pgr, &req.ops) {
+        if pgr.member.borrow().log.find_request(reqid).is_none() {
+            shard.metrics.write_refused_full();
+            return Err(e);
+        }
     }
     let kind = op_kind(&req.ops);
     // Every acting member holds the object before it is written.
