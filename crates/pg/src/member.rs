@@ -525,6 +525,11 @@ impl Member {
         self.interval_start
     }
 
+    /// The members the PG needs to take writes, as of the current epoch.
+    pub fn min_size(&self) -> usize {
+        self.min_size
+    }
+
     /// The acting set of the current epoch, primary first.
     pub fn acting(&self) -> &[OsdId] {
         &self.acting
@@ -754,8 +759,10 @@ impl Member {
         }
         self.lost = lost;
         // The same interval only if no epoch was missed: an OSD cut off for a while may get
-        // the same acting set back after other intervals went active without it.
-        let changed = acting != self.acting || epoch != self.epoch + 1;
+        // the same acting set back after other intervals went active without it. A new
+        // min_size starts one too: the writes in flight were counted under the old rule, and
+        // a PG left with fewer members than the new one asks for must stop taking writes.
+        let changed = acting != self.acting || epoch != self.epoch + 1 || min_size != self.min_size;
         if changed {
             self.interval_start = epoch;
             self.pongs.clear();

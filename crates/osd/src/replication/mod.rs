@@ -448,9 +448,11 @@ fn feed_map<S: ObjectStore + 'static>(shard: &Rc<Shard<S>>, pgr: &Rc<PgReplica>,
         return;
     };
     let acting = map.pg_osds(pgr.pg, pool.size);
+    // The member's notion of one interval: the same acting set and min_size, no epoch missed.
     let (epoch, same) = {
         let m = pgr.member.borrow();
-        (m.epoch(), m.acting() == acting.as_slice())
+        let same = m.acting() == acting.as_slice() && m.min_size() == pool.min_size as usize;
+        (m.epoch(), same)
     };
     if map.epoch <= epoch {
         return;
