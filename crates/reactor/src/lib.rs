@@ -65,8 +65,9 @@ pub fn new_runtime() -> std::io::Result<compio::runtime::Runtime> {
 mod tests {
     use std::time::Duration;
 
-    /// A task that is always runnable (it wakes itself at every poll, as a livelock would)
-    /// must not keep the reactor's sockets from completing.
+    /// Tasks that are always runnable (one wakes itself at every poll, as a livelock would;
+    /// another sleeps a microsecond at a time) must not keep the reactor's sockets from
+    /// completing.
     #[test]
     fn sockets_complete_while_a_task_never_stops_waking_itself() {
         let stop = std::rc::Rc::new(std::cell::Cell::new(false));
@@ -82,6 +83,16 @@ mod tests {
                         cx.waker().wake_by_ref();
                         std::task::Poll::Pending
                     })
+                });
+                // And one whose timers keep firing: a timer that fires wakes its task, which
+                // tells the runtime's next poll not to ask for events.
+                let sleeper = crate::spawn({
+                    let stop = stop.clone();
+                    async move {
+                        while !stop.get() {
+                            crate::sleep(Duration::from_micros(1)).await;
+                        }
+                    }
                 });
                 // Let it start spinning before any socket exists.
                 crate::sleep(Duration::from_millis(10)).await;
@@ -102,6 +113,7 @@ mod tests {
                 let got = crate::timeout(Duration::from_secs(5), round_trip).await;
                 stop.set(true);
                 spinner.await.unwrap();
+                sleeper.await.unwrap();
                 got.ok()
             }
         });

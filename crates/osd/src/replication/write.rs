@@ -452,7 +452,9 @@ pub(crate) async fn write<S: ObjectStore + 'static>(
                 // turn per try: writes that waited for the gate and went back to the end of
                 // its queue whenever another waited too passed it to each other for ever.
                 let turn = pgr.gate.lock().await;
-                if !pgr.fenced(&req.oid) {
+                // Not ahead of an earlier write that found its object fenced meanwhile and
+                // waits in `fence_queue`.
+                if !pgr.fenced(&req.oid) && (queued.is_some() || pgr.fence_queue.is_idle()) {
                     break Some(turn);
                 }
             }
