@@ -216,8 +216,7 @@ fn failed_compares_creates_and_removes_change_no_copy() {
     log_if_asked();
     let dir = TempDir::new("conditional-fail");
     let map = three_osd_map(1);
-    let osds: Vec<Osd> = (0..3).map(|id| start(id, &map, dir.path())).collect();
-    wait_settled(&map, dir.path());
+    let osds = start_all_settled(&map, dir.path());
     carmine_reactor::block_on(async {
         let c = client(&map, Duration::from_secs(10)).await;
         let set = |g: u64| OsdOp::SetXattr {
@@ -314,8 +313,7 @@ fn plain_writes_that_meet_a_conditional_write_at_the_gate_all_go_on() {
     log_if_asked();
     let dir = TempDir::new("gate");
     let map = three_osd_map(1);
-    let osds: Vec<Osd> = (0..3).map(|id| start(id, &map, dir.path())).collect();
-    wait_settled(&map, dir.path());
+    let osds = start_all_settled(&map, dir.path());
     let pool = &map.pools[0];
     let guarded = "guarded";
     let pg = map.object_pg(pool, guarded);

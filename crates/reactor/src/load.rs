@@ -201,6 +201,14 @@ const FORCED_REAP_EVERY: u32 = 64;
 /// `IORING_ENTER_GETEVENTS`.
 const ENTER_GETEVENTS: libc::c_uint = 1;
 
+/// Counts one turn of the loop, reaping on every `FORCED_REAP_EVERY`th.
+fn count_turn(rt: &compio::runtime::Runtime, turns: &mut u32) {
+    *turns = turns.wrapping_add(1);
+    if turns.is_multiple_of(FORCED_REAP_EVERY) {
+        reap(rt);
+    }
+}
+
 /// Has the kernel post the ring's completed work and takes it, whatever the runtime's wake-up
 /// flag says: an enter that asks for events and waits for none, then a poll that does not
 /// wait. (A second plain poll is not enough: a timer that fires at the end of one poll wakes a
@@ -241,10 +249,7 @@ fn run_loop<F: Future>(
             .store(stretch_word(awake_since, false), Ordering::Relaxed);
         let mut turns = 0u32;
         loop {
-            turns = turns.wrapping_add(1);
-            if turns.is_multiple_of(FORCED_REAP_EVERY) {
-                reap(rt);
-            }
+            count_turn(rt, &mut turns);
             if let Poll::Ready(out) = fut.as_mut().poll(&mut cx) {
                 rt.run();
                 return out;
@@ -260,10 +265,7 @@ fn run_loop<F: Future>(
                 let mut seen = activity();
                 let mut until = Instant::now() + Duration::from_nanos(idle_poll);
                 while Instant::now() < until {
-                    turns = turns.wrapping_add(1);
-                    if turns.is_multiple_of(FORCED_REAP_EVERY) {
-                        reap(rt);
-                    }
+                    count_turn(rt, &mut turns);
                     rt.poll_with(Some(Duration::ZERO));
                     if let Poll::Ready(out) = fut.as_mut().poll(&mut cx) {
                         rt.run();

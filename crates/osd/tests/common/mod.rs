@@ -88,6 +88,17 @@ pub fn start(id: u32, map: &OsdMap, histories: &Path) -> Osd {
     start_keyed(id, map, histories, None)
 }
 
+/// Every OSD of `map` started on memory stores, once each PG settled on its acting set.
+pub fn start_all_settled(map: &OsdMap, histories: &Path) -> Vec<Osd> {
+    let osds = map
+        .osds
+        .iter()
+        .map(|o| start(o.id, map, histories))
+        .collect();
+    wait_settled(map, histories);
+    osds
+}
+
 pub fn start_keyed(id: u32, map: &OsdMap, histories: &Path, auth_key: Option<AuthKey>) -> Osd {
     start_with(id, map, histories, auth_key, Default::default())
 }
