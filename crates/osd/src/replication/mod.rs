@@ -136,10 +136,11 @@ pub(crate) struct PgReplica {
     pub fetched: Cell<u32>,
     /// Why this copy stopped (its store refused a change): it takes no more work.
     pub broken: RefCell<Option<String>>,
-    /// The objects a scrub chunk compares now: writes to them wait (see `scrub`), in order of
-    /// arrival behind `fence_queue`.
+    /// The objects a scrub chunk compares now: writes to them wait (see `scrub`).
     pub scrub_fence: RefCell<Option<scrub::Range>>,
-    pub fence_queue: carmine_reactor::FifoLock,
+    /// The objects with writes that could not enter at once (see `write::InLine`): the
+    /// writes to each wait here in order of arrival. Empty in the common case.
+    pub lines: RefCell<HashMap<String, Rc<carmine_reactor::FifoLock>>>,
     /// Repairs writing to the store outside the persist queue (see `scrub::install`): a
     /// restart waits for them to end.
     pub rewrites: Cell<u32>,
@@ -202,7 +203,7 @@ impl PgReplica {
             broken: RefCell::new(None),
             rewrites: Cell::new(0),
             scrub_fence: RefCell::new(None),
-            fence_queue: Default::default(),
+            lines: Default::default(),
             recovering: Cell::new(false),
             unfound_said: Cell::new(false),
             unleased_said: Cell::new(false),

@@ -418,51 +418,53 @@ pub(crate) async fn write<S: ObjectStore + 'static>(
         }
     }
     let kind = op_kind(&req.ops);
-    // Every acting member holds the object before it is written.
-    if pgr.member.borrow().any_lacks(&req.oid) {
-        await_objects(shard, &pgr, &req.oid, false).await?;
-    }
-    let waiter = if req.ops.iter().any(may_fail) {
-        loop {
-            // A scrub chunk comparing the object is waited for outside the gate, so the PG's
-            // other writes go on meanwhile.
-            await_unfenced(shard, &pgr, &req.oid).await?;
-            let _turn = pgr.gate.lock().await;
-            match conditional(shard, &pgr, reqid, &req).await? {
-                Judged::Holds => return Ok(vec![OpOutput::None; n]),
-                Judged::Entered(rx) => break rx,
-                Judged::Fenced => continue,
-            }
-        }
+    let judged = req.ops.iter().any(may_fail);
+    let waiter = if !judged && enters_at_once(&pgr, &req.oid) {
+        enter(shard, &pgr, reqid, &req.oid, kind, req.ops)
     } else {
-        // Writes held by a scrub chunk go on in the order they came, and a write that comes
-        // while some are held queues behind them (one client's writes to an object keep their
-        // order).
-        let mut queued = None;
-        let turn = loop {
-            if queued.is_none() && (pgr.fenced(&req.oid) || !pgr.fence_queue.is_idle()) {
-                queued = Some(pgr.fence_queue.lock().await);
-            } else if pgr.fenced(&req.oid) {
+        // Behind every earlier write to the object that could not enter at once either: one
+        // client's writes to an object apply in the order they came, whatever held the first
+        // back and however soon it saw that it may go.
+        let line = InLine::join(&pgr, &req.oid);
+        let _place = line.lock.lock().await;
+        // Every acting member holds the object before it is written.
+        if pgr.member.borrow().any_lacks(&req.oid) {
+            await_objects(shard, &pgr, &req.oid, false).await?;
+        }
+        if judged {
+            loop {
+                // A scrub chunk comparing the object is waited for outside the gate, so the
+                // PG's other writes go on meanwhile.
                 await_unfenced(shard, &pgr, &req.oid).await?;
-            } else if pgr.gate.is_idle() {
-                break None;
-            } else {
-                // A conditional write (or a read's repair) holds the gate or waits for it: this
-                // write enters in its turn, holding the gate, never while one is judged. One
-                // turn per try: writes that waited for the gate and went back to the end of
-                // its queue whenever another waited too passed it to each other for ever.
-                let turn = pgr.gate.lock().await;
-                // Not ahead of an earlier write that found its object fenced meanwhile and
-                // waits in `fence_queue`.
-                if !pgr.fenced(&req.oid) && (queued.is_some() || pgr.fence_queue.is_idle()) {
-                    break Some(turn);
+                let _turn = pgr.gate.lock().await;
+                match conditional(shard, &pgr, reqid, &req).await? {
+                    Judged::Holds => return Ok(vec![OpOutput::None; n]),
+                    Judged::Entered(rx) => break rx,
+                    Judged::Fenced => continue,
                 }
             }
-        };
-        let rx = enter(shard, &pgr, reqid, &req.oid, kind, req.ops);
-        drop(turn);
-        drop(queued);
-        rx
+        } else {
+            let turn = loop {
+                if pgr.fenced(&req.oid) {
+                    await_unfenced(shard, &pgr, &req.oid).await?;
+                } else if pgr.gate.is_idle() {
+                    break None;
+                } else {
+                    // A conditional write (or a read's repair) holds the gate or waits for
+                    // it: this write enters in its turn, holding the gate, never while one is
+                    // judged. One turn per try: writes that waited for the gate and went back
+                    // to the end of its queue whenever another waited too passed it to each
+                    // other for ever.
+                    let turn = pgr.gate.lock().await;
+                    if !pgr.fenced(&req.oid) {
+                        break Some(turn);
+                    }
+                }
+            };
+            let rx = enter(shard, &pgr, reqid, &req.oid, kind, req.ops);
+            drop(turn);
+            rx
+        }
     };
     let mut waiter = waiter;
     if let Ok(Some(outcome)) = waiter.try_recv() {
@@ -491,6 +493,50 @@ pub(crate) async fn write<S: ObjectStore + 'static>(
                      doubt): retry it"
                 ),
             ))
+        }
+    }
+}
+
+/// Whether a plain write to `oid` may enter now, with no await before: no scrub chunk
+/// compares its object, no conditional write is judged, every acting member holds the
+/// object, and no earlier write to it waits. The common case: a borrow or two, no lookup
+/// unless some write waits in the PG.
+fn enters_at_once(pgr: &PgReplica, oid: &str) -> bool {
+    pgr.gate.is_idle()
+        && !pgr.fenced(oid)
+        && {
+            let lines = pgr.lines.borrow();
+            lines.is_empty() || !lines.contains_key(oid)
+        }
+        && !pgr.member.borrow().any_lacks(oid)
+}
+
+/// A write's place in the line of the writes to its object that could not enter at once
+/// (`PgReplica::lines`). The line goes when its last write does, whether it entered, failed
+/// or its request was dropped.
+struct InLine<'a> {
+    pgr: &'a PgReplica,
+    oid: &'a str,
+    lock: Rc<carmine_reactor::FifoLock>,
+}
+
+impl<'a> InLine<'a> {
+    fn join(pgr: &'a PgReplica, oid: &'a str) -> Self {
+        let lock = pgr
+            .lines
+            .borrow_mut()
+            .entry(oid.to_string())
+            .or_default()
+            .clone();
+        InLine { pgr, oid, lock }
+    }
+}
+
+impl Drop for InLine<'_> {
+    fn drop(&mut self) {
+        // Held by the map and by this write alone: no other write is in the line.
+        if Rc::strong_count(&self.lock) == 2 {
+            self.pgr.lines.borrow_mut().remove(self.oid);
         }
     }
 }

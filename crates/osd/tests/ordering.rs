@@ -1,0 +1,107 @@
+//! One client's writes to one object apply in the order it sent them, whatever held the
+//! first of them back (its object still being recovered, a scrub comparing it, a conditional
+//! write judged before it) and whatever the next found when it came.
+
+mod common;
+use common::*;
+
+use bytes::Bytes;
+use carmine_cluster::OsdMap;
+use carmine_osd::{Osd, RecoveryConfig};
+use carmine_proto::{OpOutput, OsdOp};
+use std::time::Duration;
+
+/// Each object below is first written while the copy that came back empty still lacks it,
+/// so that write waits for its recovery; a second write to it follows a little later, after
+/// the object came back or not. The object must end with the second one's data, whatever
+/// the gap. (A write that waited looked again only every few milliseconds, and a write that
+/// came meanwhile, finding the object whole, went ahead of it: the object kept the first.)
+#[test]
+fn a_write_that_waits_for_its_object_to_be_recovered_is_not_overtaken() {
+    let _serial = one_at_a_time();
+    log_if_asked();
+    let dir = TempDir::new("ordering-recovery");
+    let mut map = three_osd_map(1);
+    // Slow enough that every object is still lacking when its turn comes (the writes fetch
+    // theirs first, whatever the rate).
+    let slow = RecoveryConfig {
+        rate: Some(256 << 10),
+        busy_rate: None,
+    };
+    let start = |id: u32, map: &OsdMap| {
+        start_recovering(id, map, dir.path(), None, Default::default(), slow)
+    };
+    let mut osds: Vec<Option<Osd>> = (0..3).map(|id| Some(start(id, &map))).collect();
+    wait_settled(&map, dir.path());
+    const N: usize = 48;
+    let obj = |i: usize| format!("ordered{i}");
+    let first = Bytes::from(vec![1u8; 4096]);
+    let second = Bytes::from(vec![2u8; 4096]);
+    carmine_reactor::block_on(async {
+        let c = client(&map, Duration::from_secs(20)).await;
+        for i in 0..N {
+            let data = Bytes::from(vec![0u8; 64 << 10]);
+            c.execute(1, &obj(i), vec![OsdOp::WriteFull { data }])
+                .await
+                .unwrap();
+        }
+    });
+
+    osd0_comes_back_empty(&mut osds, &mut map, dir.path(), |m| start(0, m));
+
+    let overtaken = carmine_reactor::block_on(async {
+        let c = client(&map, Duration::from_secs(20)).await;
+        let mut overtaken = Vec::new();
+        for i in 0..N {
+            let oid = obj(i);
+            // 0 to 3.5 ms between the two: around the time a recovery of one object takes.
+            let gap = Duration::from_micros(250 * (i % 15) as u64);
+            let one = c.execute(
+                1,
+                &oid,
+                vec![OsdOp::WriteFull {
+                    data: first.clone(),
+                }],
+            );
+            let two = async {
+                carmine_reactor::sleep(gap).await;
+                c.execute(
+                    1,
+                    &oid,
+                    vec![OsdOp::WriteFull {
+                        data: second.clone(),
+                    }],
+                )
+                .await
+            };
+            let (a, b) = futures::join!(one, two);
+            a.unwrap();
+            b.unwrap();
+            let got = c
+                .execute(1, &oid, vec![OsdOp::Read { off: 0, len: 0 }])
+                .await
+                .unwrap();
+            match &got[..] {
+                [OpOutput::Data(d)] if d == &second => {}
+                [OpOutput::Data(d)] if d == &first => overtaken.push((oid, gap)),
+                other => panic!("{oid}: {other:?}"),
+            }
+        }
+        overtaken
+    });
+    let lacking: u64 = osds
+        .iter()
+        .flatten()
+        .flat_map(|o| o.metrics_sources())
+        .map(|r| r.metrics.objects_to_recover())
+        .sum();
+    eprintln!("{lacking} objects still to recover after the writes");
+    assert!(
+        overtaken.is_empty(),
+        "{} of {N} objects kept the write sent first: {overtaken:?}",
+        overtaken.len()
+    );
+    for o in osds.into_iter().flatten() {
+        o.shutdown().unwrap();
+    }
+}
