@@ -91,7 +91,7 @@ fn a_damaged_superblock_never_reformats_the_store() {
 
 #[test]
 fn cluster_up_on_an_existing_directory_restarts_that_cluster() {
-    let c = Cluster::up("restart", &[NATIVE, &["--osds", "2"]].concat());
+    let c = Cluster::up("restart", &[NATIVE, &["--osds", "2", "--dsync"]].concat());
     c.ok(&["volume", "create", "v", "--size", "64M"]);
     let data = pattern(4 << 20, 3);
     c.write_volume("v", &data);
@@ -122,10 +122,54 @@ fn cluster_up_on_an_existing_directory_restarts_that_cluster() {
     while alive(pid1) {
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
-    let out = c.ok(&["cluster", "up", "--no-pin"]);
+    // No flags this time: it runs as the cluster was made (unpinned, O_DSYNC, its budget).
+    let out = c.ok(&["cluster", "up"]);
     assert!(out.contains("restarting osd.1 from"), "{out}");
     assert!(out.contains("already running: osd.0"), "{out}");
+    assert!(!out.contains("setting changed"), "{out}");
     assert_eq!(read_volume(&c, "v", data.len()), data);
+    let args = cmdline(&c, 1);
+    for want in ["--no-pin", "power-loss-dsync", &(1536u64 << 20).to_string()] {
+        assert!(args.iter().any(|a| a == want), "{want} not in {args:?}");
+    }
+
+    // A flag given changes the setting, says so, and is kept for the next restart.
+    kill_osd(&c, 1);
+    let out = c.ok(&["cluster", "up", "--fsync"]);
+    assert!(
+        out.contains(
+            "setting changed for this and later restarts: durability power-loss-dsync -> fsync"
+        ),
+        "{out}"
+    );
+    assert!(!cmdline(&c, 1).iter().any(|a| a == "--durability"));
+    kill_osd(&c, 1);
+    let out = c.ok(&["cluster", "up"]);
+    assert!(!out.contains("setting changed"), "{out}");
+    let args = cmdline(&c, 1);
+    assert!(!args.iter().any(|a| a == "--durability"), "{args:?}");
+    assert!(args.iter().any(|a| a == "--no-pin"), "{args:?}");
+    assert_eq!(read_volume(&c, "v", data.len()), data);
+}
+
+fn osd_pid(c: &Cluster, id: u32) -> i32 {
+    std::fs::read_to_string(c.dir.join(format!("osd.{id}.pid")))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap()
+}
+
+fn kill_osd(c: &Cluster, id: u32) {
+    common::kill9(osd_pid(c, id));
+}
+
+/// The command line osd.`id` runs with.
+fn cmdline(c: &Cluster, id: u32) -> Vec<String> {
+    let raw = std::fs::read(format!("/proc/{}/cmdline", osd_pid(c, id))).unwrap();
+    raw.split(|b| *b == 0)
+        .map(|a| String::from_utf8_lossy(a).into_owned())
+        .collect()
 }
 
 #[test]

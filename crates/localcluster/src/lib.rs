@@ -7,6 +7,7 @@
 mod histories;
 mod managers;
 mod maps;
+mod run;
 mod status;
 
 pub use status::{status, Health, Status};
@@ -61,27 +62,37 @@ pub struct UpArgs {
     pub device_size: Option<u64>,
     /// Native store: acknowledge after O_DIRECT completion only (no fdatasync): survives a
     /// process crash, not power loss.
-    #[arg(long, conflicts_with = "dsync")]
+    ///
+    /// This flag and the ones below up to --journal-writes are kept with the cluster: a
+    /// later `up` restarts its OSDs with them unless given again otherwise.
+    #[arg(long, conflicts_with_all = ["dsync", "fsync"])]
     pub no_fsync: bool,
     /// Native store: O_DSYNC journal writes (FUA where the device has it) instead of a
     /// separate fdatasync; still power-loss durable.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "fsync")]
     pub dsync: bool,
-    /// Memory budget per reactor shard.
-    #[arg(long, default_value = "2G", value_parser = parse_size)]
-    pub memory_limit: u64,
+    /// Native store: an fdatasync after each journal write (the default; for an `up` that
+    /// restarts a cluster made with --no-fsync or --dsync).
+    #[arg(long)]
+    pub fsync: bool,
+    /// Memory budget per reactor shard [2G].
+    #[arg(long, value_parser = parse_size)]
+    pub memory_limit: Option<u64>,
     /// The carmine binary to start OSDs with (default: this program).
     #[arg(long, hide = true)]
     pub exe: Option<PathBuf>,
-    /// Reactor placement policy: default, osd or socket.
-    #[arg(long, default_value = "default")]
-    pub cpu_policy: CpuPolicy,
-    /// Cores the OSDs may use (e.g. "1"); the rest stay free for clients.
+    /// Reactor placement policy: default, osd or socket [default].
+    #[arg(long)]
+    pub cpu_policy: Option<CpuPolicy>,
+    /// Cores the OSDs may use (e.g. "1"); the rest stay free for clients [all].
     #[arg(long)]
     pub cpu_set: Option<String>,
     /// Do not pin reactors.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "pin")]
     pub no_pin: bool,
+    /// Pin reactors (the default; for an `up` that restarts a cluster made with --no-pin).
+    #[arg(long)]
+    pub pin: bool,
     /// MiB per second each OSD reactor copies to recover replicated PGs in the background
     /// (the OSDs' own default if not given; 0: no limit).
     #[arg(long)]
@@ -493,6 +504,9 @@ pub(crate) struct ClusterFile {
     pub(crate) local_managers: Option<managers::LocalManagers>,
     #[serde(default)]
     pub(crate) failure: FailureDetection,
+    /// How its OSD processes run (a cluster made before this was kept: as the flags say).
+    #[serde(default)]
+    pub(crate) osd_run: run::OsdRun,
 }
 
 const CLUSTER_FILE: &str = "cluster.json";
@@ -599,6 +613,14 @@ pub fn up(a: &UpArgs) -> Result<Running> {
         if tuned != f.failure {
             f.failure = tuned;
             write_atomically(&dir.join(CLUSTER_FILE), &serde_json::to_vec_pretty(f)?)?;
+        }
+    }
+    if let Some(f) = settings.as_mut() {
+        let (run, mut changes) = f.osd_run.with_flags(a);
+        if run != f.osd_run {
+            f.osd_run = run;
+            write_atomically(&dir.join(CLUSTER_FILE), &serde_json::to_vec_pretty(f)?)?;
+            early_notes.append(&mut changes);
         }
     }
     if let Some(f) = settings.as_mut().filter(|f| f.etcd.is_none()) {
@@ -762,8 +784,9 @@ fn up_from(
             .notes
             .push(format!("  osd.{}: {}", o.id, eps.join(" ")));
     }
-    if !a.no_pin {
-        let (topo, alloc) = placement(&running.map, a.cpu_set.as_deref(), a.cpu_policy)?;
+    let run = osd_run(&dir, a)?;
+    if !run.no_pin {
+        let (topo, alloc) = placement(&running.map, run.cpu_set.as_deref(), run.cpu_policy())?;
         running.notes.push(alloc.grid(&topo).trim_end().to_string());
     }
     Ok(running)
@@ -811,7 +834,10 @@ fn new_cluster(
     // Weights are capacities in TiB, as the OSDs will register them.
     let capacity = match store.as_str() {
         "native" => a.device_size.unwrap_or(DEVICE_SIZE_DEFAULT),
-        _ => a.memory_limit.saturating_mul(u64::from(reactors)),
+        _ => a
+            .memory_limit
+            .unwrap_or(run::MEMORY_LIMIT_DEFAULT)
+            .saturating_mul(u64::from(reactors)),
     };
     let mut map = OsdMap {
         epoch: 1,
@@ -888,6 +914,7 @@ fn new_cluster(
                 .then(|| managers::LocalManagers::default().with_flags(a)),
             etcd: etcd.clone(),
             failure: FailureDetection::default().with_flags(a),
+            osd_run: run::OsdRun::default().with_flags(a).0,
         })?,
     )?;
     let stored = maps::open(dir, etcd.as_ref()).and_then(|store| {
@@ -1050,6 +1077,15 @@ fn bindable_soon(addr: SocketAddr) -> bool {
     }
 }
 
+/// How the OSDs of the cluster in `dir` run: as its settings file keeps it (with this `up`'s
+/// flags already in), or as the flags say for a cluster made before it was kept.
+fn osd_run(dir: &Path, a: &UpArgs) -> Result<run::OsdRun> {
+    Ok(match read_cluster_file(dir)? {
+        Some(f) => f.osd_run,
+        None => run::OsdRun::default().with_flags(a).0,
+    })
+}
+
 fn start_osd(
     exe: &Path,
     dir: &Path,
@@ -1097,34 +1133,8 @@ fn start_osd(
                 .arg("--device-size")
                 .arg(a.device_size.unwrap_or(DEVICE_SIZE_DEFAULT).to_string());
         }
-        if a.no_fsync {
-            cmd.arg("--durability").arg("process-crash");
-        } else if a.dsync {
-            cmd.arg("--durability").arg("power-loss-dsync");
-        }
     }
-    cmd.arg("--memory-limit")
-        .arg(a.memory_limit.to_string())
-        .arg("--cpu-policy")
-        .arg(a.cpu_policy.to_string());
-    if let Some(s) = &a.cpu_set {
-        cmd.arg("--cpu-set").arg(s);
-    }
-    if a.no_pin {
-        cmd.arg("--no-pin");
-    }
-    if let Some(r) = a.recovery_rate_mib {
-        cmd.arg("--recovery-rate-mib").arg(r.to_string());
-    }
-    if let Some(r) = a.recovery_busy_rate_mib {
-        cmd.arg("--recovery-busy-rate-mib").arg(r.to_string());
-    }
-    if let Some(us) = a.idle_poll_us {
-        cmd.arg("--idle-poll-us").arg(us.to_string());
-    }
-    if let Some(n) = a.journal_writes {
-        cmd.arg("--journal-writes").arg(n.to_string());
-    }
+    cmd.args(osd_run(dir, a)?.osd_args(store == "native"));
     // Own process group: a Ctrl-C aimed at the shell does not take the cluster down.
     use std::os::unix::process::CommandExt;
     cmd.process_group(0)

@@ -189,3 +189,65 @@ fn free_ports_are_distinct_bindable_and_below_the_ephemeral_range() {
         assert!(!addrs[..i].contains(a), "{a} picked twice");
     }
 }
+
+#[test]
+fn how_osds_run_is_kept_with_the_cluster_and_changed_only_by_flags_given() {
+    let d = TempDir::new("osd-run");
+    new_cluster(
+        &d.0,
+        &args(
+            &d.0,
+            &["--no-pin", "--cpu-policy", "osd", "--memory-limit", "1G"],
+        ),
+        None,
+    )
+    .unwrap();
+    let kept = read_cluster_file(&d.0).unwrap().unwrap().osd_run;
+    assert!(kept.no_pin);
+    assert_eq!(kept.cpu_policy(), CpuPolicy::Osd);
+    assert_eq!(kept.memory_limit(), 1 << 30);
+    assert_eq!(kept.durability, None);
+
+    // A restart with no flags: as it was, nothing said.
+    let (same, said) = kept.with_flags(&args(&d.0, &[]));
+    assert_eq!(same, kept);
+    assert!(said.is_empty(), "{said:?}");
+    let osd = same.osd_args(true);
+    for want in ["--no-pin", "osd", &(1u64 << 30).to_string()] {
+        assert!(osd.iter().any(|a| a == want), "{want} not in {osd:?}");
+    }
+    assert!(!osd.iter().any(|a| a == "--durability"), "{osd:?}");
+
+    // Flags given change what they name, each change said; weaker durability is warned of.
+    let (now, said) = kept.with_flags(&args(&d.0, &["--pin", "--no-fsync"]));
+    assert!(!now.no_pin);
+    assert_eq!(now.cpu_policy(), CpuPolicy::Osd);
+    assert_eq!(now.durability.as_deref(), Some("process-crash"));
+    let said = said.join("\n");
+    for want in [
+        "pinning off -> on",
+        "durability fsync -> process-crash",
+        "not a power loss",
+    ] {
+        assert!(said.contains(want), "{want:?} missing from: {said}");
+    }
+    assert!(now
+        .osd_args(true)
+        .windows(2)
+        .any(|w| w[0] == "--durability" && w[1] == "process-crash"));
+    // A memory store has no durability to set.
+    assert!(!now.osd_args(false).iter().any(|a| a == "--durability"));
+    let (back, said) = now.with_flags(&args(&d.0, &["--fsync"]));
+    assert_eq!(back.durability, None);
+    assert_eq!(said.len(), 1, "{said:?}");
+
+    // Contradicting flags are refused by the parser.
+    for bad in [
+        &["--pin", "--no-pin"][..],
+        &["--fsync", "--dsync"],
+        &["--no-fsync", "--dsync"],
+    ] {
+        let dir = d.0.to_str().unwrap();
+        assert!(Cli::try_parse_from([&["up", "--dir", dir][..], bad].concat()).is_err());
+    }
+}
