@@ -1,6 +1,7 @@
 //! One client's writes to one object apply in the order it sent them, whatever held the
-//! first of them back (its object still being recovered, a scrub comparing it, a conditional
-//! write judged before it) and whatever the next found when it came.
+//! first of them back and whatever the next found when it came. (The same line orders writes
+//! held by a scrub chunk and by a conditional write at the gate; `conditional.rs` and
+//! `replication.rs` run those.)
 
 mod common;
 use common::*;
@@ -48,6 +49,24 @@ fn a_write_that_waits_for_its_object_to_be_recovered_is_not_overtaken() {
     });
 
     osd0_comes_back_empty(&mut osds, &mut map, dir.path(), |m| start(0, m));
+    // Peered, with the objects to recover counted: the first write of each pair below finds
+    // its object lacking (the rate lets a few go back meanwhile).
+    let lacking = |osds: &[Option<Osd>]| -> u64 {
+        osds.iter()
+            .flatten()
+            .flat_map(|o| o.metrics_sources())
+            .map(|r| r.metrics.objects_to_recover())
+            .sum()
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while lacking(&osds) < N as u64 * 3 / 4 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "osd.0 was never counted as lacking the objects ({} to recover)",
+            lacking(&osds)
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
 
     let overtaken = carmine_reactor::block_on(async {
         let c = client(&map, Duration::from_secs(20)).await;
@@ -89,13 +108,10 @@ fn a_write_that_waits_for_its_object_to_be_recovered_is_not_overtaken() {
         }
         overtaken
     });
-    let lacking: u64 = osds
-        .iter()
-        .flatten()
-        .flat_map(|o| o.metrics_sources())
-        .map(|r| r.metrics.objects_to_recover())
-        .sum();
-    eprintln!("{lacking} objects still to recover after the writes");
+    eprintln!(
+        "{} objects still to recover after the writes",
+        lacking(&osds)
+    );
     assert!(
         overtaken.is_empty(),
         "{} of {N} objects kept the write sent first: {overtaken:?}",

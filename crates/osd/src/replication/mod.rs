@@ -140,7 +140,7 @@ pub(crate) struct PgReplica {
     pub scrub_fence: RefCell<Option<scrub::Range>>,
     /// The objects with writes that could not enter at once (see `write::InLine`): the
     /// writes to each wait here in order of arrival. Empty in the common case.
-    pub lines: RefCell<HashMap<String, Rc<carmine_reactor::FifoLock>>>,
+    pub lines: RefCell<HashMap<String, Rc<write::Line>>>,
     /// Repairs writing to the store outside the persist queue (see `scrub::install`): a
     /// restart waits for them to end.
     pub rewrites: Cell<u32>,

@@ -15,6 +15,7 @@ use carmine_store::{ObjectStore, Transaction};
 use carmine_types::limits::{ATTR_NAME_LEN_MAX, IO_LEN_MAX, OBJECT_SIZE_MAX, VALUE_LEN_MAX};
 use carmine_types::PgId;
 use futures::channel::oneshot;
+use std::cell::Cell;
 use std::rc::Rc;
 use std::time::Duration;
 
@@ -426,19 +427,32 @@ pub(crate) async fn write<S: ObjectStore + 'static>(
         // client's writes to an object apply in the order they came, whatever held the first
         // back and however soon it saw that it may go.
         let line = InLine::join(&pgr, &req.oid);
-        let _place = line.lock.lock().await;
+        let _place = line.line.order.lock().await;
+        line.took_place()?;
         // Every acting member holds the object before it is written.
         if pgr.member.borrow().any_lacks(&req.oid) {
             await_objects(shard, &pgr, &req.oid, false).await?;
         }
-        if judged {
+        let rx = if judged {
             loop {
                 // A scrub chunk comparing the object is waited for outside the gate, so the
                 // PG's other writes go on meanwhile.
                 await_unfenced(shard, &pgr, &req.oid).await?;
                 let _turn = pgr.gate.lock().await;
-                match conditional(shard, &pgr, reqid, &req).await? {
-                    Judged::Holds => return Ok(vec![OpOutput::None; n]),
+                let judged = conditional(shard, &pgr, reqid, &req).await;
+                if judged
+                    .as_ref()
+                    .is_err_and(|e| e.status != Status::PgInactive)
+                {
+                    // Final (a compare that failed, an object that exists…): its client does
+                    // not send it again, and the writes behind it go on.
+                    line.done();
+                }
+                match judged? {
+                    Judged::Holds => {
+                        line.done();
+                        return Ok(vec![OpOutput::None; n]);
+                    }
                     Judged::Entered(rx) => break rx,
                     Judged::Fenced => continue,
                 }
@@ -464,7 +478,9 @@ pub(crate) async fn write<S: ObjectStore + 'static>(
             let rx = enter(shard, &pgr, reqid, &req.oid, kind, req.ops);
             drop(turn);
             rx
-        }
+        };
+        line.done();
+        rx
     };
     let mut waiter = waiter;
     if let Ok(Some(outcome)) = waiter.try_recv() {
@@ -511,31 +527,73 @@ fn enters_at_once(pgr: &PgReplica, oid: &str) -> bool {
         && !pgr.member.borrow().any_lacks(oid)
 }
 
-/// A write's place in the line of the writes to its object that could not enter at once
-/// (`PgReplica::lines`). The line goes when its last write does, whether it entered, failed
-/// or its request was dropped.
+/// The writes to one object that could not enter at once, in order of arrival.
+#[derive(Default)]
+pub(crate) struct Line {
+    order: carmine_reactor::FifoLock,
+    /// How many writes left the head of the line without entering, to be sent again (refused
+    /// as inactive, or dropped).
+    left: Cell<u64>,
+}
+
+/// A write's place in its object's line (`PgReplica::lines`). The line goes when its last
+/// write does, whether it entered, failed or its request was dropped.
 struct InLine<'a> {
     pgr: &'a PgReplica,
     oid: &'a str,
-    lock: Rc<carmine_reactor::FifoLock>,
+    line: Rc<Line>,
+    /// `line.left` when this write joined.
+    left_at_join: u64,
+    at_head: Cell<bool>,
+    done: Cell<bool>,
 }
 
 impl<'a> InLine<'a> {
     fn join(pgr: &'a PgReplica, oid: &'a str) -> Self {
-        let lock = pgr
+        let line = pgr
             .lines
             .borrow_mut()
             .entry(oid.to_string())
             .or_default()
             .clone();
-        InLine { pgr, oid, lock }
+        InLine {
+            pgr,
+            oid,
+            left_at_join: line.left.get(),
+            line,
+            at_head: Cell::new(false),
+            done: Cell::new(false),
+        }
+    }
+
+    /// At the head of the line: refused if a write that was ahead of this one left without
+    /// entering. Its client retries it, after this one had gone in first; so this one is
+    /// refused too and retried behind it, in the order the client sends them again.
+    fn took_place(&self) -> Result<(), ErrorReply> {
+        self.at_head.set(true);
+        if self.line.left.get() != self.left_at_join {
+            return Err(inactive(
+                self.pgr.pg,
+                "a write sent before this one to the same object was refused; nothing \
+                 applied: retry (in order)",
+            ));
+        }
+        Ok(())
+    }
+
+    /// Entered (or answered without a change): the writes behind it go on.
+    fn done(&self) {
+        self.done.set(true);
     }
 }
 
 impl Drop for InLine<'_> {
     fn drop(&mut self) {
+        if self.at_head.get() && !self.done.get() {
+            self.line.left.set(self.line.left.get() + 1);
+        }
         // Held by the map and by this write alone: no other write is in the line.
-        if Rc::strong_count(&self.lock) == 2 {
+        if Rc::strong_count(&self.line) == 2 {
             self.pgr.lines.borrow_mut().remove(self.oid);
         }
     }
