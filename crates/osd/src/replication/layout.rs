@@ -4,11 +4,17 @@
 //! (`pg.<pool>.<seed>`). Every change to it goes in the same transaction as the write it
 //! describes, so a log entry exists exactly when its write does (decision 0009, point 3).
 //!
-//! Omap keys: `m` → record version (u8: 2; 1 is read too), tail, head (version: epoch u32,
-//! counter u64, big-endian) and les (u32); `l` + version → the encoded entry; `o` + object name
+//! Omap keys: `m` → record version (u8: 3; 1 and 2 are read too), tail, head (version: epoch
+//! u32, counter u64, big-endian) and les (u32); `l` + version → the encoded entry; `o` + object name
 //! → the version of the object the store holds; `n` + object name → the version the PG's
 //! history names for an object the store does not hold at that version yet (it is being
 //! recovered; the store may hold an older version, under `o`, or none).
+//!
+//! A write adds its entry and its object's version in one omap change, and nothing else: the
+//! `m` record is rewritten only when the tail or les moves, and the tail moves in steps of
+//! [`TRIM_BATCH`] entries. So the head is the newer of `m`'s and the last entry's (record
+//! version 3; before, `m` was rewritten with every write), and the stored log may hold up to a
+//! batch of entries the member had trimmed (true history, trimmed again when loaded).
 
 use crate::fence::META_COLLECTION;
 use bytes::{BufMut, Bytes, BytesMut};
@@ -23,9 +29,13 @@ const KEY_META: &[u8] = b"m";
 const KEY_LOG: u8 = b'l';
 const KEY_OBJECT: u8 = b'o';
 const KEY_MISSING: u8 = b'n';
-const META_RECORD_VERSION: u8 = 2;
-/// Records of version 1 have no missing objects; they are read as they are.
-const META_RECORD_VERSIONS_READ: [u8; 2] = [1, 2];
+const META_RECORD_VERSION: u8 = 3;
+/// Records of version 1 have no missing objects; they are read as they are. Records of
+/// versions 1 and 2 have the head itself (a later entry never exists with them).
+const META_RECORD_VERSIONS_READ: [u8; 3] = [1, 2, 3];
+/// Log entries that fall off the member's tail are removed from the store this many at a
+/// time, with the `m` record rewritten then: between, a write costs one omap change.
+pub(crate) const TRIM_BATCH: usize = 32;
 /// Omap entries read per call when loading a PG's state.
 const LOAD_PAGE: usize = 1024;
 
@@ -96,17 +106,10 @@ pub(crate) fn version_value(v: Version) -> Bytes {
     Bytes::copy_from_slice(&version_bytes(v))
 }
 
-/// Adds to `txn` what makes `entry` durable in the PG's state; `trimmed` are the log keys
-/// that fell off the tail (the span itself goes in with [`set_meta`]). `lacking`: the store
-/// does not hold the object (it is being recovered), so the write's data is not applied and
-/// the object stays missing, at the entry's version.
-pub(crate) fn add_entry(
-    txn: &mut Transaction,
-    pg: PgId,
-    entry: &Entry,
-    lacking: bool,
-    trimmed: Vec<Bytes>,
-) {
+/// Adds to `txn` what makes `entry` durable in the PG's state (the head it moves is read from
+/// the entry itself). `lacking`: the store does not hold the object (it is being recovered),
+/// so the write's data is not applied and the object stays missing, at the entry's version.
+pub(crate) fn add_entry(txn: &mut Transaction, pg: PgId, entry: &Entry, lacking: bool) {
     let meta = meta_oid(pg);
     let mut kvs = vec![(log_key(entry.version), entry_value(entry))];
     match entry.kind {
@@ -127,8 +130,13 @@ pub(crate) fn add_entry(
             );
         }
     }
+}
+
+/// Removes the log entries of `trimmed` (they fell off the tail [`set_meta`] records in the
+/// same transaction).
+pub(crate) fn trim(txn: &mut Transaction, pg: PgId, trimmed: Vec<Bytes>) {
     if !trimmed.is_empty() {
-        txn.omap_rm(META_COLLECTION, &meta, trimmed);
+        txn.omap_rm(META_COLLECTION, &meta_oid(pg), trimmed);
     }
 }
 
@@ -158,7 +166,7 @@ pub(crate) fn set_object_version(txn: &mut Transaction, pg: PgId, oid: &str, v: 
     };
 }
 
-/// The log's span and the last active epoch, as they are after the entries of `txn`.
+/// The log's tail and the last active epoch (and the head, as the entries of `txn` leave it).
 pub(crate) fn set_meta(txn: &mut Transaction, pg: PgId, tail: Version, head: Version, les: u32) {
     txn.omap_set(
         META_COLLECTION,
@@ -206,6 +214,9 @@ pub(crate) struct Loaded {
     /// The versions the history names where the store does not hold them.
     pub missing: BTreeMap<String, Version>,
     pub les: u32,
+    /// Every log entry the store holds, oldest first: `log`'s, and up to a trim batch of
+    /// older ones, removed with the next batch.
+    pub stored_log: Vec<Version>,
 }
 
 impl Loaded {
@@ -312,8 +323,12 @@ async fn load_one<S: ObjectStore>(store: &S, pg: PgId, log_max: usize) -> Result
         return Err(bad("missing objects in a record of version 1"));
     }
     let tail = version_from(&meta[1..13]).expect("12 bytes");
-    let head = version_from(&meta[13..25]).expect("12 bytes");
+    // Entries written since the record was: the last one is the head.
+    let head = version_from(&meta[13..25])
+        .expect("12 bytes")
+        .max(entries.last().map_or(Version::ZERO, |e: &Entry| e.version));
     let les = u32::from_be_bytes(meta[25..29].try_into().expect("4 bytes"));
+    let stored_log = entries.iter().map(|e| e.version).collect();
     let log = PgLog::from_parts(log_max, tail, head, entries).map_err(bad)?;
     // A missing object the store holds at that very version after all (a crash between
     // the two records cannot leave this, but a repair may): it is not missing.
@@ -324,6 +339,7 @@ async fn load_one<S: ObjectStore>(store: &S, pg: PgId, log_max: usize) -> Result
         held,
         missing,
         les,
+        stored_log,
     })
 }
 
@@ -390,8 +406,7 @@ mod tests {
             // recovering o2 makes it held.
             let mut t = Transaction::new();
             let e = entry(4, "o3");
-            add_entry(&mut t, pg, &e, true, Vec::new());
-            set_meta(&mut t, pg, log.tail(), e.version, 5);
+            add_entry(&mut t, pg, &e, true);
             set_recovered(&mut t, pg, "o2", Version::new(2, 2));
             store.submit(t).await.unwrap();
             let loaded = load_all(&store, 16).await.unwrap();
@@ -443,6 +458,56 @@ mod tests {
                     }
                 }
             }
+        });
+    }
+
+    /// Writes add their entries alone; the record with the tail is rewritten a batch of trims
+    /// later. What loads is the log as the member had it: the head is the last entry's, the
+    /// entries the member had trimmed but the store still holds are cut to its bound (and
+    /// listed, so the next batch removes them).
+    #[test]
+    fn entries_written_without_the_record_load_with_their_head_and_the_bound() {
+        carmine_reactor::block_on(async {
+            let (store, t) = store();
+            store.submit(t).await.unwrap();
+            let log = PgLog::new(4);
+            let mut t = Transaction::new();
+            replace_all(&mut t, PG, &log, &BTreeMap::new(), &BTreeMap::new(), 7);
+            store.submit(t).await.unwrap();
+            for v in 1..=10 {
+                let mut t = Transaction::new();
+                add_entry(&mut t, PG, &entry(v, &format!("o{}", v % 3)), false);
+                store.submit(t).await.unwrap();
+            }
+            let loaded = load_all(&store, 4).await.unwrap();
+            let l = &loaded[0];
+            assert_eq!(l.log.head(), Version::new(2, 10));
+            assert_eq!(l.log.tail(), Version::new(2, 6), "cut to the bound of 4");
+            let kept: Vec<Version> = l.log.entries().map(|e| e.version).collect();
+            assert_eq!(
+                kept,
+                (7..=10).map(|v| Version::new(2, v)).collect::<Vec<_>>()
+            );
+            assert_eq!(l.stored_log.len(), 10, "every stored entry listed");
+            assert_eq!(l.held.get("o1"), Some(&Version::new(2, 10)));
+            assert_eq!(l.held.get("o0"), Some(&Version::new(2, 9)));
+            assert_eq!(l.les, 7);
+
+            // The batch trim: entries up to the tail go, the record says where it is.
+            let mut t = Transaction::new();
+            trim(
+                &mut t,
+                PG,
+                (1..=6).map(|v| log_key(Version::new(2, v))).collect(),
+            );
+            set_meta(&mut t, PG, Version::new(2, 6), Version::new(2, 10), 8);
+            store.submit(t).await.unwrap();
+            let loaded = load_all(&store, 4).await.unwrap();
+            let l = &loaded[0];
+            assert_eq!(l.stored_log.len(), 4);
+            assert_eq!(l.log.tail(), Version::new(2, 6));
+            assert_eq!(l.log.head(), Version::new(2, 10));
+            assert_eq!(l.les, 8);
         });
     }
 

@@ -122,8 +122,10 @@ pub(crate) struct PgReplica {
     pub persisting: Cell<bool>,
     /// What the store holds: each object's version (what recovery compares against).
     pub held: RefCell<BTreeMap<String, Version>>,
-    /// The log entries stored, oldest first (trimmed with the log).
+    /// The log entries stored, oldest first (trimmed with the log, a batch at a time).
     pub log_keys: RefCell<VecDeque<Version>>,
+    /// The tail and les the store's PG state record holds, if known (see `layout`).
+    pub stored_meta: Cell<Option<(Version, u32)>>,
     /// Conditional writes hold it while they are judged; other writes pass through.
     pub gate: carmine_reactor::FifoLock,
     /// As primary: the ops of writes in flight, for resending them to replicas.
@@ -179,14 +181,15 @@ impl PgReplica {
             && !self.persisting.get()
     }
 
-    /// `held`: the versions of the objects the store holds.
+    /// `held`: the versions of the objects the store holds; `log_keys`: the log entries it
+    /// holds (the member's, and up to a trim batch of older ones).
     fn new(
         pg: PgId,
         member: Member,
         held: BTreeMap<String, Version>,
+        log_keys: VecDeque<Version>,
         schedule: &ScrubSchedule,
     ) -> Self {
-        let log_keys = member.log.entries().map(|e| e.version).collect();
         PgReplica {
             pg,
             member: RefCell::new(member),
@@ -194,6 +197,7 @@ impl PgReplica {
             persisting: Cell::new(false),
             held: RefCell::new(held),
             log_keys: RefCell::new(log_keys),
+            stored_meta: Cell::new(None),
             gate: Default::default(),
             inflight_ops: RefCell::new(HashMap::new()),
             asked: Cell::new(None),
@@ -342,6 +346,7 @@ pub(crate) async fn start<S: ObjectStore + 'static>(shard: &Rc<Shard<S>>) -> Res
     let n = loaded.len();
     for l in loaded {
         let objects = l.objects();
+        let stored_log = l.stored_log.clone();
         let member = repl.with_lease(Member::restore(repl.osd, l.log, objects, l.missing, l.les));
         if !member.missing.is_empty() {
             tracing::info!(pg = %l.pg, objects = member.missing.len(),
@@ -349,7 +354,13 @@ pub(crate) async fn start<S: ObjectStore + 'static>(shard: &Rc<Shard<S>>) -> Res
         }
         repl.pgs.borrow_mut().insert(
             l.pg,
-            Rc::new(PgReplica::new(l.pg, member, l.held, &repl.scrub_schedule)),
+            Rc::new(PgReplica::new(
+                l.pg,
+                member,
+                l.held,
+                stored_log.into(),
+                &repl.scrub_schedule,
+            )),
         );
     }
     if n > 0 {
@@ -433,6 +444,7 @@ pub(crate) async fn on_map<S: ObjectStore + 'static>(shard: &Rc<Shard<S>>) -> Re
             pg,
             repl.new_member(),
             BTreeMap::new(),
+            VecDeque::new(),
             &repl.scrub_schedule,
         ));
         repl.pgs.borrow_mut().insert(pg, pgr.clone());

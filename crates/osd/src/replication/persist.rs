@@ -131,11 +131,7 @@ async fn entries<S: ObjectStore>(
                             .map_err(|e| format!("write {}: {}", entry.version, e.message))?;
                     }
                     keys.push_back(entry.version);
-                    let mut trimmed = Vec::new();
-                    while keys.front().is_some_and(|v| *v <= tail) {
-                        trimmed.push(layout::log_key(keys.pop_front().expect("front")));
-                    }
-                    layout::add_entry(&mut txn, pg, &entry, modify && lacking, trimmed);
+                    layout::add_entry(&mut txn, pg, &entry, modify && lacking);
                     if !(modify && lacking) {
                         changed.push((entry.oid.clone(), modify.then_some(entry.version)));
                     }
@@ -149,11 +145,26 @@ async fn entries<S: ObjectStore>(
         }
     }
     if let Some((tail, head, les)) = span {
-        layout::set_meta(&mut txn, pg, tail, head, les);
+        // The tail and les are stored when les moves, or once a batch of entries fell off the
+        // tail (entries the member trimmed stay stored until then; they are true history).
+        let meta = {
+            let mut keys = pgr.log_keys.borrow_mut();
+            let trimmable = keys.iter().take_while(|v| **v <= tail).count();
+            let les_moved = pgr.stored_meta.get().is_none_or(|(_, l)| l != les);
+            (les_moved || trimmable >= layout::TRIM_BATCH).then(|| {
+                let trimmed = keys.drain(..trimmable).map(layout::log_key).collect();
+                layout::trim(&mut txn, pg, trimmed);
+                layout::set_meta(&mut txn, pg, tail, head, les);
+                (tail, les)
+            })
+        };
         shard.store.submit(txn).await.map_err(|e| {
             note_store_error(shard, &e);
             format!("storing writes: {e}")
         })?;
+        if meta.is_some() {
+            pgr.stored_meta.set(meta);
+        }
         let mut held = pgr.held.borrow_mut();
         for (oid, v) in changed {
             match v {
@@ -227,6 +238,7 @@ async fn take_history<S: ObjectStore + 'static>(
     })?;
     *pgr.held.borrow_mut() = held;
     *pgr.log_keys.borrow_mut() = log.entries().map(|e| e.version).collect();
+    pgr.stored_meta.set(Some((log.tail(), les)));
     Ok(Done::Persisted(seq))
 }
 

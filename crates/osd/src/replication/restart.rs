@@ -103,20 +103,28 @@ async fn restart<S: ObjectStore + 'static>(
     if !current(shard, old) {
         return;
     }
-    let (member, held) = match loaded {
+    let (member, held, stored_log) = match loaded {
         Some(l) => {
             let objects = l.objects();
+            let stored_log = l.stored_log.clone().into();
             let m = carmine_pg::Member::restore(repl.osd, l.log, objects, l.missing, l.les);
-            (m, l.held)
+            (m, l.held, stored_log)
         }
         // Its first history never reached the store: a copy with nothing.
         None => (
             carmine_pg::Member::new(repl.osd, repl.log_max),
             BTreeMap::new(),
+            Default::default(),
         ),
     };
     let member = repl.restarted(member, old.member.borrow().incarnation());
-    let new = Rc::new(PgReplica::new(old.pg, member, held, &repl.scrub_schedule));
+    let new = Rc::new(PgReplica::new(
+        old.pg,
+        member,
+        held,
+        stored_log,
+        &repl.scrub_schedule,
+    ));
     repl.pgs.borrow_mut().insert(old.pg, new.clone());
     let map = shard.view.borrow().map.clone();
     feed_map(shard, &new, &map);
