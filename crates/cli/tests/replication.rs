@@ -47,6 +47,10 @@ fn read_volume(c: &Cluster, len: usize) -> Vec<u8> {
 /// `cluster status` once it says HEALTH_OK: the primaries report their PGs' states every
 /// 100 ms, so right after a change a PG may still show as peering for a moment.
 fn healthy(c: &Cluster) -> String {
+    healthy_within(c, Duration::from_secs(10))
+}
+
+fn healthy_within(c: &Cluster, limit: Duration) -> String {
     let start = Instant::now();
     loop {
         let out = c.run(&["cluster", "status"]);
@@ -56,7 +60,7 @@ fn healthy(c: &Cluster) -> String {
             return text;
         }
         assert!(
-            start.elapsed() < Duration::from_secs(10),
+            start.elapsed() < limit,
             "not healthy: {text}{}",
             String::from_utf8_lossy(&out.stderr)
         );
@@ -64,7 +68,10 @@ fn healthy(c: &Cluster) -> String {
     }
 }
 
-/// Waits until every PG went active with all three OSDs and settled its history on that.
+/// Waits until every PG went active with all three OSDs and settled its history on that, and
+/// the cluster is healthy: no object lacks a copy, every PG active and clean as its primary
+/// reports it, every OSD up. (An OSD restarted within its interval leaves the histories as
+/// they were: the health is what shows it caught up.)
 fn wait_clean(c: &Cluster) -> Duration {
     let start = Instant::now();
     let map = carmine_localcluster::read_map(&c.dir).unwrap();
@@ -82,6 +89,10 @@ fn wait_clean(c: &Cluster) -> Duration {
             std::thread::sleep(Duration::from_millis(50));
         }
     }
+    healthy_within(
+        c,
+        Duration::from_secs(60).saturating_sub(start.elapsed()) + Duration::from_secs(1),
+    );
     start.elapsed()
 }
 
