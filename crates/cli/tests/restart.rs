@@ -150,6 +150,14 @@ fn cluster_up_on_an_existing_directory_restarts_that_cluster() {
     assert!(!args.iter().any(|a| a == "--durability"), "{args:?}");
     assert!(args.iter().any(|a| a == "--no-pin"), "{args:?}");
     assert_eq!(read_volume(&c, "v", data.len()), data);
+
+    // A refused `up` changes nothing: the next restart is as before.
+    let err = c.fails(&["cluster", "up", "--no-fsync"]);
+    assert!(err.contains("already running"), "{err}");
+    kill_osd(&c, 1);
+    let out = c.ok(&["cluster", "up"]);
+    assert!(!out.contains("setting changed"), "{out}");
+    assert!(!cmdline(&c, 1).iter().any(|a| a == "--durability"));
 }
 
 fn osd_pid(c: &Cluster, id: u32) -> i32 {

@@ -615,14 +615,6 @@ pub fn up(a: &UpArgs) -> Result<Running> {
             write_atomically(&dir.join(CLUSTER_FILE), &serde_json::to_vec_pretty(f)?)?;
         }
     }
-    if let Some(f) = settings.as_mut() {
-        let (run, mut changes) = f.osd_run.with_flags(a);
-        if run != f.osd_run {
-            f.osd_run = run;
-            write_atomically(&dir.join(CLUSTER_FILE), &serde_json::to_vec_pretty(f)?)?;
-            early_notes.append(&mut changes);
-        }
-    }
     if let Some(f) = settings.as_mut().filter(|f| f.etcd.is_none()) {
         let wanted = a.managers.is_some() || a.down_out_grace.is_some();
         let now = match &f.local_managers {
@@ -715,6 +707,16 @@ fn up_from(
     }
     let mut notes = notes;
     if restart {
+        // Only an `up` that goes ahead changes how the OSDs run (a refused one changes
+        // nothing, and could not say so).
+        if let Some(mut f) = read_cluster_file(&dir)? {
+            let (run, mut changes) = f.osd_run.with_flags(a);
+            if run != f.osd_run {
+                f.osd_run = run;
+                write_atomically(&dir.join(CLUSTER_FILE), &serde_json::to_vec_pretty(&f)?)?;
+                notes.append(&mut changes);
+            }
+        }
         let names: Vec<String> = to_start.iter().map(|id| format!("osd.{id}")).collect();
         let mut line = format!("restarting {} from {}", names.join(", "), dir.display());
         if !live.is_empty() {
@@ -1080,10 +1082,19 @@ fn bindable_soon(addr: SocketAddr) -> bool {
 /// How the OSDs of the cluster in `dir` run: as its settings file keeps it (with this `up`'s
 /// flags already in), or as the flags say for a cluster made before it was kept.
 fn osd_run(dir: &Path, a: &UpArgs) -> Result<run::OsdRun> {
-    Ok(match read_cluster_file(dir)? {
+    let run = match read_cluster_file(dir)? {
         Some(f) => f.osd_run,
         None => run::OsdRun::default().with_flags(a).0,
-    })
+    };
+    if let Some(p) = &run.cpu_policy {
+        p.parse::<CpuPolicy>().map_err(|e| {
+            anyhow::anyhow!(
+                "{}: cpu policy {p:?}: {e}",
+                dir.join(CLUSTER_FILE).display()
+            )
+        })?;
+    }
+    Ok(run)
 }
 
 fn start_osd(

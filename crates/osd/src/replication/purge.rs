@@ -60,6 +60,7 @@ pub(crate) fn consider<S: ObjectStore + 'static>(
     *pgr.member.borrow_mut() = fresh;
     pgr.held.borrow_mut().clear();
     pgr.log_keys.borrow_mut().clear();
+    pgr.stored_meta.set(None);
     pgr.inflight_ops.borrow_mut().clear();
     let map = shard.view.borrow().map.clone();
     feed_map(shard, pgr, &map);
@@ -103,6 +104,7 @@ pub(super) async fn run<S: ObjectStore>(shard: &Shard<S>, pgr: &PgReplica) -> Re
     // stored; none of it is here any more (jobs queued after this one run after it).
     pgr.held.borrow_mut().clear();
     pgr.log_keys.borrow_mut().clear();
+    pgr.stored_meta.set(None);
     tracing::info!(%pg, removed, "stray copy removed");
     Ok(())
 }
