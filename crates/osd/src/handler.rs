@@ -241,7 +241,9 @@ async fn repair_for_read<S: ObjectStore + 'static>(
             status: Status::Corrupt,
             op_index: None,
             message: format!("{e}; and no repair from another copy: {why}"),
-        })
+        })?;
+    // Read again as any read: writes may have entered while the repair ran.
+    crate::replication::ready_to_read(shard, pg, oid).await
 }
 
 /// An operator's scrub of one replicated PG, at its primary.

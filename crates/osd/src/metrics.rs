@@ -104,6 +104,7 @@ pub struct ReactorMetrics {
     write_ack_timeouts: AtomicU64,
     store_refused_room: AtomicU64,
     writes_held_by_scrub: AtomicU64,
+    reads_held_by_writes: AtomicU64,
     pgs_active: AtomicU64,
     pgs_peering: AtomicU64,
     objects_to_recover: AtomicU64,
@@ -285,6 +286,15 @@ impl ReactorMetrics {
     /// Client writes that waited for a scrub chunk comparing their object.
     pub fn writes_held_by_scrub(&self) -> u64 {
         self.writes_held_by_scrub.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn read_held_by_write(&self) {
+        add(&self.reads_held_by_writes, 1);
+    }
+
+    /// Client reads of replicated PGs that waited for a write in flight to their object.
+    pub fn reads_held_by_writes(&self) -> u64 {
+        self.reads_held_by_writes.load(Ordering::Relaxed)
     }
 
     pub(crate) fn write_ack_timed_out(&self) {
@@ -653,6 +663,14 @@ pub fn render(osd: u32, reactors: &[ReactorSource]) -> String {
         "Client writes to replicated PGs that waited while a scrub chunk compared their object \
          (writes to the PG's other objects go on).",
         &|r| load(&r.metrics.writes_held_by_scrub).to_string(),
+    );
+    per_reactor(
+        &mut t,
+        "carmine_osd_reads_held_by_writes_total",
+        "counter",
+        "Client reads of replicated PGs that waited for a write in flight to their object to be \
+         acknowledged (until then it could still vanish with this OSD).",
+        &|r| load(&r.metrics.reads_held_by_writes).to_string(),
     );
     per_reactor(
         &mut t,

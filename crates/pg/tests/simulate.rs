@@ -121,6 +121,9 @@ struct Sim {
     /// the restarted primary had queried it.
     quick_restarts: bool,
     reads: u64,
+    /// The newest version of each object a read returned: a later read never returns an
+    /// older one (what a reader saw must not vanish), unless the operator gave it up.
+    seen: BTreeMap<String, Version>,
     lease_waits: u64,
     /// Times the operator gave up a waiting primary's unfound objects.
     given_up: u64,
@@ -177,6 +180,7 @@ impl Sim {
             history_reads: BTreeMap::new(),
             quick_restarts: std::env::var("CARMINE_SIM_QUICK_RESTARTS").map_or(true, |v| v != "0"),
             reads: 0,
+            seen: BTreeMap::new(),
             lease_waits: 0,
             given_up: 0,
             pending_give_up: None,
@@ -564,6 +568,9 @@ impl Sim {
         if m.missing.contains_key(&oid) {
             return; // waits for recovery
         }
+        if m.any_in_flight(|o| o == oid) {
+            return; // waits for the write to be on every acting member (it may yet vanish)
+        }
         if !m.readable(self.clock(o)) {
             self.lease_waits += 1;
             return;
@@ -579,6 +586,21 @@ impl Sim {
                 m.epoch(),
                 self.epoch
             ));
+        }
+        if let Some(seen) = self.seen.get(&oid).copied() {
+            if served < Some(seen) {
+                self.violations.push(format!(
+                    "t{}: osd.{o} (epoch {}, current {}) serves a read of {oid} at {served:?}, \
+                     but an earlier read returned {seen}",
+                    self.now,
+                    m.epoch(),
+                    self.epoch
+                ));
+            }
+        }
+        if let Some(v) = served {
+            let s = self.seen.entry(oid).or_insert(v);
+            *s = (*s).max(v);
         }
     }
 
@@ -634,6 +656,9 @@ impl Sim {
                 .push(format!("t{} {oid} given up by the operator", self.now));
             self.acked.remove(&oid);
         }
+        // What a reader saw of the objects given up (unacknowledged writes included) is gone.
+        let objects = &self.members[o as usize].objects;
+        self.seen.retain(|oid, v| objects.get(oid) >= Some(v));
     }
 
     fn faults(&mut self) {
