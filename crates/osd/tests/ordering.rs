@@ -8,10 +8,8 @@ use common::*;
 
 use bytes::Bytes;
 use carmine_cluster::OsdMap;
-use carmine_mapstore::LocalPgHistory;
 use carmine_osd::{Osd, OsdConfig, RecoveryConfig};
 use carmine_proto::{OpOutput, OsdOp};
-use std::sync::Arc;
 use std::time::Duration;
 
 /// Each object below is first written while the copy that came back empty still lacks it,
@@ -53,13 +51,7 @@ fn a_write_that_waits_for_its_object_to_be_recovered_is_not_overtaken() {
     osd0_comes_back_empty(&mut osds, &mut map, dir.path(), |m| start(0, m));
     // Peered, with the objects to recover counted: the first write of each pair below finds
     // its object lacking (the rate lets a few go back meanwhile).
-    let lacking = |osds: &[Option<Osd>]| -> u64 {
-        osds.iter()
-            .flatten()
-            .flat_map(|o| o.metrics_sources())
-            .map(|r| r.metrics.objects_to_recover())
-            .sum()
-    };
+    let lacking = |osds: &[Option<Osd>]| total(osds.iter().flatten(), |m| m.objects_to_recover());
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     while lacking(&osds) < N as u64 * 3 / 4 {
         assert!(
@@ -135,27 +127,15 @@ fn a_read_never_returns_a_write_still_in_flight() {
     log_if_asked();
     let dir = TempDir::new("ordering-read");
     let mut map = three_osd_map(1);
-    let mut osds: Vec<Option<Osd>> = (0..3)
-        .map(|id| {
-            Some(
-                Osd::start(OsdConfig {
-                    pg_history: Some(Arc::new(LocalPgHistory::new(dir.path()))),
-                    write_ack_wait: Duration::from_secs(2),
-                    // Long enough that the read below meets the write, not a lapsed lease,
-                    // however slow the box.
-                    read_lease: Duration::from_secs(6),
-                    ..OsdConfig::in_memory(id, map.clone(), 256 << 20)
-                })
-                .unwrap(),
-            )
-        })
-        .collect();
+    let mut osds = start_tuned(&map, dir.path(), |c| OsdConfig {
+        write_ack_wait: Duration::from_secs(2),
+        // Long enough that the read below meets the write, not a lapsed lease, however slow
+        // the box.
+        read_lease: Duration::from_secs(6),
+        ..c
+    });
     wait_settled(&map, dir.path());
-    let pool = &map.pools[0];
-    let oid = (0..1000)
-        .map(|i| format!("r{i}"))
-        .find(|oid| map.pg_primary(map.object_pg(pool, oid)).map(|p| p.0) != Some(2))
-        .unwrap();
+    let oid = object_not_led_by(&map, 2, "r");
     let old = Bytes::from(vec![1u8; 4096]);
     let new = Bytes::from(vec![2u8; 4096]);
     carmine_reactor::block_on(async {
@@ -182,12 +162,7 @@ fn a_read_never_returns_a_write_still_in_flight() {
             Err(e) => eprintln!("the read was refused: {e}"),
         }
     });
-    let held: u64 = osds
-        .iter()
-        .flatten()
-        .flat_map(|o| o.metrics_sources())
-        .map(|r| r.metrics.reads_held_by_writes())
-        .sum();
+    let held = total(osds.iter().flatten(), |m| m.reads_held_by_writes());
     assert!(held >= 1, "no read counted as held behind a write");
     // The map notices; the PG goes on without osd.2, and the write, which the primary holds,
     // is the PG's (a read returns it once it is on every acting member).

@@ -282,13 +282,6 @@ fn scrub_finds_copies_changed_behind_the_pgs_back_and_repair_rewrites_them() {
 }
 
 /// The sum over `osds`' reactors of one of their counters.
-fn total(osds: &[Osd], counter: impl Fn(&carmine_osd::ReactorMetrics) -> u64) -> u64 {
-    osds.iter()
-        .flat_map(|o| o.metrics_sources())
-        .map(|r| counter(&r.metrics))
-        .sum()
-}
-
 #[test]
 fn scheduled_deep_scrubs_find_a_bad_copy_on_their_own() {
     let _serial = one_at_a_time();
@@ -1173,25 +1166,13 @@ fn a_write_whose_replica_vanished_unnoticed_is_answered_in_doubt_not_held_foreve
     log_if_asked();
     let dir = TempDir::new("ack-wait");
     let mut map = three_osd_map(1);
-    let mut osds: Vec<Option<Osd>> = (0..3)
-        .map(|id| {
-            Some(
-                Osd::start(OsdConfig {
-                    pg_history: Some(Arc::new(LocalPgHistory::new(dir.path()))),
-                    write_ack_wait: Duration::from_millis(500),
-                    ..OsdConfig::in_memory(id, map.clone(), 256 << 20)
-                })
-                .unwrap(),
-            )
-        })
-        .collect();
+    let mut osds = start_tuned(&map, dir.path(), |c| OsdConfig {
+        write_ack_wait: Duration::from_millis(500),
+        ..c
+    });
     wait_settled(&map, dir.path());
     // An object whose primary is not osd.2, the OSD that goes.
-    let pool = &map.pools[0];
-    let oid = (0..1000)
-        .map(|i| format!("w{i}"))
-        .find(|oid| map.pg_primary(map.object_pg(pool, oid)).map(|p| p.0) != Some(2))
-        .unwrap();
+    let oid = object_not_led_by(&map, 2, "w");
     let body = Bytes::from(vec![7u8; 4096]);
     // Active first (a new primary waits out its members' earlier leases).
     carmine_reactor::block_on(async {

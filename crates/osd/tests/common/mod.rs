@@ -320,3 +320,41 @@ pub async fn findings(c: &Client, seed: u32, n: u64) -> ScrubReport {
         carmine_reactor::sleep(Duration::from_millis(50)).await;
     }
 }
+
+/// The sum over `osds`' reactors of one of their metrics.
+pub fn total<'a>(
+    osds: impl IntoIterator<Item = &'a Osd>,
+    counter: impl Fn(&carmine_osd::ReactorMetrics) -> u64,
+) -> u64 {
+    osds.into_iter()
+        .flat_map(|o| o.metrics_sources())
+        .map(|r| counter(&r.metrics))
+        .sum()
+}
+
+/// Three in-memory OSDs of `map` with their PG histories in `histories`, each configured by
+/// `tune` (not waited for).
+pub fn start_tuned(
+    map: &OsdMap,
+    histories: &Path,
+    tune: impl Fn(OsdConfig) -> OsdConfig,
+) -> Vec<Option<Osd>> {
+    (0..3)
+        .map(|id| {
+            let base = OsdConfig {
+                pg_history: Some(Arc::new(LocalPgHistory::new(histories))),
+                ..OsdConfig::in_memory(id, map.clone(), 256 << 20)
+            };
+            Some(Osd::start(tune(base)).unwrap())
+        })
+        .collect()
+}
+
+/// An object of the first pool, named `prefix` and a number, whose primary is not `osd`.
+pub fn object_not_led_by(map: &OsdMap, osd: u32, prefix: &str) -> String {
+    let pool = &map.pools[0];
+    (0..1000)
+        .map(|i| format!("{prefix}{i}"))
+        .find(|oid| map.pg_primary(map.object_pg(pool, oid)).map(|p| p.0) != Some(osd))
+        .expect("an object led by another OSD")
+}
