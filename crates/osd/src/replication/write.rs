@@ -47,17 +47,17 @@ const LEASE_POLL: Duration = Duration::from_millis(5);
 
 /// `Ok` once `oid` of `pg` may be read here: this is the PG's active primary, it holds a read
 /// lease from every other acting member (a newer interval cannot be active elsewhere), its
-/// store holds the object, and no write to the object is in flight or waiting to enter. A
-/// lapsed lease is waited for (renewed by the next pings) up to `LEASE_WAIT`, an object being
-/// recovered until it is here, a write until it is acknowledged (its log entry on every acting
-/// member, its data on `min_size` of them at least). The common case is one lookup, one borrow
-/// and a clock read (and a look at the PG's writes in flight, if any).
+/// store holds the object, and no write to the object is in flight. A lapsed lease is waited
+/// for (renewed by the next pings) up to `LEASE_WAIT`, an object being recovered until it is
+/// here, a write until it is acknowledged (its log entry on every acting member, its data on
+/// `min_size` of them at least); all of it up to the ack wait and a lease wait in all, after
+/// which the read is refused for a retry. The common case is one lookup, one borrow and a
+/// clock read (and a look at the PG's writes in flight, if any).
 ///
 /// A write in flight may be in this store and on no other copy: if this OSD died then, the
 /// next interval would not have it, and a reader that saw it would see it vanish (Ceph holds
-/// reads behind an object's writes for the same reason). A read that waits takes its place in
-/// the object's line (`InLine`): writes to the object sent after it wait for it, so a stream of
-/// them cannot hold it back for ever, and writes sent before it are read.
+/// reads behind an object's writes for the same reason). Reads wait side by side, not in a
+/// line: one held back never holds the next.
 pub(crate) async fn ready_to_read<S: ObjectStore + 'static>(
     shard: &Shard<S>,
     pg: PgId,
@@ -66,18 +66,18 @@ pub(crate) async fn ready_to_read<S: ObjectStore + 'static>(
     let Some(p) = shard.replication.pg(pg) else {
         return Err(inactive(pg, "not active here yet (peering)"));
     };
-    if may_read_now(&p, oid, true) {
-        return Ok(());
-    }
-    let line = InLine::join(&p, oid);
-    let _place = line.line.order.lock().await;
     let start = std::time::Instant::now();
     let limit = shard.replication.ack_wait + LEASE_WAIT;
     let mut counted = false;
     loop {
-        // Ahead of the writes queued behind it: they do not count.
-        if may_read_now(&p, oid, false) {
+        if may_read_now(&p, oid) {
             return Ok(());
+        }
+        if start.elapsed() > limit {
+            return Err(inactive(
+                pg,
+                "a write to the object is still in flight after the acknowledgement wait; retry",
+            ));
         }
         check_readable(shard, &p).await?;
         if p.member.borrow().missing.contains_key(oid) {
@@ -91,12 +91,6 @@ pub(crate) async fn ready_to_read<S: ObjectStore + 'static>(
             shard.metrics.read_held_by_write();
             counted = true;
         }
-        if start.elapsed() > limit {
-            return Err(inactive(
-                pg,
-                "a write to the object is still in flight after the acknowledgement wait; retry",
-            ));
-        }
         carmine_reactor::sleep(WRITTEN_POLL).await;
     }
 }
@@ -104,17 +98,13 @@ pub(crate) async fn ready_to_read<S: ObjectStore + 'static>(
 /// How often a read held behind a write in flight looks again (coarse: many reads may wait).
 const WRITTEN_POLL: Duration = Duration::from_millis(1);
 
-/// Whether `oid` may be read at once (`lines`: unless a write to it waits to enter).
-fn may_read_now(p: &PgReplica, oid: &str, lines: bool) -> bool {
+/// Whether `oid` may be read at once.
+fn may_read_now(p: &PgReplica, oid: &str) -> bool {
     let m = p.member.borrow();
     m.readable(super::clock())
         && !m.missing.contains_key(oid)
         && p.broken.borrow().is_none()
         && !m.any_in_flight(|o| o == oid)
-        && !(lines && {
-            let lines = p.lines.borrow();
-            !lines.is_empty() && lines.contains_key(oid)
-        })
 }
 
 /// The slow path of [`ready_to_read`]: is this the active primary, with a lease?
