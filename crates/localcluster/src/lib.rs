@@ -728,13 +728,14 @@ fn up_from(
         }
         notes.insert(0, line);
     }
+    let run = osd_run(&dir, a)?;
     let mut children = Vec::with_capacity(to_start.len());
     let exe = match &a.exe {
         Some(e) => e.clone(),
         None => std::env::current_exe().context("locating the carmine binary")?,
     };
     for &id in &to_start {
-        let child = start_osd(&exe, &dir, id, &store, etcd.as_ref(), a)?;
+        let child = start_osd(&exe, &dir, id, &store, etcd.as_ref(), a, &run)?;
         std::fs::write(pid_file(&dir, id), child.id().to_string())?;
         children.push((id, child));
     }
@@ -786,7 +787,6 @@ fn up_from(
             .notes
             .push(format!("  osd.{}: {}", o.id, eps.join(" ")));
     }
-    let run = osd_run(&dir, a)?;
     if !run.no_pin {
         let (topo, alloc) = placement(&running.map, run.cpu_set.as_deref(), run.cpu_policy())?;
         running.notes.push(alloc.grid(&topo).trim_end().to_string());
@@ -1104,6 +1104,7 @@ fn start_osd(
     store: &str,
     etcd: Option<&maps::EtcdSettings>,
     a: &UpArgs,
+    run: &run::OsdRun,
 ) -> Result<std::process::Child> {
     let log = std::fs::OpenOptions::new()
         .create(true)
@@ -1145,7 +1146,7 @@ fn start_osd(
                 .arg(a.device_size.unwrap_or(DEVICE_SIZE_DEFAULT).to_string());
         }
     }
-    cmd.args(osd_run(dir, a)?.osd_args(store == "native"));
+    cmd.args(run.osd_args(store == "native"));
     // Own process group: a Ctrl-C aimed at the shell does not take the cluster down.
     use std::os::unix::process::CommandExt;
     cmd.process_group(0)

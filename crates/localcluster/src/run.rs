@@ -51,8 +51,7 @@ impl OsdRun {
     /// These settings as `a`'s flags change them, and each change in words.
     pub fn with_flags(&self, a: &UpArgs) -> (OsdRun, Vec<String>) {
         let mut now = self.clone();
-        let given = |v: &Option<u64>, old: Option<u64>| v.or(old);
-        now.memory_limit = given(&a.memory_limit, self.memory_limit);
+        now.memory_limit = a.memory_limit.or(self.memory_limit);
         now.cpu_policy = a
             .cpu_policy
             .map(|p| p.to_string())
@@ -70,71 +69,45 @@ impl OsdRun {
         } else if a.fsync {
             now.durability = None;
         }
-        now.recovery_rate_mib = given(&a.recovery_rate_mib, self.recovery_rate_mib);
-        now.recovery_busy_rate_mib = given(&a.recovery_busy_rate_mib, self.recovery_busy_rate_mib);
-        now.idle_poll_us = given(&a.idle_poll_us, self.idle_poll_us);
+        now.recovery_rate_mib = a.recovery_rate_mib.or(self.recovery_rate_mib);
+        now.recovery_busy_rate_mib = a.recovery_busy_rate_mib.or(self.recovery_busy_rate_mib);
+        now.idle_poll_us = a.idle_poll_us.or(self.idle_poll_us);
         now.journal_writes = a.journal_writes.or(self.journal_writes);
         let changes = self.changes_to(&now);
         (now, changes)
     }
 
+    /// Each setting as `up` names it, and its value in words.
+    fn described(&self) -> [(&'static str, String); 9] {
+        let or = |v: Option<String>, none: &str| v.unwrap_or_else(|| none.into());
+        let num = |v: Option<u64>| or(v.map(|v| v.to_string()), "default");
+        [
+            ("memory limit", self.memory_limit().to_string()),
+            ("cpu policy", self.cpu_policy().to_string()),
+            ("cpu set", or(self.cpu_set.clone(), "all")),
+            ("pinning", if self.no_pin { "off" } else { "on" }.into()),
+            ("durability", or(self.durability.clone(), "fsync")),
+            ("recovery rate MiB/s", num(self.recovery_rate_mib)),
+            (
+                "recovery rate MiB/s while busy",
+                num(self.recovery_busy_rate_mib),
+            ),
+            ("idle poll µs", num(self.idle_poll_us)),
+            ("journal writes", num(self.journal_writes.map(u64::from))),
+        ]
+    }
+
     /// What differs from `self` in `now`, one line per setting.
     fn changes_to(&self, now: &OsdRun) -> Vec<String> {
-        let mut out = Vec::new();
-        let mut diff = |what: &str, old: String, new: String| {
-            if old != new {
-                out.push(format!(
-                    "OSD setting changed for this and later restarts: {what} {old} -> {new}"
-                ));
-            }
-        };
-        let opt = |v: &Option<String>, none: &str| v.clone().unwrap_or_else(|| none.into());
-        let num = |v: Option<u64>, none: &str| v.map_or_else(|| none.into(), |v| v.to_string());
-        diff(
-            "memory limit",
-            self.memory_limit().to_string(),
-            now.memory_limit().to_string(),
-        );
-        diff(
-            "cpu policy",
-            self.cpu_policy().to_string(),
-            now.cpu_policy().to_string(),
-        );
-        diff(
-            "cpu set",
-            opt(&self.cpu_set, "all"),
-            opt(&now.cpu_set, "all"),
-        );
-        diff(
-            "pinning",
-            pinning(self.no_pin).into(),
-            pinning(now.no_pin).into(),
-        );
-        diff(
-            "durability",
-            opt(&self.durability, "fsync"),
-            opt(&now.durability, "fsync"),
-        );
-        diff(
-            "recovery rate MiB/s",
-            num(self.recovery_rate_mib, "default"),
-            num(now.recovery_rate_mib, "default"),
-        );
-        diff(
-            "recovery rate MiB/s while busy",
-            num(self.recovery_busy_rate_mib, "default"),
-            num(now.recovery_busy_rate_mib, "default"),
-        );
-        diff(
-            "idle poll µs",
-            num(self.idle_poll_us, "default"),
-            num(now.idle_poll_us, "default"),
-        );
-        diff(
-            "journal writes",
-            num(self.journal_writes.map(u64::from), "default"),
-            num(now.journal_writes.map(u64::from), "default"),
-        );
+        let mut out: Vec<String> = self
+            .described()
+            .into_iter()
+            .zip(now.described())
+            .filter(|((_, old), (_, new))| old != new)
+            .map(|((what, old), (_, new))| {
+                format!("OSD setting changed for this and later restarts: {what} {old} -> {new}")
+            })
+            .collect();
         if now.durability.as_deref() == Some("process-crash")
             && self.durability.as_deref() != Some("process-crash")
         {
@@ -182,13 +155,5 @@ impl OsdRun {
             args.push("--no-pin".into());
         }
         args
-    }
-}
-
-fn pinning(no_pin: bool) -> &'static str {
-    if no_pin {
-        "off"
-    } else {
-        "on"
     }
 }

@@ -12,9 +12,10 @@
 //!
 //! A write adds its entry and its object's version in one omap change, and nothing else: the
 //! `m` record is rewritten only when les moves or a batch of [`TRIM_BATCH`] entries has
-//! fallen off the member's tail (they are removed then, and the stored tail moves). So the head is the newer of `m`'s and the last entry's (record
-//! version 3; before, `m` was rewritten with every write), and the stored log may hold up to a
-//! batch of entries the member had trimmed (true history, trimmed again when loaded).
+//! fallen off the member's tail (they are removed then, and the stored tail moves). So the
+//! head is the newer of `m`'s and the last entry's (record version 3; before, `m` was
+//! rewritten with every write), and the stored log may hold up to a batch of entries the
+//! member had trimmed (true history, trimmed again when loaded).
 
 use crate::fence::META_COLLECTION;
 use bytes::{BufMut, Bytes, BytesMut};

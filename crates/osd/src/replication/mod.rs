@@ -346,7 +346,6 @@ pub(crate) async fn start<S: ObjectStore + 'static>(shard: &Rc<Shard<S>>) -> Res
     let n = loaded.len();
     for l in loaded {
         let objects = l.objects();
-        let stored_log = l.stored_log.clone();
         let member = repl.with_lease(Member::restore(repl.osd, l.log, objects, l.missing, l.les));
         if !member.missing.is_empty() {
             tracing::info!(pg = %l.pg, objects = member.missing.len(),
@@ -358,7 +357,7 @@ pub(crate) async fn start<S: ObjectStore + 'static>(shard: &Rc<Shard<S>>) -> Res
                 l.pg,
                 member,
                 l.held,
-                stored_log.into(),
+                l.stored_log.into(),
                 &repl.scrub_schedule,
             )),
         );

@@ -106,9 +106,8 @@ async fn restart<S: ObjectStore + 'static>(
     let (member, held, stored_log) = match loaded {
         Some(l) => {
             let objects = l.objects();
-            let stored_log = l.stored_log.clone().into();
             let m = carmine_pg::Member::restore(repl.osd, l.log, objects, l.missing, l.les);
-            (m, l.held, stored_log)
+            (m, l.held, l.stored_log.into())
         }
         // Its first history never reached the store: a copy with nothing.
         None => (
