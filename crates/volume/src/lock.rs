@@ -211,6 +211,10 @@ pub(crate) struct HeldLock {
     /// The record last written by us (or by another opener of this same client instance).
     current: RefCell<Bytes>,
     state: Arc<LockState>,
+    /// Renewals and the release, one at a time: a release that read `current` while a
+    /// renewal was on its way compared against the record that renewal replaced, was refused,
+    /// and left the lock held until its lease ran out.
+    turn: carmine_reactor::FifoLock,
 }
 
 impl HeldLock {
@@ -242,6 +246,7 @@ impl HeldLock {
         if !self.state.end(|| "the image was closed".into()) {
             return Ok(());
         }
+        let _turn = self.turn.lock().await;
         let current = self.current.borrow().clone();
         let ops = vec![
             OsdOp::CmpXattr {
@@ -262,6 +267,11 @@ impl HeldLock {
 
     /// One renewal: bumps the counter by compare-and-set.
     async fn renew(&self) {
+        let _turn = self.turn.lock().await;
+        if self.check().is_err() {
+            // Released (or lost) while this renewal waited for its turn.
+            return;
+        }
         let current = self.current.borrow().clone();
         let Ok(mut info) = LockInfo::decode(&self.image, &current) else {
             unreachable!("we encoded it")
@@ -484,6 +494,7 @@ pub(crate) fn hold(
         header: header_oid(id),
         current: RefCell::new(record),
         state: Arc::default(),
+        turn: Default::default(),
     });
     let weak: Weak<HeldLock> = Rc::downgrade(&held);
     carmine_reactor::spawn(async move {
