@@ -6,7 +6,7 @@
 mod common;
 
 use carmine_mapstore::{LocalPgHistory, PgHistoryStore};
-use common::{alive, kill9, Cluster};
+use common::{alive, kill9, metric, Cluster};
 use std::time::{Duration, Instant};
 
 /// Deterministic, incompressible-looking bytes.
@@ -251,20 +251,6 @@ fn corrupt_on_disk(c: &Cluster, id: u32, needle: &[u8]) -> usize {
     }
     file.sync_all().unwrap();
     found
-}
-
-/// The sum of metric `name` over OSD `id`'s reactors.
-fn metric(c: &Cluster, id: u32, name: &str) -> u64 {
-    let addr = std::fs::read_to_string(carmine_localcluster::metrics_path(&c.dir, id)).unwrap();
-    let text = ureq::get(&format!("http://{}/metrics", addr.trim()))
-        .call()
-        .unwrap()
-        .into_string()
-        .unwrap();
-    text.lines()
-        .filter(|l| l.starts_with(name) && l[name.len()..].starts_with('{'))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
-        .sum()
 }
 
 #[test]

@@ -190,9 +190,12 @@ async fn read_straight_into_reply<S: ObjectStore + 'static>(
 ) -> Result<(), ErrorReply> {
     let pg = route(shard, &req)?;
     let _in_progress = admit(shard, &req, pg)?;
-    if replicated(shard, pg) {
-        crate::replication::ready_to_read(shard, pg, &req.oid).await?;
-    }
+    // Writes to the object wait while it is held (a native store read that looks again,
+    // because the block moved, must not meet a write that entered meanwhile).
+    let mut turn = match replicated(shard, pg) {
+        true => Some(crate::replication::ready_to_read(shard, pg, &req.oid).await?),
+        false => None,
+    };
     let [OsdOp::Read { off, len }] = req.ops[..] else {
         unreachable!("checked by is_single_read")
     };
@@ -211,7 +214,8 @@ async fn read_straight_into_reply<S: ObjectStore + 'static>(
             Err(e) => {
                 reply.abandon(out);
                 if !repaired && read_repairable(shard, pg, &e) {
-                    repair_for_read(shard, pg, &req.oid, &e).await?;
+                    drop(turn.take());
+                    turn = Some(repair_for_read(shard, pg, &req.oid, &e).await?);
                     repaired = true;
                     continue;
                 }
@@ -227,14 +231,16 @@ fn read_repairable<S>(shard: &Shard<S>, pg: PgId, e: &StoreError) -> bool {
     e.kind == StoreErrorKind::Corrupt && replicated(shard, pg)
 }
 
-/// Rewrites the local copy of `oid` from another member after `e`; the error to answer with
-/// if that fails.
+/// Rewrites the local copy of `oid` from another member after `e`, and takes a new turn to
+/// read it (the caller gives its own up first: a write waiting for that turn would hold this
+/// read's new one back until the write gave up);
+/// the error to answer with if that fails.
 async fn repair_for_read<S: ObjectStore + 'static>(
     shard: &Shard<S>,
     pg: PgId,
     oid: &str,
     e: &dyn std::fmt::Display,
-) -> Result<(), ErrorReply> {
+) -> Result<crate::replication::ReadTurn, ErrorReply> {
     crate::replication::repair_for_read(&shard.rc(), pg, oid)
         .await
         .map_err(|why| ErrorReply {
@@ -477,10 +483,12 @@ async fn handle_object<S: ObjectStore + 'static>(
     match writes {
         0 if req.ops.is_empty() => Err(reject(Status::InvalidArgument, "request has no ops")),
         0 if replicated => {
-            crate::replication::ready_to_read(shard, pg, &req.oid).await?;
+            // Held across all the ops: no write to the object enters between two of them.
+            let turn = crate::replication::ready_to_read(shard, pg, &req.oid).await?;
             match read_ops(shard, pg, &req).await {
                 Err(e) if e.status == Status::Corrupt => {
-                    repair_for_read(shard, pg, &req.oid, &e).await?;
+                    drop(turn);
+                    let _turn = repair_for_read(shard, pg, &req.oid, &e).await?;
                     read_ops(shard, pg, &req).await
                 }
                 r => r,

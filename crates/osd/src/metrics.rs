@@ -105,6 +105,7 @@ pub struct ReactorMetrics {
     store_refused_room: AtomicU64,
     writes_held_by_scrub: AtomicU64,
     reads_held_by_writes: AtomicU64,
+    writes_held_by_reads: AtomicU64,
     pgs_active: AtomicU64,
     pgs_peering: AtomicU64,
     objects_to_recover: AtomicU64,
@@ -295,6 +296,16 @@ impl ReactorMetrics {
     /// Client reads of replicated PGs that waited for a write in flight to their object.
     pub fn reads_held_by_writes(&self) -> u64 {
         self.reads_held_by_writes.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn write_held_by_reads(&self) {
+        add(&self.writes_held_by_reads, 1);
+    }
+
+    /// Client writes to replicated PGs that waited for the reads of their object that came
+    /// before them.
+    pub fn writes_held_by_reads(&self) -> u64 {
+        self.writes_held_by_reads.load(Ordering::Relaxed)
     }
 
     pub(crate) fn write_ack_timed_out(&self) {
@@ -671,6 +682,14 @@ pub fn render(osd: u32, reactors: &[ReactorSource]) -> String {
         "Client reads of replicated PGs that waited for a write in flight to their object to be \
          acknowledged (until then it could still vanish with this OSD).",
         &|r| load(&r.metrics.reads_held_by_writes).to_string(),
+    );
+    per_reactor(
+        &mut t,
+        "carmine_osd_writes_held_by_reads_total",
+        "counter",
+        "Client writes to replicated PGs that waited for the reads of their object that came \
+         before them (reads that come after a waiting write wait for it in turn).",
+        &|r| load(&r.metrics.writes_held_by_reads).to_string(),
     );
     per_reactor(
         &mut t,

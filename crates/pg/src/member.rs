@@ -545,6 +545,12 @@ impl Member {
         self.pending.len()
     }
 
+    /// The version of the oldest write in flight (as the active primary): writes complete
+    /// in version order, so it moves whenever one completes or the interval ends.
+    pub fn oldest_in_flight(&self) -> Option<Version> {
+        self.pending.first().map(|p| p.version)
+    }
+
     /// Whether a write in flight (as the active primary) may be to an object `touches`
     /// names: true too if the log no longer holds the oldest one (trimmed while it waits).
     pub fn any_in_flight(&self, mut touches: impl FnMut(&str) -> bool) -> bool {

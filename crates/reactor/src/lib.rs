@@ -18,7 +18,7 @@ mod watchdog;
 pub use fifo::{FifoGuard, FifoLock};
 pub use load::{block_on_measured, set_idle_poll, LoadShare, LoadSnapshot, ReactorLoad};
 pub use mailbox::{mailbox, Mailbox, MailboxSender};
-pub use notify::Doorbell;
+pub use notify::{Doorbell, WakeAll};
 pub use thread::{spawn_reactor, spawn_reactor_in, ReactorHandle};
 pub use watchdog::Watchdog;
 

@@ -151,3 +151,17 @@ pub fn alive(pid: i32) -> bool {
         })
         .unwrap_or(false)
 }
+
+/// The sum of metric `name` over OSD `id`'s reactors.
+pub fn metric(c: &Cluster, id: u32, name: &str) -> u64 {
+    let addr = std::fs::read_to_string(carmine_localcluster::metrics_path(&c.dir, id)).unwrap();
+    let text = ureq::get(&format!("http://{}/metrics", addr.trim()))
+        .call()
+        .unwrap()
+        .into_string()
+        .unwrap();
+    text.lines()
+        .filter(|l| l.starts_with(name) && l[name.len()..].starts_with('{'))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+        .sum()
+}

@@ -9,6 +9,7 @@
 //! synchronous step, never across an await. Pools of one copy do not come here: they are
 //! served as before, without a log.
 
+mod access;
 pub(crate) mod history;
 mod layout;
 mod peers;
@@ -20,6 +21,7 @@ mod restart;
 mod scrub;
 mod write;
 
+pub(crate) use access::ReadTurn;
 pub(crate) use carmine_pg::envelope::{Body, ObjectCopy, PeerMessage};
 pub use recover::{RecoveryConfig, RECOVERY_BUSY_RATE_DEFAULT, RECOVERY_RATE_DEFAULT};
 pub use scrub::ScrubSchedule;
@@ -143,6 +145,8 @@ pub(crate) struct PgReplica {
     /// The objects with writes that could not enter at once (see `write::InLine`): the
     /// writes to each wait here in order of arrival. Empty in the common case.
     pub lines: RefCell<HashMap<String, Rc<write::Line>>>,
+    /// Reads and writes taking turns per object (see `access`).
+    pub access: access::Access,
     /// Repairs writing to the store outside the persist queue (see `scrub::install`): a
     /// restart waits for them to end.
     pub rewrites: Cell<u32>,
@@ -208,6 +212,7 @@ impl PgReplica {
             rewrites: Cell::new(0),
             scrub_fence: RefCell::new(None),
             lines: Default::default(),
+            access: Default::default(),
             recovering: Cell::new(false),
             unfound_said: Cell::new(false),
             unleased_said: Cell::new(false),
@@ -673,14 +678,23 @@ pub(crate) fn drive<S: ObjectStore + 'static>(
     if pgr.broken.borrow().is_some() {
         return;
     }
+    // Reads wait for writes in flight to their object: they look again when some completed.
+    let watched = pgr
+        .access
+        .changed
+        .has_waiters()
+        .then(|| pgr.member.borrow().oldest_in_flight());
     let actions = pgr.member.borrow_mut().handle(clock(), ev);
     carry_out(shard, pgr, actions, ops);
-    let (epoch, from, idle) = {
+    let (epoch, from, oldest) = {
         let m = pgr.member.borrow();
-        (m.epoch(), m.interval_start(), m.writes_in_flight() == 0)
+        (m.epoch(), m.interval_start(), m.oldest_in_flight())
     };
-    if idle {
+    if oldest.is_none() {
         pgr.inflight_ops.borrow_mut().clear();
+    }
+    if watched.is_some_and(|before| before.is_some() && before != oldest) {
+        pgr.access.writes_completed();
     }
     // The recorded history shrinks to this interval once every member holds every object:
     // until then, members of earlier intervals may hold objects no acting member has yet.
@@ -880,6 +894,8 @@ pub(crate) fn fail<S: ObjectStore + 'static>(
     for req in refused {
         finish(shard, req, Outcome::Refused);
     }
+    // Reads and writes waiting on the copy's objects hear it stopped.
+    pgr.access.writes_completed();
     restart::schedule(shard, pgr);
 }
 

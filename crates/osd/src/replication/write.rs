@@ -6,6 +6,7 @@
 //! applies the same changes. Reads are served only by an active primary, which holds every
 //! acknowledged write.
 
+use super::access::{ReadTurn, WriteWait};
 use super::{drive, op_kind, Outcome, PgReplica};
 use crate::handler::{add_ops, from_store, reject};
 use crate::reactor::Shard;
@@ -45,39 +46,58 @@ fn stopped(pg: PgId, why: &str) -> ErrorReply {
 const LEASE_WAIT: Duration = Duration::from_secs(3);
 const LEASE_POLL: Duration = Duration::from_millis(5);
 
-/// `Ok` once `oid` of `pg` may be read here: this is the PG's active primary, it holds a read
-/// lease from every other acting member (a newer interval cannot be active elsewhere), its
-/// store holds the object, and no write to the object is in flight. A lapsed lease is waited
-/// for (renewed by the next pings) up to `LEASE_WAIT`, an object being recovered until it is
-/// here, a write until it is acknowledged (its log entry on every acting member, its data on
-/// `min_size` of them at least); all of it up to the ack wait and a lease wait in all, after
-/// which the read is refused for a retry. The common case is one lookup, one borrow and a
-/// clock read (and a look at the PG's writes in flight, if any).
+/// A turn to read `oid` of `pg` here, once it may be read: this is the PG's active primary,
+/// it holds a read lease from every other acting member (a newer interval cannot be active
+/// elsewhere), its store holds the object, and no write to the object is in flight. A lapsed
+/// lease is waited for (renewed by the next pings) up to `LEASE_WAIT`, an object being
+/// recovered until it is here, a write until it is acknowledged (its log entry on every acting
+/// member, its data on `min_size` of them at least); all of it up to the ack wait and a lease
+/// wait in all, after which the read is refused for a retry. The common case is one lookup,
+/// one borrow and a clock read (and a look at the PG's writes in flight, if any), and taking
+/// the turn (a hash of the name and a push on a short vector).
 ///
 /// A write in flight may be in this store and on no other copy: if this OSD died then, the
 /// next interval would not have it, and a reader that saw it would see it vanish (Ceph holds
 /// reads behind an object's writes for the same reason). Reads wait side by side, not in a
-/// line: one held back never holds the next.
+/// line: one held back never holds the next. The turn holds back writes to the object until
+/// it is dropped (see `access`); a read that comes while a write waits for the object's
+/// earlier readers waits for that write first.
 pub(crate) async fn ready_to_read<S: ObjectStore + 'static>(
     shard: &Shard<S>,
     pg: PgId,
     oid: &str,
-) -> Result<(), ErrorReply> {
+) -> Result<ReadTurn, ErrorReply> {
     let Some(p) = shard.replication.pg(pg) else {
         return Err(inactive(pg, "not active here yet (peering)"));
     };
+    if !p.access.write_waits(oid) && may_read_now(&p, oid) {
+        return Ok(ReadTurn::take(&p, oid));
+    }
     let start = std::time::Instant::now();
     let limit = shard.replication.ack_wait + LEASE_WAIT;
+    let too_long = || {
+        inactive(
+            pg,
+            "a write to the object is still in flight after the acknowledgement wait; retry",
+        )
+    };
+    // Behind a write that waits for the object's earlier readers (it waits for no later
+    // one, so reads that keep coming never hold it back for ever).
+    while p.access.write_waits(oid) {
+        if start.elapsed() > limit {
+            return Err(too_long());
+        }
+        check_readable(shard, &p).await?;
+        p.access.wait_change().await;
+    }
+    let turn = ReadTurn::take(&p, oid);
     let mut counted = false;
     loop {
         if may_read_now(&p, oid) {
-            return Ok(());
+            return Ok(turn);
         }
         if start.elapsed() > limit {
-            return Err(inactive(
-                pg,
-                "a write to the object is still in flight after the acknowledgement wait; retry",
-            ));
+            return Err(too_long());
         }
         check_readable(shard, &p).await?;
         if p.member.borrow().missing.contains_key(oid) {
@@ -91,12 +111,10 @@ pub(crate) async fn ready_to_read<S: ObjectStore + 'static>(
             shard.metrics.read_held_by_write();
             counted = true;
         }
-        carmine_reactor::sleep(WRITTEN_POLL).await;
+        // Woken when writes in flight in the PG complete.
+        p.access.wait_change().await;
     }
 }
-
-/// How often a read held behind a write in flight looks again (coarse: many reads may wait).
-const WRITTEN_POLL: Duration = Duration::from_millis(1);
 
 /// Whether `oid` may be read at once.
 fn may_read_now(p: &PgReplica, oid: &str) -> bool {
@@ -379,6 +397,42 @@ pub(crate) fn store_full<S: ObjectStore>(shard: &Shard<S>) -> bool {
     }
 }
 
+/// The mark of a write that found reads of `oid` before it (see `access`).
+fn after_reads<'a>(pgr: &'a PgReplica, oid: &str) -> WriteWait<'a> {
+    WriteWait::mark(&pgr.access, oid)
+}
+
+/// The longest a write waits for the reads of its object that came before it. No read takes a
+/// turn while the write waits, and each one gives up after its own waits (writes in flight,
+/// its lease, its object's recovery): this is only a bound should one not.
+const READERS_WAIT: Duration = Duration::from_secs(120);
+
+/// Waits until the reads of `mark`'s object that came before the write are done.
+async fn await_readers<S: ObjectStore + 'static>(
+    shard: &Shard<S>,
+    pgr: &PgReplica,
+    mark: &WriteWait<'_>,
+) -> Result<(), ErrorReply> {
+    if mark.readers_gone() {
+        return Ok(());
+    }
+    shard.metrics.write_held_by_reads();
+    let start = std::time::Instant::now();
+    while !mark.readers_gone() {
+        if let Some(why) = pgr.broken.borrow().as_deref() {
+            return Err(stopped(pgr.pg, why));
+        }
+        if start.elapsed() > READERS_WAIT {
+            return Err(inactive(
+                pgr.pg,
+                "reads of its object held the write back too long; nothing applied: retry",
+            ));
+        }
+        pgr.access.wait_change().await;
+    }
+    Ok(())
+}
+
 /// The longest a write waits for scrub chunks comparing its object (each lasts milliseconds,
 /// or a second for a deep chunk of large objects; a member slow to report may hold one for its
 /// reply timeouts).
@@ -468,12 +522,15 @@ pub(crate) async fn write<S: ObjectStore + 'static>(
         if pgr.member.borrow().any_lacks(&req.oid) {
             await_objects(shard, &pgr, &req.oid, false).await?;
         }
+        // Set once reads of the object that came before it are found: it goes after them,
+        // and reads that come from then on wait until it entered (see `access`).
+        let mut mark = None;
         let rx = if judged {
             loop {
                 // A scrub chunk comparing the object is waited for outside the gate, so the
                 // PG's other writes go on meanwhile.
                 await_unfenced(shard, &pgr, &req.oid).await?;
-                let _turn = pgr.gate.lock().await;
+                let turn = pgr.gate.lock().await;
                 let judged = conditional(shard, &pgr, reqid, &req).await;
                 if judged
                     .as_ref()
@@ -490,14 +547,21 @@ pub(crate) async fn write<S: ObjectStore + 'static>(
                     }
                     Judged::Entered(rx) => break rx,
                     Judged::Fenced => continue,
+                    Judged::Read => {
+                        drop(turn);
+                        let mark = mark.get_or_insert_with(|| after_reads(&pgr, &req.oid));
+                        await_readers(shard, &pgr, mark).await?;
+                    }
                 }
             }
         } else {
             let turn = loop {
                 if pgr.fenced(&req.oid) {
                     await_unfenced(shard, &pgr, &req.oid).await?;
-                } else if pgr.gate.is_idle() {
-                    break None;
+                    continue;
+                }
+                let turn = if pgr.gate.is_idle() {
+                    None
                 } else {
                     // A conditional write (or a read's repair) holds the gate or waits for
                     // it: this write enters in its turn, holding the gate, never while one is
@@ -505,9 +569,20 @@ pub(crate) async fn write<S: ObjectStore + 'static>(
                     // to the end of its queue whenever another waited too passed it to each
                     // other for ever.
                     let turn = pgr.gate.lock().await;
-                    if !pgr.fenced(&req.oid) {
-                        break Some(turn);
+                    if pgr.fenced(&req.oid) {
+                        continue;
                     }
+                    Some(turn)
+                };
+                if !pgr.access.reading(&req.oid) {
+                    break turn;
+                }
+                // Last: waited for while no scrub compares the object and the gate is this
+                // write's (reads need neither, so holding the gate cannot hold them up).
+                let mark = mark.get_or_insert_with(|| after_reads(&pgr, &req.oid));
+                await_readers(shard, &pgr, mark).await?;
+                if !pgr.fenced(&req.oid) && (turn.is_some() || pgr.gate.is_idle()) {
+                    break turn;
                 }
             };
             let rx = enter(shard, &pgr, reqid, &req.oid, kind, req.ops);
@@ -550,11 +625,12 @@ pub(crate) async fn write<S: ObjectStore + 'static>(
 
 /// Whether a plain write to `oid` may enter now, with no await before: no scrub chunk
 /// compares its object, no conditional write is judged, every acting member holds the
-/// object, and no earlier write to it waits. The common case: a borrow or two, no lookup
-/// unless some write waits in the PG.
+/// object, no earlier write to it waits, and no read of it runs or waits. The common case: a
+/// borrow or two, no lookup unless some write waits or some read runs in the PG.
 fn enters_at_once(pgr: &PgReplica, oid: &str) -> bool {
     pgr.gate.is_idle()
         && !pgr.fenced(oid)
+        && !pgr.access.reading(oid)
         && {
             let lines = pgr.lines.borrow();
             lines.is_empty() || !lines.contains_key(oid)
@@ -705,6 +781,9 @@ async fn conditional<S: ObjectStore + 'static>(
         // Fenced while this write waited for the gate.
         return Ok(Judged::Fenced);
     }
+    if pgr.access.reading(&req.oid) && !replicated.is_empty() {
+        return Ok(Judged::Read);
+    }
     // A retry of a write already made is answered from the log, not applied again.
     if pgr.member.borrow().log.find_request(reqid).is_some() {
         let rx = enter(shard, pgr, reqid, &req.oid, kind, replicated);
@@ -764,6 +843,10 @@ async fn conditional<S: ObjectStore + 'static>(
     if replicated.is_empty() {
         return Ok(Judged::Holds);
     }
+    if pgr.access.reading(&req.oid) {
+        // A read of the object took its turn while this write waited to be judged.
+        return Ok(Judged::Read);
+    }
     Ok(Judged::Entered(enter(
         shard, pgr, reqid, &req.oid, kind, replicated,
     )))
@@ -777,6 +860,9 @@ enum Judged {
     Entered(oneshot::Receiver<Outcome>),
     /// Not handed over: a scrub chunk compares the object; judge it again once it is done.
     Fenced,
+    /// Not handed over: reads of the object that came first run or wait; judge it again
+    /// once they are done (reads that come meanwhile wait for it).
+    Read,
 }
 
 #[cfg(test)]
