@@ -3,7 +3,7 @@
 //! connection code and framing as the real workload. It bounds what any request/response
 //! service can reach on this machine and transport.
 
-use crate::workload::{closed_loop, StepStats};
+use crate::workload::{closed_loop, Io, StepStats};
 use bytes::{Bytes, BytesMut};
 use carmine_client::Connection;
 use carmine_proto::{encode_response, try_decode_frame, Request, Response};
@@ -89,7 +89,7 @@ pub async fn measure(
     let bytes = request_len.max(reply_len) as u64;
     let stats = closed_loop(depth, ramp, run, bytes, |_, _| {
         let (conn, req) = (&conn, &req);
-        async move { conn.call(req).await.is_ok() }
+        async move { Io::of(conn.call(req).await.is_ok(), false) }
     })
     .await;
     conn.close();

@@ -144,6 +144,10 @@ pub fn parse_report(json: &str, wl: Workload, bs: u64) -> Result<StepStats> {
     };
     let mut s = combine(&sides);
     s.errors = job["error"].as_u64().unwrap_or(0);
+    if let [r, w] = &sides[..] {
+        s.reads = Some(r.as_side());
+        s.writes = Some(w.as_side());
+    }
     Ok(s)
 }
 
@@ -165,6 +169,8 @@ fn side(v: &Value, bs: u64) -> StepStats {
         lat_p999_us: pct("99.900000"),
         lat_max_us: num(&clat["max"]) / 1000.0,
         verify_errors: 0,
+        reads: None,
+        writes: None,
     }
 }
 
@@ -203,6 +209,8 @@ fn combine(sides: &[StepStats]) -> StepStats {
         lat_p999_us: worst(|s| s.lat_p999_us),
         lat_max_us: worst(|s| s.lat_max_us),
         verify_errors: 0,
+        reads: None,
+        writes: None,
     }
 }
 
@@ -240,5 +248,9 @@ mod tests {
         // Values are 100 (x3) and 500 (x1): variance = 0.75*100^2 + 0.25*500^2 - 200^2 = 30000.
         assert!((s.lat_stdev_us - 30000f64.sqrt()).abs() < 1e-6);
         assert_eq!(s.lat_p99_us, 500.0);
+        // And each side as fio gave it.
+        let (r, w) = (s.reads.unwrap(), s.writes.unwrap());
+        assert_eq!((r.ios, r.lat_mean_us, r.lat_p99_us), (300, 100.0, 100.0));
+        assert_eq!((w.ios, w.lat_mean_us, w.lat_p99_us), (100, 500.0, 500.0));
     }
 }

@@ -60,6 +60,8 @@ mod tests {
             lat_p999_us: p999_us,
             lat_max_us: p999_us,
             verify_errors: 0,
+            reads: None,
+            writes: None,
         }
     }
 

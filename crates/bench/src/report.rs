@@ -313,6 +313,32 @@ pub fn markdown(run: &Run) -> String {
             if c.verify_errors > 0 { format!("{} + {} WRONG DATA", c.errors, c.verify_errors) } else { c.errors.to_string() }
         ));
     }
+    let mixed: Vec<&Row> = run
+        .rows
+        .iter()
+        .filter(|r| r.carmine.reads.is_some() && r.carmine.writes.is_some())
+        .collect();
+    if !mixed.is_empty() {
+        s.push_str(
+            "\nMixed workloads, reads and writes apart:\n\n| workload | bs | qd | side | IOPS | mean us | p50 us | p99 us | p99.9 us |\n|---|---|---|---|---|---|---|---|---|\n",
+        );
+        for r in mixed {
+            for (name, side) in [("read", &r.carmine.reads), ("write", &r.carmine.writes)] {
+                let Some(x) = side else { continue };
+                s.push_str(&format!(
+                    "| {} | {}K | {} | {name} | {:.0} | {:.1} | {:.1} | {:.1} | {:.1} |\n",
+                    r.workload.name(),
+                    r.bs >> 10,
+                    r.depth,
+                    x.iops,
+                    x.lat_mean_us,
+                    x.lat_p50_us,
+                    x.lat_p99_us,
+                    x.lat_p999_us
+                ));
+            }
+        }
+    }
     let exits: Vec<&Row> = run.rows.iter().filter(|r| r.early_exit.is_some()).collect();
     if !exits.is_empty() {
         s.push_str("\nEarly exits (`--no-early-exit` runs every depth):\n\n");

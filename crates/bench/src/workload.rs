@@ -68,6 +68,59 @@ pub struct StepStats {
     /// Reads whose data was not what the volume last acknowledged (verify mode only).
     #[serde(default)]
     pub verify_errors: u64,
+    /// A mixed workload's reads and writes apart (`None` unless the step had both).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reads: Option<SideStats>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub writes: Option<SideStats>,
+}
+
+impl StepStats {
+    /// The step as one side of a mixed one.
+    pub fn as_side(&self) -> SideStats {
+        SideStats {
+            ios: self.ios,
+            iops: self.iops,
+            lat_mean_us: self.lat_mean_us,
+            lat_p50_us: self.lat_p50_us,
+            lat_p99_us: self.lat_p99_us,
+            lat_p999_us: self.lat_p999_us,
+        }
+    }
+}
+
+/// One side (reads or writes) of a mixed workload's step, as fio reports each.
+#[derive(Clone, Debug, Serialize)]
+pub struct SideStats {
+    pub ios: u64,
+    pub iops: f64,
+    pub lat_mean_us: f64,
+    pub lat_p50_us: f64,
+    pub lat_p99_us: f64,
+    pub lat_p999_us: f64,
+}
+
+/// How one I/O of a closed loop went: reads and writes are also counted apart, so that a
+/// mixed workload reports each side.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Io {
+    Failed,
+    Read,
+    Write,
+}
+
+impl Io {
+    pub fn of(ok: bool, write: bool) -> Io {
+        match (ok, write) {
+            (false, _) => Io::Failed,
+            (true, false) => Io::Read,
+            (true, true) => Io::Write,
+        }
+    }
+}
+
+fn histogram() -> Histogram<u64> {
+    Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3).expect("valid bounds")
 }
 
 /// Runs `depth` workers calling `op(worker, i)` until `ramp + run` has passed.
@@ -80,7 +133,7 @@ pub async fn closed_loop<F, Fut>(
 ) -> StepStats
 where
     F: Fn(usize, u64) -> Fut,
-    Fut: Future<Output = bool>,
+    Fut: Future<Output = Io>,
 {
     closed_loop_observed(depth, ramp, run, bytes_per_io, op, &ProgressBar::hidden()).await
 }
@@ -96,17 +149,16 @@ pub async fn closed_loop_observed<F, Fut>(
 ) -> StepStats
 where
     F: Fn(usize, u64) -> Fut,
-    Fut: Future<Output = bool>,
+    Fut: Future<Output = Io>,
 {
-    let hist = RefCell::new(
-        Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3).expect("valid bounds"),
-    );
+    let hist = RefCell::new(histogram());
+    let sides = RefCell::new([histogram(), histogram()]);
     let errors = Cell::new(0u64);
     let start = Instant::now();
     let measure_from = start + ramp;
     let end = measure_from + run;
     let worker = |w: usize| {
-        let (hist, errors, op) = (&hist, &errors, &op);
+        let (hist, sides, errors, op) = (&hist, &sides, &errors, &op);
         async move {
             let mut i = 0u64;
             loop {
@@ -114,15 +166,16 @@ where
                 if t0 >= end {
                     break;
                 }
-                let ok = op(w, i).await;
+                let io = op(w, i).await;
                 i += 1;
                 if t0 >= measure_from {
-                    if ok {
-                        let _ = hist
-                            .borrow_mut()
-                            .record(t0.elapsed().as_nanos().max(1) as u64);
-                    } else {
-                        errors.set(errors.get() + 1);
+                    let ns = t0.elapsed().as_nanos().max(1) as u64;
+                    match io {
+                        Io::Failed => errors.set(errors.get() + 1),
+                        Io::Read | Io::Write => {
+                            let _ = hist.borrow_mut().record(ns);
+                            let _ = sides.borrow_mut()[(io == Io::Write) as usize].record(ns);
+                        }
                     }
                 }
             }
@@ -157,6 +210,16 @@ where
     let seconds = (Instant::now() - measure_from).as_secs_f64().max(1e-9);
     let h = hist.into_inner();
     let us = |ns: f64| ns / 1000.0;
+    let [reads, writes] = sides.into_inner();
+    let side = |h: &Histogram<u64>| SideStats {
+        ios: h.len(),
+        iops: h.len() as f64 / seconds,
+        lat_mean_us: us(h.mean()),
+        lat_p50_us: us(h.value_at_quantile(0.5) as f64),
+        lat_p99_us: us(h.value_at_quantile(0.99) as f64),
+        lat_p999_us: us(h.value_at_quantile(0.999) as f64),
+    };
+    let mixed = !reads.is_empty() && !writes.is_empty();
     StepStats {
         ios: h.len(),
         errors: errors.get(),
@@ -170,6 +233,8 @@ where
         lat_p999_us: us(h.value_at_quantile(0.999) as f64),
         lat_max_us: us(h.max() as f64),
         verify_errors: 0,
+        reads: mixed.then(|| side(&reads)),
+        writes: mixed.then(|| side(&writes)),
     }
 }
 
@@ -400,11 +465,12 @@ pub async fn run_load(
                 };
                 let Some(v) = verifier else {
                     let off = next_block() * bs;
-                    return if write {
+                    let ok = if write {
                         image.write(off, data).await.is_ok()
                     } else {
                         image.read(off, bs).await.is_ok()
                     };
+                    return Io::of(ok, write);
                 };
                 let count = bs / BLOCK;
                 // Blocks another worker is writing (or reading, for a write) are off limits
@@ -422,7 +488,7 @@ pub async fn run_load(
                     let (payload, gens) = v.payload(first, count);
                     let ok = image.write(first * BLOCK, payload).await.is_ok();
                     v.finish_write(first, &gens, ok);
-                    ok
+                    Io::of(ok, true)
                 } else {
                     let got = image.read(first * BLOCK, bs).await;
                     v.finish_read(first, count);
@@ -434,9 +500,9 @@ pub async fn run_load(
                                 }
                                 verify_errors.set(verify_errors.get() + 1);
                             }
-                            true
+                            Io::Read
                         }
-                        Err(_) => false,
+                        Err(_) => Io::Failed,
                     }
                 }
             }
@@ -451,6 +517,36 @@ pub async fn run_load(
 #[cfg(test)]
 mod tests {
     use super::*;
+    #[test]
+    fn a_mixed_loop_reports_reads_and_writes_apart_and_a_pure_one_does_not() {
+        let run = |write_every: u64| {
+            carmine_reactor::block_on(closed_loop(
+                2,
+                Duration::ZERO,
+                Duration::from_millis(200),
+                4096,
+                |_, i| async move {
+                    let write = write_every > 0 && i % write_every == 0;
+                    // Writes take longer, so the sides' latencies differ.
+                    let pause = if write { 2_000 } else { 200 };
+                    carmine_reactor::sleep(Duration::from_micros(pause)).await;
+                    Io::of(true, write)
+                },
+            ))
+        };
+        let mixed = run(4);
+        let (r, w) = (mixed.reads.unwrap(), mixed.writes.unwrap());
+        assert_eq!(r.ios + w.ios, mixed.ios);
+        assert!(
+            r.ios > w.ios && w.ios > 0,
+            "{} reads, {} writes",
+            r.ios,
+            w.ios
+        );
+        assert!(w.lat_mean_us > r.lat_mean_us, "{w:?} vs {r:?}");
+        let pure = run(0);
+        assert!(pure.reads.is_none() && pure.writes.is_none());
+    }
 
     fn histogram(dist: Distribution, blocks: u64, draws: usize) -> Vec<u64> {
         let picker = BlockPicker::new(blocks, dist);
