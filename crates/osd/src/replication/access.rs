@@ -105,7 +105,10 @@ impl Access {
     }
 }
 
-/// A read's turn on its object: writes to it wait until it is dropped.
+/// A read's turn on its object: writes to it wait until it is dropped. It belongs to the PG
+/// copy it was taken on: a copy that restarts from its store (`restart`) is a new one, whose
+/// writes do not wait for reads still finishing on the old one (in practice those are long
+/// done: the restart waits out a pause and a peering before the new copy takes a write).
 pub(crate) struct ReadTurn {
     pgr: Rc<PgReplica>,
     key: u64,

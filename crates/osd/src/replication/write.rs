@@ -75,17 +75,14 @@ pub(crate) async fn ready_to_read<S: ObjectStore + 'static>(
     }
     let start = std::time::Instant::now();
     let limit = shard.replication.ack_wait + LEASE_WAIT;
-    let too_long = || {
-        inactive(
-            pg,
-            "a write to the object is still in flight after the acknowledgement wait; retry",
-        )
-    };
+    let too_long = |what: &str| inactive(pg, &format!("{what}; retry"));
     // Behind a write that waits for the object's earlier readers (it waits for no later
     // one, so reads that keep coming never hold it back for ever).
     while p.access.write_waits(oid) {
         if start.elapsed() > limit {
-            return Err(too_long());
+            return Err(too_long(
+                "a write to the object waited too long for earlier reads",
+            ));
         }
         check_readable(shard, &p).await?;
         p.access.wait_change().await;
@@ -97,7 +94,9 @@ pub(crate) async fn ready_to_read<S: ObjectStore + 'static>(
             return Ok(turn);
         }
         if start.elapsed() > limit {
-            return Err(too_long());
+            return Err(too_long(
+                "a write to the object is still in flight after the acknowledgement wait",
+            ));
         }
         check_readable(shard, &p).await?;
         if p.member.borrow().missing.contains_key(oid) {
@@ -577,13 +576,12 @@ pub(crate) async fn write<S: ObjectStore + 'static>(
                 if !pgr.access.reading(&req.oid) {
                     break turn;
                 }
-                // Last: waited for while no scrub compares the object and the gate is this
-                // write's (reads need neither, so holding the gate cannot hold them up).
+                // Reads of the object came first: waited for without the gate (the PG's
+                // other writes go on), then fence and gate are looked at again. Once marked,
+                // no read takes a turn, so this happens once.
+                drop(turn);
                 let mark = mark.get_or_insert_with(|| after_reads(&pgr, &req.oid));
                 await_readers(shard, &pgr, mark).await?;
-                if !pgr.fenced(&req.oid) && (turn.is_some() || pgr.gate.is_idle()) {
-                    break turn;
-                }
             };
             let rx = enter(shard, &pgr, reqid, &req.oid, kind, req.ops);
             drop(turn);
