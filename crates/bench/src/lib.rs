@@ -358,6 +358,7 @@ fn bench_carmine(a: &BenchArgs, cluster_dir: &std::path::Path) -> Result<Run> {
         recovery_busy_rate_mib: None,
         idle_poll_us: a.idle_poll_us,
         journal_writes: a.journal_writes,
+        reset_osd_settings: false,
         pool: Some("rbd".into()),
         pg_num: Some(64),
         size: Some(a.size),

@@ -48,15 +48,20 @@ impl OsdRun {
             .unwrap_or_default()
     }
 
-    /// These settings as `a`'s flags change them, and each change in words.
+    /// These settings as `a`'s flags change them (over the defaults with
+    /// `--reset-osd-settings`), and each change in words.
     pub fn with_flags(&self, a: &UpArgs) -> (OsdRun, Vec<String>) {
-        let mut now = self.clone();
-        now.memory_limit = a.memory_limit.or(self.memory_limit);
+        let kept = match a.reset_osd_settings {
+            true => OsdRun::default(),
+            false => self.clone(),
+        };
+        let mut now = kept.clone();
+        now.memory_limit = a.memory_limit.or(kept.memory_limit);
         now.cpu_policy = a
             .cpu_policy
             .map(|p| p.to_string())
-            .or(self.cpu_policy.clone());
-        now.cpu_set = a.cpu_set.clone().or(self.cpu_set.clone());
+            .or(kept.cpu_policy.clone());
+        now.cpu_set = a.cpu_set.clone().or(kept.cpu_set.clone());
         if a.no_pin {
             now.no_pin = true;
         } else if a.pin {
@@ -69,10 +74,10 @@ impl OsdRun {
         } else if a.fsync {
             now.durability = None;
         }
-        now.recovery_rate_mib = a.recovery_rate_mib.or(self.recovery_rate_mib);
-        now.recovery_busy_rate_mib = a.recovery_busy_rate_mib.or(self.recovery_busy_rate_mib);
-        now.idle_poll_us = a.idle_poll_us.or(self.idle_poll_us);
-        now.journal_writes = a.journal_writes.or(self.journal_writes);
+        now.recovery_rate_mib = a.recovery_rate_mib.or(kept.recovery_rate_mib);
+        now.recovery_busy_rate_mib = a.recovery_busy_rate_mib.or(kept.recovery_busy_rate_mib);
+        now.idle_poll_us = a.idle_poll_us.or(kept.idle_poll_us);
+        now.journal_writes = a.journal_writes.or(kept.journal_writes);
         let changes = self.changes_to(&now);
         (now, changes)
     }

@@ -241,6 +241,43 @@ fn how_osds_run_is_kept_with_the_cluster_and_changed_only_by_flags_given() {
     assert_eq!(back.durability, None);
     assert_eq!(said.len(), 1, "{said:?}");
 
+    // Settings set once go back to the defaults only when asked, the flags given still
+    // applying on top.
+    let (tuned, _) = back.with_flags(&args(
+        &d.0,
+        &[
+            "--cpu-set",
+            "1",
+            "--idle-poll-us",
+            "50",
+            "--recovery-rate-mib",
+            "8",
+        ],
+    ));
+    let (kept_tuned, said) = tuned.with_flags(&args(&d.0, &[]));
+    assert_eq!(kept_tuned, tuned);
+    assert!(said.is_empty(), "{said:?}");
+    let (reset, said) = tuned.with_flags(&args(&d.0, &["--reset-osd-settings", "--no-pin"]));
+    assert_eq!(
+        reset,
+        run::OsdRun {
+            no_pin: true,
+            ..run::OsdRun::default()
+        }
+    );
+    let said = said.join("\n");
+    for want in [
+        "cpu set 1 -> all",
+        "idle poll µs 50 -> default",
+        "recovery rate MiB/s 8 -> default",
+        "cpu policy osd -> default",
+        "memory limit 1073741824 -> 2147483648",
+        // (--pin above had turned it on; the flag given applies over the defaults.)
+        "pinning on -> off",
+    ] {
+        assert!(said.contains(want), "{want:?} missing from: {said}");
+    }
+
     // Contradicting flags are refused by the parser.
     for bad in [
         &["--pin", "--no-pin"][..],
