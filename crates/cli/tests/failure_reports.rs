@@ -7,22 +7,8 @@
 
 mod common;
 
-use common::Cluster;
+use common::{signal, Cluster, Continue};
 use std::time::{Duration, Instant};
-
-fn signal(pid: i32, sig: i32) {
-    // SAFETY: plain syscall on a pid this test's cluster started.
-    unsafe { libc::kill(pid, sig) };
-}
-
-/// Continues a stopped OSD whatever happens to the test, so that `cluster down` can stop it.
-struct Continue(i32);
-
-impl Drop for Continue {
-    fn drop(&mut self) {
-        signal(self.0, libc::SIGCONT);
-    }
-}
 
 /// The longest peer silence any reactor of OSD `id` reports in its metrics (seconds).
 fn longest_silence(c: &Cluster, id: u32) -> f64 {

@@ -6,23 +6,9 @@ mod common;
 
 use bytes::Bytes;
 use carmine_proto::OsdOp;
-use common::{metric, Cluster};
+use common::{metric, signal, Cluster, Continue};
 use std::net::SocketAddr;
 use std::time::Duration;
-
-fn signal(pid: i32, sig: i32) {
-    // SAFETY: plain syscall on a pid this test's cluster started.
-    unsafe { libc::kill(pid, sig) };
-}
-
-/// Continues a stopped OSD whatever happens to the test, so that `cluster down` can stop it.
-struct Continue(i32);
-
-impl Drop for Continue {
-    fn drop(&mut self) {
-        signal(self.0, libc::SIGCONT);
-    }
-}
 
 #[test]
 fn a_write_that_comes_while_a_read_waits_for_its_object_goes_after_that_read() {

@@ -165,3 +165,18 @@ pub fn metric(c: &Cluster, id: u32, name: &str) -> u64 {
         .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
         .sum()
 }
+
+/// Sends `sig` to a process of the test's cluster.
+pub fn signal(pid: i32, sig: i32) {
+    // SAFETY: plain syscall on a pid this test's cluster started.
+    unsafe { libc::kill(pid, sig) };
+}
+
+/// Continues a stopped OSD whatever happens to the test, so that `cluster down` can stop it.
+pub struct Continue(pub i32);
+
+impl Drop for Continue {
+    fn drop(&mut self) {
+        signal(self.0, libc::SIGCONT);
+    }
+}
