@@ -85,7 +85,10 @@ pub(crate) async fn ready_to_read<S: ObjectStore + 'static>(
             ));
         }
         check_readable(shard, &p).await?;
-        p.access.wait_change().await;
+        // (That may have waited for the lease: the write may have entered meanwhile.)
+        if p.access.write_waits(oid) {
+            p.access.wait_change().await;
+        }
     }
     let turn = ReadTurn::take(&p, oid);
     let mut counted = false;
