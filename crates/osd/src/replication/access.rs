@@ -21,7 +21,7 @@ use std::time::Duration;
 
 /// How long a waiter sleeps at most between looks, in case a wake-up it needed did not come
 /// (every change that matters wakes it; this only bounds the damage of one that does not).
-pub(super) const LOOK_AGAIN: Duration = Duration::from_millis(20);
+const LOOK_AGAIN: Duration = Duration::from_millis(20);
 
 fn key(oid: &str) -> u64 {
     // FNV-1a: a few ns for a volume object's name; collisions only cost a needless wait.
@@ -36,8 +36,7 @@ struct Counts(RefCell<Vec<(u64, u32)>>);
 
 impl Counts {
     fn has(&self, k: u64) -> bool {
-        let v = self.0.borrow();
-        !v.is_empty() && v.iter().any(|(x, _)| *x == k)
+        self.0.borrow().iter().any(|(x, _)| *x == k)
     }
 
     fn add(&self, k: u64) {
@@ -91,9 +90,9 @@ impl Access {
         !self.writers.is_empty() && self.writers.has(key(oid))
     }
 
-    /// Wakes waiters if writes in flight completed (the host calls it after the member may
-    /// have acknowledged or refused some).
-    pub fn writes_completed(&self) {
+    /// Wakes the waiters, if any: something they wait for may have changed (writes in flight
+    /// completed, the copy stopped, a waiting write entered or gave up).
+    pub fn wake_waiters(&self) {
         if self.changed.has_waiters() {
             self.changed.wake_all();
         }
@@ -128,7 +127,7 @@ impl ReadTurn {
 impl Drop for ReadTurn {
     fn drop(&mut self) {
         let a = &self.pgr.access;
-        if a.readers.remove(self.key) && !a.writers.is_empty() && a.writers.has(self.key) {
+        if a.readers.remove(self.key) && a.writers.has(self.key) {
             a.changed.wake_all();
         }
     }
@@ -157,7 +156,7 @@ impl<'a> WriteWait<'a> {
 impl Drop for WriteWait<'_> {
     fn drop(&mut self) {
         self.access.writers.remove(self.key);
-        self.access.writes_completed();
+        self.access.wake_waiters();
     }
 }
 

@@ -694,7 +694,7 @@ pub(crate) fn drive<S: ObjectStore + 'static>(
         pgr.inflight_ops.borrow_mut().clear();
     }
     if watched.is_some_and(|before| before.is_some() && before != oldest) {
-        pgr.access.writes_completed();
+        pgr.access.wake_waiters();
     }
     // The recorded history shrinks to this interval once every member holds every object:
     // until then, members of earlier intervals may hold objects no acting member has yet.
@@ -895,7 +895,7 @@ pub(crate) fn fail<S: ObjectStore + 'static>(
         finish(shard, req, Outcome::Refused);
     }
     // Reads and writes waiting on the copy's objects hear it stopped.
-    pgr.access.writes_completed();
+    pgr.access.wake_waiters();
     restart::schedule(shard, pgr);
 }
 

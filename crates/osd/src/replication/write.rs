@@ -399,11 +399,6 @@ pub(crate) fn store_full<S: ObjectStore>(shard: &Shard<S>) -> bool {
     }
 }
 
-/// The mark of a write that found reads of `oid` before it (see `access`).
-fn after_reads<'a>(pgr: &'a PgReplica, oid: &str) -> WriteWait<'a> {
-    WriteWait::mark(&pgr.access, oid)
-}
-
 /// The longest a write waits for the reads of its object that came before it. No read takes a
 /// turn while the write waits, and each one gives up after its own waits (writes in flight,
 /// its lease, its object's recovery): this is only a bound should one not.
@@ -551,7 +546,8 @@ pub(crate) async fn write<S: ObjectStore + 'static>(
                     Judged::Fenced => continue,
                     Judged::Read => {
                         drop(turn);
-                        let mark = mark.get_or_insert_with(|| after_reads(&pgr, &req.oid));
+                        let mark =
+                            mark.get_or_insert_with(|| WriteWait::mark(&pgr.access, &req.oid));
                         await_readers(shard, &pgr, mark).await?;
                     }
                 }
@@ -583,7 +579,7 @@ pub(crate) async fn write<S: ObjectStore + 'static>(
                 // other writes go on), then fence and gate are looked at again. Once marked,
                 // no read takes a turn, so this happens once.
                 drop(turn);
-                let mark = mark.get_or_insert_with(|| after_reads(&pgr, &req.oid));
+                let mark = mark.get_or_insert_with(|| WriteWait::mark(&pgr.access, &req.oid));
                 await_readers(shard, &pgr, mark).await?;
             };
             let rx = enter(shard, &pgr, reqid, &req.oid, kind, req.ops);
