@@ -183,7 +183,9 @@ pub struct BenchArgs {
     #[arg(long, conflicts_with = "dsync")]
     pub no_fsync: bool,
     /// Microseconds an idle reactor polls before it sleeps, in the OSDs and in the built-in
-    /// client (default: none). For reactors with a core of their own.
+    /// client. Default: the client does not poll; the OSDs poll as `osd run` does by
+    /// default (50 µs where each reactor has a core of its own), or not at all when their
+    /// cores include the client's.
     #[arg(long)]
     pub idle_poll_us: Option<u64>,
     /// Native store: journal writes in flight per shard (default: the OSDs' own, 1).
@@ -356,7 +358,7 @@ fn bench_carmine(a: &BenchArgs, cluster_dir: &std::path::Path) -> Result<Run> {
         pin: true,
         recovery_rate_mib: None,
         recovery_busy_rate_mib: None,
-        idle_poll_us: a.idle_poll_us,
+        idle_poll_us: osd_idle_poll(a)?,
         journal_writes: a.journal_writes,
         reset_osd_settings: false,
         pool: Some("rbd".into()),
@@ -387,6 +389,14 @@ fn bench_carmine(a: &BenchArgs, cluster_dir: &std::path::Path) -> Result<Run> {
         let _ = std::fs::remove_file(carmine_localcluster::store_path(cluster_dir, id));
     }
     result
+}
+
+/// The OSDs' `--idle-poll-us`: as given; 0 when they run on the client's core (a poller
+/// there takes turns from the client); else their own default.
+pub(crate) fn osd_idle_poll(a: &BenchArgs) -> Result<Option<u64>> {
+    let osd_cpus = carmine_reactor::cpu::parse_cpu_list(&a.osd_cpu)?;
+    Ok(a.idle_poll_us
+        .or(osd_cpus.contains(&a.client_cpu).then_some(0)))
 }
 
 fn bench_against(a: &BenchArgs, running: &carmine_localcluster::Running) -> Result<Run> {

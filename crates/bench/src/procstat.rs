@@ -234,6 +234,9 @@ pub struct ReactorBusy {
     pub busy_pct: f64,
     /// Of which running tasks; the rest is io_uring's completion work in the kernel wait.
     pub tasks_pct: f64,
+    /// On CPU polling for work that did not come (`--idle-poll-us`), not in `busy_pct`.
+    #[serde(default)]
+    pub polled_pct: f64,
     /// Times per second the reactor went to sleep in the kernel and woke.
     pub wakeups_per_s: f64,
 }
@@ -260,6 +263,7 @@ impl ReactorCounters {
                     name: now.name.clone(),
                     busy_pct: share.busy_pct,
                     tasks_pct: share.tasks_pct,
+                    polled_pct: share.polled_pct,
                     wakeups_per_s: now.load.sleeps.saturating_sub(before.load.sleeps) as f64
                         / secs.max(1e-9),
                 })

@@ -82,8 +82,9 @@ pub struct Run {
     pub fsync: bool,
     /// With `fsync`: O_DSYNC journal writes instead of a separate fdatasync.
     pub dsync: bool,
-    /// Microseconds idle reactors (OSDs and built-in client) poll before sleeping.
-    pub idle_poll_us: u64,
+    /// Microseconds idle reactors (OSDs and built-in client) poll before sleeping (`None`:
+    /// the client does not, the OSDs by their default).
+    pub idle_poll_us: Option<u64>,
     /// Native store: journal writes in flight per shard, if not the OSDs' default.
     pub journal_writes: Option<u32>,
     pub latency_target_ms: f64,
@@ -135,7 +136,7 @@ impl Run {
             store: a.store.clone(),
             fsync: !a.no_fsync,
             dsync: a.dsync,
-            idle_poll_us: a.idle_poll_us.unwrap_or(0),
+            idle_poll_us: crate::osd_idle_poll(a).ok().flatten(),
             journal_writes: a.journal_writes,
             latency_target_ms: a.latency_target_ms,
             rows,
@@ -178,8 +179,9 @@ fn system(run: &Run) -> String {
         };
     }
     let mut idle_poll = match run.idle_poll_us {
-        0 => String::new(),
-        us => format!(", idle reactors poll {us} µs before sleeping"),
+        None => ", OSD reactors poll 50 µs before sleeping where each has a core of its own (their default)".to_string(),
+        Some(0) => ", no idle polling".to_string(),
+        Some(us) => format!(", idle reactors poll {us} µs before sleeping"),
     };
     if let Some(n) = run.journal_writes {
         idle_poll += &format!(", {n} journal writes in flight per shard");
@@ -284,14 +286,30 @@ pub fn markdown(run: &Run) -> String {
             .iter()
             .max_by(|a, b| a.busy_pct.total_cmp(&b.busy_pct))
             .map_or("-".to_string(), |b| {
+                let polled = if b.polled_pct > 0.05 {
+                    format!(", polling {:.0}%", b.polled_pct)
+                } else {
+                    String::new()
+                };
                 format!(
-                    "{} {:.0}% (tasks {:.0}%), {:.0}k wake/s",
+                    "{} {:.0}% (tasks {:.0}%){polled}, {:.0}k wake/s",
                     b.name,
                     b.busy_pct,
                     b.tasks_pct,
                     b.wakeups_per_s / 1e3
                 )
             });
+        // OSD CPU per I/O, and of it the reactors' idle polls (time no other thread wanted).
+        let polled_cores: f64 = r.reactor_busy.iter().map(|b| b.polled_pct / 100.0).sum();
+        let per_io = if polled_cores > 0.0005 && c.iops > 0.0 {
+            format!(
+                "{:.1} (polling {:.1})",
+                r.osd_cpu_us_per_io,
+                polled_cores * 1e6 / c.iops
+            )
+        } else {
+            format!("{:.1}", r.osd_cpu_us_per_io)
+        };
         // Device bytes written per byte the client wrote, over the same window.
         let write_share = match r.workload {
             crate::workload::Workload::Randrw => 1.0 - run.mix.read_pct as f64 / 100.0,
@@ -305,10 +323,10 @@ pub fn markdown(run: &Run) -> String {
             "-".into()
         };
         s.push_str(&format!(
-            "| {} | {}K | {} | {:.0} | {:.1} | {} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.0}% | {:.0}% | {:.0}% | {:.1} | {:.0} | {} | {} | {} | {} | {} | {} | {:.1} | {:.1} | {} | {} |\n",
+            "| {} | {}K | {} | {:.0} | {:.1} | {} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.0}% | {:.0}% | {:.0}% | {} | {:.0} | {} | {} | {} | {} | {} | {} | {:.1} | {:.1} | {} | {} |\n",
             r.workload.name(), r.bs >> 10, r.depth, c.iops, c.mib_s, c.ios, c.lat_mean_us, c.lat_stdev_us, c.lat_p50_us,
             c.lat_p99_us, c.lat_p999_us, u.client_usr_pct, u.client_sys_pct, r.osd_cpu_cores * 100.0,
-            r.osd_cpu_us_per_io, u.osd_rss_mib, busiest, own, ci, pct, cl, lr,
+            per_io, u.osd_rss_mib, busiest, own, ci, pct, cl, lr,
             u.disk_read_bytes as f64 / 1048576.0, u.disk_written_bytes as f64 / 1048576.0, wa,
             if c.verify_errors > 0 { format!("{} + {} WRONG DATA", c.errors, c.verify_errors) } else { c.errors.to_string() }
         ));

@@ -78,11 +78,12 @@ fn perf(dir: &std::path::Path, interval: f64, count: u32) -> Result<()> {
             for (rb, ra) in b.reactors.iter().zip(&a.reactors) {
                 let s = ra.load.share_since(&rb.load);
                 println!(
-                    "{:<10} busy {:>5.1}% (tasks {:>5.1}%, io_uring kernel work {:>5.1}%)  idle {:>5.1}%  wake-ups/s {:>8.0}",
+                    "{:<10} busy {:>5.1}% (tasks {:>5.1}%, io_uring kernel work {:>5.1}%)  polling {:>5.1}%  idle {:>5.1}%  wake-ups/s {:>8.0}",
                     ra.name,
                     s.busy_pct,
                     s.tasks_pct,
                     s.kernel_pct,
+                    s.polled_pct,
                     s.idle_pct,
                     ra.load.sleeps.saturating_sub(rb.load.sleeps) as f64 / secs
                 );

@@ -138,9 +138,11 @@ pub struct OsdArgs {
     pub peer_grace: Duration,
     /// Microseconds an idle reactor keeps polling for work before it sleeps in the kernel (0:
     /// sleep at once). Cuts the wake-up cost out of a request-at-a-time client's latency, at
-    /// the price of the poll's CPU: for reactors with a core of their own.
-    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u64).range(0..=10_000))]
-    pub idle_poll_us: u64,
+    /// the price of the poll's CPU: for reactors with a core of their own. Default: 50 when
+    /// every reactor of this OSD is pinned to a core no other reactor of the cluster's
+    /// placement uses, else 0 (polling reactors that share a core slow each other down).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(0..=10_000))]
+    pub idle_poll_us: Option<u64>,
     /// The cluster key (64 hex characters, a file of mode 0600): every connection must
     /// authenticate with it before any request is read. Without it, none is asked for.
     #[arg(long)]
@@ -157,20 +159,44 @@ pub struct OsdArgs {
 
 /// CPU for each reactor of `osd`, placed by the policy over the whole cluster's OSDs so that
 /// OSDs started as separate processes still get disjoint cores.
+/// The idle poll when `--idle-poll-us` is not given and every reactor has a core of its own.
+const IDLE_POLL_OWN_CORE: Duration = Duration::from_micros(50);
+
+/// Where this OSD's reactors run.
+struct Placement {
+    cpus: Vec<Option<u32>>,
+    grid: String,
+    /// Every reactor is pinned to a core that no other reactor of the placement uses.
+    own_cores: bool,
+}
+
 fn reactor_cpus(
     map: &OsdMap,
     osd: u32,
     cpu_set: Option<&str>,
     policy: CpuPolicy,
-) -> Result<(Vec<Option<u32>>, String)> {
+) -> Result<Placement> {
     let (topo, alloc) = carmine_localcluster::placement(map, cpu_set, policy)?;
     let index = map
         .osds
         .iter()
         .position(|o| o.id == osd)
         .context("osd not in map")?;
-    let cpus = alloc.cpus(index as u32).iter().map(|c| Some(*c)).collect();
-    Ok((cpus, alloc.grid(&topo)))
+    let mine = alloc.cpus(index as u32);
+    Ok(Placement {
+        cpus: mine.iter().map(|c| Some(*c)).collect(),
+        grid: alloc.grid(&topo),
+        own_cores: !mine.is_empty() && mine.iter().all(|&c| alloc.reactors_on(c) == 1),
+    })
+}
+
+/// The idle poll: as given, or on only where it cannot slow another reactor down.
+fn idle_poll(given: Option<u64>, own_cores: bool) -> (Duration, &'static str) {
+    match given {
+        Some(us) => (Duration::from_micros(us), "as given"),
+        None if own_cores => (IDLE_POLL_OWN_CORE, "each reactor has a core of its own"),
+        None => (Duration::ZERO, "reactors share cores or are not pinned"),
+    }
 }
 
 fn map_source(a: &OsdArgs, access: &carmine_localcluster::EtcdAccessArgs) -> Result<MapSource> {
@@ -245,12 +271,12 @@ pub fn run(a: OsdArgs, access: &carmine_localcluster::EtcdAccessArgs) -> Result<
         .osd(a.id)
         .with_context(|| format!("osd.{} is not in the map", a.id))?
         .clone();
-    let reactor_cpus = if a.no_pin {
-        vec![None; info.reactors.len()]
+    let (reactor_cpus, own_cores) = if a.no_pin {
+        (vec![None; info.reactors.len()], false)
     } else {
-        let (cpus, grid) = reactor_cpus(&map, a.id, a.cpu_set.as_deref(), a.cpu_policy)?;
-        println!("{grid}");
-        cpus
+        let p = reactor_cpus(&map, a.id, a.cpu_set.as_deref(), a.cpu_policy)?;
+        println!("{}", p.grid);
+        (p.cpus, p.own_cores)
     };
     let store = match a.store {
         StoreKind::Memory => StoreConfig::Memory {
@@ -274,7 +300,9 @@ pub fn run(a: OsdArgs, access: &carmine_localcluster::EtcdAccessArgs) -> Result<
     // long they may still run from this OSD, which takes them to run one lease past its start
     // — the longest lease a recent run used, if `--read-lease` was shortened (decision 0009).
     let lease_record = source.read_lease_record(a.id)?;
-    carmine_reactor::set_idle_poll(Duration::from_micros(a.idle_poll_us));
+    let (poll, why) = idle_poll(a.idle_poll_us, own_cores);
+    println!("osd.{}: idle poll {} µs ({why})", a.id, poll.as_micros());
+    carmine_reactor::set_idle_poll(poll);
     // No run may have used more than the longest lease allowed, whatever a record says.
     let prior_read_lease = lease_record
         .starting(a.read_lease)
@@ -538,4 +566,18 @@ fn parse_read_lease(s: &str) -> Result<Duration, String> {
         ));
     }
     Ok(d)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reactors_poll_by_default_only_on_cores_of_their_own() {
+        assert_eq!(idle_poll(None, true).0, IDLE_POLL_OWN_CORE);
+        assert_eq!(idle_poll(None, false).0, Duration::ZERO);
+        // Given, it is taken as it is, shared cores or not.
+        assert_eq!(idle_poll(Some(0), true).0, Duration::ZERO);
+        assert_eq!(idle_poll(Some(200), false).0, Duration::from_micros(200));
+    }
 }

@@ -179,3 +179,37 @@ fn demo_runs_end_to_end() {
         "{text}"
     );
 }
+
+#[test]
+fn osd_reactors_poll_by_default_only_on_cores_of_their_own() {
+    let poll_line = |name: &str, extra: &[&str]| {
+        let dir = std::env::temp_dir().join(format!("carmine-e2e-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let c = Cluster { dir };
+        c.ok(&[
+            &["cluster", "up", "--memory-limit", "256M", "--reactors", "1"],
+            extra,
+        ]
+        .concat());
+        let log = std::fs::read_to_string(c.dir.join("osd.0.log")).unwrap();
+        log.lines()
+            .find(|l| l.contains("idle poll"))
+            .unwrap_or_else(|| panic!("no idle poll line in osd.0.log:\n{log}"))
+            .to_string()
+    };
+    // Two OSDs pinned to one cpu: a poller would take turns from the other.
+    let shared = poll_line("poll-shared", &["--osds", "2", "--cpu-set", "0"]);
+    assert!(shared.contains("idle poll 0 µs"), "{shared}");
+    // One OSD, one reactor, one cpu of its own.
+    let own = poll_line("poll-own", &["--osds", "1", "--cpu-set", "0"]);
+    assert!(own.contains("idle poll 50 µs"), "{own}");
+    // Not pinned: the scheduler moves it, so it does not know whom it would slow down.
+    let unpinned = poll_line("poll-unpinned", &["--osds", "1", "--no-pin"]);
+    assert!(unpinned.contains("idle poll 0 µs"), "{unpinned}");
+    // Given, it is obeyed.
+    let given = poll_line(
+        "poll-given",
+        &["--osds", "2", "--cpu-set", "0", "--idle-poll-us", "20"],
+    );
+    assert!(given.contains("idle poll 20 µs"), "{given}");
+}

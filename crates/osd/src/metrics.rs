@@ -752,6 +752,13 @@ pub fn render(osd: u32, reactors: &[ReactorSource]) -> String {
         "On-CPU time of the reactor thread, user and kernel.",
         &|r| secs(r.load.snapshot().cpu_ns),
     );
+    per_reactor(
+        &mut t,
+        "carmine_osd_reactor_polled_seconds_total",
+        "counter",
+        "Of the reactor's CPU time, the idle polls that found no work (--idle-poll-us).",
+        &|r| secs(r.load.snapshot().polled_ns),
+    );
     for (family, help) in [
         ("carmine_osd_requests_total", "Requests answered, by kind."),
         (

@@ -18,6 +18,9 @@ pub struct ReactorLoad {
     busy_ns: AtomicU64,
     idle_ns: AtomicU64,
     sleeps: AtomicU64,
+    /// Time in the turns of idle polls that found no work (see [`set_idle_poll`]): on CPU,
+    /// waiting for work, not doing it.
+    polled_ns: AtomicU64,
     /// The reactor thread's kernel id, for its schedstat (0 until the loop starts).
     tid: AtomicI32,
     /// When the current stretch began (ns since `epoch()`, shifted left by one) and whether
@@ -48,17 +51,23 @@ pub struct LoadSnapshot {
     /// The reactor thread's on-CPU time, user and kernel (0 if unreadable).
     #[serde(default)]
     pub cpu_ns: u64,
+    /// Of `cpu_ns`, the time spent polling for work while idle ([`set_idle_poll`]).
+    #[serde(default)]
+    pub polled_ns: u64,
 }
 
 /// A reactor's time between two snapshots, in percent of the wall time.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct LoadShare {
-    /// On CPU (tasks and kernel work).
+    /// On CPU doing work (tasks and kernel work), idle polling left out.
     pub busy_pct: f64,
     /// Running tasks.
     pub tasks_pct: f64,
     /// On CPU inside the kernel wait: the ring's completion work.
     pub kernel_pct: f64,
+    /// On CPU polling for work while idle ([`set_idle_poll`]): capacity to spare, though the
+    /// core is not asleep.
+    pub polled_pct: f64,
     /// Off CPU.
     pub idle_pct: f64,
 }
@@ -66,22 +75,27 @@ pub struct LoadShare {
 impl LoadSnapshot {
     /// How the time between `earlier` and `self` was spent.
     pub fn share_since(&self, earlier: &LoadSnapshot) -> LoadShare {
-        let tasks = self.busy_ns.saturating_sub(earlier.busy_ns) as f64;
+        let awake = self.busy_ns.saturating_sub(earlier.busy_ns) as f64;
         let wait = self.idle_ns.saturating_sub(earlier.idle_ns) as f64;
-        let wall = (tasks + wait).max(1.0);
+        let wall = (awake + wait).max(1.0);
         let cpu = self.cpu_ns.saturating_sub(earlier.cpu_ns) as f64;
+        let polled = self.polled_ns.saturating_sub(earlier.polled_ns) as f64;
         // Without schedstat, the loop's own split is all there is.
-        let busy = if self.cpu_ns > 0 {
+        let on_cpu = if self.cpu_ns > 0 {
             cpu.min(wall)
         } else {
-            tasks
+            awake
         };
-        let tasks = tasks.min(busy);
+        let polled = polled.min(on_cpu);
+        let busy = on_cpu - polled;
+        // The loop counts its polls as awake time.
+        let tasks = (awake - polled).clamp(0.0, busy);
         LoadShare {
             busy_pct: 100.0 * busy / wall,
             tasks_pct: 100.0 * tasks / wall,
             kernel_pct: 100.0 * (busy - tasks) / wall,
-            idle_pct: 100.0 * (wall - busy) / wall,
+            polled_pct: 100.0 * polled / wall,
+            idle_pct: 100.0 * (wall - on_cpu) / wall,
         }
     }
 }
@@ -103,6 +117,7 @@ impl ReactorLoad {
             idle_ns: self.idle_ns.load(Ordering::Relaxed),
             sleeps: self.sleeps.load(Ordering::Relaxed),
             cpu_ns: if tid > 0 { thread_cpu_ns(tid) } else { 0 },
+            polled_ns: self.polled_ns.load(Ordering::Relaxed),
         };
         let word = self.stretch.load(Ordering::Relaxed);
         if tid > 0 {
@@ -123,6 +138,11 @@ impl ReactorLoad {
         add(&self.busy_ns, busy);
         self.stretch
             .store(stretch_word(at, true), Ordering::Relaxed);
+    }
+
+    /// The loop spent `d` polling for work that did not come.
+    fn polled(&self, d: Duration) {
+        add(&self.polled_ns, d);
     }
 
     /// The loop woke at `at` after sleeping for `idle`.
@@ -151,10 +171,12 @@ static IDLE_POLL_NS: AtomicU64 = AtomicU64::new(0);
 ///
 /// A sleeping reactor pays for its wake-up: on this VM a vCPU that halted takes ~14 µs more
 /// per request-reply round trip (a depth-1 4 KiB write: 59 µs mean asleep, 45 µs with both
-/// cores kept awake). Polling a little longer than the client's turn-around keeps a reactor
-/// that serves one request at a time awake between them, at the cost of that much CPU per
-/// idle spell — which on a core shared with other busy threads is taken from them, so it is
-/// off by default.
+/// cores kept awake), and on slow-waking days far more. Polling a little longer than the
+/// client's turn-around keeps a reactor that serves one request at a time awake between
+/// them, at the cost of that much CPU per idle spell. Each turn of the poll yields the core
+/// (`sched_yield`), so a thread that shares the core and has work runs first: the poll takes
+/// only time nobody else wants. The turns that found nothing are counted apart
+/// ([`LoadSnapshot::polled_ns`]), so a reactor's busy share stays its work.
 pub fn set_idle_poll(d: Duration) {
     IDLE_POLL_NS.store(d.as_nanos().min(u64::MAX as u128) as u64, Ordering::Relaxed);
 }
@@ -197,6 +219,10 @@ pub fn block_on_measured<F: Future>(
 /// [`block_on_measured`]): one extra non-blocking enter per this many, a bound on how long a
 /// busy reactor can go without seeing its I/O complete.
 const FORCED_REAP_EVERY: u32 = 64;
+
+/// A turn of an idle poll whose task run took longer than this ran tasks: its time is work,
+/// not polling. (A run with nothing to do takes well under a microsecond.)
+const RAN_TASKS: Duration = Duration::from_micros(2);
 
 /// `IORING_ENTER_GETEVENTS`.
 const ENTER_GETEVENTS: libc::c_uint = 1;
@@ -264,24 +290,45 @@ fn run_loop<F: Future>(
                 // again, so a reactor that serves one request at a time stays awake.
                 let mut seen = activity();
                 let mut until = Instant::now() + Duration::from_nanos(idle_poll);
-                while Instant::now() < until {
+                let mut polled = Duration::ZERO;
+                loop {
+                    let turn = Instant::now();
+                    if turn >= until {
+                        break;
+                    }
                     count_turn(rt, &mut turns);
                     rt.poll_with(Some(Duration::ZERO));
                     if let Poll::Ready(out) = fut.as_mut().poll(&mut cx) {
                         rt.run();
                         return out;
                     }
+                    let ran = Instant::now();
                     runnable = rt.run();
+                    let done = Instant::now();
                     if runnable {
                         break;
                     }
                     let now = activity();
+                    let worked = now != seen || done - ran > RAN_TASKS;
                     if now != seen {
                         seen = now;
-                        until = Instant::now() + Duration::from_nanos(idle_poll);
+                        until = done + Duration::from_nanos(idle_poll);
                     }
-                    std::hint::spin_loop();
+                    // Another thread of this core with work to do goes first.
+                    // SAFETY: sched_yield has no preconditions.
+                    unsafe { libc::sched_yield() };
+                    if !worked {
+                        // A yield that let another thread run is not this one's time.
+                        let yielded = done.elapsed();
+                        polled += (done - turn)
+                            + if yielded < RAN_TASKS {
+                                yielded
+                            } else {
+                                Duration::ZERO
+                            };
+                    }
                 }
+                load.polled(polled);
             }
             if !runnable {
                 let asleep = Instant::now();
@@ -344,6 +391,17 @@ mod tests {
         assert_eq!(rounds, 50);
         let s = load.snapshot();
         assert!(s.sleeps >= 25, "the reactor never slept: {s:?}");
+        // Each round trip is followed by a window of fruitless polling, counted apart.
+        assert!(
+            s.polled_ns >= 25 * 100_000,
+            "50 poll windows of 200 µs: {s:?}"
+        );
+        let share = s.share_since(&LoadSnapshot::default());
+        assert!(share.polled_pct > 0.0, "{share:?}");
+        assert!(
+            (share.busy_pct + share.polled_pct + share.idle_pct - 100.0).abs() < 0.01,
+            "{share:?}"
+        );
         assert!(
             s.idle_ns >= 40_000_000,
             "50 idle spells of 2 ms are idle: {s:?}"

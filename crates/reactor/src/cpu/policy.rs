@@ -77,6 +77,11 @@ impl Allocation {
         self.reactors_per_osd
     }
 
+    /// How many reactors, of all the OSDs placed, run on `cpu`.
+    pub fn reactors_on(&self, cpu: u32) -> usize {
+        self.per_osd.iter().flatten().filter(|&&c| c == cpu).count()
+    }
+
     /// `(osd, cpus)` for every OSD, in OSD order.
     pub fn iter(&self) -> impl Iterator<Item = (u32, &[u32])> + '_ {
         (0u32..).zip(self.per_osd.iter().map(Vec::as_slice))

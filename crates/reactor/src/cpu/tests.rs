@@ -436,6 +436,9 @@ fn oversubscribing_wraps_around_round_robin_and_is_recorded() {
         (odd.cpus(0), odd.cpus(1), odd.cpus(2)),
         (&[0][..], &[1][..], &[0][..])
     );
+    // What an OSD asks before it polls: cpu 0 carries two reactors, cpu 1 one.
+    assert_eq!((odd.reactors_on(0), odd.reactors_on(1)), (2, 1));
+    assert_eq!(odd.reactors_on(7), 0);
 }
 
 #[test]
