@@ -527,6 +527,17 @@ fn wait_for_stop(
         if osd.any_reactor_exited() {
             bail!("a reactor exited unexpectedly; stopping");
         }
+        // A failed store shard stays failed until a restart: its PG copies cannot take a
+        // write, and kept running the OSD would be reported, held down and let up again by
+        // turns, each time stalling its PGs' clients for a peer grace. Stopping lets the
+        // managers mark it down at once and the other copies go on (as Ceph's OSD does).
+        if let Some((r, why)) = osd.store_failure() {
+            bail!(
+                "osd.{id}: the store of reactor {r} failed: {why}. Stopping, so that the other \
+                 copies of its PGs serve without it. Check the device; a restart mounts what the \
+                 store holds durable (every write it acknowledged)"
+            );
+        }
         let silent = osd
             .silent_peers()
             .into_iter()

@@ -6,7 +6,7 @@
 mod common;
 
 use carmine_mapstore::{LocalPgHistory, PgHistoryStore};
-use common::{alive, kill9, metric, Cluster};
+use common::{alive, kill9, metric, Cluster, SmallFs};
 use std::time::{Duration, Instant};
 
 /// Deterministic, incompressible-looking bytes.
@@ -784,5 +784,105 @@ fn an_osd_declared_lost_must_be_down_is_shown_lost_and_may_come_back_empty() {
     assert!(
         read_volume(&c, 4 << 20) == data,
         "data after osd.2 was removed"
+    );
+}
+
+/// A device that starts failing writes takes its OSD down for good: the OSD stops with an
+/// error that says why, the managers mark it down, its PGs go on with the other two copies
+/// and every acknowledged write reads back; a restart while the device still fails is
+/// refused. (Kept running, the OSD would answer pings, be reported by its peers, held down
+/// and let up again by turns, each time stalling its PGs' writes for a peer grace.)
+#[test]
+fn an_osd_whose_device_fails_stops_and_its_pgs_go_on_without_it() {
+    let Some(fs) = SmallFs::mount("dying", "640M") else {
+        return;
+    };
+    let c = Cluster::up(
+        "dying",
+        &[
+            "--osds",
+            "3",
+            "--pg-num",
+            "8",
+            "--store",
+            "native",
+            "--device-size",
+            "384M",
+            "--reactors",
+            "1",
+        ],
+    );
+    // osd.2's store moves to the small filesystem, where the OSD finds it behind a link.
+    c.ok(&["cluster", "down"]);
+    let store = c.dir.join("osd.2.store");
+    let moved = fs.mount.join("osd.2.store");
+    std::fs::copy(&store, &moved).unwrap();
+    std::fs::remove_file(&store).unwrap();
+    std::os::unix::fs::symlink(&moved, &store).unwrap();
+    c.ok(&["cluster", "up"]);
+    healthy(&c);
+    const MIB: usize = 1 << 20;
+    c.ok(&[
+        "volume",
+        "create",
+        "v",
+        "--size",
+        "8M",
+        "--object-size",
+        "1M",
+    ]);
+    let first = pattern(8 * MIB, 5);
+    c.write_volume("v", &first);
+    wait_clean(&c);
+
+    let victim = c.osd_pid(2);
+    fs.fail();
+    // Every PG has a copy on osd.2 (three OSDs, three copies): this write meets the failure.
+    let second = pattern(4 * MIB, 6);
+    let t = Instant::now();
+    c.write_volume("v", &second);
+    eprintln!(
+        "4 MiB written through osd.2's failing device in {:?}",
+        t.elapsed()
+    );
+    let start = Instant::now();
+    while alive(victim) {
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "osd.2's device fails, and osd.2 still runs"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let log = std::fs::read_to_string(c.dir.join("osd.2.log")).unwrap();
+    assert!(
+        log.contains("the store of reactor 0 failed") && log.contains("Read-only file system"),
+        "osd.2 stopped without saying why:\n{log}"
+    );
+    let mut expected = first.clone();
+    expected[..second.len()].copy_from_slice(&second);
+    assert!(
+        read_volume(&c, 8 * MIB) == expected,
+        "data after osd.2's device failed"
+    );
+    // `cluster status` exits non-zero on a warning: read what it says either way.
+    let out = c.run(&["cluster", "status"]);
+    let status =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    assert!(status.contains("1 osds down (osd.2)"), "{status}");
+
+    // Starting it again while the device still fails is refused, says why, and leaves the
+    // OSDs that run alone (a careless restart must not take their copies down too).
+    let others = [c.osd_pid(0), c.osd_pid(1)];
+    let out = c.run(&["cluster", "up"]);
+    let said = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(!out.status.success(), "osd.2 started on a failing device");
+    assert!(
+        said.contains("Read-only file system") && said.contains("every other OSD keeps running"),
+        "{said}"
+    );
+    assert!(others.iter().all(|p| alive(*p)), "{said}");
+    assert!(
+        read_volume(&c, 8 * MIB) == expected,
+        "data after the refused restart"
     );
 }

@@ -5,7 +5,7 @@ use std::process::{Command, Stdio};
 
 mod common;
 
-use common::{alive, Cluster, BIN};
+use common::{alive, Cluster, SmallFs, BIN};
 
 const NATIVE: &[&str] = &["--store", "native", "--device-size", "512M"];
 
@@ -280,55 +280,6 @@ fn output_to_a_closed_pipe_ends_quietly() {
         !err.contains("panicked") && !err.contains("Broken pipe"),
         "{err}"
     );
-}
-
-/// A small filesystem, loop-mounted (needs root; skipped with a note otherwise).
-struct SmallFs {
-    image: std::path::PathBuf,
-    mount: std::path::PathBuf,
-}
-
-impl SmallFs {
-    fn mount(name: &str, size: &str) -> Option<SmallFs> {
-        // SAFETY: plain syscall.
-        if unsafe { libc::geteuid() } != 0 {
-            eprintln!("skipped: mounting a loop filesystem needs root");
-            return None;
-        }
-        let base = std::env::temp_dir().join(format!("carmine-{name}-{}", std::process::id()));
-        let fs = SmallFs {
-            image: base.with_extension("img"),
-            mount: base.with_extension("mnt"),
-        };
-        std::fs::create_dir_all(&fs.mount).unwrap();
-        let run = |cmd: &str, args: &[&std::ffi::OsStr]| {
-            let st = Command::new(cmd).args(args).status().unwrap();
-            assert!(st.success(), "{cmd} {args:?}");
-        };
-        run(
-            "truncate",
-            &["-s".as_ref(), size.as_ref(), fs.image.as_os_str()],
-        );
-        run("mkfs.ext4", &["-q".as_ref(), fs.image.as_os_str()]);
-        run(
-            "mount",
-            &[
-                "-o".as_ref(),
-                "loop".as_ref(),
-                fs.image.as_os_str(),
-                fs.mount.as_os_str(),
-            ],
-        );
-        Some(fs)
-    }
-}
-
-impl Drop for SmallFs {
-    fn drop(&mut self) {
-        let _ = Command::new("umount").arg(&self.mount).status();
-        let _ = std::fs::remove_dir(&self.mount);
-        let _ = std::fs::remove_file(&self.image);
-    }
 }
 
 /// A disk too small for the store `cluster up` was asked to create: a clear error, and no

@@ -440,6 +440,33 @@ pub struct Running {
 }
 
 impl Running {
+    /// Stops the OSDs this process started that do not answer (those that exited are
+    /// reaped), leaving the rest running; the ones stopped, by name.
+    fn stop_unready(&mut self) -> Vec<String> {
+        let mut stopped = Vec::new();
+        for (id, child) in &mut self.children {
+            let answers = self.map.osd(*id).is_some_and(|o| {
+                o.reactors
+                    .iter()
+                    .all(|a| ping(*a, self.key.as_ref()).is_ok())
+            });
+            if answers && matches!(child.try_wait(), Ok(None)) {
+                continue;
+            }
+            // SAFETY: plain syscall on our own child's pid.
+            unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+            let deadline = Instant::now() + STOP_TIMEOUT;
+            while matches!(child.try_wait(), Ok(None)) && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            let _ = child.kill();
+            let _ = child.wait();
+            let _ = std::fs::remove_file(pid_file(&self.dir, *id));
+            stopped.push(format!("osd.{id}"));
+        }
+        stopped
+    }
+
     /// Stops the cluster and reaps the OSD processes this process started; returns what
     /// `down` says.
     pub fn down(mut self) -> Result<String> {
@@ -756,19 +783,31 @@ fn up_from(
         None => Ok(()),
     });
     if let Err(e) = ready {
-        let _ = running.down();
-        if !restart {
-            // A new cluster that never came up has served nothing: leave no half-made
-            // cluster (a map, store files cut short by a full disk) for the next `up`.
-            if let Err(f) = forget(&dir) {
-                return Err(e.context(format!("and cleaning up the new cluster: {f:#}")));
+        if restart {
+            // A restart brings back what it can. The OSDs that were running, and those of
+            // this `up` that came up, go on serving: stopping the whole cluster because one
+            // OSD cannot start (a failed disk) would take its PGs' other copies down with it.
+            let stopped = running.stop_unready();
+            if let Some(p) = &plan {
+                if let Err(m) = managers::ensure(&exe, &dir, p) {
+                    return Err(e.context(format!("and starting the managers: {m:#}")));
+                }
             }
             return Err(e.context(format!(
-                "the new cluster in {} did not come up and was removed",
-                dir.display()
+                "{} not started; every other OSD keeps running",
+                stopped.join(", ")
             )));
         }
-        return Err(e);
+        let _ = running.down();
+        // A new cluster that never came up has served nothing: leave no half-made cluster
+        // (a map, store files cut short by a full disk) for the next `up`.
+        if let Err(f) = forget(&dir) {
+            return Err(e.context(format!("and cleaning up the new cluster: {f:#}")));
+        }
+        return Err(e.context(format!(
+            "the new cluster in {} did not come up and was removed",
+            dir.display()
+        )));
     }
     let reactors = running.map.osds.first().map_or(0, |o| o.reactors.len());
     let pool = &running.map.pools[0];

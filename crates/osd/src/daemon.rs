@@ -369,6 +369,14 @@ impl Osd {
         all
     }
 
+    /// The first reactor whose store shard failed, and why (see `ReactorMetrics`).
+    pub fn store_failure(&self) -> Option<(usize, String)> {
+        self.metrics
+            .iter()
+            .enumerate()
+            .find_map(|(r, m)| Some((r, m.store_failure()?.to_string())))
+    }
+
     /// The oldest map epoch any reactor serves: every reactor has switched to it.
     pub fn applied_epoch(&self) -> u32 {
         self.metrics.iter().map(|m| m.epoch()).min().unwrap_or(0)

@@ -87,6 +87,8 @@ pub struct ReactorMetrics {
     epoch: AtomicU32,
     pgs: AtomicU64,
     store_failed: AtomicBool,
+    /// Why the store shard failed, once it did (it stays failed until the OSD restarts).
+    store_failure: std::sync::OnceLock<String>,
     store_capacity: AtomicU64,
     store_used: AtomicU64,
     store_objects: AtomicU64,
@@ -183,6 +185,17 @@ impl ReactorMetrics {
 
     pub(crate) fn set_store_failed(&self, failed: bool) {
         self.store_failed.store(failed, Ordering::Relaxed);
+    }
+
+    /// The store shard failed, for `why`: for the control thread, which stops the OSD.
+    pub(crate) fn note_store_failure(&self, why: String) {
+        self.store_failed.store(true, Ordering::Relaxed);
+        let _ = self.store_failure.set(why);
+    }
+
+    /// Why this reactor's store shard failed, if it did.
+    pub fn store_failure(&self) -> Option<&str> {
+        self.store_failure.get().map(String::as_str)
     }
 
     /// A scrub of one PG ended with `findings` bad copies, `unrepaired` of them left so.

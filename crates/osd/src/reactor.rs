@@ -273,9 +273,13 @@ async fn serve<S: ObjectStore + 'static>(setup: ReactorSetup, store: S) -> Resul
     shard.metrics.set_statfs(shard.store.statfs());
     let statfs = Rc::downgrade(&shard);
     carmine_reactor::spawn(async move {
-        // Space figures for metrics and `cluster status`; ends once the shard is gone.
+        // Space figures for metrics and `cluster status`, and a failed store for the control
+        // thread; ends once the shard is gone.
         while let Some(shard) = statfs.upgrade() {
             shard.metrics.set_statfs(shard.store.statfs());
+            if let Some(why) = shard.store.failure() {
+                shard.metrics.note_store_failure(why);
+            }
             drop(shard);
             carmine_reactor::sleep(STATFS_EVERY).await;
         }

@@ -180,3 +180,67 @@ impl Drop for Continue {
         signal(self.0, libc::SIGCONT);
     }
 }
+
+/// A small filesystem, loop-mounted (needs root; skipped with a note otherwise).
+pub struct SmallFs {
+    pub image: std::path::PathBuf,
+    pub mount: std::path::PathBuf,
+}
+
+impl SmallFs {
+    pub fn mount(name: &str, size: &str) -> Option<SmallFs> {
+        // SAFETY: plain syscall.
+        if unsafe { libc::geteuid() } != 0 {
+            eprintln!("skipped: mounting a loop filesystem needs root");
+            return None;
+        }
+        let base = std::env::temp_dir().join(format!("carmine-{name}-{}", std::process::id()));
+        let fs = SmallFs {
+            image: base.with_extension("img"),
+            mount: base.with_extension("mnt"),
+        };
+        std::fs::create_dir_all(&fs.mount).unwrap();
+        let run = |cmd: &str, args: &[&std::ffi::OsStr]| {
+            let st = Command::new(cmd).args(args).status().unwrap();
+            assert!(st.success(), "{cmd} {args:?}");
+        };
+        run(
+            "truncate",
+            &["-s".as_ref(), size.as_ref(), fs.image.as_os_str()],
+        );
+        run("mkfs.ext4", &["-q".as_ref(), fs.image.as_os_str()]);
+        run(
+            "mount",
+            &[
+                "-o".as_ref(),
+                // An error turns it read-only, as a failing disk's filesystem does (`fail`).
+                "loop,errors=remount-ro".as_ref(),
+                fs.image.as_os_str(),
+                fs.mount.as_os_str(),
+            ],
+        );
+        Some(fs)
+    }
+
+    /// Makes the filesystem fail as on a disk error: it turns read-only, and every write to
+    /// it from then on, through descriptors already open too, fails (EROFS).
+    pub fn fail(&self) {
+        let out = Command::new("findmnt")
+            .args(["-n", "-o", "SOURCE"])
+            .arg(&self.mount)
+            .output()
+            .unwrap();
+        let dev = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+        let name = dev.rsplit('/').next().unwrap();
+        std::fs::write(format!("/sys/fs/ext4/{name}/trigger_fs_error"), "test\n")
+            .unwrap_or_else(|e| panic!("failing {dev}: {e}"));
+    }
+}
+
+impl Drop for SmallFs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.mount).status();
+        let _ = std::fs::remove_dir(&self.mount);
+        let _ = std::fs::remove_file(&self.image);
+    }
+}
