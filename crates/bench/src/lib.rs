@@ -393,7 +393,7 @@ fn bench_carmine(a: &BenchArgs, cluster_dir: &std::path::Path) -> Result<Run> {
 
 /// The OSDs' `--idle-poll-us`: as given; 0 when they run on the client's core (a poller
 /// there takes turns from the client); else their own default.
-pub(crate) fn osd_idle_poll(a: &BenchArgs) -> Result<Option<u64>> {
+fn osd_idle_poll(a: &BenchArgs) -> Result<Option<u64>> {
     let osd_cpus = carmine_reactor::cpu::parse_cpu_list(&a.osd_cpu)?;
     Ok(a.idle_poll_us
         .or(osd_cpus.contains(&a.client_cpu).then_some(0)))
@@ -484,6 +484,30 @@ fn bench_against(a: &BenchArgs, running: &carmine_localcluster::Running) -> Resu
         })
         .await
     })
+    .map(|mut run| {
+        run.osd_idle_poll_us = osd_idle_polls(&dir, a.osds);
+        run
+    })
+}
+
+/// Each OSD's idle poll in µs, as its log says it chose (`osd.N: idle poll X µs (why)`);
+/// an OSD whose log does not say is left out.
+fn osd_idle_polls(dir: &std::path::Path, osds: u32) -> Vec<(u32, u64)> {
+    (0..osds)
+        .filter_map(|id| {
+            let log = std::fs::read_to_string(dir.join(format!("osd.{id}.log"))).ok()?;
+            let prefix = format!("osd.{id}: idle poll ");
+            let us = log
+                .lines()
+                .rev()
+                .find_map(|l| l.strip_prefix(&prefix))?
+                .split_whitespace()
+                .next()?
+                .parse()
+                .ok()?;
+            Some((id, us))
+        })
+        .collect()
 }
 
 /// fio-carmine's engine: as given, or beside this program; missing, it says how to build it.

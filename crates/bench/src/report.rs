@@ -82,9 +82,11 @@ pub struct Run {
     pub fsync: bool,
     /// With `fsync`: O_DSYNC journal writes instead of a separate fdatasync.
     pub dsync: bool,
-    /// Microseconds idle reactors (OSDs and built-in client) poll before sleeping (`None`:
-    /// the client does not, the OSDs by their default).
+    /// `--idle-poll-us`: microseconds idle reactors (OSDs and built-in client) poll before
+    /// sleeping (`None`: the client does not, the OSDs by their default).
     pub idle_poll_us: Option<u64>,
+    /// What each OSD chose, by its log: (id, µs).
+    pub osd_idle_poll_us: Vec<(u32, u64)>,
     /// Native store: journal writes in flight per shard, if not the OSDs' default.
     pub journal_writes: Option<u32>,
     pub latency_target_ms: f64,
@@ -136,7 +138,8 @@ impl Run {
             store: a.store.clone(),
             fsync: !a.no_fsync,
             dsync: a.dsync,
-            idle_poll_us: crate::osd_idle_poll(a).ok().flatten(),
+            idle_poll_us: a.idle_poll_us,
+            osd_idle_poll_us: Vec::new(),
             journal_writes: a.journal_writes,
             latency_target_ms: a.latency_target_ms,
             rows,
@@ -155,6 +158,32 @@ impl Run {
 }
 
 /// Who served the I/O, in words.
+/// Who polled before sleeping, as the OSDs said and the client was told.
+fn idle_poll_note(run: &Run) -> String {
+    let osds: std::collections::BTreeSet<u64> =
+        run.osd_idle_poll_us.iter().map(|(_, us)| *us).collect();
+    let osd = match (osds.len(), osds.first()) {
+        (0, _) => "OSD idle poll not known".to_string(),
+        (1, Some(0)) => "OSDs do not poll when idle".to_string(),
+        (1, Some(us)) => format!("OSD reactors poll {us} µs before sleeping"),
+        _ => {
+            let each: Vec<String> = run
+                .osd_idle_poll_us
+                .iter()
+                .map(|(id, us)| format!("osd.{id} {us} µs"))
+                .collect();
+            format!("OSD idle polls {}", each.join(", "))
+        }
+    };
+    let client = match run.idle_poll_us {
+        Some(us) if us > 0 && run.target == crate::Target::Carmine => {
+            format!(", the client {us} µs")
+        }
+        _ => String::new(),
+    };
+    format!(", {osd}{client}")
+}
+
 fn system(run: &Run) -> String {
     if let Some(c) = &run.ceph {
         return match (c.osds, c.size) {
@@ -178,11 +207,7 @@ fn system(run: &Run) -> String {
             ),
         };
     }
-    let mut idle_poll = match run.idle_poll_us {
-        None => ", OSD reactors poll 50 µs before sleeping where each has a core of its own (their default)".to_string(),
-        Some(0) => ", no idle polling".to_string(),
-        Some(us) => format!(", idle reactors poll {us} µs before sleeping"),
-    };
+    let mut idle_poll = idle_poll_note(run);
     if let Some(n) = run.journal_writes {
         idle_poll += &format!(", {n} journal writes in flight per shard");
     }

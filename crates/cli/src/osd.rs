@@ -139,8 +139,9 @@ pub struct OsdArgs {
     /// Microseconds an idle reactor keeps polling for work before it sleeps in the kernel (0:
     /// sleep at once). Cuts the wake-up cost out of a request-at-a-time client's latency, at
     /// the price of the poll's CPU: for reactors with a core of their own. Default: 50 when
-    /// every reactor of this OSD is pinned to a core no other reactor of the cluster's
-    /// placement uses, else 0 (polling reactors that share a core slow each other down).
+    /// `--cpu-set` is given and every reactor of this OSD is pinned to a core of it that no
+    /// other reactor of the cluster's placement uses, else 0 (a poller slows down whatever
+    /// shares its core).
     #[arg(long, value_parser = clap::value_parser!(u64).range(0..=10_000))]
     pub idle_poll_us: Option<u64>,
     /// The cluster key (64 hex characters, a file of mode 0600): every connection must
@@ -157,8 +158,6 @@ pub struct OsdArgs {
     pub perf_socket: Option<PathBuf>,
 }
 
-/// CPU for each reactor of `osd`, placed by the policy over the whole cluster's OSDs so that
-/// OSDs started as separate processes still get disjoint cores.
 /// The idle poll when `--idle-poll-us` is not given and every reactor has a core of its own.
 const IDLE_POLL_OWN_CORE: Duration = Duration::from_micros(50);
 
@@ -166,10 +165,14 @@ const IDLE_POLL_OWN_CORE: Duration = Duration::from_micros(50);
 struct Placement {
     cpus: Vec<Option<u32>>,
     grid: String,
-    /// Every reactor is pinned to a core that no other reactor of the placement uses.
+    /// Every reactor is pinned to a core that no other reactor of the placement uses, within
+    /// a cpu set the operator gave (without one, the placement may put the reactors on every
+    /// core there is, beside the clients and whatever else runs).
     own_cores: bool,
 }
 
+/// CPU for each reactor of `osd`, placed by the policy over the whole cluster's OSDs so that
+/// OSDs started as separate processes still get disjoint cores.
 fn reactor_cpus(
     map: &OsdMap,
     osd: u32,
@@ -186,7 +189,9 @@ fn reactor_cpus(
     Ok(Placement {
         cpus: mine.iter().map(|c| Some(*c)).collect(),
         grid: alloc.grid(&topo),
-        own_cores: !mine.is_empty() && mine.iter().all(|&c| alloc.reactors_on(c) == 1),
+        own_cores: cpu_set.is_some()
+            && !mine.is_empty()
+            && mine.iter().all(|&c| alloc.reactors_on(c) == 1),
     })
 }
 
@@ -195,7 +200,10 @@ fn idle_poll(given: Option<u64>, own_cores: bool) -> (Duration, &'static str) {
     match given {
         Some(us) => (Duration::from_micros(us), "as given"),
         None if own_cores => (IDLE_POLL_OWN_CORE, "each reactor has a core of its own"),
-        None => (Duration::ZERO, "reactors share cores or are not pinned"),
+        None => (
+            Duration::ZERO,
+            "reactors share cores, are not pinned, or have no --cpu-set",
+        ),
     }
 }
 

@@ -206,6 +206,9 @@ fn osd_reactors_poll_by_default_only_on_cores_of_their_own() {
     // Not pinned: the scheduler moves it, so it does not know whom it would slow down.
     let unpinned = poll_line("poll-unpinned", &["--osds", "1", "--no-pin"]);
     assert!(unpinned.contains("idle poll 0 µs"), "{unpinned}");
+    // Pinned without a cpu set: placed on any core, beside clients and whatever else runs.
+    let anywhere = poll_line("poll-anywhere", &["--osds", "1"]);
+    assert!(anywhere.contains("idle poll 0 µs"), "{anywhere}");
     // Given, it is obeyed.
     let given = poll_line(
         "poll-given",

@@ -101,8 +101,9 @@ pub struct UpArgs {
     /// 0: the rate above).
     #[arg(long)]
     pub recovery_busy_rate_mib: Option<u64>,
-    /// Microseconds an idle OSD reactor polls before it sleeps (the OSDs' default, 0, if not
-    /// given): for reactors with a core of their own.
+    /// Microseconds an idle OSD reactor polls before it sleeps. Not given: the OSDs' default
+    /// (50 with `--cpu-set` where each reactor has a core of its own, else 0). Kept across
+    /// restarts once given; `--reset-osd-settings` returns to the default.
     #[arg(long)]
     pub idle_poll_us: Option<u64>,
     /// Native store: journal writes in flight per shard (the OSDs' default, 1, if not given).

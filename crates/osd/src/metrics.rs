@@ -748,7 +748,8 @@ pub fn render(osd: u32, reactors: &[ReactorSource]) -> String {
         &mut t,
         "carmine_osd_reactor_busy_seconds_total",
         "counter",
-        "Time the reactor loop ran tasks (outside its kernel wait).",
+        "Time the reactor loop was awake (outside its kernel wait): running tasks, or polling \
+         for work (carmine_osd_reactor_polled_seconds_total).",
         &|r| secs(r.load.snapshot().busy_ns),
     );
     per_reactor(
@@ -769,7 +770,7 @@ pub fn render(osd: u32, reactors: &[ReactorSource]) -> String {
         &mut t,
         "carmine_osd_reactor_polled_seconds_total",
         "counter",
-        "Of the reactor's CPU time, the idle polls that found no work (--idle-poll-us).",
+        "Time in the turns of idle polls that found no work (--idle-poll-us).",
         &|r| secs(r.load.snapshot().polled_ns),
     );
     for (family, help) in [
