@@ -227,8 +227,20 @@ async fn read_straight_into_reply<S: ObjectStore + 'static>(
 
 /// True if a read of `pg` that failed with `e` may be healed from another copy: a bad local
 /// copy of an object of a replicated PG.
-fn read_repairable<S>(shard: &Shard<S>, pg: PgId, e: &StoreError) -> bool {
-    e.kind == StoreErrorKind::Corrupt && replicated(shard, pg)
+fn read_repairable<S: ObjectStore>(shard: &Shard<S>, pg: PgId, e: &StoreError) -> bool {
+    replicated(shard, pg) && local_copy_bad(shard, store_status(e.kind))
+}
+
+/// Whether a read that failed with `status` met a bad local copy, which a copy from another
+/// member heals: a checksum mismatch, or a device read error (a bad sector) while the store
+/// otherwise works — rewritten, the data goes to a new place on the device, as Ceph's OSD
+/// recovers an object from a replica on EIO. A store that failed as a whole heals nothing.
+fn local_copy_bad<S: ObjectStore>(shard: &Shard<S>, status: Status) -> bool {
+    match status {
+        Status::Corrupt => true,
+        Status::Io => shard.store.failure().is_none(),
+        _ => false,
+    }
 }
 
 /// Rewrites the local copy of `oid` from another member after `e`, and takes a new turn to
@@ -486,7 +498,7 @@ async fn handle_object<S: ObjectStore + 'static>(
             // Held across all the ops: no write to the object enters between two of them.
             let turn = crate::replication::ready_to_read(shard, pg, &req.oid).await?;
             match read_ops(shard, pg, &req).await {
-                Err(e) if e.status == Status::Corrupt => {
+                Err(e) if local_copy_bad(shard, e.status) => {
                     drop(turn);
                     let _turn = repair_for_read(shard, pg, &req.oid, &e).await?;
                     read_ops(shard, pg, &req).await
@@ -724,6 +736,11 @@ mod tests {
                 Response::decode(&reply),
                 Ok(Ok(Response::Pong { .. }))
             ));
+            // While the store works, a device read error is a bad local copy (healed from
+            // another member, like a checksum mismatch); other errors are not.
+            assert!(local_copy_bad(&shard, Status::Io));
+            assert!(local_copy_bad(&shard, Status::Corrupt));
+            assert!(!local_copy_bad(&shard, Status::ObjectNotFound));
 
             // The next fdatasync fails: the shard stops, and its pings say so.
             dev.fail_sync_at(0);
@@ -740,6 +757,9 @@ mod tests {
                 "{}",
                 err.message
             );
+            // A failed store's I/O errors are no bad copy: a rewrite could not land.
+            assert!(!local_copy_bad(&shard, Status::Io));
+            assert!(local_copy_bad(&shard, Status::Corrupt));
         });
     }
 }
