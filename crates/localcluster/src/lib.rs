@@ -441,17 +441,33 @@ pub struct Running {
 }
 
 impl Running {
-    /// Stops the OSDs this process started that do not answer (those that exited are
-    /// reaped), leaving the rest running; the ones stopped, by name.
+    /// Stops the OSDs this process started that do not come up (those that exited are
+    /// reaped; one still starting gets until the ready timeout), leaving the rest running;
+    /// the ones stopped, by name.
     fn stop_unready(&mut self) -> Vec<String> {
         let mut stopped = Vec::new();
+        let deadline = Instant::now() + READY_TIMEOUT;
         for (id, child) in &mut self.children {
-            let answers = self.map.osd(*id).is_some_and(|o| {
-                o.reactors
-                    .iter()
-                    .all(|a| ping(*a, self.key.as_ref()).is_ok())
-            });
-            if answers && matches!(child.try_wait(), Ok(None)) {
+            let answers = || {
+                self.map.osd(*id).is_some_and(|o| {
+                    o.reactors
+                        .iter()
+                        .all(|a| ping(*a, self.key.as_ref()).is_ok())
+                })
+            };
+            let up = loop {
+                if !matches!(child.try_wait(), Ok(None)) {
+                    break false;
+                }
+                if answers() {
+                    break true;
+                }
+                if Instant::now() > deadline {
+                    break false;
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            };
+            if up {
                 continue;
             }
             // SAFETY: plain syscall on our own child's pid.
@@ -685,8 +701,11 @@ pub fn up(a: &UpArgs) -> Result<Running> {
         }
     }
     let res = up_from(&dir, a, settings, early_notes);
-    if res.is_err() && started_etcd {
-        // A refused or failed `up` leaves nothing running that it started.
+    // A refused or failed `up` leaves nothing running that it started — but the map store
+    // stays while OSDs or managers run on it (a restart that brought back all but one).
+    let in_use =
+        || live_osds(&dir).is_ok_and(|l| !l.is_empty()) || !managers::live(&dir).is_empty();
+    if res.is_err() && started_etcd && !in_use() {
         let _ = maps::stop_private(&dir);
     }
     res
@@ -794,10 +813,13 @@ fn up_from(
                     return Err(e.context(format!("and starting the managers: {m:#}")));
                 }
             }
-            return Err(e.context(format!(
-                "{} not started; every other OSD keeps running",
-                stopped.join(", ")
-            )));
+            return Err(e.context(match stopped.is_empty() {
+                true => "every OSD of this `up` runs".to_string(),
+                false => format!(
+                    "{} not started; every other OSD keeps running",
+                    stopped.join(", ")
+                ),
+            }));
         }
         let _ = running.down();
         // A new cluster that never came up has served nothing: leave no half-made cluster

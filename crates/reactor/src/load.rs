@@ -218,6 +218,16 @@ pub fn block_on_measured<F: Future>(
     run_loop(rt, fut, load, IDLE_POLL_NS.load(Ordering::Relaxed))
 }
 
+/// [`block_on_measured`] for a reactor that must not poll whatever [`set_idle_poll`] says
+/// (its pinning failed, so it may share a core).
+pub(crate) fn block_on_measured_without_poll<F: Future>(
+    rt: &compio::runtime::Runtime,
+    fut: F,
+    load: &ReactorLoad,
+) -> F::Output {
+    run_loop(rt, fut, load, 0)
+}
+
 /// Turns of the reactor loop between polls that surely reap completions (see
 /// [`block_on_measured`]): one extra non-blocking enter per this many, a bound on how long a
 /// busy reactor can go without seeing its I/O complete.

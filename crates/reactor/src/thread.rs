@@ -65,16 +65,23 @@ where
         .name(name.clone())
         .spawn(move || {
             let _entered = span.enter();
+            let mut may_poll = true;
             if let Some(cpu) = cpu {
                 if let Err(e) = crate::cpu::pin_current_thread(cpu) {
-                    tracing::warn!("cannot pin reactor to cpu {cpu}: {e}");
+                    tracing::warn!("cannot pin reactor to cpu {cpu}: {e}; it does not poll");
+                    // Its core is not its own after all.
+                    may_poll = false;
                 }
             }
             let rt = crate::new_runtime().expect("cannot create an io_uring runtime");
             // Like compio's own block_on: a panicking task's siblings are dropped only once
             // the unwind is over, then the panic carries on to `join`.
             let out = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                crate::block_on_measured(&rt, make(), &thread_load)
+                if may_poll {
+                    crate::block_on_measured(&rt, make(), &thread_load)
+                } else {
+                    crate::load::block_on_measured_without_poll(&rt, make(), &thread_load)
+                }
             }));
             drop(rt);
             out.unwrap_or_else(|p| std::panic::resume_unwind(p))
