@@ -72,6 +72,24 @@ fn healthy_within(c: &Cluster, limit: Duration) -> String {
 /// the cluster is healthy: no object lacks a copy, every PG active and clean as its primary
 /// reports it, every OSD up. (An OSD restarted within its interval leaves the histories as
 /// they were: the health is what shows it caught up.)
+/// Volume `v`: 8 MiB in objects of 1 MiB, written with `pattern(.., seed)`, every copy in
+/// place; what it holds.
+fn clean_volume_of_8_mib(c: &Cluster, seed: u64) -> Vec<u8> {
+    c.ok(&[
+        "volume",
+        "create",
+        "v",
+        "--size",
+        "8M",
+        "--object-size",
+        "1M",
+    ]);
+    let data = pattern(8 << 20, seed);
+    c.write_volume("v", &data);
+    wait_clean(c);
+    data
+}
+
 fn wait_clean(c: &Cluster) -> Duration {
     let start = Instant::now();
     let map = carmine_localcluster::read_map(&c.dir).unwrap();
@@ -271,18 +289,7 @@ fn a_block_corrupted_on_disk_is_found_by_deep_scrub_repaired_and_never_read() {
         ],
     );
     const MIB: usize = 1 << 20;
-    c.ok(&[
-        "volume",
-        "create",
-        "v",
-        "--size",
-        "8M",
-        "--object-size",
-        "1M",
-    ]);
-    let data = pattern(8 * MIB, 3);
-    c.write_volume("v", &data);
-    wait_clean(&c);
+    let data = clean_volume_of_8_mib(&c, 3);
     let clean = c.ok(&["pg", "deep-scrub", "--pool", "rbd"]);
     assert!(clean.contains("8 PGs: 0 bad copies found"), "{clean}");
     let info = c.ok(&["volume", "info", "v"]);
@@ -822,18 +829,7 @@ fn an_osd_whose_device_fails_stops_and_its_pgs_go_on_without_it() {
     c.ok(&["cluster", "up"]);
     healthy(&c);
     const MIB: usize = 1 << 20;
-    c.ok(&[
-        "volume",
-        "create",
-        "v",
-        "--size",
-        "8M",
-        "--object-size",
-        "1M",
-    ]);
-    let first = pattern(8 * MIB, 5);
-    c.write_volume("v", &first);
-    wait_clean(&c);
+    let first = clean_volume_of_8_mib(&c, 5);
 
     let victim = c.osd_pid(0);
     fs.fail();

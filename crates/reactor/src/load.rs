@@ -52,7 +52,8 @@ pub struct LoadSnapshot {
     /// The reactor thread's on-CPU time, user and kernel (0 if unreadable).
     #[serde(default)]
     pub cpu_ns: u64,
-    /// Of `cpu_ns`, the time spent polling for work while idle ([`set_idle_poll`]).
+    /// Time in the turns of idle polls that found no work ([`set_idle_poll`]): wall time,
+    /// which on a core of its own is the reactor's CPU time.
     #[serde(default)]
     pub polled_ns: u64,
 }
