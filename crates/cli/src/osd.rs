@@ -472,6 +472,13 @@ fn native_store(a: &OsdArgs, reactors: u32) -> Result<StoreConfig> {
     }
     let shards = match crate::store::shard_count(&device) {
         Ok(n) => n,
+        // The device itself failed (an I/O error, a filesystem turned read-only): nothing
+        // says the store is bad, and formatting is no cure.
+        Err(e) if !blank && device_failed(&e) => bail!(
+            "{e:#}. The device failed, not the store's format: check {} (nothing on it was \
+             changed); the store mounts again once it can be read and written",
+            device.display()
+        ),
         Err(e) if !blank => bail!(
             "{e:#}. {} holds data but no readable native store: refusing to format it \
              (`carmine store mkfs --force` destroys what it holds)",
@@ -498,6 +505,15 @@ fn native_store(a: &OsdArgs, reactors: u32) -> Result<StoreConfig> {
             Durability::PowerLossDsync => carmine_nativestore::SyncMode::Dsync,
             Durability::ProcessCrash => carmine_nativestore::SyncMode::ProcessCrashOnly,
         },
+    })
+}
+
+/// Whether `e` comes from the operating system failing an I/O (its errno), rather than from
+/// what was read.
+fn device_failed(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| {
+        c.downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.raw_os_error().is_some())
     })
 }
 

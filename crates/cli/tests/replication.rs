@@ -885,6 +885,12 @@ fn an_osd_whose_device_fails_stops_and_its_pgs_go_on_without_it() {
         device_error(&said) && said.contains("every other OSD keeps running"),
         "{said}"
     );
+    // The store is not to blame, and the log says so: no hint at formatting it.
+    let log = std::fs::read_to_string(c.dir.join("osd.0.log")).unwrap();
+    assert!(
+        log.contains("The device failed, not the store's format") && !log.contains("mkfs"),
+        "{log}"
+    );
     assert!(others.iter().all(|p| alive(*p)), "{said}");
     assert!(
         read_volume(&c, 8 * MIB) == expected,
