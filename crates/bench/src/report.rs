@@ -324,7 +324,7 @@ pub fn markdown(run: &Run) -> String {
                     b.wakeups_per_s / 1e3
                 )
             });
-        // OSD CPU per I/O, and of it the reactors' idle polls (time no other thread wanted).
+        // OSD CPU per I/O, and of it the reactors' idle-poll turns that found no work.
         let polled_cores: f64 = r.reactor_busy.iter().map(|b| b.polled_pct / 100.0).sum();
         let per_io = if polled_cores > 0.0005 && c.iops > 0.0 {
             format!(

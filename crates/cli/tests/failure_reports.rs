@@ -63,15 +63,7 @@ fn a_hung_osd_is_reported_by_its_peers_marked_down_and_held_until_it_runs_again(
             "6",
         ],
     );
-    c.ok(&[
-        "volume",
-        "create",
-        "v",
-        "--size",
-        "8M",
-        "--object-size",
-        "1M",
-    ]);
+    c.create_volume("v", "8M", "1M");
     let first = pattern(8 << 20, 1);
     c.write_volume("v", &first);
     let victim = c.osd_pid(2);

@@ -68,28 +68,36 @@ fn healthy_within(c: &Cluster, limit: Duration) -> String {
     }
 }
 
-/// Waits until every PG went active with all three OSDs and settled its history on that, and
-/// the cluster is healthy: no object lacks a copy, every PG active and clean as its primary
-/// reports it, every OSD up. (An OSD restarted within its interval leaves the histories as
-/// they were: the health is what shows it caught up.)
+/// `cluster up` arguments for three native-store OSDs of one reactor each, 8 PGs.
+fn native_args(device_size: &str) -> [&str; 10] {
+    [
+        "--osds",
+        "3",
+        "--pg-num",
+        "8",
+        "--store",
+        "native",
+        "--device-size",
+        device_size,
+        "--reactors",
+        "1",
+    ]
+}
+
 /// Volume `v`: 8 MiB in objects of 1 MiB, written with `pattern(.., seed)`, every copy in
 /// place; what it holds.
 fn clean_volume_of_8_mib(c: &Cluster, seed: u64) -> Vec<u8> {
-    c.ok(&[
-        "volume",
-        "create",
-        "v",
-        "--size",
-        "8M",
-        "--object-size",
-        "1M",
-    ]);
+    c.create_volume("v", "8M", "1M");
     let data = pattern(8 << 20, seed);
     c.write_volume("v", &data);
     wait_clean(c);
     data
 }
 
+/// Waits until every PG went active with all three OSDs and settled its history on that, and
+/// the cluster is healthy: no object lacks a copy, every PG active and clean as its primary
+/// reports it, every OSD up. (An OSD restarted within its interval leaves the histories as
+/// they were: the health is what shows it caught up.)
 fn wait_clean(c: &Cluster) -> Duration {
     let start = Instant::now();
     let map = carmine_localcluster::read_map(&c.dir).unwrap();
@@ -273,21 +281,7 @@ fn corrupt_on_disk(c: &Cluster, id: u32, needle: &[u8]) -> usize {
 
 #[test]
 fn a_block_corrupted_on_disk_is_found_by_deep_scrub_repaired_and_never_read() {
-    let c = Cluster::up(
-        "scrub",
-        &[
-            "--osds",
-            "3",
-            "--pg-num",
-            "8",
-            "--store",
-            "native",
-            "--device-size",
-            "512M",
-            "--reactors",
-            "1",
-        ],
-    );
+    let c = Cluster::up("scrub", &native_args("512M"));
     const MIB: usize = 1 << 20;
     let data = clean_volume_of_8_mib(&c, 3);
     let clean = c.ok(&["pg", "deep-scrub", "--pool", "rbd"]);
@@ -804,21 +798,7 @@ fn an_osd_whose_device_fails_stops_and_its_pgs_go_on_without_it() {
     let Some(fs) = SmallFs::mount("dying", "640M").filter(SmallFs::can_fail) else {
         return;
     };
-    let c = Cluster::up(
-        "dying",
-        &[
-            "--osds",
-            "3",
-            "--pg-num",
-            "8",
-            "--store",
-            "native",
-            "--device-size",
-            "384M",
-            "--reactors",
-            "1",
-        ],
-    );
+    let c = Cluster::up("dying", &native_args("384M"));
     // osd.0's store moves to the small filesystem, where the OSD finds it behind a link.
     c.ok(&["cluster", "down"]);
     let store = c.dir.join("osd.0.store");

@@ -82,14 +82,12 @@ async fn answer<S: ObjectStore + 'static>(
         }),
         // A shard whose store failed is not healthy, and says so to whoever checks.
         Ok(Request::Ping { .. }) if shard.store.failure().is_some() => Err({
-            shard.metrics.set_store_failed(true);
+            let why = shard.store.failure().unwrap_or_default();
+            shard.metrics.note_store_failure(why.clone());
             ErrorReply {
                 status: Status::Io,
                 op_index: None,
-                message: format!(
-                    "store shard failed: {}",
-                    shard.store.failure().unwrap_or_default()
-                ),
+                message: format!("store shard failed: {why}"),
             }
         }),
         Ok(Request::Ping { payload }) => Ok(Response::Pong { payload }),

@@ -86,7 +86,6 @@ pub struct ReactorMetrics {
     auth_refused: AtomicU64,
     epoch: AtomicU32,
     pgs: AtomicU64,
-    store_failed: AtomicBool,
     /// Why the store shard failed, once it did (it stays failed until the OSD restarts).
     store_failure: std::sync::OnceLock<String>,
     store_capacity: AtomicU64,
@@ -183,13 +182,8 @@ impl ReactorMetrics {
         self.pgs.store(pgs as u64, Ordering::Relaxed);
     }
 
-    pub(crate) fn set_store_failed(&self, failed: bool) {
-        self.store_failed.store(failed, Ordering::Relaxed);
-    }
-
     /// The store shard failed, for `why`: for the control thread, which stops the OSD.
     pub(crate) fn note_store_failure(&self, why: String) {
-        self.store_failed.store(true, Ordering::Relaxed);
         let _ = self.store_failure.set(why);
     }
 
@@ -487,7 +481,7 @@ pub fn render(osd: u32, reactors: &[ReactorSource]) -> String {
         "carmine_osd_store_failed",
         "gauge",
         "1 once the reactor's store shard has failed (it then refuses every request).",
-        &|r| (r.metrics.store_failed.load(Ordering::Relaxed) as u8).to_string(),
+        &|r| (r.metrics.store_failure().is_some() as u8).to_string(),
     );
     per_reactor(
         &mut t,

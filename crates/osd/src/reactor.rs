@@ -350,9 +350,9 @@ async fn serve<S: ObjectStore + 'static>(setup: ReactorSetup, store: S) -> Resul
                     }
                     shard.connections.set(shard.connections.get() - 1);
                     shard.metrics.set_connections(shard.connections.get());
-                    shard
-                        .metrics
-                        .set_store_failed(shard.store.failure().is_some());
+                    if let Some(why) = shard.store.failure() {
+                        shard.metrics.note_store_failure(why);
+                    }
                 })
                 .detach();
             }

@@ -61,6 +61,19 @@ impl Cluster {
         String::from_utf8_lossy(&out.stderr).into_owned()
     }
 
+    /// Creates volume `name` of `size` in objects of `object_size` (sizes as the CLI takes them).
+    pub fn create_volume(&self, name: &str, size: &str, object_size: &str) {
+        self.ok(&[
+            "volume",
+            "create",
+            name,
+            "--size",
+            size,
+            "--object-size",
+            object_size,
+        ]);
+    }
+
     /// Writes `data` at the start of volume `name` through `carmine volume write`.
     pub fn write_volume(&self, name: &str, data: &[u8]) {
         use std::io::Write;
