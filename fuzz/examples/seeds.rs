@@ -7,8 +7,8 @@ use bytes::{Bytes, BytesMut};
 use carmine_cluster::{OsdInfo, OsdMap, Pool};
 use carmine_nativestore::fuzzing::{
     decode_checkpoint_slot, decode_deltas, decode_segment_header, decode_superblock, encode_record,
-    parse_record, CheckpointSlot, Delta, Extent, IndexState, JournalPos, SegmentHeader, SegmentKind,
-    Superblock, BLOCK,
+    join_tree_entries, parse_record, CheckpointSlot, Delta, Extent, IndexState, JournalPos,
+    SegmentHeader, SegmentKind, Superblock, BLOCK,
 };
 use carmine_proto::{
     encode_error, encode_request, encode_response, ErrorReply, ObjectRequest, OpOutput, Opcode,
@@ -430,6 +430,7 @@ fn peer_message(c: &mut Corpus) {
                     epoch: 2,
                     stamp: 5_000_000_000,
                     granted: 2_000_000_000,
+                    full: true,
                 },
                 ops: vec![],
             },
@@ -618,6 +619,7 @@ fn store_blocks(c: &mut Corpus) {
             blob_len: 12345,
             blob_crc: 0xabcdef,
             segments,
+            tree_root: None,
         };
         let enc = slot.encode();
         assert_eq!(
@@ -625,6 +627,20 @@ fn store_blocks(c: &mut Corpus) {
             slot
         );
         c.put_both("checkpoint_slot", &format!("slot{i}"), &enc, enc.len() - 4);
+        if i == 0 {
+            let tree = CheckpointSlot {
+                blob_len: 0,
+                blob_crc: 0,
+                tree_root: Some(4242),
+                ..slot
+            };
+            let enc = tree.encode();
+            assert_eq!(
+                decode_checkpoint_slot(&enc).expect("seed slot decodes"),
+                tree
+            );
+            c.put_both("checkpoint_slot", "tree", &enc, enc.len() - 4);
+        }
     }
 
     for (i, kind) in [SegmentKind::Journal, SegmentKind::Checkpoint]
@@ -710,6 +726,15 @@ fn journal(c: &mut Corpus) {
         "empty",
         &IndexState::new(8, 16).encode(),
     );
+    // The same index as metadata tree records (format 4 checkpoints).
+    let mut index = IndexState::new(8, 16);
+    for d in &ds[..ds.len() - 2] {
+        index.apply(d).expect("seed delta applies");
+    }
+    let entries = index.tree_entries();
+    let again = IndexState::from_tree_entries(&entries, 8, 16).expect("seed records load");
+    assert_eq!(again.tree_entries(), entries);
+    c.put("metadata_records", "small", &join_tree_entries(&entries));
     // A version 1 blob (format 1 and 2 stores: one entry per block), as those builds wrote it.
     let mut v1 = Vec::new();
     v1.extend_from_slice(&1u32.to_le_bytes()); // version

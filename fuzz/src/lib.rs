@@ -135,14 +135,17 @@ pub fn seal_checkpoint_slot(block: &mut Vec<u8>) {
     };
     set_u32_at(block, COUNT_OFF, n);
     if n as usize <= CKPT_SEGMENTS_MAX {
-        seal_at(block, slot_body_len(n as usize));
+        let version = le_u32_at(block, BLOCK_VERSION_OFF);
+        seal_at(block, slot_body_len(n as usize, version));
     }
 }
 
-pub fn slot_body_len(segments: usize) -> usize {
+pub fn slot_body_len(segments: usize, version: u32) -> usize {
     // magic, version, count, shard, uuid, generation, journal position (segment, segment
-    // seq, block, record seq), segment seq max, blob len, blob crc, then the segments.
-    8 + 4 + 4 + 4 + 16 + 8 + 4 + 8 + 4 + 8 + 8 + 8 + 4 + 4 * segments
+    // seq, block, record seq), segment seq max, blob len, blob crc, then the segments, and
+    // from format 4 on the tree root.
+    let tree_root = if version >= 4 { 8 } else { 0 };
+    8 + 4 + 4 + 4 + 16 + 8 + 4 + 8 + 4 + 8 + 8 + 8 + 4 + 4 * segments + tree_root
 }
 
 /// Segment header: magic and crc over its fixed body.

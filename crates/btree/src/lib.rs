@@ -18,7 +18,7 @@
 mod node;
 
 use node::{Body, Node, Ptr, ROOM};
-pub use node::{NodeError, Paddr, KEY_MAX, NODE_SIZE, VALUE_MAX};
+pub use node::{NodeError, Paddr, GENERATION_MAX, KEY_MAX, NODE_SIZE, VALUE_MAX};
 
 /// A node an operation needs is on the device only.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -58,6 +58,13 @@ pub enum LoadError {
         found: u8,
         expected: u8,
     },
+    /// Written after the node (or the checkpoint) that points to it: the block was reused.
+    #[error("node at {paddr} is of generation {found}, newer than the {limit} that points to it")]
+    Newer {
+        paddr: Paddr,
+        found: u64,
+        limit: u64,
+    },
 }
 
 /// What [`Tree::flush`] produced.
@@ -77,6 +84,8 @@ pub struct Tree {
     root: Ptr,
     /// The level the root must have when it is loaded from the device (`None`: any).
     root_level: Option<u8>,
+    /// The newest generation the root may have when it is loaded from the device.
+    root_generation: u64,
     /// Device copies of nodes removed from the tree since the last flush.
     removed: Vec<Paddr>,
     /// Counts node visits, for least-recently-used eviction.
@@ -97,6 +106,7 @@ impl Tree {
             free_ids: Vec::new(),
             root: Ptr::Mem(0),
             root_level: Some(0),
+            root_generation: GENERATION_MAX,
             removed: Vec::new(),
             clock: Default::default(),
         }
@@ -104,11 +114,19 @@ impl Tree {
 
     /// The tree whose root node is at `root` on the device; nothing loaded yet.
     pub fn open(root: Paddr) -> Self {
+        Self::open_at(root, GENERATION_MAX)
+    }
+
+    /// The tree whose root node is at `root`, written by a flush of generation `generation`
+    /// (see [`Tree::flush_at`]): a node of a later generation met on the way is a block
+    /// reused since, and refused by [`Tree::load`].
+    pub fn open_at(root: Paddr, generation: u64) -> Self {
         Tree {
             nodes: Vec::new(),
             free_ids: Vec::new(),
             root: Ptr::Disk(root),
             root_level: None,
+            root_generation: generation,
             removed: Vec::new(),
             clock: Default::default(),
         }
@@ -232,26 +250,29 @@ impl Tree {
         let Body::Leaf(vals) = &mut leaf.body else {
             unreachable!("descend ends in a leaf")
         };
-        let old = match leaf.keys.binary_search_by(|k| k.as_slice().cmp(key)) {
-            Ok(i) => Some(std::mem::replace(&mut vals[i], value.to_vec())),
+        let (old, appended) = match leaf.keys.binary_search_by(|k| k.as_slice().cmp(key)) {
+            Ok(i) => (Some(std::mem::replace(&mut vals[i], value.to_vec())), false),
             Err(i) => {
                 leaf.keys.insert(i, key.to_vec());
                 vals.insert(i, value.to_vec());
-                None
+                (None, i + 1 == leaf.keys.len())
             }
         };
-        self.split_overfull(&path);
+        self.split_overfull(&path, appended);
         Ok(old)
     }
 
-    /// Splits the nodes of `path` that no longer fit, from the leaf up.
-    fn split_overfull(&mut self, path: &[(usize, usize)]) {
+    /// Splits the nodes of `path` that no longer fit, from the leaf up. `appended`: the new
+    /// entry is the leaf's last. A node that overflows because an entry was added at its
+    /// end keeps all the others (they fit before): keys that come in ascending order, as a
+    /// checkpoint's new objects do, then fill nodes instead of leaving them half empty.
+    fn split_overfull(&mut self, path: &[(usize, usize)], mut appended: bool) {
         for depth in (0..path.len()).rev() {
             let (id, _) = path[depth];
             if self.node(id).used() <= ROOM {
                 return;
             }
-            let right = self.node_mut(id).split_off_upper();
+            let right = self.node_mut(id).split_off_upper(appended);
             let right_key = right.keys[0].clone();
             let rid = self.alloc(right);
             if depth == 0 {
@@ -262,6 +283,7 @@ impl Tree {
                     body: Body::Inner(vec![Ptr::Mem(id), Ptr::Mem(rid)]),
                     disk: None,
                     dirty: true,
+                    generation: 0,
                     used: Default::default(),
                 };
                 let root_id = self.alloc(root);
@@ -272,6 +294,7 @@ impl Tree {
             let (parent, at) = path[depth - 1];
             let p = self.node_mut(parent);
             p.keys.insert(at + 1, right_key);
+            appended = at + 2 == p.keys.len();
             let Body::Inner(children) = &mut p.body else {
                 unreachable!("a parent is an inner node")
             };
@@ -399,6 +422,49 @@ impl Tree {
         Ok(())
     }
 
+    /// Up to `max` nodes that are on the device only and hang from loaded nodes (or the
+    /// root, when nothing is loaded), each with a key that leads to it: loading them, then
+    /// asking again, brings the whole tree into memory level by level, many reads at a time.
+    pub fn unloaded(&self, max: usize) -> Vec<Need> {
+        let mut out = Vec::new();
+        self.unloaded_below(self.root, &[], max, &mut out);
+        out
+    }
+
+    fn unloaded_below(&self, ptr: Ptr, route: &[u8], max: usize, out: &mut Vec<Need>) {
+        if out.len() >= max {
+            return;
+        }
+        let id = match ptr {
+            Ptr::Disk(paddr) => {
+                return out.push(Need {
+                    paddr,
+                    key: route.to_vec(),
+                })
+            }
+            Ptr::Mem(id) => id,
+        };
+        let n = self.node(id);
+        if let Body::Inner(children) = &n.body {
+            for (i, (k, child)) in n.keys.iter().zip(children).enumerate() {
+                // The first child is reached by the node's own route, the others by their
+                // lower bound (as `range` does).
+                let route = if i == 0 { route } else { k.as_slice() };
+                self.unloaded_below(*child, route, max, out);
+            }
+        }
+    }
+
+    /// The device places of the loaded nodes that have one.
+    pub fn loaded_paddrs(&self) -> impl Iterator<Item = Paddr> + '_ {
+        self.nodes.iter().flatten().filter_map(|n| n.disk)
+    }
+
+    /// Loaded nodes that differ from their device copy (or have none): what a flush writes.
+    pub fn dirty_nodes(&self) -> usize {
+        self.nodes.iter().flatten().filter(|n| n.dirty).count()
+    }
+
     /// Takes the block of a node an operation needed (`need`, from a [`TreeError::Need`]):
     /// checks it and hangs it where the tree expects it.
     pub fn load(&mut self, need: &Need, block: &[u8]) -> Result<(), LoadError> {
@@ -420,6 +486,17 @@ impl Tree {
             }
         }
         let node = Node::decode(need.paddr, block)?;
+        let limit = match parent {
+            Some((pid, _)) => self.node(pid).generation,
+            None => self.root_generation,
+        };
+        if node.generation > limit {
+            return Err(LoadError::Newer {
+                paddr: need.paddr,
+                found: node.generation,
+                limit,
+            });
+        }
         let expected = match parent {
             Some((pid, _)) => Some(self.node(pid).level - 1),
             None => self.root_level,
@@ -449,15 +526,23 @@ impl Tree {
         Ok(())
     }
 
-    /// Writes every dirty node to a new place from `place`, children first.
+    /// Writes every dirty node to a new place from `place`, children first, as generation 0.
     pub fn flush(&mut self, place: &mut dyn FnMut() -> Paddr) -> Flushed {
+        self.flush_at(0, place)
+    }
+
+    /// Writes every dirty node to a new place from `place`, children first, marked with
+    /// `generation` (at most [`GENERATION_MAX`]; at least that of every earlier flush), so
+    /// that a reader can tell a node from a later flush that took a freed place.
+    pub fn flush_at(&mut self, generation: u64, place: &mut dyn FnMut() -> Paddr) -> Flushed {
+        assert!(generation <= GENERATION_MAX, "generation {generation}");
         let mut out = Flushed {
             freed: std::mem::take(&mut self.removed),
             ..Flushed::default()
         };
         out.root = match self.root {
             Ptr::Disk(p) => p,
-            Ptr::Mem(id) => self.flush_node(id, place, &mut out),
+            Ptr::Mem(id) => self.flush_node(id, generation, place, &mut out),
         };
         out
     }
@@ -465,6 +550,7 @@ impl Tree {
     fn flush_node(
         &mut self,
         id: usize,
+        generation: u64,
         place: &mut dyn FnMut() -> Paddr,
         out: &mut Flushed,
     ) -> Paddr {
@@ -482,10 +568,11 @@ impl Tree {
                 })
                 .collect();
             for cid in loaded {
-                self.flush_node(cid, place, out);
+                self.flush_node(cid, generation, place, out);
             }
         }
         let new = place();
+        self.node_mut(id).generation = generation;
         let n = self.node(id);
         let block = n.encode(|c| match c {
             Ptr::Disk(p) => p,
@@ -671,6 +758,118 @@ mod tests {
         // Down to the root alone once every clean node may go.
         t.evict_to(0);
         assert_eq!(t.loaded(), 1);
+    }
+
+    #[test]
+    fn unloaded_brings_in_the_whole_tree_level_by_level() {
+        let mut t = Tree::new();
+        for i in 0..3000u32 {
+            t.insert(format!("key-{i:06}").as_bytes(), &[i as u8; 60])
+                .unwrap();
+        }
+        assert_eq!(t.dirty_nodes(), t.loaded());
+        let mut next = 0;
+        let f = t.flush(&mut || {
+            next += 1;
+            next
+        });
+        assert_eq!(t.dirty_nodes(), 0);
+        let nodes = f.writes.len();
+        let dev: HashMap<Paddr, Vec<u8>> = f.writes.into_iter().collect();
+        let mut t = Tree::open(f.root);
+        let mut rounds = 0;
+        loop {
+            let wanted = t.unloaded(7);
+            if wanted.is_empty() {
+                break;
+            }
+            assert!(wanted.len() <= 7);
+            for n in &wanted {
+                t.load(n, &dev[&n.paddr]).unwrap();
+            }
+            rounds += 1;
+        }
+        assert_eq!(t.loaded(), nodes);
+        assert!(rounds >= nodes / 7);
+        let mut places: Vec<Paddr> = t.loaded_paddrs().collect();
+        places.sort_unstable();
+        assert_eq!(places, (1..=nodes as u64).collect::<Vec<_>>());
+        let all = t.range(b"", None, usize::MAX).unwrap();
+        assert_eq!(all.len(), 3000);
+        assert_eq!(all[2999].1, vec![2999u32 as u8; 60]);
+    }
+
+    #[test]
+    fn keys_in_ascending_order_fill_their_nodes() {
+        let mut t = Tree::new();
+        let entry: usize = 4 + 10 + 100;
+        for i in 0..4000u32 {
+            t.insert(format!("key-{i:06}").as_bytes(), &[7; 100])
+                .unwrap();
+        }
+        let leaves_if_full = (4000 * entry).div_ceil(ROOM);
+        let written = t.flush(&mut || 1).writes.len();
+        // Halving splits would leave about twice as many leaves.
+        assert!(
+            written <= leaves_if_full + leaves_if_full / 20 + 2,
+            "{written} nodes for {leaves_if_full} full leaves"
+        );
+    }
+
+    #[test]
+    fn a_node_newer_than_what_points_to_it_is_refused() {
+        let mut t = Tree::new();
+        for i in 0..500u32 {
+            t.insert(format!("key-{i:06}").as_bytes(), &[1; 40])
+                .unwrap();
+        }
+        let mut next = 0;
+        let f = t.flush_at(5, &mut || {
+            next += 1;
+            next
+        });
+        let mut dev: HashMap<Paddr, Vec<u8>> = f.writes.into_iter().collect();
+        // The root of generation 5 is refused by a reader of generation 4.
+        let mut old = Tree::open_at(f.root, 4);
+        let Err(TreeError::Need(n)) = old.get(b"key-000001") else {
+            panic!("nothing is loaded")
+        };
+        assert!(matches!(
+            old.load(&n, &dev[&n.paddr]),
+            Err(LoadError::Newer {
+                found: 5,
+                limit: 4,
+                ..
+            })
+        ));
+        // A leaf's place reused by a later flush: a reader of the older tree meets a node of
+        // generation 9 under a root of 5.
+        let mut later = Tree::new();
+        later.insert(b"other", b"x").unwrap();
+        let reused = later.flush_at(9, &mut || 1).writes.remove(0).1;
+        dev.insert(1, reused);
+        let mut t = Tree::open_at(f.root, 5);
+        let err = loop {
+            match t.get(b"key-000000") {
+                Err(TreeError::Need(n)) => {
+                    if let Err(e) = t.load(&n, &dev[&n.paddr]) {
+                        break e;
+                    }
+                }
+                other => panic!("{other:?}"),
+            }
+        };
+        assert!(
+            matches!(
+                err,
+                LoadError::Newer {
+                    found: 9,
+                    limit: 5,
+                    ..
+                }
+            ),
+            "{err}"
+        );
     }
 
     #[test]

@@ -6,7 +6,7 @@
 //! 6   1  level (0: leaf)
 //! 7   1  reserved, zero
 //! 8   2  entries n
-//! 10  6  reserved, zero
+//! 10  6  generation: the checkpoint that wrote the node (u48; at most its parent's)
 //! 16  …  n × entry — leaf: u16 key length, u16 value length, key, value
 //!                   inner: u16 key length, key, u64 child paddr
 //! …      zero padding
@@ -30,6 +30,8 @@ pub(crate) const ROOM: usize = NODE_SIZE - HEADER - TRAILER;
 pub const KEY_MAX: usize = 512;
 /// Longest value.
 pub const VALUE_MAX: usize = 1024;
+/// Largest generation a node header holds.
+pub const GENERATION_MAX: u64 = (1 << 48) - 1;
 
 /// Where a node lives on the device.
 pub type Paddr = u64;
@@ -69,6 +71,8 @@ pub(crate) struct Node {
     pub disk: Option<Paddr>,
     /// Differs from its copy on the device (or has none).
     pub dirty: bool,
+    /// The generation it was written with (0 before it is written).
+    pub generation: u64,
     /// When an operation last went through it (the tree's clock): eviction takes the least
     /// recently used first.
     pub used: std::cell::Cell<u64>,
@@ -82,6 +86,7 @@ impl Node {
             body: Body::Leaf(Vec::new()),
             disk: None,
             dirty: true,
+            generation: 0,
             used: Default::default(),
         }
     }
@@ -109,14 +114,18 @@ impl Node {
             .saturating_sub(1)
     }
 
-    /// Moves the upper part of its entries, by bytes, into a new node of the same level.
-    pub fn split_off_upper(&mut self) -> Node {
+    /// Moves the upper part of its entries, by bytes, into a new node of the same level;
+    /// only the last one if `last_only`.
+    pub fn split_off_upper(&mut self, last_only: bool) -> Node {
         let total = self.used();
         let mut acc = 0;
         let mut at = 0;
         while at < self.len() && acc + self.entry_size(at) <= total / 2 {
             acc += self.entry_size(at);
             at += 1;
+        }
+        if last_only {
+            at = self.len() - 1;
         }
         let at = at.clamp(1, self.len() - 1);
         let keys = self.keys.split_off(at);
@@ -130,6 +139,7 @@ impl Node {
             body,
             disk: None,
             dirty: true,
+            generation: 0,
             used: Default::default(),
         }
     }
@@ -143,7 +153,7 @@ impl Node {
         b.push(self.level);
         b.push(0);
         b.extend_from_slice(&(self.len() as u16).to_le_bytes());
-        b.extend_from_slice(&[0; 6]);
+        b.extend_from_slice(&self.generation.to_le_bytes()[..6]);
         for (i, k) in self.keys.iter().enumerate() {
             b.extend_from_slice(&(k.len() as u16).to_le_bytes());
             match &self.body {
@@ -181,6 +191,9 @@ impl Node {
         let bad = |detail: String| NodeError::Malformed { paddr, detail };
         let level = block[6];
         let n = u16::from_le_bytes([block[8], block[9]]) as usize;
+        let mut generation = [0u8; 8];
+        generation[..6].copy_from_slice(&block[10..16]);
+        let generation = u64::from_le_bytes(generation);
         let body_end = NODE_SIZE - TRAILER;
         let mut at = HEADER;
         let mut take = |len: usize, what: &str| -> Result<&[u8], NodeError> {
@@ -230,6 +243,7 @@ impl Node {
             body,
             disk: Some(paddr),
             dirty: false,
+            generation,
             used: Default::default(),
         })
     }

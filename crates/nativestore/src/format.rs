@@ -6,12 +6,15 @@ use crate::device::BLOCK;
 use bytes::{Bytes, BytesMut};
 use carmine_types::{crc32c, Decoder, Encoder};
 
+/// Version 4: a checkpoint is a copy-on-write B+tree of the index's records (the slot names
+/// its root), written incrementally; version 3 checkpoints (one blob) are still read, and the
+/// first checkpoint after mount turns one into a tree.
 /// Version 3: block maps are extents (the *set extent* delta, checkpoint version 2).
 /// Version 2: a backup superblock at [`SUPER_BACKUP_OFFSET`]; records carry the durable mark
 /// and their checksum covers the metadata only (each data block is checked by the checksum
 /// its delta holds). Stores of versions 1 and 2 are read, and written only once upgraded
 /// (`carmine store upgrade`): an older build must never meet records it cannot read.
-pub const FORMAT_VERSION: u32 = 3;
+pub const FORMAT_VERSION: u32 = 4;
 /// The oldest version this build still reads.
 pub const FORMAT_VERSION_MIN: u32 = 1;
 pub const SUPER_MAGIC: &[u8; 8] = b"CRMNSTOR";
@@ -227,7 +230,13 @@ pub struct CheckpointSlot {
     pub blob_crc: u32,
     /// Segments holding the checkpoint blob, in order (data from block 1 of each).
     pub segments: Vec<u32>,
+    /// The root node of the checkpoint's metadata tree (format 4; then there is no blob),
+    /// as a block of the shard.
+    pub tree_root: Option<u64>,
 }
+
+/// A slot's `tree_root` field when the checkpoint is a blob.
+const NO_TREE: u64 = u64::MAX;
 
 impl CheckpointSlot {
     pub fn encode(&self) -> Bytes {
@@ -250,6 +259,7 @@ impl CheckpointSlot {
         for s in &self.segments {
             e.u32(*s);
         }
+        e.u64(self.tree_root.unwrap_or(NO_TREE));
         seal(&mut b);
         b.freeze()
     }
@@ -263,7 +273,10 @@ impl CheckpointSlot {
         if n > CKPT_SEGMENTS_MAX {
             return Err(FormatError::Malformed(WHAT, format!("{n} segments")));
         }
-        let body_len = 8 + 4 + 4 + 4 + 16 + 8 + 4 + 8 + 4 + 8 + 8 + 8 + 4 + 4 * n;
+        // Slots of format 4 on end with the tree root.
+        let version = u32::from_le_bytes(block[8..12].try_into().unwrap());
+        let root_len = if version >= 4 { 8 } else { 0 };
+        let body_len = 8 + 4 + 4 + 4 + 16 + 8 + 4 + 8 + 4 + 8 + 8 + 8 + 4 + 4 * n + root_len;
         let mut d = open_block(block, SLOT_MAGIC, WHAT, body_len)?;
         let err = decode_err(WHAT);
         d.u32("count").map_err(&err)?;
@@ -283,6 +296,10 @@ impl CheckpointSlot {
         let segments = (0..n)
             .map(|_| d.u32("segment").map_err(&err))
             .collect::<Result<_, _>>()?;
+        let tree_root = match root_len {
+            0 => None,
+            _ => Some(d.u64("tree root").map_err(&err)?).filter(|&r| r != NO_TREE),
+        };
         Ok(Self {
             shard,
             uuid: lo | hi << 64,
@@ -292,6 +309,7 @@ impl CheckpointSlot {
             blob_len,
             blob_crc,
             segments,
+            tree_root,
         })
     }
 }
@@ -499,8 +517,17 @@ mod tests {
             blob_len: 12345,
             blob_crc: 0xabcdef,
             segments: vec![1, 2, 9],
+            tree_root: None,
         };
         assert_eq!(CheckpointSlot::decode(&slot.encode()).unwrap(), slot);
+        let tree = CheckpointSlot {
+            segments: vec![],
+            blob_len: 0,
+            blob_crc: 0,
+            tree_root: Some(4242),
+            ..slot
+        };
+        assert_eq!(CheckpointSlot::decode(&tree.encode()).unwrap(), tree);
         let sh = SegmentHeader {
             uuid: 42,
             shard: 1,

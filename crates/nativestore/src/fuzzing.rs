@@ -9,6 +9,7 @@
 use crate::format::SHARD_HEADER_BLOCKS;
 use crate::index::{Geometry, Index};
 use crate::journal::Batch;
+use crate::metatree::{chunks, collection_key, object_key, object_record, Loader};
 use bytes::{Bytes, BytesMut};
 use carmine_types::{DecodeError, Decoder};
 
@@ -108,6 +109,36 @@ impl IndexState {
         self.0.encode()
     }
 
+    /// Rebuilds an index from metadata tree entries (key, value), in the order given: what
+    /// mount does with a format 4 checkpoint's tree.
+    pub fn from_tree_entries(
+        entries: &[(Vec<u8>, Vec<u8>)],
+        segments: u32,
+        segment_blocks: u64,
+    ) -> Result<Self, DecodeError> {
+        let mut loader = Loader::new(geometry(segments, segment_blocks));
+        for (k, v) in entries {
+            loader.push(k, v)?;
+        }
+        loader.finish().map(Self)
+    }
+
+    /// The metadata tree entries of every record, in key order (what a fresh tree holds).
+    pub fn tree_entries(&self) -> Vec<(Vec<u8>, Vec<u8>)> {
+        let mut out: Vec<(Vec<u8>, Vec<u8>)> = Vec::new();
+        for (cid, coll) in &self.0.colls {
+            out.push((collection_key(*cid), Vec::new()));
+            for (oid, o) in coll {
+                let rec = object_record(*cid, oid, o);
+                for (i, c) in chunks(&rec).enumerate() {
+                    out.push((object_key(o.id, i as u32), c.to_vec()));
+                }
+            }
+        }
+        out.sort();
+        out
+    }
+
     pub fn apply(&mut self, delta: &Delta) -> Result<(), String> {
         self.0.apply(delta).map_err(|e| e.to_string())
     }
@@ -166,4 +197,39 @@ fn geometry(segments: u32, segment_blocks: u64) -> Geometry {
         segment_blocks,
         segments,
     }
+}
+
+/// The fuzz input of the metadata records target: entries as `u8 key length, key, u16 value
+/// length (little-endian), value`, up to the first one cut short.
+pub fn split_tree_entries(mut data: &[u8]) -> Vec<(Vec<u8>, Vec<u8>)> {
+    let mut out = Vec::new();
+    loop {
+        let Some((&klen, rest)) = data.split_first() else {
+            return out;
+        };
+        let klen = klen as usize;
+        if rest.len() < klen + 2 {
+            return out;
+        }
+        let (key, rest) = rest.split_at(klen);
+        let vlen = u16::from_le_bytes([rest[0], rest[1]]) as usize;
+        let rest = &rest[2..];
+        if rest.len() < vlen {
+            return out;
+        }
+        out.push((key.to_vec(), rest[..vlen].to_vec()));
+        data = &rest[vlen..];
+    }
+}
+
+/// The inverse of [`split_tree_entries`] (keys of at most 255 bytes).
+pub fn join_tree_entries(entries: &[(Vec<u8>, Vec<u8>)]) -> Vec<u8> {
+    let mut out = Vec::new();
+    for (k, v) in entries {
+        out.push(k.len() as u8);
+        out.extend_from_slice(k);
+        out.extend_from_slice(&(v.len() as u16).to_le_bytes());
+        out.extend_from_slice(v);
+    }
+    out
 }

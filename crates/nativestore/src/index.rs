@@ -20,6 +20,13 @@ pub struct Onode {
     pub omap: BTreeMap<Bytes, Bytes>,
     /// Checkpoint bytes of the xattrs, the omap header and the omap entries, kept by `apply`.
     pub meta_bytes: u64,
+    /// Its key in the metadata tree (never reused within a mount; see `checkpoint.rs`).
+    pub id: u64,
+    /// Chunks its record takes in the tree as of the last checkpoint (0: none yet).
+    pub stored_chunks: u32,
+    /// Changed since its record was last put in the tree (it is then listed in
+    /// [`Index::dirty`]).
+    pub dirty: bool,
 }
 
 /// Checkpoint bytes of an object besides its name, extents and metadata: name length, size,
@@ -95,6 +102,28 @@ pub struct Index {
     released: Vec<BlockRef>,
     /// The length `encode` would give now, kept by `apply`.
     encoded: u64,
+    /// The next object's tree id.
+    pub next_id: u64,
+    /// Objects changed since the last checkpoint (each listed once, when it became dirty; it
+    /// may be gone since).
+    pub dirty: Vec<(CollectionId, String)>,
+    /// Tree records of objects removed since the last checkpoint: (id, chunks).
+    pub dead: Vec<(u64, u32)>,
+    /// Collections created or removed since the last checkpoint.
+    pub dirty_colls: std::collections::BTreeSet<CollectionId>,
+}
+
+/// Notes that `o` changed, listing it for the next checkpoint the first time.
+fn mark_dirty(
+    o: &mut Onode,
+    cid: CollectionId,
+    oid: &str,
+    dirty: &mut Vec<(CollectionId, String)>,
+) {
+    if !o.dirty {
+        o.dirty = true;
+        dirty.push((cid, oid.to_owned()));
+    }
 }
 
 /// An object of `colls` (a free function, so the index's other fields stay borrowable).
@@ -129,6 +158,10 @@ impl Index {
             freed: Vec::new(),
             released: Vec::new(),
             encoded: BLOB_FIXED,
+            next_id: 1,
+            dirty: Vec::new(),
+            dead: Vec::new(),
+            dirty_colls: Default::default(),
         }
     }
 
@@ -136,8 +169,11 @@ impl Index {
         self.colls.get(&cid)?.get(oid)
     }
 
+    /// The object, marked changed.
     fn object_mut(&mut self, cid: CollectionId, oid: &str) -> Result<&mut Onode, IndexError> {
-        object_in(&mut self.colls, cid, oid)
+        let o = object_in(&mut self.colls, cid, oid)?;
+        mark_dirty(o, cid, oid, &mut self.dirty);
+        Ok(o)
     }
 
     /// Runs `change` on an object (with the list unmapped blocks go to), keeping the
@@ -149,6 +185,7 @@ impl Index {
         change: impl FnOnce(&mut Onode, &mut Vec<BlockRef>) -> R,
     ) -> Result<R, IndexError> {
         let o = object_in(&mut self.colls, cid, oid)?;
+        mark_dirty(o, cid, oid, &mut self.dirty);
         let before = o.encoded_len(oid);
         let r = change(o, &mut self.released);
         self.encoded = self.encoded - before + o.encoded_len(oid);
@@ -254,12 +291,14 @@ impl Index {
                 if let std::collections::btree_map::Entry::Vacant(e) = self.colls.entry(*cid) {
                     e.insert(Collection::new());
                     self.encoded += COLL_FIXED;
+                    self.dirty_colls.insert(*cid);
                 }
             }
             Delta::RemoveCollection(cid) => match self.colls.get(cid) {
                 Some(c) if c.is_empty() => {
                     self.colls.remove(cid);
                     self.encoded -= COLL_FIXED;
+                    self.dirty_colls.insert(*cid);
                 }
                 Some(_) => return Err(IndexError::CollectionNotEmpty(*cid)),
                 None => return Err(missing("collection", *cid, "")),
@@ -270,7 +309,12 @@ impl Index {
                     .get_mut(cid)
                     .ok_or_else(|| missing("collection", *cid, oid))?;
                 if !coll.contains_key(oid.as_str()) {
-                    let o = Onode::default();
+                    let mut o = Onode {
+                        id: self.next_id,
+                        ..Onode::default()
+                    };
+                    self.next_id += 1;
+                    mark_dirty(&mut o, *cid, oid, &mut self.dirty);
                     self.encoded += o.encoded_len(oid);
                     coll.insert(oid.clone(), o);
                     self.objects += 1;
@@ -285,6 +329,9 @@ impl Index {
                     .ok_or_else(|| missing("object", *cid, oid))?;
                 self.objects -= 1;
                 self.encoded -= onode.encoded_len(oid);
+                if onode.stored_chunks > 0 {
+                    self.dead.push((onode.id, onode.stored_chunks));
+                }
                 self.released.extend(onode.blocks.iter().map(|(_, b)| b));
                 self.release_unmapped()?;
             }
@@ -386,24 +433,96 @@ impl Index {
         for (cid, coll) in &self.colls {
             e.u32(cid.pool).u32(cid.seed).count(coll.len());
             for (oid, o) in coll {
-                e.str(oid).u64(o.size).u64(o.blocks.extent_count() as u64);
-                for (l, x) in o.blocks.extents() {
-                    e.u64(l).u64(x.paddr).u32(x.block_count() as u32);
-                    for crc in x.crcs.as_slice() {
-                        e.u32(*crc);
-                    }
-                }
-                e.count(o.attrs.len());
-                for (k, v) in &o.attrs {
-                    e.str(k).bytes(v);
-                }
-                e.bytes(&o.omap_header).u64(o.omap.len() as u64);
-                for (k, v) in &o.omap {
-                    e.bytes(k).bytes(v);
-                }
+                encode_onode(&mut e, oid, o);
             }
         }
         out
+    }
+
+    /// Reads one object as [`encode_onode`] wrote it (a checkpoint of `version`), counting
+    /// its blocks live.
+    pub(crate) fn decode_onode(
+        &mut self,
+        d: &mut Decoder,
+        version: u32,
+    ) -> Result<(String, Onode), DecodeError> {
+        let big = usize::MAX >> 1;
+        let oid = d.string("object name", OBJECT_NAME_LEN_MAX)?;
+        let mut o = Onode {
+            size: d.u64("size")?,
+            ..Onode::default()
+        };
+        for _ in 0..d.u64(if version == 1 { "blocks" } else { "extents" })? {
+            let (l, x) = decode_map_entry(d, version)?;
+            if self.take_extent(&x).is_err() {
+                return Err(DecodeError::Invalid {
+                    what: "block address",
+                    found: x.paddr,
+                });
+            }
+            if !o.blocks.push_back(l, x) {
+                return Err(DecodeError::Invalid {
+                    what: "block order",
+                    found: o.blocks.blocks(),
+                });
+            }
+        }
+        for _ in 0..d.count("xattrs", big)? {
+            let k = d.string("xattr name", ATTR_NAME_LEN_MAX)?;
+            after_last(&o.attrs, &k, "xattr order")?;
+            o.attrs.insert(k, d.bytes("xattr", VALUE_LEN_MAX)?);
+        }
+        o.omap_header = d.bytes("omap header", VALUE_LEN_MAX)?;
+        for _ in 0..d.u64("omap entries")? {
+            let k = d.bytes("omap key", VALUE_LEN_MAX)?;
+            after_last(&o.omap, &k, "omap key order")?;
+            o.omap.insert(k, d.bytes("omap value", VALUE_LEN_MAX)?);
+        }
+        o.meta_bytes = o.recount_meta();
+        Ok((oid, o))
+    }
+
+    /// Adds an object read from a checkpoint, with its tree id; fails on a name already
+    /// there (its blocks would be counted twice) or a collection that is not.
+    pub(crate) fn insert_loaded(
+        &mut self,
+        cid: CollectionId,
+        oid: String,
+        mut o: Onode,
+        id: u64,
+        stored_chunks: u32,
+    ) -> Result<(), DecodeError> {
+        let coll = self.colls.get_mut(&cid).ok_or(DecodeError::Invalid {
+            what: "object's collection",
+            found: (cid.pool as u64) << 32 | cid.seed as u64,
+        })?;
+        // The next id must exist: the largest one is refused, not wrapped to zero.
+        let next = id.checked_add(1).ok_or(DecodeError::Invalid {
+            what: "object id",
+            found: id,
+        })?;
+        o.id = id;
+        o.stored_chunks = stored_chunks;
+        if coll.contains_key(&oid) {
+            return Err(DecodeError::Invalid {
+                what: "repeated object",
+                found: id,
+            });
+        }
+        coll.insert(oid, o);
+        self.objects += 1;
+        self.next_id = self.next_id.max(next);
+        Ok(())
+    }
+
+    /// Adds an empty collection read from a checkpoint.
+    pub(crate) fn insert_collection(&mut self, cid: CollectionId) {
+        self.colls.insert(cid, Collection::new());
+    }
+
+    /// After loading a checkpoint: the kept checkpoint length, from the content.
+    pub(crate) fn finish_load(&mut self) {
+        self.encoded = self.recount_encoded();
     }
 
     /// Rebuilds the index from a checkpoint blob, recomputing the live counts.
@@ -430,47 +549,41 @@ impl Index {
             after_last(&index.colls, &cid, "collection order")?;
             let mut coll = Collection::new();
             for _ in 0..d.count("objects", big)? {
-                let oid = d.string("object name", OBJECT_NAME_LEN_MAX)?;
+                let (oid, mut o) = index.decode_onode(&mut d, version)?;
                 after_last(&coll, &oid, "object order")?;
-                let mut o = Onode {
-                    size: d.u64("size")?,
-                    ..Onode::default()
-                };
-                for _ in 0..d.u64(if version == 1 { "blocks" } else { "extents" })? {
-                    let (l, x) = decode_map_entry(&mut d, version)?;
-                    if index.take_extent(&x).is_err() {
-                        return Err(DecodeError::Invalid {
-                            what: "block address",
-                            found: x.paddr,
-                        });
-                    }
-                    if !o.blocks.push_back(l, x) {
-                        return Err(DecodeError::Invalid {
-                            what: "block order",
-                            found: o.blocks.blocks(),
-                        });
-                    }
-                }
-                for _ in 0..d.count("xattrs", big)? {
-                    let k = d.string("xattr name", ATTR_NAME_LEN_MAX)?;
-                    after_last(&o.attrs, &k, "xattr order")?;
-                    o.attrs.insert(k, d.bytes("xattr", VALUE_LEN_MAX)?);
-                }
-                o.omap_header = d.bytes("omap header", VALUE_LEN_MAX)?;
-                for _ in 0..d.u64("omap entries")? {
-                    let k = d.bytes("omap key", VALUE_LEN_MAX)?;
-                    after_last(&o.omap, &k, "omap key order")?;
-                    o.omap.insert(k, d.bytes("omap value", VALUE_LEN_MAX)?);
-                }
-                o.meta_bytes = o.recount_meta();
+                // Not in the metadata tree yet: the next checkpoint puts it there.
+                o.id = index.next_id;
+                index.next_id += 1;
+                o.dirty = true;
+                index.dirty.push((cid, oid.clone()));
                 coll.insert(oid, o);
                 index.objects += 1;
             }
             index.colls.insert(cid, coll);
+            index.dirty_colls.insert(cid);
         }
         d.finish("checkpoint")?;
-        index.encoded = index.recount_encoded();
+        index.finish_load();
         Ok(index)
+    }
+}
+
+/// One object of a checkpoint: its name, size, extents, xattrs and omap.
+pub(crate) fn encode_onode<B: bytes::BufMut>(e: &mut Encoder<'_, B>, oid: &str, o: &Onode) {
+    e.str(oid).u64(o.size).u64(o.blocks.extent_count() as u64);
+    for (l, x) in o.blocks.extents() {
+        e.u64(l).u64(x.paddr).u32(x.block_count() as u32);
+        for crc in x.crcs.as_slice() {
+            e.u32(*crc);
+        }
+    }
+    e.count(o.attrs.len());
+    for (k, v) in &o.attrs {
+        e.str(k).bytes(v);
+    }
+    e.bytes(&o.omap_header).u64(o.omap.len() as u64);
+    for (k, v) in &o.omap {
+        e.bytes(k).bytes(v);
     }
 }
 

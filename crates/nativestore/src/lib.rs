@@ -3,12 +3,14 @@
 //! A device is split into one partition per reactor shard; each shard is independent. Within
 //! a shard everything — data blocks and metadata deltas — is appended to a journal of
 //! segments as checksummed records, many transactions per record (group commit). The
-//! metadata index lives in memory and is checkpointed now and then; mount loads the newest
-//! checkpoint and replays the records after it. A cleaner moves live blocks out of mostly-dead
+//! metadata index lives in memory and is checkpointed now and then into a copy-on-write B+tree
+//! whose changed nodes are appended to metadata segments; mount loads the newest checkpoint and
+//! replays the records after it. A cleaner moves live blocks out of mostly-dead
 //! segments. `ARCHITECTURE.md` and `docs/format/native-store.md` give the full design.
 
 mod apply;
 mod cache;
+mod checkpoint;
 mod delta;
 mod device;
 mod error;
@@ -19,6 +21,7 @@ mod fsck;
 pub mod fuzzing;
 mod index;
 mod journal;
+mod metatree;
 mod mount;
 mod segments;
 mod simdev;

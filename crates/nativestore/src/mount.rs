@@ -11,6 +11,7 @@ use crate::format::{
 use crate::index::{Geometry, Index};
 use crate::journal::JournalState;
 use crate::journal::{self, parse_record, Notify};
+use crate::metatree::MetaTree;
 use crate::segments::{Seg, SegKind, SegmentTable};
 use crate::store::{NativeConfig, NativeStats, NativeStore, State};
 use bytes::Bytes;
@@ -216,6 +217,7 @@ pub async fn mkfs<D: BlockDevice>(
             blob_len: blob.len() as u64,
             blob_crc: crc32c(&blob),
             segments: vec![0],
+            tree_root: None,
         };
         write_block(dev, layout.base + BLOCK as u64, &slot.encode()).await?;
         write_block(dev, layout.base, &[0u8; BLOCK]).await?;
@@ -302,30 +304,27 @@ impl<D: BlockDevice> NativeStore<D> {
                 slot.journal
             )));
         }
-        let mut blob = Vec::with_capacity(slot.blob_len as usize);
-        for &s in &slot.segments {
-            let chunk = (slot.blob_len as usize - blob.len()).min(per_seg);
-            let buf = read_at(
+        let (mut index, meta) = match slot.tree_root {
+            Some(root) => crate::checkpoint::load_tree(
                 &dev,
-                BLOCK + chunk,
-                seg_off(s),
-                "reading a checkpoint segment",
+                base,
+                geo,
+                root,
+                slot.generation,
+                (config.metadata_cache_bytes / BLOCK as u64) as usize,
             )
-            .await?;
-            let h = SegmentHeader::decode(&buf.full()[..BLOCK])
-                .map_err(|e| bad_checkpoint(format!("segment {s}: {e}")))?;
-            if h.kind != SegmentKind::Checkpoint || h.uuid != sb.uuid {
-                return Err(bad_checkpoint(format!(
-                    "segment {s} is not a checkpoint of this store"
-                )));
-            }
-            blob.extend_from_slice(&buf.full()[BLOCK..BLOCK + chunk]);
-        }
-        if blob.len() as u64 != slot.blob_len || crc32c(&blob) != slot.blob_crc {
-            return Err(bad_checkpoint("fails its checksum".into()));
-        }
-        let mut index =
-            Index::decode(Bytes::from(blob), geo).map_err(|e| bad_checkpoint(e.to_string()))?;
+            .await
+            .map_err(bad_checkpoint)?,
+            None => (
+                load_blob(&dev, &slot, geo, sb.uuid, &seg_off)
+                    .await
+                    .map_err(|e| match e {
+                        BlobError::Mount(e) => e,
+                        BlobError::Bad(detail) => bad_checkpoint(detail),
+                    })?,
+                MetaTree::without_tree(geo.segments),
+            ),
+        };
 
         let mut headers: Vec<Option<SegmentHeader>> = Vec::with_capacity(geo.segments as usize);
         // Written segments whose header fails its checks (not another store's or shard's: a
@@ -463,7 +462,7 @@ impl<D: BlockDevice> NativeStore<D> {
         // acknowledged then). A bit flipped since would drop every acknowledged record in it,
         // and after it, without a trace: its records' own durable marks tell the two apart.
         for s in damaged {
-            if slot.segments.contains(&s) {
+            if slot.segments.contains(&s) || meta.live_in(s) > 0 {
                 continue;
             }
             let len = geo.segment_blocks as usize * BLOCK;
@@ -491,7 +490,14 @@ impl<D: BlockDevice> NativeStore<D> {
         for s in 0..geo.segments {
             let live = index.segment_live[s as usize];
             let h = headers[s as usize];
-            let kind = if slot.segments.contains(&s) {
+            let kind = if slot.segments.contains(&s) || meta.live_in(s) > 0 {
+                if live > 0 {
+                    return Err(MountError::LiveBlocksOutsideJournal {
+                        segment: s,
+                        live,
+                        detail: format!("it holds checkpoint metadata too; checkpoint {slot:?}"),
+                    });
+                }
                 SegKind::Checkpoint
             } else if live > 0 || replayed.contains(&s) {
                 if live > 0 && h.is_none_or(|h| h.kind != SegmentKind::Journal) {
@@ -530,6 +536,7 @@ impl<D: BlockDevice> NativeStore<D> {
                 ),
                 cache: BlockCache::new(config.cache_bytes),
                 slot,
+                meta,
                 failed: None,
                 stats: NativeStats::default(),
             }),
@@ -572,6 +579,48 @@ impl<D: BlockDevice> NativeStore<D> {
         let _guard = self.apply_lock.lock().await;
         self.checkpoint().await
     }
+}
+
+enum BlobError {
+    Mount(MountError),
+    /// What is wrong with the checkpoint.
+    Bad(String),
+}
+
+/// Reads a checkpoint blob (formats 1 to 3) and decodes it. The slot's segments and length
+/// were checked against the geometry.
+async fn load_blob<D: BlockDevice>(
+    dev: &D,
+    slot: &CheckpointSlot,
+    geo: Geometry,
+    uuid: u128,
+    seg_off: &impl Fn(u32) -> u64,
+) -> Result<Index, BlobError> {
+    let per_seg = (geo.segment_blocks as usize - 1) * BLOCK;
+    let mut blob = Vec::with_capacity(slot.blob_len as usize);
+    for &s in &slot.segments {
+        let chunk = (slot.blob_len as usize - blob.len()).min(per_seg);
+        let buf = read_at(
+            dev,
+            BLOCK + chunk,
+            seg_off(s),
+            "reading a checkpoint segment",
+        )
+        .await
+        .map_err(BlobError::Mount)?;
+        let h = SegmentHeader::decode(&buf.full()[..BLOCK])
+            .map_err(|e| BlobError::Bad(format!("segment {s}: {e}")))?;
+        if h.kind != SegmentKind::Checkpoint || h.uuid != uuid {
+            return Err(BlobError::Bad(format!(
+                "segment {s} is not a checkpoint of this store"
+            )));
+        }
+        blob.extend_from_slice(&buf.full()[BLOCK..BLOCK + chunk]);
+    }
+    if blob.len() as u64 != slot.blob_len || crc32c(&blob) != slot.blob_crc {
+        return Err(BlobError::Bad("fails its checksum".into()));
+    }
+    Index::decode(Bytes::from(blob), geo).map_err(|e| BlobError::Bad(e.to_string()))
 }
 
 /// The highest durable mark of the records a segment holds from its block 1 on, walked record

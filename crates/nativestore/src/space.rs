@@ -5,13 +5,12 @@
 
 use crate::delta::Delta;
 use crate::device::{AlignedBuf, BlockDevice, BLOCK};
-use crate::error::ShardFailure;
 use crate::extents::{Extent, EXTENT_BLOCKS_MAX};
-use crate::format::{CheckpointSlot, SegmentHeader, SegmentKind, CKPT_SEGMENTS_MAX};
+use crate::format::SegmentHeader;
 use crate::journal::parse_record;
 use crate::segments::SegKind;
 use crate::store::{io_error, NativeStore, State};
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use carmine_store::Result;
 use carmine_types::CollectionId;
 use carmine_types::{crc32c, Decoder};
@@ -27,9 +26,11 @@ impl<D: BlockDevice> NativeStore<D> {
         self.checkpoint_segments_needed() + 2
     }
 
-    fn checkpoint_segments_needed(&self) -> u64 {
-        let bytes = self.st.borrow().index.encoded_len() + BLOCK as u64;
-        bytes.div_ceil((self.geo.segment_blocks - 1) * BLOCK as u64) + 1
+    /// Free segments the next checkpoint may need (its bound, plus the metadata segment it
+    /// may leave half used).
+    pub(crate) fn checkpoint_segments_needed(&self) -> u64 {
+        let blocks = crate::metatree::checkpoint_blocks_bound(&self.st.borrow().index);
+        blocks.div_ceil(self.geo.segment_blocks - 1) + 1
     }
 
     /// Called with the apply lock held, before a transaction is planned. `grows`: the
@@ -88,129 +89,6 @@ impl<D: BlockDevice> NativeStore<D> {
             tries += 1;
         }
         Ok(())
-    }
-
-    /// Writes a checkpoint of the whole index and retires the journal before it.
-    pub(crate) async fn checkpoint(&self) -> Result<()> {
-        self.drain().await?;
-        let (blob, pos) = {
-            let st = self.st.borrow();
-            let blob = st.index.encode();
-            let pos = crate::format::JournalPos {
-                segment: st.journal.seg,
-                segment_seq: st.journal.seg_seq,
-                block: (st.journal.wp - self.geo.segment_start(st.journal.seg)) as u32,
-                record_seq: st.journal.next_record_seq,
-            };
-            (blob, pos)
-        };
-        let per_seg = (self.geo.segment_blocks as usize - 1) * BLOCK;
-        let nsegs = blob.len().div_ceil(per_seg).max(1);
-        if nsegs > CKPT_SEGMENTS_MAX {
-            return Err(io_error(format!(
-                "checkpoint of {} bytes needs {nsegs} segments, more than {CKPT_SEGMENTS_MAX}",
-                blob.len()
-            )));
-        }
-        let segs: Vec<u32> = {
-            let mut st = self.st.borrow_mut();
-            if st.segments.free_count() < nsegs {
-                return Err(io_error(format!(
-                    "no room for a checkpoint: {nsegs} segments needed, {} free",
-                    st.segments.free_count()
-                )));
-            }
-            (0..nsegs)
-                .map(|_| {
-                    let (s, _) = st.segments.open(SegKind::Checkpoint).expect("counted");
-                    s
-                })
-                .collect()
-        };
-        let result = self.write_checkpoint(&blob, &segs, pos).await;
-        let mut st = self.st.borrow_mut();
-        match result {
-            Err(e) => {
-                let err = io_error(format!("checkpoint: {e}"));
-                st.failed = Some(ShardFailure::Checkpoint(e));
-                return Err(err);
-            }
-            Ok(slot) => {
-                let old = std::mem::replace(&mut st.slot, slot);
-                for s in old.segments {
-                    st.segments.release(s);
-                }
-                // Journal segments wholly before the checkpoint hold nothing replay needs;
-                // those without live data are free now, the rest wait for the cleaner.
-                for s in 0..self.geo.segments {
-                    let seg = st.segments.get(s);
-                    if seg.kind == SegKind::Journal
-                        && seg.seq < pos.segment_seq
-                        && st.index.segment_live[s as usize] == 0
-                    {
-                        st.segments.release(s);
-                    }
-                }
-                st.journal.blocks_since_checkpoint = 0;
-                st.stats.checkpoints += 1;
-            }
-        }
-        drop(st);
-        self.changed.notify_all();
-        Ok(())
-    }
-
-    async fn write_checkpoint(
-        &self,
-        blob: &BytesMut,
-        segs: &[u32],
-        pos: crate::format::JournalPos,
-    ) -> std::io::Result<CheckpointSlot> {
-        let per_seg = (self.geo.segment_blocks as usize - 1) * BLOCK;
-        for (i, &s) in segs.iter().enumerate() {
-            let chunk = &blob[(i * per_seg).min(blob.len())..((i + 1) * per_seg).min(blob.len())];
-            let mut buf = AlignedBuf::new(BLOCK + chunk.len());
-            let seq = self.st.borrow().segments.get(s).seq;
-            let header = SegmentHeader {
-                uuid: self.uuid,
-                shard: self.shard,
-                kind: SegmentKind::Checkpoint,
-                seq,
-                nonce: rand::random(),
-            }
-            .encode();
-            buf.extend_from_slice(&header);
-            buf.pad_to_block();
-            buf.extend_from_slice(chunk);
-            buf.pad_to_block();
-            let (res, _) = self
-                .dev
-                .write_at(buf, self.byte_offset(self.geo.segment_start(s)))
-                .await;
-            res?;
-        }
-        self.dev.sync().await?;
-        let slot = {
-            let st = self.st.borrow();
-            CheckpointSlot {
-                shard: self.shard,
-                uuid: self.uuid,
-                generation: st.slot.generation + 1,
-                journal: pos,
-                segment_seq_max: st.segments.seq_max(),
-                blob_len: blob.len() as u64,
-                blob_crc: crc32c(blob),
-                segments: segs.to_vec(),
-            }
-        };
-        let mut buf = AlignedBuf::new(BLOCK);
-        buf.extend_from_slice(&slot.encode());
-        buf.pad_to_block();
-        let at = self.byte_offset(slot.generation % 2);
-        let (res, _) = self.dev.write_at(buf, at).await;
-        res?;
-        self.dev.sync().await?;
-        Ok(slot)
     }
 
     /// Picks a victim segment and moves its live blocks to the journal head. Returns whether

@@ -39,6 +39,9 @@ pub struct NativeConfig {
     pub throttle_pct: u32,
     /// Journal writes (each a write of one or more records and a sync) in flight at once.
     pub journal_writes_max: u32,
+    /// Metadata tree nodes kept in memory between checkpoints (the index itself is all in
+    /// memory until step 3 of decision 0013).
+    pub metadata_cache_bytes: u64,
 }
 
 impl Default for NativeConfig {
@@ -50,6 +53,7 @@ impl Default for NativeConfig {
             clean_start_pct: 15,
             throttle_pct: 10,
             journal_writes_max: 1,
+            metadata_cache_bytes: 64 << 20,
         }
     }
 }
@@ -67,6 +71,14 @@ pub struct NativeStats {
     /// their batch is durable).
     pub transactions: u64,
     pub checkpoints: u64,
+    /// Metadata blocks (tree nodes and segment headers) the checkpoints wrote.
+    pub checkpoint_blocks: u64,
+    /// Checkpoints that wrote a fresh metadata tree (the first one, and those that found
+    /// the tree wasteful).
+    pub tree_rewrites: u64,
+    /// Now: nodes of the newest checkpoint's tree, and segments holding metadata.
+    pub metadata_nodes: u64,
+    pub metadata_segments: u64,
     pub segments_cleaned: u64,
     pub blocks_relocated: u64,
     pub checksum_errors: u64,
@@ -87,6 +99,8 @@ pub(crate) struct State {
     pub cache: BlockCache,
     /// The checkpoint the next mount would load.
     pub slot: CheckpointSlot,
+    /// The checkpoint's metadata tree and where its nodes live.
+    pub meta: crate::metatree::MetaTree,
     pub failed: Option<ShardFailure>,
     pub stats: NativeStats,
 }
@@ -122,7 +136,16 @@ pub(crate) fn io_error(detail: impl Into<String>) -> StoreError {
 
 impl<D: BlockDevice> NativeStore<D> {
     pub fn stats(&self) -> NativeStats {
-        self.st.borrow().stats
+        let st = self.st.borrow();
+        NativeStats {
+            metadata_nodes: st.meta.nodes,
+            metadata_segments: st
+                .segments
+                .iter()
+                .filter(|(_, s)| s.kind == SegKind::Checkpoint)
+                .count() as u64,
+            ..st.stats
+        }
     }
 
     /// Why the shard stopped accepting work (a failed journal write or sync, a failed

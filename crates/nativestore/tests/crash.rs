@@ -50,10 +50,12 @@ fn seeded(seed: u64) -> (rand::rngs::StdRng, TestRunner) {
     (rng, runner)
 }
 
-/// Small checkpoint interval and cache, so checkpoints, cache misses and the cleaner all run.
+/// Small checkpoint interval and caches, so checkpoints, cache misses, metadata nodes read
+/// back in and the cleaner all run.
 fn config() -> NativeConfig {
     NativeConfig {
         cache_bytes: 64 << 10,
+        metadata_cache_bytes: 16 << 10,
         checkpoint_interval_blocks: 300,
         ..NativeConfig::default()
     }

@@ -232,17 +232,15 @@ fn a_caller_that_stops_polling_does_not_stall_other_writers() {
     );
 }
 
-#[test]
-fn a_crafted_checkpoint_slot_is_an_error_not_a_crash() {
-    let dev = formatted();
-    // Slot A of shard 0 (at 1 MiB), rewritten with an absurd blob length and a fresh CRC.
-    let at = (1 << 20) + BLOCK as u64;
+/// Rewrites the checkpoint slot at byte `at` with `edit` (given the slot and the length of
+/// its checksummed body) and a fresh CRC, flipping only the bits that change.
+fn craft_slot(dev: &SimDevice, at: u64, edit: impl FnOnce(&mut [u8], usize)) {
     let image = dev.image();
     let mut slot = image[at as usize..at as usize + BLOCK].to_vec();
     let n = u32::from_le_bytes(slot[12..16].try_into().unwrap()) as usize;
-    let body = 8 + 4 + 4 + 4 + 16 + 8 + 4 + 8 + 4 + 8 + 8 + 8 + 4 + 4 * n;
-    let blob_len_at = body - 4 * n - 4 - 8;
-    slot[blob_len_at..blob_len_at + 8].copy_from_slice(&u64::MAX.to_le_bytes());
+    // Format 4 slots end with the tree root.
+    let body = 8 + 4 + 4 + 4 + 16 + 8 + 4 + 8 + 4 + 8 + 8 + 8 + 4 + 4 * n + 8;
+    edit(&mut slot, body);
     let crc = carmine_types::crc32c(&slot[..body]);
     slot[body..body + 4].copy_from_slice(&crc.to_le_bytes());
     for (i, b) in slot.iter().enumerate() {
@@ -252,6 +250,18 @@ fn a_crafted_checkpoint_slot_is_an_error_not_a_crash() {
             }
         }
     }
+}
+
+#[test]
+fn a_crafted_checkpoint_slot_is_an_error_not_a_crash() {
+    let dev = formatted();
+    // mkfs's slot (generation 1, shard block 1 at 1 MiB + 4 KiB) names a blob: claim an
+    // absurd length for it.
+    craft_slot(&dev, (1 << 20) + BLOCK as u64, |slot, body| {
+        let n = u32::from_le_bytes(slot[12..16].try_into().unwrap()) as usize;
+        let blob_len_at = body - 8 - 4 * n - 4 - 8;
+        slot[blob_len_at..blob_len_at + 8].copy_from_slice(&u64::MAX.to_le_bytes());
+    });
     let err = block_on(NativeStore::mount(dev, 0, NativeConfig::default()))
         .err()
         .expect("mounted a crafted slot");
@@ -259,6 +269,55 @@ fn a_crafted_checkpoint_slot_is_an_error_not_a_crash() {
         matches!(&err, MountError::Checkpoint { detail, .. } if detail.contains("claims")),
         "{err}"
     );
+    // A tree root outside the shard's segments (the slot of generation 2, written by the
+    // first mount, in shard block 0).
+    let dev = formatted();
+    drop(mount(&dev));
+    craft_slot(&dev, 1 << 20, |slot, body| {
+        slot[body - 8..body].copy_from_slice(&1u64.to_le_bytes());
+    });
+    let err = block_on(NativeStore::mount(dev, 0, NativeConfig::default()))
+        .err()
+        .expect("mounted a crafted tree root");
+    assert!(
+        matches!(&err, MountError::Checkpoint { detail, .. } if detail.contains("outside every segment")),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_damaged_metadata_node_refuses_the_mount_and_writes_nothing() {
+    let dev = formatted();
+    {
+        let store = mount(&dev);
+        let mut t = Transaction::new();
+        t.create_collection(C);
+        t.write(C, "a", 0, Bytes::from(vec![7u8; 8192]));
+        block_on(store.submit(t)).unwrap();
+        block_on(store.close()).unwrap();
+    }
+    // The newest slot names the tree's root; flip a bit in the root node.
+    let image = dev.image();
+    let slot = |i: usize| {
+        let at = (1 << 20) + i * BLOCK;
+        let b = &image[at..at + BLOCK];
+        let generation = u64::from_le_bytes(b[36..44].try_into().unwrap());
+        let body = 8 + 4 + 4 + 4 + 16 + 8 + 4 + 8 + 4 + 8 + 8 + 8 + 4 + 8;
+        let root = u64::from_le_bytes(b[body - 8..body].try_into().unwrap());
+        (generation, root)
+    };
+    let (_, root) = slot(0).max(slot(1));
+    let root_at = (1 << 20) + root * BLOCK as u64;
+    dev.flip_bit(root_at + 100, 3);
+    let before = dev.image();
+    let err = block_on(NativeStore::mount(dev.clone(), 0, NativeConfig::default()))
+        .err()
+        .expect("mounted a damaged metadata node");
+    assert!(
+        matches!(&err, MountError::Checkpoint { detail, .. } if detail.contains("checksum")),
+        "{err}"
+    );
+    assert!(dev.image() == before, "a refused mount wrote to the device");
 }
 
 /// Rewrites the superblock copy at `at` as format `version` (everything else as it is).

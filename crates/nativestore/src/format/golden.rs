@@ -206,6 +206,7 @@ fn checkpoint_slot_table_matches_the_encoder() {
         blob_len: 8 << 20,
         blob_crc: 0x1234_5678,
         segments: vec![3, 4, 11],
+        tree_root: Some(0x0123_4567_89ab),
     };
     let enc = slot.encode();
     let m = slot.segments.len();
@@ -228,6 +229,7 @@ fn checkpoint_slot_table_matches_the_encoder() {
             f if f.starts_with("highest segment sequence") => vec![le64(slot.segment_seq_max)],
             f if f.starts_with("blob length") => vec![le64(slot.blob_len), le32(slot.blob_crc)],
             "checkpoint segments" => vec![slot.segments.iter().flat_map(|s| le32(*s)).collect()],
+            f if f.starts_with("tree root") => vec![le64(slot.tree_root.unwrap())],
             f if f.starts_with("CRC-32C") => vec![le32(crc32c(&enc[..at]))],
             f => panic!("checkpoint slot: the test does not know the document's field {f:?}"),
         };
@@ -403,7 +405,7 @@ fn delta_table_matches_the_encoder() {
 
 #[test]
 fn checkpoint_blob_grammar_names_the_encoder_version() {
-    let text = section("Checkpoint segments");
+    let text = section("Checkpoint segments: the blob");
     assert!(
         text.contains(&format!("u32 version ({CHECKPOINT_VERSION})")),
         "the document's checkpoint blob version"

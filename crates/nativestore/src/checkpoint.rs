@@ -1,0 +1,465 @@
+//! Checkpoints: the records of what changed since the last one go into the metadata tree
+//! (`metatree.rs`), its dirty nodes are appended to metadata segments, the device is synced,
+//! and a slot names the new root. A checkpoint's cost follows what changed, not the size of
+//! the index. Mount walks the tree back into the index.
+//!
+//! Nodes are never written over: a node replaced by a checkpoint stays live in its segment
+//! until the slot naming the new root is durable; a metadata segment is freed when none of
+//! its nodes is live. When the tree has grown wasteful (underfull nodes, thinly used
+//! segments) a checkpoint writes a fresh one into new segments and frees all the old ones.
+
+use crate::device::{AlignedBuf, BlockDevice, BLOCK};
+use crate::error::ShardFailure;
+use crate::format::{CheckpointSlot, JournalPos, SegmentHeader, SegmentKind};
+use crate::index::Geometry;
+use crate::index::Index;
+use crate::metatree::{
+    checkpoint_blocks_bound, chunks, collection_key, object_key, object_record, Loader, MetaTree,
+};
+use crate::segments::SegKind;
+use crate::store::{io_error, NativeStore};
+use carmine_btree::{Need, Tree, TreeError, GENERATION_MAX};
+use carmine_store::Result;
+use std::collections::BTreeSet;
+
+/// Tree nodes read at once (mount, and faulting in what a checkpoint changes).
+const READS_AT_ONCE: usize = 64;
+
+/// One change to the tree.
+enum Op {
+    Put(Vec<u8>, Vec<u8>),
+    Delete(Vec<u8>),
+}
+
+impl Op {
+    fn key(&self) -> &[u8] {
+        match self {
+            Op::Put(k, _) | Op::Delete(k) => k,
+        }
+    }
+}
+
+/// Why a checkpoint failed after it began changing the tree: the shard stops.
+fn failure(detail: impl std::fmt::Display) -> std::io::Error {
+    std::io::Error::other(detail.to_string())
+}
+
+/// The changes that put the index's dirty records into the tree (or, `fresh`, all of its
+/// records into an empty one), marking them clean.
+fn take_changes(index: &mut Index, fresh: bool) -> Vec<Op> {
+    let mut ops = Vec::new();
+    let put = |ops: &mut Vec<Op>, cid, oid: &str, o: &mut crate::index::Onode| {
+        let rec = object_record(cid, oid, o);
+        let mut n = 0;
+        for (i, c) in chunks(&rec).enumerate() {
+            ops.push(Op::Put(object_key(o.id, i as u32), c.to_vec()));
+            n = i as u32 + 1;
+        }
+        for i in n..o.stored_chunks {
+            ops.push(Op::Delete(object_key(o.id, i)));
+        }
+        o.stored_chunks = n;
+        o.dirty = false;
+    };
+    if fresh {
+        index.dirty.clear();
+        index.dead.clear();
+        index.dirty_colls.clear();
+        for cid in index.colls.keys() {
+            ops.push(Op::Put(collection_key(*cid), Vec::new()));
+        }
+        for (cid, coll) in index.colls.iter_mut() {
+            for (oid, o) in coll.iter_mut() {
+                // The old tree is dropped whole: nothing of it is left to delete.
+                o.stored_chunks = 0;
+                put(&mut ops, *cid, oid, o);
+            }
+        }
+        return ops;
+    }
+    for cid in std::mem::take(&mut index.dirty_colls) {
+        ops.push(match index.colls.contains_key(&cid) {
+            true => Op::Put(collection_key(cid), Vec::new()),
+            false => Op::Delete(collection_key(cid)),
+        });
+    }
+    for (id, n) in std::mem::take(&mut index.dead) {
+        ops.extend((0..n).map(|i| Op::Delete(object_key(id, i))));
+    }
+    for (cid, oid) in std::mem::take(&mut index.dirty) {
+        // Listed when it became dirty: it may be gone since, or be another object of the
+        // same name (listed again itself).
+        if let Some(o) = index.colls.get_mut(&cid).and_then(|c| c.get_mut(&oid)) {
+            if o.dirty {
+                put(&mut ops, cid, &oid, o);
+            }
+        }
+    }
+    ops
+}
+
+impl<D: BlockDevice> NativeStore<D> {
+    /// Writes a checkpoint and retires the journal before it. Called with the apply lock
+    /// held, so the index does not change meanwhile.
+    pub(crate) async fn checkpoint(&self) -> Result<()> {
+        self.drain().await?;
+        let per_segment = self.geo.segment_blocks - 1;
+        // Check the room before anything changes: a checkpoint that cannot be written is an
+        // error for the caller, not a failed shard.
+        let fresh = {
+            let st = self.st.borrow();
+            let bound = checkpoint_blocks_bound(&st.index);
+            let open_left = st.meta.open.map_or(0, |(s, next)| {
+                self.geo.segment_start(s) + self.geo.segment_blocks - next
+            });
+            let room = st.segments.free_count() as u64 * per_segment + open_left;
+            if room < bound {
+                return Err(io_error(format!(
+                    "no room for a checkpoint: up to {bound} metadata blocks needed, {room} free"
+                )));
+            }
+            let meta_segments = st
+                .segments
+                .iter()
+                .filter(|(_, s)| s.kind == SegKind::Checkpoint)
+                .count() as u64;
+            st.meta
+                .wants_fresh_tree(&st.index, meta_segments, per_segment)
+        };
+        let (ops, pos) = {
+            let mut st = self.st.borrow_mut();
+            let pos = JournalPos {
+                segment: st.journal.seg,
+                segment_seq: st.journal.seg_seq,
+                block: (st.journal.wp - self.geo.segment_start(st.journal.seg)) as u32,
+                record_seq: st.journal.next_record_seq,
+            };
+            if fresh {
+                st.meta.tree = Some(Tree::new());
+                // New nodes go to new segments; every old one is freed once the slot is.
+                st.meta.open = None;
+            }
+            (take_changes(&mut st.index, fresh), pos)
+        };
+        // From here the dirty marks are taken: a failure stops the shard.
+        let written = match self.write_checkpoint(ops, pos).await {
+            Ok(w) => w,
+            Err(e) => {
+                let err = io_error(format!("checkpoint: {e}"));
+                self.st.borrow_mut().failed = Some(ShardFailure::Checkpoint(e));
+                return Err(err);
+            }
+        };
+        self.account_checkpoint(written, fresh, pos)?;
+        self.changed.notify_all();
+        Ok(())
+    }
+
+    /// Once the slot of a checkpoint is durable: frees what it no longer references (old
+    /// nodes, metadata and journal segments) and trims the node cache.
+    fn account_checkpoint(&self, written: Written, fresh: bool, pos: JournalPos) -> Result<()> {
+        let mut st = self.st.borrow_mut();
+        let st = &mut *st;
+        let old = std::mem::replace(&mut st.slot, written.slot);
+        for s in old.segments {
+            if st.segments.get(s).kind == SegKind::Checkpoint {
+                st.segments.release(s);
+            }
+        }
+        let open = st.meta.open.map(|(s, _)| s);
+        if fresh {
+            for (s, seg) in st.segments.iter().collect::<Vec<_>>() {
+                if seg.kind == SegKind::Checkpoint && !written.segments.contains(&s) {
+                    st.meta.drop_segment(s);
+                    st.segments.release(s);
+                }
+            }
+        }
+        for p in written.freed {
+            let Some(s) = self.geo.segment_of(p) else {
+                continue;
+            };
+            match st.meta.release(s, p) {
+                Ok(0) if Some(s) != open && st.segments.get(s).kind == SegKind::Checkpoint => {
+                    st.segments.release(s)
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    st.failed = Some(ShardFailure::Checkpoint(failure(&e)));
+                    return Err(io_error(format!("checkpoint: {e}")));
+                }
+            }
+        }
+        // Journal segments wholly before the checkpoint hold nothing replay needs; those
+        // without live data are free now, the rest wait for the cleaner.
+        for s in 0..self.geo.segments {
+            let seg = st.segments.get(s);
+            if seg.kind == SegKind::Journal
+                && seg.seq < pos.segment_seq
+                && st.index.segment_live[s as usize] == 0
+            {
+                st.segments.release(s);
+            }
+        }
+        let cache_nodes = (self.config.metadata_cache_bytes / BLOCK as u64) as usize;
+        if let Some(t) = st.meta.tree.as_mut() {
+            t.evict_to(cache_nodes);
+        }
+        st.journal.blocks_since_checkpoint = 0;
+        st.stats.checkpoints += 1;
+        st.stats.checkpoint_blocks += written.blocks;
+        st.stats.tree_rewrites += fresh as u64;
+        Ok(())
+    }
+
+    /// Applies `ops` to the tree, writes its dirty nodes, syncs, and writes the slot.
+    async fn write_checkpoint(&self, ops: Vec<Op>, pos: JournalPos) -> std::io::Result<Written> {
+        self.fault_in(ops.iter().map(Op::key)).await?;
+        let mut blocks: Vec<(u64, Vec<u8>)> = Vec::new();
+        let mut segments = BTreeSet::new();
+        let (root, freed) = {
+            let mut st = self.st.borrow_mut();
+            let st = &mut *st;
+            // Out of `meta` while nodes are placed (placing counts them in `meta`).
+            let mut tree = st.meta.tree.take().expect("a checkpoint has a tree");
+            let placed = self.place_nodes(&mut tree, &ops, st, &mut blocks, &mut segments);
+            st.meta.tree = Some(tree);
+            placed?
+        };
+        let written_blocks = blocks.len() as u64;
+        self.write_runs(blocks).await?;
+        self.dev.sync().await?;
+        let slot = {
+            let st = self.st.borrow();
+            CheckpointSlot {
+                shard: self.shard,
+                uuid: self.uuid,
+                generation: st.slot.generation + 1,
+                journal: pos,
+                segment_seq_max: st.segments.seq_max(),
+                blob_len: 0,
+                blob_crc: 0,
+                segments: Vec::new(),
+                tree_root: Some(root),
+            }
+        };
+        let mut buf = AlignedBuf::new(BLOCK);
+        buf.extend_from_slice(&slot.encode());
+        buf.pad_to_block();
+        let (res, _) = self
+            .dev
+            .write_at(buf, self.byte_offset(slot.generation % 2))
+            .await;
+        res?;
+        self.dev.sync().await?;
+        Ok(Written {
+            slot,
+            segments,
+            freed,
+            blocks: written_blocks,
+        })
+    }
+
+    /// Applies `ops` to `tree` and gives its dirty nodes places (appending them to
+    /// `blocks`, with the headers of the segments opened for them): the new root and the
+    /// places no longer referenced.
+    fn place_nodes(
+        &self,
+        tree: &mut Tree,
+        ops: &[Op],
+        st: &mut crate::store::State,
+        blocks: &mut Vec<(u64, Vec<u8>)>,
+        segments: &mut BTreeSet<u32>,
+    ) -> std::io::Result<(u64, Vec<u64>)> {
+        for op in ops {
+            let r = match op {
+                Op::Put(k, v) => tree.insert(k, v).map(drop),
+                Op::Delete(k) => tree.remove(k).map(drop),
+            };
+            r.map_err(|e| failure(format!("metadata tree: {e}")))?;
+        }
+        let dirty = tree.dirty_nodes() as u64;
+        // Nodes carry the generation of the slot that will name them: a reader of an older
+        // slot refuses a node of a later one found where one of its own used to be.
+        let generation = (st.slot.generation + 1).min(GENERATION_MAX);
+        let geo = &self.geo;
+        let open_left = st.meta.open.map_or(0, |(s, next)| {
+            geo.segment_start(s) + geo.segment_blocks - next
+        });
+        if dirty > st.segments.free_count() as u64 * (geo.segment_blocks - 1) + open_left {
+            return Err(failure(format!(
+                "{dirty} metadata nodes to write, more than the free segments hold"
+            )));
+        }
+        let (meta, segs) = (&mut st.meta, &mut st.segments);
+        let mut place = || {
+            let (s, next) = match meta.open {
+                Some((s, next)) if next < geo.segment_start(s) + geo.segment_blocks => (s, next),
+                _ => {
+                    let (s, seq) = segs.open(SegKind::Checkpoint).expect("room counted");
+                    let header = SegmentHeader {
+                        uuid: self.uuid,
+                        shard: self.shard,
+                        kind: SegmentKind::Checkpoint,
+                        seq,
+                        nonce: rand::random(),
+                    };
+                    blocks.push((geo.segment_start(s), header.encode().to_vec()));
+                    (s, geo.segment_start(s) + 1)
+                }
+            };
+            meta.open = Some((s, next + 1));
+            meta.take(s);
+            segments.insert(s);
+            next
+        };
+        let flushed = tree.flush_at(generation, &mut place);
+        blocks.extend(flushed.writes);
+        Ok((flushed.root, flushed.freed))
+    }
+
+    /// Writes blocks, each run of adjacent ones in one device write.
+    async fn write_runs(&self, mut blocks: Vec<(u64, Vec<u8>)>) -> std::io::Result<()> {
+        blocks.sort_unstable_by_key(|(p, _)| *p);
+        let mut i = 0;
+        while i < blocks.len() {
+            let mut j = i + 1;
+            while j < blocks.len() && blocks[j].0 == blocks[j - 1].0 + 1 {
+                j += 1;
+            }
+            let mut buf = AlignedBuf::new((j - i) * BLOCK);
+            for (_, b) in &blocks[i..j] {
+                buf.extend_from_slice(b);
+                buf.pad_to_block();
+            }
+            let (res, _) = self.dev.write_at(buf, self.byte_offset(blocks[i].0)).await;
+            res?;
+            i = j;
+        }
+        Ok(())
+    }
+
+    /// Loads the tree nodes on the way to `keys`, many reads at a time.
+    async fn fault_in<'a>(&self, keys: impl Iterator<Item = &'a [u8]>) -> std::io::Result<()> {
+        let mut pending: Vec<&[u8]> = keys.collect();
+        loop {
+            let wanted: Vec<Need> = {
+                let st = self.st.borrow();
+                let tree = st.meta.tree.as_ref().expect("a checkpoint has a tree");
+                let mut wanted: Vec<Need> = Vec::new();
+                pending.retain(|k| match tree.get(k) {
+                    Err(TreeError::Need(n)) => {
+                        if wanted.len() < READS_AT_ONCE
+                            && !wanted.iter().any(|w| w.paddr == n.paddr)
+                        {
+                            wanted.push(n);
+                        }
+                        true
+                    }
+                    _ => false,
+                });
+                wanted
+            };
+            if wanted.is_empty() {
+                return Ok(());
+            }
+            let blocks = read_nodes(&self.dev, self.base, &self.geo, &wanted).await?;
+            let mut st = self.st.borrow_mut();
+            let tree = st.meta.tree.as_mut().expect("a checkpoint has a tree");
+            for (n, b) in wanted.iter().zip(&blocks) {
+                tree.load(n, b.full())
+                    .map_err(|e| failure(format!("metadata tree: {e}")))?;
+            }
+        }
+    }
+}
+
+/// What a written checkpoint left to account for once its slot is durable.
+struct Written {
+    slot: CheckpointSlot,
+    /// Segments its nodes went to.
+    segments: BTreeSet<u32>,
+    /// Node places the new tree no longer references.
+    freed: Vec<u64>,
+    blocks: u64,
+}
+
+/// Reads the nodes `wanted` names, all at once; refuses a place outside every segment.
+async fn read_nodes<D: BlockDevice>(
+    dev: &D,
+    base: u64,
+    geo: &Geometry,
+    wanted: &[Need],
+) -> std::io::Result<Vec<AlignedBuf>> {
+    for n in wanted {
+        if geo
+            .segment_of(n.paddr)
+            .is_none_or(|s| geo.segment_start(s) == n.paddr)
+        {
+            return Err(failure(format!(
+                "metadata tree node at block {} lies outside every segment",
+                n.paddr
+            )));
+        }
+    }
+    let reads = wanted.iter().map(|n| async move {
+        let (res, buf) = dev
+            .read_at(AlignedBuf::new(BLOCK), base + n.paddr * BLOCK as u64)
+            .await;
+        res.map(|_| buf)
+    });
+    futures::future::join_all(reads).await.into_iter().collect()
+}
+
+/// Mount: reads the whole tree whose root is at `root` (named by the slot of `generation`)
+/// and rebuilds the index from it.
+/// Errors say what is wrong with the tree (the caller refuses the mount).
+pub(crate) async fn load_tree<D: BlockDevice>(
+    dev: &D,
+    base: u64,
+    geo: Geometry,
+    root: u64,
+    generation: u64,
+    cache_nodes: usize,
+) -> std::result::Result<(Index, MetaTree), String> {
+    let mut tree = Tree::open_at(root, generation);
+    loop {
+        let wanted = tree.unloaded(READS_AT_ONCE);
+        if wanted.is_empty() {
+            break;
+        }
+        let blocks = read_nodes(dev, base, &geo, &wanted)
+            .await
+            .map_err(|e| e.to_string())?;
+        for (n, b) in wanted.iter().zip(&blocks) {
+            tree.load(n, b.full()).map_err(|e| e.to_string())?;
+        }
+    }
+    let mut loader = Loader::new(geo);
+    let mut from: Vec<u8> = Vec::new();
+    const PAGE: usize = 4096;
+    loop {
+        let page = tree
+            .range(&from, None, PAGE)
+            .map_err(|e| format!("metadata tree: {e}"))?;
+        for (k, v) in &page {
+            loader
+                .push(k, v)
+                .map_err(|e| format!("metadata tree: {e}"))?;
+        }
+        match page.last() {
+            Some((k, _)) if page.len() == PAGE => {
+                from = k.clone();
+                from.push(0);
+            }
+            _ => break,
+        }
+    }
+    let index = loader.finish().map_err(|e| format!("metadata tree: {e}"))?;
+    let paddrs: Vec<u64> = tree.loaded_paddrs().collect();
+    let mut meta = MetaTree::loaded(tree, &geo, &paddrs)?;
+    if let Some(t) = meta.tree.as_mut() {
+        t.evict_to(cache_nodes);
+    }
+    Ok((index, meta))
+}

@@ -1,0 +1,349 @@
+//! The index as a checkpoint stores it from format 4 on: records in a copy-on-write B+tree of
+//! 4 KiB nodes (`carmine-btree`, decision 0013), and the accounting of where those nodes
+//! live. Pure code: `checkpoint.rs` does the I/O.
+//!
+//! Keys (big-endian, so the tree's byte order is the numeric order):
+//! - `'C' pool seed` → empty: a collection;
+//! - `'O' id chunk` → the `chunk`-th piece (at most [`VALUE_MAX`] bytes) of the record of the
+//!   object with tree id `id`: record version, collection, then the object as a blob
+//!   checkpoint writes it (name, size, extents, xattrs, omap).
+//!
+//! An object's key is its id, not its name: names may be longer than a tree key, and the id
+//! keeps every piece of one record adjacent. Ids are handed out in increasing order, so new
+//! objects are appended at the tree's right edge, where splits leave full nodes.
+
+use crate::index::{encode_onode, Geometry, Index, Onode, CHECKPOINT_VERSION};
+use bytes::{Bytes, BytesMut};
+use carmine_btree::{Tree, NODE_SIZE, VALUE_MAX};
+use carmine_types::{CollectionId, DecodeError, Decoder, Encoder, PgId};
+
+const KIND_COLLECTION: u8 = b'C';
+const KIND_OBJECT: u8 = b'O';
+/// Version of an object record (the blob layout of its object is checkpoint version 2).
+const RECORD_VERSION: u16 = 1;
+/// Bytes a node gives its entries.
+const NODE_ROOM: u64 = NODE_SIZE as u64 - 20;
+
+pub(crate) fn collection_key(cid: CollectionId) -> Vec<u8> {
+    let mut k = Vec::with_capacity(9);
+    k.push(KIND_COLLECTION);
+    k.extend_from_slice(&cid.pool.to_be_bytes());
+    k.extend_from_slice(&cid.seed.to_be_bytes());
+    k
+}
+
+pub(crate) fn object_key(id: u64, chunk: u32) -> Vec<u8> {
+    let mut k = Vec::with_capacity(13);
+    k.push(KIND_OBJECT);
+    k.extend_from_slice(&id.to_be_bytes());
+    k.extend_from_slice(&chunk.to_be_bytes());
+    k
+}
+
+/// An object's record, whole.
+pub(crate) fn object_record(cid: CollectionId, oid: &str, o: &Onode) -> BytesMut {
+    let mut b = BytesMut::new();
+    let mut e = Encoder::new(&mut b);
+    e.u16(RECORD_VERSION).u32(cid.pool).u32(cid.seed);
+    encode_onode(&mut e, oid, o);
+    b
+}
+
+/// The pieces a record is stored in.
+pub(crate) fn chunks(record: &[u8]) -> impl Iterator<Item = &[u8]> {
+    record.chunks(VALUE_MAX)
+}
+
+/// Tree bytes the index's records take: the records, plus a key and an entry header per
+/// piece, plus a key per collection.
+fn tree_bytes(index: &Index) -> u64 {
+    let pieces = index.encoded_len().div_ceil(VALUE_MAX as u64) + index.objects;
+    index.encoded_len() + index.objects * 10 + pieces * (13 + 4) + index.colls.len() as u64 * 13
+}
+
+/// Nodes a tree of the index takes when written afresh (nodes nearly full: the records go in
+/// id order), with room for inner nodes.
+pub(crate) fn fresh_tree_blocks(index: &Index) -> u64 {
+    let leaves = tree_bytes(index).div_ceil(NODE_ROOM);
+    leaves + leaves / 16 + 2
+}
+
+/// The most blocks one checkpoint may write. An incremental one writes at most every node
+/// of the tree, which is kept below twice a fresh tree (beyond that the checkpoint writes a
+/// fresh tree instead), plus what its changes add.
+pub(crate) fn checkpoint_blocks_bound(index: &Index) -> u64 {
+    4 * fresh_tree_blocks(index)
+}
+
+/// Where the tree's nodes live: the loaded tree, live nodes per segment, and the metadata
+/// segment new nodes are appended to.
+pub(crate) struct MetaTree {
+    /// `None` until the first tree checkpoint (a new store, or one whose checkpoint is a
+    /// blob of format 3): that one writes every record.
+    pub tree: Option<Tree>,
+    /// Live nodes per segment.
+    live: Vec<u32>,
+    /// Live nodes in all.
+    pub nodes: u64,
+    /// The metadata segment nodes go to next, and its next free block.
+    pub open: Option<(u32, u64)>,
+}
+
+impl MetaTree {
+    pub fn without_tree(segments: u32) -> Self {
+        Self {
+            tree: None,
+            live: vec![0; segments as usize],
+            nodes: 0,
+            open: None,
+        }
+    }
+
+    /// The tree mount loaded whole, its nodes at `paddrs`. Fails on a node outside every
+    /// segment, in a segment's header block, or reached twice.
+    pub fn loaded(tree: Tree, geo: &Geometry, paddrs: &[u64]) -> Result<Self, String> {
+        let mut m = Self::without_tree(geo.segments);
+        let mut seen = std::collections::HashSet::with_capacity(paddrs.len());
+        for &p in paddrs {
+            let s = geo
+                .segment_of(p)
+                .filter(|&s| p != geo.segment_start(s))
+                .ok_or_else(|| format!("tree node at block {p} lies outside every segment"))?;
+            if !seen.insert(p) {
+                return Err(format!("tree node at block {p} is reached twice"));
+            }
+            m.live[s as usize] += 1;
+            m.nodes += 1;
+        }
+        m.tree = Some(tree);
+        Ok(m)
+    }
+
+    pub fn live_in(&self, segment: u32) -> u32 {
+        self.live[segment as usize]
+    }
+
+    /// Counts a node written at `paddr` of `segment`.
+    pub fn take(&mut self, segment: u32) {
+        self.live[segment as usize] += 1;
+        self.nodes += 1;
+    }
+
+    /// Uncounts a node no durable checkpoint references any more; returns its segment's
+    /// live count after.
+    pub fn release(&mut self, segment: u32, paddr: u64) -> Result<u32, String> {
+        let live = &mut self.live[segment as usize];
+        *live = live.checked_sub(1).ok_or_else(|| {
+            format!("tree node at block {paddr} freed from segment {segment}, which counts none")
+        })?;
+        self.nodes -= 1;
+        Ok(*live)
+    }
+
+    /// Forgets every node of `segment` (a fresh tree was written elsewhere).
+    pub fn drop_segment(&mut self, segment: u32) {
+        self.nodes -= self.live[segment as usize] as u64;
+        self.live[segment as usize] = 0;
+    }
+
+    /// Whether the next checkpoint should write a fresh tree: there is none yet, or the one
+    /// there has grown past twice a fresh one (deletions leave nodes underfull), or its live
+    /// nodes are spread thin over `meta_segments` segments of `per_segment` node blocks.
+    pub fn wants_fresh_tree(&self, index: &Index, meta_segments: u64, per_segment: u64) -> bool {
+        let fresh = fresh_tree_blocks(index);
+        self.tree.is_none()
+            || self.nodes > 2 * fresh
+            || meta_segments * per_segment > 2 * fresh + 2 * per_segment
+    }
+}
+
+/// Rebuilds an index from the tree's entries, given in key order.
+pub(crate) struct Loader {
+    index: Index,
+    /// The object whose pieces are being gathered: id, pieces so far, bytes.
+    object: Option<(u64, u32, Vec<u8>)>,
+}
+
+fn invalid(what: &'static str, found: u64) -> DecodeError {
+    DecodeError::Invalid { what, found }
+}
+
+impl Loader {
+    pub fn new(geometry: Geometry) -> Self {
+        Self {
+            index: Index::new(geometry),
+            object: None,
+        }
+    }
+
+    pub fn push(&mut self, key: &[u8], value: &[u8]) -> Result<(), DecodeError> {
+        match (key.first(), key.len()) {
+            (Some(&KIND_COLLECTION), 9) => {
+                if self.object.is_some() || self.index.objects > 0 {
+                    return Err(invalid("collection key after objects", 0));
+                }
+                let cid = PgId {
+                    pool: u32::from_be_bytes(key[1..5].try_into().unwrap()),
+                    seed: u32::from_be_bytes(key[5..9].try_into().unwrap()),
+                };
+                if !value.is_empty() {
+                    return Err(invalid("collection value length", value.len() as u64));
+                }
+                self.index.insert_collection(cid);
+                Ok(())
+            }
+            (Some(&KIND_OBJECT), 13) => {
+                let id = u64::from_be_bytes(key[1..9].try_into().unwrap());
+                let chunk = u32::from_be_bytes(key[9..13].try_into().unwrap());
+                match &mut self.object {
+                    Some((at, n, bytes)) if *at == id && *n == chunk => {
+                        bytes.extend_from_slice(value);
+                        *n += 1;
+                        return Ok(());
+                    }
+                    _ if chunk != 0 => return Err(invalid("object record piece", chunk as u64)),
+                    _ => {}
+                }
+                self.finish_object()?;
+                self.object = Some((id, 1, value.to_vec()));
+                Ok(())
+            }
+            _ => Err(invalid("metadata tree key", key.len() as u64)),
+        }
+    }
+
+    fn finish_object(&mut self) -> Result<(), DecodeError> {
+        let Some((id, pieces, bytes)) = self.object.take() else {
+            return Ok(());
+        };
+        let mut d = Decoder::new(Bytes::from(bytes));
+        let version = d.u16("object record version")?;
+        if version != RECORD_VERSION {
+            return Err(invalid("object record version", version as u64));
+        }
+        let cid = PgId {
+            pool: d.u32("pool")?,
+            seed: d.u32("seed")?,
+        };
+        let (oid, o) = self.index.decode_onode(&mut d, CHECKPOINT_VERSION)?;
+        d.finish("object record")?;
+        self.index.insert_loaded(cid, oid, o, id, pieces)
+    }
+
+    pub fn finish(mut self) -> Result<Index, DecodeError> {
+        self.finish_object()?;
+        self.index.finish_load();
+        Ok(self.index)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::delta::Delta;
+    use crate::extents::Extent;
+
+    const GEO: Geometry = Geometry {
+        first_block: 2,
+        segment_blocks: 64,
+        segments: 8,
+    };
+
+    /// Puts every record of `ix` in a fresh tree, then reads the tree back.
+    fn round_trip(ix: &Index) -> Index {
+        let mut t = Tree::new();
+        for cid in ix.colls.keys() {
+            t.insert(&collection_key(*cid), &[]).unwrap();
+        }
+        for (cid, coll) in &ix.colls {
+            for (oid, o) in coll {
+                let rec = object_record(*cid, oid, o);
+                for (i, c) in chunks(&rec).enumerate() {
+                    t.insert(&object_key(o.id, i as u32), c).unwrap();
+                }
+            }
+        }
+        let mut loader = Loader::new(GEO);
+        for (k, v) in t.range(b"", None, usize::MAX).unwrap() {
+            loader.push(&k, &v).unwrap();
+        }
+        loader.finish().unwrap()
+    }
+
+    #[test]
+    fn records_round_trip_through_the_tree_with_their_live_counts() {
+        let cid = PgId { pool: 2, seed: 9 };
+        let mut ix = Index::new(GEO);
+        ix.apply(&Delta::CreateCollection(cid)).unwrap();
+        ix.apply(&Delta::CreateCollection(PgId { pool: 3, seed: 0 }))
+            .unwrap();
+        // A name longer than a tree key, and an omap larger than a tree value.
+        let long = "n".repeat(1000);
+        for oid in ["a", long.as_str()] {
+            ix.apply(&Delta::Touch(cid, oid.into())).unwrap();
+        }
+        ix.apply(&Delta::SetExtent {
+            cid,
+            oid: long.clone(),
+            lblock: 5,
+            extent: Extent::new(70, &[1, 2, 3]),
+        })
+        .unwrap();
+        let kvs = (0..40u32)
+            .map(|i| {
+                (
+                    Bytes::from(format!("key{i}")),
+                    Bytes::from(vec![i as u8; 300]),
+                )
+            })
+            .collect();
+        ix.apply(&Delta::OmapSet(cid, "a".into(), kvs)).unwrap();
+        let back = round_trip(&ix);
+        assert_eq!(back.objects, 2);
+        assert_eq!(back.colls.len(), 2);
+        assert_eq!(back.live_blocks, 3);
+        assert_eq!(back.segment_live, ix.segment_live);
+        assert_eq!(back.encoded_len(), ix.encoded_len());
+        let a = back.object(cid, "a").unwrap();
+        assert_eq!(a.omap.len(), 40);
+        assert!(a.stored_chunks > 1, "the omap takes several pieces");
+        assert!(!a.dirty);
+        assert_eq!(back.object(cid, &long).unwrap().blocks.blocks(), 3);
+        assert_eq!(back.next_id, ix.next_id);
+    }
+
+    #[test]
+    fn a_missing_piece_or_a_stray_key_is_refused() {
+        let mut l = Loader::new(GEO);
+        l.push(&collection_key(PgId { pool: 1, seed: 1 }), &[])
+            .unwrap();
+        assert!(l.push(&object_key(4, 1), b"x").is_err(), "piece 0 missing");
+        assert!(Loader::new(GEO).push(b"Zzz", b"").is_err());
+        // A record cut short fails to decode.
+        let mut l = Loader::new(GEO);
+        l.push(&collection_key(PgId { pool: 1, seed: 1 }), &[])
+            .unwrap();
+        l.push(&object_key(4, 0), &[1, 0, 1, 0]).unwrap();
+        assert!(l.finish().is_err());
+    }
+
+    #[test]
+    fn a_fresh_tree_is_due_when_the_tree_wastes_space() {
+        let mut ix = Index::new(GEO);
+        ix.apply(&Delta::CreateCollection(PgId { pool: 1, seed: 1 }))
+            .unwrap();
+        let mut m = MetaTree::without_tree(GEO.segments);
+        assert!(m.wants_fresh_tree(&ix, 0, 63), "no tree yet");
+        m.tree = Some(Tree::new());
+        m.take(1);
+        assert!(!m.wants_fresh_tree(&ix, 1, 63));
+        for _ in 0..2 * fresh_tree_blocks(&ix) {
+            m.take(1);
+        }
+        assert!(m.wants_fresh_tree(&ix, 1, 63), "too many nodes");
+        let mut m = MetaTree::without_tree(GEO.segments);
+        m.tree = Some(Tree::new());
+        m.take(1);
+        assert!(m.wants_fresh_tree(&ix, 4, 63), "live nodes spread thin");
+    }
+}
