@@ -283,7 +283,9 @@ impl Tree {
                     body: Body::Inner(vec![Ptr::Mem(id), Ptr::Mem(rid)]),
                     disk: None,
                     dirty: true,
-                    generation: 0,
+                    // Until it is flushed, it bounds its children as the node it grew
+                    // from did (so does the split-off half).
+                    generation: left.generation,
                     used: Default::default(),
                 };
                 let root_id = self.alloc(root);
@@ -422,39 +424,6 @@ impl Tree {
         Ok(())
     }
 
-    /// Up to `max` nodes that are on the device only and hang from loaded nodes (or the
-    /// root, when nothing is loaded), each with a key that leads to it: loading them, then
-    /// asking again, brings the whole tree into memory level by level, many reads at a time.
-    pub fn unloaded(&self, max: usize) -> Vec<Need> {
-        let mut out = Vec::new();
-        self.unloaded_below(self.root, &[], max, &mut out);
-        out
-    }
-
-    fn unloaded_below(&self, ptr: Ptr, route: &[u8], max: usize, out: &mut Vec<Need>) {
-        if out.len() >= max {
-            return;
-        }
-        let id = match ptr {
-            Ptr::Disk(paddr) => {
-                return out.push(Need {
-                    paddr,
-                    key: route.to_vec(),
-                })
-            }
-            Ptr::Mem(id) => id,
-        };
-        let n = self.node(id);
-        if let Body::Inner(children) = &n.body {
-            for (i, (k, child)) in n.keys.iter().zip(children).enumerate() {
-                // The first child is reached by the node's own route, the others by their
-                // lower bound (as `range` does).
-                let route = if i == 0 { route } else { k.as_slice() };
-                self.unloaded_below(*child, route, max, out);
-            }
-        }
-    }
-
     /// The device places of the loaded nodes that have one.
     pub fn loaded_paddrs(&self) -> impl Iterator<Item = Paddr> + '_ {
         self.nodes.iter().flatten().filter_map(|n| n.disk)
@@ -466,8 +435,10 @@ impl Tree {
     }
 
     /// Takes the block of a node an operation needed (`need`, from a [`TreeError::Need`]):
-    /// checks it and hangs it where the tree expects it.
-    pub fn load(&mut self, need: &Need, block: &[u8]) -> Result<(), LoadError> {
+    /// checks it and hangs it where the tree expects it. Returns its children, all on the
+    /// device, each with a key that leads to it: loading them in turn brings the whole tree
+    /// into memory, level by level, each node read once.
+    pub fn load(&mut self, need: &Need, block: &[u8]) -> Result<Vec<Need>, LoadError> {
         let mut ptr = self.root;
         let mut parent: Option<(usize, usize)> = None;
         loop {
@@ -510,6 +481,25 @@ impl Tree {
                 });
             }
         }
+        // A decoded node's children are all on the device.
+        let children = match &node.body {
+            Body::Leaf(_) => Vec::new(),
+            Body::Inner(children) => node
+                .keys
+                .iter()
+                .zip(children)
+                .enumerate()
+                .map(|(i, (k, c))| Need {
+                    paddr: match c {
+                        Ptr::Disk(p) => *p,
+                        Ptr::Mem(_) => unreachable!("a decoded node points to the device"),
+                    },
+                    // The first child is reached by the node's own route, the others by
+                    // their lower bound (as `range` does).
+                    key: if i == 0 { need.key.clone() } else { k.clone() },
+                })
+                .collect(),
+        };
         let id = self.alloc(node);
         match parent {
             None => {
@@ -523,7 +513,7 @@ impl Tree {
                 children[i] = Ptr::Mem(id);
             }
         }
-        Ok(())
+        Ok(children)
     }
 
     /// Writes every dirty node to a new place from `place`, children first, as generation 0.
@@ -743,7 +733,7 @@ mod tests {
         let get = |t: &mut Tree, k: &str| loop {
             match t.get(k.as_bytes()) {
                 Ok(v) => return v.is_some(),
-                Err(TreeError::Need(n)) => t.load(&n, &dev[&n.paddr]).unwrap(),
+                Err(TreeError::Need(n)) => drop(t.load(&n, &dev[&n.paddr]).unwrap()),
                 Err(e) => panic!("{e}"),
             }
         };
@@ -761,7 +751,7 @@ mod tests {
     }
 
     #[test]
-    fn unloaded_brings_in_the_whole_tree_level_by_level() {
+    fn loading_the_children_load_names_brings_in_the_whole_tree() {
         let mut t = Tree::new();
         for i in 0..3000u32 {
             t.insert(format!("key-{i:06}").as_bytes(), &[i as u8; 60])
@@ -777,20 +767,16 @@ mod tests {
         let nodes = f.writes.len();
         let dev: HashMap<Paddr, Vec<u8>> = f.writes.into_iter().collect();
         let mut t = Tree::open(f.root);
-        let mut rounds = 0;
-        loop {
-            let wanted = t.unloaded(7);
-            if wanted.is_empty() {
-                break;
-            }
-            assert!(wanted.len() <= 7);
-            for n in &wanted {
-                t.load(n, &dev[&n.paddr]).unwrap();
-            }
-            rounds += 1;
+        let Err(TreeError::Need(root)) = t.get(b"") else {
+            panic!("nothing is loaded")
+        };
+        let mut queue = std::collections::VecDeque::from([root]);
+        let mut reads = 0;
+        while let Some(n) = queue.pop_front() {
+            queue.extend(t.load(&n, &dev[&n.paddr]).unwrap());
+            reads += 1;
         }
-        assert_eq!(t.loaded(), nodes);
-        assert!(rounds >= nodes / 7);
+        assert_eq!((t.loaded(), reads), (nodes, nodes), "each node read once");
         let mut places: Vec<Paddr> = t.loaded_paddrs().collect();
         places.sort_unstable();
         assert_eq!(places, (1..=nodes as u64).collect::<Vec<_>>());
@@ -870,6 +856,43 @@ mod tests {
             ),
             "{err}"
         );
+    }
+
+    #[test]
+    fn nodes_split_before_a_flush_accept_their_loaded_children() {
+        let mut t = Tree::new();
+        for i in 0..20_000u32 {
+            t.insert(format!("key-{i:06}").as_bytes(), &[1; 60])
+                .unwrap();
+        }
+        let mut next = 0;
+        let f = t.flush_at(7, &mut || {
+            next += 1;
+            next
+        });
+        let dev: HashMap<Paddr, Vec<u8>> = f.writes.into_iter().collect();
+        let mut t = Tree::open_at(f.root, 7);
+        let op = |t: &mut Tree, k: &str, insert: bool| loop {
+            let r = match insert {
+                true => t.insert(k.as_bytes(), &[2; 60]).map(drop),
+                false => t.get(k.as_bytes()).map(drop),
+            };
+            match r {
+                Ok(()) => return,
+                Err(TreeError::Need(n)) => {
+                    t.load(&n, &dev[&n.paddr]).unwrap();
+                }
+                Err(e) => panic!("{e}"),
+            }
+        };
+        // Grow one range until its leaves and the inner node above them split, unflushed,
+        // then reach nodes on the device through the halves.
+        for i in 0..6000u32 {
+            op(&mut t, &format!("key-000100-{i:04}"), true);
+        }
+        for i in (0..20_000u32).step_by(7) {
+            op(&mut t, &format!("key-{i:06}"), false);
+        }
     }
 
     #[test]

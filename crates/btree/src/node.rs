@@ -139,7 +139,7 @@ impl Node {
             body,
             disk: None,
             dirty: true,
-            generation: 0,
+            generation: self.generation,
             used: Default::default(),
         }
     }

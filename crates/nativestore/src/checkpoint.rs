@@ -14,7 +14,8 @@ use crate::format::{CheckpointSlot, JournalPos, SegmentHeader, SegmentKind};
 use crate::index::Geometry;
 use crate::index::Index;
 use crate::metatree::{
-    checkpoint_blocks_bound, chunks, collection_key, object_key, object_record, Loader, MetaTree,
+    chunks, collection_key, fresh_tree_blocks, incremental_blocks_bound, object_key, object_record,
+    Loader, MetaTree,
 };
 use crate::segments::SegKind;
 use crate::store::{io_error, NativeStore};
@@ -75,6 +76,7 @@ fn take_changes(index: &mut Index, fresh: bool) -> Vec<Op> {
                 put(&mut ops, *cid, oid, o);
             }
         }
+        sort(&mut ops);
         return ops;
     }
     for cid in std::mem::take(&mut index.dirty_colls) {
@@ -95,7 +97,29 @@ fn take_changes(index: &mut Index, fresh: bool) -> Vec<Op> {
             }
         }
     }
+    sort(&mut ops);
     ops
+}
+
+/// In key order (each key appears once): records land in id order, so a fresh tree's nodes
+/// fill up (splits at a node's end keep it full), and changes near each other share reads.
+fn sort(ops: &mut [Op]) {
+    ops.sort_unstable_by(|a, b| a.key().cmp(b.key()));
+}
+
+/// Applies `ops` to a tree that holds every node they reach.
+fn apply_all(tree: &mut Tree, ops: &[Op]) -> std::io::Result<()> {
+    for op in ops {
+        apply_one(tree, op).map_err(|e| failure(format!("metadata tree: {e}")))?;
+    }
+    Ok(())
+}
+
+fn apply_one(tree: &mut Tree, op: &Op) -> std::result::Result<(), TreeError> {
+    match op {
+        Op::Put(k, v) => tree.insert(k, v).map(drop),
+        Op::Delete(k) => tree.remove(k).map(drop),
+    }
 }
 
 impl<D: BlockDevice> NativeStore<D> {
@@ -108,23 +132,28 @@ impl<D: BlockDevice> NativeStore<D> {
         // error for the caller, not a failed shard.
         let fresh = {
             let st = self.st.borrow();
-            let bound = checkpoint_blocks_bound(&st.index);
-            let open_left = st.meta.open.map_or(0, |(s, next)| {
-                self.geo.segment_start(s) + self.geo.segment_blocks - next
-            });
-            let room = st.segments.free_count() as u64 * per_segment + open_left;
-            if room < bound {
-                return Err(io_error(format!(
-                    "no room for a checkpoint: up to {bound} metadata blocks needed, {room} free"
-                )));
-            }
             let meta_segments = st
                 .segments
                 .iter()
                 .filter(|(_, s)| s.kind == SegKind::Checkpoint)
                 .count() as u64;
+            let free = st.segments.free_count() as u64 * per_segment;
+            let open_left = st.meta.open.map_or(0, |(s, next)| {
+                self.geo.segment_start(s) + self.geo.segment_blocks - next
+            });
+            // A fresh tree starts a new segment, and takes about what the records take; an
+            // incremental checkpoint may take more (see `incremental_blocks_bound`): without
+            // room for that, a fresh tree is written instead.
+            let fresh_needed = fresh_tree_blocks(&st.index);
+            if free < fresh_needed {
+                return Err(io_error(format!(
+                    "no room for a checkpoint: up to {fresh_needed} metadata blocks needed, \
+                     {free} free"
+                )));
+            }
             st.meta
                 .wants_fresh_tree(&st.index, meta_segments, per_segment)
+                || free + open_left < incremental_blocks_bound(&st.index)
         };
         let (ops, pos) = {
             let mut st = self.st.borrow_mut();
@@ -142,7 +171,7 @@ impl<D: BlockDevice> NativeStore<D> {
             (take_changes(&mut st.index, fresh), pos)
         };
         // From here the dirty marks are taken: a failure stops the shard.
-        let written = match self.write_checkpoint(ops, pos).await {
+        let written = match self.write_checkpoint(ops, pos, fresh).await {
             Ok(w) => w,
             Err(e) => {
                 let err = io_error(format!("checkpoint: {e}"));
@@ -150,14 +179,15 @@ impl<D: BlockDevice> NativeStore<D> {
                 return Err(err);
             }
         };
-        self.account_checkpoint(written, fresh, pos)?;
+        self.account_checkpoint(written, pos)?;
         self.changed.notify_all();
         Ok(())
     }
 
     /// Once the slot of a checkpoint is durable: frees what it no longer references (old
     /// nodes, metadata and journal segments) and trims the node cache.
-    fn account_checkpoint(&self, written: Written, fresh: bool, pos: JournalPos) -> Result<()> {
+    fn account_checkpoint(&self, written: Written, pos: JournalPos) -> Result<()> {
+        let fresh = written.fresh;
         let mut st = self.st.borrow_mut();
         let st = &mut *st;
         let old = std::mem::replace(&mut st.slot, written.slot);
@@ -176,11 +206,12 @@ impl<D: BlockDevice> NativeStore<D> {
             }
         }
         for p in written.freed {
-            let Some(s) = self.geo.segment_of(p) else {
-                continue;
+            let released = match self.geo.segment_of(p) {
+                Some(s) => st.meta.release(s, p).map(|live| (s, live)),
+                None => Err(format!("tree node at block {p} lies outside every segment")),
             };
-            match st.meta.release(s, p) {
-                Ok(0) if Some(s) != open && st.segments.get(s).kind == SegKind::Checkpoint => {
+            match released.map(|(s, live)| (s, live, Some(s) == open)) {
+                Ok((s, 0, false)) if st.segments.get(s).kind == SegKind::Checkpoint => {
                     st.segments.release(s)
                 }
                 Ok(_) => {}
@@ -213,18 +244,69 @@ impl<D: BlockDevice> NativeStore<D> {
     }
 
     /// Applies `ops` to the tree, writes its dirty nodes, syncs, and writes the slot.
-    async fn write_checkpoint(&self, ops: Vec<Op>, pos: JournalPos) -> std::io::Result<Written> {
-        self.fault_in(ops.iter().map(Op::key)).await?;
+    /// `fresh`: the tree is new (every record is in `ops`).
+    async fn write_checkpoint(
+        &self,
+        ops: Vec<Op>,
+        pos: JournalPos,
+        mut fresh: bool,
+    ) -> std::io::Result<Written> {
+        if !fresh {
+            self.fault_in(&ops).await?;
+            // What the reads ahead could not foresee: a removal that empties a leaf sends the
+            // keys of its range to a neighbour not read yet. Changes fail before they change
+            // anything, so the one that needs a node is tried again once it is loaded.
+            for op in &ops {
+                loop {
+                    let r = {
+                        let mut st = self.st.borrow_mut();
+                        apply_one(st.meta.tree.as_mut().expect("a checkpoint has a tree"), op)
+                    };
+                    match r {
+                        Ok(()) => break,
+                        Err(TreeError::Need(n)) => self.load_nodes(&[n]).await?,
+                        Err(e) => return Err(failure(format!("metadata tree: {e}"))),
+                    }
+                }
+            }
+        } else {
+            let mut st = self.st.borrow_mut();
+            apply_all(
+                st.meta.tree.as_mut().expect("a checkpoint has a tree"),
+                &ops,
+            )?;
+        }
         let mut blocks: Vec<(u64, Vec<u8>)> = Vec::new();
         let mut segments = BTreeSet::new();
         let (root, freed) = {
             let mut st = self.st.borrow_mut();
             let st = &mut *st;
+            let geo = &self.geo;
+            let open_left = st.meta.open.map_or(0, |(s, next)| {
+                geo.segment_start(s) + geo.segment_blocks - next
+            });
+            let free = st.segments.free_count() as u64 * (geo.segment_blocks - 1);
+            let dirty = st.meta.tree.as_ref().map_or(0, |t| t.dirty_nodes()) as u64;
+            if !fresh && dirty > free + open_left {
+                // More changed nodes than room: write a fresh tree, which `checkpoint`
+                // made sure fits. Every record goes in again (the index has them all).
+                st.meta.tree = Some(Tree::new());
+                st.meta.open = None;
+                fresh = true;
+                let all = take_changes(&mut st.index, true);
+                apply_all(st.meta.tree.as_mut().expect("just made"), &all)?;
+            }
+            let dirty = st.meta.tree.as_ref().map_or(0, |t| t.dirty_nodes()) as u64;
+            if dirty > free + if fresh { 0 } else { open_left } {
+                return Err(failure(format!(
+                    "{dirty} metadata nodes to write, more than the free segments hold"
+                )));
+            }
             // Out of `meta` while nodes are placed (placing counts them in `meta`).
             let mut tree = st.meta.tree.take().expect("a checkpoint has a tree");
-            let placed = self.place_nodes(&mut tree, &ops, st, &mut blocks, &mut segments);
+            let placed = self.place_nodes(&mut tree, st, &mut blocks, &mut segments);
             st.meta.tree = Some(tree);
-            placed?
+            placed
         };
         let written_blocks = blocks.len() as u64;
         self.write_runs(blocks).await?;
@@ -253,6 +335,7 @@ impl<D: BlockDevice> NativeStore<D> {
         res?;
         self.dev.sync().await?;
         Ok(Written {
+            fresh,
             slot,
             segments,
             freed,
@@ -260,37 +343,20 @@ impl<D: BlockDevice> NativeStore<D> {
         })
     }
 
-    /// Applies `ops` to `tree` and gives its dirty nodes places (appending them to
-    /// `blocks`, with the headers of the segments opened for them): the new root and the
+    /// Gives `tree`'s dirty nodes places (appending them to `blocks`, with the headers of
+    /// the segments opened for them; the caller checked the room): the new root and the
     /// places no longer referenced.
     fn place_nodes(
         &self,
         tree: &mut Tree,
-        ops: &[Op],
         st: &mut crate::store::State,
         blocks: &mut Vec<(u64, Vec<u8>)>,
         segments: &mut BTreeSet<u32>,
-    ) -> std::io::Result<(u64, Vec<u64>)> {
-        for op in ops {
-            let r = match op {
-                Op::Put(k, v) => tree.insert(k, v).map(drop),
-                Op::Delete(k) => tree.remove(k).map(drop),
-            };
-            r.map_err(|e| failure(format!("metadata tree: {e}")))?;
-        }
-        let dirty = tree.dirty_nodes() as u64;
+    ) -> (u64, Vec<u64>) {
         // Nodes carry the generation of the slot that will name them: a reader of an older
         // slot refuses a node of a later one found where one of its own used to be.
         let generation = (st.slot.generation + 1).min(GENERATION_MAX);
         let geo = &self.geo;
-        let open_left = st.meta.open.map_or(0, |(s, next)| {
-            geo.segment_start(s) + geo.segment_blocks - next
-        });
-        if dirty > st.segments.free_count() as u64 * (geo.segment_blocks - 1) + open_left {
-            return Err(failure(format!(
-                "{dirty} metadata nodes to write, more than the free segments hold"
-            )));
-        }
         let (meta, segs) = (&mut st.meta, &mut st.segments);
         let mut place = || {
             let (s, next) = match meta.open {
@@ -315,7 +381,7 @@ impl<D: BlockDevice> NativeStore<D> {
         };
         let flushed = tree.flush_at(generation, &mut place);
         blocks.extend(flushed.writes);
-        Ok((flushed.root, flushed.freed))
+        (flushed.root, flushed.freed)
     }
 
     /// Writes blocks, each run of adjacent ones in one device write.
@@ -339,43 +405,58 @@ impl<D: BlockDevice> NativeStore<D> {
         Ok(())
     }
 
-    /// Loads the tree nodes on the way to `keys`, many reads at a time.
-    async fn fault_in<'a>(&self, keys: impl Iterator<Item = &'a [u8]>) -> std::io::Result<()> {
-        let mut pending: Vec<&[u8]> = keys.collect();
+    /// Reads ahead the tree nodes on the way to the keys of `ops` (in key order), many at
+    /// a time. Each round walks the keys from the first one not yet reachable and stops
+    /// once it has a batch of nodes to read, so every key is looked up a few times at most.
+    async fn fault_in(&self, ops: &[Op]) -> std::io::Result<()> {
+        let mut first = 0;
         loop {
             let wanted: Vec<Need> = {
                 let st = self.st.borrow();
                 let tree = st.meta.tree.as_ref().expect("a checkpoint has a tree");
                 let mut wanted: Vec<Need> = Vec::new();
-                pending.retain(|k| match tree.get(k) {
-                    Err(TreeError::Need(n)) => {
-                        if wanted.len() < READS_AT_ONCE
-                            && !wanted.iter().any(|w| w.paddr == n.paddr)
-                        {
-                            wanted.push(n);
+                for (i, op) in ops.iter().enumerate().skip(first) {
+                    match tree.get(op.key()) {
+                        Err(TreeError::Need(n)) => {
+                            let known = wanted.iter().any(|w| w.paddr == n.paddr);
+                            if !known && wanted.len() == READS_AT_ONCE {
+                                break;
+                            }
+                            if !known {
+                                wanted.push(n);
+                            }
                         }
-                        true
+                        // Reachable now, and so are all before it: start after it next time.
+                        _ if i == first => first += 1,
+                        _ => {}
                     }
-                    _ => false,
-                });
+                }
                 wanted
             };
             if wanted.is_empty() {
                 return Ok(());
             }
-            let blocks = read_nodes(&self.dev, self.base, &self.geo, &wanted).await?;
-            let mut st = self.st.borrow_mut();
-            let tree = st.meta.tree.as_mut().expect("a checkpoint has a tree");
-            for (n, b) in wanted.iter().zip(&blocks) {
-                tree.load(n, b.full())
-                    .map_err(|e| failure(format!("metadata tree: {e}")))?;
-            }
+            self.load_nodes(&wanted).await?;
         }
+    }
+
+    /// Reads the nodes `wanted` names and hangs them in the tree.
+    async fn load_nodes(&self, wanted: &[Need]) -> std::io::Result<()> {
+        let blocks = read_nodes(&self.dev, self.base, &self.geo, wanted).await?;
+        let mut st = self.st.borrow_mut();
+        let tree = st.meta.tree.as_mut().expect("a checkpoint has a tree");
+        for (n, b) in wanted.iter().zip(&blocks) {
+            tree.load(n, b.full())
+                .map_err(|e| failure(format!("metadata tree: {e}")))?;
+        }
+        Ok(())
     }
 }
 
 /// What a written checkpoint left to account for once its slot is durable.
 struct Written {
+    /// It wrote a fresh tree: every older metadata segment is free once its slot is durable.
+    fresh: bool,
     slot: CheckpointSlot,
     /// Segments its nodes went to.
     segments: BTreeSet<u32>,
@@ -423,16 +504,25 @@ pub(crate) async fn load_tree<D: BlockDevice>(
     cache_nodes: usize,
 ) -> std::result::Result<(Index, MetaTree), String> {
     let mut tree = Tree::open_at(root, generation);
-    loop {
-        let wanted = tree.unloaded(READS_AT_ONCE);
-        if wanted.is_empty() {
-            break;
+    let mut queue = std::collections::VecDeque::from([Need {
+        paddr: root,
+        key: Vec::new(),
+    }]);
+    // A node reached twice (crafted pointers) is refused before it is read again: a tree
+    // whose nodes all point to one child would otherwise grow without bound in memory.
+    let mut seen = std::collections::HashSet::new();
+    while !queue.is_empty() {
+        let batch: Vec<Need> = queue.drain(..queue.len().min(READS_AT_ONCE)).collect();
+        for n in &batch {
+            if !seen.insert(n.paddr) {
+                return Err(format!("tree node at block {} is reached twice", n.paddr));
+            }
         }
-        let blocks = read_nodes(dev, base, &geo, &wanted)
+        let blocks = read_nodes(dev, base, &geo, &batch)
             .await
             .map_err(|e| e.to_string())?;
-        for (n, b) in wanted.iter().zip(&blocks) {
-            tree.load(n, b.full()).map_err(|e| e.to_string())?;
+        for (n, b) in batch.iter().zip(&blocks) {
+            queue.extend(tree.load(n, b.full()).map_err(|e| e.to_string())?);
         }
     }
     let mut loader = Loader::new(geo);

@@ -4,7 +4,7 @@
 //!
 //! Keys (big-endian, so the tree's byte order is the numeric order):
 //! - `'C' pool seed` → empty: a collection;
-//! - `'O' id chunk` → the `chunk`-th piece (at most [`VALUE_MAX`] bytes) of the record of the
+//! - `'O' id chunk` → the `chunk`-th piece (at most [`PIECE`] bytes) of the record of the
 //!   object with tree id `id`: record version, collection, then the object as a blob
 //!   checkpoint writes it (name, size, extents, xattrs, omap).
 //!
@@ -49,16 +49,25 @@ pub(crate) fn object_record(cid: CollectionId, oid: &str, o: &Onode) -> BytesMut
     b
 }
 
+/// Bytes of a record piece: four pieces with their keys and entry headers fill a node
+/// exactly, so nodes of large records are full, not three quarters full.
+pub(crate) const PIECE: usize = NODE_ROOM as usize / 4 - OBJECT_KEY_LEN - 4;
+const OBJECT_KEY_LEN: usize = 13;
+const _: () = assert!(PIECE <= VALUE_MAX && 4 * (PIECE + OBJECT_KEY_LEN + 4) == NODE_ROOM as usize);
+
 /// The pieces a record is stored in.
 pub(crate) fn chunks(record: &[u8]) -> impl Iterator<Item = &[u8]> {
-    record.chunks(VALUE_MAX)
+    record.chunks(PIECE)
 }
 
 /// Tree bytes the index's records take: the records, plus a key and an entry header per
 /// piece, plus a key per collection.
 fn tree_bytes(index: &Index) -> u64 {
-    let pieces = index.encoded_len().div_ceil(VALUE_MAX as u64) + index.objects;
-    index.encoded_len() + index.objects * 10 + pieces * (13 + 4) + index.colls.len() as u64 * 13
+    let pieces = index.encoded_len().div_ceil(PIECE as u64) + index.objects;
+    index.encoded_len()
+        + index.objects * 10
+        + pieces * (OBJECT_KEY_LEN as u64 + 4)
+        + index.colls.len() as u64 * 13
 }
 
 /// Nodes a tree of the index takes when written afresh (nodes nearly full: the records go in
@@ -68,10 +77,11 @@ pub(crate) fn fresh_tree_blocks(index: &Index) -> u64 {
     leaves + leaves / 16 + 2
 }
 
-/// The most blocks one checkpoint may write. An incremental one writes at most every node
-/// of the tree, which is kept below twice a fresh tree (beyond that the checkpoint writes a
-/// fresh tree instead), plus what its changes add.
-pub(crate) fn checkpoint_blocks_bound(index: &Index) -> u64 {
+/// Room an incremental checkpoint wants: it writes at most every node of the tree, which is
+/// kept below twice a fresh tree (beyond that a fresh tree is written), plus what its changes
+/// add. Without that much room the checkpoint writes a fresh tree, which needs
+/// [`fresh_tree_blocks`]: that is the reserve user data leaves.
+pub(crate) fn incremental_blocks_bound(index: &Index) -> u64 {
     4 * fresh_tree_blocks(index)
 }
 
@@ -195,8 +205,15 @@ impl Loader {
             (Some(&KIND_OBJECT), 13) => {
                 let id = u64::from_be_bytes(key[1..9].try_into().unwrap());
                 let chunk = u32::from_be_bytes(key[9..13].try_into().unwrap());
+                // Pieces are as `chunks` cuts them: full but the last, never empty.
+                if value.is_empty() || value.len() > PIECE {
+                    return Err(invalid("object record piece length", value.len() as u64));
+                }
                 match &mut self.object {
                     Some((at, n, bytes)) if *at == id && *n == chunk => {
+                        if bytes.len() != *n as usize * PIECE {
+                            return Err(invalid("object record piece length", chunk as u64));
+                        }
                         bytes.extend_from_slice(value);
                         *n += 1;
                         return Ok(());
@@ -318,6 +335,12 @@ mod tests {
         l.push(&collection_key(PgId { pool: 1, seed: 1 }), &[])
             .unwrap();
         assert!(l.push(&object_key(4, 1), b"x").is_err(), "piece 0 missing");
+        // A piece cut short before another, or longer than a piece, is not what we write.
+        assert!(l.push(&object_key(5, 0), b"short").is_ok());
+        assert!(l.push(&object_key(5, 1), b"x").is_err());
+        assert!(Loader::new(GEO)
+            .push(&object_key(6, 0), &[0; PIECE + 1])
+            .is_err());
         assert!(Loader::new(GEO).push(b"Zzz", b"").is_err());
         // A record cut short fails to decode.
         let mut l = Loader::new(GEO);

@@ -26,10 +26,10 @@ impl<D: BlockDevice> NativeStore<D> {
         self.checkpoint_segments_needed() + 2
     }
 
-    /// Free segments the next checkpoint may need (its bound, plus the metadata segment it
-    /// may leave half used).
+    /// Free segments the next checkpoint may need: a fresh tree (an incremental one uses
+    /// more room only when there is more), and the metadata segment it may leave half used.
     pub(crate) fn checkpoint_segments_needed(&self) -> u64 {
-        let blocks = crate::metatree::checkpoint_blocks_bound(&self.st.borrow().index);
+        let blocks = crate::metatree::fresh_tree_blocks(&self.st.borrow().index);
         blocks.div_ceil(self.geo.segment_blocks - 1) + 1
     }
 

@@ -418,3 +418,68 @@ fn checkpoint_blob_grammar_names_the_encoder_version() {
         "the document's title names the format version"
     );
 }
+
+#[test]
+fn metadata_tree_node_and_key_tables_match_the_encoder() {
+    let mut t = carmine_btree::Tree::new();
+    t.insert(b"key-a", b"value-a").unwrap();
+    t.insert(b"key-b", b"").unwrap();
+    let generation = 0x1234_5678_9abc;
+    let node = t.flush_at(generation, &mut || 9).writes.remove(0).1;
+    let text = section("Checkpoint segments: the metadata tree");
+    let mut rows = table(text).into_iter();
+    let mut at = 0;
+    for row in rows.by_ref() {
+        let (off, size, field) = (row[0].as_str(), row[1].as_str(), row[2].as_str());
+        let off: usize = off
+            .parse()
+            .unwrap_or_else(|_| panic!("node offset {off:?}"));
+        if size == "…" {
+            // The entries: a leaf's are (key length, value length, key, value).
+            assert!(field.contains("u16 key length, u16 value length, key, value"));
+            let mut e = Vec::new();
+            for (k, v) in [(&b"key-a"[..], &b"value-a"[..]), (b"key-b", b"")] {
+                e.extend_from_slice(&(k.len() as u16).to_le_bytes());
+                e.extend_from_slice(&(v.len() as u16).to_le_bytes());
+                e.extend_from_slice(k);
+                e.extend_from_slice(v);
+            }
+            assert_eq!(&node[off..off + e.len()], &e[..], "node entries");
+            at = node.len() - 4;
+            continue;
+        }
+        let size: usize = size.parse().unwrap();
+        assert_eq!(
+            off, at,
+            "node: {field:?} starts at {off}, the row before ends at {at}"
+        );
+        let want: Vec<u8> = match field {
+            f if f.starts_with("magic") => b"CRBT".to_vec(),
+            f if f.starts_with("node format version") => vec![1, 0],
+            f if f.starts_with("level") => vec![0],
+            f if f.starts_with("reserved") => vec![0; size],
+            f if f.starts_with("entries") => vec![2, 0],
+            f if f.starts_with("generation") => generation.to_le_bytes()[..6].to_vec(),
+            f if f.starts_with("CRC-32C") => le32(crc32c(&node[..off])),
+            f => panic!("node: the test does not know the document's field {f:?}"),
+        };
+        assert_eq!(&node[off..off + size], &want[..], "node: {field:?}");
+        at = off + size;
+    }
+    assert_eq!(at, node.len(), "node: the document's table ends early");
+    // The keys table follows: its first column spells each key's fields.
+    let keys = table(&text[text.find("| key | value |").unwrap()..]);
+    let cid = carmine_types::PgId {
+        pool: 0x0102_0304,
+        seed: 0x0506_0708,
+    };
+    let ckey = crate::metatree::collection_key(cid);
+    assert!(keys[0][0].starts_with("`C`, u32 pool, u32 seed"));
+    assert_eq!(ckey, [b'C', 1, 2, 3, 4, 5, 6, 7, 8]);
+    assert!(keys[1][0].starts_with("`O`, u64 object id, u32 piece"));
+    let okey = crate::metatree::object_key(0x1122_3344_5566_7788, 0x99aa_bbcc);
+    assert_eq!(
+        okey,
+        [b'O', 0x11, 0x22, 0x33, 0x44, 0x55, 0x66, 0x77, 0x88, 0x99, 0xaa, 0xbb, 0xcc]
+    );
+}
