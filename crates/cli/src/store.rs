@@ -226,9 +226,10 @@ pub fn run(c: StoreCommand) -> Result<()> {
                 })
                 .with_context(|| format!("checking shard {shard}"))?;
                 println!(
-                    "shard {shard}: checkpoint generation {}, {} journal records replayed, \
-                     {} objects, {} blocks checked, {} errors",
+                    "shard {shard}: checkpoint generation {} ({} metadata tree nodes), {} \
+                     journal records replayed, {} objects, {} blocks checked, {} errors",
                     report.mount.checkpoint_generation,
+                    report.mount.metadata_nodes,
                     report.mount.records_replayed,
                     report.mount.objects,
                     report.blocks_checked,

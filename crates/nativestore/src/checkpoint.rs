@@ -252,7 +252,13 @@ impl<D: BlockDevice> NativeStore<D> {
         mut fresh: bool,
     ) -> std::io::Result<Written> {
         if !fresh {
-            self.fault_in(&ops).await?;
+            let all_loaded = {
+                let st = self.st.borrow();
+                st.meta.tree.as_ref().map_or(0, |t| t.loaded()) as u64 >= st.meta.nodes
+            };
+            if !all_loaded {
+                self.fault_in(&ops).await?;
+            }
             // What the reads ahead could not foresee: a removal that empties a leaf sends the
             // keys of its range to a neighbour not read yet. Changes fail before they change
             // anything, so the one that needs a node is tried again once it is loaded.
@@ -297,7 +303,15 @@ impl<D: BlockDevice> NativeStore<D> {
                 apply_all(st.meta.tree.as_mut().expect("just made"), &all)?;
             }
             let dirty = st.meta.tree.as_ref().map_or(0, |t| t.dirty_nodes()) as u64;
-            if dirty > free + if fresh { 0 } else { open_left } {
+            // A large checkpoint (a quarter segment or more) starts a segment of its own,
+            // as a blob did, so that its nodes, replaced together by a later one, free their
+            // segment together; appended after older nodes, they would hold that segment
+            // (and the next) a checkpoint longer — space the cleaner misses at high fill.
+            let own_segment = fresh || (dirty >= (geo.segment_blocks - 1) / 4 && dirty <= free);
+            if own_segment {
+                st.meta.open = None;
+            }
+            if dirty > free + if own_segment { 0 } else { open_left } {
                 return Err(failure(format!(
                     "{dirty} metadata nodes to write, more than the free segments hold"
                 )));

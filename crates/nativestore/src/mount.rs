@@ -23,6 +23,8 @@ use std::collections::BTreeSet;
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct MountReport {
     pub checkpoint_generation: u64,
+    /// Nodes of the checkpoint's metadata tree (0: the checkpoint was a blob, format 3).
+    pub metadata_nodes: u64,
     pub records_replayed: u64,
     pub journal_segments_replayed: u32,
     pub objects: u64,
@@ -365,6 +367,7 @@ impl<D: BlockDevice> NativeStore<D> {
         journal.sort_unstable();
         let mut report = MountReport {
             checkpoint_generation: slot.generation,
+            metadata_nodes: meta.nodes,
             ..MountReport::default()
         };
         // Read the journal from the checkpoint's position on, segment by segment.

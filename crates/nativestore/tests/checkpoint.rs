@@ -3,7 +3,7 @@
 //! checkpoints read what they change back in; and every remount finds what was written.
 
 use bytes::Bytes;
-use carmine_nativestore::{mkfs, NativeConfig, NativeStore, SimDevice};
+use carmine_nativestore::{fsck, mkfs, NativeConfig, NativeStore, SimDevice};
 use carmine_store::{ObjectStore, Transaction};
 use carmine_types::{CollectionId, PgId};
 use futures::executor::block_on;
@@ -152,6 +152,11 @@ fn random_changes_keep_their_values_and_metadata_space_stays_bounded() {
     drop(store);
     let store = mount(&dev, config);
     check(&store, &model);
+    // fsck reads the same tree back and finds every data block where the index says.
+    let report = block_on(fsck(dev.clone(), 0)).unwrap();
+    assert!(report.errors.is_empty(), "{:?}", report.errors);
+    assert_eq!(report.mount.metadata_nodes, store.stats().metadata_nodes);
+    assert!(report.mount.metadata_nodes > 1);
     // 1,500 small objects need well under a segment of metadata; the journal a few more.
     assert!(
         most_used <= 12,
