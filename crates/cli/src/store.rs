@@ -281,6 +281,14 @@ fn upgrade_store(device: &Path) -> Result<()> {
                 report.errors.len()
             );
         }
+        // Refused now, while the current build can still free space: after the upgrade the
+        // store could not be mounted for writing by either build.
+        if let Some(why) = report.checkpoint_room {
+            bail!(
+                "shard {shard}: {why}; delete some data with the current build first \
+                 (nothing changed)"
+            );
+        }
     }
     let old = carmine_reactor::block_on(async {
         let dev = FileDevice::open(device, SyncMode::Fdatasync).await?;

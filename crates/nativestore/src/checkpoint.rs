@@ -14,8 +14,7 @@ use crate::format::{CheckpointSlot, JournalPos, SegmentHeader, SegmentKind};
 use crate::index::Geometry;
 use crate::index::Index;
 use crate::metatree::{
-    chunks, collection_key, fresh_tree_blocks, incremental_blocks_bound, object_key, object_record,
-    Loader, MetaTree,
+    chunks, collection_key, fresh_tree_blocks, object_key, object_record, Loader, MetaTree,
 };
 use crate::segments::SegKind;
 use crate::store::{io_error, NativeStore};
@@ -138,12 +137,8 @@ impl<D: BlockDevice> NativeStore<D> {
                 .filter(|(_, s)| s.kind == SegKind::Checkpoint)
                 .count() as u64;
             let free = st.segments.free_count() as u64 * per_segment;
-            let open_left = st.meta.open.map_or(0, |(s, next)| {
-                self.geo.segment_start(s) + self.geo.segment_blocks - next
-            });
-            // A fresh tree starts a new segment, and takes about what the records take; an
-            // incremental checkpoint may take more (see `incremental_blocks_bound`): without
-            // room for that, a fresh tree is written instead.
+            // The room for a fresh tree, which starts a new segment: an incremental
+            // checkpoint that finds more changed nodes than room writes one instead.
             let fresh_needed = fresh_tree_blocks(&st.index);
             if free < fresh_needed {
                 return Err(io_error(format!(
@@ -153,7 +148,6 @@ impl<D: BlockDevice> NativeStore<D> {
             }
             st.meta
                 .wants_fresh_tree(&st.index, meta_segments, per_segment)
-                || free + open_left < incremental_blocks_bound(&st.index)
         };
         let (ops, pos) = {
             let mut st = self.st.borrow_mut();
@@ -294,8 +288,9 @@ impl<D: BlockDevice> NativeStore<D> {
             let free = st.segments.free_count() as u64 * (geo.segment_blocks - 1);
             let dirty = st.meta.tree.as_ref().map_or(0, |t| t.dirty_nodes()) as u64;
             if !fresh && dirty > free + open_left {
-                // More changed nodes than room: write a fresh tree, which `checkpoint`
-                // made sure fits. Every record goes in again (the index has them all).
+                // More changed nodes than room: write a fresh tree, which `checkpoint` made
+                // sure fits (`fresh_tree_blocks` is an upper bound). Every record goes in
+                // again (the index has them all).
                 st.meta.tree = Some(Tree::new());
                 st.meta.open = None;
                 fresh = true;

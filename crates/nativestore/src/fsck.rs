@@ -13,6 +13,10 @@ pub struct FsckReport {
     pub mount: MountReport,
     pub blocks_checked: u64,
     pub errors: Vec<String>,
+    /// Why a mount for writing would fail although the shard is consistent: its first
+    /// checkpoint (a fresh metadata tree when the checkpoint is a blob of format 3) does not
+    /// fit the free segments.
+    pub checkpoint_room: Option<String>,
 }
 
 /// Loads shard `shard` read-only (checkpoint and journal, nothing written) and reads back
@@ -23,6 +27,20 @@ pub async fn fsck<D: BlockDevice>(dev: D, shard: u32) -> Result<FsckReport, Moun
         mount,
         ..FsckReport::default()
     };
+    {
+        let st = store.st.borrow();
+        // Mount opens a journal segment before its checkpoint.
+        let free =
+            (st.segments.free_count() as u64).saturating_sub(1) * (store.geo.segment_blocks - 1);
+        let need = crate::metatree::fresh_tree_blocks(&st.index);
+        if st.meta.tree.is_none() && free < need {
+            report.checkpoint_room = Some(format!(
+                "its first format {} checkpoint needs up to {need} metadata blocks and {free} \
+                 are free",
+                crate::FORMAT_VERSION
+            ));
+        }
+    }
     type ObjectBlocks = (carmine_types::CollectionId, String, Vec<(u64, BlockRef)>);
     let objects: Vec<ObjectBlocks> = {
         let st = store.st.borrow();

@@ -70,20 +70,17 @@ fn tree_bytes(index: &Index) -> u64 {
         + index.colls.len() as u64 * 13
 }
 
-/// Nodes a tree of the index takes when written afresh (nodes nearly full: the records go in
-/// id order), with room for inner nodes.
+/// At most the nodes a tree of the index takes when written afresh. Its records go in in key
+/// order, so each leaf but the last is split only when the next entry does not fit: it keeps
+/// more than a node's room less the largest entry (a piece, its key and header). Inner nodes
+/// hold 23-byte entries and fill the same way: one per ~170 nodes below, plus a root chain.
 pub(crate) fn fresh_tree_blocks(index: &Index) -> u64 {
-    let leaves = tree_bytes(index).div_ceil(NODE_ROOM);
-    leaves + leaves / 16 + 2
+    let leaves = tree_bytes(index).div_ceil(NODE_ROOM - LARGEST_ENTRY) + 1;
+    leaves + leaves / 64 + 4
 }
 
-/// Room an incremental checkpoint wants: it writes at most every node of the tree, which is
-/// kept below twice a fresh tree (beyond that a fresh tree is written), plus what its changes
-/// add. Without that much room the checkpoint writes a fresh tree, which needs
-/// [`fresh_tree_blocks`]: that is the reserve user data leaves.
-pub(crate) fn incremental_blocks_bound(index: &Index) -> u64 {
-    4 * fresh_tree_blocks(index)
-}
+/// The largest leaf entry: a full piece with its key and the two length fields.
+const LARGEST_ENTRY: u64 = (PIECE + OBJECT_KEY_LEN + 4) as u64;
 
 /// Where the tree's nodes live: the loaded tree, live nodes per segment, and the metadata
 /// segment new nodes are appended to.
@@ -348,6 +345,41 @@ mod tests {
             .unwrap();
         l.push(&object_key(4, 0), &[1, 0, 1, 0]).unwrap();
         assert!(l.finish().is_err());
+    }
+
+    /// The bound holds for every record size, including those that leave the most room
+    /// unused per leaf (a record one byte longer than a piece).
+    #[test]
+    fn a_fresh_tree_never_takes_more_than_its_bound() {
+        let cid = PgId { pool: 1, seed: 1 };
+        for pad in (600..1200).step_by(3).chain([2000, 2950, 3000, 3050, 5000]) {
+            let mut ix = Index::new(GEO);
+            ix.apply(&Delta::CreateCollection(cid)).unwrap();
+            for i in 0..300 {
+                let oid = format!("object-{i:05}");
+                ix.apply(&Delta::Touch(cid, oid.clone())).unwrap();
+                let v = Bytes::from(vec![7u8; pad]);
+                ix.apply(&Delta::SetAttr(cid, oid, "pad".into(), v))
+                    .unwrap();
+            }
+            let mut t = Tree::new();
+            let mut entries: Vec<(Vec<u8>, Vec<u8>)> = vec![(collection_key(cid), Vec::new())];
+            for (oid, o) in &ix.colls[&cid] {
+                for (i, c) in chunks(&object_record(cid, oid, o)).enumerate() {
+                    entries.push((object_key(o.id, i as u32), c.to_vec()));
+                }
+            }
+            entries.sort();
+            for (k, v) in &entries {
+                t.insert(k, v).unwrap();
+            }
+            let written = t.flush(&mut || 1).writes.len() as u64;
+            let bound = fresh_tree_blocks(&ix);
+            assert!(
+                written <= bound,
+                "xattr of {pad} bytes: {written} nodes, bound {bound}"
+            );
+        }
     }
 
     #[test]
