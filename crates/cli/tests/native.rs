@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 mod common;
 
-use common::{alive, Cluster};
+use common::{alive, kill9, Cluster};
 
 const BLOCK: u64 = 4096;
 const BLOCKS: u64 = 256 * 1024; // a 1 GiB volume
@@ -51,7 +51,9 @@ fn kill_nine_mid_write_load_loses_no_acknowledged_write() {
         let pid = pids[0];
         std::thread::spawn(move || {
             std::thread::sleep(Duration::from_millis(400));
-            unsafe { libc::kill(pid, libc::SIGKILL) };
+            // Waits until the process is gone: SIGKILL is delivered, not done, when kill
+            // returns (a process with much memory takes a while to tear down).
+            kill9(pid);
         })
     };
     let dir = c.dir.clone();
