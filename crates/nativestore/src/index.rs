@@ -20,7 +20,8 @@ pub struct Onode {
     pub omap: BTreeMap<Bytes, Bytes>,
     /// Checkpoint bytes of the xattrs, the omap header and the omap entries, kept by `apply`.
     pub meta_bytes: u64,
-    /// Its key in the metadata tree (never reused within a mount; see `checkpoint.rs`).
+    /// Its key in the metadata tree: handed out in increasing order, never that of a record
+    /// the tree holds (see `metatree.rs`).
     pub id: u64,
     /// Chunks its record takes in the tree as of the last checkpoint (0: none yet).
     pub stored_chunks: u32,
