@@ -232,14 +232,18 @@ fn a_caller_that_stops_polling_does_not_stall_other_writers() {
     );
 }
 
+/// Bytes a format 4 slot listing `n` blob segments checksums (it ends with the tree root).
+fn slot_body_len(n: usize) -> usize {
+    8 + 4 + 4 + 4 + 16 + 8 + 4 + 8 + 4 + 8 + 8 + 8 + 4 + 4 * n + 8
+}
+
 /// Rewrites the checkpoint slot at byte `at` with `edit` (given the slot and the length of
 /// its checksummed body) and a fresh CRC, flipping only the bits that change.
 fn craft_slot(dev: &SimDevice, at: u64, edit: impl FnOnce(&mut [u8], usize)) {
     let image = dev.image();
     let mut slot = image[at as usize..at as usize + BLOCK].to_vec();
     let n = u32::from_le_bytes(slot[12..16].try_into().unwrap()) as usize;
-    // Format 4 slots end with the tree root.
-    let body = 8 + 4 + 4 + 4 + 16 + 8 + 4 + 8 + 4 + 8 + 8 + 8 + 4 + 4 * n + 8;
+    let body = slot_body_len(n);
     edit(&mut slot, body);
     let crc = carmine_types::crc32c(&slot[..body]);
     slot[body..body + 4].copy_from_slice(&crc.to_le_bytes());
@@ -302,7 +306,7 @@ fn a_damaged_metadata_node_refuses_the_mount_and_writes_nothing() {
         let at = (1 << 20) + i * BLOCK;
         let b = &image[at..at + BLOCK];
         let generation = u64::from_le_bytes(b[36..44].try_into().unwrap());
-        let body = 8 + 4 + 4 + 4 + 16 + 8 + 4 + 8 + 4 + 8 + 8 + 8 + 4 + 8;
+        let body = slot_body_len(0);
         let root = u64::from_le_bytes(b[body - 8..body].try_into().unwrap());
         (generation, root)
     };
