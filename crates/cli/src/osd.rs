@@ -82,6 +82,14 @@ pub struct OsdArgs {
     /// Native store: data cache per reactor shard.
     #[arg(long, default_value = "64M", value_parser = parse_size)]
     pub cache: u64,
+    /// Native store: metadata tree nodes kept in memory per reactor shard.
+    #[arg(long, default_value = "64M", value_parser = parse_size)]
+    pub metadata_cache: u64,
+    /// Native store: object bodies (extent maps, xattrs, omap) kept in memory per reactor
+    /// shard, counted as the bytes their records take; clean ones beyond it are paged out
+    /// and read back from the metadata tree when used.
+    #[arg(long, default_value = "64M", value_parser = parse_size)]
+    pub object_cache: u64,
     /// Native store: journal writes (a write of gathered records and its sync) in flight at
     /// once per shard. More overlaps the next write with the current sync, at the price of
     /// smaller group commits.
@@ -497,6 +505,8 @@ fn native_store(a: &OsdArgs, reactors: u32) -> Result<StoreConfig> {
         device,
         config: carmine_nativestore::NativeConfig {
             cache_bytes: a.cache,
+            metadata_cache_bytes: a.metadata_cache,
+            object_cache_bytes: a.object_cache,
             journal_writes_max: a.journal_writes,
             ..Default::default()
         },

@@ -110,8 +110,8 @@ impl<'a> Shadow<'a> {
     }
     /// The blocks of an object as they stand before the transaction (if it still is that
     /// object: one removed or replaced in the transaction has none of them).
-    fn pre_blocks(&self, cid: CollectionId, oid: &str) -> Option<&'a crate::index::Onode> {
-        self.index.object(cid, oid)
+    fn pre_blocks(&self, cid: CollectionId, oid: &str) -> Option<&'a crate::index::Body> {
+        self.index.body_of(cid, oid)
     }
 }
 
@@ -155,16 +155,26 @@ pub(crate) fn plan(index: &Index, txn: &Transaction) -> Result<Plan> {
         }
     };
     check_compares_lead(txn)?;
+    // Its objects were made resident and pinned (`paging.rs`): a body missing now would
+    // read as an object without data.
+    for (cid, oid) in txn.ops.iter().flat_map(crate::paging::op_objects).flatten() {
+        if index.object(cid, oid).is_some_and(|o| o.body.is_none()) {
+            return Err(io_error(format!(
+                "internal: {cid}/{oid:?} is paged out while a transaction plans on it"
+            )));
+        }
+    }
     for op in &txn.ops {
         match op {
             // Compares lead the transaction, so the index is still the state they judge.
             Op::Compare { cid, oid, expect } => {
                 check_expect(*cid, oid, expect)?;
                 sh.require_coll(*cid, oid)?;
-                let obj = index.object(*cid, oid);
-                let found =
-                    obj.and_then(|o| compared_value(expect, |n| o.attrs.get(n), |k| o.omap.get(k)));
-                judge_expect(*cid, oid, expect, obj.is_some(), found)?;
+                let exists = index.object(*cid, oid).is_some();
+                let found = index
+                    .body_of(*cid, oid)
+                    .and_then(|o| compared_value(expect, |n| o.attrs.get(n), |k| o.omap.get(k)));
+                judge_expect(*cid, oid, expect, exists, found)?;
             }
             Op::CreateCollection { cid } => {
                 if sh.coll_exists(*cid) {
@@ -475,7 +485,7 @@ impl<D: BlockDevice> Exec<'_, D> {
     }
 
     fn block_of(&self, cid: CollectionId, oid: &str, l: u64) -> Option<BlockRef> {
-        self.st.index.object(cid, oid)?.blocks.get(l)
+        self.st.index.body_of(cid, oid)?.blocks.get(l)
     }
 
     fn size_of(&self, cid: CollectionId, oid: &str) -> u64 {
@@ -523,7 +533,7 @@ impl<D: BlockDevice> Exec<'_, D> {
             let mapped = self
                 .st
                 .index
-                .object(cid, oid)
+                .body_of(cid, oid)
                 .is_some_and(|o| o.blocks.any_in(first_full..end_full));
             if mapped {
                 self.emit(Delta::Punch(cid, oid.to_owned(), first_full, end_full))?;
@@ -597,7 +607,7 @@ impl<D: BlockDevice> Exec<'_, D> {
                     let beyond = self
                         .st
                         .index
-                        .object(cid, &oid)
+                        .body_of(cid, &oid)
                         .is_some_and(|o| o.blocks.any_in(kept..u64::MAX));
                     if beyond {
                         self.emit(Delta::Punch(cid, oid.clone(), kept, u64::MAX))?;
@@ -635,7 +645,7 @@ impl<D: BlockDevice> Exec<'_, D> {
                 let blocks: Vec<(u64, BlockRef)> = self
                     .st
                     .index
-                    .object(cid, &src)
+                    .body_of(cid, &src)
                     .map(|o| o.blocks.iter().collect())
                     .unwrap_or_default();
                 let contents = blocks
@@ -672,7 +682,7 @@ impl<D: BlockDevice> Exec<'_, D> {
                     let blocks: Vec<(u64, BlockRef)> = self
                         .st
                         .index
-                        .object(cid, &src)
+                        .body_of(cid, &src)
                         .map(|o| o.blocks.range(src_off / B..(src_end - 1) / B + 1).collect())
                         .unwrap_or_default();
                     for (l, b) in blocks {
@@ -718,6 +728,7 @@ impl<D: BlockDevice> NativeStore<D> {
             )
         });
         self.make_room(grows).await?;
+        let pins = self.pin_for(&txn).await?;
         let plan = plan(&self.st.borrow().index, &txn)?;
         {
             let st = self.st.borrow();
@@ -783,6 +794,7 @@ impl<D: BlockDevice> NativeStore<D> {
                 id
             }
         };
+        drop(pins);
         drop(guard);
         self.wait_durable(batch).await
     }

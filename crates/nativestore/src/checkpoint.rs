@@ -18,9 +18,10 @@ use crate::metatree::{
 };
 use crate::segments::SegKind;
 use crate::store::{io_error, NativeStore};
-use carmine_btree::{Need, Tree, TreeError, GENERATION_MAX};
+use carmine_btree::{LoadError, Need, Tree, TreeError, GENERATION_MAX};
 use carmine_store::Result;
 use std::collections::BTreeSet;
+use std::collections::VecDeque;
 
 /// Tree nodes read at once (mount, and faulting in what a checkpoint changes).
 const READS_AT_ONCE: usize = 64;
@@ -44,40 +45,12 @@ fn failure(detail: impl std::fmt::Display) -> std::io::Error {
     std::io::Error::other(detail.to_string())
 }
 
-/// The changes that put the index's dirty records into the tree (or, `fresh`, all of its
-/// records into an empty one), marking them clean.
-fn take_changes(index: &mut Index, fresh: bool) -> Vec<Op> {
+/// The changes that put the index's dirty records into the tree, marking them clean (and
+/// so evictable). Fails, changing nothing that matters (the shard stops), on a dirty object
+/// whose body is not resident, which `residency.rs` never allows.
+fn take_changes(index: &mut Index) -> std::io::Result<Vec<Op>> {
+    index.residency.checkpoint_begins();
     let mut ops = Vec::new();
-    let put = |ops: &mut Vec<Op>, cid, oid: &str, o: &mut crate::index::Onode| {
-        let rec = object_record(cid, oid, o);
-        let mut n = 0;
-        for (i, c) in chunks(&rec).enumerate() {
-            ops.push(Op::Put(object_key(o.id, i as u32), c.to_vec()));
-            n = i as u32 + 1;
-        }
-        for i in n..o.stored_chunks {
-            ops.push(Op::Delete(object_key(o.id, i)));
-        }
-        o.stored_chunks = n;
-        o.dirty = false;
-    };
-    if fresh {
-        index.dirty.clear();
-        index.dead.clear();
-        index.dirty_colls.clear();
-        for cid in index.colls.keys() {
-            ops.push(Op::Put(collection_key(*cid), Vec::new()));
-        }
-        for (cid, coll) in index.colls.iter_mut() {
-            for (oid, o) in coll.iter_mut() {
-                // The old tree is dropped whole: nothing of it is left to delete.
-                o.stored_chunks = 0;
-                put(&mut ops, *cid, oid, o);
-            }
-        }
-        sort(&mut ops);
-        return ops;
-    }
     for cid in std::mem::take(&mut index.dirty_colls) {
         ops.push(match index.colls.contains_key(&cid) {
             true => Op::Put(collection_key(cid), Vec::new()),
@@ -90,28 +63,51 @@ fn take_changes(index: &mut Index, fresh: bool) -> Vec<Op> {
     for (cid, oid) in std::mem::take(&mut index.dirty) {
         // Listed when it became dirty: it may be gone since, or be another object of the
         // same name (listed again itself).
-        if let Some(o) = index.colls.get_mut(&cid).and_then(|c| c.get_mut(&oid)) {
-            if o.dirty {
-                put(&mut ops, cid, &oid, o);
-            }
+        let Some(o) = index.colls.get_mut(&cid).and_then(|c| c.get_mut(&oid)) else {
+            continue;
+        };
+        if !o.dirty {
+            continue;
         }
+        let Some(body) = o.body() else {
+            return Err(failure(format!(
+                "{cid}/{oid:?} changed but its body is paged out"
+            )));
+        };
+        let rec = object_record(cid, &oid, o.size, body);
+        let mut n = 0;
+        for (i, c) in chunks(&rec).enumerate() {
+            ops.push(Op::Put(object_key(o.id, i as u32), c.to_vec()));
+            n = i as u32 + 1;
+        }
+        for i in n..o.stored_chunks {
+            ops.push(Op::Delete(object_key(o.id, i)));
+        }
+        o.stored_chunks = n;
+        index.residency.cleaned(cid, &oid, o);
     }
     sort(&mut ops);
-    ops
+    Ok(ops)
+}
+
+/// A tree with `old`'s entries, written afresh: in key order, so its nodes are full (splits
+/// at a node's end keep the left one full). `old` must be wholly loaded.
+fn compacted(old: &Tree) -> std::io::Result<Tree> {
+    let mut t = Tree::new();
+    let entries = old
+        .range(b"", None, usize::MAX)
+        .map_err(|e| failure(format!("metadata tree: {e}")))?;
+    for (k, v) in entries {
+        t.insert(&k, &v)
+            .map_err(|e| failure(format!("metadata tree: {e}")))?;
+    }
+    Ok(t)
 }
 
 /// In key order (each key appears once): records land in id order, so a fresh tree's nodes
 /// fill up (splits at a node's end keep it full), and changes near each other share reads.
 fn sort(ops: &mut [Op]) {
     ops.sort_unstable_by(|a, b| a.key().cmp(b.key()));
-}
-
-/// Applies `ops` to a tree that holds every node they reach.
-fn apply_all(tree: &mut Tree, ops: &[Op]) -> std::io::Result<()> {
-    for op in ops {
-        apply_one(tree, op).map_err(|e| failure(format!("metadata tree: {e}")))?;
-    }
-    Ok(())
 }
 
 fn apply_one(tree: &mut Tree, op: &Op) -> std::result::Result<(), TreeError> {
@@ -149,23 +145,35 @@ impl<D: BlockDevice> NativeStore<D> {
             st.meta
                 .wants_fresh_tree(&st.index, meta_segments, per_segment)
         };
-        let (ops, pos) = {
+        let (ops, pos, new_tree) = {
             let mut st = self.st.borrow_mut();
+            let st = &mut *st;
             let pos = JournalPos {
                 segment: st.journal.seg,
                 segment_seq: st.journal.seg_seq,
                 block: (st.journal.wp - self.geo.segment_start(st.journal.seg)) as u32,
                 record_seq: st.journal.next_record_seq,
             };
-            if fresh {
+            // The first tree: every record is dirty (a new store, or a blob just read).
+            let new_tree = st.meta.tree.is_none();
+            if new_tree {
                 st.meta.tree = Some(Tree::new());
-                // New nodes go to new segments; every old one is freed once the slot is.
                 st.meta.open = None;
             }
-            (take_changes(&mut st.index, fresh), pos)
+            st.meta.checkpointing = true;
+            (take_changes(&mut st.index), pos, new_tree)
         };
-        // From here the dirty marks are taken: a failure stops the shard.
-        let written = match self.write_checkpoint(ops, pos, fresh).await {
+        // From here the dirty marks are taken: a failure stops the shard, and so does its
+        // future being dropped (by a caller that went away) before it is done.
+        let abandoned = Abandoned(&self.st);
+        let written = match ops {
+            Ok(ops) => {
+                self.write_checkpoint(ops, pos, new_tree, fresh && !new_tree)
+                    .await
+            }
+            Err(e) => Err(e),
+        };
+        let written = match written {
             Ok(w) => w,
             Err(e) => {
                 let err = io_error(format!("checkpoint: {e}"));
@@ -173,7 +181,9 @@ impl<D: BlockDevice> NativeStore<D> {
                 return Err(err);
             }
         };
-        self.account_checkpoint(written, pos)?;
+        let accounted = self.account_checkpoint(written, pos);
+        std::mem::forget(abandoned);
+        accounted?;
         self.changed.notify_all();
         Ok(())
     }
@@ -230,6 +240,11 @@ impl<D: BlockDevice> NativeStore<D> {
         if let Some(t) = st.meta.tree.as_mut() {
             t.evict_to(cache_nodes);
         }
+        // The records just written make their objects' bodies evictable.
+        st.index.residency.checkpoint_in_flight = false;
+        st.index.evict_to(self.config.object_cache_bytes);
+        st.index.compact_clean_queue();
+        st.meta.checkpointing = false;
         st.journal.blocks_since_checkpoint = 0;
         st.stats.checkpoints += 1;
         st.stats.checkpoint_blocks += written.blocks;
@@ -238,44 +253,67 @@ impl<D: BlockDevice> NativeStore<D> {
     }
 
     /// Applies `ops` to the tree, writes its dirty nodes, syncs, and writes the slot.
-    /// `fresh`: the tree is new (every record is in `ops`).
+    /// `new_tree`: the tree is new (every record is in `ops`); `compact`: write the tree
+    /// afresh after the changes.
     async fn write_checkpoint(
         &self,
         ops: Vec<Op>,
         pos: JournalPos,
-        mut fresh: bool,
+        new_tree: bool,
+        mut compact: bool,
     ) -> std::io::Result<Written> {
-        if !fresh {
-            let all_loaded = {
-                let st = self.st.borrow();
-                st.meta.tree.as_ref().map_or(0, |t| t.loaded()) as u64 >= st.meta.nodes
-            };
-            if !all_loaded {
-                self.fault_in(&ops).await?;
-            }
-            // What the reads ahead could not foresee: a removal that empties a leaf sends the
-            // keys of its range to a neighbour not read yet. Changes fail before they change
-            // anything, so the one that needs a node is tried again once it is loaded.
-            for op in &ops {
-                loop {
-                    let r = {
-                        let mut st = self.st.borrow_mut();
-                        apply_one(st.meta.tree.as_mut().expect("a checkpoint has a tree"), op)
-                    };
-                    match r {
-                        Ok(()) => break,
-                        Err(TreeError::Need(n)) => self.load_nodes(&[n]).await?,
-                        Err(e) => return Err(failure(format!("metadata tree: {e}"))),
-                    }
+        // A tree written afresh is built from the whole old one: load it first, and the
+        // changes then find every node they reach.
+        if compact {
+            self.load_whole_tree().await?;
+        }
+        let all_loaded = {
+            let st = self.st.borrow();
+            st.meta.tree.as_ref().map_or(0, |t| t.loaded()) as u64 >= st.meta.nodes
+        };
+        if !all_loaded && !new_tree && !compact {
+            self.fault_in(&ops).await?;
+        }
+        // What the reads ahead could not foresee: a removal that empties a leaf sends the
+        // keys of its range to a neighbour not read yet. Changes fail before they change
+        // anything, so the one that needs a node is tried again once it is loaded.
+        for op in &ops {
+            loop {
+                let r = {
+                    let mut st = self.st.borrow_mut();
+                    apply_one(st.meta.tree.as_mut().expect("a checkpoint has a tree"), op)
+                };
+                match r {
+                    Ok(()) => break,
+                    Err(TreeError::Need(n)) => drop(self.load_nodes(&[n]).await?),
+                    Err(e) => return Err(failure(format!("metadata tree: {e}"))),
                 }
             }
-        } else {
-            let mut st = self.st.borrow_mut();
-            apply_all(
-                st.meta.tree.as_mut().expect("a checkpoint has a tree"),
-                &ops,
-            )?;
         }
+        // More changed nodes than room: write the tree afresh, which `checkpoint` made sure
+        // fits (`fresh_tree_blocks` is an upper bound).
+        let no_room = !new_tree && !compact && {
+            let st = self.st.borrow();
+            let geo = &self.geo;
+            let open_left = st.meta.open.map_or(0, |(s, next)| {
+                geo.segment_start(s) + geo.segment_blocks - next
+            });
+            let free = st.segments.free_count() as u64 * (geo.segment_blocks - 1);
+            let dirty = st.meta.tree.as_ref().map_or(0, |t| t.dirty_nodes()) as u64;
+            dirty > free + open_left
+        };
+        if no_room {
+            compact = true;
+            self.load_whole_tree().await?;
+        }
+        if compact {
+            let mut st = self.st.borrow_mut();
+            let fresh = compacted(st.meta.tree.as_ref().expect("a checkpoint has a tree"))?;
+            st.meta.tree = Some(fresh);
+            // New nodes go to new segments; every old one is freed once the slot is.
+            st.meta.open = None;
+        }
+        let fresh = new_tree || compact;
         let mut blocks: Vec<(u64, Vec<u8>)> = Vec::new();
         let mut segments = BTreeSet::new();
         let (root, freed) = {
@@ -286,17 +324,6 @@ impl<D: BlockDevice> NativeStore<D> {
                 geo.segment_start(s) + geo.segment_blocks - next
             });
             let free = st.segments.free_count() as u64 * (geo.segment_blocks - 1);
-            let dirty = st.meta.tree.as_ref().map_or(0, |t| t.dirty_nodes()) as u64;
-            if !fresh && dirty > free + open_left {
-                // More changed nodes than room: write a fresh tree, which `checkpoint` made
-                // sure fits (`fresh_tree_blocks` is an upper bound). Every record goes in
-                // again (the index has them all).
-                st.meta.tree = Some(Tree::new());
-                st.meta.open = None;
-                fresh = true;
-                let all = take_changes(&mut st.index, true);
-                apply_all(st.meta.tree.as_mut().expect("just made"), &all)?;
-            }
             let dirty = st.meta.tree.as_ref().map_or(0, |t| t.dirty_nodes()) as u64;
             // A large checkpoint (a quarter segment or more) starts a segment of its own,
             // as a blob did, so that its nodes, replaced together by a later one, free their
@@ -449,16 +476,74 @@ impl<D: BlockDevice> NativeStore<D> {
         }
     }
 
-    /// Reads the nodes `wanted` names and hangs them in the tree.
-    async fn load_nodes(&self, wanted: &[Need]) -> std::io::Result<()> {
+    /// Reads the nodes `wanted` names and hangs them in the tree (a node a reader loaded
+    /// meanwhile is not loaded again); returns the children of those it hung.
+    async fn load_nodes(&self, wanted: &[Need]) -> std::io::Result<Vec<Need>> {
         let blocks = read_nodes(&self.dev, self.base, &self.geo, wanted).await?;
         let mut st = self.st.borrow_mut();
         let tree = st.meta.tree.as_mut().expect("a checkpoint has a tree");
+        let mut children = Vec::new();
         for (n, b) in wanted.iter().zip(&blocks) {
-            tree.load(n, b.full())
-                .map_err(|e| failure(format!("metadata tree: {e}")))?;
+            match tree.load(n, b.full()) {
+                Ok(c) => children.extend(c),
+                Err(LoadError::NotWanted { .. }) => {}
+                Err(e) => return Err(failure(format!("metadata tree: {e}"))),
+            }
         }
-        Ok(())
+        Ok(children)
+    }
+
+    /// Loads every node of the tree that is not in memory, a subtree at a time, many reads
+    /// at once (a tree written afresh is built from the whole old one).
+    async fn load_whole_tree(&self) -> std::io::Result<()> {
+        const PAGE: usize = 4096;
+        let mut from: Vec<u8> = Vec::new();
+        loop {
+            let page = {
+                let st = self.st.borrow();
+                let tree = st.meta.tree.as_ref().expect("a checkpoint has a tree");
+                tree.range(&from, None, PAGE)
+            };
+            match page {
+                Ok(page) if page.len() < PAGE => return Ok(()),
+                Ok(page) => {
+                    // The smallest key after the page's last.
+                    from = page.last().expect("a full page").0.clone();
+                    from.push(0);
+                }
+                Err(TreeError::Need(n)) => {
+                    let mut queue = VecDeque::from([n]);
+                    while !queue.is_empty() {
+                        let batch: Vec<Need> =
+                            queue.drain(..queue.len().min(READS_AT_ONCE)).collect();
+                        queue.extend(self.load_nodes(&batch).await?);
+                    }
+                }
+                Err(e) => return Err(failure(format!("metadata tree: {e}"))),
+            }
+        }
+    }
+}
+
+/// Stops the shard when dropped: held by a checkpoint from the moment it takes the index's
+/// dirty marks until its slot is accounted for. A checkpoint dropped in between (its caller
+/// went away) would leave changes marked clean that no tree holds, and the next checkpoint
+/// would retire the journal records that still do.
+struct Abandoned<'a>(&'a std::cell::RefCell<crate::store::State>);
+
+impl Drop for Abandoned<'_> {
+    fn drop(&mut self) {
+        match self.0.try_borrow_mut() {
+            // A checkpoint that failed stopped the shard already.
+            Ok(mut st) if st.failed.is_none() => {
+                tracing::error!("a checkpoint was abandoned half way: the shard stops");
+                st.failed = Some(ShardFailure::Checkpoint(failure(
+                    "abandoned half way (its caller went away): the changes it took are in \
+                     no tree",
+                )));
+            }
+            _ => {}
+        }
     }
 }
 
@@ -475,7 +560,7 @@ struct Written {
 }
 
 /// Reads the nodes `wanted` names, all at once; refuses a place outside every segment.
-async fn read_nodes<D: BlockDevice>(
+pub(crate) async fn read_nodes<D: BlockDevice>(
     dev: &D,
     base: u64,
     geo: &Geometry,

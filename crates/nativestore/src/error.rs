@@ -116,6 +116,10 @@ pub enum IndexError {
     /// segment with live data to the cleaner as empty.
     #[error("space accounting broken: {0}")]
     Accounting(String),
+    /// A change to an object whose body is not in memory: its caller did not make it
+    /// resident first (a bug; nothing changed).
+    #[error("object {cid}/{oid:?} changed while its body is paged out")]
+    PagedOut { cid: CollectionId, oid: String },
 }
 
 /// Why a running shard stopped taking work. Kept until it is remounted; every request is
@@ -137,6 +141,9 @@ pub enum ShardFailure {
     HalfApplied(#[source] StoreError),
     #[error("internal: {0}")]
     Internal(&'static str),
+    /// The metadata tree and the index disagree (a damaged node, or a bug).
+    #[error("metadata: {0}")]
+    Metadata(String),
 }
 
 /// A device read that did not produce good data.

@@ -129,7 +129,8 @@ impl IndexState {
         for (cid, coll) in &self.0.colls {
             out.push((collection_key(*cid), Vec::new()));
             for (oid, o) in coll {
-                let rec = object_record(*cid, oid, o);
+                let body = o.body().expect("the fuzzed index is wholly resident");
+                let rec = object_record(*cid, oid, o.size, body);
                 for (i, c) in chunks(&rec).enumerate() {
                     out.push((object_key(o.id, i as u32), c.to_vec()));
                 }
@@ -155,6 +156,7 @@ impl IndexState {
             .colls
             .values()
             .flat_map(|c| c.values())
+            .filter_map(|o| o.body())
             .map(|o| o.blocks.blocks())
             .sum();
         if blocks != ix.live_blocks {
@@ -163,7 +165,12 @@ impl IndexState {
                 ix.live_blocks
             ));
         }
-        for o in ix.colls.values().flat_map(|c| c.values()) {
+        for o in ix
+            .colls
+            .values()
+            .flat_map(|c| c.values())
+            .filter_map(|o| o.body())
+        {
             if o.meta_bytes != o.recount_meta() {
                 return Err(format!(
                     "an object's metadata counted {} bytes, {} held",

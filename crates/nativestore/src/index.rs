@@ -11,15 +11,20 @@ use carmine_types::limits::{ATTR_NAME_LEN_MAX, OBJECT_NAME_LEN_MAX, VALUE_LEN_MA
 use carmine_types::{CollectionId, DecodeError, Decoder, Encoder, PgId};
 use std::collections::BTreeMap;
 
+/// What an object maps and holds: the part of an onode that may be paged out.
 #[derive(Clone, Debug, Default)]
-pub struct Onode {
-    pub size: u64,
+pub struct Body {
     pub blocks: ExtentMap,
     pub attrs: BTreeMap<String, Bytes>,
     pub omap_header: Bytes,
     pub omap: BTreeMap<Bytes, Bytes>,
     /// Checkpoint bytes of the xattrs, the omap header and the omap entries, kept by `apply`.
     pub meta_bytes: u64,
+}
+
+#[derive(Clone, Debug)]
+pub struct Onode {
+    pub size: u64,
     /// Its key in the metadata tree: handed out in increasing order, never that of a record
     /// the tree holds (see `metatree.rs`).
     pub id: u64,
@@ -28,6 +33,59 @@ pub struct Onode {
     /// Changed since its record was last put in the tree (it is then listed in
     /// [`Index::dirty`]).
     pub dirty: bool,
+    /// What a checkpoint takes for it, name included: kept while the body is paged out.
+    pub(crate) encoded: u64,
+    /// `None` while paged out: only a clean object whose record the tree holds may be
+    /// (`residency.rs`), and it is read back from that record before anything uses it.
+    pub body: Option<Box<Body>>,
+    /// Listed in the index's clean queue (the eviction order).
+    pub(crate) queued: bool,
+    /// Used since the clean queue last passed it: it gets another round before eviction.
+    pub(crate) referenced: std::cell::Cell<bool>,
+    /// The pin epoch it was last pinned in (`residency.rs`).
+    pub(crate) pinned_at: u64,
+    /// The checkpoint that last put its record in the tree (`Residency::checkpoint`).
+    pub(crate) cleaned_in: u64,
+}
+
+impl Onode {
+    /// A new, empty object (resident; the caller marks it dirty) with tree id `id`.
+    fn new(name: &str, id: u64) -> Self {
+        let body = Body::default();
+        Onode {
+            size: 0,
+            id,
+            stored_chunks: 0,
+            dirty: false,
+            encoded: body.encoded_len(name),
+            body: Some(Box::new(body)),
+            queued: false,
+            referenced: Default::default(),
+            pinned_at: u64::MAX,
+            cleaned_in: 0,
+        }
+    }
+
+    /// An object read from a checkpoint, resident.
+    pub(crate) fn loaded(name: &str, size: u64, body: Body) -> Self {
+        Onode {
+            size,
+            ..Onode::new_with_body(name, body)
+        }
+    }
+
+    fn new_with_body(name: &str, body: Body) -> Self {
+        Onode {
+            encoded: body.encoded_len(name),
+            body: Some(Box::new(body)),
+            ..Onode::new(name, 0)
+        }
+    }
+
+    /// The body, when resident.
+    pub fn body(&self) -> Option<&Body> {
+        self.body.as_deref()
+    }
 }
 
 /// Checkpoint bytes of an object besides its name, extents and metadata: name length, size,
@@ -43,9 +101,9 @@ fn entry_len(key: usize, value: usize) -> u64 {
     8 + key as u64 + value as u64
 }
 
-impl Onode {
+impl Body {
     /// What the object takes in a checkpoint, name included.
-    fn encoded_len(&self, name: &str) -> u64 {
+    pub(crate) fn encoded_len(&self, name: &str) -> u64 {
         name.len() as u64
             + ONODE_FIXED
             + self.meta_bytes
@@ -112,6 +170,8 @@ pub struct Index {
     pub dead: Vec<(u64, u32)>,
     /// Collections created or removed since the last checkpoint.
     pub dirty_colls: std::collections::BTreeSet<CollectionId>,
+    /// Which bodies are resident, and which may be paged out (`residency.rs`).
+    pub(crate) residency: crate::residency::Residency,
 }
 
 /// Notes that `o` changed, listing it for the next checkpoint the first time.
@@ -120,11 +180,26 @@ fn mark_dirty(
     cid: CollectionId,
     oid: &str,
     dirty: &mut Vec<(CollectionId, String)>,
+    residency: &mut crate::residency::Residency,
 ) {
     if !o.dirty {
         o.dirty = true;
+        residency.dirty_bytes += o.encoded;
         dirty.push((cid, oid.to_owned()));
     }
+}
+
+/// The body of `o`, which every change needs resident: a transaction makes its objects
+/// resident (and keeps them so) before it applies, and replay runs on a wholly loaded index.
+fn body_mut<'a>(
+    o: &'a mut Onode,
+    cid: CollectionId,
+    oid: &str,
+) -> Result<&'a mut Body, IndexError> {
+    o.body.as_deref_mut().ok_or_else(|| IndexError::PagedOut {
+        cid,
+        oid: oid.to_owned(),
+    })
 }
 
 /// An object of `colls` (a free function, so the index's other fields stay borrowable).
@@ -163,6 +238,7 @@ impl Index {
             dirty: Vec::new(),
             dead: Vec::new(),
             dirty_colls: Default::default(),
+            residency: Default::default(),
         }
     }
 
@@ -170,26 +246,36 @@ impl Index {
         self.colls.get(&cid)?.get(oid)
     }
 
+    /// The body of an object, if it exists and is resident.
+    pub fn body_of(&self, cid: CollectionId, oid: &str) -> Option<&Body> {
+        self.object(cid, oid)?.body()
+    }
+
     /// The object, marked changed.
     fn object_mut(&mut self, cid: CollectionId, oid: &str) -> Result<&mut Onode, IndexError> {
         let o = object_in(&mut self.colls, cid, oid)?;
-        mark_dirty(o, cid, oid, &mut self.dirty);
+        body_mut(o, cid, oid)?;
+        mark_dirty(o, cid, oid, &mut self.dirty, &mut self.residency);
         Ok(o)
     }
 
-    /// Runs `change` on an object (with the list unmapped blocks go to), keeping the
+    /// Runs `change` on an object's body (with the list unmapped blocks go to), keeping the
     /// checkpoint length in step with what it changes.
     fn change_object<R>(
         &mut self,
         cid: CollectionId,
         oid: &str,
-        change: impl FnOnce(&mut Onode, &mut Vec<BlockRef>) -> R,
+        change: impl FnOnce(&mut Body, &mut Vec<BlockRef>) -> R,
     ) -> Result<R, IndexError> {
         let o = object_in(&mut self.colls, cid, oid)?;
-        mark_dirty(o, cid, oid, &mut self.dirty);
-        let before = o.encoded_len(oid);
-        let r = change(o, &mut self.released);
-        self.encoded = self.encoded - before + o.encoded_len(oid);
+        body_mut(o, cid, oid)?;
+        mark_dirty(o, cid, oid, &mut self.dirty, &mut self.residency);
+        let body = o.body.as_deref_mut().expect("checked above");
+        let r = change(body, &mut self.released);
+        let after = body.encoded_len(oid);
+        let before = std::mem::replace(&mut o.encoded, after);
+        self.encoded = self.encoded - before + after;
+        self.residency.resized(before, after);
         Ok(r)
     }
 
@@ -205,7 +291,7 @@ impl Index {
             + self
                 .colls
                 .values()
-                .map(|c| COLL_FIXED + c.iter().map(|(k, o)| o.encoded_len(k)).sum::<u64>())
+                .map(|c| COLL_FIXED + c.values().map(|o| o.encoded).sum::<u64>())
                 .sum::<u64>()
     }
 
@@ -310,30 +396,36 @@ impl Index {
                     .get_mut(cid)
                     .ok_or_else(|| missing("collection", *cid, oid))?;
                 if !coll.contains_key(oid.as_str()) {
-                    let mut o = Onode {
-                        id: self.next_id,
-                        ..Onode::default()
-                    };
+                    let mut o = Onode::new(oid, self.next_id);
                     self.next_id += 1;
-                    mark_dirty(&mut o, *cid, oid, &mut self.dirty);
-                    self.encoded += o.encoded_len(oid);
+                    self.residency.resident_bytes += o.encoded;
+                    mark_dirty(&mut o, *cid, oid, &mut self.dirty, &mut self.residency);
+                    self.encoded += o.encoded;
                     coll.insert(oid.clone(), o);
                     self.objects += 1;
                 }
             }
             Delta::Remove(cid, oid) => {
-                let onode = self
+                let coll = self
                     .colls
                     .get_mut(cid)
-                    .ok_or_else(|| missing("collection", *cid, oid))?
-                    .remove(oid.as_str())
-                    .ok_or_else(|| missing("object", *cid, oid))?;
+                    .ok_or_else(|| missing("collection", *cid, oid))?;
+                // Its blocks must be released, so its map must be there.
+                body_mut(
+                    coll.get_mut(oid.as_str())
+                        .ok_or_else(|| missing("object", *cid, oid))?,
+                    *cid,
+                    oid,
+                )?;
+                let onode = coll.remove(oid.as_str()).expect("looked up above");
                 self.objects -= 1;
-                self.encoded -= onode.encoded_len(oid);
+                self.encoded -= onode.encoded;
+                self.residency.removed(&onode);
                 if onode.stored_chunks > 0 {
                     self.dead.push((onode.id, onode.stored_chunks));
                 }
-                self.released.extend(onode.blocks.iter().map(|(_, b)| b));
+                let body = onode.body.expect("checked above");
+                self.released.extend(body.blocks.iter().map(|(_, b)| b));
                 self.release_unmapped()?;
             }
             Delta::SetSize(cid, oid, size) => self.object_mut(*cid, oid)?.size = *size,
@@ -404,18 +496,22 @@ impl Index {
                 })?;
             }
             Delta::CopyMeta(cid, src, dst) => {
-                let s = self
+                let o = self
                     .object(*cid, src)
                     .ok_or_else(|| missing("source object", *cid, src))?;
-                let (size, attrs, header, omap, meta_bytes) = (
-                    s.size,
+                let size = o.size;
+                let s = o.body().ok_or_else(|| IndexError::PagedOut {
+                    cid: *cid,
+                    oid: src.clone(),
+                })?;
+                let (attrs, header, omap, meta_bytes) = (
                     s.attrs.clone(),
                     s.omap_header.clone(),
                     s.omap.clone(),
                     s.meta_bytes,
                 );
+                self.object_mut(*cid, dst)?.size = size;
                 self.change_object(*cid, dst, |d, _| {
-                    d.size = size;
                     d.attrs = attrs;
                     d.omap_header = header;
                     d.omap = omap;
@@ -426,7 +522,8 @@ impl Index {
         Ok(())
     }
 
-    /// The whole metadata as one blob, for a checkpoint.
+    /// The whole metadata as one blob (the checkpoint of formats 1 to 3; tests and fuzzing
+    /// only). Every body must be resident.
     pub fn encode(&self) -> BytesMut {
         let mut out = BytesMut::with_capacity(64 + self.live_blocks as usize * 8);
         let mut e = Encoder::new(&mut out);
@@ -434,7 +531,8 @@ impl Index {
         for (cid, coll) in &self.colls {
             e.u32(cid.pool).u32(cid.seed).count(coll.len());
             for (oid, o) in coll {
-                encode_onode(&mut e, oid, o);
+                let body = o.body().expect("a blob is encoded from a resident index");
+                encode_onode(&mut e, oid, o.size, body);
             }
         }
         out
@@ -447,40 +545,27 @@ impl Index {
         d: &mut Decoder,
         version: u32,
     ) -> Result<(String, Onode), DecodeError> {
-        let big = usize::MAX >> 1;
-        let oid = d.string("object name", OBJECT_NAME_LEN_MAX)?;
-        let mut o = Onode {
-            size: d.u64("size")?,
-            ..Onode::default()
-        };
-        for _ in 0..d.u64(if version == 1 { "blocks" } else { "extents" })? {
-            let (l, x) = decode_map_entry(d, version)?;
-            if self.take_extent(&x).is_err() {
+        let (oid, size, body) = decode_object(d, version)?;
+        let o = self.count_loaded(&oid, size, body)?;
+        Ok((oid, o))
+    }
+
+    /// An object read from a checkpoint, its blocks counted live.
+    pub(crate) fn count_loaded(
+        &mut self,
+        oid: &str,
+        size: u64,
+        body: Body,
+    ) -> Result<Onode, DecodeError> {
+        for (_, x) in body.blocks.extents() {
+            if self.take_extent(x).is_err() {
                 return Err(DecodeError::Invalid {
                     what: "block address",
                     found: x.paddr,
                 });
             }
-            if !o.blocks.push_back(l, x) {
-                return Err(DecodeError::Invalid {
-                    what: "block order",
-                    found: o.blocks.blocks(),
-                });
-            }
         }
-        for _ in 0..d.count("xattrs", big)? {
-            let k = d.string("xattr name", ATTR_NAME_LEN_MAX)?;
-            after_last(&o.attrs, &k, "xattr order")?;
-            o.attrs.insert(k, d.bytes("xattr", VALUE_LEN_MAX)?);
-        }
-        o.omap_header = d.bytes("omap header", VALUE_LEN_MAX)?;
-        for _ in 0..d.u64("omap entries")? {
-            let k = d.bytes("omap key", VALUE_LEN_MAX)?;
-            after_last(&o.omap, &k, "omap key order")?;
-            o.omap.insert(k, d.bytes("omap value", VALUE_LEN_MAX)?);
-        }
-        o.meta_bytes = o.recount_meta();
-        Ok((oid, o))
+        Ok(Onode::loaded(oid, size, body))
     }
 
     /// Adds an object read from a checkpoint, with its tree id; fails on a name already
@@ -524,6 +609,7 @@ impl Index {
     /// After loading a checkpoint: the kept checkpoint length, from the content.
     pub(crate) fn finish_load(&mut self) {
         self.encoded = self.recount_encoded();
+        self.residency = crate::residency::Residency::recount(&mut self.colls);
     }
 
     /// Rebuilds the index from a checkpoint blob, recomputing the live counts.
@@ -569,9 +655,48 @@ impl Index {
     }
 }
 
+/// Reads one object as [`encode_onode`] wrote it (a checkpoint of `version`): its name, size
+/// and body. Counts nothing: see [`Index::decode_onode`].
+pub(crate) fn decode_object(
+    d: &mut Decoder,
+    version: u32,
+) -> Result<(String, u64, Body), DecodeError> {
+    let big = usize::MAX >> 1;
+    let oid = d.string("object name", OBJECT_NAME_LEN_MAX)?;
+    let size = d.u64("size")?;
+    let mut o = Body::default();
+    for _ in 0..d.u64(if version == 1 { "blocks" } else { "extents" })? {
+        let (l, x) = decode_map_entry(d, version)?;
+        if !o.blocks.push_back(l, x) {
+            return Err(DecodeError::Invalid {
+                what: "block order",
+                found: o.blocks.blocks(),
+            });
+        }
+    }
+    for _ in 0..d.count("xattrs", big)? {
+        let k = d.string("xattr name", ATTR_NAME_LEN_MAX)?;
+        after_last(&o.attrs, &k, "xattr order")?;
+        o.attrs.insert(k, d.bytes("xattr", VALUE_LEN_MAX)?);
+    }
+    o.omap_header = d.bytes("omap header", VALUE_LEN_MAX)?;
+    for _ in 0..d.u64("omap entries")? {
+        let k = d.bytes("omap key", VALUE_LEN_MAX)?;
+        after_last(&o.omap, &k, "omap key order")?;
+        o.omap.insert(k, d.bytes("omap value", VALUE_LEN_MAX)?);
+    }
+    o.meta_bytes = o.recount_meta();
+    Ok((oid, size, o))
+}
+
 /// One object of a checkpoint: its name, size, extents, xattrs and omap.
-pub(crate) fn encode_onode<B: bytes::BufMut>(e: &mut Encoder<'_, B>, oid: &str, o: &Onode) {
-    e.str(oid).u64(o.size).u64(o.blocks.extent_count() as u64);
+pub(crate) fn encode_onode<B: bytes::BufMut>(
+    e: &mut Encoder<'_, B>,
+    oid: &str,
+    size: u64,
+    o: &Body,
+) {
+    e.str(oid).u64(size).u64(o.blocks.extent_count() as u64);
     for (l, x) in o.blocks.extents() {
         e.u64(l).u64(x.paddr).u32(x.block_count() as u32);
         for crc in x.crcs.as_slice() {
@@ -781,7 +906,7 @@ mod tests {
         }
         e.count(0).bytes(b"").u64(0);
         let ix = Index::decode(v1.freeze(), GEO).unwrap();
-        let o = ix.object(cid(), "a").unwrap();
+        let o = ix.body_of(cid(), "a").unwrap();
         assert_eq!(o.blocks.extent_count(), 3);
         assert_eq!(o.blocks.get(1), Some(BlockRef { paddr: 8, crc: 101 }));
         assert_eq!(
@@ -794,7 +919,7 @@ mod tests {
         assert_eq!(ix.live_blocks, 3);
         // Written back in the current version, it reads the same.
         let back = Index::decode(ix.encode().freeze(), GEO).unwrap();
-        assert_eq!(back.object(cid(), "a").unwrap().blocks, o.blocks);
+        assert_eq!(back.body_of(cid(), "a").unwrap().blocks, o.blocks);
     }
 
     #[test]

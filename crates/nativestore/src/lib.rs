@@ -23,6 +23,8 @@ mod index;
 mod journal;
 mod metatree;
 mod mount;
+mod paging;
+mod residency;
 mod segments;
 mod simdev;
 mod space;

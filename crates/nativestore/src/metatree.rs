@@ -12,7 +12,7 @@
 //! keeps every piece of one record adjacent. Ids are handed out in increasing order, so new
 //! objects are appended at the tree's right edge, where splits leave full nodes.
 
-use crate::index::{encode_onode, Geometry, Index, Onode, CHECKPOINT_VERSION};
+use crate::index::{decode_object, encode_onode, Body, Geometry, Index, CHECKPOINT_VERSION};
 use bytes::{Bytes, BytesMut};
 use carmine_btree::{Tree, NODE_SIZE, VALUE_MAX};
 use carmine_types::{CollectionId, DecodeError, Decoder, Encoder, PgId};
@@ -41,12 +41,36 @@ pub(crate) fn object_key(id: u64, chunk: u32) -> Vec<u8> {
 }
 
 /// An object's record, whole.
-pub(crate) fn object_record(cid: CollectionId, oid: &str, o: &Onode) -> BytesMut {
+pub(crate) fn object_record(cid: CollectionId, oid: &str, size: u64, body: &Body) -> BytesMut {
     let mut b = BytesMut::new();
     let mut e = Encoder::new(&mut b);
     e.u16(RECORD_VERSION).u32(cid.pool).u32(cid.seed);
-    encode_onode(&mut e, oid, o);
+    encode_onode(&mut e, oid, size, body);
     b
+}
+
+/// Reads a whole record: the object's collection, name, size and body.
+pub(crate) fn decode_record(
+    bytes: Bytes,
+) -> Result<(CollectionId, String, u64, Body), DecodeError> {
+    let mut d = Decoder::new(bytes);
+    let version = d.u16("object record version")?;
+    if version != RECORD_VERSION {
+        return Err(invalid("object record version", version as u64));
+    }
+    let cid = PgId {
+        pool: d.u32("pool")?,
+        seed: d.u32("seed")?,
+    };
+    let (oid, size, body) = decode_object(&mut d, CHECKPOINT_VERSION)?;
+    d.finish("object record")?;
+    Ok((cid, oid, size, body))
+}
+
+/// Whether `piece`, the `i`-th of `n`, is as `chunks` cuts a record: full but the last,
+/// never empty.
+pub(crate) fn piece_fits(piece: &[u8], i: u32, n: u32) -> bool {
+    !piece.is_empty() && piece.len() <= PIECE && (i + 1 == n || piece.len() == PIECE)
 }
 
 /// Bytes of a record piece: four pieces with their keys and entry headers fill a node
@@ -94,6 +118,9 @@ pub(crate) struct MetaTree {
     pub nodes: u64,
     /// The metadata segment nodes go to next, and its next free block.
     pub open: Option<(u32, u64)>,
+    /// A checkpoint is between changing the tree and its slot becoming durable: nodes it
+    /// placed may not be on the device yet, so none may be evicted (and read again).
+    pub checkpointing: bool,
 }
 
 impl MetaTree {
@@ -103,6 +130,7 @@ impl MetaTree {
             live: vec![0; segments as usize],
             nodes: 0,
             open: None,
+            checkpointing: false,
         }
     }
 
@@ -230,17 +258,8 @@ impl Loader {
         let Some((id, pieces, bytes)) = self.object.take() else {
             return Ok(());
         };
-        let mut d = Decoder::new(Bytes::from(bytes));
-        let version = d.u16("object record version")?;
-        if version != RECORD_VERSION {
-            return Err(invalid("object record version", version as u64));
-        }
-        let cid = PgId {
-            pool: d.u32("pool")?,
-            seed: d.u32("seed")?,
-        };
-        let (oid, o) = self.index.decode_onode(&mut d, CHECKPOINT_VERSION)?;
-        d.finish("object record")?;
+        let (cid, oid, size, body) = decode_record(Bytes::from(bytes))?;
+        let o = self.index.count_loaded(&oid, size, body)?;
         self.index.insert_loaded(cid, oid, o, id, pieces)
     }
 
@@ -271,7 +290,7 @@ mod tests {
         }
         for (cid, coll) in &ix.colls {
             for (oid, o) in coll {
-                let rec = object_record(*cid, oid, o);
+                let rec = object_record(*cid, oid, o.size, o.body().unwrap());
                 for (i, c) in chunks(&rec).enumerate() {
                     t.insert(&object_key(o.id, i as u32), c).unwrap();
                 }
@@ -318,11 +337,11 @@ mod tests {
         assert_eq!(back.live_blocks, 3);
         assert_eq!(back.segment_live, ix.segment_live);
         assert_eq!(back.encoded_len(), ix.encoded_len());
+        assert_eq!(back.body_of(cid, "a").unwrap().omap.len(), 40);
         let a = back.object(cid, "a").unwrap();
-        assert_eq!(a.omap.len(), 40);
         assert!(a.stored_chunks > 1, "the omap takes several pieces");
         assert!(!a.dirty);
-        assert_eq!(back.object(cid, &long).unwrap().blocks.blocks(), 3);
+        assert_eq!(back.body_of(cid, &long).unwrap().blocks.blocks(), 3);
         assert_eq!(back.next_id, ix.next_id);
     }
 
@@ -365,7 +384,8 @@ mod tests {
             let mut t = Tree::new();
             let mut entries: Vec<(Vec<u8>, Vec<u8>)> = vec![(collection_key(cid), Vec::new())];
             for (oid, o) in &ix.colls[&cid] {
-                for (i, c) in chunks(&object_record(cid, oid, o)).enumerate() {
+                let rec = object_record(cid, oid, o.size, o.body().unwrap());
+                for (i, c) in chunks(&rec).enumerate() {
                     entries.push((object_key(o.id, i as u32), c.to_vec()));
                 }
             }

@@ -27,6 +27,8 @@ struct State {
     /// Syncs still allowed before one fails (once, without the device dying); `None`: never.
     syncs_left: Option<u64>,
     dead: bool,
+    /// Reads suspend once too (by default they complete at once).
+    slow_reads: bool,
     writes: u64,
     syncs: u64,
     bytes_written: u64,
@@ -62,6 +64,11 @@ impl SimDevice {
     /// should have made durable stay volatile (as Linux may drop them after a failed fsync).
     pub fn fail_sync_at(&self, n: u64) {
         self.state.borrow_mut().syncs_left = Some(n);
+    }
+    /// Makes every later read suspend once before completing, as a real device's do, so
+    /// that other tasks run while a read is in flight.
+    pub fn slow_reads(&self) {
+        self.state.borrow_mut().slow_reads = true;
     }
     pub fn is_dead(&self) -> bool {
         self.state.borrow().dead
@@ -123,6 +130,9 @@ fn dead() -> io::Error {
 
 impl BlockDevice for SimDevice {
     async fn read_at(&self, mut buf: AlignedBuf, off: u64) -> (io::Result<()>, AlignedBuf) {
+        if self.state.borrow().slow_reads {
+            device_latency().await;
+        }
         let s = self.state.borrow();
         if s.dead {
             return (Err(dead()), buf);

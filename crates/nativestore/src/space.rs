@@ -152,8 +152,7 @@ impl<D: BlockDevice> NativeStore<D> {
             )));
         };
         // Walk its records; every data block was placed by a SetExtent in its own record.
-        let mut live: Vec<LiveBlock> = Vec::new();
-        let mut bad_blocks = 0;
+        let mut placed: Vec<Placed> = Vec::new();
         let area = buf.full();
         let mut at = BLOCK;
         let mut seq = None;
@@ -167,29 +166,49 @@ impl<D: BlockDevice> NativeStore<D> {
             };
             let rec_start = start + (at / BLOCK) as u64;
             let mut d = Decoder::new(Bytes::from(rec.meta));
-            let st = self.st.borrow();
             while d.remaining() > 0 {
                 let Ok(delta) = Delta::decode(&mut d) else {
                     break;
                 };
-                let Delta::SetExtent {
+                if let Delta::SetExtent {
                     cid,
                     oid,
-                    lblock: first,
+                    lblock,
                     extent,
                 } = delta
-                else {
+                {
+                    placed.push(Placed {
+                        rec_start,
+                        data_blocks: rec.header.data_blocks as u64,
+                        data: rec.data,
+                        cid,
+                        oid,
+                        lblock,
+                        extent,
+                    });
+                }
+            }
+            at += rec.header.total_blocks as usize * BLOCK;
+            seq = Some(want + 1);
+        }
+        // Whether a block is still live is in its object's map: have those in memory.
+        let pins = self
+            .pin_objects(|| placed.iter().map(|p| (p.cid, p.oid.as_str())))
+            .await?;
+        let mut live: Vec<LiveBlock> = Vec::new();
+        let mut bad_blocks = 0;
+        {
+            let st = self.st.borrow();
+            for p in &placed {
+                let Some(object) = st.index.body_of(p.cid, &p.oid) else {
                     continue;
                 };
-                let Some(object) = st.index.object(cid, &oid) else {
-                    continue;
-                };
-                for (k, b) in extent.blocks().enumerate() {
-                    let (lblock, paddr, crc) = (first + k as u64, b.paddr, b.crc);
-                    let i = paddr.wrapping_sub(rec_start + 1);
+                for (k, b) in p.extent.blocks().enumerate() {
+                    let (lblock, paddr, crc) = (p.lblock + k as u64, b.paddr, b.crc);
+                    let i = paddr.wrapping_sub(p.rec_start + 1);
                     let still = object.blocks.get(lblock).is_some_and(|b| b.paddr == paddr);
-                    if i < rec.header.data_blocks as u64 && still {
-                        let data = &rec.data[i as usize * BLOCK..(i as usize + 1) * BLOCK];
+                    if i < p.data_blocks && still {
+                        let data = &p.data[i as usize * BLOCK..(i as usize + 1) * BLOCK];
                         if crc32c(data) != crc {
                             // Moved as it is, with its original checksum: it keeps reading
                             // as corrupt, and the segment can still be reclaimed.
@@ -202,8 +221,8 @@ impl<D: BlockDevice> NativeStore<D> {
                             );
                         }
                         live.push(LiveBlock {
-                            cid,
-                            oid: oid.clone(),
+                            cid: p.cid,
+                            oid: p.oid.clone(),
                             lblock,
                             crc,
                             data: Bytes::copy_from_slice(data),
@@ -211,9 +230,6 @@ impl<D: BlockDevice> NativeStore<D> {
                     }
                 }
             }
-            drop(st);
-            at += rec.header.total_blocks as usize * BLOCK;
-            seq = Some(want + 1);
         }
         let expected = self.st.borrow().index.segment_live[victim as usize] as usize;
         if live.len() != expected {
@@ -225,7 +241,9 @@ impl<D: BlockDevice> NativeStore<D> {
                 expected,
                 "cleaner could not find every live block; segment kept"
             );
-            self.st.borrow_mut().segments.keep(victim);
+            let mut st = self.st.borrow_mut();
+            st.segments.keep(victim);
+            st.stats.segments_kept += 1;
             return Ok(false);
         }
         self.st.borrow_mut().stats.checksum_errors += bad_blocks;
@@ -273,6 +291,7 @@ impl<D: BlockDevice> NativeStore<D> {
         if let Some(r) = run {
             r.map::<D>(&mut self.st.borrow_mut())?;
         }
+        drop(pins);
         self.wait_durable(batch).await?;
         let mut st = self.st.borrow_mut();
         if st.index.segment_live[victim as usize] == 0 {
@@ -359,6 +378,17 @@ impl<D: BlockDevice> NativeStore<D> {
         }
         best.map(|(_, i, _)| i)
     }
+}
+
+/// A *set extent* delta met in a victim's record, with that record's data blocks.
+struct Placed<'a> {
+    rec_start: u64,
+    data_blocks: u64,
+    data: &'a [u8],
+    cid: CollectionId,
+    oid: String,
+    lblock: u64,
+    extent: Extent,
 }
 
 /// A live block the cleaner found in its victim segment.

@@ -56,6 +56,8 @@ fn config() -> NativeConfig {
     NativeConfig {
         cache_bytes: 64 << 10,
         metadata_cache_bytes: 16 << 10,
+        // Clean object bodies are paged out at every checkpoint and read back when used.
+        object_cache_bytes: 1,
         checkpoint_interval_blocks: 300,
         ..NativeConfig::default()
     }
@@ -132,6 +134,7 @@ fn recovery_after_random_crashes_matches_the_model() {
     let mut image = dev.image();
     let (mut acked_total, mut lost_total, mut crashes_in_mount) = (0u64, 0u64, 0u64);
     let mut dropped_total = 0u64;
+    let mut body_reads_total = 0u64;
     for iteration in 0..iterations() {
         let dev = SimDevice::from_image(std::mem::take(&mut image));
         dev.die_at_write(rng.random_range(0..60));
@@ -236,14 +239,20 @@ fn recovery_after_random_crashes_matches_the_model() {
             let report = block_on(fsck(SimDevice::from_image(check.image()), 0)).unwrap();
             assert!(report.errors.is_empty(), "fsck: {:?}", report.errors);
         }
+        body_reads_total += store.stats().body_reads;
         drop(store);
         image = check.image();
     }
     eprintln!(
         "{} crash points ({crashes_in_mount} during mount), {acked_total} acknowledged \
          transactions all recovered, {lost_total} in-flight ones lost as wholes, \
-         {dropped_total} submitters cancelled mid-way",
+         {dropped_total} submitters cancelled mid-way, {body_reads_total} object bodies read \
+         back from the tree",
         iterations()
+    );
+    assert!(
+        body_reads_total > 0,
+        "no object body was ever paged out and read back"
     );
 }
 

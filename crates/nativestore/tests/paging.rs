@@ -1,0 +1,345 @@
+//! Object bodies paged out of memory (decision 0013, step 3): after a checkpoint, clean
+//! bodies beyond `object_cache_bytes` leave memory; every kind of read and every kind of
+//! change reads them back from the metadata tree first, and nothing reads differently for
+//! it — before and after a remount.
+
+use bytes::Bytes;
+use carmine_nativestore::{fsck, mkfs, NativeConfig, NativeStore, SimDevice};
+use carmine_store::{Expect, ObjectStore, Transaction};
+use carmine_types::{CollectionId, PgId};
+use futures::executor::block_on;
+use std::collections::BTreeMap;
+
+const C: CollectionId = PgId { pool: 3, seed: 1 };
+const OBJECTS: usize = 120;
+
+fn config() -> NativeConfig {
+    NativeConfig {
+        object_cache_bytes: 16 << 10,
+        metadata_cache_bytes: 16 << 10,
+        ..NativeConfig::default()
+    }
+}
+
+/// What one object should hold.
+#[derive(Clone, Debug, Default, PartialEq)]
+struct Obj {
+    data: Vec<u8>,
+    attrs: BTreeMap<String, Bytes>,
+    header: Bytes,
+    omap: BTreeMap<Bytes, Bytes>,
+}
+
+fn name(i: usize) -> String {
+    format!("rbd_data.{i:04}")
+}
+
+fn bytes(seed: usize, len: usize) -> Bytes {
+    (0..len)
+        .map(|k| (seed * 31 + k * 7 + k / 4096) as u8)
+        .collect()
+}
+
+fn submit(store: &NativeStore<SimDevice>, build: impl FnOnce(&mut Transaction)) {
+    let mut t = Transaction::new();
+    build(&mut t);
+    block_on(store.submit(t)).unwrap();
+}
+
+fn write(model: &mut Obj, off: usize, data: &[u8]) {
+    if model.data.len() < off + data.len() {
+        model.data.resize(off + data.len(), 0);
+    }
+    model.data[off..off + data.len()].copy_from_slice(data);
+}
+
+/// Reads every object through every kind of read and compares it with the model.
+fn check(store: &NativeStore<SimDevice>, model: &BTreeMap<String, Obj>) {
+    let listed = block_on(store.list_objects(C, None, usize::MAX)).unwrap();
+    assert_eq!(
+        listed.items,
+        model.keys().cloned().collect::<Vec<_>>(),
+        "objects listed"
+    );
+    for (oid, want) in model {
+        let stat = block_on(store.stat(C, oid)).unwrap();
+        assert_eq!(stat.size, want.data.len() as u64, "{oid} size");
+        let data = block_on(store.read(C, oid, 0, 0)).unwrap();
+        assert!(data[..] == want.data[..], "{oid} data");
+        assert_eq!(
+            block_on(store.getattrs(C, oid)).unwrap(),
+            want.attrs,
+            "{oid}"
+        );
+        for (k, v) in &want.attrs {
+            assert_eq!(&block_on(store.getattr(C, oid, k)).unwrap(), v, "{oid} {k}");
+        }
+        assert_eq!(
+            block_on(store.omap_get_header(C, oid)).unwrap(),
+            want.header
+        );
+        let page = block_on(store.omap_iterate(C, oid, None, usize::MAX)).unwrap();
+        let got: BTreeMap<Bytes, Bytes> = page.items.into_iter().collect();
+        assert_eq!(got, want.omap, "{oid} omap");
+        let keys: Vec<Bytes> = want.omap.keys().cloned().collect();
+        assert_eq!(
+            block_on(store.omap_get_values(C, oid, &keys)).unwrap(),
+            want.omap,
+            "{oid} omap values"
+        );
+    }
+}
+
+fn paged_out_after_checkpoint(store: &NativeStore<SimDevice>) -> u64 {
+    block_on(store.checkpoint_now()).unwrap();
+    let s = store.stats();
+    assert!(
+        s.body_resident_bytes <= config().object_cache_bytes,
+        "resident bodies take {} bytes, over the budget",
+        s.body_resident_bytes
+    );
+    s.bodies_paged_out
+}
+
+#[test]
+fn paged_out_bodies_read_back_for_every_read_and_every_change() {
+    let dev = SimDevice::new(96 << 20);
+    block_on(mkfs(&dev, 1, 1 << 20)).unwrap();
+    let store = block_on(NativeStore::mount(dev.clone(), 0, config())).unwrap();
+    submit(&store, |t| {
+        t.create_collection(C);
+    });
+    let mut model: BTreeMap<String, Obj> = BTreeMap::new();
+    for i in 0..OBJECTS {
+        let oid = name(i);
+        let mut o = Obj::default();
+        // Scattered blocks, so each object's map has several extents.
+        let mut t = Transaction::new();
+        for k in 0..4 {
+            let off = (k * 3 + i % 3) * 4096;
+            let data = bytes(i + k, 4096);
+            write(&mut o, off, &data);
+            t.write(C, &oid, off as u64, data);
+        }
+        o.attrs.insert("_".into(), bytes(i, 40));
+        o.attrs.insert("snapset".into(), bytes(i + 1, 12));
+        o.header = bytes(i, 9);
+        for k in 0..6 {
+            o.omap.insert(bytes(k, 8), bytes(i * k, 20));
+        }
+        for (k, v) in &o.attrs {
+            t.setattr(C, &oid, k, v.clone());
+        }
+        t.omap_set_header(C, &oid, o.header.clone());
+        t.omap_set(C, &oid, o.omap.clone().into_iter().collect());
+        block_on(store.submit(t)).unwrap();
+        model.insert(oid, o);
+    }
+    let out = paged_out_after_checkpoint(&store);
+    assert!(out as usize > OBJECTS / 2, "only {out} bodies paged out");
+
+    // Reads of every kind bring them back.
+    let before = store.stats().body_reads;
+    check(&store, &model);
+    assert!(
+        store.stats().body_reads - before >= out,
+        "reads did not read the paged-out bodies back"
+    );
+
+    // Changes of every kind, each to an object paged out just before.
+    let out = paged_out_after_checkpoint(&store);
+    assert!(out as usize > OBJECTS / 2, "only {out} bodies paged out");
+    for i in 0..OBJECTS {
+        let oid = name(i);
+        match i % 6 {
+            0 => {
+                // A partial overwrite reads the old block through the object's map.
+                let data = bytes(i * 5, 100);
+                write(model.get_mut(&oid).unwrap(), 5000, &data);
+                submit(&store, |t| {
+                    t.write(C, &oid, 5000, data);
+                });
+            }
+            1 => {
+                let dst = format!("{oid}.clone");
+                let copy = model[&oid].clone();
+                model.insert(dst.clone(), copy);
+                submit(&store, |t| {
+                    t.clone_object(C, &oid, &dst);
+                });
+            }
+            2 => {
+                model.remove(&oid);
+                submit(&store, |t| {
+                    t.remove(C, &oid);
+                });
+            }
+            3 => {
+                // A compare judges the paged-out xattr; a failed one changes nothing.
+                let v = model[&oid].attrs["snapset"].clone();
+                let mut wrong = Transaction::new();
+                wrong.compare(
+                    C,
+                    &oid,
+                    Expect::Xattr {
+                        name: "snapset".into(),
+                        value: Some(Bytes::from_static(b"not it")),
+                    },
+                );
+                wrong.omap_clear(C, &oid);
+                assert!(block_on(store.submit(wrong)).is_err());
+                let o = model.get_mut(&oid).unwrap();
+                o.omap.insert(bytes(99, 3), bytes(i, 3));
+                o.attrs.remove("_");
+                submit(&store, |t| {
+                    t.compare(
+                        C,
+                        &oid,
+                        Expect::Xattr {
+                            name: "snapset".into(),
+                            value: Some(v),
+                        },
+                    );
+                    t.omap_set(C, &oid, vec![(bytes(99, 3), bytes(i, 3))]);
+                    t.rmattr(C, &oid, "_");
+                });
+            }
+            4 => {
+                // A range of another paged-out object into this one.
+                let src = name(i - 1);
+                let part = model[&src].data[4096..4096 + 6000].to_vec();
+                write(model.get_mut(&oid).unwrap(), 100, &part);
+                submit(&store, |t| {
+                    t.clone_range(C, &src, &oid, 4096, 6000, 100);
+                });
+            }
+            _ => {
+                let o = model.get_mut(&oid).unwrap();
+                o.data.truncate(3000);
+                submit(&store, |t| {
+                    t.truncate(C, &oid, 3000);
+                });
+            }
+        }
+    }
+    check(&store, &model);
+    paged_out_after_checkpoint(&store);
+    check(&store, &model);
+
+    // A remount finds it all, and pages out again at its first checkpoint.
+    drop(store);
+    let store = block_on(NativeStore::mount(dev.clone(), 0, config())).unwrap();
+    assert!(store.stats().bodies_paged_out as usize > OBJECTS / 2);
+    check(&store, &model);
+    drop(store);
+    let report = block_on(fsck(dev, 0)).unwrap();
+    assert!(report.errors.is_empty(), "{:?}", report.errors);
+}
+
+/// The cleaner decides what is live from objects' maps: with every body paged out it must
+/// read them back, move exactly the live blocks, and lose nothing.
+#[test]
+fn the_cleaner_reads_paged_out_maps_back_and_moves_only_live_blocks() {
+    let dev = SimDevice::new(40 << 20);
+    block_on(mkfs(&dev, 1, 1 << 20)).unwrap();
+    let config = NativeConfig {
+        object_cache_bytes: 1,
+        checkpoint_interval_blocks: 64,
+        cache_bytes: 0,
+        ..config()
+    };
+    let store = block_on(NativeStore::mount(dev.clone(), 0, config)).unwrap();
+    submit(&store, |t| {
+        t.create_collection(C);
+    });
+    let mut model: BTreeMap<String, Obj> = BTreeMap::new();
+    // Fill most of the device, then overwrite parts of it: old segments keep some live
+    // blocks, and free ones run short, so the cleaner must move what is live.
+    let write_at = |model: &mut BTreeMap<String, Obj>, i: usize, off: usize, seed: usize| {
+        let oid = name(i);
+        let data = bytes(seed, 16 << 10);
+        write(model.entry(oid.clone()).or_default(), off, &data);
+        submit(&store, |t| {
+            t.write(C, &oid, off as u64, data);
+        });
+    };
+    // Every segment holds blocks of every object; only the first four are overwritten, so
+    // the others stay clean (paged out at each checkpoint) and hold the live blocks of the
+    // cleaner's victims.
+    for k in 0..64 {
+        for i in 0..28 {
+            write_at(&mut model, i, k * (16 << 10), i * 64 + k);
+        }
+    }
+    for n in 0..1200usize {
+        let (i, k) = (n % 4, (n * 13) % 64);
+        write_at(&mut model, i, k * (16 << 10), 5000 + n);
+    }
+    let s = store.stats();
+    assert!(s.segments_cleaned > 0, "the cleaner never ran: {s:?}");
+    assert_eq!(s.segments_kept, 0, "the cleaner missed live blocks: {s:?}");
+    assert!(s.body_reads > 0, "no body was read back: {s:?}");
+    check(&store, &model);
+    drop(store);
+    let store = block_on(NativeStore::mount(dev.clone(), 0, config)).unwrap();
+    check(&store, &model);
+    drop(store);
+    let report = block_on(fsck(dev, 0)).unwrap();
+    assert!(report.errors.is_empty(), "{:?}", report.errors);
+}
+
+/// A checkpoint takes an object's changes (marking it clean) some time before they reach the
+/// tree; a reader that pages bodies out meanwhile must not page that one out, or reading it
+/// back would find its record from before the change.
+#[test]
+fn a_body_a_checkpoint_is_writing_is_not_paged_out_under_it() {
+    use std::future::Future;
+    let dev = SimDevice::new(96 << 20);
+    block_on(mkfs(&dev, 1, 1 << 20)).unwrap();
+    let config = NativeConfig {
+        object_cache_bytes: 1,
+        // Two nodes: the checkpoint has to read the tree back in, and waits for it.
+        metadata_cache_bytes: 8 << 10,
+        ..NativeConfig::default()
+    };
+    let store = block_on(NativeStore::mount(dev.clone(), 0, config)).unwrap();
+    submit(&store, |t| {
+        t.create_collection(C);
+    });
+    for i in 0..200 {
+        submit(&store, |t| {
+            t.touch(C, &name(i));
+            t.setattr(C, &name(i), "v", bytes(i, 300));
+        });
+    }
+    block_on(store.checkpoint_now()).unwrap();
+    assert_eq!(store.stats().bodies_paged_out, 200);
+    dev.slow_reads();
+    let new = Bytes::from_static(b"changed");
+    submit(&store, |t| {
+        t.setattr(C, &name(0), "v", new.clone());
+    });
+    // Reading its body back for the change loaded its leaf: other reads push that out of the
+    // node cache (not the dirty body), so the checkpoint has to read it again.
+    for j in (20..200).step_by(10) {
+        block_on(store.getattr(C, &name(j), "v")).unwrap();
+    }
+    let mut cp = Box::pin(store.checkpoint_now());
+    let waker = futures::task::noop_waker();
+    let polled = cp
+        .as_mut()
+        .poll(&mut std::task::Context::from_waker(&waker));
+    assert!(polled.is_pending(), "the checkpoint waits for a node read");
+    // Another object read back meanwhile makes room by paging bodies out.
+    assert_eq!(
+        block_on(store.getattr(C, &name(150), "v")).unwrap(),
+        bytes(150, 300)
+    );
+    assert_eq!(block_on(store.getattr(C, &name(0), "v")).unwrap(), new);
+    block_on(cp).unwrap();
+    assert_eq!(block_on(store.getattr(C, &name(0), "v")).unwrap(), new);
+    drop(store);
+    let store = block_on(NativeStore::mount(dev, 0, config)).unwrap();
+    assert_eq!(block_on(store.getattr(C, &name(0), "v")).unwrap(), new);
+    assert!(store.failure().is_none());
+}
