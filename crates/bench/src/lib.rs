@@ -191,6 +191,9 @@ pub struct BenchArgs {
     /// Native store: journal writes in flight per shard (default: the OSDs' own, 1).
     #[arg(long)]
     pub journal_writes: Option<u32>,
+    /// Native store: object bodies kept in memory per shard (default: the OSDs' own, 64M).
+    #[arg(long, value_parser = carmine_localcluster::parse_size)]
+    pub object_cache: Option<u64>,
     /// Native store: O_DSYNC journal writes (FUA where the device has it) instead of a
     /// separate fdatasync; still power-loss durable.
     #[arg(long)]
@@ -360,6 +363,7 @@ fn bench_carmine(a: &BenchArgs, cluster_dir: &std::path::Path) -> Result<Run> {
         recovery_busy_rate_mib: None,
         idle_poll_us: osd_idle_poll(a)?,
         journal_writes: a.journal_writes,
+        object_cache: a.object_cache,
         reset_osd_settings: false,
         pool: Some("rbd".into()),
         pg_num: Some(64),

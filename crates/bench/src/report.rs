@@ -89,6 +89,8 @@ pub struct Run {
     pub osd_idle_poll_us: Vec<(u32, u64)>,
     /// Native store: journal writes in flight per shard, if not the OSDs' default.
     pub journal_writes: Option<u32>,
+    /// Native store: object cache bytes per shard, if not the OSDs' default.
+    pub object_cache: Option<u64>,
     pub latency_target_ms: f64,
     pub rows: Vec<Row>,
     /// OSD and client usage sampled every half second over the sweep (after the prefill).
@@ -141,6 +143,7 @@ impl Run {
             idle_poll_us: a.idle_poll_us,
             osd_idle_poll_us: Vec::new(),
             journal_writes: a.journal_writes,
+            object_cache: a.object_cache,
             latency_target_ms: a.latency_target_ms,
             rows,
             timeline: Vec::new(),
@@ -210,6 +213,9 @@ fn system(run: &Run) -> String {
     let mut idle_poll = idle_poll_note(run);
     if let Some(n) = run.journal_writes {
         idle_poll += &format!(", {n} journal writes in flight per shard");
+    }
+    if let Some(n) = run.object_cache {
+        idle_poll += &format!(", {} MiB object cache per shard", n >> 20);
     }
     format!(
         "Carmine, {} OSD(s) x {} reactor(s), {} on cpu {} (cpu policy {}), {} store{idle_poll}",

@@ -61,6 +61,7 @@ pub fn run(a: DemoArgs) -> Result<()> {
         recovery_busy_rate_mib: None,
         idle_poll_us: None,
         journal_writes: None,
+        object_cache: None,
         reset_osd_settings: false,
         pool: Some("rbd".into()),
         pg_num: Some(64),

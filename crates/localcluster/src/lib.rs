@@ -109,9 +109,13 @@ pub struct UpArgs {
     /// Native store: journal writes in flight per shard (the OSDs' default, 1, if not given).
     #[arg(long)]
     pub journal_writes: Option<u32>,
+    /// Native store: object bodies kept in memory per shard (the OSDs' default, 64M, if not
+    /// given).
+    #[arg(long, value_parser = parse_size)]
+    pub object_cache: Option<u64>,
     /// Restart the OSDs with the defaults for every setting this `up` gives no flag for,
     /// instead of the ones the cluster kept (memory limit, cpu policy and set, pinning,
-    /// durability, recovery rates, idle poll, journal writes).
+    /// durability, recovery rates, idle poll, journal writes, object cache).
     #[arg(long)]
     pub reset_osd_settings: bool,
     /// Name of the pool created with the cluster [rbd].

@@ -31,6 +31,8 @@ pub(crate) struct OsdRun {
     pub idle_poll_us: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub journal_writes: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub object_cache: Option<u64>,
 }
 
 /// A reactor shard's memory budget unless `--memory-limit` says otherwise.
@@ -78,12 +80,13 @@ impl OsdRun {
         now.recovery_busy_rate_mib = a.recovery_busy_rate_mib.or(kept.recovery_busy_rate_mib);
         now.idle_poll_us = a.idle_poll_us.or(kept.idle_poll_us);
         now.journal_writes = a.journal_writes.or(kept.journal_writes);
+        now.object_cache = a.object_cache.or(kept.object_cache);
         let changes = self.changes_to(&now);
         (now, changes)
     }
 
     /// Each setting as `up` names it, and its value in words.
-    fn described(&self) -> [(&'static str, String); 9] {
+    fn described(&self) -> [(&'static str, String); 10] {
         let or = |v: Option<String>, none: &str| v.unwrap_or_else(|| none.into());
         let num = |v: Option<u64>| or(v.map(|v| v.to_string()), "default");
         [
@@ -99,6 +102,7 @@ impl OsdRun {
             ),
             ("idle poll µs", num(self.idle_poll_us)),
             ("journal writes", num(self.journal_writes.map(u64::from))),
+            ("object cache bytes", num(self.object_cache)),
         ]
     }
 
@@ -156,6 +160,9 @@ impl OsdRun {
             "--journal-writes",
             self.journal_writes.map(|v| v.to_string()),
         );
+        if native {
+            opt("--object-cache", self.object_cache.map(|v| v.to_string()));
+        }
         if self.no_pin {
             args.push("--no-pin".into());
         }

@@ -711,6 +711,10 @@ impl<D: BlockDevice> NativeStore<D> {
         if txn.is_empty() {
             return self.drain().await;
         }
+        // Bodies paged out are read back before the lock, so that one transaction's reads
+        // do not hold up the others; under the lock they are pinned (and read again, in the
+        // rare case they were paged out meanwhile).
+        self.read_back_for(&txn).await?;
         let guard = self.apply_lock.lock().await;
         // Metadata counts too: every checkpoint carries all of it, so names, xattrs and
         // omap entries fill a store just as data does.

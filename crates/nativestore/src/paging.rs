@@ -22,8 +22,9 @@ use carmine_store::{Op, Result, StoreError, Transaction};
 use carmine_types::CollectionId;
 use std::cell::RefCell;
 
-/// Rounds a body read may take before giving up (each round is one node read, or a retry
-/// after a checkpoint or an eviction moved things under it).
+/// Rounds in a row a body read may take without getting further before it gives up (a
+/// round reads one node; it gets nowhere when a checkpoint or an eviction moved things under
+/// it). A record of many leaves takes a round per node on its way, as many as it needs.
 const READ_ROUNDS: usize = 4096;
 
 /// Pins of the apply lock's holder; dropping it ends them all.
@@ -104,6 +105,24 @@ impl<D: BlockDevice> NativeStore<D> {
         )))
     }
 
+    /// Reads back the bodies of the objects `txn` names that are paged out, without pinning
+    /// them (no lock needed).
+    pub(crate) async fn read_back_for(&self, txn: &Transaction) -> Result<()> {
+        for (cid, oid) in txn.ops.iter().flat_map(op_objects).flatten() {
+            let paged = {
+                let st = self.st.borrow();
+                st.index
+                    .object(cid, oid)
+                    .filter(|o| o.body.is_none())
+                    .map(|o| (o.id, o.stored_chunks))
+            };
+            if let Some(paged) = paged {
+                self.read_body(cid, oid, paged).await?;
+            }
+        }
+        Ok(())
+    }
+
     /// Pins the objects `txn` names and reads back those paged out; they stay resident until
     /// the returned guard is dropped. Called with the apply lock held.
     pub(crate) async fn pin_for(&self, txn: &Transaction) -> Result<Pins<'_>> {
@@ -153,7 +172,9 @@ impl<D: BlockDevice> NativeStore<D> {
         // things stay good.
         let mut record = Vec::with_capacity(pieces as usize * PIECE);
         let mut next = 0;
-        for _ in 0..READ_ROUNDS {
+        let mut stuck = 0;
+        while stuck < READ_ROUNDS {
+            let before = next;
             let need = {
                 let mut st = self.st.borrow_mut();
                 let st = &mut *st;
@@ -202,6 +223,7 @@ impl<D: BlockDevice> NativeStore<D> {
                 Some((n, generation)) => self.load_for_reader(n, generation).await?,
                 None => return self.install(cid, oid, id, std::mem::take(&mut record)),
             }
+            stuck = if next > before { 0 } else { stuck + 1 };
         }
         Err(io_error(format!(
             "{cid}/{oid:?}: its metadata record could not be read back: the tree kept \

@@ -343,3 +343,35 @@ fn a_body_a_checkpoint_is_writing_is_not_paged_out_under_it() {
     assert_eq!(block_on(store.getattr(C, &name(0), "v")).unwrap(), new);
     assert!(store.failure().is_none());
 }
+
+/// A record over many more leaves than the node cache holds is read back piece by piece,
+/// the nodes read for its first pieces dropped again before its last ones are read.
+#[test]
+fn a_record_larger_than_the_node_cache_reads_back() {
+    let dev = SimDevice::new(96 << 20);
+    block_on(mkfs(&dev, 1, 1 << 20)).unwrap();
+    let store = block_on(NativeStore::mount(dev.clone(), 0, config())).unwrap();
+    let omap: BTreeMap<Bytes, Bytes> = (0..600)
+        .map(|k| (bytes(k, 16), bytes(k * 3, 1000)))
+        .collect();
+    submit(&store, |t| {
+        t.create_collection(C);
+        t.touch(C, "big");
+        t.omap_set(C, "big", omap.clone().into_iter().collect());
+    });
+    for i in 0..50 {
+        submit(&store, |t| {
+            t.touch(C, &name(i));
+        });
+    }
+    block_on(store.checkpoint_now()).unwrap();
+    // Distinct keys: 256 entries of 1 KiB, over some 65 leaves; the node cache holds 4.
+    assert_eq!(omap.len(), 256);
+    let s = store.stats();
+    assert!(s.metadata_nodes > 60, "{s:?}");
+    assert!(s.bodies_paged_out >= 1, "{s:?}");
+    let page = block_on(store.omap_iterate(C, "big", None, usize::MAX)).unwrap();
+    assert_eq!(page.items.into_iter().collect::<BTreeMap<_, _>>(), omap);
+    let s = store.stats();
+    assert!(s.body_reads >= 1 && s.body_node_reads > 60, "{s:?}");
+}
