@@ -16,6 +16,29 @@ fn scrape(addr: &str, path: &str) -> (String, String) {
     (head.to_owned(), body.to_owned())
 }
 
+/// Fails unless `promtool check metrics` finds nothing wrong with `text`.
+fn promtool_accepts(text: &str) {
+    let check = Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map(|mut p| {
+            p.stdin.take().unwrap().write_all(text.as_bytes()).unwrap();
+            p.wait_with_output().unwrap()
+        })
+        .expect(
+            "this test needs promtool (Debian: apt-get install prometheus; .ci/run installs it)",
+        );
+    assert!(
+        check.status.success(),
+        "promtool check metrics: {}{}",
+        String::from_utf8_lossy(&check.stdout),
+        String::from_utf8_lossy(&check.stderr)
+    );
+}
+
 /// The value of the sample with exactly these labels.
 fn sample(text: &str, name_and_labels: &str) -> f64 {
     text.lines()
@@ -65,25 +88,7 @@ fn osds_serve_prometheus_metrics_that_promtool_accepts_and_that_count_the_io() {
     let (head, text) = scrape(&addr, "/metrics");
     assert!(head.starts_with("HTTP/1.1 200 OK"), "{head}");
     assert!(head.contains("text/plain; version=0.0.4"), "{head}");
-    let check = Command::new("promtool")
-        .args(["check", "metrics"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .map(|mut p| {
-            p.stdin.take().unwrap().write_all(text.as_bytes()).unwrap();
-            p.wait_with_output().unwrap()
-        })
-        .expect(
-            "this test needs promtool (Debian: apt-get install prometheus; .ci/run installs it)",
-        );
-    assert!(
-        check.status.success(),
-        "promtool check metrics: {}{}",
-        String::from_utf8_lossy(&check.stdout),
-        String::from_utf8_lossy(&check.stderr)
-    );
+    promtool_accepts(&text);
 
     let total = |texts: &[String], kind: &str| -> f64 {
         texts
@@ -204,4 +209,54 @@ fn space_used_shows_in_metrics_and_status_and_a_nearly_full_osd_warns() {
     assert!(!out.status.success(), "{text}");
     assert!(text.contains("HEALTH_WARN"), "{text}");
     assert!(text.contains("osd.0 is nearly full (9"), "{text}");
+}
+
+/// A native store's own counters (journal, checkpoints, cleaner, checksum errors, paging)
+/// reach the OSD's metrics, per reactor shard, and move with the I/O.
+#[test]
+fn a_native_stores_own_counters_show_in_the_metrics() {
+    let c = Cluster::up(
+        "metrics-native",
+        &["--store", "native", "--device-size", "512M"],
+    );
+    let addr = std::fs::read_to_string(c.dir.join("osd.0.metrics"))
+        .unwrap()
+        .trim()
+        .to_owned();
+    c.ok(&["volume", "create", "v", "--size", "16M"]);
+    c.write_volume("v", &vec![5u8; 8 << 20]);
+    let labels = "{osd=\"0\",reactor=\"0\"}";
+    let written = format!("carmine_native_user_written_bytes_total{labels}");
+    // Refreshed every second.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    let text = loop {
+        let text = scrape(&addr, "/metrics").1;
+        if sample(&text, &written) >= (8 << 20) as f64 {
+            break text;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the written bytes never reached 8 MiB"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    };
+    promtool_accepts(&text);
+    assert!(text.contains("# TYPE carmine_native_checkpoints_total counter"));
+    assert!(text.contains("# TYPE carmine_native_body_resident_bytes gauge"));
+    assert!(sample(&text, &format!("carmine_native_transactions_total{labels}")) > 0.0);
+    // The post-mount checkpoint, at least.
+    assert!(sample(&text, &format!("carmine_native_checkpoints_total{labels}")) >= 1.0);
+    assert_eq!(
+        sample(
+            &text,
+            &format!("carmine_native_checksum_errors_total{labels}")
+        ),
+        0.0
+    );
+    assert!(
+        sample(
+            &text,
+            &format!("carmine_native_journal_sync_seconds_total{labels}")
+        ) >= 0.0
+    );
 }

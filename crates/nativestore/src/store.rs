@@ -17,7 +17,8 @@ use carmine_store::checks::{
     check_attr_name, check_extent, check_io_len, check_list_limit, check_oid, error,
 };
 use carmine_store::{
-    ObjectStat, ObjectStore, Page, Result, StoreError, StoreErrorKind, StoreStatfs, Transaction,
+    ObjectStat, ObjectStore, Page, Result, StoreCounter, StoreError, StoreErrorKind, StoreStatfs,
+    Transaction,
 };
 use carmine_types::{crc32c, CollectionId};
 use std::cell::RefCell;
@@ -102,6 +103,149 @@ pub struct NativeStats {
     /// completion), in nanoseconds.
     pub journal_write_ns: u64,
     pub journal_sync_ns: u64,
+}
+
+impl NativeStats {
+    /// The stats as metrics (`carmine_native_…`).
+    pub fn counters(&self) -> Vec<StoreCounter> {
+        let total = |name, help, v: u64| StoreCounter {
+            name,
+            gauge: false,
+            help,
+            value: v as f64,
+        };
+        let gauge = |name, help, v: u64| StoreCounter {
+            name,
+            gauge: true,
+            help,
+            value: v as f64,
+        };
+        let secs = |name, help, ns: u64| StoreCounter {
+            name,
+            gauge: false,
+            help,
+            value: ns as f64 / 1e9,
+        };
+        vec![
+            total(
+                "native_transactions_total",
+                "Transactions the native store shard applied.",
+                self.transactions,
+            ),
+            total(
+                "native_journal_records_total",
+                "Journal records written (a group commit each).",
+                self.records,
+            ),
+            total(
+                "native_device_writes_total",
+                "Journal writes to the device.",
+                self.device_writes,
+            ),
+            total(
+                "native_device_written_bytes_total",
+                "Bytes the journal wrote to the device.",
+                self.device_bytes_written,
+            ),
+            total(
+                "native_user_written_bytes_total",
+                "Data bytes of the transactions (device_written / this: write amplification).",
+                self.user_bytes_written,
+            ),
+            total(
+                "native_journal_metadata_bytes_total",
+                "Metadata (delta) bytes in the journal records.",
+                self.journal_meta_bytes,
+            ),
+            secs(
+                "native_journal_write_seconds_total",
+                "Time journal writes took, submission to completion.",
+                self.journal_write_ns,
+            ),
+            secs(
+                "native_journal_sync_seconds_total",
+                "Time journal syncs took, submission to completion.",
+                self.journal_sync_ns,
+            ),
+            total(
+                "native_checkpoints_total",
+                "Checkpoints written.",
+                self.checkpoints,
+            ),
+            total(
+                "native_checkpoint_blocks_total",
+                "Metadata blocks (tree nodes, segment headers) the checkpoints wrote.",
+                self.checkpoint_blocks,
+            ),
+            total(
+                "native_tree_rewrites_total",
+                "Checkpoints that wrote the metadata tree afresh.",
+                self.tree_rewrites,
+            ),
+            gauge(
+                "native_metadata_nodes",
+                "Nodes of the newest checkpoint's metadata tree.",
+                self.metadata_nodes,
+            ),
+            gauge(
+                "native_metadata_segments",
+                "Segments holding metadata tree nodes.",
+                self.metadata_segments,
+            ),
+            total(
+                "native_segments_cleaned_total",
+                "Segments the cleaner freed.",
+                self.segments_cleaned,
+            ),
+            total(
+                "native_segments_kept_total",
+                "Victim segments the cleaner kept because it could not find every live block \
+                 in them (never a loss; a sign the maps and the counts disagree).",
+                self.segments_kept,
+            ),
+            total(
+                "native_blocks_relocated_total",
+                "Live blocks the cleaner moved.",
+                self.blocks_relocated,
+            ),
+            total(
+                "native_checksum_errors_total",
+                "Blocks that failed their checksum when read or moved.",
+                self.checksum_errors,
+            ),
+            total(
+                "native_cache_hits_total",
+                "Block reads served from the block cache.",
+                self.cache_hits,
+            ),
+            total(
+                "native_cache_misses_total",
+                "Block reads that went to the device.",
+                self.cache_misses,
+            ),
+            total(
+                "native_body_reads_total",
+                "Object bodies (extent maps, xattrs, omap) read back from the metadata tree.",
+                self.body_reads,
+            ),
+            total(
+                "native_body_node_reads_total",
+                "Metadata tree nodes read to read bodies back.",
+                self.body_node_reads,
+            ),
+            gauge(
+                "native_bodies_paged_out",
+                "Objects whose body is not in memory.",
+                self.bodies_paged_out,
+            ),
+            gauge(
+                "native_body_resident_bytes",
+                "Record bytes of the object bodies in memory (what --object-cache bounds, \
+                 besides the dirty ones).",
+                self.body_resident_bytes,
+            ),
+        ]
+    }
 }
 
 /// Everything of a shard that changes, owned by its reactor. Each part keeps its own
@@ -887,6 +1031,10 @@ impl<D: BlockDevice> ObjectStore for NativeStore<D> {
             sync_us = per(s.journal_sync_ns),
             "native store shard: {s:?}"
         );
+    }
+
+    fn counters(&self) -> Vec<StoreCounter> {
+        self.stats().counters()
     }
 
     fn statfs(&self) -> StoreStatfs {

@@ -124,6 +124,9 @@ pub struct ReactorMetrics {
     silent_peers: std::sync::Mutex<Vec<(carmine_types::OsdId, u64)>>,
     /// The largest peering listing (bytes) of the PGs this reactor is primary of.
     pg_listing_max: AtomicU64,
+    /// What the store shard counts about itself (`ObjectStore::counters`): set once a second
+    /// with the space figures, read by the metrics thread.
+    store_counters: std::sync::Mutex<Vec<carmine_store::StoreCounter>>,
 }
 
 /// Adds to a counter that only its reactor writes: a plain load and store rather than a
@@ -340,6 +343,12 @@ impl ReactorMetrics {
 
     pub(crate) fn read_repaired(&self) {
         add(&self.read_repairs, 1);
+    }
+
+    pub(crate) fn set_store_counters(&self, counters: Vec<carmine_store::StoreCounter>) {
+        if let Ok(mut c) = self.store_counters.lock() {
+            *c = counters;
+        }
     }
 
     pub(crate) fn set_statfs(&self, s: carmine_store::StoreStatfs) {
@@ -811,7 +820,40 @@ pub fn render(osd: u32, reactors: &[ReactorSource]) -> String {
             let _ = writeln!(t, "{h}_count{{{labels}}} {cumulative}");
         }
     }
+    render_store_counters(&mut t, osd, reactors);
     t
+}
+
+/// The store's own counters, by the names the first reactor's store gives (every reactor of
+/// an OSD runs the same kind of store).
+fn render_store_counters(t: &mut String, osd: u32, reactors: &[ReactorSource]) {
+    use std::fmt::Write as _;
+    let each: Vec<Vec<carmine_store::StoreCounter>> = reactors
+        .iter()
+        .map(|r| {
+            r.metrics
+                .store_counters
+                .lock()
+                .map_or(Vec::new(), |c| c.clone())
+        })
+        .collect();
+    let Some(first) = each.first() else {
+        return;
+    };
+    for c in first {
+        let name = format!("carmine_{}", c.name);
+        let kind = if c.gauge { "gauge" } else { "counter" };
+        let _ = writeln!(t, "# HELP {name} {}\n# TYPE {name} {kind}", c.help);
+        for (r, counters) in reactors.iter().zip(&each) {
+            if let Some(v) = counters.iter().find(|v| v.name == c.name) {
+                let _ = writeln!(
+                    t,
+                    "{name}{{osd=\"{osd}\",reactor=\"{}\"}} {}",
+                    r.index, v.value
+                );
+            }
+        }
+    }
 }
 
 /// A serving metrics endpoint; dropping it stops the thread.

@@ -271,12 +271,14 @@ async fn serve<S: ObjectStore + 'static>(setup: ReactorSetup, store: S) -> Resul
     let housekeeping = shard.clone();
     carmine_reactor::spawn(async move { housekeeping.store.background().await }).detach();
     shard.metrics.set_statfs(shard.store.statfs());
+    shard.metrics.set_store_counters(shard.store.counters());
     let statfs = Rc::downgrade(&shard);
     carmine_reactor::spawn(async move {
         // Space figures for metrics and `cluster status`, and a failed store for the control
         // thread; ends once the shard is gone.
         while let Some(shard) = statfs.upgrade() {
             shard.metrics.set_statfs(shard.store.statfs());
+            shard.metrics.set_store_counters(shard.store.counters());
             if let Some(why) = shard.store.failure() {
                 shard.metrics.note_store_failure(why);
             }

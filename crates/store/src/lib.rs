@@ -44,6 +44,18 @@ pub struct StoreStatfs {
     pub objects: u64,
 }
 
+/// A number a store keeps about itself, for the OSD's metrics (`carmine_<name>`, per
+/// reactor shard).
+#[derive(Clone, Debug, PartialEq)]
+pub struct StoreCounter {
+    /// The metric's name less `carmine_`: `native_checkpoints_total`, say.
+    pub name: &'static str,
+    /// A gauge (a level now) rather than a counter (a running total).
+    pub gauge: bool,
+    pub help: &'static str,
+    pub value: f64,
+}
+
 /// One page of an ordered listing. `next` is where the following page starts (exclusive), or
 /// `None` when the listing is complete.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -142,6 +154,11 @@ pub trait ObjectStore {
     async fn background(&self) {}
     /// Logs what the store counted about itself (at shutdown).
     fn report(&self) {}
+    /// What the store counts about itself, for metrics; the same names every call. Read
+    /// about once a second, not per request.
+    fn counters(&self) -> Vec<StoreCounter> {
+        Vec::new()
+    }
     /// Why the store stopped serving (a failed device write or sync), or `None` while it is
     /// healthy. A failed store must not look healthy to anyone: the OSD answers pings with
     /// this error, and every request fails.
