@@ -215,7 +215,11 @@ fn system(run: &Run) -> String {
         idle_poll += &format!(", {n} journal writes in flight per shard");
     }
     if let Some(n) = run.object_cache {
-        idle_poll += &format!(", {} MiB object cache per shard", n >> 20);
+        let size = match n >= 1 << 20 {
+            true => format!("{} MiB", n >> 20),
+            false => format!("{n} bytes"),
+        };
+        idle_poll += &format!(", {size} object cache per shard");
     }
     format!(
         "Carmine, {} OSD(s) x {} reactor(s), {} on cpu {} (cpu policy {}), {} store{idle_poll}",

@@ -157,7 +157,7 @@ pub(crate) fn plan(index: &Index, txn: &Transaction) -> Result<Plan> {
     check_compares_lead(txn)?;
     // Its objects were made resident and pinned (`paging.rs`): a body missing now would
     // read as an object without data.
-    for (cid, oid) in txn.ops.iter().flat_map(crate::paging::op_objects).flatten() {
+    for (cid, oid) in txn.ops.iter().flat_map(Op::objects).flatten() {
         if index.object(cid, oid).is_some_and(|o| o.body.is_none()) {
             return Err(io_error(format!(
                 "internal: {cid}/{oid:?} is paged out while a transaction plans on it"
@@ -711,11 +711,13 @@ impl<D: BlockDevice> NativeStore<D> {
         if txn.is_empty() {
             return self.drain().await;
         }
-        // Bodies paged out are read back before the lock, so that one transaction's reads
-        // do not hold up the others; under the lock they are pinned (and read again, in the
-        // rare case they were paged out meanwhile).
-        self.read_back_for(&txn).await?;
-        let guard = self.apply_lock.lock().await;
+        // Bodies paged out are read back while the transaction waits for the lock, so that
+        // its reads do not hold up the others; under the lock they are pinned (and read
+        // again, in the rare case they were paged out meanwhile). The lock is polled first:
+        // it takes its place in line at this first poll, so transactions still apply in the
+        // order they were submitted.
+        let (guard, read_back) = futures::join!(self.apply_lock.lock(), self.read_back_for(&txn));
+        read_back?;
         // Metadata counts too: every checkpoint carries all of it, so names, xattrs and
         // omap entries fill a store just as data does.
         let grows = txn.ops.iter().any(|op| {

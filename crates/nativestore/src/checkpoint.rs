@@ -534,6 +534,10 @@ struct Abandoned<'a>(&'a std::cell::RefCell<crate::store::State>);
 impl Drop for Abandoned<'_> {
     fn drop(&mut self) {
         match self.0.try_borrow_mut() {
+            Err(_) => tracing::error!(
+                "a checkpoint was abandoned half way while the shard state was borrowed: its \
+                 changes are in no tree, and the shard could not be stopped"
+            ),
             // A checkpoint that failed stopped the shard already.
             Ok(mut st) if st.failed.is_none() => {
                 tracing::error!("a checkpoint was abandoned half way: the shard stops");

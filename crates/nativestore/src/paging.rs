@@ -45,33 +45,16 @@ impl<'a> Pins<'a> {
 
 impl Drop for Pins<'_> {
     fn drop(&mut self) {
-        if let Ok(mut st) = self.st.try_borrow_mut() {
-            let r = &mut st.index.residency;
-            r.pinning = false;
-            r.pin_epoch += 1;
+        match self.st.try_borrow_mut() {
+            Ok(mut st) => {
+                let r = &mut st.index.residency;
+                r.pinning = false;
+                r.pin_epoch += 1;
+            }
+            // Never while the state is borrowed (no borrow lives across an await); if it
+            // were, the next holder's new epoch still ends these pins.
+            Err(_) => tracing::error!("pins ended while the shard state was borrowed"),
         }
-    }
-}
-
-/// The objects an op names (a clone's source and destination).
-pub(crate) fn op_objects(op: &Op) -> [Option<(CollectionId, &str)>; 2] {
-    match op {
-        Op::CreateCollection { .. } | Op::RemoveCollection { .. } => [None, None],
-        Op::Clone { cid, src, dst } | Op::CloneRange { cid, src, dst, .. } => {
-            [Some((*cid, src.as_str())), Some((*cid, dst.as_str()))]
-        }
-        Op::Compare { cid, oid, .. }
-        | Op::Touch { cid, oid }
-        | Op::Write { cid, oid, .. }
-        | Op::Zero { cid, oid, .. }
-        | Op::Truncate { cid, oid, .. }
-        | Op::Remove { cid, oid }
-        | Op::SetAttrs { cid, oid, .. }
-        | Op::RmAttr { cid, oid, .. }
-        | Op::OmapSetKeys { cid, oid, .. }
-        | Op::OmapRmKeys { cid, oid, .. }
-        | Op::OmapClear { cid, oid }
-        | Op::OmapSetHeader { cid, oid, .. } => [Some((*cid, oid.as_str())), None],
     }
 }
 
@@ -108,7 +91,7 @@ impl<D: BlockDevice> NativeStore<D> {
     /// Reads back the bodies of the objects `txn` names that are paged out, without pinning
     /// them (no lock needed).
     pub(crate) async fn read_back_for(&self, txn: &Transaction) -> Result<()> {
-        for (cid, oid) in txn.ops.iter().flat_map(op_objects).flatten() {
+        for (cid, oid) in txn.ops.iter().flat_map(Op::objects).flatten() {
             let paged = {
                 let st = self.st.borrow();
                 st.index
@@ -126,7 +109,7 @@ impl<D: BlockDevice> NativeStore<D> {
     /// Pins the objects `txn` names and reads back those paged out; they stay resident until
     /// the returned guard is dropped. Called with the apply lock held.
     pub(crate) async fn pin_for(&self, txn: &Transaction) -> Result<Pins<'_>> {
-        self.pin_objects(|| txn.ops.iter().flat_map(op_objects).flatten())
+        self.pin_objects(|| txn.ops.iter().flat_map(Op::objects).flatten())
             .await
     }
 
@@ -167,9 +150,16 @@ impl<D: BlockDevice> NativeStore<D> {
     /// read back by someone else).
     async fn read_body(&self, cid: CollectionId, oid: &str, paged: (u64, u32)) -> Result<()> {
         let (id, pieces) = paged;
-        // Gathered across rounds: while the object stays paged out under this id its record
-        // does not change, so pieces read before a node was evicted or a checkpoint moved
-        // things stay good.
+        // Gathered across rounds: while the object stays paged out under this id, cleaned by
+        // the same checkpoint, its record does not change, so pieces read before a node was
+        // evicted or a checkpoint moved things stay good. Read back, changed and paged out
+        // again meanwhile, it has a newer record: this read stops, and its caller looks again.
+        let cleaned_in = self
+            .st
+            .borrow()
+            .index
+            .object(cid, oid)
+            .map_or(0, |o| o.cleaned_in);
         let mut record = Vec::with_capacity(pieces as usize * PIECE);
         let mut next = 0;
         let mut stuck = 0;
@@ -178,10 +168,12 @@ impl<D: BlockDevice> NativeStore<D> {
             let need = {
                 let mut st = self.st.borrow_mut();
                 let st = &mut *st;
-                let still = st
-                    .index
-                    .object(cid, oid)
-                    .is_some_and(|o| o.id == id && o.body.is_none());
+                let still = st.index.object(cid, oid).is_some_and(|o| {
+                    o.id == id
+                        && o.body.is_none()
+                        && o.cleaned_in == cleaned_in
+                        && o.stored_chunks == pieces
+                });
                 if !still {
                     return Ok(());
                 }

@@ -375,3 +375,57 @@ fn a_record_larger_than_the_node_cache_reads_back() {
     let s = store.stats();
     assert!(s.body_reads >= 1 && s.body_node_reads > 60, "{s:?}");
 }
+
+/// Transactions apply in the order they were submitted, also when the bodies they need are
+/// being read back: the earlier one takes its place in line before it reads.
+#[test]
+fn transactions_waiting_for_bodies_keep_their_order() {
+    let dev = SimDevice::new(96 << 20);
+    block_on(mkfs(&dev, 1, 1 << 20)).unwrap();
+    let config = NativeConfig {
+        object_cache_bytes: 1,
+        metadata_cache_bytes: 8 << 10,
+        ..NativeConfig::default()
+    };
+    let store = block_on(NativeStore::mount(dev.clone(), 0, config)).unwrap();
+    // "x" and "y" far apart in the tree (ids go up with creation), so that reading one back
+    // does not bring the other's leaf, and neither in the last leaf (which the node cache
+    // keeps).
+    submit(&store, |t| {
+        t.create_collection(C);
+    });
+    let filler = |from: usize| {
+        for i in from..from + 50 {
+            submit(&store, |t| {
+                t.touch(C, &name(i));
+                t.setattr(C, &name(i), "_", bytes(i, 300));
+            });
+        }
+    };
+    for (oid, from) in [("x", 0), ("y", 50)] {
+        submit(&store, |t| {
+            t.write(C, oid, 0, bytes(0, 4096));
+        });
+        filler(from);
+    }
+    block_on(store.checkpoint_now()).unwrap();
+    assert_eq!(store.stats().bodies_paged_out, 102);
+    dev.slow_reads();
+    // The first needs two bodies read back, the second one of them.
+    let mut first = Transaction::new();
+    first.write(C, "x", 0, bytes(1, 4096));
+    first.write(C, "y", 0, bytes(1, 4096));
+    let mut second = Transaction::new();
+    second.write(C, "x", 0, bytes(2, 4096));
+    let (a, b) = block_on(futures::future::join(
+        store.submit(first),
+        store.submit(second),
+    ));
+    a.unwrap();
+    b.unwrap();
+    assert_eq!(
+        block_on(store.read(C, "x", 0, 0)).unwrap(),
+        bytes(2, 4096),
+        "the later write must win"
+    );
+}

@@ -117,6 +117,31 @@ pub struct Transaction {
     pub ops: Vec<Op>,
 }
 
+impl Op {
+    /// The objects the op names: one, a clone's source and destination, or none (collection
+    /// ops).
+    pub fn objects(&self) -> [Option<(CollectionId, &str)>; 2] {
+        match self {
+            Op::CreateCollection { .. } | Op::RemoveCollection { .. } => [None, None],
+            Op::Clone { cid, src, dst } | Op::CloneRange { cid, src, dst, .. } => {
+                [Some((*cid, src.as_str())), Some((*cid, dst.as_str()))]
+            }
+            Op::Compare { cid, oid, .. }
+            | Op::Touch { cid, oid }
+            | Op::Write { cid, oid, .. }
+            | Op::Zero { cid, oid, .. }
+            | Op::Truncate { cid, oid, .. }
+            | Op::Remove { cid, oid }
+            | Op::SetAttrs { cid, oid, .. }
+            | Op::RmAttr { cid, oid, .. }
+            | Op::OmapSetKeys { cid, oid, .. }
+            | Op::OmapRmKeys { cid, oid, .. }
+            | Op::OmapClear { cid, oid }
+            | Op::OmapSetHeader { cid, oid, .. } => [Some((*cid, oid.as_str())), None],
+        }
+    }
+}
+
 impl Transaction {
     pub fn new() -> Self {
         Self::default()
