@@ -40,6 +40,18 @@ fn bytes(seed: usize, len: usize) -> Bytes {
         .collect()
 }
 
+/// A device of `size` bytes formatted with one shard of 1 MiB segments.
+fn formatted(size: usize) -> SimDevice {
+    let dev = SimDevice::new(size);
+    block_on(mkfs(&dev, 1, 1 << 20)).unwrap();
+    dev
+}
+
+fn assert_fsck_clean(dev: SimDevice) {
+    let report = block_on(fsck(dev, 0)).unwrap();
+    assert!(report.errors.is_empty(), "{:?}", report.errors);
+}
+
 fn submit(store: &NativeStore<SimDevice>, build: impl FnOnce(&mut Transaction)) {
     let mut t = Transaction::new();
     build(&mut t);
@@ -103,8 +115,7 @@ fn paged_out_after_checkpoint(store: &NativeStore<SimDevice>) -> u64 {
 
 #[test]
 fn paged_out_bodies_read_back_for_every_read_and_every_change() {
-    let dev = SimDevice::new(96 << 20);
-    block_on(mkfs(&dev, 1, 1 << 20)).unwrap();
+    let dev = formatted(96 << 20);
     let store = block_on(NativeStore::mount(dev.clone(), 0, config())).unwrap();
     submit(&store, |t| {
         t.create_collection(C);
@@ -232,16 +243,14 @@ fn paged_out_bodies_read_back_for_every_read_and_every_change() {
     assert!(store.stats().bodies_paged_out as usize > OBJECTS / 2);
     check(&store, &model);
     drop(store);
-    let report = block_on(fsck(dev, 0)).unwrap();
-    assert!(report.errors.is_empty(), "{:?}", report.errors);
+    assert_fsck_clean(dev);
 }
 
 /// The cleaner decides what is live from objects' maps: with every body paged out it must
 /// read them back, move exactly the live blocks, and lose nothing.
 #[test]
 fn the_cleaner_reads_paged_out_maps_back_and_moves_only_live_blocks() {
-    let dev = SimDevice::new(40 << 20);
-    block_on(mkfs(&dev, 1, 1 << 20)).unwrap();
+    let dev = formatted(40 << 20);
     let config = NativeConfig {
         object_cache_bytes: 1,
         checkpoint_interval_blocks: 64,
@@ -284,8 +293,7 @@ fn the_cleaner_reads_paged_out_maps_back_and_moves_only_live_blocks() {
     let store = block_on(NativeStore::mount(dev.clone(), 0, config)).unwrap();
     check(&store, &model);
     drop(store);
-    let report = block_on(fsck(dev, 0)).unwrap();
-    assert!(report.errors.is_empty(), "{:?}", report.errors);
+    assert_fsck_clean(dev);
 }
 
 /// A checkpoint takes an object's changes (marking it clean) some time before they reach the
@@ -294,8 +302,7 @@ fn the_cleaner_reads_paged_out_maps_back_and_moves_only_live_blocks() {
 #[test]
 fn a_body_a_checkpoint_is_writing_is_not_paged_out_under_it() {
     use std::future::Future;
-    let dev = SimDevice::new(96 << 20);
-    block_on(mkfs(&dev, 1, 1 << 20)).unwrap();
+    let dev = formatted(96 << 20);
     let config = NativeConfig {
         object_cache_bytes: 1,
         // Two nodes: the checkpoint has to read the tree back in, and waits for it.
@@ -348,8 +355,7 @@ fn a_body_a_checkpoint_is_writing_is_not_paged_out_under_it() {
 /// the nodes read for its first pieces dropped again before its last ones are read.
 #[test]
 fn a_record_larger_than_the_node_cache_reads_back() {
-    let dev = SimDevice::new(96 << 20);
-    block_on(mkfs(&dev, 1, 1 << 20)).unwrap();
+    let dev = formatted(96 << 20);
     let store = block_on(NativeStore::mount(dev.clone(), 0, config())).unwrap();
     let omap: BTreeMap<Bytes, Bytes> = (0..600)
         .map(|k| (bytes(k, 16), bytes(k * 3, 1000)))
@@ -380,8 +386,7 @@ fn a_record_larger_than_the_node_cache_reads_back() {
 /// being read back: the earlier one takes its place in line before it reads.
 #[test]
 fn transactions_waiting_for_bodies_keep_their_order() {
-    let dev = SimDevice::new(96 << 20);
-    block_on(mkfs(&dev, 1, 1 << 20)).unwrap();
+    let dev = formatted(96 << 20);
     let config = NativeConfig {
         object_cache_bytes: 1,
         metadata_cache_bytes: 8 << 10,
