@@ -434,3 +434,49 @@ fn transactions_waiting_for_bodies_keep_their_order() {
         "the later write must win"
     );
 }
+
+/// A reader gathering a record over several node reads must not finish it with pieces of a
+/// newer record: here the object is read back, changed (same length), checkpointed and paged
+/// out again while the reader waits for its second leaf.
+#[test]
+fn a_record_replaced_while_it_is_being_read_back_is_read_again_whole() {
+    use std::future::Future;
+    let dev = formatted(96 << 20);
+    let config = NativeConfig {
+        object_cache_bytes: 1,
+        metadata_cache_bytes: 8 << 10,
+        ..NativeConfig::default()
+    };
+    let store = block_on(NativeStore::mount(dev.clone(), 0, config)).unwrap();
+    let (old, new) = (bytes(1, 100), bytes(2, 100));
+    // The xattr is early in the record, the omap makes it span more than one leaf.
+    submit(&store, |t| {
+        t.create_collection(C);
+        t.setattr(C, "x", "v", old.clone());
+        t.omap_set(
+            C,
+            "x",
+            (0..8).map(|k| (bytes(k, 8), bytes(k, 1000))).collect(),
+        );
+    });
+    for i in 0..60 {
+        submit(&store, |t| {
+            t.touch(C, &name(i));
+            t.setattr(C, &name(i), "_", bytes(i, 300));
+        });
+    }
+    block_on(store.checkpoint_now()).unwrap();
+    dev.slow_reads();
+    let mut reader = Box::pin(store.getattr(C, "x", "v"));
+    let waker = futures::task::noop_waker();
+    let mut cx = std::task::Context::from_waker(&waker);
+    // Two rounds: the first leaf read and its pieces taken, the second leaf asked for.
+    for _ in 0..2 {
+        assert!(reader.as_mut().poll(&mut cx).is_pending());
+    }
+    submit(&store, |t| {
+        t.setattr(C, "x", "v", new.clone());
+    });
+    block_on(store.checkpoint_now()).unwrap();
+    assert_eq!(block_on(reader).unwrap(), new);
+}
