@@ -51,9 +51,17 @@ pub struct Onode {
 impl Onode {
     /// A new, empty object (resident; the caller marks it dirty) with tree id `id`.
     fn new(name: &str, id: u64) -> Self {
-        let body = Body::default();
+        Self::resident(name, id, 0, Body::default())
+    }
+
+    /// An object read from a checkpoint, resident (its caller sets its tree id).
+    pub(crate) fn loaded(name: &str, size: u64, body: Body) -> Self {
+        Self::resident(name, 0, size, body)
+    }
+
+    fn resident(name: &str, id: u64, size: u64, body: Body) -> Self {
         Onode {
-            size: 0,
+            size,
             id,
             stored_chunks: 0,
             dirty: false,
@@ -63,22 +71,6 @@ impl Onode {
             referenced: Default::default(),
             pinned_at: u64::MAX,
             cleaned_in: 0,
-        }
-    }
-
-    /// An object read from a checkpoint, resident.
-    pub(crate) fn loaded(name: &str, size: u64, body: Body) -> Self {
-        Onode {
-            size,
-            ..Onode::new_with_body(name, body)
-        }
-    }
-
-    fn new_with_body(name: &str, body: Body) -> Self {
-        Onode {
-            encoded: body.encoded_len(name),
-            body: Some(Box::new(body)),
-            ..Onode::new(name, 0)
         }
     }
 

@@ -52,6 +52,26 @@ fn assert_fsck_clean(dev: SimDevice) {
     assert!(report.errors.is_empty(), "{:?}", report.errors);
 }
 
+/// Room for no object body and two tree nodes: everything clean is paged out at each
+/// checkpoint, and reading back means reading nodes.
+fn tiny_caches() -> NativeConfig {
+    NativeConfig {
+        object_cache_bytes: 1,
+        metadata_cache_bytes: 8 << 10,
+        ..NativeConfig::default()
+    }
+}
+
+/// Objects `range`, each with a 300-byte xattr `attr`: records that fill some leaves.
+fn fill(store: &NativeStore<SimDevice>, range: std::ops::Range<usize>, attr: &str) {
+    for i in range {
+        submit(store, |t| {
+            t.touch(C, &name(i));
+            t.setattr(C, &name(i), attr, bytes(i, 300));
+        });
+    }
+}
+
 fn submit(store: &NativeStore<SimDevice>, build: impl FnOnce(&mut Transaction)) {
     let mut t = Transaction::new();
     build(&mut t);
@@ -303,22 +323,13 @@ fn the_cleaner_reads_paged_out_maps_back_and_moves_only_live_blocks() {
 fn a_body_a_checkpoint_is_writing_is_not_paged_out_under_it() {
     use std::future::Future;
     let dev = formatted(96 << 20);
-    let config = NativeConfig {
-        object_cache_bytes: 1,
-        // Two nodes: the checkpoint has to read the tree back in, and waits for it.
-        metadata_cache_bytes: 8 << 10,
-        ..NativeConfig::default()
-    };
+    // Two nodes: the checkpoint has to read the tree back in, and waits for it.
+    let config = tiny_caches();
     let store = block_on(NativeStore::mount(dev.clone(), 0, config)).unwrap();
     submit(&store, |t| {
         t.create_collection(C);
     });
-    for i in 0..200 {
-        submit(&store, |t| {
-            t.touch(C, &name(i));
-            t.setattr(C, &name(i), "v", bytes(i, 300));
-        });
-    }
+    fill(&store, 0..200, "v");
     block_on(store.checkpoint_now()).unwrap();
     assert_eq!(store.stats().bodies_paged_out, 200);
     dev.slow_reads();
@@ -387,11 +398,7 @@ fn a_record_larger_than_the_node_cache_reads_back() {
 #[test]
 fn transactions_waiting_for_bodies_keep_their_order() {
     let dev = formatted(96 << 20);
-    let config = NativeConfig {
-        object_cache_bytes: 1,
-        metadata_cache_bytes: 8 << 10,
-        ..NativeConfig::default()
-    };
+    let config = tiny_caches();
     let store = block_on(NativeStore::mount(dev.clone(), 0, config)).unwrap();
     // "x" and "y" far apart in the tree (ids go up with creation), so that reading one back
     // does not bring the other's leaf, and neither in the last leaf (which the node cache
@@ -399,19 +406,11 @@ fn transactions_waiting_for_bodies_keep_their_order() {
     submit(&store, |t| {
         t.create_collection(C);
     });
-    let filler = |from: usize| {
-        for i in from..from + 50 {
-            submit(&store, |t| {
-                t.touch(C, &name(i));
-                t.setattr(C, &name(i), "_", bytes(i, 300));
-            });
-        }
-    };
     for (oid, from) in [("x", 0), ("y", 50)] {
         submit(&store, |t| {
             t.write(C, oid, 0, bytes(0, 4096));
         });
-        filler(from);
+        fill(&store, from..from + 50, "_");
     }
     block_on(store.checkpoint_now()).unwrap();
     assert_eq!(store.stats().bodies_paged_out, 102);
@@ -442,11 +441,7 @@ fn transactions_waiting_for_bodies_keep_their_order() {
 fn a_record_replaced_while_it_is_being_read_back_is_read_again_whole() {
     use std::future::Future;
     let dev = formatted(96 << 20);
-    let config = NativeConfig {
-        object_cache_bytes: 1,
-        metadata_cache_bytes: 8 << 10,
-        ..NativeConfig::default()
-    };
+    let config = tiny_caches();
     let store = block_on(NativeStore::mount(dev.clone(), 0, config)).unwrap();
     let (old, new) = (bytes(1, 100), bytes(2, 100));
     // The xattr is early in the record, the omap makes it span more than one leaf.
@@ -459,12 +454,7 @@ fn a_record_replaced_while_it_is_being_read_back_is_read_again_whole() {
             (0..8).map(|k| (bytes(k, 8), bytes(k, 1000))).collect(),
         );
     });
-    for i in 0..60 {
-        submit(&store, |t| {
-            t.touch(C, &name(i));
-            t.setattr(C, &name(i), "_", bytes(i, 300));
-        });
-    }
+    fill(&store, 0..60, "_");
     block_on(store.checkpoint_now()).unwrap();
     dev.slow_reads();
     let mut reader = Box::pin(store.getattr(C, "x", "v"));
