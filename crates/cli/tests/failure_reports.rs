@@ -7,7 +7,7 @@
 
 mod common;
 
-use common::{signal, Cluster, Continue};
+use common::{signal, stop, Cluster, Continue};
 use std::time::{Duration, Instant};
 
 /// The longest peer silence any reactor of OSD `id` reports in its metrics (seconds).
@@ -68,7 +68,7 @@ fn a_hung_osd_is_reported_by_its_peers_marked_down_and_held_until_it_runs_again(
     c.write_volume("v", &first);
     let victim = c.osd_pid(2);
     let _cont = Continue(victim);
-    signal(victim, libc::SIGSTOP);
+    stop(victim);
     let stopped = Instant::now();
     // Meanwhile the others' metrics say how long osd.2 has been silent to them.
     std::thread::sleep(Duration::from_secs(3));

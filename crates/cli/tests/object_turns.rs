@@ -6,7 +6,7 @@ mod common;
 
 use bytes::Bytes;
 use carmine_proto::OsdOp;
-use common::{metric, signal, Cluster, Continue};
+use common::{metric, stop, Cluster, Continue};
 use std::net::SocketAddr;
 use std::time::Duration;
 
@@ -43,8 +43,8 @@ fn a_write_that_comes_while_a_read_waits_for_its_object_goes_after_that_read() {
 
         // A replica stops: the next write stays in flight (on the primary and the other
         // replica, not acknowledged) until it continues.
-        signal(replica, libc::SIGSTOP);
         let resumed = Continue(replica);
+        stop(replica);
         let first = write(2);
         let read = async {
             carmine_reactor::sleep(Duration::from_millis(150)).await;

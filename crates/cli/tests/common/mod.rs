@@ -185,6 +185,38 @@ pub fn signal(pid: i32, sig: i32) {
     unsafe { libc::kill(pid, sig) };
 }
 
+/// Stops a process of the test's cluster with SIGSTOP and returns once every one of its
+/// threads has stopped. `kill` returns before that: one thread must first take the signal and
+/// only then are the others told, so on a busy machine a reactor may still serve requests for
+/// a while after `kill` returned.
+pub fn stop(pid: i32) {
+    signal(pid, libc::SIGSTOP);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let tasks: Vec<String> = std::fs::read_dir(format!("/proc/{pid}/task"))
+            .map(|d| {
+                d.flatten()
+                    .filter_map(|t| std::fs::read_to_string(t.path().join("stat")).ok())
+                    .collect()
+            })
+            .unwrap_or_default();
+        // The state is the field after the command name, which is in parentheses.
+        let stopped = |stat: &String| {
+            stat.rsplit_once(')')
+                .and_then(|(_, rest)| rest.split_whitespace().next())
+                .is_some_and(|s| s == "T" || s == "t")
+        };
+        if !tasks.is_empty() && tasks.iter().all(stopped) {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "process {pid} did not stop within 10 s"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+}
+
 /// Continues a stopped OSD whatever happens to the test, so that `cluster down` can stop it.
 pub struct Continue(pub i32);
 

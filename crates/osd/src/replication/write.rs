@@ -96,6 +96,12 @@ pub(crate) async fn ready_to_read<S: ObjectStore + 'static>(
         if may_read_now(&p, oid) {
             return Ok(turn);
         }
+        // Held by a write whenever one to its object is in flight while it waits, even if it
+        // also waits for the lease meanwhile (which a stopped replica holds back as well).
+        if !counted && p.member.borrow().any_in_flight(|o| o == oid) {
+            shard.metrics.read_held_by_write();
+            counted = true;
+        }
         if start.elapsed() > limit {
             return Err(too_long(
                 "a write to the object is still in flight after the acknowledgement wait",
