@@ -244,19 +244,44 @@ pub fn parse_record(area: &[u8], seq: u64, nonce: u64) -> Option<ParsedRecord<'_
     if total > area.len() {
         return None;
     }
-    let meta_len = header.meta_len as usize;
-    let inline = meta_len.min(INLINE_META);
     let data_len = header.data_blocks as usize * BLOCK;
-    let mut meta = Vec::with_capacity(meta_len);
-    meta.extend_from_slice(&area[RECORD_HEADER_LEN..RECORD_HEADER_LEN + inline]);
-    let ostart = BLOCK + data_len;
-    meta.extend_from_slice(&area[ostart..ostart + (meta_len - inline)]);
+    let meta = gather_meta(&header, &area[..BLOCK], &area[BLOCK + data_len..total]);
     let data = &area[BLOCK..BLOCK + data_len];
     let crc = match header.version {
         1 => crc32c_append(crc32c_append(0, &meta), data),
         _ => crc32c_append(0, &meta),
     };
     (crc == header.payload_crc).then_some(ParsedRecord { header, meta, data })
+}
+
+/// The metadata of a record whose checksum covers only its metadata (version 2 on), from its
+/// first block `head` and the blocks after its data, `overflow`, which its header counts;
+/// `None` if it fails that checksum. The data blocks are not needed: each has its own.
+pub fn record_meta(header: &RecordHeader, head: &[u8], overflow: &[u8]) -> Option<Vec<u8>> {
+    if header.version < 2 {
+        return None;
+    }
+    let meta = gather_meta(header, head, overflow);
+    (crc32c_append(0, &meta) == header.payload_crc).then_some(meta)
+}
+
+/// The blocks after a record's data that hold the rest of its metadata.
+pub fn overflow_blocks(header: &RecordHeader) -> u64 {
+    (header.meta_len as usize)
+        .saturating_sub(INLINE_META)
+        .div_ceil(BLOCK) as u64
+}
+
+/// A record's metadata: what its first block holds inline, then the rest from `overflow`.
+/// The header was decoded from `head`, and `overflow` holds its overflow blocks, so the
+/// lengths are in range.
+fn gather_meta(header: &RecordHeader, head: &[u8], overflow: &[u8]) -> Vec<u8> {
+    let meta_len = header.meta_len as usize;
+    let inline = meta_len.min(INLINE_META);
+    let mut meta = Vec::with_capacity(meta_len);
+    meta.extend_from_slice(&head[RECORD_HEADER_LEN..RECORD_HEADER_LEN + inline]);
+    meta.extend_from_slice(&overflow[..meta_len - inline]);
+    meta
 }
 
 /// The record header at the start of `area` if there is a valid one of this segment opening

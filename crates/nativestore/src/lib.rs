@@ -29,6 +29,7 @@ mod segments;
 mod simdev;
 mod space;
 mod store;
+mod victim;
 
 pub use device::{AlignedBuf, BlockDevice, DeviceLock, FileDevice, SyncMode, BLOCK};
 pub use error::{IndexError, JournalError, MountError, ShardFailure};

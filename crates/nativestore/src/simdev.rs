@@ -32,6 +32,7 @@ struct State {
     writes: u64,
     syncs: u64,
     bytes_written: u64,
+    bytes_read: u64,
 }
 
 /// A cloneable handle: the store owns one, the test keeps another to inject faults.
@@ -77,6 +78,10 @@ impl SimDevice {
     pub fn counters(&self) -> (u64, u64, u64) {
         let s = self.state.borrow();
         (s.writes, s.syncs, s.bytes_written)
+    }
+    /// Bytes read so far.
+    pub fn bytes_read(&self) -> u64 {
+        self.state.borrow().bytes_read
     }
     /// The image after a crash now: durable data plus a random fate for each unsynced write.
     pub fn crash(&self, rng: &mut impl Rng) -> CrashImage {
@@ -133,7 +138,7 @@ impl BlockDevice for SimDevice {
         if self.state.borrow().slow_reads {
             device_latency().await;
         }
-        let s = self.state.borrow();
+        let mut s = self.state.borrow_mut();
         if s.dead {
             return (Err(dead()), buf);
         }
@@ -141,6 +146,7 @@ impl BlockDevice for SimDevice {
         if let Err(e) = check_io(off, len, s.current.len() as u64) {
             return (Err(e), buf);
         }
+        s.bytes_read += len as u64;
         buf.set_len(len);
         buf.full_mut()
             .copy_from_slice(&s.current[off as usize..off as usize + len]);

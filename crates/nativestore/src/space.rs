@@ -1,19 +1,19 @@
 //! Space: checkpoints (which retire journal segments) and the segment cleaner (which moves
-//! the live blocks out of mostly-dead segments). Both run inline, under the apply lock, in
-//! the submit path of whichever transaction finds space short — so writers slow down as the
-//! store fills instead of failing, and no background task is needed.
+//! the live blocks out of mostly-dead segments). Both run in the shard's background task, and
+//! inline, under the apply lock, in the submit path of a transaction that finds space short
+//! or the background behind, so writers slow down as the store fills instead of failing.
 
 use crate::delta::Delta;
-use crate::device::{AlignedBuf, BlockDevice, BLOCK};
+use crate::device::BlockDevice;
 use crate::extents::{Extent, EXTENT_BLOCKS_MAX};
-use crate::format::SegmentHeader;
-use crate::journal::parse_record;
+use crate::paging::Pins;
 use crate::segments::SegKind;
 use crate::store::{io_error, NativeStore, State};
+use crate::victim::{LiveBlock, Placed};
 use bytes::Bytes;
 use carmine_store::Result;
+use carmine_types::crc32c;
 use carmine_types::CollectionId;
-use carmine_types::{crc32c, Decoder};
 
 impl<D: BlockDevice> NativeStore<D> {
     fn free_below(&self, pct: u32) -> bool {
@@ -135,116 +135,77 @@ impl<D: BlockDevice> NativeStore<D> {
             }
             return Ok(true);
         }
-        let start = self.geo.segment_start(victim);
-        let buf = AlignedBuf::new(self.geo.segment_blocks as usize * BLOCK);
-        let (res, buf) = self.dev.read_at(buf, self.byte_offset(start)).await;
-        res.map_err(|e| io_error(format!("cleaner reading segment {victim}: {e}")))?;
-        let _guard = match locked {
-            true => None,
-            false => Some(self.apply_lock.lock().await),
+        // Its records' headers and metadata, without the lock: a sealed segment's records do
+        // not change, and sequence numbers only grow, so `still_victim` under the lock later
+        // proves it was not released and reused meanwhile.
+        let placed = match self.victim_records(victim).await {
+            Ok(placed) => placed,
+            // Released and reused while it was read: not this victim's error.
+            Err(_) if !still_victim(&self.st.borrow()) => return Ok(false),
+            Err(e) => return Err(e),
         };
-        if !still_victim(&self.st.borrow()) {
-            return Ok(false);
-        }
-        let Ok(header) = SegmentHeader::decode(&buf.full()[..BLOCK]) else {
-            return Err(io_error(format!(
-                "segment {victim} holds live data but its header is unreadable"
-            )));
-        };
-        // Walk its records; every data block was placed by a SetExtent in its own record.
-        let mut placed: Vec<Placed> = Vec::new();
-        let area = buf.full();
-        let mut at = BLOCK;
-        let mut seq = None;
-        while at + BLOCK <= area.len() {
-            let Some(h) = crate::format::RecordHeader::decode(&area[at..at + BLOCK]) else {
-                break;
-            };
-            let want = *seq.get_or_insert(h.seq);
-            let Some(rec) = parse_record(&area[at..], want, header.nonce) else {
-                break;
-            };
-            let rec_start = start + (at / BLOCK) as u64;
-            let mut d = Decoder::new(Bytes::from(rec.meta));
-            while d.remaining() > 0 {
-                let Ok(delta) = Delta::decode(&mut d) else {
-                    break;
-                };
-                if let Delta::SetExtent {
-                    cid,
-                    oid,
-                    lblock,
-                    extent,
-                } = delta
-                {
-                    placed.push(Placed {
-                        rec_start,
-                        data_blocks: rec.header.data_blocks as u64,
-                        data: rec.data,
-                        cid,
-                        oid,
-                        lblock,
-                        extent,
-                    });
-                }
+        // The guard first: dropped last, so pins always end while the lock is held.
+        let (_guard, live, data, pins) = if locked {
+            if !still_victim(&self.st.borrow()) {
+                return Ok(false);
             }
-            at += rec.header.total_blocks as usize * BLOCK;
-            seq = Some(want + 1);
-        }
-        // Whether a block is still live is in its object's map: have those in memory.
-        let pins = self
-            .pin_objects(|| placed.iter().map(|p| (p.cid, p.oid.as_str())))
-            .await?;
-        let mut live: Vec<LiveBlock> = Vec::new();
+            let pins = self.pin_victim_objects(&placed).await?;
+            let Some(live) = self.live_blocks(victim, &placed) else {
+                return Ok(false);
+            };
+            let data = self.read_live(&live).await?;
+            (None, live, data, pins)
+        } else {
+            // Which blocks are live, under the lock; their data read without it; then, under
+            // the lock again, those still live. Blocks only die meanwhile: new data goes to
+            // the journal's head, never into a sealed segment, and clones copy their data
+            // (shared extents, decision 0013 point 8, will have to keep this true).
+            let candidates = {
+                let _guard = self.apply_lock.lock().await;
+                if !still_victim(&self.st.borrow()) {
+                    return Ok(false);
+                }
+                let _pins = self.pin_victim_objects(&placed).await?;
+                let Some(live) = self.live_blocks(victim, &placed) else {
+                    return Ok(false);
+                };
+                live
+            };
+            let read = self.read_live(&candidates).await?;
+            let guard = self.apply_lock.lock().await;
+            if !still_victim(&self.st.borrow()) {
+                return Ok(false);
+            }
+            let pins = self.pin_victim_objects(&placed).await?;
+            let Some(live) = self.live_blocks(victim, &placed) else {
+                return Ok(false);
+            };
+            let Some(data) = still_live_data(&candidates, read, &live) else {
+                // Cannot happen (see above); if it did, a later pass tries again.
+                debug_assert!(false, "a block of the cleaner's victim came alive");
+                tracing::error!(
+                    shard = self.shard,
+                    victim,
+                    "a block of the cleaner's victim came alive while it was read"
+                );
+                return Ok(false);
+            };
+            (Some(guard), live, data, pins)
+        };
+        assert_eq!(live.len(), data.len(), "a read for every live block");
         let mut bad_blocks = 0;
-        {
-            let st = self.st.borrow();
-            for p in &placed {
-                let Some(object) = st.index.body_of(p.cid, &p.oid) else {
-                    continue;
-                };
-                for (k, b) in p.extent.blocks().enumerate() {
-                    let (lblock, paddr, crc) = (p.lblock + k as u64, b.paddr, b.crc);
-                    let i = paddr.wrapping_sub(p.rec_start + 1);
-                    let still = object.blocks.get(lblock).is_some_and(|b| b.paddr == paddr);
-                    if i < p.data_blocks && still {
-                        let data = &p.data[i as usize * BLOCK..(i as usize + 1) * BLOCK];
-                        if crc32c(data) != crc {
-                            // Moved as it is, with its original checksum: it keeps reading
-                            // as corrupt, and the segment can still be reclaimed.
-                            bad_blocks += 1;
-                            tracing::error!(
-                                shard = self.shard,
-                                paddr,
-                                victim,
-                                "cleaner moves a block that fails its checksum"
-                            );
-                        }
-                        live.push(LiveBlock {
-                            cid: p.cid,
-                            oid: p.oid.clone(),
-                            lblock,
-                            crc,
-                            data: Bytes::copy_from_slice(data),
-                        });
-                    }
-                }
+        for (b, d) in live.iter().zip(&data) {
+            if crc32c(d) != b.crc {
+                // Moved as it is, with its original checksum: it keeps reading as corrupt,
+                // and the segment can still be reclaimed.
+                bad_blocks += 1;
+                tracing::error!(
+                    shard = self.shard,
+                    paddr = b.paddr,
+                    victim,
+                    "cleaner moves a block that fails its checksum"
+                );
             }
-        }
-        let expected = self.st.borrow().index.segment_live[victim as usize] as usize;
-        if live.len() != expected {
-            // Never free a segment whose live blocks we cannot all account for.
-            tracing::error!(
-                shard = self.shard,
-                victim,
-                found = live.len(),
-                expected,
-                "cleaner could not find every live block; segment kept"
-            );
-            let mut st = self.st.borrow_mut();
-            st.segments.keep(victim);
-            st.stats.segments_kept += 1;
-            return Ok(false);
         }
         self.st.borrow_mut().stats.checksum_errors += bad_blocks;
         let moved = live.len();
@@ -254,7 +215,7 @@ impl<D: BlockDevice> NativeStore<D> {
         // other in an object and land next to each other in one batch move as one extent.
         let mut batch = 0;
         let mut run: Option<Moved> = None;
-        for block in live {
+        for (block, data) in live.into_iter().zip(data) {
             let mut st = self.st.borrow_mut();
             if let Some(r) = run.take() {
                 let next = r.crcs.len() + 1;
@@ -275,9 +236,9 @@ impl<D: BlockDevice> NativeStore<D> {
             )?;
             let b = st.journal.open.as_mut().expect("opened");
             let paddr = b.next_data_block();
-            b.data.push(block.data.clone());
+            b.data.push(data.clone());
             batch = b.id;
-            st.cache.add_dirty(paddr, block.data);
+            st.cache.add_dirty(paddr, data);
             let r = run.get_or_insert_with(|| Moved {
                 cid: block.cid,
                 oid: block.oid,
@@ -292,7 +253,14 @@ impl<D: BlockDevice> NativeStore<D> {
             r.map::<D>(&mut self.st.borrow_mut())?;
         }
         drop(pins);
-        self.wait_durable(batch).await?;
+        if moved == 0 {
+            // Every block died before it could move, in transactions that may not be durable
+            // yet: as for a victim found empty, the segment waits for them before reuse.
+            self.drain().await?;
+        } else {
+            // The moves' batch, and with it every earlier one (batches complete in order).
+            self.wait_durable(batch).await?;
+        }
         let mut st = self.st.borrow_mut();
         if st.index.segment_live[victim as usize] == 0 {
             st.segments.release(victim);
@@ -347,6 +315,64 @@ impl<D: BlockDevice> NativeStore<D> {
         any
     }
 
+    /// Pins the objects `placed` names, reading back those paged out: whether a block is
+    /// live is in its object's map. Called with the apply lock held.
+    async fn pin_victim_objects(&self, placed: &[Placed]) -> Result<Pins<'_>> {
+        self.pin_objects(|| placed.iter().map(|p| (p.cid, p.oid.as_str())))
+            .await
+    }
+
+    /// The blocks of `placed` their objects' maps still point at, in place order; `None`
+    /// (the victim kept) unless they are as many as the segment's live count says.
+    /// With the apply lock held and the objects pinned.
+    fn live_blocks(&self, victim: u32, placed: &[Placed]) -> Option<Vec<LiveBlock>> {
+        let st = self.st.borrow();
+        let mut live = Vec::new();
+        for p in placed {
+            let Some(object) = st.index.body_of(p.cid, &p.oid) else {
+                continue;
+            };
+            for (k, b) in p.extent.blocks().enumerate() {
+                let (lblock, paddr) = (p.lblock + k as u64, b.paddr);
+                let in_record = paddr.wrapping_sub(p.rec_start + 1) < p.data_blocks;
+                let still = object.blocks.get(lblock).is_some_and(|b| b.paddr == paddr);
+                if in_record && still {
+                    live.push(LiveBlock {
+                        cid: p.cid,
+                        oid: p.oid.clone(),
+                        lblock,
+                        paddr,
+                        crc: b.crc,
+                    });
+                }
+            }
+        }
+        // In place order; a block two maps point at (never, while clones copy) is moved for
+        // each, as the count of live blocks counts it for each.
+        live.sort_by_key(|b| b.paddr);
+        let expected = st.index.segment_live[victim as usize] as usize;
+        drop(st);
+        if live.len() != expected {
+            // Never free a segment whose live blocks we cannot all account for.
+            tracing::error!(
+                shard = self.shard,
+                victim,
+                found = live.len(),
+                expected,
+                "cleaner could not find every live block; segment kept"
+            );
+            self.keep_victim(victim);
+            return None;
+        }
+        Some(live)
+    }
+
+    fn keep_victim(&self, victim: u32) {
+        let mut st = self.st.borrow_mut();
+        st.segments.keep(victim);
+        st.stats.segments_kept += 1;
+    }
+
     /// Cost-benefit choice among segments the journal no longer needs: the most free space
     /// for the least copying, favouring older segments; greedy (least live) on ties.
     fn pick_victim(&self) -> Option<u32> {
@@ -378,26 +404,6 @@ impl<D: BlockDevice> NativeStore<D> {
         }
         best.map(|(_, i, _)| i)
     }
-}
-
-/// A *set extent* delta met in a victim's record, with that record's data blocks.
-struct Placed<'a> {
-    rec_start: u64,
-    data_blocks: u64,
-    data: &'a [u8],
-    cid: CollectionId,
-    oid: String,
-    lblock: u64,
-    extent: Extent,
-}
-
-/// A live block the cleaner found in its victim segment.
-struct LiveBlock {
-    cid: CollectionId,
-    oid: String,
-    lblock: u64,
-    crc: u32,
-    data: Bytes,
 }
 
 /// Blocks the cleaner moved into the open batch, waiting to be mapped as one extent.
@@ -433,4 +439,17 @@ impl Moved {
         NativeStore::<D>::invalidate_freed(st);
         Ok(())
     }
+}
+
+/// The data read for `candidates` (in place order) of the blocks in `live` (in place order,
+/// found later); `None` if one of them was not a candidate.
+fn still_live_data(
+    candidates: &[LiveBlock],
+    read: Vec<Bytes>,
+    live: &[LiveBlock],
+) -> Option<Vec<Bytes>> {
+    let mut read = candidates.iter().zip(read);
+    live.iter()
+        .map(|b| read.find(|(c, _)| c.paddr == b.paddr).map(|(_, d)| d))
+        .collect()
 }

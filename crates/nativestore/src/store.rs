@@ -90,6 +90,8 @@ pub struct NativeStats {
     /// (kept, not freed: never a loss, but a sign the maps and the counts disagree).
     pub segments_kept: u64,
     pub blocks_relocated: u64,
+    /// Blocks the cleaner read from its victims: record headers and metadata, and live data.
+    pub cleaner_read_blocks: u64,
     pub checksum_errors: u64,
     pub cache_hits: u64,
     pub cache_misses: u64,
@@ -207,6 +209,12 @@ impl NativeStats {
                 "native_blocks_relocated_total",
                 "Live blocks the cleaner moved.",
                 self.blocks_relocated,
+            ),
+            total(
+                "native_cleaner_read_blocks_total",
+                "Blocks the cleaner read from its victims (record headers and metadata, then \
+                 only the live data blocks).",
+                self.cleaner_read_blocks,
             ),
             total(
                 "native_checksum_errors_total",
