@@ -90,6 +90,11 @@ pub struct OsdArgs {
     /// and read back from the metadata tree when used.
     #[arg(long, default_value = "64M", value_parser = parse_size)]
     pub object_cache: u64,
+    /// Native store: bytes per second (read and written) the background cleaner keeps to per
+    /// shard while clients do I/O; 0 for no pacing. Writers that clean because space is
+    /// short are never paced.
+    #[arg(long, default_value = "128M", value_parser = parse_size)]
+    pub cleaner_rate: u64,
     /// Native store: journal writes (a write of gathered records and its sync) in flight at
     /// once per shard. More overlaps the next write with the current sync, at the price of
     /// smaller group commits.
@@ -507,6 +512,7 @@ fn native_store(a: &OsdArgs, reactors: u32) -> Result<StoreConfig> {
             cache_bytes: a.cache,
             metadata_cache_bytes: a.metadata_cache,
             object_cache_bytes: a.object_cache,
+            cleaner_busy_rate_bytes: a.cleaner_rate,
             journal_writes_max: a.journal_writes,
             ..Default::default()
         },

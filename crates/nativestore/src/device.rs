@@ -37,6 +37,9 @@ pub trait BlockDevice {
     }
     /// Usable size in bytes.
     fn size(&self) -> u64;
+    /// Waits `d` by the device's clock. The cleaner paces itself with it; it is the device's
+    /// because the tests' simulated device has no time of its own: it only counts the wait.
+    async fn pause(&self, d: std::time::Duration);
 }
 
 /// A heap buffer aligned to [`BLOCK`], zero-initialised, with a length (the bytes that count)
@@ -307,6 +310,10 @@ impl BlockDevice for FileDevice {
 
     fn size(&self) -> u64 {
         self.size
+    }
+
+    async fn pause(&self, d: std::time::Duration) {
+        carmine_reactor::sleep(d).await;
     }
 }
 

@@ -39,7 +39,7 @@ pub use mount::{
     mkfs, read_superblock, read_superblock_copies, upgrade, MountReport, SuperblockCopies,
 };
 pub use simdev::{CrashImage, SimDevice};
-pub use store::{NativeConfig, NativeStats, NativeStore};
+pub use store::{NativeConfig, NativeStats, NativeStore, CLEANER_BUSY_RATE_DEFAULT};
 
 /// Default segment size: large enough for the biggest single write (16 MiB) with its record.
 pub const DEFAULT_SEGMENT_SIZE: u32 = 32 << 20;

@@ -33,6 +33,8 @@ struct State {
     syncs: u64,
     bytes_written: u64,
     bytes_read: u64,
+    /// Pauses asked for, summed (they complete at once).
+    paused: std::time::Duration,
 }
 
 /// A cloneable handle: the store owns one, the test keeps another to inject faults.
@@ -78,6 +80,10 @@ impl SimDevice {
     pub fn counters(&self) -> (u64, u64, u64) {
         let s = self.state.borrow();
         (s.writes, s.syncs, s.bytes_written)
+    }
+    /// The pauses asked for so far, summed: the simulated device does not wait.
+    pub fn paused(&self) -> std::time::Duration {
+        self.state.borrow().paused
     }
     /// Bytes read so far.
     pub fn bytes_read(&self) -> u64 {
@@ -206,5 +212,9 @@ impl BlockDevice for SimDevice {
 
     fn size(&self) -> u64 {
         self.state.borrow().current.len() as u64
+    }
+
+    async fn pause(&self, d: std::time::Duration) {
+        self.state.borrow_mut().paused += d;
     }
 }

@@ -289,7 +289,7 @@ impl<D: BlockDevice> NativeStore<D> {
                     let _guard = self.apply_lock.lock().await;
                     self.checkpoint().await.map(|_| true)
                 } else if self.free_below(self.config.clean_start_pct) {
-                    self.clean_one(false).await
+                    self.clean_paced().await
                 } else {
                     Ok(false)
                 };
@@ -302,6 +302,32 @@ impl<D: BlockDevice> NativeStore<D> {
                 }
             }
         }
+    }
+
+    /// One background cleaning pass; then, if clients did I/O meanwhile, a pause long enough
+    /// that what it read and wrote keeps to `cleaner_busy_rate_bytes`.
+    async fn clean_paced(&self) -> Result<bool> {
+        let marks = |st: &State| {
+            let s = &st.stats;
+            (
+                s.cleaner_read_blocks + s.blocks_relocated,
+                s.transactions + s.cache_hits + s.cache_misses,
+            )
+        };
+        let (cost, clients) = marks(&self.st.borrow());
+        let started = std::time::Instant::now();
+        let freed = self.clean_one(false).await?;
+        let rate = self.config.cleaner_busy_rate_bytes;
+        let (cost_after, clients_after) = marks(&self.st.borrow());
+        if rate > 0 && clients_after != clients {
+            let bytes = (cost_after - cost) as f64 * crate::device::BLOCK as f64;
+            let due = std::time::Duration::from_secs_f64(bytes / rate as f64);
+            if let Some(wait) = due.checked_sub(started.elapsed()) {
+                self.st.borrow_mut().stats.cleaner_paused_ns += wait.as_nanos() as u64;
+                self.dev.pause(wait).await;
+            }
+        }
+        Ok(freed)
     }
 
     fn has_journal_after_checkpoint(&self) -> bool {

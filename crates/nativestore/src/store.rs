@@ -47,7 +47,15 @@ pub struct NativeConfig {
     /// from the metadata tree when used. Dirty ones stay until the next checkpoint, whatever
     /// the budget (decision 0013, second amendment).
     pub object_cache_bytes: u64,
+    /// While clients do I/O, the background cleaner's reads and writes are paced to this many
+    /// bytes per second (0: not paced). Writers that clean because space is short (below
+    /// `throttle_pct`) never are: client I/O comes first until space is tight.
+    pub cleaner_busy_rate_bytes: u64,
 }
+
+/// Default for [`NativeConfig::cleaner_busy_rate_bytes`]: 128 MiB/s, a fraction of an NVMe
+/// device's bandwidth and about a quarter of this project's test machine's.
+pub const CLEANER_BUSY_RATE_DEFAULT: u64 = 128 << 20;
 
 impl Default for NativeConfig {
     fn default() -> Self {
@@ -60,6 +68,7 @@ impl Default for NativeConfig {
             journal_writes_max: 1,
             metadata_cache_bytes: 64 << 20,
             object_cache_bytes: 64 << 20,
+            cleaner_busy_rate_bytes: CLEANER_BUSY_RATE_DEFAULT,
         }
     }
 }
@@ -92,6 +101,8 @@ pub struct NativeStats {
     pub blocks_relocated: u64,
     /// Blocks the cleaner read from its victims: record headers and metadata, and live data.
     pub cleaner_read_blocks: u64,
+    /// Time the background cleaner paused to keep to its rate while clients did I/O.
+    pub cleaner_paused_ns: u64,
     pub checksum_errors: u64,
     pub cache_hits: u64,
     pub cache_misses: u64,
@@ -215,6 +226,11 @@ impl NativeStats {
                 "Blocks the cleaner read from its victims (record headers and metadata, then \
                  only the live data blocks).",
                 self.cleaner_read_blocks,
+            ),
+            secs(
+                "native_cleaner_paused_seconds_total",
+                "Time the background cleaner paused to keep to its rate while clients did I/O.",
+                self.cleaner_paused_ns,
             ),
             total(
                 "native_checksum_errors_total",
