@@ -19,7 +19,7 @@ use proptest::test_runner::{Config, RngAlgorithm, TestRng, TestRunner};
 use rand::{Rng, SeedableRng};
 use std::future::Future;
 
-const DEVICE: usize = 20 << 20;
+const DEVICE: usize = 12 << 20;
 const SEGMENT: u32 = 1 << 20;
 
 /// Crash points to run: `CARMINE_CRASH_POINTS` (the long mode: 100000), or the older name
@@ -135,6 +135,7 @@ fn recovery_after_random_crashes_matches_the_model() {
     let (mut acked_total, mut lost_total, mut crashes_in_mount) = (0u64, 0u64, 0u64);
     let mut dropped_total = 0u64;
     let mut body_reads_total = 0u64;
+    let mut cleaned_total = 0u64;
     for iteration in 0..iterations() {
         let dev = SimDevice::from_image(std::mem::take(&mut image));
         dev.die_at_write(rng.random_range(0..60));
@@ -210,6 +211,7 @@ fn recovery_after_random_crashes_matches_the_model() {
         } else {
             block_on(workload);
         }
+        cleaned_total += store.stats().segments_cleaned;
         drop(store);
         let crashed = dev.crash(&mut rng).0;
         let check = SimDevice::from_image(crashed.clone());
@@ -247,13 +249,14 @@ fn recovery_after_random_crashes_matches_the_model() {
         "{} crash points ({crashes_in_mount} during mount), {acked_total} acknowledged \
          transactions all recovered, {lost_total} in-flight ones lost as wholes, \
          {dropped_total} submitters cancelled mid-way, {body_reads_total} object bodies read \
-         back from the tree",
+         back from the tree, {cleaned_total} segments cleaned before a crash",
         iterations()
     );
     assert!(
         body_reads_total > 0,
         "no object body was ever paged out and read back"
     );
+    assert!(cleaned_total > 0, "the cleaner never ran before a crash");
 }
 
 /// What a store holds against what it should: `Ok(corrupt reads)` if every listing, size,
