@@ -545,6 +545,7 @@ impl<D: BlockDevice> NativeStore<D> {
             }),
             changed: Notify::default(),
             commit_wanted: Notify::default(),
+            client_ops: std::cell::Cell::new(0),
         };
         if writable {
             {

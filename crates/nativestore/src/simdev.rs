@@ -216,5 +216,7 @@ impl BlockDevice for SimDevice {
 
     async fn pause(&self, d: std::time::Duration) {
         self.state.borrow_mut().paused += d;
+        // Other tasks run meanwhile, as they would during a real pause.
+        device_latency().await;
     }
 }

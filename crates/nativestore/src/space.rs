@@ -15,6 +15,10 @@ use carmine_store::Result;
 use carmine_types::crc32c;
 use carmine_types::CollectionId;
 
+/// The background cleaner's pause is taken in slices this long, so that a checkpoint that
+/// falls due meanwhile waits no longer.
+const PAUSE_SLICE: std::time::Duration = std::time::Duration::from_millis(50);
+
 impl<D: BlockDevice> NativeStore<D> {
     fn free_below(&self, pct: u32) -> bool {
         let free = self.st.borrow().segments.free_count() as u64;
@@ -96,6 +100,11 @@ impl<D: BlockDevice> NativeStore<D> {
     /// path); otherwise (the background task) the victim is read without it, so user I/O goes
     /// on meanwhile, and the lock is taken only to move what is still live.
     pub(crate) async fn clean_one(&self, locked: bool) -> Result<bool> {
+        self.clean_counted(locked, &mut 0).await
+    }
+
+    /// As `clean_one`, adding to `cost` the blocks it read and moved.
+    async fn clean_counted(&self, locked: bool, cost: &mut u64) -> Result<bool> {
         let victim = match self.pick_victim() {
             Some(v) => v,
             None => {
@@ -138,7 +147,7 @@ impl<D: BlockDevice> NativeStore<D> {
         // Its records' headers and metadata, without the lock: a sealed segment's records do
         // not change, and sequence numbers only grow, so `still_victim` under the lock later
         // proves it was not released and reused meanwhile.
-        let placed = match self.victim_records(victim).await {
+        let placed = match self.victim_records(victim, cost).await {
             Ok(placed) => placed,
             // Released and reused while it was read: not this victim's error.
             Err(_) if !still_victim(&self.st.borrow()) => return Ok(false),
@@ -153,7 +162,7 @@ impl<D: BlockDevice> NativeStore<D> {
             let Some(live) = self.live_blocks(victim, &placed) else {
                 return Ok(false);
             };
-            let data = self.read_live(&live).await?;
+            let data = self.read_live(&live, cost).await?;
             (None, live, data, pins)
         } else {
             // Which blocks are live, under the lock; their data read without it; then, under
@@ -171,7 +180,7 @@ impl<D: BlockDevice> NativeStore<D> {
                 };
                 live
             };
-            let read = self.read_live(&candidates).await?;
+            let read = self.read_live(&candidates, cost).await?;
             let guard = self.apply_lock.lock().await;
             if !still_victim(&self.st.borrow()) {
                 return Ok(false);
@@ -209,6 +218,7 @@ impl<D: BlockDevice> NativeStore<D> {
         }
         self.st.borrow_mut().stats.checksum_errors += bad_blocks;
         let moved = live.len();
+        *cost += moved as u64;
         // Block by block, so the moved blocks fill what is left of the journal's segment and
         // flow on into the next: one record per victim would need a whole fresh segment, and at
         // high fill cleaning would then free no more than it takes. Blocks that follow each
@@ -304,28 +314,46 @@ impl<D: BlockDevice> NativeStore<D> {
         }
     }
 
-    /// One background cleaning pass; then, if clients did I/O meanwhile, a pause long enough
-    /// that what it read and wrote keeps to `cleaner_busy_rate_bytes`.
+    /// One background cleaning pass; then, if clients did I/O meanwhile and space is not
+    /// tight, a pause long enough that what the pass read and moved keeps to
+    /// `cleaner_busy_rate_bytes`. The pause is cut short when a checkpoint falls due or the
+    /// shard fails, so housekeeping never sleeps through its other work.
     async fn clean_paced(&self) -> Result<bool> {
-        let marks = |st: &State| {
-            let s = &st.stats;
-            (
-                s.cleaner_read_blocks + s.blocks_relocated,
-                s.transactions + s.cache_hits + s.cache_misses,
-            )
-        };
-        let (cost, clients) = marks(&self.st.borrow());
+        let clients = self.client_ops.get();
         let started = std::time::Instant::now();
-        let freed = self.clean_one(false).await?;
+        let mut cost = 0;
+        let freed = self.clean_counted(false, &mut cost).await?;
+        if freed {
+            self.st.borrow_mut().stats.segments_cleaned_background += 1;
+        }
         let rate = self.config.cleaner_busy_rate_bytes;
-        let (cost_after, clients_after) = marks(&self.st.borrow());
-        if rate > 0 && clients_after != clients {
-            let bytes = (cost_after - cost) as f64 * crate::device::BLOCK as f64;
-            let due = std::time::Duration::from_secs_f64(bytes / rate as f64);
-            if let Some(wait) = due.checked_sub(started.elapsed()) {
-                self.st.borrow_mut().stats.cleaner_paused_ns += wait.as_nanos() as u64;
-                self.dev.pause(wait).await;
+        // Below the throttle line writers clean in their own path, holding the apply lock:
+        // the background must not leave them more of it.
+        if rate == 0
+            || self.client_ops.get() == clients
+            || self.free_below(self.config.throttle_pct)
+        {
+            return Ok(freed);
+        }
+        let bytes = cost as f64 * crate::device::BLOCK as f64;
+        let due = std::time::Duration::from_secs_f64(bytes / rate as f64);
+        let Some(mut wait) = due.checked_sub(started.elapsed()) else {
+            return Ok(freed);
+        };
+        self.st.borrow_mut().stats.cleaner_paced_blocks += cost;
+        while !wait.is_zero() {
+            let more_due = {
+                let st = self.st.borrow();
+                st.failed.is_some()
+                    || st.journal.blocks_since_checkpoint >= self.checkpoint_interval()
+            };
+            if more_due {
+                break;
             }
+            let slice = wait.min(PAUSE_SLICE);
+            self.dev.pause(slice).await;
+            self.st.borrow_mut().stats.cleaner_paused_ns += slice.as_nanos() as u64;
+            wait -= slice;
         }
         Ok(freed)
     }

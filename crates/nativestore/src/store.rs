@@ -101,8 +101,12 @@ pub struct NativeStats {
     pub blocks_relocated: u64,
     /// Blocks the cleaner read from its victims: record headers and metadata, and live data.
     pub cleaner_read_blocks: u64,
-    /// Time the background cleaner paused to keep to its rate while clients did I/O.
+    /// Time the background cleaner paused to keep to its rate while clients did I/O, and the
+    /// blocks (read and moved) of the passes it paced.
     pub cleaner_paused_ns: u64,
+    pub cleaner_paced_blocks: u64,
+    /// Segments the background task's cleaner freed (the rest were freed by writers).
+    pub segments_cleaned_background: u64,
     pub checksum_errors: u64,
     pub cache_hits: u64,
     pub cache_misses: u64,
@@ -227,6 +231,17 @@ impl NativeStats {
                  only the live data blocks).",
                 self.cleaner_read_blocks,
             ),
+            total(
+                "native_segments_cleaned_background_total",
+                "Segments the shard's background task freed (the rest of those cleaned were \
+                 freed by writers that found space short).",
+                self.segments_cleaned_background,
+            ),
+            total(
+                "native_cleaner_paced_blocks_total",
+                "Blocks read and moved by background cleaning passes that were then paced.",
+                self.cleaner_paced_blocks,
+            ),
             secs(
                 "native_cleaner_paused_seconds_total",
                 "Time the background cleaner paused to keep to its rate while clients did I/O.",
@@ -287,6 +302,12 @@ pub(crate) struct State {
     pub stats: NativeStats,
 }
 
+impl<D: BlockDevice> NativeStore<D> {
+    fn client_op(&self) {
+        self.client_ops.set(self.client_ops.get() + 1);
+    }
+}
+
 /// One shard of the native store on device `D`.
 pub struct NativeStore<D: BlockDevice> {
     pub(crate) dev: D,
@@ -303,6 +324,9 @@ pub struct NativeStore<D: BlockDevice> {
     pub(crate) changed: Notify,
     /// Wakes the committer: a waiter wants a batch no writer has taken.
     pub(crate) commit_wanted: Notify,
+    /// Calls into the store from outside (reads, writes, lookups, listings): the background
+    /// cleaner is paced while they come in.
+    pub(crate) client_ops: std::cell::Cell<u64>,
 }
 
 /// A journal write of one record shorter than this (in blocks) is made durable by the write
@@ -890,10 +914,12 @@ pub(crate) fn lookup<'a>(
 
 impl<D: BlockDevice> ObjectStore for NativeStore<D> {
     async fn submit(&self, txn: Transaction) -> Result<()> {
+        self.client_op();
         self.submit_txn(txn).await
     }
 
     async fn read(&self, cid: CollectionId, oid: &str, off: u64, len: u64) -> Result<Bytes> {
+        self.client_op();
         let mut out = BytesMut::new();
         self.read_object_into(cid, oid, off, len, &mut out).await?;
         Ok(out.freeze())
@@ -907,6 +933,7 @@ impl<D: BlockDevice> ObjectStore for NativeStore<D> {
         len: u64,
         out: &mut BytesMut,
     ) -> Result<usize> {
+        self.client_op();
         self.read_object_into(cid, oid, off, len, out).await
     }
 
@@ -916,6 +943,7 @@ impl<D: BlockDevice> ObjectStore for NativeStore<D> {
         oid: &str,
         extents: &[(u64, u64)],
     ) -> Result<Vec<Bytes>> {
+        self.client_op();
         check_oid(cid, oid)?;
         for &(off, len) in extents {
             check_extent(cid, oid, off, len)?;
@@ -930,6 +958,7 @@ impl<D: BlockDevice> ObjectStore for NativeStore<D> {
     }
 
     async fn stat(&self, cid: CollectionId, oid: &str) -> Result<ObjectStat> {
+        self.client_op();
         check_oid(cid, oid)?;
         let st = self.st.borrow();
         Ok(ObjectStat {
@@ -938,6 +967,7 @@ impl<D: BlockDevice> ObjectStore for NativeStore<D> {
     }
 
     async fn getattr(&self, cid: CollectionId, oid: &str, name: &str) -> Result<Bytes> {
+        self.client_op();
         check_oid(cid, oid)?;
         check_attr_name(cid, oid, name)?;
         self.with_body(cid, oid, |_, o| {
@@ -954,11 +984,13 @@ impl<D: BlockDevice> ObjectStore for NativeStore<D> {
     }
 
     async fn getattrs(&self, cid: CollectionId, oid: &str) -> Result<BTreeMap<String, Bytes>> {
+        self.client_op();
         check_oid(cid, oid)?;
         self.with_body(cid, oid, |_, o| Ok(o.attrs.clone())).await
     }
 
     async fn omap_get_header(&self, cid: CollectionId, oid: &str) -> Result<Bytes> {
+        self.client_op();
         check_oid(cid, oid)?;
         self.with_body(cid, oid, |_, o| Ok(o.omap_header.clone()))
             .await
@@ -970,6 +1002,7 @@ impl<D: BlockDevice> ObjectStore for NativeStore<D> {
         oid: &str,
         keys: &[Bytes],
     ) -> Result<BTreeMap<Bytes, Bytes>> {
+        self.client_op();
         check_oid(cid, oid)?;
         self.with_body(cid, oid, |_, o| {
             Ok(keys
@@ -987,6 +1020,7 @@ impl<D: BlockDevice> ObjectStore for NativeStore<D> {
         start_after: Option<&[u8]>,
         limit: usize,
     ) -> Result<Page<(Bytes, Bytes), Bytes>> {
+        self.client_op();
         check_oid(cid, oid)?;
         let limit = check_list_limit(cid, oid, limit)?;
         self.with_body(cid, oid, |_, o| {
@@ -1006,6 +1040,7 @@ impl<D: BlockDevice> ObjectStore for NativeStore<D> {
         start_after: Option<&str>,
         limit: usize,
     ) -> Result<Page<String, String>> {
+        self.client_op();
         let limit = check_list_limit(cid, "", limit)?;
         let st = self.st.borrow();
         let coll = st.index.colls.get(&cid).ok_or_else(|| {
@@ -1024,10 +1059,12 @@ impl<D: BlockDevice> ObjectStore for NativeStore<D> {
     }
 
     async fn list_collections(&self) -> Result<Vec<CollectionId>> {
+        self.client_op();
         Ok(self.st.borrow().index.colls.keys().copied().collect())
     }
 
     async fn collection_exists(&self, cid: CollectionId) -> Result<bool> {
+        self.client_op();
         Ok(self.st.borrow().index.colls.contains_key(&cid))
     }
 

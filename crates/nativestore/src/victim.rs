@@ -91,8 +91,8 @@ impl<'s, D: BlockDevice> SegmentReader<'s, D> {
 
 impl<D: BlockDevice> NativeStore<D> {
     /// The *set extent* deltas of every valid record in segment `victim`, read without its
-    /// data blocks. Counts the blocks read in `cleaner_read_blocks`.
-    pub(crate) async fn victim_records(&self, victim: u32) -> Result<Vec<Placed>> {
+    /// data blocks. Counts the blocks read in `cleaner_read_blocks` and in `cost`.
+    pub(crate) async fn victim_records(&self, victim: u32, cost: &mut u64) -> Result<Vec<Placed>> {
         let mut r = SegmentReader {
             store: self,
             victim,
@@ -104,6 +104,7 @@ impl<D: BlockDevice> NativeStore<D> {
         };
         let result = self.walk_records(&mut r).await;
         self.st.borrow_mut().stats.cleaner_read_blocks += r.read_blocks;
+        *cost += r.read_blocks;
         result
     }
 
@@ -203,7 +204,8 @@ impl<D: BlockDevice> NativeStore<D> {
     }
 
     /// The data of `live` (sorted by place), read in runs; one `Bytes` per block, in order.
-    pub(crate) async fn read_live(&self, live: &[LiveBlock]) -> Result<Vec<Bytes>> {
+    /// Counts the blocks read in `cleaner_read_blocks` and in `cost`.
+    pub(crate) async fn read_live(&self, live: &[LiveBlock], cost: &mut u64) -> Result<Vec<Bytes>> {
         debug_assert!(live.windows(2).all(|w| w[0].paddr <= w[1].paddr));
         let mut out = Vec::with_capacity(live.len());
         let mut read_blocks = 0;
@@ -223,6 +225,7 @@ impl<D: BlockDevice> NativeStore<D> {
             buf.set_len(len as usize * BLOCK);
             let (res, buf) = self.dev.read_at(buf, self.byte_offset(first)).await;
             read_blocks += len;
+            *cost += len;
             if let Err(e) = res {
                 self.st.borrow_mut().stats.cleaner_read_blocks += read_blocks;
                 return Err(io_error(format!(

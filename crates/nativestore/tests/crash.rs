@@ -136,6 +136,7 @@ fn recovery_after_random_crashes_matches_the_model() {
     let mut dropped_total = 0u64;
     let mut body_reads_total = 0u64;
     let mut cleaned_total = 0u64;
+    let mut cleaned_background_total = 0u64;
     for iteration in 0..iterations() {
         let dev = SimDevice::from_image(std::mem::take(&mut image));
         dev.die_at_write(rng.random_range(0..60));
@@ -212,6 +213,7 @@ fn recovery_after_random_crashes_matches_the_model() {
             block_on(workload);
         }
         cleaned_total += store.stats().segments_cleaned;
+        cleaned_background_total += store.stats().segments_cleaned_background;
         drop(store);
         let crashed = dev.crash(&mut rng).0;
         let check = SimDevice::from_image(crashed.clone());
@@ -249,7 +251,8 @@ fn recovery_after_random_crashes_matches_the_model() {
         "{} crash points ({crashes_in_mount} during mount), {acked_total} acknowledged \
          transactions all recovered, {lost_total} in-flight ones lost as wholes, \
          {dropped_total} submitters cancelled mid-way, {body_reads_total} object bodies read \
-         back from the tree, {cleaned_total} segments cleaned before a crash",
+         back from the tree, {cleaned_total} segments cleaned before a crash \
+         ({cleaned_background_total} by the background task)",
         iterations()
     );
     assert!(
@@ -257,6 +260,10 @@ fn recovery_after_random_crashes_matches_the_model() {
         "no object body was ever paged out and read back"
     );
     assert!(cleaned_total > 0, "the cleaner never ran before a crash");
+    assert!(
+        cleaned_background_total > 0,
+        "the background cleaner (which reads without the apply lock) never ran before a crash"
+    );
 }
 
 /// What a store holds against what it should: `Ok(corrupt reads)` if every listing, size,

@@ -236,21 +236,41 @@ fn the_cleaner_reads_headers_and_live_blocks_not_whole_segments() {
 #[test]
 fn the_background_cleaner_keeps_to_its_rate_while_clients_write() {
     let rate = 1 << 20;
-    let (s, paused) = cleaner_reads_little(
+    let started = std::time::Instant::now();
+    let (s, paused, idle) = cleaner_reads_little(
         true,
         NativeConfig {
             cleaner_busy_rate_bytes: rate,
             ..NativeConfig::default()
         },
     );
-    let cost = (s.cleaner_read_blocks + s.blocks_relocated) * BLOCK as u64;
-    assert!(paused.as_secs_f64() > 1.0, "paused {paused:?}: {s:?}");
+    // Each paced pass pauses its cost over the rate, less the time it took, unless a
+    // checkpoint falls due meanwhile (writes go on during a pause).
+    let due = (s.cleaner_paced_blocks * BLOCK as u64) as f64 / rate as f64;
+    eprintln!(
+        "paused {paused:?} for {due:.1} s due; idle: paused {:?} more, {} cleaned",
+        idle.0, idle.1
+    );
+    assert!(s.cleaner_paced_blocks > 0, "{s:?}");
     assert!(
-        paused.as_secs_f64() <= cost as f64 / rate as f64,
-        "paused {paused:?} for {cost} bytes at {rate} B/s"
+        paused.as_secs_f64() <= due,
+        "paused {paused:?}, {due} s due"
+    );
+    assert!(
+        paused.as_secs_f64() >= due / 2.0 - started.elapsed().as_secs_f64(),
+        "paused {paused:?}, {due} s due"
     );
     assert_eq!(s.cleaner_paused_ns, paused.as_nanos() as u64);
-    let (s, paused) = cleaner_reads_little(
+    assert!(
+        idle.1 > 0,
+        "the background cleaned nothing while clients were idle"
+    );
+    assert_eq!(
+        idle.0,
+        std::time::Duration::ZERO,
+        "paced while clients were idle"
+    );
+    let (s, paused, _) = cleaner_reads_little(
         true,
         NativeConfig {
             cleaner_busy_rate_bytes: 0,
@@ -267,7 +287,11 @@ fn the_background_cleaner_keeps_to_its_rate_while_clients_write() {
 fn cleaner_reads_little(
     background: bool,
     config: NativeConfig,
-) -> (carmine_nativestore::NativeStats, std::time::Duration) {
+) -> (
+    carmine_nativestore::NativeStats,
+    std::time::Duration,
+    (std::time::Duration, u64),
+) {
     // 28 segments of 1 MiB; writes of 32 blocks, so records are 33 blocks or more.
     const EXTENT: u64 = 32;
     let segment_blocks = (1u64 << 20) / BLOCK as u64;
@@ -292,6 +316,7 @@ fn cleaner_reads_little(
     };
     let mut rng = rand::rngs::StdRng::seed_from_u64(11);
     let read_before = dev.bytes_read();
+    let mut idle = (std::time::Duration::ZERO, 0);
     let work = async {
         for l in 0..extents {
             write(l, 1).await.unwrap();
@@ -303,6 +328,13 @@ fn cleaner_reads_little(
             write(l, v).await.unwrap();
             model[l as usize] = v;
         }
+        // Then no client I/O for a while: what the background cleans now is never paced.
+        let before = (dev.paused(), store.stats().segments_cleaned_background);
+        for _ in 0..1_000 {
+            yield_once().await;
+        }
+        let after = (dev.paused(), store.stats().segments_cleaned_background);
+        idle = (after.0 - before.0, after.1 - before.1);
     };
     block_on(async {
         if background {
@@ -350,7 +382,22 @@ fn cleaner_reads_little(
     assert!(again == data, "a remount reads something else");
     let report = block_on(fsck(dev.clone(), 0)).unwrap();
     assert!(report.errors.is_empty(), "{:?}", report.errors);
-    (s, dev.paused())
+    (s, dev.paused(), idle)
+}
+
+/// Lets the other tasks run once.
+async fn yield_once() {
+    let mut yielded = false;
+    std::future::poll_fn(|cx| {
+        if yielded {
+            std::task::Poll::Ready(())
+        } else {
+            yielded = true;
+            cx.waker().wake_by_ref();
+            std::task::Poll::Pending
+        }
+    })
+    .await
 }
 
 #[test]
