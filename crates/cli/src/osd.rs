@@ -90,9 +90,10 @@ pub struct OsdArgs {
     /// and read back from the metadata tree when used.
     #[arg(long, default_value = "64M", value_parser = parse_size)]
     pub object_cache: u64,
-    /// Native store: bytes per second (read and written) the background cleaner keeps to per
-    /// shard while clients do I/O; 0 for no pacing. Writers that clean because space is
-    /// short are never paced.
+    /// Native store: bytes per second (read and moved) the background cleaner keeps to per
+    /// shard while clients do I/O; 0 (the default) for no pacing. Writers that clean because
+    /// space is short are never paced. Pacing suits light writes next to heavy reads: under
+    /// sustained writes the cleaner falls behind and writers clean in their own path.
     #[arg(long, default_value_t = carmine_nativestore::CLEANER_BUSY_RATE_DEFAULT,
           value_parser = parse_cleaner_rate)]
     pub cleaner_rate: u64,

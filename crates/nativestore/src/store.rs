@@ -53,9 +53,11 @@ pub struct NativeConfig {
     pub cleaner_busy_rate_bytes: u64,
 }
 
-/// Default for [`NativeConfig::cleaner_busy_rate_bytes`]: 128 MiB/s, a fraction of an NVMe
-/// device's bandwidth and about a quarter of this project's test machine's.
-pub const CLEANER_BUSY_RATE_DEFAULT: u64 = 128 << 20;
+/// Default for [`NativeConfig::cleaner_busy_rate_bytes`]: no pacing. At 128 MiB/s the
+/// background fell behind sustained random writes at high fill, writers cleaned in their own
+/// path instead, and their p99.9 latency more than doubled (BENCHMARKS.md, 2026-11-27
+/// evening); pacing is for loads whose writes are light next to their reads.
+pub const CLEANER_BUSY_RATE_DEFAULT: u64 = 0;
 
 impl Default for NativeConfig {
     fn default() -> Self {
