@@ -38,7 +38,7 @@ pub use fsck::{fsck, FsckReport};
 pub use mount::{
     mkfs, read_superblock, read_superblock_copies, upgrade, MountReport, SuperblockCopies,
 };
-pub use simdev::{CrashImage, SimDevice};
+pub use simdev::{yield_once, CrashImage, SimDevice};
 pub use store::{NativeConfig, NativeStats, NativeStore, CLEANER_BUSY_RATE_DEFAULT};
 
 /// Default segment size: large enough for the biggest single write (16 MiB) with its record.

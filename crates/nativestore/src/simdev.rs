@@ -120,8 +120,8 @@ impl SimDevice {
 }
 
 /// Suspends once, like a real device completing later: lets concurrent transactions pile
-/// up behind a write in flight, as they do on io_uring.
-async fn device_latency() {
+/// up behind a write in flight, as they do on io_uring. Tests use it to let other tasks run.
+pub async fn yield_once() {
     let mut yielded = false;
     std::future::poll_fn(|cx| {
         if yielded {
@@ -142,7 +142,7 @@ fn dead() -> io::Error {
 impl BlockDevice for SimDevice {
     async fn read_at(&self, mut buf: AlignedBuf, off: u64) -> (io::Result<()>, AlignedBuf) {
         if self.state.borrow().slow_reads {
-            device_latency().await;
+            yield_once().await;
         }
         let mut s = self.state.borrow_mut();
         if s.dead {
@@ -160,7 +160,7 @@ impl BlockDevice for SimDevice {
     }
 
     async fn write_at(&self, buf: AlignedBuf, off: u64) -> (io::Result<()>, AlignedBuf) {
-        device_latency().await;
+        yield_once().await;
         let mut s = self.state.borrow_mut();
         if s.dead {
             return (Err(dead()), buf);
@@ -187,7 +187,7 @@ impl BlockDevice for SimDevice {
     }
 
     async fn sync(&self) -> io::Result<()> {
-        device_latency().await;
+        yield_once().await;
         let mut s = self.state.borrow_mut();
         if s.dead {
             return Err(dead());
@@ -217,6 +217,6 @@ impl BlockDevice for SimDevice {
     async fn pause(&self, d: std::time::Duration) {
         self.state.borrow_mut().paused += d;
         // Other tasks run meanwhile, as they would during a real pause.
-        device_latency().await;
+        yield_once().await;
     }
 }

@@ -331,7 +331,7 @@ fn cleaner_reads_little(
         // Then no client I/O for a while: what the background cleans now is never paced.
         let before = (dev.paused(), store.stats().segments_cleaned_background);
         for _ in 0..1_000 {
-            yield_once().await;
+            carmine_nativestore::yield_once().await;
         }
         let after = (dev.paused(), store.stats().segments_cleaned_background);
         idle = (after.0 - before.0, after.1 - before.1);
@@ -383,21 +383,6 @@ fn cleaner_reads_little(
     let report = block_on(fsck(dev.clone(), 0)).unwrap();
     assert!(report.errors.is_empty(), "{:?}", report.errors);
     (s, dev.paused(), idle)
-}
-
-/// Lets the other tasks run once.
-async fn yield_once() {
-    let mut yielded = false;
-    std::future::poll_fn(|cx| {
-        if yielded {
-            std::task::Poll::Ready(())
-        } else {
-            yielded = true;
-            cx.waker().wake_by_ref();
-            std::task::Poll::Pending
-        }
-    })
-    .await
 }
 
 #[test]
