@@ -122,7 +122,7 @@ impl<D: BlockDevice> NativeStore<D> {
             }
         };
         let picked_seq = self.st.borrow().segments.get(victim).seq;
-        let still_victim = |st: &crate::store::State| {
+        let still_victim = |st: &State| {
             let s = st.segments.get(victim);
             s.kind == SegKind::Journal
                 && s.seq == picked_seq
@@ -155,11 +155,7 @@ impl<D: BlockDevice> NativeStore<D> {
         };
         // The guard first: dropped last, so pins always end while the lock is held.
         let (_guard, live, data, pins) = if locked {
-            if !still_victim(&self.st.borrow()) {
-                return Ok(false);
-            }
-            let pins = self.pin_victim_objects(&placed).await?;
-            let Some(live) = self.live_blocks(victim, &placed) else {
+            let Some((pins, live)) = self.live_now(&still_victim, victim, &placed).await? else {
                 return Ok(false);
             };
             let data = self.read_live(&live, cost).await?;
@@ -171,22 +167,14 @@ impl<D: BlockDevice> NativeStore<D> {
             // (shared extents, decision 0013 point 8, will have to keep this true).
             let candidates = {
                 let _guard = self.apply_lock.lock().await;
-                if !still_victim(&self.st.borrow()) {
-                    return Ok(false);
+                match self.live_now(&still_victim, victim, &placed).await? {
+                    Some((_pins, live)) => live,
+                    None => return Ok(false),
                 }
-                let _pins = self.pin_victim_objects(&placed).await?;
-                let Some(live) = self.live_blocks(victim, &placed) else {
-                    return Ok(false);
-                };
-                live
             };
             let read = self.read_live(&candidates, cost).await?;
             let guard = self.apply_lock.lock().await;
-            if !still_victim(&self.st.borrow()) {
-                return Ok(false);
-            }
-            let pins = self.pin_victim_objects(&placed).await?;
-            let Some(live) = self.live_blocks(victim, &placed) else {
+            let Some((pins, live)) = self.live_now(&still_victim, victim, &placed).await? else {
                 return Ok(false);
             };
             let Some(data) = still_live_data(&candidates, read, &live) else {
@@ -369,11 +357,22 @@ impl<D: BlockDevice> NativeStore<D> {
         any
     }
 
-    /// Pins the objects `placed` names, reading back those paged out: whether a block is
-    /// live is in its object's map. Called with the apply lock held.
-    async fn pin_victim_objects(&self, placed: &[Placed]) -> Result<Pins<'_>> {
-        self.pin_objects(|| placed.iter().map(|p| (p.cid, p.oid.as_str())))
-            .await
+    /// If `victim` still is the cleaner's (`still_victim`), its live blocks, with the objects
+    /// `placed` names pinned (whether a block is live is in its object's map, so those paged
+    /// out are read back). Called with the apply lock held.
+    async fn live_now(
+        &self,
+        still_victim: &dyn Fn(&State) -> bool,
+        victim: u32,
+        placed: &[Placed],
+    ) -> Result<Option<(Pins<'_>, Vec<LiveBlock>)>> {
+        if !still_victim(&self.st.borrow()) {
+            return Ok(None);
+        }
+        let pins = self
+            .pin_objects(|| placed.iter().map(|p| (p.cid, p.oid.as_str())))
+            .await?;
+        Ok(self.live_blocks(victim, placed).map(|live| (pins, live)))
     }
 
     /// The blocks of `placed` their objects' maps still point at, in place order; `None`
