@@ -67,6 +67,15 @@ pub enum LoadError {
     },
 }
 
+/// What [`Tree::visit`] found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Visited {
+    /// An inner node, now loaded: its children, in key order.
+    Inner(Vec<Need>),
+    /// A leaf (not kept): its entries, in key order.
+    Leaf(Vec<(Vec<u8>, Vec<u8>)>),
+}
+
 /// What [`Tree::flush`] produced.
 #[derive(Debug, Default)]
 pub struct Flushed {
@@ -439,6 +448,38 @@ impl Tree {
     /// device, each with a key that leads to it: loading them in turn brings the whole tree
     /// into memory, level by level, each node read once.
     pub fn load(&mut self, need: &Need, block: &[u8]) -> Result<Vec<Need>, LoadError> {
+        let (node, parent) = self.checked(need, block)?;
+        let children = Self::children_of(&node, need);
+        self.attach(node, parent);
+        Ok(children)
+    }
+
+    /// As [`Tree::load`] for an inner node; a leaf is checked the same way but not kept:
+    /// its entries come back instead, and the tree still reads it from the device when an
+    /// operation needs it. Visiting the children in turn, level by level, reads a whole
+    /// tree that is far larger than memory, holding only its inner nodes: leaves come in
+    /// key order.
+    pub fn visit(&mut self, need: &Need, block: &[u8]) -> Result<Visited, LoadError> {
+        let (node, parent) = self.checked(need, block)?;
+        match node.body {
+            Body::Leaf(vals) => Ok(Visited::Leaf(node.keys.into_iter().zip(vals).collect())),
+            Body::Inner(_) => {
+                let children = Self::children_of(&node, need);
+                self.attach(node, parent);
+                Ok(Visited::Inner(children))
+            }
+        }
+    }
+
+    /// Decodes `block` as the node `need` names and checks it against the tree: it must be
+    /// wanted there, no newer than its parent, and at the level below it. Returns it with
+    /// where it hangs (parent node, child index; `None`: it is the root).
+    #[allow(clippy::type_complexity)]
+    fn checked(
+        &self,
+        need: &Need,
+        block: &[u8],
+    ) -> Result<(Node, Option<(usize, usize)>), LoadError> {
         let mut ptr = self.root;
         let mut parent: Option<(usize, usize)> = None;
         loop {
@@ -481,8 +522,12 @@ impl Tree {
                 });
             }
         }
-        // A decoded node's children are all on the device.
-        let children = match &node.body {
+        Ok((node, parent))
+    }
+
+    /// A decoded node's children (all on the device), each with a key that leads to it.
+    fn children_of(node: &Node, need: &Need) -> Vec<Need> {
+        match &node.body {
             Body::Leaf(_) => Vec::new(),
             Body::Inner(children) => node
                 .keys
@@ -499,7 +544,11 @@ impl Tree {
                     key: if i == 0 { need.key.clone() } else { k.clone() },
                 })
                 .collect(),
-        };
+        }
+    }
+
+    /// Hangs a checked node where [`Tree::checked`] found its place.
+    fn attach(&mut self, node: Node, parent: Option<(usize, usize)>) {
         let id = self.alloc(node);
         match parent {
             None => {
@@ -508,12 +557,11 @@ impl Tree {
             }
             Some((pid, i)) => {
                 let Body::Inner(children) = &mut self.node_mut(pid).body else {
-                    unreachable!("checked above")
+                    unreachable!("checked: a parent is an inner node")
                 };
                 children[i] = Ptr::Mem(id);
             }
         }
-        Ok(children)
     }
 
     /// Writes every dirty node to a new place from `place`, children first, as generation 0.
@@ -714,6 +762,73 @@ mod tests {
             loads >= 2 && t.loaded() == loads,
             "only the path was loaded"
         );
+    }
+
+    #[test]
+    fn visiting_reads_every_entry_in_order_and_keeps_only_inner_nodes() {
+        let mut t = Tree::new();
+        for i in 0..3000u32 {
+            t.insert(format!("key-{i:06}").as_bytes(), &i.to_be_bytes())
+                .unwrap();
+        }
+        let mut next = 0;
+        let f = t.flush(&mut || {
+            next += 1;
+            next
+        });
+        let leaves = f.writes.len();
+        let mut dev: HashMap<Paddr, Vec<u8>> = f.writes.into_iter().collect();
+        let mut t = Tree::open(f.root);
+        let mut queue = std::collections::VecDeque::from([Need {
+            paddr: f.root,
+            key: Vec::new(),
+        }]);
+        let (mut entries, mut inner) = (Vec::new(), 0);
+        while let Some(n) = queue.pop_front() {
+            match t.visit(&n, &dev[&n.paddr]).unwrap() {
+                Visited::Inner(children) => {
+                    inner += 1;
+                    queue.extend(children);
+                }
+                Visited::Leaf(e) => entries.extend(e),
+            }
+        }
+        let want: Vec<_> = (0..3000u32)
+            .map(|i| (format!("key-{i:06}").into_bytes(), i.to_be_bytes().to_vec()))
+            .collect();
+        assert_eq!(entries, want, "every entry once, in key order");
+        assert!(
+            inner >= 1 && inner < leaves - inner,
+            "{inner} inner of {leaves}"
+        );
+        assert_eq!(t.loaded(), inner, "no leaf kept");
+        // A leaf visited is still read from the device when an operation needs it.
+        match t.get(b"key-001500") {
+            Err(TreeError::Need(n)) => drop(t.load(&n, &dev[&n.paddr]).unwrap()),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(
+            t.get(b"key-001500").unwrap(),
+            Some(&1500u32.to_be_bytes()[..])
+        );
+        // A leaf is checked as a loaded node is: one whose parent wants another level fails.
+        let (&leaf, _) = dev.iter().find(|(p, _)| **p != f.root).unwrap();
+        let root_block = dev[&f.root].clone();
+        dev.insert(leaf, root_block);
+        let mut t = Tree::open(f.root);
+        let mut queue = std::collections::VecDeque::from([Need {
+            paddr: f.root,
+            key: Vec::new(),
+        }]);
+        let mut failed = false;
+        while let Some(n) = queue.pop_front() {
+            match t.visit(&n, &dev[&n.paddr]) {
+                Ok(Visited::Inner(c)) => queue.extend(c),
+                Ok(Visited::Leaf(_)) => {}
+                Err(_) => failed = true,
+            }
+        }
+        assert!(failed, "a node at the wrong level is refused");
     }
 
     #[test]

@@ -18,7 +18,7 @@ use crate::metatree::{
 };
 use crate::segments::SegKind;
 use crate::store::{io_error, NativeStore};
-use carmine_btree::{LoadError, Need, Tree, TreeError, GENERATION_MAX};
+use carmine_btree::{LoadError, Need, Tree, TreeError, Visited, GENERATION_MAX};
 use carmine_store::Result;
 use std::collections::BTreeSet;
 use std::collections::VecDeque;
@@ -591,60 +591,57 @@ pub(crate) async fn read_nodes<D: BlockDevice>(
 }
 
 /// Mount: reads the whole tree whose root is at `root` (named by the slot of `generation`)
-/// and rebuilds the index from it.
+/// and rebuilds the index from it, holding no more than its inner nodes, `bodies` record
+/// bytes of object bodies, and the bodies of `needed` (which the journal replay changes).
+/// Level by level, a batch of nodes at a time: inner nodes are kept (trimmed to
+/// `cache_nodes` at the end), leaves are read once, in key order, and dropped.
 /// Errors say what is wrong with the tree (the caller refuses the mount).
 pub(crate) async fn load_tree<D: BlockDevice>(
     dev: &D,
     base: u64,
     geo: Geometry,
-    root: u64,
-    generation: u64,
+    (root, generation): (u64, u64),
     cache_nodes: usize,
+    bodies: u64,
+    needed: crate::metatree::Names,
 ) -> std::result::Result<(Index, MetaTree), String> {
     let mut tree = Tree::open_at(root, generation);
     let mut queue = std::collections::VecDeque::from([Need {
         paddr: root,
         key: Vec::new(),
     }]);
+    let mut loader = Loader::paging(geo, bodies, needed);
     // A node reached twice (crafted pointers) is refused before it is read again: a tree
     // whose nodes all point to one child would otherwise grow without bound in memory.
     let mut seen = std::collections::HashSet::new();
+    let mut paddrs = Vec::new();
     while !queue.is_empty() {
         let batch: Vec<Need> = queue.drain(..queue.len().min(READS_AT_ONCE)).collect();
         for n in &batch {
             if !seen.insert(n.paddr) {
                 return Err(format!("tree node at block {} is reached twice", n.paddr));
             }
+            paddrs.push(n.paddr);
         }
         let blocks = read_nodes(dev, base, &geo, &batch)
             .await
             .map_err(|e| e.to_string())?;
         for (n, b) in batch.iter().zip(&blocks) {
-            queue.extend(tree.load(n, b.full()).map_err(|e| e.to_string())?);
-        }
-    }
-    let mut loader = Loader::new(geo);
-    let mut from: Vec<u8> = Vec::new();
-    const PAGE: usize = 4096;
-    loop {
-        let page = tree
-            .range(&from, None, PAGE)
-            .map_err(|e| format!("metadata tree: {e}"))?;
-        for (k, v) in &page {
-            loader
-                .push(k, v)
-                .map_err(|e| format!("metadata tree: {e}"))?;
-        }
-        match page.last() {
-            Some((k, _)) if page.len() == PAGE => {
-                from = k.clone();
-                from.push(0);
+            match tree.visit(n, b.full()).map_err(|e| e.to_string())? {
+                Visited::Inner(children) => queue.extend(children),
+                // Every leaf is at level 0, below every inner node: the queue reaches the
+                // leaves once every inner node is in, and then in key order.
+                Visited::Leaf(entries) => {
+                    for (k, v) in &entries {
+                        loader
+                            .push(k, v)
+                            .map_err(|e| format!("metadata tree: {e}"))?;
+                    }
+                }
             }
-            _ => break,
         }
     }
     let index = loader.finish().map_err(|e| format!("metadata tree: {e}"))?;
-    let paddrs: Vec<u64> = tree.loaded_paddrs().collect();
     let mut meta = MetaTree::loaded(tree, &geo, &paddrs)?;
     if let Some(t) = meta.tree.as_mut() {
         t.evict_to(cache_nodes);

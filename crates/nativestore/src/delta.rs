@@ -49,6 +49,34 @@ impl Delta {
         1 + 8 + 4 + oid_len + 8 + 8 + count + 4 * blocks
     }
 
+    /// The objects it changes (a copy's source too): what a replay needs resident.
+    pub fn objects(&self) -> impl Iterator<Item = (CollectionId, &str)> {
+        let (c, first, second) = match self {
+            Delta::CreateCollection(_) | Delta::RemoveCollection(_) => {
+                return None.into_iter().flatten()
+            }
+            Delta::Touch(c, o)
+            | Delta::Remove(c, o)
+            | Delta::SetSize(c, o, _)
+            | Delta::SetExtent { cid: c, oid: o, .. }
+            | Delta::Punch(c, o, _, _)
+            | Delta::SetAttr(c, o, _, _)
+            | Delta::RmAttr(c, o, _)
+            | Delta::OmapSet(c, o, _)
+            | Delta::OmapRm(c, o, _)
+            | Delta::OmapClear(c, o)
+            | Delta::OmapHeader(c, o, _) => (*c, o.as_str(), None),
+            Delta::CopyMeta(c, s, d) => (*c, s.as_str(), Some(d.as_str())),
+        };
+        Some(
+            [Some((c, first)), second.map(|d| (c, d))]
+                .into_iter()
+                .flatten(),
+        )
+        .into_iter()
+        .flatten()
+    }
+
     pub fn encode(&self, out: &mut BytesMut) {
         let mut e = Encoder::new(out);
         match self {

@@ -42,22 +42,28 @@ pub async fn fsck<D: BlockDevice>(dev: D, shard: u32) -> Result<FsckReport, Moun
         }
     }
     type ObjectBlocks = (carmine_types::CollectionId, String, Vec<(u64, BlockRef)>);
-    let objects: Vec<ObjectBlocks> = {
+    // A mount pages out bodies beyond the object cache as it loads them: each is read back
+    // from its record in the metadata tree, which checks the tree's leaves on the way.
+    let names: Vec<(carmine_types::CollectionId, String)> = {
         let st = store.st.borrow();
-        let mut objects = Vec::new();
-        for (cid, coll) in &st.index.colls {
-            for (oid, o) in coll {
-                // A read-only mount pages nothing out (no checkpoint runs).
-                match o.body() {
-                    Some(b) => objects.push((*cid, oid.clone(), b.blocks.iter().collect())),
-                    None => report
-                        .errors
-                        .push(format!("{cid}/{oid}: its body is paged out, not checked")),
-                }
-            }
-        }
-        objects
+        st.index
+            .colls
+            .iter()
+            .flat_map(|(cid, coll)| coll.keys().map(|oid| (*cid, oid.clone())))
+            .collect()
     };
+    let mut objects: Vec<ObjectBlocks> = Vec::with_capacity(names.len());
+    for (cid, oid) in names {
+        match store
+            .with_body(cid, &oid, |_, b| Ok(b.blocks.iter().collect()))
+            .await
+        {
+            Ok(blocks) => objects.push((cid, oid, blocks)),
+            Err(e) => report.errors.push(format!(
+                "{cid}/{oid}: its metadata cannot be read back: {e}"
+            )),
+        }
+    }
     for (cid, oid, blocks) in objects {
         let size = store
             .st

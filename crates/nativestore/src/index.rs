@@ -182,7 +182,8 @@ fn mark_dirty(
 }
 
 /// The body of `o`, which every change needs resident: a transaction makes its objects
-/// resident (and keeps them so) before it applies, and replay runs on a wholly loaded index.
+/// resident (and keeps them so) before it applies, and a mount loads the bodies of the
+/// objects its replay changes.
 fn body_mut<'a>(
     o: &'a mut Onode,
     cid: CollectionId,

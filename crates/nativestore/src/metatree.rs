@@ -192,11 +192,21 @@ impl MetaTree {
     }
 }
 
+/// Objects by collection and name (the journal's, which a replay changes).
+pub(crate) type Names = std::collections::BTreeMap<CollectionId, std::collections::HashSet<String>>;
+
 /// Rebuilds an index from the tree's entries, given in key order.
 pub(crate) struct Loader {
     index: Index,
     /// The object whose pieces are being gathered: id, pieces so far, bytes.
     object: Option<(u64, u32, Vec<u8>)>,
+    /// Record bytes of bodies kept in memory as they load; those past it are paged out at
+    /// once (their live blocks counted first), so a load holds the cache's worth, whatever
+    /// the store's size.
+    budget: u64,
+    kept: u64,
+    /// Objects whose bodies stay whatever the budget: the journal replay changes them.
+    needed: Names,
 }
 
 fn invalid(what: &'static str, found: u64) -> DecodeError {
@@ -204,10 +214,19 @@ fn invalid(what: &'static str, found: u64) -> DecodeError {
 }
 
 impl Loader {
+    /// A loader that keeps every body.
     pub fn new(geometry: Geometry) -> Self {
+        Self::paging(geometry, u64::MAX, Names::new())
+    }
+
+    /// A loader that keeps `budget` record bytes of bodies and those of `needed`.
+    pub fn paging(geometry: Geometry, budget: u64, needed: Names) -> Self {
         Self {
             index: Index::new(geometry),
             object: None,
+            budget,
+            kept: 0,
+            needed,
         }
     }
 
@@ -259,7 +278,19 @@ impl Loader {
             return Ok(());
         };
         let (cid, oid, size, body) = decode_record(Bytes::from(bytes))?;
-        let o = self.index.count_loaded(&oid, size, body)?;
+        let mut o = self.index.count_loaded(&oid, size, body)?;
+        let needed = self
+            .needed
+            .get(&cid)
+            .is_some_and(|names| names.contains(&oid));
+        if !needed {
+            match self.kept.checked_add(o.encoded) {
+                Some(k) if k <= self.budget => self.kept = k,
+                // Its record is in the tree (it was just read from there): clean, and read
+                // back from there when used.
+                _ => o.body = None,
+            }
+        }
         self.index.insert_loaded(cid, oid, o, id, pieces)
     }
 

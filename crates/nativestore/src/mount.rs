@@ -25,6 +25,13 @@ pub struct MountReport {
     pub checkpoint_generation: u64,
     /// Nodes of the checkpoint's metadata tree (0: the checkpoint was a blob, format 3).
     pub metadata_nodes: u64,
+    /// Of those, the ones held in memory once the checkpoint was loaded (inner nodes, up
+    /// to the metadata cache): leaves are read once and dropped.
+    pub metadata_nodes_kept: u64,
+    /// Record bytes of the object bodies held in memory once the checkpoint was loaded (up
+    /// to the object cache, and those the replay changes), and the bodies paged out then.
+    pub bodies_loaded_bytes: u64,
+    pub bodies_paged_out_at_load: u64,
     pub records_replayed: u64,
     pub journal_segments_replayed: u32,
     pub objects: u64,
@@ -238,6 +245,15 @@ impl<D: BlockDevice> NativeStore<D> {
         Ok(Self::open(dev, shard, config, true).await?.0)
     }
 
+    /// As [`NativeStore::mount`], with what the mount found and held.
+    pub async fn mount_reporting(
+        dev: D,
+        shard: u32,
+        config: NativeConfig,
+    ) -> Result<(Self, MountReport), MountError> {
+        Self::open(dev, shard, config, true).await
+    }
+
     pub(crate) async fn open(
         dev: D,
         shard: u32,
@@ -306,28 +322,6 @@ impl<D: BlockDevice> NativeStore<D> {
                 slot.journal
             )));
         }
-        let (mut index, meta) = match slot.tree_root {
-            Some(root) => crate::checkpoint::load_tree(
-                &dev,
-                base,
-                geo,
-                root,
-                slot.generation,
-                (config.metadata_cache_bytes / BLOCK as u64) as usize,
-            )
-            .await
-            .map_err(bad_checkpoint)?,
-            None => (
-                load_blob(&dev, &slot, geo, sb.uuid, &seg_off)
-                    .await
-                    .map_err(|e| match e {
-                        BlobError::Mount(e) => e,
-                        BlobError::Bad(detail) => bad_checkpoint(detail),
-                    })?,
-                MetaTree::without_tree(geo.segments),
-            ),
-        };
-
         let mut headers: Vec<Option<SegmentHeader>> = Vec::with_capacity(geo.segments as usize);
         // Written segments whose header fails its checks (not another store's or shard's: a
         // device formatted over an old store keeps the old headers until the cleaner reuses
@@ -367,7 +361,6 @@ impl<D: BlockDevice> NativeStore<D> {
         journal.sort_unstable();
         let mut report = MountReport {
             checkpoint_generation: slot.generation,
-            metadata_nodes: meta.nodes,
             ..MountReport::default()
         };
         // Read the journal from the checkpoint's position on, segment by segment.
@@ -401,6 +394,9 @@ impl<D: BlockDevice> NativeStore<D> {
             .unwrap_or(0);
         let mut expected = slot.journal.record_seq;
         let mut replayed: BTreeSet<u32> = BTreeSet::new();
+        // The records to replay, parsed (and their data checked) before the checkpoint is
+        // loaded: the objects they change are the bodies the load must keep.
+        let mut records: Vec<(u64, Vec<Delta>)> = Vec::new();
         'segments: for (k, (s, nonce, buf)) in areas.iter().enumerate() {
             let (s, nonce) = (*s, *nonce);
             let area = buf.full();
@@ -434,13 +430,7 @@ impl<D: BlockDevice> NativeStore<D> {
                     );
                     report.damaged_blocks += bad.len() as u64;
                 }
-                for delta in &deltas {
-                    index.apply(delta).map_err(|e| MountError::Journal {
-                        record: expected,
-                        source: JournalError::Index(e),
-                    })?;
-                }
-                index.take_freed().for_each(drop);
+                records.push((expected, deltas));
                 at += rec.header.total_blocks as usize * BLOCK;
                 expected += 1;
                 report.records_replayed += 1;
@@ -453,6 +443,47 @@ impl<D: BlockDevice> NativeStore<D> {
                 // The next segment does not continue the journal: the tail ends here.
                 break;
             }
+        }
+        drop(areas);
+        let mut needed = crate::metatree::Names::new();
+        for (cid, oid) in records.iter().flat_map(|(_, d)| d).flat_map(Delta::objects) {
+            needed.entry(cid).or_default().insert(oid.to_owned());
+        }
+        let (mut index, meta) = match slot.tree_root {
+            Some(root) => crate::checkpoint::load_tree(
+                &dev,
+                base,
+                geo,
+                (root, slot.generation),
+                (config.metadata_cache_bytes / BLOCK as u64) as usize,
+                config.object_cache_bytes,
+                needed,
+            )
+            .await
+            .map_err(bad_checkpoint)?,
+            None => (
+                load_blob(&dev, &slot, geo, sb.uuid, &seg_off)
+                    .await
+                    .map_err(|e| match e {
+                        BlobError::Mount(e) => e,
+                        BlobError::Bad(detail) => bad_checkpoint(detail),
+                    })?,
+                MetaTree::without_tree(geo.segments),
+            ),
+        };
+
+        report.metadata_nodes = meta.nodes;
+        report.metadata_nodes_kept = meta.tree.as_ref().map_or(0, |t| t.loaded() as u64);
+        report.bodies_loaded_bytes = index.residency.resident_bytes;
+        report.bodies_paged_out_at_load = index.residency.paged_out;
+        for (record, deltas) in records {
+            for delta in &deltas {
+                index.apply(delta).map_err(|e| MountError::Journal {
+                    record,
+                    source: JournalError::Index(e),
+                })?;
+            }
+            index.take_freed().for_each(drop);
         }
         if expected <= durable_mark {
             return Err(MountError::AcknowledgedRecordLost {
