@@ -18,7 +18,9 @@ use crate::metatree::{
 };
 use crate::segments::SegKind;
 use crate::store::{io_error, NativeStore};
-use carmine_btree::{LoadError, Need, Tree, TreeError, Visited, GENERATION_MAX};
+use carmine_btree::{
+    walk_node, Builder, LoadError, Need, Tree, TreeError, Visited, GENERATION_MAX,
+};
 use carmine_store::Result;
 use std::collections::BTreeSet;
 use std::collections::VecDeque;
@@ -88,20 +90,6 @@ fn take_changes(index: &mut Index) -> std::io::Result<Vec<Op>> {
     }
     sort(&mut ops);
     Ok(ops)
-}
-
-/// A tree with `old`'s entries, written afresh: in key order, so its nodes are full (splits
-/// at a node's end keep the left one full). `old` must be wholly loaded.
-fn compacted(old: &Tree) -> std::io::Result<Tree> {
-    let mut t = Tree::new();
-    let entries = old
-        .range(b"", None, usize::MAX)
-        .map_err(|e| failure(format!("metadata tree: {e}")))?;
-    for (k, v) in entries {
-        t.insert(&k, &v)
-            .map_err(|e| failure(format!("metadata tree: {e}")))?;
-    }
-    Ok(t)
 }
 
 /// In key order (each key appears once): records land in id order, so a fresh tree's nodes
@@ -262,16 +250,11 @@ impl<D: BlockDevice> NativeStore<D> {
         new_tree: bool,
         mut compact: bool,
     ) -> std::io::Result<Written> {
-        // A tree written afresh is built from the whole old one: load it first, and the
-        // changes then find every node they reach.
-        if compact {
-            self.load_whole_tree().await?;
-        }
         let all_loaded = {
             let st = self.st.borrow();
             st.meta.tree.as_ref().map_or(0, |t| t.loaded()) as u64 >= st.meta.nodes
         };
-        if !all_loaded && !new_tree && !compact {
+        if !all_loaded && !new_tree {
             self.fault_in(&ops).await?;
         }
         // What the reads ahead could not foresee: a removal that empties a leaf sends the
@@ -302,50 +285,47 @@ impl<D: BlockDevice> NativeStore<D> {
             let dirty = st.meta.tree.as_ref().map_or(0, |t| t.dirty_nodes()) as u64;
             dirty > free + open_left
         };
-        if no_room {
-            compact = true;
-            self.load_whole_tree().await?;
-        }
-        if compact {
-            let mut st = self.st.borrow_mut();
-            let fresh = compacted(st.meta.tree.as_ref().expect("a checkpoint has a tree"))?;
-            st.meta.tree = Some(fresh);
-            // New nodes go to new segments; every old one is freed once the slot is.
-            st.meta.open = None;
-        }
+        compact |= no_room;
         let fresh = new_tree || compact;
         let mut blocks: Vec<(u64, Vec<u8>)> = Vec::new();
         let mut segments = BTreeSet::new();
-        let (root, freed) = {
-            let mut st = self.st.borrow_mut();
-            let st = &mut *st;
-            let geo = &self.geo;
-            let open_left = st.meta.open.map_or(0, |(s, next)| {
-                geo.segment_start(s) + geo.segment_blocks - next
-            });
-            let free = st.segments.free_count() as u64 * (geo.segment_blocks - 1);
-            let dirty = st.meta.tree.as_ref().map_or(0, |t| t.dirty_nodes()) as u64;
-            // A large checkpoint (a quarter segment or more) starts a segment of its own,
-            // as a blob did, so that its nodes, replaced together by a later one, free their
-            // segment together; appended after older nodes, they would hold that segment
-            // (and the next) a checkpoint longer — space the cleaner misses at high fill.
-            let own_segment = fresh || (dirty >= (geo.segment_blocks - 1) / 4 && dirty <= free);
-            if own_segment {
-                st.meta.open = None;
-            }
-            if dirty > free + if own_segment { 0 } else { open_left } {
-                return Err(failure(format!(
-                    "{dirty} metadata nodes to write, more than the free segments hold"
-                )));
-            }
-            // Out of `meta` while nodes are placed (placing counts them in `meta`).
-            let mut tree = st.meta.tree.take().expect("a checkpoint has a tree");
-            let placed = self.place_nodes(&mut tree, st, &mut blocks, &mut segments);
-            st.meta.tree = Some(tree);
-            placed
+        let (root, freed, written_blocks) = if compact {
+            // Written and placed as it streams; every old node is freed once the slot is.
+            let (root, written) = self.write_afresh(&mut segments).await?;
+            (root, Vec::new(), written)
+        } else {
+            let (root, freed) = {
+                let mut st_guard = self.st.borrow_mut();
+                let st = &mut *st_guard;
+                let geo = &self.geo;
+                let open_left = st.meta.open.map_or(0, |(s, next)| {
+                    geo.segment_start(s) + geo.segment_blocks - next
+                });
+                let free = st.segments.free_count() as u64 * (geo.segment_blocks - 1);
+                let dirty = st.meta.tree.as_ref().map_or(0, |t| t.dirty_nodes()) as u64;
+                // A large checkpoint (a quarter segment or more) starts a segment of its own,
+                // as a blob did, so that its nodes, replaced together by a later one, free their
+                // segment together; appended after older nodes, they would hold that segment
+                // (and the next) a checkpoint longer — space the cleaner misses at high fill.
+                let own_segment = fresh || (dirty >= (geo.segment_blocks - 1) / 4 && dirty <= free);
+                if own_segment {
+                    st.meta.open = None;
+                }
+                if dirty > free + if own_segment { 0 } else { open_left } {
+                    return Err(failure(format!(
+                        "{dirty} metadata nodes to write, more than the free segments hold"
+                    )));
+                }
+                // Out of `meta` while nodes are placed (placing counts them in `meta`).
+                let mut tree = st.meta.tree.take().expect("a checkpoint has a tree");
+                let placed = self.place_nodes(&mut tree, st, &mut blocks, &mut segments);
+                st.meta.tree = Some(tree);
+                placed
+            };
+            let written = blocks.len() as u64;
+            self.write_runs(std::mem::take(&mut blocks)).await?;
+            (root, freed, written)
         };
-        let written_blocks = blocks.len() as u64;
-        self.write_runs(blocks).await?;
         self.dev.sync().await?;
         let slot = {
             let st = self.st.borrow();
@@ -392,32 +372,145 @@ impl<D: BlockDevice> NativeStore<D> {
         // Nodes carry the generation of the slot that will name them: a reader of an older
         // slot refuses a node of a later one found where one of its own used to be.
         let generation = (st.slot.generation + 1).min(GENERATION_MAX);
-        let geo = &self.geo;
         let (meta, segs) = (&mut st.meta, &mut st.segments);
         let mut place = || {
-            let (s, next) = match meta.open {
-                Some((s, next)) if next < geo.segment_start(s) + geo.segment_blocks => (s, next),
-                _ => {
-                    let (s, seq) = segs.open(SegKind::Checkpoint).expect("room counted");
-                    let header = SegmentHeader {
-                        uuid: self.uuid,
-                        shard: self.shard,
-                        kind: SegmentKind::Checkpoint,
-                        seq,
-                        nonce: rand::random(),
-                    };
-                    blocks.push((geo.segment_start(s), header.encode().to_vec()));
-                    (s, geo.segment_start(s) + 1)
-                }
-            };
-            meta.open = Some((s, next + 1));
-            meta.take(s);
-            segments.insert(s);
-            next
+            self.place_node(meta, segs, blocks, segments)
+                .expect("room counted")
         };
         let flushed = tree.flush_at(generation, &mut place);
         blocks.extend(flushed.writes);
         (flushed.root, flushed.freed)
+    }
+
+    /// A place for one metadata node: the next block of the open metadata segment, or of a
+    /// new one (its header goes to `headers`). `None`: no segment is free.
+    fn place_node(
+        &self,
+        meta: &mut MetaTree,
+        segs: &mut crate::segments::SegmentTable,
+        headers: &mut Vec<(u64, Vec<u8>)>,
+        segments: &mut BTreeSet<u32>,
+    ) -> Option<u64> {
+        let geo = &self.geo;
+        let (s, next) = match meta.open {
+            Some((s, next)) if next < geo.segment_start(s) + geo.segment_blocks => (s, next),
+            _ => {
+                let (s, seq) = segs.open(SegKind::Checkpoint)?;
+                let header = SegmentHeader {
+                    uuid: self.uuid,
+                    shard: self.shard,
+                    kind: SegmentKind::Checkpoint,
+                    seq,
+                    nonce: rand::random(),
+                };
+                headers.push((geo.segment_start(s), header.encode().to_vec()));
+                (s, geo.segment_start(s) + 1)
+            }
+        };
+        meta.open = Some((s, next + 1));
+        meta.take(s);
+        segments.insert(s);
+        Some(next)
+    }
+
+    /// Writes the tree afresh into new metadata segments, in one pass over the old one (with
+    /// this checkpoint's changes) in key order: nodes are built bottom up as the entries
+    /// go by (`Builder`), placed and written in batches, while the old tree's nodes are read
+    /// ahead a batch at a time and dropped behind the scan. Neither tree is ever whole in
+    /// memory. Returns the new root and the nodes written; the new tree replaces the old one
+    /// in `meta`, nothing of it loaded.
+    async fn write_afresh(&self, segments: &mut BTreeSet<u32>) -> std::io::Result<(u64, u64)> {
+        const PAGE: usize = 4096;
+        /// Rounds in a row that may read nodes without the scan getting further.
+        const STALLS_MAX: u32 = 8;
+        let generation = {
+            let mut st = self.st.borrow_mut();
+            // New nodes go to new segments of their own, freed together later.
+            st.meta.open = None;
+            (st.slot.generation + 1).min(GENERATION_MAX)
+        };
+        let mut builder = Builder::new(generation);
+        let mut from: Vec<u8> = Vec::new();
+        let mut stalls = 0;
+        let mut written = 0u64;
+        let root = loop {
+            let mut page = Vec::new();
+            let scanned = {
+                let st = self.st.borrow();
+                let tree = st.meta.tree.as_ref().expect("a checkpoint has a tree");
+                tree.range_into(&from, None, PAGE, &mut page)
+            };
+            let done = matches!(scanned, Ok(())) && page.len() < PAGE;
+            if let Some((k, _)) = page.last() {
+                from = k.clone();
+                from.push(0);
+                stalls = 0;
+            }
+            let mut blocks = Vec::new();
+            let root = {
+                let mut st = self.st.borrow_mut();
+                let st = &mut *st;
+                let (meta, segs) = (&mut st.meta, &mut st.segments);
+                let mut headers = Vec::new();
+                let mut full = false;
+                let mut place = || match self.place_node(meta, segs, &mut headers, segments) {
+                    Some(p) => p,
+                    None => {
+                        full = true;
+                        0
+                    }
+                };
+                for (k, v) in &page {
+                    builder
+                        .push(k, v, &mut place, &mut blocks)
+                        .map_err(|e| failure(format!("metadata tree afresh: {e}")))?;
+                }
+                let root = done.then(|| {
+                    std::mem::replace(&mut builder, Builder::new(generation))
+                        .finish(&mut place, &mut blocks)
+                });
+                if full {
+                    return Err(failure(
+                        "metadata tree afresh: more nodes than the free segments hold",
+                    ));
+                }
+                blocks.extend(headers);
+                root
+            };
+            // Counted as a checkpoint's blocks always were: segment headers included.
+            written += blocks.len() as u64;
+            self.write_runs(blocks).await?;
+            if let Some(root) = root {
+                break root;
+            }
+            match scanned {
+                Ok(()) => {}
+                Err(TreeError::Need(_)) => {
+                    let needs = {
+                        let mut st = self.st.borrow_mut();
+                        let tree = st.meta.tree.as_mut().expect("a checkpoint has a tree");
+                        // What the scan has passed goes (clean nodes stay on the device
+                        // until the new slot is durable); nothing ahead of it, such as the
+                        // batch just read: dropping by age would take that first when this
+                        // checkpoint's dirty nodes alone fill the cache.
+                        tree.evict_before(&from);
+                        tree.needs_from(&from, READS_AT_ONCE)
+                    };
+                    stalls += 1;
+                    if stalls > STALLS_MAX {
+                        return Err(failure(format!(
+                            "metadata tree afresh: the scan gets no further than {from:?}"
+                        )));
+                    }
+                    self.load_nodes(&needs).await?;
+                }
+                Err(e) => return Err(failure(format!("metadata tree: {e}"))),
+            }
+        };
+        // The old tree (and the nodes it held) goes: the new one is read from the device as
+        // it is needed. Its nodes are written (not yet synced: the slot's sync does that).
+        self.st.borrow_mut().meta.tree = Some(Tree::open_at(root, generation));
+        Ok((root, written))
     }
 
     /// Writes blocks, each run of adjacent ones in one device write.
@@ -492,37 +585,6 @@ impl<D: BlockDevice> NativeStore<D> {
         }
         Ok(children)
     }
-
-    /// Loads every node of the tree that is not in memory, a subtree at a time, many reads
-    /// at once (a tree written afresh is built from the whole old one).
-    async fn load_whole_tree(&self) -> std::io::Result<()> {
-        const PAGE: usize = 4096;
-        let mut from: Vec<u8> = Vec::new();
-        loop {
-            let page = {
-                let st = self.st.borrow();
-                let tree = st.meta.tree.as_ref().expect("a checkpoint has a tree");
-                tree.range(&from, None, PAGE)
-            };
-            match page {
-                Ok(page) if page.len() < PAGE => return Ok(()),
-                Ok(page) => {
-                    // The smallest key after the page's last.
-                    from = page.last().expect("a full page").0.clone();
-                    from.push(0);
-                }
-                Err(TreeError::Need(n)) => {
-                    let mut queue = VecDeque::from([n]);
-                    while !queue.is_empty() {
-                        let batch: Vec<Need> =
-                            queue.drain(..queue.len().min(READS_AT_ONCE)).collect();
-                        queue.extend(self.load_nodes(&batch).await?);
-                    }
-                }
-                Err(e) => return Err(failure(format!("metadata tree: {e}"))),
-            }
-        }
-    }
 }
 
 /// Stops the shard when dropped: held by a checkpoint from the moment it takes the index's
@@ -591,60 +653,232 @@ pub(crate) async fn read_nodes<D: BlockDevice>(
 }
 
 /// Mount: reads the whole tree whose root is at `root` (named by the slot of `generation`)
-/// and rebuilds the index from it, holding no more than its inner nodes, `bodies` record
-/// bytes of object bodies, and the bodies of `needed` (which the journal replay changes).
-/// Level by level, a batch of nodes at a time: inner nodes are kept (trimmed to
-/// `cache_nodes` at the end), leaves are read once, in key order, and dropped.
+/// and rebuilds the index from it, holding no more than a path of nodes from the root (each
+/// with the children still to visit), `bodies` record bytes of object bodies, and the bodies
+/// of `needed` (which the journal replay changes). Depth first, so leaves come in key order;
+/// the leaves under one node are read together. Nothing is kept in the tree: it starts with
+/// nothing loaded.
+///
+/// Every node is checked against its parent (`walk_node`), and every leaf's keys against the
+/// bounds its route gives: at or above its own route key, and below the next leaf's. So a
+/// damaged tree whose blocks still pass their checksums is refused here, not met later as a
+/// record a lookup cannot find. A node reached twice is refused: an inner one by its place,
+/// a leaf by the key order (no leaf but the root is empty).
 /// Errors say what is wrong with the tree (the caller refuses the mount).
 pub(crate) async fn load_tree<D: BlockDevice>(
     dev: &D,
     base: u64,
     geo: Geometry,
     (root, generation): (u64, u64),
-    cache_nodes: usize,
     bodies: u64,
     needed: crate::metatree::Names,
 ) -> std::result::Result<(Index, MetaTree), String> {
-    let mut tree = Tree::open_at(root, generation);
-    let mut queue = std::collections::VecDeque::from([Need {
+    /// An inner node on the walk's path: its level and generation, and the children not
+    /// visited yet.
+    struct Frame {
+        level: u8,
+        generation: u64,
+        children: VecDeque<Need>,
+    }
+    let mut loader = Loader::paging(geo, bodies, needed);
+    let mut meta = MetaTree::without_tree(geo.segments);
+    let mut inner_seen = std::collections::HashSet::new();
+    let mut leaves = LeafBounds::default();
+    let root_need = Need {
         paddr: root,
         key: Vec::new(),
-    }]);
-    let mut loader = Loader::paging(geo, bodies, needed);
-    // A node reached twice (crafted pointers) is refused before it is read again: a tree
-    // whose nodes all point to one child would otherwise grow without bound in memory.
-    let mut seen = std::collections::HashSet::new();
-    let mut paddrs = Vec::new();
-    while !queue.is_empty() {
-        let batch: Vec<Need> = queue.drain(..queue.len().min(READS_AT_ONCE)).collect();
-        for n in &batch {
-            if !seen.insert(n.paddr) {
-                return Err(format!("tree node at block {} is reached twice", n.paddr));
-            }
-            paddrs.push(n.paddr);
-        }
+    };
+    let mut stack: Vec<Frame> = Vec::new();
+    let read = |batch: Vec<Need>| async move {
         let blocks = read_nodes(dev, base, &geo, &batch)
             .await
             .map_err(|e| e.to_string())?;
-        for (n, b) in batch.iter().zip(&blocks) {
-            match tree.visit(n, b.full()).map_err(|e| e.to_string())? {
-                Visited::Inner(children) => queue.extend(children),
-                // Every leaf is at level 0, below every inner node: the queue reaches the
-                // leaves once every inner node is in, and then in key order.
-                Visited::Leaf(entries) => {
-                    for (k, v) in &entries {
-                        loader
-                            .push(k, v)
-                            .map_err(|e| format!("metadata tree: {e}"))?;
-                    }
-                }
+        Ok::<_, String>(batch.into_iter().zip(blocks))
+    };
+    for (n, b) in read(vec![root_need]).await? {
+        meta.count_found(&geo, n.paddr)?;
+        let w = walk_node(&n, b.full(), None, generation).map_err(|e| e.to_string())?;
+        match w.visited {
+            Visited::Leaf(entries) => leaves.take(&n, entries, true, &mut loader)?,
+            Visited::Inner(children) => {
+                inner_seen.insert(n.paddr);
+                stack.push(Frame {
+                    level: w.level,
+                    generation: w.generation,
+                    children: children.into(),
+                });
             }
         }
     }
-    let index = loader.finish().map_err(|e| format!("metadata tree: {e}"))?;
-    let mut meta = MetaTree::loaded(tree, &geo, &paddrs)?;
-    if let Some(t) = meta.tree.as_mut() {
-        t.evict_to(cache_nodes);
+    while let Some(top) = stack.last_mut() {
+        let (level, limit) = (top.level, top.generation);
+        if level == 1 {
+            // Its children are leaves: read them together, a batch at a time.
+            let batch: Vec<Need> = top
+                .children
+                .drain(..top.children.len().min(READS_AT_ONCE))
+                .collect();
+            if top.children.is_empty() {
+                stack.pop();
+            }
+            for (n, b) in read(batch).await? {
+                meta.count_found(&geo, n.paddr)?;
+                let w = walk_node(&n, b.full(), Some(0), limit).map_err(|e| e.to_string())?;
+                let Visited::Leaf(entries) = w.visited else {
+                    return Err(format!("tree node at block {} is not a leaf", n.paddr));
+                };
+                leaves.take(&n, entries, false, &mut loader)?;
+            }
+            continue;
+        }
+        let Some(n) = top.children.pop_front() else {
+            stack.pop();
+            continue;
+        };
+        if !inner_seen.insert(n.paddr) {
+            return Err(format!("tree node at block {} is reached twice", n.paddr));
+        }
+        for (n, b) in read(vec![n]).await? {
+            meta.count_found(&geo, n.paddr)?;
+            let w = walk_node(&n, b.full(), Some(level - 1), limit).map_err(|e| e.to_string())?;
+            let Visited::Inner(children) = w.visited else {
+                return Err(format!(
+                    "tree node at block {} is a leaf above level 0",
+                    n.paddr
+                ));
+            };
+            if children.is_empty() {
+                return Err(format!("tree node at block {} has no children", n.paddr));
+            }
+            stack.push(Frame {
+                level: w.level,
+                generation: w.generation,
+                children: children.into(),
+            });
+        }
     }
+    let index = loader.finish().map_err(|e| format!("metadata tree: {e}"))?;
+    meta.tree = Some(Tree::open_at(root, generation));
     Ok((index, meta))
+}
+
+/// The bounds a walk in key order holds each leaf to: its keys at or above its route key,
+/// and the previous leaf's below it.
+#[derive(Default)]
+struct LeafBounds {
+    /// The previous leaf's last key.
+    last: Option<Vec<u8>>,
+}
+
+impl LeafBounds {
+    fn take(
+        &mut self,
+        need: &Need,
+        entries: Vec<(Vec<u8>, Vec<u8>)>,
+        root: bool,
+        loader: &mut Loader,
+    ) -> std::result::Result<(), String> {
+        let at = need.paddr;
+        if self.last.as_ref().is_some_and(|l| *l >= need.key) {
+            return Err(format!(
+                "tree leaf at block {at} starts below keys the leaf before it holds"
+            ));
+        }
+        let (Some((first, _)), Some((last, _))) = (entries.first(), entries.last()) else {
+            return match root {
+                true => Ok(()),
+                false => Err(format!("tree leaf at block {at} is empty")),
+            };
+        };
+        if *first < need.key {
+            return Err(format!(
+                "tree leaf at block {at} holds keys below the range its parent gives it"
+            ));
+        }
+        self.last = Some(last.clone());
+        for (k, v) in &entries {
+            loader
+                .push(k, v)
+                .map_err(|e| format!("metadata tree: {e}"))?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::index::Body;
+    use crate::metatree::Names;
+    use crate::SimDevice;
+    use futures::executor::block_on;
+
+    const GEO: Geometry = Geometry {
+        first_block: 2,
+        segment_blocks: 64,
+        segments: 8,
+    };
+
+    /// A tree of `objects` empty objects written with the builder onto a device: the device,
+    /// the root, and every node's place with its block, in the order written (leaves first
+    /// within each level, in key order).
+    fn built(objects: u64) -> (SimDevice, u64, Vec<(u64, Vec<u8>)>) {
+        let cid = carmine_types::PgId { pool: 1, seed: 2 };
+        let mut entries = vec![(collection_key(cid), Vec::new())];
+        for id in 0..objects {
+            // Long names: records of two pieces, two objects a leaf.
+            let oid = format!("{id:0>1000}");
+            let rec = object_record(cid, &oid, 0, &Body::default());
+            for (i, c) in chunks(&rec).enumerate() {
+                entries.push((object_key(id, i as u32), c.to_vec()));
+            }
+        }
+        let mut b = Builder::new(3);
+        let mut next = GEO.segment_start(1);
+        let mut place = || {
+            next += 1;
+            next
+        };
+        let mut out = Vec::new();
+        for (k, v) in &entries {
+            b.push(k, v, &mut place, &mut out).unwrap();
+        }
+        let root = b.finish(&mut place, &mut out);
+        let dev = SimDevice::new((GEO.segment_start(GEO.segments) * BLOCK as u64) as usize);
+        write(&dev, &out);
+        (dev, root, out)
+    }
+
+    fn write(dev: &SimDevice, blocks: &[(u64, Vec<u8>)]) {
+        for (p, b) in blocks {
+            let mut buf = AlignedBuf::new(BLOCK);
+            buf.extend_from_slice(b);
+            block_on(dev.write_at(buf, p * BLOCK as u64)).0.unwrap();
+        }
+    }
+
+    fn load(dev: &SimDevice, root: u64) -> std::result::Result<u64, String> {
+        block_on(load_tree(dev, 0, GEO, (root, 3), u64::MAX, Names::new()))
+            .map(|(ix, _)| ix.objects)
+    }
+
+    #[test]
+    fn a_mount_walk_refuses_leaves_out_of_their_place_even_with_good_checksums() {
+        let (dev, root, blocks) = built(40);
+        assert_eq!(load(&dev, root).unwrap(), 40);
+        let leaves: Vec<&(u64, Vec<u8>)> = blocks.iter().filter(|(_, b)| b[6] == 0).collect();
+        assert!(leaves.len() >= 4, "{} leaves", leaves.len());
+        let (a, b) = (leaves[1], leaves[2]);
+        // Two leaves swapped: each block is a good node, in the wrong place.
+        write(&dev, &[(a.0, b.1.clone()), (b.0, a.1.clone())]);
+        let err = load(&dev, root).unwrap_err();
+        assert!(err.contains("leaf"), "{err}");
+        // One leaf twice (the second copy where the next leaf was): refused as well.
+        write(&dev, &[(a.0, a.1.clone()), (b.0, a.1.clone())]);
+        let err = load(&dev, root).unwrap_err();
+        assert!(err.contains("leaf"), "{err}");
+        // Put back, it loads again.
+        write(&dev, &[(b.0, b.1.clone())]);
+        assert_eq!(load(&dev, root).unwrap(), 40);
+    }
 }

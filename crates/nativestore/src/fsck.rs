@@ -22,7 +22,17 @@ pub struct FsckReport {
 /// Loads shard `shard` read-only (checkpoint and journal, nothing written) and reads back
 /// every mapped block against its checksum, and checks the space accounting.
 pub async fn fsck<D: BlockDevice>(dev: D, shard: u32) -> Result<FsckReport, MountError> {
-    let (store, mount) = NativeStore::open(dev, shard, NativeConfig::default(), false).await?;
+    fsck_with(dev, shard, NativeConfig::default()).await
+}
+
+/// As [`fsck`], with the caches of `config`: bodies beyond its object cache are read back
+/// from the metadata tree one object at a time, so the check holds no more than a mount.
+pub async fn fsck_with<D: BlockDevice>(
+    dev: D,
+    shard: u32,
+    config: NativeConfig,
+) -> Result<FsckReport, MountError> {
+    let (store, mount) = NativeStore::open(dev, shard, config, false).await?;
     let mut report = FsckReport {
         mount,
         ..FsckReport::default()
@@ -41,9 +51,9 @@ pub async fn fsck<D: BlockDevice>(dev: D, shard: u32) -> Result<FsckReport, Moun
             ));
         }
     }
-    type ObjectBlocks = (carmine_types::CollectionId, String, Vec<(u64, BlockRef)>);
     // A mount pages out bodies beyond the object cache as it loads them: each is read back
-    // from its record in the metadata tree, which checks the tree's leaves on the way.
+    // from its record in the metadata tree (which checks the leaves it lies in), one object
+    // at a time, and its blocks checked before the next.
     let names: Vec<(carmine_types::CollectionId, String)> = {
         let st = store.st.borrow();
         st.index
@@ -52,19 +62,19 @@ pub async fn fsck<D: BlockDevice>(dev: D, shard: u32) -> Result<FsckReport, Moun
             .flat_map(|(cid, coll)| coll.keys().map(|oid| (*cid, oid.clone())))
             .collect()
     };
-    let mut objects: Vec<ObjectBlocks> = Vec::with_capacity(names.len());
     for (cid, oid) in names {
-        match store
+        let blocks: Vec<(u64, BlockRef)> = match store
             .with_body(cid, &oid, |_, b| Ok(b.blocks.iter().collect()))
             .await
         {
-            Ok(blocks) => objects.push((cid, oid, blocks)),
-            Err(e) => report.errors.push(format!(
-                "{cid}/{oid}: its metadata cannot be read back: {e}"
-            )),
-        }
-    }
-    for (cid, oid, blocks) in objects {
+            Ok(blocks) => blocks,
+            Err(e) => {
+                report.errors.push(format!(
+                    "{cid}/{oid}: its metadata cannot be read back: {e}"
+                ));
+                continue;
+            }
+        };
         let size = store
             .st
             .borrow()
@@ -98,6 +108,12 @@ pub async fn fsck<D: BlockDevice>(dev: D, shard: u32) -> Result<FsckReport, Moun
                     b.paddr
                 ));
             }
+        }
+        // What was read back leaves again: nothing checkpoints here to do it.
+        let mut st = store.st.borrow_mut();
+        st.index.evict_to(config.object_cache_bytes);
+        if let Some(t) = st.meta.tree.as_mut() {
+            t.evict_to((config.metadata_cache_bytes / crate::BLOCK as u64) as usize);
         }
     }
     Ok(report)

@@ -34,7 +34,7 @@ mod victim;
 pub use device::{AlignedBuf, BlockDevice, DeviceLock, FileDevice, SyncMode, BLOCK};
 pub use error::{IndexError, JournalError, MountError, ShardFailure};
 pub use format::{FormatError, Superblock, FORMAT_VERSION, SUPER_BACKUP_OFFSET};
-pub use fsck::{fsck, FsckReport};
+pub use fsck::{fsck, fsck_with, FsckReport};
 pub use mount::{
     mkfs, read_superblock, read_superblock_copies, upgrade, MountReport, SuperblockCopies,
 };

@@ -134,24 +134,15 @@ impl MetaTree {
         }
     }
 
-    /// The tree mount loaded whole, its nodes at `paddrs`. Fails on a node outside every
-    /// segment, in a segment's header block, or reached twice.
-    pub fn loaded(tree: Tree, geo: &Geometry, paddrs: &[u64]) -> Result<Self, String> {
-        let mut m = Self::without_tree(geo.segments);
-        let mut seen = std::collections::HashSet::with_capacity(paddrs.len());
-        for &p in paddrs {
-            let s = geo
-                .segment_of(p)
-                .filter(|&s| p != geo.segment_start(s))
-                .ok_or_else(|| format!("tree node at block {p} lies outside every segment"))?;
-            if !seen.insert(p) {
-                return Err(format!("tree node at block {p} is reached twice"));
-            }
-            m.live[s as usize] += 1;
-            m.nodes += 1;
-        }
-        m.tree = Some(tree);
-        Ok(m)
+    /// Counts a node a mount found at `paddr`. Fails on one outside every segment or in a
+    /// segment's header block (the walk refuses a node reached twice).
+    pub fn count_found(&mut self, geo: &Geometry, paddr: u64) -> Result<(), String> {
+        let s = geo
+            .segment_of(paddr)
+            .filter(|&s| paddr != geo.segment_start(s))
+            .ok_or_else(|| format!("tree node at block {paddr} lies outside every segment"))?;
+        self.take(s);
+        Ok(())
     }
 
     pub fn live_in(&self, segment: u32) -> u32 {
@@ -207,6 +198,7 @@ pub(crate) struct Loader {
     kept: u64,
     /// Objects whose bodies stay whatever the budget: the journal replay changes them.
     needed: Names,
+    last_key: Option<Vec<u8>>,
 }
 
 fn invalid(what: &'static str, found: u64) -> DecodeError {
@@ -227,10 +219,17 @@ impl Loader {
             budget,
             kept: 0,
             needed,
+            last_key: None,
         }
     }
 
     pub fn push(&mut self, key: &[u8], value: &[u8]) -> Result<(), DecodeError> {
+        // A tree's entries come in strictly increasing order: a key repeated or out of place
+        // (a damaged or crafted tree) could give two objects one tree id.
+        if self.last_key.as_deref().is_some_and(|last| last >= key) {
+            return Err(invalid("metadata tree key order", key.len() as u64));
+        }
+        self.last_key = Some(key.to_vec());
         match (key.first(), key.len()) {
             (Some(&KIND_COLLECTION), 9) => {
                 if self.object.is_some() || self.index.objects > 0 {
@@ -429,6 +428,18 @@ mod tests {
             assert!(
                 written <= bound,
                 "xattr of {pad} bytes: {written} nodes, bound {bound}"
+            );
+            // A tree written afresh by the streaming builder keeps the same bound.
+            let mut b = carmine_btree::Builder::new(1);
+            let mut out = Vec::new();
+            for (k, v) in &entries {
+                b.push(k, v, &mut || 1, &mut out).unwrap();
+            }
+            b.finish(&mut || 1, &mut out);
+            let built = out.len() as u64;
+            assert!(
+                built <= bound,
+                "xattr of {pad} bytes: {built} nodes built, bound {bound}"
             );
         }
     }

@@ -25,9 +25,6 @@ pub struct MountReport {
     pub checkpoint_generation: u64,
     /// Nodes of the checkpoint's metadata tree (0: the checkpoint was a blob, format 3).
     pub metadata_nodes: u64,
-    /// Of those, the ones held in memory once the checkpoint was loaded (inner nodes, up
-    /// to the metadata cache): leaves are read once and dropped.
-    pub metadata_nodes_kept: u64,
     /// Record bytes of the object bodies held in memory once the checkpoint was loaded (up
     /// to the object cache, and those the replay changes), and the bodies paged out then.
     pub bodies_loaded_bytes: u64,
@@ -455,7 +452,6 @@ impl<D: BlockDevice> NativeStore<D> {
                 base,
                 geo,
                 (root, slot.generation),
-                (config.metadata_cache_bytes / BLOCK as u64) as usize,
                 config.object_cache_bytes,
                 needed,
             )
@@ -473,7 +469,6 @@ impl<D: BlockDevice> NativeStore<D> {
         };
 
         report.metadata_nodes = meta.nodes;
-        report.metadata_nodes_kept = meta.tree.as_ref().map_or(0, |t| t.loaded() as u64);
         report.bodies_loaded_bytes = index.residency.resident_bytes;
         report.bodies_paged_out_at_load = index.residency.paged_out;
         for (record, deltas) in records {

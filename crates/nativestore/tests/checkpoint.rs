@@ -14,7 +14,7 @@ const C: CollectionId = PgId { pool: 1, seed: 0 };
 const SEGMENT: u32 = 1 << 20;
 
 fn formatted() -> SimDevice {
-    let dev = SimDevice::new(96 << 20);
+    let dev = SimDevice::new(160 << 20);
     block_on(mkfs(&dev, 1, SEGMENT)).unwrap();
     dev
 }
@@ -49,8 +49,17 @@ fn value(v: u32) -> Bytes {
 }
 
 fn check(store: &NativeStore<SimDevice>, model: &BTreeMap<usize, u32>) {
-    let listed = block_on(store.list_objects(C, None, usize::MAX)).unwrap();
-    assert_eq!(listed.items.len(), model.len(), "objects listed");
+    // A page may hold fewer than asked for: follow `next`.
+    let (mut listed, mut after) = (0, None);
+    loop {
+        let page = block_on(store.list_objects(C, after.as_deref(), usize::MAX)).unwrap();
+        listed += page.items.len();
+        match page.next {
+            Some(n) => after = Some(n),
+            None => break,
+        }
+    }
+    assert_eq!(listed, model.len(), "objects listed");
     for (&i, &v) in model {
         let got = block_on(store.getattr(C, &name(i), "v"))
             .unwrap_or_else(|e| panic!("{}: {e}", name(i)));
@@ -237,4 +246,89 @@ fn a_checkpoint_dropped_half_way_stops_the_shard_and_loses_nothing() {
     drop(store);
     let store = mount(&dev, config);
     check(&store, &model);
+}
+
+/// A tree that shrank to a third of its entries is written afresh, in one streaming pass over
+/// the old one with a node cache of two nodes (neither tree whole in memory): every object
+/// keeps its value across the rewrite and a remount, and the old nodes' segments are freed.
+#[test]
+fn a_tree_written_afresh_streams_through_a_tiny_cache_and_keeps_everything() {
+    // Enough objects that this checkpoint's dirty nodes alone outnumber the node cache by
+    // far: the scan must never drop what it read ahead before reaching it.
+    const N: usize = 24_000;
+    let config = NativeConfig {
+        metadata_cache_bytes: 8 << 10,
+        ..NativeConfig::default()
+    };
+    let dev = formatted();
+    let store = mount(&dev, config);
+    submit(&store, |t| {
+        t.create_collection(C);
+    });
+    let mut model = BTreeMap::new();
+    for i in 0..N {
+        set_version(&store, i, 1);
+        model.insert(i, 1);
+    }
+    block_on(store.checkpoint_now()).unwrap();
+    let full = store.stats();
+    // Half the objects go (deletion does not merge nodes): not yet worth a fresh tree.
+    for i in (0..N).filter(|i| i % 2 == 1) {
+        submit(&store, |t| {
+            t.remove(C, &name(i));
+        });
+        model.remove(&i);
+    }
+    block_on(store.checkpoint_now()).unwrap();
+    let half = store.stats();
+    assert_eq!(half.tree_rewrites, full.tree_rewrites, "{half:?}");
+    // A third of what is left goes, all from the first leaves, and a few change: the tree
+    // is written afresh now, most of it read from the device by the rewrite itself (the
+    // cache holds two nodes, and the changes reach only the first leaves).
+    for i in (0..N / 2).step_by(2) {
+        submit(&store, |t| {
+            t.remove(C, &name(i));
+        });
+        model.remove(&i);
+    }
+    for i in (4000..N).step_by(20) {
+        set_version(&store, i, 2);
+        model.insert(i, 2);
+    }
+    let reads = dev.bytes_read();
+    block_on(store.checkpoint_now()).unwrap();
+    let after = store.stats();
+    assert!(store.failure().is_none(), "{:?}", store.failure());
+    assert_eq!(
+        after.tree_rewrites,
+        half.tree_rewrites + 1,
+        "the shrunk tree is written afresh: {after:?}"
+    );
+    let read_nodes = (dev.bytes_read() - reads) / 4096;
+    eprintln!(
+        "rewrite read {read_nodes} nodes; {} nodes before, {} after",
+        half.metadata_nodes, after.metadata_nodes
+    );
+    assert!(
+        read_nodes * 2 > half.metadata_nodes,
+        "the rewrite read {read_nodes} of {} nodes",
+        half.metadata_nodes
+    );
+    assert!(
+        after.metadata_nodes * 2 < half.metadata_nodes,
+        "{} nodes after, {} before",
+        after.metadata_nodes,
+        half.metadata_nodes
+    );
+    assert!(
+        after.metadata_segments < half.metadata_segments,
+        "the old nodes' segments are freed"
+    );
+    check(&store, &model);
+    drop(store);
+    let store = mount(&dev, config);
+    check(&store, &model);
+    drop(store);
+    let report = block_on(fsck(dev, 0)).unwrap();
+    assert!(report.errors.is_empty(), "{:?}", report.errors);
 }
