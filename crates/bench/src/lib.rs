@@ -194,6 +194,10 @@ pub struct BenchArgs {
     /// Native store: object bodies kept in memory per shard (default: the OSDs' own, 64M).
     #[arg(long, value_parser = carmine_localcluster::parse_size)]
     pub object_cache: Option<u64>,
+    /// Native store: pace the background cleaner to this many bytes per second while
+    /// clients use the store (default: the OSDs' own, no pacing).
+    #[arg(long, value_parser = carmine_localcluster::parse_cleaner_rate)]
+    pub cleaner_rate: Option<u64>,
     /// Native store: O_DSYNC journal writes (FUA where the device has it) instead of a
     /// separate fdatasync; still power-loss durable.
     #[arg(long)]
@@ -364,6 +368,7 @@ fn bench_carmine(a: &BenchArgs, cluster_dir: &std::path::Path) -> Result<Run> {
         idle_poll_us: osd_idle_poll(a)?,
         journal_writes: a.journal_writes,
         object_cache: a.object_cache,
+        cleaner_rate: a.cleaner_rate,
         reset_osd_settings: false,
         pool: Some("rbd".into()),
         pg_num: Some(64),

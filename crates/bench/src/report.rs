@@ -91,6 +91,10 @@ pub struct Run {
     pub journal_writes: Option<u32>,
     /// Native store: object cache bytes per shard, if not the OSDs' default.
     pub object_cache: Option<u64>,
+    /// Native store: the background cleaner's pace in bytes per second while clients use
+    /// the store, if given.
+    #[serde(default)]
+    pub cleaner_rate: Option<u64>,
     pub latency_target_ms: f64,
     pub rows: Vec<Row>,
     /// OSD and client usage sampled every half second over the sweep (after the prefill).
@@ -144,6 +148,7 @@ impl Run {
             osd_idle_poll_us: Vec::new(),
             journal_writes: a.journal_writes,
             object_cache: a.object_cache,
+            cleaner_rate: a.cleaner_rate,
             latency_target_ms: a.latency_target_ms,
             rows,
             timeline: Vec::new(),
@@ -220,6 +225,11 @@ fn system(run: &Run) -> String {
             false => format!("{n} bytes"),
         };
         idle_poll += &format!(", {size} object cache per shard");
+    }
+    match run.cleaner_rate {
+        Some(0) => idle_poll += ", cleaner not paced",
+        Some(n) => idle_poll += &format!(", cleaner paced at {} MiB/s", n >> 20),
+        None => {}
     }
     format!(
         "Carmine, {} OSD(s) x {} reactor(s), {} on cpu {} (cpu policy {}), {} store{idle_poll}",

@@ -95,7 +95,7 @@ pub struct OsdArgs {
     /// space is short are never paced. Pacing suits light writes next to heavy reads: under
     /// sustained writes the cleaner falls behind and writers clean in their own path.
     #[arg(long, default_value_t = carmine_nativestore::CLEANER_BUSY_RATE_DEFAULT,
-          value_parser = parse_cleaner_rate)]
+          value_parser = carmine_localcluster::parse_cleaner_rate)]
     pub cleaner_rate: u64,
     /// Native store: journal writes (a write of gathered records and its sync) in flight at
     /// once per shard. More overlaps the next write with the current sync, at the price of
@@ -621,18 +621,6 @@ fn parse_read_lease(s: &str) -> Result<Duration, String> {
     Ok(d)
 }
 
-/// `--cleaner-rate`: a size per second, 0 for none; below 1 MiB/s one victim would pause
-/// housekeeping for minutes, so that is refused.
-fn parse_cleaner_rate(s: &str) -> Result<u64, String> {
-    let rate = parse_size(s)?;
-    if rate != 0 && rate < 1 << 20 {
-        return Err(format!(
-            "{s} per second is too slow for the cleaner: 0 (no pacing) or at least 1M"
-        ));
-    }
-    Ok(rate)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -644,14 +632,5 @@ mod tests {
         // Given, it is taken as it is, shared cores or not.
         assert_eq!(idle_poll(Some(0), true).0, Duration::ZERO);
         assert_eq!(idle_poll(Some(200), false).0, Duration::from_micros(200));
-    }
-
-    #[test]
-    fn a_cleaner_rate_is_zero_or_at_least_a_mebibyte_per_second() {
-        assert_eq!(parse_cleaner_rate("0"), Ok(0));
-        assert_eq!(parse_cleaner_rate("1M"), Ok(1 << 20));
-        assert_eq!(parse_cleaner_rate("128M"), Ok(128 << 20));
-        assert!(parse_cleaner_rate("100").is_err());
-        assert!(parse_cleaner_rate("512K").is_err());
     }
 }

@@ -113,9 +113,14 @@ pub struct UpArgs {
     /// given).
     #[arg(long, value_parser = parse_size)]
     pub object_cache: Option<u64>,
+    /// Native store: pace the background cleaner to this many bytes per second while
+    /// clients use the store (0: no pacing, the OSDs' default; else at least 1M). Kept
+    /// across restarts once given.
+    #[arg(long, value_parser = parse_cleaner_rate)]
+    pub cleaner_rate: Option<u64>,
     /// Restart the OSDs with the defaults for every setting this `up` gives no flag for,
     /// instead of the ones the cluster kept (memory limit, cpu policy and set, pinning,
-    /// durability, recovery rates, idle poll, journal writes, object cache).
+    /// durability, recovery rates, idle poll, journal writes, object cache, cleaner rate).
     #[arg(long)]
     pub reset_osd_settings: bool,
     /// Name of the pool created with the cluster [rbd].
@@ -1352,6 +1357,18 @@ pub fn down(dir: &Path) -> Result<String> {
             )
         }
     ))
+}
+
+/// `--cleaner-rate`: a size per second, 0 for none; below 1 MiB/s one victim would pause
+/// housekeeping for minutes, so that is refused.
+pub fn parse_cleaner_rate(s: &str) -> Result<u64, String> {
+    let rate = parse_size(s)?;
+    if rate != 0 && rate < 1 << 20 {
+        return Err(format!(
+            "{s} per second is too slow for the cleaner: 0 (no pacing) or at least 1M"
+        ));
+    }
+    Ok(rate)
 }
 
 /// Parses sizes like `4096`, `64K`, `256M`, `4G`, `1T` (binary multiples).

@@ -33,6 +33,8 @@ pub(crate) struct OsdRun {
     pub journal_writes: Option<u32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub object_cache: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cleaner_rate: Option<u64>,
 }
 
 /// A reactor shard's memory budget unless `--memory-limit` says otherwise.
@@ -81,12 +83,13 @@ impl OsdRun {
         now.idle_poll_us = a.idle_poll_us.or(kept.idle_poll_us);
         now.journal_writes = a.journal_writes.or(kept.journal_writes);
         now.object_cache = a.object_cache.or(kept.object_cache);
+        now.cleaner_rate = a.cleaner_rate.or(kept.cleaner_rate);
         let changes = self.changes_to(&now);
         (now, changes)
     }
 
     /// Each setting as `up` names it, and its value in words.
-    fn described(&self) -> [(&'static str, String); 10] {
+    fn described(&self) -> [(&'static str, String); 11] {
         let or = |v: Option<String>, none: &str| v.unwrap_or_else(|| none.into());
         let num = |v: Option<u64>| or(v.map(|v| v.to_string()), "default");
         [
@@ -103,6 +106,7 @@ impl OsdRun {
             ("idle poll µs", num(self.idle_poll_us)),
             ("journal writes", num(self.journal_writes.map(u64::from))),
             ("object cache bytes", num(self.object_cache)),
+            ("cleaner rate bytes/s", num(self.cleaner_rate)),
         ]
     }
 
@@ -162,6 +166,7 @@ impl OsdRun {
         );
         if native {
             opt("--object-cache", self.object_cache.map(|v| v.to_string()));
+            opt("--cleaner-rate", self.cleaner_rate.map(|v| v.to_string()));
         }
         if self.no_pin {
             args.push("--no-pin".into());

@@ -181,6 +181,15 @@ fn sizes_parse_with_binary_units_and_refuse_nonsense() {
 }
 
 #[test]
+fn a_cleaner_rate_is_zero_or_at_least_a_mebibyte_per_second() {
+    assert_eq!(parse_cleaner_rate("0"), Ok(0));
+    assert_eq!(parse_cleaner_rate("1M"), Ok(1 << 20));
+    assert_eq!(parse_cleaner_rate("128M"), Ok(128 << 20));
+    assert!(parse_cleaner_rate("100").is_err());
+    assert!(parse_cleaner_rate("512K").is_err());
+}
+
+#[test]
 fn free_ports_are_distinct_bindable_and_below_the_ephemeral_range() {
     let addrs = free_addrs("127.0.0.1".parse().unwrap(), 32).unwrap();
     assert_eq!(addrs.len(), 32);
@@ -252,8 +261,11 @@ fn how_osds_run_is_kept_with_the_cluster_and_changed_only_by_flags_given() {
             "50",
             "--recovery-rate-mib",
             "8",
+            "--cleaner-rate",
+            "16M",
         ],
     ));
+    assert_eq!(tuned.cleaner_rate, Some(16 << 20));
     let (kept_tuned, said) = tuned.with_flags(&args(&d.0, &[]));
     assert_eq!(kept_tuned, tuned);
     assert!(said.is_empty(), "{said:?}");
@@ -270,6 +282,7 @@ fn how_osds_run_is_kept_with_the_cluster_and_changed_only_by_flags_given() {
         "cpu set 1 -> all",
         "idle poll µs 50 -> default",
         "recovery rate MiB/s 8 -> default",
+        "cleaner rate bytes/s 16777216 -> default",
         "cpu policy osd -> default",
         "memory limit 1073741824 -> 2147483648",
         // (--pin above had turned it on; the flag given applies over the defaults.)
@@ -283,6 +296,8 @@ fn how_osds_run_is_kept_with_the_cluster_and_changed_only_by_flags_given() {
         &["--pin", "--no-pin"][..],
         &["--fsync", "--dsync"],
         &["--no-fsync", "--dsync"],
+        // A cleaner paced below 1 MiB/s would hold housekeeping for minutes per victim.
+        &["--cleaner-rate", "512K"],
     ] {
         let dir = d.0.to_str().unwrap();
         assert!(Cli::try_parse_from([&["up", "--dir", dir][..], bad].concat()).is_err());
