@@ -240,27 +240,20 @@ impl<D: BlockDevice> NativeStore<D> {
         Ok(())
     }
 
-    /// Applies `ops` to the tree, writes its dirty nodes, syncs, and writes the slot.
-    /// `new_tree`: the tree is new (every record is in `ops`); `compact`: write the tree
-    /// afresh after the changes.
-    async fn write_checkpoint(
-        &self,
-        ops: Vec<Op>,
-        pos: JournalPos,
-        new_tree: bool,
-        mut compact: bool,
-    ) -> std::io::Result<Written> {
+    /// Applies `ops` (in key order) to the tree in memory, reading ahead the nodes they
+    /// reach. `new_tree`: the tree is new, nothing to read.
+    async fn apply_ops(&self, ops: &[Op], new_tree: bool) -> std::io::Result<()> {
         let all_loaded = {
             let st = self.st.borrow();
             st.meta.tree.as_ref().map_or(0, |t| t.loaded()) as u64 >= st.meta.nodes
         };
         if !all_loaded && !new_tree {
-            self.fault_in(&ops).await?;
+            self.fault_in(ops).await?;
         }
         // What the reads ahead could not foresee: a removal that empties a leaf sends the
         // keys of its range to a neighbour not read yet. Changes fail before they change
         // anything, so the one that needs a node is tried again once it is loaded.
-        for op in &ops {
+        for op in ops {
             loop {
                 let r = {
                     let mut st = self.st.borrow_mut();
@@ -273,8 +266,30 @@ impl<D: BlockDevice> NativeStore<D> {
                 }
             }
         }
-        // More changed nodes than room: write the tree afresh, which `checkpoint` made sure
-        // fits (`fresh_tree_blocks` is an upper bound).
+        Ok(())
+    }
+
+    /// Applies `ops` to the tree, writes its dirty nodes, syncs, and writes the slot.
+    /// `new_tree`: the tree is new (every record is in `ops`); `compact`: write the tree
+    /// afresh after the changes.
+    async fn write_checkpoint(
+        &self,
+        ops: Vec<Op>,
+        pos: JournalPos,
+        new_tree: bool,
+        mut compact: bool,
+    ) -> std::io::Result<Written> {
+        // A tree written afresh takes the changes as its scan of the old one goes by: the
+        // old tree is read once and never changed, so the pass holds no more than its read
+        // ahead, whatever the changes touch.
+        let mut merged = Vec::new();
+        if compact {
+            merged = ops;
+        } else {
+            self.apply_ops(&ops, new_tree).await?;
+        }
+        // More changed nodes than room: write the tree afresh (its changes already in),
+        // which `checkpoint` made sure fits (`fresh_tree_blocks` is an upper bound).
         let no_room = !new_tree && !compact && {
             let st = self.st.borrow();
             let geo = &self.geo;
@@ -291,7 +306,7 @@ impl<D: BlockDevice> NativeStore<D> {
         let mut segments = BTreeSet::new();
         let (root, freed, written_blocks) = if compact {
             // Written and placed as it streams; every old node is freed once the slot is.
-            let (root, written) = self.write_afresh(&mut segments).await?;
+            let (root, written) = self.write_afresh(&mut segments, merged).await?;
             (root, Vec::new(), written)
         } else {
             let (root, freed) = {
@@ -419,7 +434,11 @@ impl<D: BlockDevice> NativeStore<D> {
     /// ahead a batch at a time and dropped behind the scan. Neither tree is ever whole in
     /// memory. Returns the new root and the nodes written; the new tree replaces the old one
     /// in `meta`, nothing of it loaded.
-    async fn write_afresh(&self, segments: &mut BTreeSet<u32>) -> std::io::Result<(u64, u64)> {
+    async fn write_afresh(
+        &self,
+        segments: &mut BTreeSet<u32>,
+        changes: Vec<Op>,
+    ) -> std::io::Result<(u64, u64)> {
         const PAGE: usize = 4096;
         /// Rounds in a row that may read nodes without the scan getting further.
         const STALLS_MAX: u32 = 8;
@@ -430,6 +449,9 @@ impl<D: BlockDevice> NativeStore<D> {
             (st.slot.generation + 1).min(GENERATION_MAX)
         };
         let mut builder = Builder::new(generation);
+        // The changes not applied to the old tree, in key order (one per key): merged into
+        // the scan's entries as they go by.
+        let mut changes = changes.into_iter().peekable();
         let mut from: Vec<u8> = Vec::new();
         let mut stalls = 0;
         let mut written = 0u64;
@@ -460,11 +482,32 @@ impl<D: BlockDevice> NativeStore<D> {
                         0
                     }
                 };
-                for (k, v) in &page {
+                let mut push = |k: &[u8], v: &[u8]| {
                     builder
                         .push(k, v, &mut place, &mut blocks)
-                        .map_err(|e| failure(format!("metadata tree afresh: {e}")))?;
+                        .map_err(|e| failure(format!("metadata tree afresh: {e}")))
+                };
+                for (k, v) in &page {
+                    // Records new since the old tree, below this entry.
+                    while let Some(op) = changes.next_if(|op| op.key() < k.as_slice()) {
+                        if let Op::Put(nk, nv) = op {
+                            push(&nk, &nv)?;
+                        }
+                    }
+                    match changes.next_if(|op| op.key() == k.as_slice()) {
+                        Some(Op::Put(_, nv)) => push(k, &nv)?,
+                        Some(Op::Delete(_)) => {}
+                        None => push(k, v)?,
+                    }
                 }
+                if done {
+                    for op in changes.by_ref() {
+                        if let Op::Put(nk, nv) = op {
+                            push(&nk, &nv)?;
+                        }
+                    }
+                }
+                drop(push);
                 let root = done.then(|| {
                     std::mem::replace(&mut builder, Builder::new(generation))
                         .finish(&mut place, &mut blocks)
@@ -503,6 +546,10 @@ impl<D: BlockDevice> NativeStore<D> {
                         )));
                     }
                     self.load_nodes(&needs).await?;
+                    let mut st = self.st.borrow_mut();
+                    let held = st.meta.tree.as_ref().map_or(0, |t| t.loaded()) as u64;
+                    let most = &mut st.stats.tree_rewrite_nodes_held_max;
+                    *most = (*most).max(held);
                 }
                 Err(e) => return Err(failure(format!("metadata tree: {e}"))),
             }

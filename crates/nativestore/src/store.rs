@@ -93,6 +93,9 @@ pub struct NativeStats {
     /// Checkpoints that wrote a fresh metadata tree (the first one, and those that found
     /// the tree wasteful).
     pub tree_rewrites: u64,
+    /// The most tree nodes a rewrite held in memory at once (since the shard started): its
+    /// read ahead and what the scan has not passed yet, not the tree.
+    pub tree_rewrite_nodes_held_max: u64,
     /// Now: nodes of the newest checkpoint's tree, and segments holding metadata.
     pub metadata_nodes: u64,
     pub metadata_segments: u64,
@@ -200,6 +203,11 @@ impl NativeStats {
                 "native_tree_rewrites_total",
                 "Checkpoints that wrote the metadata tree afresh.",
                 self.tree_rewrites,
+            ),
+            gauge(
+                "native_tree_rewrite_nodes_held_max",
+                "The most metadata tree nodes a rewrite held in memory at once.",
+                self.tree_rewrite_nodes_held_max,
             ),
             gauge(
                 "native_metadata_nodes",

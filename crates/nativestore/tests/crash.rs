@@ -137,6 +137,7 @@ fn recovery_after_random_crashes_matches_the_model() {
     let mut body_reads_total = 0u64;
     let mut cleaned_total = 0u64;
     let mut cleaned_background_total = 0u64;
+    let mut rewrites_total = 0u64;
     for iteration in 0..iterations() {
         let dev = SimDevice::from_image(std::mem::take(&mut image));
         dev.die_at_write(rng.random_range(0..60));
@@ -214,6 +215,7 @@ fn recovery_after_random_crashes_matches_the_model() {
         }
         cleaned_total += store.stats().segments_cleaned;
         cleaned_background_total += store.stats().segments_cleaned_background;
+        rewrites_total += store.stats().tree_rewrites;
         drop(store);
         let crashed = dev.crash(&mut rng).0;
         let check = SimDevice::from_image(crashed.clone());
@@ -252,7 +254,8 @@ fn recovery_after_random_crashes_matches_the_model() {
          transactions all recovered, {lost_total} in-flight ones lost as wholes, \
          {dropped_total} submitters cancelled mid-way, {body_reads_total} object bodies read \
          back from the tree, {cleaned_total} segments cleaned before a crash \
-         ({cleaned_background_total} by the background task)",
+         ({cleaned_background_total} by the background task), {rewrites_total} metadata \
+         trees written afresh",
         iterations()
     );
     assert!(

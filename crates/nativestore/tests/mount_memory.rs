@@ -215,14 +215,16 @@ fn mount_memory_on_a_file() {
         let secs = started.elapsed().as_secs_f64();
         let peak = status("VmHWM:");
         let after = store.stats();
+        assert_eq!(after.tree_rewrites, stats.tree_rewrites + 1, "{after:?}");
         eprintln!(
             "checkpoint after removing 2/3 of the objects: {secs:.2} s, tree written afresh \
              {} time(s), {} -> {} metadata nodes, RSS {before} KiB before, peak {peak} KiB \
-             (+{} MiB)",
+             (+{} MiB), {} nodes held at most",
             after.tree_rewrites - stats.tree_rewrites,
             stats.metadata_nodes,
             after.metadata_nodes,
-            (peak - before) >> 10
+            (peak - before) >> 10,
+            after.tree_rewrite_nodes_held_max
         );
         drop(store);
     });
