@@ -507,7 +507,6 @@ impl<D: BlockDevice> NativeStore<D> {
                         }
                     }
                 }
-                drop(push);
                 let root = done.then(|| {
                     std::mem::replace(&mut builder, Builder::new(generation))
                         .finish(&mut place, &mut blocks)
