@@ -96,6 +96,45 @@ fn take_changes(index: &mut Index) -> std::io::Result<Vec<Op>> {
 /// fill up (splits at a node's end keep it full), and changes near each other share reads.
 fn sort(ops: &mut [Op]) {
     ops.sort_unstable_by(|a, b| a.key().cmp(b.key()));
+    // One change per key: a tree rewrite merges them into its scan, and a key twice would
+    // be a builder error (the shard stops), where applying them in turn let the last win.
+    debug_assert!(
+        ops.windows(2).all(|w| w[0].key() != w[1].key()),
+        "a checkpoint's changes name each key once"
+    );
+}
+
+/// Merges `changes` (in key order, one per key) into a page of the old tree's entries
+/// (consecutive pages of one scan, in key order), handing `push` what the new tree holds
+/// there, in key order: a change's new value for its key, nothing for a removed one, new
+/// keys where they fall. `last`: the scan's last page, after which every change left goes.
+fn merge_page<E>(
+    page: &[(Vec<u8>, Vec<u8>)],
+    changes: &mut std::iter::Peekable<std::vec::IntoIter<Op>>,
+    last: bool,
+    push: &mut impl FnMut(&[u8], &[u8]) -> std::result::Result<(), E>,
+) -> std::result::Result<(), E> {
+    for (k, v) in page {
+        // New keys below this entry.
+        while let Some(op) = changes.next_if(|op| op.key() < k.as_slice()) {
+            if let Op::Put(nk, nv) = op {
+                push(&nk, &nv)?;
+            }
+        }
+        match changes.next_if(|op| op.key() == k.as_slice()) {
+            Some(Op::Put(_, nv)) => push(k, &nv)?,
+            Some(Op::Delete(_)) => {}
+            None => push(k, v)?,
+        }
+    }
+    if last {
+        for op in changes.by_ref() {
+            if let Op::Put(nk, nv) = op {
+                push(&nk, &nv)?;
+            }
+        }
+    }
+    Ok(())
 }
 
 fn apply_one(tree: &mut Tree, op: &Op) -> std::result::Result<(), TreeError> {
@@ -269,7 +308,8 @@ impl<D: BlockDevice> NativeStore<D> {
         Ok(())
     }
 
-    /// Applies `ops` to the tree, writes its dirty nodes, syncs, and writes the slot.
+    /// Applies `ops` to the tree (or, writing it afresh, merges them into the new one),
+    /// writes its new nodes, syncs, and writes the slot.
     /// `new_tree`: the tree is new (every record is in `ops`); `compact`: write the tree
     /// afresh after the changes.
     async fn write_checkpoint(
@@ -287,6 +327,7 @@ impl<D: BlockDevice> NativeStore<D> {
             merged = ops;
         } else {
             self.apply_ops(&ops, new_tree).await?;
+            drop(ops);
         }
         // More changed nodes than room: write the tree afresh (its changes already in),
         // which `checkpoint` made sure fits (`fresh_tree_blocks` is an upper bound).
@@ -455,6 +496,13 @@ impl<D: BlockDevice> NativeStore<D> {
         let mut from: Vec<u8> = Vec::new();
         let mut stalls = 0;
         let mut written = 0u64;
+        {
+            // What the node cache holds as the rewrite begins counts too.
+            let mut st = self.st.borrow_mut();
+            let held = st.meta.tree.as_ref().map_or(0, |t| t.loaded()) as u64;
+            let most = &mut st.stats.tree_rewrite_nodes_held_max;
+            *most = (*most).max(held);
+        }
         let root = loop {
             let mut page = Vec::new();
             let scanned = {
@@ -487,26 +535,7 @@ impl<D: BlockDevice> NativeStore<D> {
                         .push(k, v, &mut place, &mut blocks)
                         .map_err(|e| failure(format!("metadata tree afresh: {e}")))
                 };
-                for (k, v) in &page {
-                    // Records new since the old tree, below this entry.
-                    while let Some(op) = changes.next_if(|op| op.key() < k.as_slice()) {
-                        if let Op::Put(nk, nv) = op {
-                            push(&nk, &nv)?;
-                        }
-                    }
-                    match changes.next_if(|op| op.key() == k.as_slice()) {
-                        Some(Op::Put(_, nv)) => push(k, &nv)?,
-                        Some(Op::Delete(_)) => {}
-                        None => push(k, v)?,
-                    }
-                }
-                if done {
-                    for op in changes.by_ref() {
-                        if let Op::Put(nk, nv) = op {
-                            push(&nk, &nv)?;
-                        }
-                    }
-                }
+                merge_page(&page, &mut changes, done, &mut push)?;
                 let root = done.then(|| {
                     std::mem::replace(&mut builder, Builder::new(generation))
                         .finish(&mut place, &mut blocks)
@@ -906,6 +935,63 @@ mod tests {
     fn load(dev: &SimDevice, root: u64) -> std::result::Result<u64, String> {
         block_on(load_tree(dev, 0, GEO, (root, 3), u64::MAX, Names::new()))
             .map(|(ix, _)| ix.objects)
+    }
+
+    /// Against a map: old entries cut into random pages, changes of every kind (a new value,
+    /// a removal, a new key before, between and after the old ones, a removal of a key that
+    /// is not there) merged page by page give the map with the changes applied.
+    #[test]
+    fn merging_changes_into_a_scan_gives_the_changed_tree() {
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand::rngs::StdRng::seed_from_u64(11);
+        for round in 0..300 {
+            let key = |i: u32| format!("k{i:05}").into_bytes();
+            let old: std::collections::BTreeMap<Vec<u8>, Vec<u8>> = (0..rng.random_range(0..60))
+                .map(|_| {
+                    let i = rng.random_range(0..200) * 2;
+                    (key(i), vec![1])
+                })
+                .collect();
+            let mut want = old.clone();
+            let mut changes: std::collections::BTreeMap<Vec<u8>, Op> = Default::default();
+            for _ in 0..rng.random_range(0..40) {
+                // Odd keys are never in the old tree: new ones, or removals of nothing.
+                let k = key(rng.random_range(0..401));
+                let op = match rng.random_range(0..3) {
+                    0 => Op::Delete(k.clone()),
+                    _ => Op::Put(k.clone(), vec![2, round as u8]),
+                };
+                match &op {
+                    Op::Put(k, v) => want.insert(k.clone(), v.clone()),
+                    Op::Delete(k) => want.remove(k),
+                };
+                // One change per key: the last one stands, as in the model.
+                changes.insert(k, op);
+            }
+            let mut changes = changes
+                .into_values()
+                .collect::<Vec<_>>()
+                .into_iter()
+                .peekable();
+            let entries: Vec<(Vec<u8>, Vec<u8>)> = old.into_iter().collect();
+            let mut got = Vec::new();
+            let mut push = |k: &[u8], v: &[u8]| {
+                got.push((k.to_vec(), v.to_vec()));
+                Ok::<(), ()>(())
+            };
+            let mut at = 0;
+            loop {
+                let end = (at + rng.random_range(0..8)).min(entries.len());
+                let last = end == entries.len() && rng.random_bool(0.7);
+                merge_page(&entries[at..end], &mut changes, last, &mut push).unwrap();
+                at = end;
+                if last {
+                    break;
+                }
+            }
+            let want: Vec<_> = want.into_iter().collect();
+            assert_eq!(got, want, "round {round}");
+        }
     }
 
     #[test]

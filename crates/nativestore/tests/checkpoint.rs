@@ -254,8 +254,8 @@ fn a_checkpoint_dropped_half_way_stops_the_shard_and_loses_nothing() {
 /// read back through the new tree, and the old nodes' segments are freed.
 #[test]
 fn a_tree_written_afresh_streams_through_a_tiny_cache_and_keeps_everything() {
-    // Enough objects that this checkpoint's dirty nodes alone outnumber the node cache by
-    // far: the scan must never drop what it read ahead before reaching it.
+    // Enough objects that the tree is many times the node cache and the read ahead: the
+    // scan must hold its read ahead and a path, never the tree.
     const N: usize = 24_000;
     let config = NativeConfig {
         metadata_cache_bytes: 8 << 10,
