@@ -884,15 +884,10 @@ impl LeafBounds {
 mod tests {
     use super::*;
     use crate::index::Body;
+    use crate::metatree::tests::GEO;
     use crate::metatree::Names;
     use crate::SimDevice;
     use futures::executor::block_on;
-
-    const GEO: Geometry = Geometry {
-        first_block: 2,
-        segment_blocks: 64,
-        segments: 8,
-    };
 
     /// A tree of `objects` empty objects written with the builder onto a device: the device,
     /// the root, and every node's place with its block, in the order written (leaves first

@@ -301,12 +301,12 @@ impl Loader {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::delta::Delta;
     use crate::extents::Extent;
 
-    const GEO: Geometry = Geometry {
+    pub(crate) const GEO: Geometry = Geometry {
         first_block: 2,
         segment_blocks: 64,
         segments: 8,

@@ -67,6 +67,34 @@ fn check(store: &NativeStore<SimDevice>, model: &BTreeMap<usize, u32>) {
     }
 }
 
+/// Tiny caches: two tree nodes, no object body kept (each is read back through the tree).
+fn tiny_caches() -> NativeConfig {
+    NativeConfig {
+        metadata_cache_bytes: 8 << 10,
+        object_cache_bytes: 1,
+        ..NativeConfig::default()
+    }
+}
+
+/// A store of objects `0..n` at version 1, checkpointed, and its model.
+fn checkpointed(
+    n: usize,
+    config: NativeConfig,
+) -> (SimDevice, NativeStore<SimDevice>, BTreeMap<usize, u32>) {
+    let dev = formatted();
+    let store = mount(&dev, config);
+    submit(&store, |t| {
+        t.create_collection(C);
+    });
+    let mut model = BTreeMap::new();
+    for i in 0..n {
+        set_version(&store, i, 1);
+        model.insert(i, 1);
+    }
+    block_on(store.checkpoint_now()).unwrap();
+    (dev, store, model)
+}
+
 #[test]
 fn a_checkpoint_writes_what_changed_not_the_whole_index() {
     let dev = formatted();
@@ -257,23 +285,9 @@ fn a_tree_written_afresh_streams_through_a_tiny_cache_and_keeps_everything() {
     // Enough objects that the tree is many times the node cache and the read ahead: the
     // scan must hold its read ahead and a path, never the tree.
     const N: usize = 24_000;
-    let config = NativeConfig {
-        metadata_cache_bytes: 8 << 10,
-        // Bodies are read back through the new tree afterwards, not kept.
-        object_cache_bytes: 1,
-        ..NativeConfig::default()
-    };
-    let dev = formatted();
-    let store = mount(&dev, config);
-    submit(&store, |t| {
-        t.create_collection(C);
-    });
-    let mut model = BTreeMap::new();
-    for i in 0..N {
-        set_version(&store, i, 1);
-        model.insert(i, 1);
-    }
-    block_on(store.checkpoint_now()).unwrap();
+    // Bodies are read back through the new tree afterwards, not kept.
+    let config = tiny_caches();
+    let (dev, store, mut model) = checkpointed(N, config);
     let full = store.stats();
     // Half the objects go (deletion does not merge nodes): not yet worth a fresh tree.
     for i in (0..N).filter(|i| i % 2 == 1) {
@@ -349,22 +363,8 @@ fn a_tree_written_afresh_streams_through_a_tiny_cache_and_keeps_everything() {
 /// and the journal or from the new tree, whatever the crash left of unsynced writes.
 #[test]
 fn a_crash_at_any_write_of_a_tree_rewrite_loses_nothing() {
-    let config = NativeConfig {
-        metadata_cache_bytes: 8 << 10,
-        object_cache_bytes: 1,
-        ..NativeConfig::default()
-    };
-    let dev = formatted();
-    let store = mount(&dev, config);
-    submit(&store, |t| {
-        t.create_collection(C);
-    });
-    let mut model = BTreeMap::new();
-    for i in 0..3000 {
-        set_version(&store, i, 1);
-        model.insert(i, 1);
-    }
-    block_on(store.checkpoint_now()).unwrap();
+    let config = tiny_caches();
+    let (dev, store, mut model) = checkpointed(3000, config);
     for i in (0..3000).filter(|i| i % 3 != 0) {
         submit(&store, |t| {
             t.remove(C, &name(i));
