@@ -751,13 +751,8 @@ impl Tree {
                 };
                 for (i, c) in children.iter().enumerate() {
                     let Ptr::Mem(cid) = *c else { continue };
-                    let child = self.node(cid);
-                    let childless = match &child.body {
-                        Body::Leaf(_) => true,
-                        Body::Inner(cc) => cc.iter().all(|p| matches!(p, Ptr::Disk(_))),
-                    };
-                    if !child.dirty && childless {
-                        cands.push((child.used.get(), id, i, cid));
+                    if !self.node(cid).dirty && self.childless(cid) {
+                        cands.push((self.node(cid).used.get(), id, i, cid));
                     } else {
                         stack.push(cid);
                     }
@@ -769,20 +764,33 @@ impl Tree {
             cands.sort_unstable();
             let want = self.loaded() - max_loaded;
             for &(_, parent, i, cid) in cands.iter().take(want) {
-                let paddr = self
-                    .node(cid)
-                    .disk
-                    .expect("a clean node has a copy on the device");
-                self.nodes[cid] = None;
-                self.free_ids.push(cid);
-                let Body::Inner(cs) = &mut self.node_mut(parent).body else {
-                    unreachable!("a parent is an inner node")
-                };
-                cs[i] = Ptr::Disk(paddr);
+                self.unload(parent, i, cid);
                 dropped += 1;
             }
         }
         dropped
+    }
+
+    /// Whether loaded node `id` has no loaded child.
+    fn childless(&self, id: usize) -> bool {
+        match &self.node(id).body {
+            Body::Leaf(_) => true,
+            Body::Inner(cc) => cc.iter().all(|p| matches!(p, Ptr::Disk(_))),
+        }
+    }
+
+    /// Drops clean node `cid`, child `i` of `parent`: the parent points to its device copy.
+    fn unload(&mut self, parent: usize, i: usize, cid: usize) {
+        let paddr = self
+            .node(cid)
+            .disk
+            .expect("a clean node has a copy on the device");
+        self.nodes[cid] = None;
+        self.free_ids.push(cid);
+        let Body::Inner(cs) = &mut self.node_mut(parent).body else {
+            unreachable!("a parent is an inner node")
+        };
+        cs[i] = Ptr::Disk(paddr);
     }
 
     /// Drops the loaded nodes all of whose keys lie below `key` (a scan in key order has
@@ -821,20 +829,9 @@ impl Tree {
         let mut dropped = 0;
         for (i, cid, child_upper) in passed {
             dropped += self.evict_below(cid, child_upper.as_deref(), key);
-            let child = self.node(cid);
-            let childless = match &child.body {
-                Body::Leaf(_) => true,
-                Body::Inner(cc) => cc.iter().all(|p| matches!(p, Ptr::Disk(_))),
-            };
             let behind = child_upper.as_deref().is_some_and(|u| u <= key);
-            if behind && childless && !child.dirty {
-                let paddr = child.disk.expect("a clean node has a copy on the device");
-                self.nodes[cid] = None;
-                self.free_ids.push(cid);
-                let Body::Inner(cs) = &mut self.node_mut(id).body else {
-                    unreachable!("a parent is an inner node")
-                };
-                cs[i] = Ptr::Disk(paddr);
+            if behind && !self.node(cid).dirty && self.childless(cid) {
+                self.unload(id, i, cid);
                 dropped += 1;
             }
         }

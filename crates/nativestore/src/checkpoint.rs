@@ -137,6 +137,19 @@ fn merge_page<E>(
     Ok(())
 }
 
+/// The generation of the slot the next checkpoint writes, which its nodes carry: a reader
+/// of an older slot refuses a node of a later one found where one of its own used to be.
+fn next_generation(st: &crate::store::State) -> u64 {
+    (st.slot.generation + 1).min(GENERATION_MAX)
+}
+
+/// Notes the tree nodes in memory now in the most a rewrite held.
+fn note_held(st: &mut crate::store::State) {
+    let held = st.meta.tree.as_ref().map_or(0, |t| t.loaded()) as u64;
+    let most = &mut st.stats.tree_rewrite_nodes_held_max;
+    *most = (*most).max(held);
+}
+
 fn apply_one(tree: &mut Tree, op: &Op) -> std::result::Result<(), TreeError> {
     match op {
         Op::Put(k, v) => tree.insert(k, v).map(drop),
@@ -263,7 +276,7 @@ impl<D: BlockDevice> NativeStore<D> {
                 st.segments.release(s);
             }
         }
-        let cache_nodes = (self.config.metadata_cache_bytes / BLOCK as u64) as usize;
+        let cache_nodes = self.config.metadata_cache_nodes();
         if let Some(t) = st.meta.tree.as_mut() {
             t.evict_to(cache_nodes);
         }
@@ -311,7 +324,7 @@ impl<D: BlockDevice> NativeStore<D> {
     /// Applies `ops` to the tree (or, writing it afresh, merges them into the new one),
     /// writes its new nodes, syncs, and writes the slot.
     /// `new_tree`: the tree is new (every record is in `ops`); `compact`: write the tree
-    /// afresh after the changes.
+    /// afresh, with the changes.
     async fn write_checkpoint(
         &self,
         ops: Vec<Op>,
@@ -322,13 +335,12 @@ impl<D: BlockDevice> NativeStore<D> {
         // A tree written afresh takes the changes as its scan of the old one goes by: the
         // old tree is read once and never changed, so the pass holds no more than its read
         // ahead, whatever the changes touch.
-        let mut merged = Vec::new();
-        if compact {
-            merged = ops;
+        let merged = if compact {
+            ops
         } else {
             self.apply_ops(&ops, new_tree).await?;
-            drop(ops);
-        }
+            Vec::new()
+        };
         // More changed nodes than room: write the tree afresh (its changes already in),
         // which `checkpoint` made sure fits (`fresh_tree_blocks` is an upper bound).
         let no_room = !new_tree && !compact && {
@@ -425,9 +437,7 @@ impl<D: BlockDevice> NativeStore<D> {
         blocks: &mut Vec<(u64, Vec<u8>)>,
         segments: &mut BTreeSet<u32>,
     ) -> (u64, Vec<u64>) {
-        // Nodes carry the generation of the slot that will name them: a reader of an older
-        // slot refuses a node of a later one found where one of its own used to be.
-        let generation = (st.slot.generation + 1).min(GENERATION_MAX);
+        let generation = next_generation(st);
         let (meta, segs) = (&mut st.meta, &mut st.segments);
         let mut place = || {
             self.place_node(meta, segs, blocks, segments)
@@ -487,7 +497,7 @@ impl<D: BlockDevice> NativeStore<D> {
             let mut st = self.st.borrow_mut();
             // New nodes go to new segments of their own, freed together later.
             st.meta.open = None;
-            (st.slot.generation + 1).min(GENERATION_MAX)
+            next_generation(&st)
         };
         let mut builder = Builder::new(generation);
         // The changes not applied to the old tree, in key order (one per key): merged into
@@ -496,13 +506,8 @@ impl<D: BlockDevice> NativeStore<D> {
         let mut from: Vec<u8> = Vec::new();
         let mut stalls = 0;
         let mut written = 0u64;
-        {
-            // What the node cache holds as the rewrite begins counts too.
-            let mut st = self.st.borrow_mut();
-            let held = st.meta.tree.as_ref().map_or(0, |t| t.loaded()) as u64;
-            let most = &mut st.stats.tree_rewrite_nodes_held_max;
-            *most = (*most).max(held);
-        }
+        // What the node cache holds as the rewrite begins counts too.
+        note_held(&mut self.st.borrow_mut());
         let root = loop {
             let mut page = Vec::new();
             let scanned = {
@@ -574,10 +579,7 @@ impl<D: BlockDevice> NativeStore<D> {
                         )));
                     }
                     self.load_nodes(&needs).await?;
-                    let mut st = self.st.borrow_mut();
-                    let held = st.meta.tree.as_ref().map_or(0, |t| t.loaded()) as u64;
-                    let most = &mut st.stats.tree_rewrite_nodes_held_max;
-                    *most = (*most).max(held);
+                    note_held(&mut self.st.borrow_mut());
                 }
                 Err(e) => return Err(failure(format!("metadata tree: {e}"))),
             }

@@ -113,7 +113,7 @@ pub async fn fsck_with<D: BlockDevice>(
         let mut st = store.st.borrow_mut();
         st.index.evict_to(config.object_cache_bytes);
         if let Some(t) = st.meta.tree.as_mut() {
-            t.evict_to((config.metadata_cache_bytes / crate::BLOCK as u64) as usize);
+            t.evict_to(config.metadata_cache_nodes());
         }
     }
     Ok(report)

@@ -276,7 +276,7 @@ impl<D: BlockDevice> NativeStore<D> {
         if st.slot.generation != generation {
             return Ok(());
         }
-        let cap = (self.config.metadata_cache_bytes / crate::BLOCK as u64) as usize;
+        let cap = self.config.metadata_cache_nodes();
         let trim = !st.meta.checkpointing;
         let Some(tree) = st.meta.tree.as_mut() else {
             return Ok(());

@@ -59,6 +59,13 @@ pub struct NativeConfig {
 /// evening); pacing is for loads whose writes are light next to their reads.
 pub const CLEANER_BUSY_RATE_DEFAULT: u64 = 0;
 
+impl NativeConfig {
+    /// The metadata cache in tree nodes.
+    pub(crate) fn metadata_cache_nodes(&self) -> usize {
+        (self.metadata_cache_bytes / crate::BLOCK as u64) as usize
+    }
+}
+
 impl Default for NativeConfig {
     fn default() -> Self {
         Self {
