@@ -7,7 +7,7 @@
 
 use compio::buf::{IoBuf, IoBufMut, SetLen};
 use compio::io::{AsyncReadAt, AsyncWriteAt};
-use std::alloc::{alloc_zeroed, dealloc, Layout};
+use std::alloc::{alloc, alloc_zeroed, dealloc, Layout};
 use std::io;
 use std::mem::MaybeUninit;
 use std::path::Path;
@@ -62,6 +62,27 @@ impl AlignedBuf {
         }
         Self { ptr, cap, len: 0 }
     }
+    /// A buffer of `len` bytes (rounded up to a block), its length its capacity, filled front
+    /// to back by `fill` and with zeros after what `fill` appended. Every byte is written
+    /// once: a journal record's data blocks are not zeroed first only to be overwritten (a
+    /// 64 KiB write's record spent 7% of the OSD core in that memset).
+    pub fn assemble(len: usize, fill: impl FnOnce(&mut Assembly<'_>)) -> Self {
+        let cap = len.max(BLOCK).div_ceil(BLOCK) * BLOCK;
+        let layout = Layout::from_size_align(cap, BLOCK).expect("valid layout");
+        // SAFETY: the layout has a non-zero size. The allocation is not initialised: until
+        // the end of this function only `Assembly::put` writes it, front to back, and
+        // nothing reads it; the rest is zeroed below, before the buffer is handed out.
+        let ptr = unsafe { alloc(layout) };
+        if ptr.is_null() {
+            std::alloc::handle_alloc_error(layout);
+        }
+        let mut buf = Self { ptr, cap, len: 0 };
+        fill(&mut Assembly { buf: &mut buf });
+        // SAFETY: `len <= cap` (kept by `put`); the bytes from `len` on are in the allocation.
+        unsafe { buf.ptr.add(buf.len).write_bytes(0, cap - buf.len) };
+        buf.len = cap;
+        buf
+    }
     /// A zeroed buffer whose length is its full capacity.
     pub fn zeroed(len: usize) -> Self {
         let mut b = Self::new(len);
@@ -114,6 +135,47 @@ impl AlignedBuf {
     pub fn full_mut(&mut self) -> &mut [u8] {
         // SAFETY: as above; `&mut self` makes the access exclusive.
         unsafe { std::slice::from_raw_parts_mut(self.ptr, self.cap) }
+    }
+}
+
+/// Appends to a buffer being assembled (`AlignedBuf::assemble`); it can only write.
+pub struct Assembly<'a> {
+    buf: &'a mut AlignedBuf,
+}
+
+impl Assembly<'_> {
+    /// Appends `data`; panics past the capacity (callers size buffers from their layout).
+    pub fn put(&mut self, data: &[u8]) {
+        let end = self.buf.len + data.len();
+        assert!(
+            end <= self.buf.cap,
+            "append of {} past capacity",
+            data.len()
+        );
+        // SAFETY: `[len, end)` is inside the allocation and does not overlap `data` (the
+        // buffer is not reachable from outside while it is assembled).
+        unsafe {
+            std::ptr::copy_nonoverlapping(data.as_ptr(), self.buf.ptr.add(self.buf.len), data.len())
+        };
+        self.buf.len = end;
+    }
+    /// Appends zeros up to `pos` bytes from the start (nothing if already there).
+    pub fn zeros_to(&mut self, pos: usize) {
+        assert!(pos <= self.buf.cap, "zeros to {pos} past capacity");
+        if pos > self.buf.len {
+            // SAFETY: `[len, pos)` is inside the allocation.
+            unsafe {
+                self.buf
+                    .ptr
+                    .add(self.buf.len)
+                    .write_bytes(0, pos - self.buf.len)
+            };
+            self.buf.len = pos;
+        }
+    }
+    /// Bytes appended so far.
+    pub fn position(&self) -> usize {
+        self.buf.len
     }
 }
 
