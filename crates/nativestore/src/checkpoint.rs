@@ -289,6 +289,7 @@ impl<D: BlockDevice> NativeStore<D> {
         st.stats.checkpoints += 1;
         st.stats.checkpoint_blocks += written.blocks;
         st.stats.tree_rewrites += fresh as u64;
+        st.stats.tree_rewrites_for_room += written.for_room as u64;
         Ok(())
     }
 
@@ -420,6 +421,7 @@ impl<D: BlockDevice> NativeStore<D> {
         self.dev.sync().await?;
         Ok(Written {
             fresh,
+            for_room: no_room,
             slot,
             segments,
             freed,
@@ -694,6 +696,8 @@ impl Drop for Abandoned<'_> {
 struct Written {
     /// It wrote a fresh tree: every older metadata segment is free once its slot is durable.
     fresh: bool,
+    /// It wrote a fresh tree because the changed nodes did not fit the free room.
+    for_room: bool,
     slot: CheckpointSlot,
     /// Segments its nodes went to.
     segments: BTreeSet<u32>,

@@ -100,6 +100,9 @@ pub struct NativeStats {
     /// Checkpoints that wrote a fresh metadata tree (the first one, and those that found
     /// the tree wasteful).
     pub tree_rewrites: u64,
+    /// Of those, the ones written because the checkpoint's changed nodes did not fit the
+    /// free room (the store is nearly full, and its tree wasteful).
+    pub tree_rewrites_for_room: u64,
     /// The most tree nodes a rewrite held in memory at once (since the shard started): its
     /// read ahead and what the scan has not passed yet, not the tree.
     pub tree_rewrite_nodes_held_max: u64,
@@ -210,6 +213,11 @@ impl NativeStats {
                 "native_tree_rewrites_total",
                 "Checkpoints that wrote the metadata tree afresh.",
                 self.tree_rewrites,
+            ),
+            total(
+                "native_tree_rewrites_for_room_total",
+                "Metadata tree rewrites made because the changed nodes did not fit the free room.",
+                self.tree_rewrites_for_room,
             ),
             gauge(
                 "native_tree_rewrite_nodes_held_max",

@@ -399,3 +399,104 @@ fn a_crash_at_any_write_of_a_tree_rewrite_loses_nothing() {
         drop(store);
     }
 }
+
+/// A nearly full store whose checkpoint finds more changed nodes than free room. The tree
+/// holds a third fewer entries than it has nodes for (removals do not merge nodes), so the
+/// reserve kept for a fresh tree of the index is less than the tree; the store is filled with
+/// data up to that reserve; then removals that change every leaf leave a checkpoint more
+/// changed nodes than room, and it writes the tree afresh, its changes applied first.
+/// Nothing is lost: the objects kept, the ones removed, and the data that filled the device,
+/// across a remount, with a clean fsck.
+#[test]
+fn a_checkpoint_short_of_room_for_its_changes_writes_the_tree_afresh() {
+    const N: usize = 24_000;
+    // Small segments, so that the reserve is close to the size of a fresh tree.
+    let dev = SimDevice::new(64 << 20);
+    block_on(mkfs(&dev, 1, 64 * 4096)).unwrap();
+    // A small reserve for the cleaner's throttle, so that user data may fill the store
+    // up to what the checkpoint keeps for itself: a fresh tree.
+    let config = NativeConfig {
+        throttle_pct: 1,
+        clean_start_pct: 2,
+        ..tiny_caches()
+    };
+    let store = mount(&dev, config);
+    // The data that fills the store goes to a collection of its own.
+    const FILL: CollectionId = PgId { pool: 1, seed: 1 };
+    submit(&store, |t| {
+        t.create_collection(C);
+        t.create_collection(FILL);
+    });
+    let mut model = BTreeMap::new();
+    for i in 0..N {
+        set_version(&store, i, 1);
+        model.insert(i, 1);
+    }
+    // Removals in a few transactions (they may use the last reserve), so that no checkpoint
+    // comes between them and each one after changes every leaf.
+    let remove = |store: &NativeStore<SimDevice>, model: &mut BTreeMap<usize, u32>, step| {
+        let gone: Vec<usize> = model.keys().copied().step_by(step).collect();
+        for part in gone.chunks(2000) {
+            submit(store, |t| {
+                for &i in part {
+                    t.remove(C, &name(i));
+                }
+            });
+            for i in part {
+                model.remove(i);
+            }
+        }
+        block_on(store.checkpoint_now()).unwrap();
+    };
+    remove(&store, &mut model, 2);
+    let wasteful = store.stats();
+    // Data until the store refuses it.
+    let chunk = |k: usize| Bytes::from(vec![(k % 251) as u8 + 1; 64 << 10]);
+    let place = |k: usize| (format!("fill-{}", k / 64), (k % 64) as u64 * (64 << 10));
+    let mut filled = 0;
+    loop {
+        let mut t = Transaction::new();
+        let (oid, off) = place(filled);
+        t.write(FILL, &oid, off, chunk(filled));
+        match block_on(store.submit(t)) {
+            Ok(()) => filled += 1,
+            Err(e) if e.kind == carmine_store::StoreErrorKind::NoSpace => break,
+            Err(e) => panic!("fill {filled}: {e}"),
+        }
+    }
+    block_on(store.checkpoint_now()).unwrap();
+    let before = store.stats();
+    remove(&store, &mut model, 6);
+    let after = store.stats();
+    eprintln!(
+        "tree of {} nodes for {} objects; {filled} chunks of 64 KiB filled the store; \
+         rewrites {} -> {} ({} for room), {} nodes after",
+        wasteful.metadata_nodes,
+        N / 2,
+        before.tree_rewrites,
+        after.tree_rewrites,
+        after.tree_rewrites_for_room,
+        after.metadata_nodes,
+    );
+    assert!(store.failure().is_none(), "{:?}", store.failure());
+    assert_eq!(
+        after.tree_rewrites_for_room,
+        before.tree_rewrites_for_room + 1,
+        "the changed nodes did not fit: {after:?}"
+    );
+    let check_all = |store: &NativeStore<SimDevice>| {
+        check(store, &model);
+        for k in (0..filled).step_by(7) {
+            let (oid, off) = place(k);
+            let got = block_on(store.read(FILL, &oid, off, 64 << 10)).unwrap();
+            assert_eq!(got, chunk(k), "fill chunk {k}");
+        }
+    };
+    check_all(&store);
+    drop(store);
+    let store = mount(&dev, config);
+    check_all(&store);
+    drop(store);
+    let report = block_on(fsck(dev, 0)).unwrap();
+    assert!(report.errors.is_empty(), "{:?}", report.errors);
+}
