@@ -101,15 +101,33 @@ pub fn walk_node(
     generation_limit: u64,
 ) -> Result<Walked, LoadError> {
     let node = decode_checked(need, block, expected_level, generation_limit)?;
-    let visited = match node.body {
-        Body::Leaf(vals) => Visited::Leaf(node.keys.into_iter().zip(vals).collect()),
-        Body::Inner(_) => Visited::Inner(Tree::children_of(&node, need)),
-    };
-    Ok(Walked {
-        level: node.level,
-        generation: node.generation,
-        visited,
-    })
+    Ok(Walked::of(node, need))
+}
+
+impl Walked {
+    fn of(node: Node, need: &Need) -> Self {
+        let visited = match node.body {
+            Body::Leaf(vals) => Visited::Leaf(node.keys.into_iter().zip(vals).collect()),
+            Body::Inner(_) => Visited::Inner(Tree::children_of(&node, need)),
+        };
+        Walked {
+            level: node.level,
+            generation: node.generation,
+            visited,
+        }
+    }
+
+    /// The child on the way to `key`, if this is an inner node (`key` at or after the key
+    /// that led here).
+    pub fn toward(&self, key: &[u8]) -> Option<&Need> {
+        let Visited::Inner(children) = &self.visited else {
+            return None;
+        };
+        let i = children
+            .partition_point(|c| c.key.as_slice() <= key)
+            .saturating_sub(1);
+        children.get(i)
+    }
 }
 
 /// Decodes a node and checks its level and generation against what its parent expects.
@@ -585,6 +603,14 @@ impl Tree {
     /// checks it and hangs it where the tree expects it. Returns its children, all on the
     /// device, each with a key that leads to it: loading them in turn brings the whole tree
     /// into memory, level by level, each node read once.
+    /// Decodes `block` as the node `need` names, checked as [`Tree::load`] checks it, and
+    /// keeps nothing: for a reader that may not grow the tree (nodes below it are checked
+    /// against it with [`walk_node`]).
+    pub fn peek(&self, need: &Need, block: &[u8]) -> Result<Walked, LoadError> {
+        let (node, _) = self.checked(need, block)?;
+        Ok(Walked::of(node, need))
+    }
+
     pub fn load(&mut self, need: &Need, block: &[u8]) -> Result<Vec<Need>, LoadError> {
         let (node, parent) = self.checked(need, block)?;
         let children = Self::children_of(&node, need);

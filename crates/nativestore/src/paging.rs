@@ -17,7 +17,7 @@ use crate::index::{Body, Onode};
 use crate::metatree::{decode_record, object_key, piece_fits, PIECE};
 use crate::store::{io_error, lookup, NativeStore, State};
 use crate::BlockDevice;
-use carmine_btree::{LoadError, Need, TreeError};
+use carmine_btree::{walk_node, LoadError, Need, TreeError, Visited, Walked};
 use carmine_store::{Op, Result, StoreError, Transaction};
 use carmine_types::CollectionId;
 use std::cell::RefCell;
@@ -191,15 +191,7 @@ impl<D: BlockDevice> NativeStore<D> {
                             record.extend_from_slice(piece);
                             next += 1;
                         }
-                        Ok(_) => {
-                            return Err(metadata_failed(
-                                st,
-                                format!(
-                                    "piece {i} of {pieces} of the record of {cid}/{oid:?} (tree \
-                                     id {id}) is missing or misshapen"
-                                ),
-                            ))
-                        }
+                        Ok(_) => return Err(piece_missing(st, cid, oid, id, i, pieces)),
                         Err(TreeError::Need(n)) => {
                             need = Some((n, st.slot.generation));
                             break;
@@ -212,7 +204,30 @@ impl<D: BlockDevice> NativeStore<D> {
                 need
             };
             match need {
-                Some((n, generation)) => self.load_for_reader(n, generation).await?,
+                Some((n, generation)) if self.reader_may_grow_tree() => {
+                    self.load_for_reader(n, generation).await?
+                }
+                Some((n, generation)) => {
+                    // The piece the lookup stopped at, then those after it in the same leaf.
+                    let routed = next;
+                    if let Some(leaf) = self.leaf_for_reader(n, generation).await? {
+                        let mut st = self.st.borrow_mut();
+                        while next < pieces {
+                            let key = object_key(id, next);
+                            match leaf.binary_search_by(|(k, _)| k.as_slice().cmp(&key)) {
+                                Ok(j) if piece_fits(&leaf[j].1, next, pieces) => {
+                                    record.extend_from_slice(&leaf[j].1);
+                                    next += 1;
+                                }
+                                // Past this leaf's last key: the next lookup routes on.
+                                Err(j) if j == leaf.len() && next > routed => break,
+                                _ => {
+                                    return Err(piece_missing(&mut st, cid, oid, id, next, pieces))
+                                }
+                            }
+                        }
+                    }
+                }
                 None => return self.install(cid, oid, id, std::mem::take(&mut record)),
             }
             stuck = if next > before { 0 } else { stuck + 1 };
@@ -258,6 +273,67 @@ impl<D: BlockDevice> NativeStore<D> {
         }
     }
 
+    /// Whether a reader may hang the nodes it reads in the tree. Not during a checkpoint
+    /// with the node cache full: nothing may be evicted then (`MetaTree::checkpointing`),
+    /// and readers would grow the tree by a node or more per body read until it ends.
+    fn reader_may_grow_tree(&self) -> bool {
+        let st = self.st.borrow();
+        let cap = self.config.metadata_cache_nodes();
+        !st.meta.checkpointing || st.meta.tree.as_ref().is_none_or(|t| t.loaded() < cap)
+    }
+
+    /// The entries of the leaf on the way to `need`'s key, read from `need` down without
+    /// hanging anything in the tree, each node checked as a load checks it; `None` when
+    /// the tree changed meanwhile (a checkpoint became durable, so places may have been
+    /// reused, or someone loaded the node): the caller looks again.
+    async fn leaf_for_reader(
+        &self,
+        need: Need,
+        generation: u64,
+    ) -> Result<Option<Vec<(Vec<u8>, Vec<u8>)>>> {
+        let key = need.key.clone();
+        let mut need = need;
+        let mut above: Option<Walked> = None;
+        loop {
+            let blocks = crate::checkpoint::read_nodes(
+                &self.dev,
+                self.base,
+                &self.geo,
+                std::slice::from_ref(&need),
+            )
+            .await
+            .map_err(|e| io_error(format!("reading metadata node {}: {e}", need.paddr)))?;
+            let mut st = self.st.borrow_mut();
+            let st = &mut *st;
+            st.stats.body_node_reads += 1;
+            if st.slot.generation != generation {
+                return Ok(None);
+            }
+            let walked = match &above {
+                Some(a) => walk_node(&need, blocks[0].full(), Some(a.level - 1), a.generation),
+                None => match st.meta.tree.as_ref() {
+                    Some(tree) => tree.peek(&need, blocks[0].full()),
+                    None => return Ok(None),
+                },
+            };
+            let walked = match walked {
+                Ok(w) => w,
+                Err(LoadError::NotWanted { .. }) => return Ok(None),
+                Err(e) => return Err(metadata_failed(st, format!("metadata tree: {e}"))),
+            };
+            match walked.toward(&key) {
+                Some(child) => need = child.clone(),
+                None => {
+                    let Visited::Leaf(entries) = walked.visited else {
+                        unreachable!("a node with no child on the way is a leaf")
+                    };
+                    return Ok(Some(entries));
+                }
+            }
+            above = Some(walked);
+        }
+    }
+
     /// Reads one node a reader needs and hangs it in the tree, unless a checkpoint became
     /// durable since the need was found (its place may have been reused: the caller looks
     /// again) or someone else loaded it first.
@@ -293,6 +369,24 @@ impl<D: BlockDevice> NativeStore<D> {
         }
         Ok(())
     }
+}
+
+/// Stops the shard: piece `i` of an object's record is not in the tree, or not as expected.
+fn piece_missing(
+    st: &mut State,
+    cid: CollectionId,
+    oid: &str,
+    id: u64,
+    i: u32,
+    pieces: u32,
+) -> StoreError {
+    metadata_failed(
+        st,
+        format!(
+            "piece {i} of {pieces} of the record of {cid}/{oid:?} (tree id {id}) is missing \
+             or misshapen"
+        ),
+    )
 }
 
 /// Stops the shard: the metadata tree and the index disagree.

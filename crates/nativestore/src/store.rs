@@ -108,6 +108,8 @@ pub struct NativeStats {
     pub tree_rewrite_nodes_held_max: u64,
     /// Now: nodes of the newest checkpoint's tree, and segments holding metadata.
     pub metadata_nodes: u64,
+    /// Now: nodes of the tree held in memory (the node cache, and dirty nodes).
+    pub metadata_nodes_loaded: u64,
     pub metadata_segments: u64,
     pub segments_cleaned: u64,
     /// Victims the cleaner gave up on because it could not find every live block in them
@@ -228,6 +230,11 @@ impl NativeStats {
                 "native_metadata_nodes",
                 "Nodes of the newest checkpoint's metadata tree.",
                 self.metadata_nodes,
+            ),
+            gauge(
+                "native_metadata_nodes_loaded",
+                "Nodes of the metadata tree held in memory (cached and dirty).",
+                self.metadata_nodes_loaded,
             ),
             gauge(
                 "native_metadata_segments",
@@ -370,6 +377,7 @@ impl<D: BlockDevice> NativeStore<D> {
         let st = self.st.borrow();
         NativeStats {
             metadata_nodes: st.meta.nodes,
+            metadata_nodes_loaded: st.meta.tree.as_ref().map_or(0, |t| t.loaded() as u64),
             metadata_segments: st
                 .segments
                 .iter()

@@ -500,3 +500,58 @@ fn a_checkpoint_short_of_room_for_its_changes_writes_the_tree_afresh() {
     let report = block_on(fsck(dev, 0)).unwrap();
     assert!(report.errors.is_empty(), "{:?}", report.errors);
 }
+
+/// Readers during a checkpoint do not grow the tree past its node cache: nothing may be
+/// evicted while a checkpoint is under way, so a reader with the cache full walks down to
+/// the leaf it needs without keeping what it read. Here a checkpoint that changes the first
+/// quarter of the objects is stopped half way while 500 paged-out bodies of the rest are
+/// read back.
+#[test]
+fn readers_during_a_checkpoint_keep_the_tree_within_its_cache() {
+    use std::future::Future;
+    const N: usize = 8_000;
+    let config = tiny_caches();
+    let (_dev, store, mut model) = checkpointed(N, config);
+    for i in 0..N / 4 {
+        set_version(&store, i, 2);
+        model.insert(i, 2);
+    }
+    let mut cp = Box::pin(store.checkpoint_now());
+    let waker = futures::task::noop_waker();
+    let mut cx = std::task::Context::from_waker(&waker);
+    // Into the checkpoint: its changes hold nodes in memory, beyond the cache.
+    let mut polls = 0;
+    while store.stats().metadata_nodes_loaded < 16 {
+        assert!(
+            cp.as_mut().poll(&mut cx).is_pending(),
+            "the checkpoint ended early"
+        );
+        polls += 1;
+        assert!(polls < 10_000, "the checkpoint never loaded its nodes");
+    }
+    let held = store.stats().metadata_nodes_loaded;
+    let reads_before = store.stats().body_node_reads;
+    for i in (N / 2..N).step_by(8) {
+        let got = block_on(store.getattr(C, &name(i), "v")).unwrap();
+        assert_eq!(got, value(model[&i]), "{}", name(i));
+    }
+    let during = store.stats();
+    eprintln!(
+        "checkpoint held {held} nodes after {polls} polls; {} after {} reads ({} node reads)",
+        during.metadata_nodes_loaded,
+        N / 16,
+        during.body_node_reads - reads_before
+    );
+    assert!(
+        during.body_node_reads - reads_before >= (N / 16) as u64,
+        "the bodies were read back through the tree"
+    );
+    assert!(
+        during.metadata_nodes_loaded <= held + 8,
+        "readers grew the tree from {held} to {} nodes",
+        during.metadata_nodes_loaded
+    );
+    block_on(cp).unwrap();
+    assert!(store.failure().is_none(), "{:?}", store.failure());
+    check(&store, &model);
+}
