@@ -113,7 +113,29 @@ async fn judge(
 fn setup_txn() -> Transaction {
     let mut t = Transaction::new();
     t.create_collection(PgId { pool: 1, seed: 0 })
-        .create_collection(PgId { pool: 1, seed: 1 });
+        .create_collection(PgId { pool: 1, seed: 1 })
+        .create_collection(BULK);
+    t
+}
+
+/// A collection of its own for bulk transactions, which the random ones never touch.
+const BULK: PgId = PgId { pool: 2, seed: 0 };
+const BULK_OBJECTS: usize = 80;
+
+/// Now and then the workload adds many objects in one transaction, or removes them all:
+/// the metadata tree grows by several nodes and then holds them nearly empty (removals do
+/// not merge nodes), so checkpoints write it afresh — and crashes hit those rewrites too.
+fn bulk_txn(present: bool) -> Transaction {
+    let mut t = Transaction::new();
+    for k in 0..BULK_OBJECTS {
+        let oid = format!("bulk-{k:03}");
+        if present {
+            t.remove(BULK, &oid);
+        } else {
+            t.touch(BULK, &oid)
+                .setattr(BULK, &oid, "v", bytes::Bytes::from(vec![k as u8; 300]));
+        }
+    }
     t
 }
 
@@ -182,6 +204,17 @@ fn recovery_after_random_crashes_matches_the_model() {
                             }
                         }
                     }
+                    continue;
+                }
+                if rng.random_range(0..25) == 0 {
+                    // Removes them when the store has them, else adds them.
+                    let present = store.stat(BULK, "bulk-000").await.is_ok();
+                    let t = bulk_txn(present);
+                    let r = store.submit(t.clone()).await;
+                    if r.is_ok() {
+                        acked_total += 1;
+                    }
+                    judge(&model, &mut in_doubt, t, r, "").await;
                     continue;
                 }
                 let group: Vec<Transaction> = (0..rng.random_range(1..8))
@@ -263,6 +296,10 @@ fn recovery_after_random_crashes_matches_the_model() {
         "no object body was ever paged out and read back"
     );
     assert!(cleaned_total > 0, "the cleaner never ran before a crash");
+    assert!(
+        rewrites_total > 0,
+        "no checkpoint wrote the metadata tree afresh before a crash"
+    );
     assert!(
         cleaned_background_total > 0,
         "the background cleaner (which reads without the apply lock) never ran before a crash"
