@@ -599,10 +599,6 @@ impl Tree {
         self.nodes.iter().flatten().filter(|n| n.dirty).count()
     }
 
-    /// Takes the block of a node an operation needed (`need`, from a [`TreeError::Need`]):
-    /// checks it and hangs it where the tree expects it. Returns its children, all on the
-    /// device, each with a key that leads to it: loading them in turn brings the whole tree
-    /// into memory, level by level, each node read once.
     /// Decodes `block` as the node `need` names, checked as [`Tree::load`] checks it, and
     /// keeps nothing: for a reader that may not grow the tree (nodes below it are checked
     /// against it with [`walk_node`]).
@@ -611,6 +607,10 @@ impl Tree {
         Ok(Walked::of(node, need))
     }
 
+    /// Takes the block of a node an operation needed (`need`, from a [`TreeError::Need`]):
+    /// checks it and hangs it where the tree expects it. Returns its children, all on the
+    /// device, each with a key that leads to it: loading them in turn brings the whole tree
+    /// into memory, level by level, each node read once.
     pub fn load(&mut self, need: &Need, block: &[u8]) -> Result<Vec<Need>, LoadError> {
         let (node, parent) = self.checked(need, block)?;
         let children = Self::children_of(&node, need);

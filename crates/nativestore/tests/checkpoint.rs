@@ -401,7 +401,7 @@ fn a_crash_at_any_write_of_a_tree_rewrite_loses_nothing() {
 }
 
 /// A nearly full store whose checkpoint finds more changed nodes than free room. The tree
-/// holds a third fewer entries than it has nodes for (removals do not merge nodes), so the
+/// holds half the entries it has nodes for (removals do not merge nodes), so the
 /// reserve kept for a fresh tree of the index is less than the tree; the store is filled with
 /// data up to that reserve; then removals that change every leaf leave a checkpoint more
 /// changed nodes than room, and it writes the tree afresh, its changes applied first.
@@ -505,13 +505,22 @@ fn a_checkpoint_short_of_room_for_its_changes_writes_the_tree_afresh() {
 /// evicted while a checkpoint is under way, so a reader with the cache full walks down to
 /// the leaf it needs without keeping what it read. Here a checkpoint that changes the first
 /// quarter of the objects is stopped half way while 500 paged-out bodies of the rest are
-/// read back.
+/// read back, and 20 whose records span leaves.
 #[test]
 fn readers_during_a_checkpoint_keep_the_tree_within_its_cache() {
     use std::future::Future;
     const N: usize = 8_000;
     let config = tiny_caches();
     let (_dev, store, mut model) = checkpointed(N, config);
+    // And some objects whose records span leaves (a piece is a quarter node).
+    let big = |k: usize| Bytes::from(vec![k as u8; 9_000 + k]);
+    for k in 0..20 {
+        submit(&store, |t| {
+            t.touch(C, &format!("big-{k}"));
+            t.setattr(C, &format!("big-{k}"), "v", big(k));
+        });
+    }
+    block_on(store.checkpoint_now()).unwrap();
     for i in 0..N / 4 {
         set_version(&store, i, 2);
         model.insert(i, 2);
@@ -535,6 +544,10 @@ fn readers_during_a_checkpoint_keep_the_tree_within_its_cache() {
         let got = block_on(store.getattr(C, &name(i), "v")).unwrap();
         assert_eq!(got, value(model[&i]), "{}", name(i));
     }
+    for k in 0..20 {
+        let got = block_on(store.getattr(C, &format!("big-{k}"), "v")).unwrap();
+        assert_eq!(got, big(k), "big-{k}");
+    }
     let during = store.stats();
     eprintln!(
         "checkpoint held {held} nodes after {polls} polls; {} after {} reads ({} node reads)",
@@ -553,5 +566,10 @@ fn readers_during_a_checkpoint_keep_the_tree_within_its_cache() {
     );
     block_on(cp).unwrap();
     assert!(store.failure().is_none(), "{:?}", store.failure());
+    for k in 0..20 {
+        submit(&store, |t| {
+            t.remove(C, &format!("big-{k}"));
+        });
+    }
     check(&store, &model);
 }
