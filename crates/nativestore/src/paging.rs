@@ -295,24 +295,16 @@ impl<D: BlockDevice> NativeStore<D> {
         let mut need = need;
         let mut above: Option<Walked> = None;
         loop {
-            let blocks = crate::checkpoint::read_nodes(
-                &self.dev,
-                self.base,
-                &self.geo,
-                std::slice::from_ref(&need),
-            )
-            .await
-            .map_err(|e| io_error(format!("reading metadata node {}: {e}", need.paddr)))?;
+            let block = self.read_node_for_reader(&need).await?;
             let mut st = self.st.borrow_mut();
             let st = &mut *st;
-            st.stats.body_node_reads += 1;
             if st.slot.generation != generation {
                 return Ok(None);
             }
             let walked = match &above {
-                Some(a) => walk_node(&need, blocks[0].full(), Some(a.level - 1), a.generation),
+                Some(a) => walk_node(&need, block.full(), Some(a.level - 1), a.generation),
                 None => match st.meta.tree.as_ref() {
-                    Some(tree) => tree.peek(&need, blocks[0].full()),
+                    Some(tree) => tree.peek(&need, block.full()),
                     None => return Ok(None),
                 },
             };
@@ -334,21 +326,27 @@ impl<D: BlockDevice> NativeStore<D> {
         }
     }
 
+    /// The block of one node a reader needs, read from the device and counted.
+    async fn read_node_for_reader(&self, need: &Need) -> Result<crate::device::AlignedBuf> {
+        let mut blocks = crate::checkpoint::read_nodes(
+            &self.dev,
+            self.base,
+            &self.geo,
+            std::slice::from_ref(need),
+        )
+        .await
+        .map_err(|e| io_error(format!("reading metadata node {}: {e}", need.paddr)))?;
+        self.st.borrow_mut().stats.body_node_reads += 1;
+        Ok(blocks.swap_remove(0))
+    }
+
     /// Reads one node a reader needs and hangs it in the tree, unless a checkpoint became
     /// durable since the need was found (its place may have been reused: the caller looks
     /// again) or someone else loaded it first.
     async fn load_for_reader(&self, need: Need, generation: u64) -> Result<()> {
-        let blocks = crate::checkpoint::read_nodes(
-            &self.dev,
-            self.base,
-            &self.geo,
-            std::slice::from_ref(&need),
-        )
-        .await
-        .map_err(|e| io_error(format!("reading metadata node {}: {e}", need.paddr)))?;
+        let block = self.read_node_for_reader(&need).await?;
         let mut st = self.st.borrow_mut();
         let st = &mut *st;
-        st.stats.body_node_reads += 1;
         if st.slot.generation != generation {
             return Ok(());
         }
@@ -363,7 +361,7 @@ impl<D: BlockDevice> NativeStore<D> {
         if trim && tree.loaded() > cap + cap / 8 {
             tree.evict_to(cap);
         }
-        match tree.load(&need, blocks[0].full()) {
+        match tree.load(&need, block.full()) {
             Ok(_) | Err(LoadError::NotWanted { .. }) => {}
             Err(e) => return Err(metadata_failed(st, format!("metadata tree: {e}"))),
         }
