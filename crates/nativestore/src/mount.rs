@@ -360,88 +360,12 @@ impl<D: BlockDevice> NativeStore<D> {
             checkpoint_generation: slot.generation,
             ..MountReport::default()
         };
-        // Read the journal from the checkpoint's position on, segment by segment.
-        let mut areas: Vec<(u32, u64, AlignedBuf)> = Vec::with_capacity(journal.len());
-        for (k, &(seq, s, nonce)) in journal.iter().enumerate() {
-            let first_block = if k == 0 {
-                if seq != slot.journal.segment_seq || s != slot.journal.segment {
-                    break;
-                }
-                slot.journal.block as u64
-            } else {
-                1
-            };
-            let len = (geo.segment_blocks - first_block) as usize * BLOCK;
-            let off = seg_off(s) + first_block * BLOCK as u64;
-            let buf = read_at(&dev, len, off, "reading a journal segment").await?;
-            areas.push((s, nonce, buf));
-        }
-        // The durable mark: every record up to it was acknowledged, as later records say.
-        // A damaged record at or below it is corruption, not the torn tail of a crash.
-        let durable_mark = areas
-            .iter()
-            .flat_map(|(_, nonce, buf)| {
-                buf.full()
-                    .chunks_exact(BLOCK)
-                    .filter_map(move |b| journal::parse_header(b, *nonce))
-            })
-            .filter(|h| h.seq >= slot.journal.record_seq)
-            .map(|h| h.durable_seq)
-            .max()
-            .unwrap_or(0);
-        let mut expected = slot.journal.record_seq;
-        let mut replayed: BTreeSet<u32> = BTreeSet::new();
-        // The records to replay, parsed (and their data checked) before the checkpoint is
-        // loaded: the objects they change are the bodies the load must keep.
-        let mut records: Vec<(u64, Vec<Delta>)> = Vec::new();
-        'segments: for (k, (s, nonce, buf)) in areas.iter().enumerate() {
-            let (s, nonce) = (*s, *nonce);
-            let area = buf.full();
-            let first_block = if k == 0 { slot.journal.block as u64 } else { 1 };
-            let mut at = 0;
-            let mut any = false;
-            while let Some(rec) = parse_record(&area[at..], expected, nonce) {
-                let mut deltas = Vec::new();
-                let mut d = Decoder::new(Bytes::from(rec.meta));
-                while d.remaining() > 0 {
-                    deltas.push(Delta::decode(&mut d).map_err(|e| MountError::Journal {
-                        record: expected,
-                        source: JournalError::Decode(e),
-                    })?);
-                }
-                let rec_block = first_block + (at / BLOCK) as u64;
-                let rec_paddr = geo.segment_start(s) + rec_block;
-                let bad = bad_data_blocks(&deltas, rec_paddr, rec.data);
-                if !bad.is_empty() {
-                    if expected > durable_mark {
-                        // Never acknowledged: a write torn by the crash. The tail ends here.
-                        break 'segments;
-                    }
-                    // Acknowledged, and one of its blocks went bad since: keep the record;
-                    // reads of those blocks fail their checksum, the rest is intact.
-                    tracing::error!(
-                        shard,
-                        record = expected,
-                        ?bad,
-                        "journal record has damaged data blocks; they will read as corrupt"
-                    );
-                    report.damaged_blocks += bad.len() as u64;
-                }
-                records.push((expected, deltas));
-                at += rec.header.total_blocks as usize * BLOCK;
-                expected += 1;
-                report.records_replayed += 1;
-                any = true;
-            }
-            if any || k == 0 {
-                replayed.insert(s);
-            }
-            if !any && k > 0 {
-                // The next segment does not continue the journal: the tail ends here.
-                break;
-            }
-        }
-        drop(areas);
+        let Replay {
+            records,
+            next_record: expected,
+            segments: replayed,
+            durable_mark,
+        } = read_journal(&dev, shard, geo, &slot, &journal, &seg_off, &mut report).await?;
         let mut needed = crate::metatree::Names::new();
         for (cid, oid) in records.iter().flat_map(|(_, d)| d).flat_map(Delta::objects) {
             needed.entry(cid).or_default().insert(oid.to_owned());
@@ -651,6 +575,158 @@ async fn load_blob<D: BlockDevice>(
         return Err(BlobError::Bad("fails its checksum".into()));
     }
     Index::decode(Bytes::from(blob), geo).map_err(|e| BlobError::Bad(e.to_string()))
+}
+
+/// The journal after a checkpoint, parsed: what a mount replays.
+struct Replay {
+    /// Records to replay, in order: sequence number and deltas.
+    records: Vec<(u64, Vec<Delta>)>,
+    /// The sequence number the next record takes.
+    next_record: u64,
+    /// Journal segments the replay went through (whole, or up to a tail that ends in them).
+    segments: BTreeSet<u32>,
+    /// Every record up to it was acknowledged, as later records say.
+    durable_mark: u64,
+}
+
+/// Reads the journal from the checkpoint's position on (`journal`: its segments in the order
+/// they were written), one segment in memory at a time: records are parsed (their data
+/// checked) as they come, and every block is looked at for a record header whose durable
+/// mark says how far records were acknowledged. A record with damaged data blocks ends the
+/// journal — the torn tail of a crash — unless that mark covers it (acknowledged, the
+/// blocks went bad since: they will read as corrupt); so records after a damaged one are
+/// kept only until the whole journal has been read and the mark is known.
+async fn read_journal<D: BlockDevice>(
+    dev: &D,
+    shard: u32,
+    geo: Geometry,
+    slot: &CheckpointSlot,
+    journal: &[(u64, u32, u64)],
+    seg_off: &dyn Fn(u32) -> u64,
+    report: &mut MountReport,
+) -> Result<Replay, MountError> {
+    let mut durable_mark = 0;
+    let mut expected = slot.journal.record_seq;
+    let mut records: Vec<(u64, Vec<Delta>)> = Vec::new();
+    // Records with damaged data blocks: index in `records`, and the blocks.
+    let mut damaged: Vec<(usize, Vec<u64>)> = Vec::new();
+    // A record whose checksummed metadata does not decode, and what its position in
+    // `records` would have been: an error unless the journal ends before it.
+    let mut undecodable: Option<(usize, MountError)> = None;
+    // Per segment parsed: the segment, whether it continued the journal, and how many
+    // records there were once it was done.
+    let mut parsed: Vec<(u32, bool, usize)> = Vec::new();
+    let mut chain = true;
+    for (k, &(seq, s, nonce)) in journal.iter().enumerate() {
+        let first_block = if k == 0 {
+            if seq != slot.journal.segment_seq || s != slot.journal.segment {
+                break;
+            }
+            slot.journal.block as u64
+        } else {
+            1
+        };
+        let len = (geo.segment_blocks - first_block) as usize * BLOCK;
+        let off = seg_off(s) + first_block * BLOCK as u64;
+        let buf = read_at(dev, len, off, "reading a journal segment").await?;
+        let area = buf.full();
+        // A damaged record at or below the mark is corruption, not the torn tail of a crash.
+        durable_mark = area
+            .chunks_exact(BLOCK)
+            .filter_map(|b| journal::parse_header(b, nonce))
+            .filter(|h| h.seq >= slot.journal.record_seq)
+            .map(|h| h.durable_seq)
+            .fold(durable_mark, u64::max);
+        if !chain {
+            continue;
+        }
+        let mut at = 0;
+        let mut any = false;
+        while let Some(rec) = parse_record(&area[at..], expected, nonce) {
+            let deltas = match decode_deltas(rec.meta) {
+                Ok(d) => d,
+                Err(e) => {
+                    let error = MountError::Journal {
+                        record: expected,
+                        source: JournalError::Decode(e),
+                    };
+                    undecodable = Some((records.len(), error));
+                    chain = false;
+                    break;
+                }
+            };
+            let rec_block = first_block + (at / BLOCK) as u64;
+            let rec_paddr = geo.segment_start(s) + rec_block;
+            let bad = bad_data_blocks(&deltas, rec_paddr, rec.data);
+            if !bad.is_empty() {
+                damaged.push((records.len(), bad));
+            }
+            records.push((expected, deltas));
+            at += rec.header.total_blocks as usize * BLOCK;
+            expected += 1;
+            any = true;
+        }
+        parsed.push((s, any || k == 0, records.len()));
+        if !chain {
+            continue;
+        }
+        if !any && k > 0 {
+            // The next segment does not continue the journal: the tail ends here.
+            chain = false;
+        }
+    }
+    // The first damaged record the mark does not cover ends the journal; the segment it
+    // is in counts as replayed only if it opens the journal (as when nothing follows).
+    let end = damaged
+        .iter()
+        .find(|(i, _)| records[*i].0 > durable_mark)
+        .map(|(i, _)| *i);
+    if let Some((_, error)) = undecodable.filter(|_| end.is_none()) {
+        return Err(error);
+    }
+    let mut segments = BTreeSet::new();
+    let mut before = 0;
+    for &(s, continued, done) in &parsed {
+        if end.is_some_and(|e| e < done) {
+            break;
+        }
+        if continued {
+            segments.insert(s);
+        }
+        before = done;
+    }
+    debug_assert!(end.is_none_or(|e| e >= before));
+    if let Some(e) = end {
+        expected = records[e].0;
+        records.truncate(e);
+    }
+    report.records_replayed += records.len() as u64;
+    for (i, bad) in damaged.iter().filter(|(i, _)| *i < records.len()) {
+        // Acknowledged, and one of its blocks went bad since: the record is kept; reads of
+        // those blocks fail their checksum, the rest is intact.
+        tracing::error!(
+            shard,
+            record = records[*i].0,
+            ?bad,
+            "journal record has damaged data blocks; they will read as corrupt"
+        );
+        report.damaged_blocks += bad.len() as u64;
+    }
+    Ok(Replay {
+        records,
+        next_record: expected,
+        segments,
+        durable_mark,
+    })
+}
+
+fn decode_deltas(meta: Vec<u8>) -> Result<Vec<Delta>, carmine_types::DecodeError> {
+    let mut deltas = Vec::new();
+    let mut d = Decoder::new(Bytes::from(meta));
+    while d.remaining() > 0 {
+        deltas.push(Delta::decode(&mut d)?);
+    }
+    Ok(deltas)
 }
 
 /// The highest durable mark of the records a segment holds from its block 1 on, walked record
