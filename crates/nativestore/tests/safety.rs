@@ -179,6 +179,50 @@ fn a_damaged_data_block_of_an_acknowledged_record_costs_that_block_only() {
     }
 }
 
+/// The last record's data damaged: no later record says it was acknowledged, so it reads as
+/// the torn tail of a crash and the journal ends before it; damage in an earlier record that
+/// a later one vouches for costs that block only. The replay reads one segment at a time and
+/// decides this only once it has seen every record's durable mark.
+#[test]
+fn damaged_data_ends_the_journal_only_where_no_later_record_vouches_for_it() {
+    let clean = four_records();
+    let whole = block_on(NativeStore::mount_reporting(
+        clean.clone(),
+        0,
+        NativeConfig::default(),
+    ))
+    .unwrap()
+    .1
+    .records_replayed;
+    for damage_c in [false, true] {
+        let dev = four_records();
+        dev.flip_bit(find_block(&dev, 0xd4) + 7, 1);
+        if damage_c {
+            dev.flip_bit(find_block(&dev, 0xc3) + 9, 2);
+        }
+        let (store, report) = block_on(NativeStore::mount_reporting(
+            dev.clone(),
+            0,
+            NativeConfig::default(),
+        ))
+        .unwrap();
+        assert_eq!(report.records_replayed, whole - 1, "{report:?}");
+        assert_eq!(report.damaged_blocks, u64::from(damage_c), "{report:?}");
+        let d = block_on(store.read(C, "d", 0, 0)).unwrap_err();
+        assert_eq!(d.kind, StoreErrorKind::ObjectNotFound, "{d}");
+        match damage_c {
+            true => assert_eq!(
+                block_on(store.read(C, "c", 0, 0)).unwrap_err().kind,
+                StoreErrorKind::Corrupt
+            ),
+            false => assert_eq!(block_on(store.read(C, "c", 0, 0)).unwrap(), pattern(0xc3)),
+        }
+        for (oid, byte) in [("a", 0xa1), ("b", 0xb2)] {
+            assert_eq!(block_on(store.read(C, oid, 0, 0)).unwrap(), pattern(byte));
+        }
+    }
+}
+
 #[test]
 fn a_commit_dropped_mid_write_hands_its_batch_to_the_next_writer() {
     let dev = formatted();
