@@ -676,7 +676,7 @@ async fn read_journal<D: BlockDevice>(
         }
     }
     // The first damaged record the mark does not cover ends the journal; the segment it
-    // is in counts as replayed only if it opens the journal (as when nothing follows).
+    // is in does not count as replayed (its records before it still apply).
     let end = damaged
         .iter()
         .find(|(i, _)| records[*i].0 > durable_mark)

@@ -226,8 +226,9 @@ fn mount_memory_on_a_file() {
             (peak - before) >> 10,
             after.tree_rewrite_nodes_held_max
         );
-        // A crash with a long journal since the checkpoint: 64 KiB writes, a quarter of the
-        // store's size, durable, then no close. The mount replays them.
+        // A crash with a long journal since the checkpoint: 64 KiB writes of a quarter of
+        // the data (about half the checkpoint interval, a quarter of the shard), durable,
+        // then no close. The mount replays them, and checkpoints (counted in the figures).
         let journal_mib = gib << 8;
         for k in 0..journal_mib * 16 {
             let mut t = Transaction::new();
@@ -250,6 +251,11 @@ fn mount_memory_on_a_file() {
             .unwrap();
         let secs = started.elapsed().as_secs_f64();
         let peak = status("VmHWM:");
+        assert_eq!(
+            report.records_replayed,
+            journal_mib as u64 * 16,
+            "{report:?}"
+        );
         eprintln!(
             "mount replaying {} records ({journal_mib} MiB written since the checkpoint): \
              {secs:.1} s, RSS {before} KiB before, peak {peak} KiB (+{} MiB)",
