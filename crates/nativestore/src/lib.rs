@@ -23,6 +23,7 @@ mod index;
 mod journal;
 mod metatree;
 mod mount;
+mod mount_walk;
 mod paging;
 mod residency;
 mod segments;

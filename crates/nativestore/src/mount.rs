@@ -371,7 +371,7 @@ impl<D: BlockDevice> NativeStore<D> {
             needed.entry(cid).or_default().insert(oid.to_owned());
         }
         let (mut index, meta) = match slot.tree_root {
-            Some(root) => crate::checkpoint::load_tree(
+            Some(root) => crate::mount_walk::load_tree(
                 &dev,
                 base,
                 geo,
