@@ -767,7 +767,9 @@ impl<D: BlockDevice> NativeStore<D> {
                 device: std::marker::PhantomData,
                 st: &mut st,
                 pre: &pre,
-                meta: BytesMut::new(),
+                // The plan's bound: encoding never regrows the buffer (it did four times
+                // for a 4 KiB write's deltas).
+                meta: BytesMut::with_capacity(plan.meta_bytes),
             };
             for op in txn.ops {
                 if let Err(e) = exec.op(op) {
