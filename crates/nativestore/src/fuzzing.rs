@@ -11,7 +11,7 @@ use crate::index::{Geometry, Index};
 use crate::journal::Batch;
 use crate::metatree::{chunks, collection_key, object_key, object_record, Loader};
 use bytes::{Bytes, BytesMut};
-use carmine_types::{DecodeError, Decoder};
+use carmine_types::DecodeError;
 
 pub use crate::delta::Delta;
 pub use crate::device::BLOCK;
@@ -78,12 +78,7 @@ pub fn encode_record(seq: u64, nonce: u64, durable_seq: u64, meta: &[u8], data: 
 /// Decodes a record's metadata into deltas the way replay does: deltas back to back, to the
 /// last byte.
 pub fn decode_deltas(meta: &[u8]) -> Result<Vec<Delta>, DecodeError> {
-    let mut d = Decoder::new(Bytes::copy_from_slice(meta));
-    let mut deltas = Vec::new();
-    while d.remaining() > 0 {
-        deltas.push(Delta::decode(&mut d)?);
-    }
-    Ok(deltas)
+    crate::mount::decode_deltas(meta.to_vec())
 }
 
 /// One shard's metadata index, for decoding checkpoint blobs and replaying deltas onto them.

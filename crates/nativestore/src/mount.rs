@@ -583,7 +583,8 @@ struct Replay {
     records: Vec<(u64, Vec<Delta>)>,
     /// The sequence number the next record takes.
     next_record: u64,
-    /// Journal segments the replay went through (whole, or up to a tail that ends in them).
+    /// Journal segments the replay went through: the first, and each later one that
+    /// continued the journal; never one in which a damaged record ends it.
     segments: BTreeSet<u32>,
     /// Every record up to it was acknowledged, as later records say.
     durable_mark: u64,
@@ -720,7 +721,8 @@ async fn read_journal<D: BlockDevice>(
     })
 }
 
-fn decode_deltas(meta: Vec<u8>) -> Result<Vec<Delta>, carmine_types::DecodeError> {
+/// A record's metadata as deltas, back to back to the last byte.
+pub(crate) fn decode_deltas(meta: Vec<u8>) -> Result<Vec<Delta>, carmine_types::DecodeError> {
     let mut deltas = Vec::new();
     let mut d = Decoder::new(Bytes::from(meta));
     while d.remaining() > 0 {
