@@ -313,14 +313,16 @@ impl<D: BlockDevice> NativeStore<D> {
                 Err(LoadError::NotWanted { .. }) => return Ok(None),
                 Err(e) => return Err(metadata_failed(st, format!("metadata tree: {e}"))),
             };
-            match walked.toward(&key) {
-                Some(child) => need = child.clone(),
-                None => {
-                    let Visited::Leaf(entries) = walked.visited else {
-                        unreachable!("a node with no child on the way is a leaf")
-                    };
-                    return Ok(Some(entries));
-                }
+            if let Some(child) = walked.toward(&key) {
+                need = child.clone();
+            } else {
+                return match walked.visited {
+                    Visited::Leaf(entries) => Ok(Some(entries)),
+                    Visited::Inner(_) => {
+                        let why = format!("metadata node {} is inner but has no child", need.paddr);
+                        Err(metadata_failed(st, why))
+                    }
+                };
             }
             above = Some(walked);
         }
