@@ -341,6 +341,12 @@ impl<D: BlockDevice> NativeStore<D> {
 }
 
 /// One shard of the native store on device `D`.
+///
+/// Run [`NativeStore::run_background`] (the `ObjectStore::background` task) beside the
+/// callers, as the OSD does: checkpoints and cleaning then happen there. Without it, or when
+/// it falls behind, a submit runs them inline, and a submit future dropped half way through
+/// an inline checkpoint stops the shard (every later call fails; a remount finds every
+/// acknowledged write) rather than leave the index and the tree disagreeing.
 pub struct NativeStore<D: BlockDevice> {
     pub(crate) dev: D,
     pub(crate) shard: u32,
