@@ -53,10 +53,21 @@ pub struct AlignedBuf {
 impl AlignedBuf {
     /// A zeroed buffer of `cap` bytes (rounded up to a block) and length 0.
     pub fn new(cap: usize) -> Self {
+        Self::allocate(cap, true)
+    }
+
+    /// `cap` bytes (rounded up to a block), aligned, length 0; zeroed unless `zeroed` is
+    /// false, when the caller must write every byte before anything reads it.
+    fn allocate(cap: usize, zeroed: bool) -> Self {
         let cap = cap.max(BLOCK).div_ceil(BLOCK) * BLOCK;
         let layout = Layout::from_size_align(cap, BLOCK).expect("valid layout");
         // SAFETY: the layout has a non-zero size.
-        let ptr = unsafe { alloc_zeroed(layout) };
+        let ptr = unsafe {
+            match zeroed {
+                true => alloc_zeroed(layout),
+                false => alloc(layout),
+            }
+        };
         if ptr.is_null() {
             std::alloc::handle_alloc_error(layout);
         }
@@ -67,20 +78,14 @@ impl AlignedBuf {
     /// once: a journal record's data blocks are not zeroed first only to be overwritten (a
     /// 64 KiB write's record spent 7% of the OSD core in that memset).
     pub fn assemble(len: usize, fill: impl FnOnce(&mut Assembly<'_>)) -> Self {
-        let cap = len.max(BLOCK).div_ceil(BLOCK) * BLOCK;
-        let layout = Layout::from_size_align(cap, BLOCK).expect("valid layout");
-        // SAFETY: the layout has a non-zero size. The allocation is not initialised: until
-        // the end of this function only `Assembly::put` writes it, front to back, and
-        // nothing reads it; the rest is zeroed below, before the buffer is handed out.
-        let ptr = unsafe { alloc(layout) };
-        if ptr.is_null() {
-            std::alloc::handle_alloc_error(layout);
-        }
-        let mut buf = Self { ptr, cap, len: 0 };
+        // Not initialised: until the end of this function only `Assembly` writes it, front
+        // to back, and nothing reads it; the rest is zeroed below, before it is handed out.
+        let mut buf = Self::allocate(len, false);
         fill(&mut Assembly { buf: &mut buf });
-        // SAFETY: `len <= cap` (kept by `put`); the bytes from `len` on are in the allocation.
-        unsafe { buf.ptr.add(buf.len).write_bytes(0, cap - buf.len) };
-        buf.len = cap;
+        // SAFETY: `len <= cap` (kept by `Assembly`); the bytes from `len` on are in the
+        // allocation.
+        unsafe { buf.ptr.add(buf.len).write_bytes(0, buf.cap - buf.len) };
+        buf.len = buf.cap;
         buf
     }
     /// A zeroed buffer whose length is its full capacity.
@@ -172,10 +177,6 @@ impl Assembly<'_> {
             };
             self.buf.len = pos;
         }
-    }
-    /// Bytes appended so far.
-    pub fn position(&self) -> usize {
-        self.buf.len
     }
 }
 
