@@ -573,3 +573,47 @@ fn readers_during_a_checkpoint_keep_the_tree_within_its_cache() {
     }
     check(&store, &model);
 }
+
+/// A bad byte in a node a reader walks past the full cache during a checkpoint: the read
+/// fails and the shard stops (metadata it cannot trust), never an answer from the damaged
+/// node.
+#[test]
+fn a_damaged_node_met_by_a_reader_during_a_checkpoint_is_an_error_never_data() {
+    use std::future::Future;
+    const N: usize = 8_000;
+    let (dev, store, _model) = checkpointed(N, tiny_caches());
+    for i in 0..N / 4 {
+        set_version(&store, i, 2);
+    }
+    // Every block on the device holding the name of the object read below: its leaf in the
+    // tree (and journal records, which this test never replays).
+    let victim = name(7_000);
+    let image = dev.image();
+    let hits: Vec<usize> = image
+        .chunks_exact(4096)
+        .enumerate()
+        .filter(|(_, b)| b.windows(victim.len()).any(|w| w == victim.as_bytes()))
+        .map(|(i, _)| i)
+        .collect();
+    assert!(!hits.is_empty());
+    for block in hits {
+        // Inside the node, after its header: the entry bytes.
+        dev.flip_bit((block * 4096 + 2000) as u64, 3);
+    }
+    let mut cp = Box::pin(store.checkpoint_now());
+    let waker = futures::task::noop_waker();
+    let mut cx = std::task::Context::from_waker(&waker);
+    let mut polls = 0;
+    while store.stats().metadata_nodes_loaded < 16 {
+        assert!(cp.as_mut().poll(&mut cx).is_pending());
+        polls += 1;
+        assert!(polls < 10_000);
+    }
+    let err = block_on(store.getattr(C, &victim, "v")).expect_err("read a damaged node");
+    assert!(err.to_string().contains("metadata"), "{err}");
+    assert!(
+        store.failure().is_some(),
+        "the shard goes on with a damaged tree"
+    );
+    drop(cp);
+}
