@@ -128,6 +128,16 @@ impl Walked {
             .saturating_sub(1);
         children.get(i)
     }
+
+    /// The route key of the child after the one on the way to `key`: the lowest key above
+    /// that child's subtree, if this node holds it.
+    pub fn bound_after(&self, key: &[u8]) -> Option<&[u8]> {
+        let Visited::Inner(children) = &self.visited else {
+            return None;
+        };
+        let i = children.partition_point(|c| c.key.as_slice() <= key);
+        children.get(i.max(1)).map(|c| c.key.as_slice())
+    }
 }
 
 /// Decodes a node and checks its level and generation against what its parent expects.
@@ -484,6 +494,27 @@ impl Tree {
     ) -> Result<(), TreeError> {
         let limit = out.len().saturating_add(limit);
         self.collect(self.root, from, from, to, limit, out)
+    }
+
+    /// The lowest key above the subtree that holds `key` as far down as the tree is in
+    /// memory: the next sibling's route key at the deepest loaded node on the way that has
+    /// one (`None`: nothing after it). A scan that read the node below without hanging it
+    /// in the tree goes on from there.
+    pub fn bound_after(&self, key: &[u8]) -> Option<Vec<u8>> {
+        let mut bound = None;
+        let mut ptr = self.root;
+        while let Ptr::Mem(id) = ptr {
+            let n = self.node(id);
+            let Body::Inner(children) = &n.body else {
+                break;
+            };
+            let i = n.child_for(key);
+            if let Some(next) = n.keys.get(i + 1) {
+                bound = Some(next.clone());
+            }
+            ptr = children[i];
+        }
+        bound
     }
 
     /// The first `count` nodes not in memory that a scan from `from` meets, in key order:
@@ -1040,7 +1071,7 @@ mod tests {
             (7, 1000, 12),
             (3000, 40, 12),
             (5000, 300, 12),
-            (800, 1024, 12),
+            (800, VALUE_MAX, 12),
             (2000, 8, KEY_MAX),
             (343, 1, KEY_MAX),
         ] {
@@ -1117,6 +1148,81 @@ mod tests {
         );
         let long = vec![0; VALUE_MAX + 1];
         assert!(b.push(b"c", &long, &mut place, &mut out).is_err());
+    }
+
+    /// A reader that may not hang nodes in the tree scans a range leaf by leaf: each leaf
+    /// read from the first node not in memory, and the next one found from the bounds the
+    /// loaded nodes and the nodes it walked give.
+    #[test]
+    fn a_scan_without_loading_goes_leaf_to_leaf_by_the_bounds() {
+        let mut t = Tree::new();
+        for i in 0..3_000u32 {
+            t.insert(format!("key-{i:06}").as_bytes(), &[1; 60])
+                .unwrap();
+        }
+        let mut next = 0;
+        let f = t.flush(&mut || {
+            next += 1;
+            next
+        });
+        let dev: HashMap<Paddr, Vec<u8>> = f.writes.into_iter().collect();
+        let mut t = Tree::open(f.root);
+        // The root in memory, the rest on the device.
+        match t.get(b"key-000000") {
+            Err(TreeError::Need(n)) => drop(t.load(&n, &dev[&n.paddr]).unwrap()),
+            other => panic!("{other:?}"),
+        }
+        for (lo, hi) in [(0, 3_000), (17, 18), (100, 2_500), (2_999, 3_000), (40, 40)] {
+            let to = format!("key-{hi:06}").into_bytes();
+            let mut from = format!("key-{lo:06}").into_bytes();
+            let mut got = Vec::new();
+            let mut leaves = 0;
+            loop {
+                let need = match t.range_into(&from, Some(&to), usize::MAX, &mut got) {
+                    Ok(()) => break,
+                    Err(TreeError::Need(n)) => n,
+                    Err(e) => panic!("{e}"),
+                };
+                if let Some((k, _)) = got.last() {
+                    from = k.clone();
+                    from.push(0);
+                }
+                let mut bound = t.bound_after(&from);
+                let mut need = need;
+                let mut level = None;
+                let entries = loop {
+                    let w = walk_node(&need, &dev[&need.paddr], level, GENERATION_MAX).unwrap();
+                    if let Some(b) = w.bound_after(&from) {
+                        bound = Some(b.to_vec());
+                    }
+                    match w.toward(&from) {
+                        Some(child) => need = child.clone(),
+                        None => match w.visited {
+                            Visited::Leaf(e) => break e,
+                            Visited::Inner(_) => panic!("an inner node without children"),
+                        },
+                    }
+                    level = Some(w.level - 1);
+                };
+                leaves += 1;
+                let past = entries.last().is_some_and(|(k, _)| *k >= to);
+                got.extend(entries.into_iter().filter(|(k, _)| *k >= from && *k < to));
+                match bound {
+                    Some(b) if !past && b < to => from = b,
+                    _ => break,
+                }
+            }
+            let want: Vec<Vec<u8>> = (lo..hi)
+                .map(|i| format!("key-{i:06}").into_bytes())
+                .collect();
+            let keys: Vec<Vec<u8>> = got.into_iter().map(|(k, _)| k).collect();
+            assert_eq!(keys, want, "[{lo}, {hi})");
+            // Each leaf read once (leaves here hold 27 keys or more).
+            assert!(
+                leaves <= (hi - lo) / 27 + 2,
+                "{leaves} leaves for [{lo}, {hi})"
+            );
+        }
     }
 
     #[test]

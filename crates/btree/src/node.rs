@@ -28,8 +28,9 @@ pub(crate) const ROOM: usize = NODE_SIZE - HEADER - TRAILER;
 /// Longest key. With [`VALUE_MAX`], any two entries fit a node, which is what splitting
 /// by bytes needs to always find two halves that fit.
 pub const KEY_MAX: usize = 512;
-/// Longest value.
-pub const VALUE_MAX: usize = 1024;
+/// Longest value: room for a device address and 256 four-byte checksums (an extent of the
+/// native store), with a little to spare.
+pub const VALUE_MAX: usize = 1040;
 /// Largest generation a node header holds.
 pub const GENERATION_MAX: u64 = (1 << 48) - 1;
 

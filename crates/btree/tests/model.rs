@@ -3,7 +3,7 @@
 //! be the model's, every node must be loaded on demand from what a flush wrote, and the places
 //! a flush frees must be exactly the written ones the new root no longer reaches.
 
-use carmine_btree::{Paddr, Tree, TreeError, NODE_SIZE};
+use carmine_btree::{Paddr, Tree, TreeError, NODE_SIZE, VALUE_MAX};
 use proptest::prelude::*;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
@@ -191,8 +191,8 @@ fn oversized_keys_and_values_are_refused() {
     let mut t = Tree::new();
     assert_eq!(t.insert(&[0; 513], b""), Err(TreeError::KeyTooLong(513)));
     assert_eq!(
-        t.insert(b"k", &[0; 1025]),
-        Err(TreeError::ValueTooLong(1025))
+        t.insert(b"k", &[0; VALUE_MAX + 1]),
+        Err(TreeError::ValueTooLong(VALUE_MAX + 1))
     );
     assert!(!t.is_dirty() || t.get(b"k").unwrap().is_none());
 }

@@ -10,11 +10,13 @@
 
 use crate::device::{AlignedBuf, BlockDevice, BLOCK};
 use crate::error::ShardFailure;
+use crate::extents::extent_value;
 use crate::format::{CheckpointSlot, JournalPos, SegmentHeader, SegmentKind};
 use crate::index::Geometry;
 use crate::index::Index;
 use crate::metatree::{
-    chunks, collection_key, fresh_tree_blocks, object_key, object_record, MetaTree,
+    chunks, collection_key, extent_key, fresh_tree_blocks, object_key, object_record, MetaTree,
+    PIECES_MAX,
 };
 use crate::segments::SegKind;
 use crate::store::{io_error, NativeStore};
@@ -56,8 +58,14 @@ fn take_changes(index: &mut Index) -> std::io::Result<Vec<Op>> {
             false => Op::Delete(collection_key(cid)),
         });
     }
-    for (id, n) in std::mem::take(&mut index.dead) {
-        ops.extend((0..n).map(|i| Op::Delete(object_key(id, i))));
+    for dead in std::mem::take(&mut index.dead) {
+        let id = dead.id;
+        ops.extend((0..dead.chunks).map(|i| Op::Delete(object_key(id, i))));
+        ops.extend(
+            dead.extents
+                .into_iter()
+                .map(|l| Op::Delete(extent_key(id, l))),
+        );
     }
     for (cid, oid) in std::mem::take(&mut index.dirty) {
         // Listed when it became dirty: it may be gone since, or be another object of the
@@ -68,21 +76,46 @@ fn take_changes(index: &mut Index) -> std::io::Result<Vec<Op>> {
         if !o.dirty {
             continue;
         }
-        let Some(body) = o.body() else {
+        let Some(body) = o.body.as_deref_mut() else {
             return Err(failure(format!(
                 "{cid}/{oid:?} changed but its body is paged out"
             )));
         };
-        let rec = object_record(cid, &oid, o.size, body);
-        let mut n = 0;
-        for (i, c) in chunks(&rec).enumerate() {
-            ops.push(Op::Put(object_key(o.id, i as u32), c.to_vec()));
-            n = i as u32 + 1;
+        // The record when it changed, or when the tree has none of version 2 yet.
+        let extents_apart = o.stored_chunks > 0 && o.extent_keys;
+        if o.record_dirty || !extents_apart {
+            let rec = object_record(cid, &oid, o.size, body);
+            let mut n = 0;
+            for (i, c) in chunks(&rec).enumerate() {
+                ops.push(Op::Put(object_key(o.id, i as u32), c.to_vec()));
+                n = i as u32 + 1;
+            }
+            if n >= PIECES_MAX {
+                return Err(failure(format!(
+                    "{cid}/{oid:?}: a record of {n} pieces, more than the tree keys"
+                )));
+            }
+            for i in n..o.stored_chunks {
+                ops.push(Op::Delete(object_key(o.id, i)));
+            }
+            o.stored_chunks = n;
+            o.record_dirty = false;
         }
-        for i in n..o.stored_chunks {
-            ops.push(Op::Delete(object_key(o.id, i)));
+        // Only the extents that changed, once the tree keys them; all of them for an object
+        // new to the tree or whose record held them (version 1).
+        let changed = body.blocks.take_changed();
+        if extents_apart {
+            for l in changed {
+                ops.push(match body.blocks.extent_at(l) {
+                    Some(e) => Op::Put(extent_key(o.id, l), extent_value(e)),
+                    None => Op::Delete(extent_key(o.id, l)),
+                });
+            }
+        } else {
+            let puts = body.blocks.extents();
+            ops.extend(puts.map(|(l, e)| Op::Put(extent_key(o.id, l), extent_value(e))));
         }
-        o.stored_chunks = n;
+        o.extent_keys = true;
         index.residency.cleaned(cid, &oid, o);
     }
     sort(&mut ops);

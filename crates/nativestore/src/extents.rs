@@ -4,7 +4,7 @@
 //! of contiguous data finds its device run in one lookup.
 
 use carmine_types::{DecodeError, Decoder};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::ops::Range;
 
 /// Longest extent: a write is split into extents of at most this many blocks, and joining
@@ -133,12 +133,53 @@ pub(crate) fn decode_extent(
     Ok(Extent::new(paddr, &crcs[..n as usize]))
 }
 
+/// An extent as the metadata tree holds it (format 5; the key gives its first logical
+/// block): u64 device block, then one u32 CRC-32C per block, so the length gives the count.
+pub(crate) fn extent_value(e: &Extent) -> Vec<u8> {
+    let mut v = Vec::with_capacity(8 + 4 * e.block_count() as usize);
+    v.extend_from_slice(&e.paddr.to_le_bytes());
+    for crc in e.crcs.as_slice() {
+        v.extend_from_slice(&crc.to_le_bytes());
+    }
+    v
+}
+
+/// Reads [`extent_value`] back for the extent starting at logical block `lblock`.
+pub(crate) fn decode_extent_value(lblock: u64, value: &[u8]) -> Result<Extent, DecodeError> {
+    if value.len() < 12 || (value.len() - 8) % 4 != 0 {
+        return Err(DecodeError::Invalid {
+            what: "extent value length",
+            found: value.len() as u64,
+        });
+    }
+    let mut d = Decoder::new(bytes::Bytes::copy_from_slice(value));
+    let paddr = d.u64("paddr")?;
+    let e = decode_extent(&mut d, lblock, paddr, (value.len() as u64 - 8) / 4)?;
+    d.finish("extent value")?;
+    Ok(e)
+}
+
 /// Logical block → extent starting there; extents never overlap.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default)]
 pub struct ExtentMap {
     map: BTreeMap<u64, Extent>,
     blocks: u64,
+    /// First blocks of the extents put, changed or removed since [`ExtentMap::take_changed`]
+    /// last ran: the metadata tree keys an extent by its first block, so these are the only
+    /// keys a checkpoint has to put or delete (a superset: a key changed and changed back is
+    /// put again). A set, so rewriting one block over and over lists it once.
+    changed: BTreeSet<u64>,
 }
+
+/// Two maps are equal when they map the same; what changed since the last checkpoint is
+/// bookkeeping.
+impl PartialEq for ExtentMap {
+    fn eq(&self, other: &Self) -> bool {
+        self.map == other.map
+    }
+}
+
+impl Eq for ExtentMap {}
 
 impl ExtentMap {
     /// Blocks mapped.
@@ -194,6 +235,31 @@ impl ExtentMap {
         self.map.iter().map(|(s, e)| (*s, e))
     }
 
+    /// The first blocks of the extents changed since the last call, in order.
+    pub fn take_changed(&mut self) -> BTreeSet<u64> {
+        std::mem::take(&mut self.changed)
+    }
+
+    /// The first blocks of the extents changed since [`ExtentMap::take_changed`] last ran.
+    pub fn changed(&self) -> &BTreeSet<u64> {
+        &self.changed
+    }
+
+    /// The extent starting at `l`, if one does.
+    pub fn extent_at(&self, l: u64) -> Option<&Extent> {
+        self.map.get(&l)
+    }
+
+    fn put(&mut self, l: u64, ext: Extent) {
+        self.changed.insert(l);
+        self.map.insert(l, ext);
+    }
+
+    fn take(&mut self, l: u64) -> Extent {
+        self.changed.insert(l);
+        self.map.remove(&l).expect("an extent starts there")
+    }
+
     /// Cuts the extent holding `at` (if one straddles it) in two.
     fn split_at(&mut self, at: u64) {
         let Some((s, e)) = self.covering(at) else {
@@ -203,8 +269,8 @@ impl ExtentMap {
             return;
         }
         let (left, right) = (e.sub(0, at - s), e.sub(at - s, e.block_count()));
-        self.map.insert(s, left);
-        self.map.insert(at, right);
+        self.put(s, left);
+        self.put(at, right);
     }
 
     /// Unmaps `[from, to)`; the blocks unmapped are appended to `released`.
@@ -217,14 +283,14 @@ impl ExtentMap {
         if let Some((s, e)) = self.covering(from) {
             let end = s + e.block_count();
             if to <= end {
-                let e = self.map.remove(&s).expect("just found");
+                let e = self.take(s);
                 released.extend((from - s..to - s).map(|i| e.block(i)));
                 self.blocks -= to - from;
                 if s < from {
-                    self.map.insert(s, e.sub(0, from - s));
+                    self.put(s, e.sub(0, from - s));
                 }
                 if to < end {
-                    self.map.insert(to, e.sub(to - s, end - s));
+                    self.put(to, e.sub(to - s, end - s));
                 }
                 return;
             }
@@ -232,7 +298,7 @@ impl ExtentMap {
         self.split_at(from);
         self.split_at(to);
         while let Some((&s, _)) = self.map.range(from..to).next() {
-            let e = self.map.remove(&s).expect("just found");
+            let e = self.take(s);
             self.blocks -= e.block_count();
             released.extend(e.blocks());
         }
@@ -251,6 +317,7 @@ impl ExtentMap {
         if let Some((&s, cur)) = near.next_back() {
             if s == l && cur.block_count() == n {
                 let old = std::mem::replace(cur, ext);
+                self.changed.insert(l);
                 let joins = near
                     .next_back()
                     .is_some_and(|(&ps, pe)| ps + pe.block_count() == l && pe.joins(cur));
@@ -263,7 +330,7 @@ impl ExtentMap {
             }
         }
         self.punch(l, l + n, released);
-        self.map.insert(l, ext);
+        self.put(l, ext);
         self.join_before(l);
     }
 
@@ -279,13 +346,14 @@ impl ExtentMap {
         if ps + pe.block_count() != l || !self.map.get(&l).is_some_and(|e| pe.joins(e)) {
             return;
         }
-        let pe = self.map.remove(&ps).expect("just found");
-        let e = self.map.remove(&l).expect("just found");
-        self.map.insert(ps, pe.join(e));
+        let pe = self.take(ps);
+        let e = self.take(l);
+        self.put(ps, pe.join(e));
     }
 
     /// Appends an extent after every mapped block, as it is (loading a checkpoint, which
-    /// then re-encodes to the same bytes); `false` if it does not come after them.
+    /// then re-encodes to the same bytes; not a change); `false` if it does not come after
+    /// them.
     pub fn push_back(&mut self, l: u64, ext: Extent) -> bool {
         if let Some((&s, e)) = self.map.last_key_value() {
             if l < s + e.block_count() {
@@ -325,6 +393,39 @@ mod tests {
         (paddr as u32).wrapping_mul(2_654_435_761)
     }
 
+    /// Puts into `stored` (extents by first block, as the metadata tree keys them) what
+    /// changed in `map`, as a checkpoint does.
+    fn sync_stored(stored: &mut BTreeMap<u64, Extent>, map: &mut ExtentMap) {
+        for l in map.take_changed() {
+            match map.extent_at(l) {
+                Some(e) => stored.insert(l, e.clone()),
+                None => stored.remove(&l),
+            };
+        }
+    }
+
+    #[test]
+    fn extent_values_round_trip_and_refuse_bad_lengths() {
+        let e = Extent::new(77, &(0..EXTENT_BLOCKS_MAX as u32).collect::<Vec<_>>());
+        let v = extent_value(&e);
+        assert!(v.len() <= carmine_btree::VALUE_MAX);
+        assert_eq!(decode_extent_value(3, &v).unwrap(), e);
+        assert_eq!(
+            decode_extent_value(3, &v[..12]).unwrap(),
+            Extent::new(77, &[0])
+        );
+        for bad in [&v[..8], &v[..13], &v[..0]] {
+            assert!(decode_extent_value(3, bad).is_err());
+        }
+        let mut long = v.clone();
+        long.extend_from_slice(&[0; 4]);
+        assert!(decode_extent_value(3, &long).is_err(), "257 blocks");
+        assert!(
+            decode_extent_value(u64::MAX, &v).is_err(),
+            "past the address space"
+        );
+    }
+
     proptest! {
         /// The map behaves as a plain block map, releases exactly what it unmaps, keeps
         /// extents disjoint and bounded, and answers range queries like the model.
@@ -332,7 +433,9 @@ mod tests {
         fn behaves_like_a_block_map(ops in proptest::collection::vec(op(), 1..60)) {
             let mut map = ExtentMap::default();
             let mut model: BTreeMap<u64, BlockRef> = BTreeMap::new();
-            for op in ops {
+            let mut stored: BTreeMap<u64, Extent> = BTreeMap::new();
+            let last = ops.len() - 1;
+            for (i, op) in ops.into_iter().enumerate() {
                 let mut released = Vec::new();
                 let mut expect = Vec::new();
                 match op {
@@ -357,6 +460,15 @@ mod tests {
                 released.sort_by_key(|b| b.paddr);
                 expect.sort_by_key(|b| b.paddr);
                 prop_assert_eq!(released, expect);
+                // What a checkpoint does with the changed keys, now and then: the copy
+                // keyed by first block then holds exactly the map's extents.
+                if i % 3 == 0 || i == last {
+                    sync_stored(&mut stored, &mut map);
+                    let now: Vec<(u64, Extent)> =
+                        map.extents().map(|(l, e)| (l, e.clone())).collect();
+                    let copy: Vec<(u64, Extent)> = stored.clone().into_iter().collect();
+                    prop_assert_eq!(copy, now);
+                }
                 let all: Vec<(u64, BlockRef)> = map.iter().collect();
                 let want: Vec<(u64, BlockRef)> = model.iter().map(|(k, v)| (*k, *v)).collect();
                 prop_assert_eq!(all, want);

@@ -6,6 +6,10 @@ use crate::device::BLOCK;
 use bytes::{Bytes, BytesMut};
 use carmine_types::{crc32c, Decoder, Encoder};
 
+/// Version 5: the metadata tree keys each extent on its own, after its object's record (record
+/// version 2), so a checkpoint writes the extents that changed, not whole block maps; the
+/// records of version 1 that format 4 wrote are still read, and rewritten when their object
+/// next changes.
 /// Version 4: a checkpoint is a copy-on-write B+tree of the index's records (the slot names
 /// its root), written incrementally; version 3 checkpoints (one blob) are still read, and the
 /// first checkpoint after mount turns one into a tree.
@@ -14,7 +18,7 @@ use carmine_types::{crc32c, Decoder, Encoder};
 /// and their checksum covers the metadata only (each data block is checked by the checksum
 /// its delta holds). Stores of versions 1 and 2 are read, and written only once upgraded
 /// (`carmine store upgrade`): an older build must never meet records it cannot read.
-pub const FORMAT_VERSION: u32 = 4;
+pub const FORMAT_VERSION: u32 = 5;
 /// The oldest version this build still reads.
 pub const FORMAT_VERSION_MIN: u32 = 1;
 pub const SUPER_MAGIC: &[u8; 8] = b"CRMNSTOR";

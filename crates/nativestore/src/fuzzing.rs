@@ -9,7 +9,7 @@
 use crate::format::SHARD_HEADER_BLOCKS;
 use crate::index::{Geometry, Index};
 use crate::journal::Batch;
-use crate::metatree::{chunks, collection_key, object_key, object_record, Loader};
+use crate::metatree::{collection_key, object_entries, Loader};
 use bytes::{Bytes, BytesMut};
 use carmine_types::DecodeError;
 
@@ -125,14 +125,17 @@ impl IndexState {
             out.push((collection_key(*cid), Vec::new()));
             for (oid, o) in coll {
                 let body = o.body().expect("the fuzzed index is wholly resident");
-                let rec = object_record(*cid, oid, o.size, body);
-                for (i, c) in chunks(&rec).enumerate() {
-                    out.push((object_key(o.id, i as u32), c.to_vec()));
-                }
+                out.extend(object_entries(*cid, oid, o.id, o.size, body));
             }
         }
         out.sort();
         out
+    }
+
+    /// Whether every object's record is of the current version (its extents in entries of
+    /// their own), as [`IndexState::tree_entries`] writes them.
+    pub fn records_current(&self) -> bool {
+        self.0.colls.values().flatten().all(|(_, o)| o.extent_keys)
     }
 
     pub fn apply(&mut self, delta: &Delta) -> Result<(), String> {
@@ -158,6 +161,19 @@ impl IndexState {
             return Err(format!(
                 "{} live blocks counted, {blocks} mapped",
                 ix.live_blocks
+            ));
+        }
+        let extents: u64 = ix
+            .colls
+            .values()
+            .flat_map(|c| c.values())
+            .filter_map(|o| o.body())
+            .map(|o| o.blocks.extent_count() as u64)
+            .sum();
+        if extents != ix.extent_count() {
+            return Err(format!(
+                "{} extents counted, {extents} mapped",
+                ix.extent_count()
             ));
         }
         for o in ix

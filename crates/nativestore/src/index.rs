@@ -30,6 +30,13 @@ pub struct Onode {
     pub id: u64,
     /// Chunks its record takes in the tree as of the last checkpoint (0: none yet).
     pub stored_chunks: u32,
+    /// Its extents are in the tree under keys of their own (a record of version 2), not in
+    /// its record (version 1, written before format 5): a checkpoint then puts only the
+    /// extents that changed (see `metatree.rs`).
+    pub extent_keys: bool,
+    /// Its record (size, xattrs, omap) changed since the last checkpoint; an object whose
+    /// extents alone changed keeps the record the tree holds.
+    pub record_dirty: bool,
     /// Changed since its record was last put in the tree (it is then listed in
     /// [`Index::dirty`]).
     pub dirty: bool,
@@ -64,6 +71,8 @@ impl Onode {
             size,
             id,
             stored_chunks: 0,
+            extent_keys: false,
+            record_dirty: false,
             dirty: false,
             encoded: body.encoded_len(name),
             body: Some(Box::new(body)),
@@ -121,6 +130,17 @@ impl Body {
 
 pub type Collection = BTreeMap<String, Onode>;
 
+/// The tree entries a removed object leaves for the next checkpoint to delete.
+#[derive(Clone, Debug)]
+pub struct DeadObject {
+    pub id: u64,
+    /// Pieces of its record.
+    pub chunks: u32,
+    /// First blocks of the extent keys it may have (its extents when removed, and those
+    /// changed since the last checkpoint); none for a record that holds its extents.
+    pub extents: Vec<u64>,
+}
+
 /// Maps device blocks to segments.
 #[derive(Clone, Copy, Debug)]
 pub struct Geometry {
@@ -153,17 +173,26 @@ pub struct Index {
     released: Vec<BlockRef>,
     /// The length `encode` would give now, kept by `apply`.
     encoded: u64,
+    /// Extents of every object, resident or not.
+    extents: u64,
     /// The next object's tree id.
     pub next_id: u64,
     /// Objects changed since the last checkpoint (each listed once, when it became dirty; it
     /// may be gone since).
     pub dirty: Vec<(CollectionId, String)>,
-    /// Tree records of objects removed since the last checkpoint: (id, chunks).
-    pub dead: Vec<(u64, u32)>,
+    /// Tree entries of objects removed since the last checkpoint.
+    pub dead: Vec<DeadObject>,
     /// Collections created or removed since the last checkpoint.
     pub dirty_colls: std::collections::BTreeSet<CollectionId>,
     /// Which bodies are resident, and which may be paged out (`residency.rs`).
     pub(crate) residency: crate::residency::Residency,
+}
+
+/// What a change touches of an object: its record or its extents (each stored apart).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Part {
+    Record,
+    Extents,
 }
 
 /// Notes that `o` changed, listing it for the next checkpoint the first time.
@@ -227,6 +256,7 @@ impl Index {
             freed: Vec::new(),
             released: Vec::new(),
             encoded: BLOB_FIXED,
+            extents: 0,
             next_id: 1,
             dirty: Vec::new(),
             dead: Vec::new(),
@@ -258,13 +288,17 @@ impl Index {
         &mut self,
         cid: CollectionId,
         oid: &str,
+        part: Part,
         change: impl FnOnce(&mut Body, &mut Vec<BlockRef>) -> R,
     ) -> Result<R, IndexError> {
         let o = object_in(&mut self.colls, cid, oid)?;
         body_mut(o, cid, oid)?;
         mark_dirty(o, cid, oid, &mut self.dirty, &mut self.residency);
+        o.record_dirty |= part == Part::Record;
         let body = o.body.as_deref_mut().expect("checked above");
+        let extents_before = body.blocks.extent_count() as u64;
         let r = change(body, &mut self.released);
+        self.extents = self.extents - extents_before + body.blocks.extent_count() as u64;
         let after = body.encoded_len(oid);
         let before = std::mem::replace(&mut o.encoded, after);
         self.encoded = self.encoded - before + after;
@@ -276,6 +310,11 @@ impl Index {
     /// capacity charge for metadata.
     pub fn encoded_len(&self) -> u64 {
         self.encoded
+    }
+
+    /// Extents mapped, in all objects (each is an entry of the metadata tree).
+    pub fn extent_count(&self) -> u64 {
+        self.extents
     }
 
     /// `encoded_len` counted afresh, from the content.
@@ -393,6 +432,7 @@ impl Index {
                     self.next_id += 1;
                     self.residency.resident_bytes += o.encoded;
                     mark_dirty(&mut o, *cid, oid, &mut self.dirty, &mut self.residency);
+                    o.record_dirty = true;
                     self.encoded += o.encoded;
                     coll.insert(oid.clone(), o);
                     self.objects += 1;
@@ -414,14 +454,34 @@ impl Index {
                 self.objects -= 1;
                 self.encoded -= onode.encoded;
                 self.residency.removed(&onode);
-                if onode.stored_chunks > 0 {
-                    self.dead.push((onode.id, onode.stored_chunks));
-                }
                 let body = onode.body.expect("checked above");
+                self.extents -= body.blocks.extent_count() as u64;
+                if onode.stored_chunks > 0 {
+                    let extents = match onode.extent_keys {
+                        true => {
+                            let mut keys: Vec<u64> =
+                                body.blocks.changed().iter().copied().collect();
+                            keys.extend(body.blocks.extents().map(|(l, _)| l));
+                            keys.sort_unstable();
+                            keys.dedup();
+                            keys
+                        }
+                        false => Vec::new(),
+                    };
+                    self.dead.push(DeadObject {
+                        id: onode.id,
+                        chunks: onode.stored_chunks,
+                        extents,
+                    });
+                }
                 self.released.extend(body.blocks.iter().map(|(_, b)| b));
                 self.release_unmapped()?;
             }
-            Delta::SetSize(cid, oid, size) => self.object_mut(*cid, oid)?.size = *size,
+            Delta::SetSize(cid, oid, size) => {
+                let o = self.object_mut(*cid, oid)?;
+                o.size = *size;
+                o.record_dirty = true;
+            }
             Delta::SetExtent {
                 cid,
                 oid,
@@ -430,19 +490,19 @@ impl Index {
             } => {
                 self.object_mut(*cid, oid)?;
                 self.take_extent(extent)?;
-                self.change_object(*cid, oid, |o, released| {
+                self.change_object(*cid, oid, Part::Extents, |o, released| {
                     o.blocks.set(*lblock, extent.clone(), released)
                 })?;
                 self.release_unmapped()?;
             }
             Delta::Punch(cid, oid, from, to) => {
-                self.change_object(*cid, oid, |o, released| {
+                self.change_object(*cid, oid, Part::Extents, |o, released| {
                     o.blocks.punch(*from, *to, released)
                 })?;
                 self.release_unmapped()?;
             }
             Delta::SetAttr(cid, oid, name, value) => {
-                self.change_object(*cid, oid, |o, _| {
+                self.change_object(*cid, oid, Part::Record, |o, _| {
                     if let Some(old) = o.attrs.insert(name.clone(), value.clone()) {
                         o.meta_bytes -= entry_len(name.len(), old.len());
                     }
@@ -450,14 +510,14 @@ impl Index {
                 })?;
             }
             Delta::RmAttr(cid, oid, name) => {
-                self.change_object(*cid, oid, |o, _| {
+                self.change_object(*cid, oid, Part::Record, |o, _| {
                     if let Some(old) = o.attrs.remove(name) {
                         o.meta_bytes -= entry_len(name.len(), old.len());
                     }
                 })?;
             }
             Delta::OmapSet(cid, oid, kvs) => {
-                self.change_object(*cid, oid, |o, _| {
+                self.change_object(*cid, oid, Part::Record, |o, _| {
                     for (k, v) in kvs {
                         if let Some(old) = o.omap.insert(k.clone(), v.clone()) {
                             o.meta_bytes -= entry_len(k.len(), old.len());
@@ -467,7 +527,7 @@ impl Index {
                 })?;
             }
             Delta::OmapRm(cid, oid, keys) => {
-                self.change_object(*cid, oid, |o, _| {
+                self.change_object(*cid, oid, Part::Record, |o, _| {
                     for k in keys {
                         if let Some(old) = o.omap.remove(k) {
                             o.meta_bytes -= entry_len(k.len(), old.len());
@@ -476,14 +536,14 @@ impl Index {
                 })?;
             }
             Delta::OmapClear(cid, oid) => {
-                self.change_object(*cid, oid, |o, _| {
+                self.change_object(*cid, oid, Part::Record, |o, _| {
                     o.omap.clear();
                     o.omap_header = Bytes::new();
                     o.meta_bytes = o.recount_meta();
                 })?;
             }
             Delta::OmapHeader(cid, oid, h) => {
-                self.change_object(*cid, oid, |o, _| {
+                self.change_object(*cid, oid, Part::Record, |o, _| {
                     o.meta_bytes = o.meta_bytes - o.omap_header.len() as u64 + h.len() as u64;
                     o.omap_header = h.clone();
                 })?;
@@ -503,8 +563,10 @@ impl Index {
                     s.omap.clone(),
                     s.meta_bytes,
                 );
-                self.object_mut(*cid, dst)?.size = size;
-                self.change_object(*cid, dst, |d, _| {
+                let d = self.object_mut(*cid, dst)?;
+                d.size = size;
+                d.record_dirty = true;
+                self.change_object(*cid, dst, Part::Record, |d, _| {
                     d.attrs = attrs;
                     d.omap_header = header;
                     d.omap = omap;
@@ -525,7 +587,7 @@ impl Index {
             e.u32(cid.pool).u32(cid.seed).count(coll.len());
             for (oid, o) in coll {
                 let body = o.body().expect("a blob is encoded from a resident index");
-                encode_onode(&mut e, oid, o.size, body);
+                encode_onode(&mut e, oid, o.size, body, true);
             }
         }
         out
@@ -558,6 +620,7 @@ impl Index {
                 });
             }
         }
+        self.extents += body.blocks.extent_count() as u64;
         Ok(Onode::loaded(oid, size, body))
     }
 
@@ -570,6 +633,7 @@ impl Index {
         mut o: Onode,
         id: u64,
         stored_chunks: u32,
+        extent_keys: bool,
     ) -> Result<(), DecodeError> {
         let coll = self.colls.get_mut(&cid).ok_or(DecodeError::Invalid {
             what: "object's collection",
@@ -582,6 +646,7 @@ impl Index {
         })?;
         o.id = id;
         o.stored_chunks = stored_chunks;
+        o.extent_keys = extent_keys;
         if coll.contains_key(&oid) {
             return Err(DecodeError::Invalid {
                 what: "repeated object",
@@ -683,14 +748,21 @@ pub(crate) fn decode_object(
 }
 
 /// One object of a checkpoint: its name, size, extents, xattrs and omap.
+/// `with_extents`: false for a tree record of version 2, which lists no extents (each is an
+/// entry of the tree of its own).
 pub(crate) fn encode_onode<B: bytes::BufMut>(
     e: &mut Encoder<'_, B>,
     oid: &str,
     size: u64,
     o: &Body,
+    with_extents: bool,
 ) {
-    e.str(oid).u64(size).u64(o.blocks.extent_count() as u64);
-    for (l, x) in o.blocks.extents() {
+    e.str(oid).u64(size);
+    match with_extents {
+        true => e.u64(o.blocks.extent_count() as u64),
+        false => e.u64(0),
+    };
+    for (l, x) in o.blocks.extents().filter(|_| with_extents) {
         e.u64(l).u64(x.paddr).u32(x.block_count() as u32);
         for crc in x.crcs.as_slice() {
             e.u32(*crc);
@@ -884,6 +956,13 @@ mod tests {
             let encoded = ix.encode().len() as u64;
             assert_eq!(ix.encoded_len(), encoded, "after {d:?}");
             assert_eq!(ix.recount_encoded(), encoded, "after {d:?}");
+            let extents: usize = ix
+                .colls
+                .values()
+                .flat_map(|c| c.values())
+                .map(|o| o.body().unwrap().blocks.extent_count())
+                .sum();
+            assert_eq!(ix.extent_count(), extents as u64, "after {d:?}");
         }
         assert_eq!(ix.encoded_len(), BLOB_FIXED);
     }

@@ -6,12 +6,18 @@
 //! - `'C' pool seed` → empty: a collection;
 //! - `'O' id chunk` → the `chunk`-th piece (at most [`PIECE`] bytes) of the record of the
 //!   object with tree id `id`: record version, collection, then the object as a blob
-//!   checkpoint writes it (name, size, extents, xattrs, omap).
+//!   checkpoint writes it (name, size, xattrs, omap; from format 5, record version 2, with
+//!   no extents);
+//! - `'O' id 0xFF lblock` → one extent of that object starting at logical block `lblock`
+//!   (format 5): its device block and one checksum per block ([`extent_value`]). The tag
+//!   byte sorts above every piece number's first one, so an object's extents follow its
+//!   record, and a checkpoint puts or deletes only the extents that changed, not the map.
 //!
 //! An object's key is its id, not its name: names may be longer than a tree key, and the id
 //! keeps every piece of one record adjacent. Ids are handed out in increasing order, so new
 //! objects are appended at the tree's right edge, where splits leave full nodes.
 
+use crate::extents::{decode_extent_value, extent_value, Extent, EXTENT_BLOCKS_MAX};
 use crate::index::{decode_object, encode_onode, Body, Geometry, Index, CHECKPOINT_VERSION};
 use bytes::{Bytes, BytesMut};
 use carmine_btree::{Tree, NODE_SIZE, VALUE_MAX};
@@ -19,8 +25,15 @@ use carmine_types::{CollectionId, DecodeError, Decoder, Encoder, PgId};
 
 const KIND_COLLECTION: u8 = b'C';
 const KIND_OBJECT: u8 = b'O';
+/// After the id in an extent's key: above the first byte of every piece number.
+const EXTENT_TAG: u8 = 0xFF;
+/// Pieces a record may take: below this, a piece number's first byte is zero.
+pub(crate) const PIECES_MAX: u32 = 1 << 24;
 /// Version of an object record (the blob layout of its object is checkpoint version 2).
-const RECORD_VERSION: u16 = 1;
+/// Version 2 lists no extents: they are entries of their own. Version 1 (formats 4 and
+/// older) lists them, and is still read; its object's next checkpoint writes version 2.
+const RECORD_VERSION: u16 = 2;
+const RECORD_VERSION_INLINE_EXTENTS: u16 = 1;
 /// Bytes a node gives its entries.
 const NODE_ROOM: u64 = NODE_SIZE as u64 - 20;
 
@@ -40,31 +53,131 @@ pub(crate) fn object_key(id: u64, chunk: u32) -> Vec<u8> {
     k
 }
 
-/// An object's record, whole.
+/// The key of the extent of object `id` that starts at logical block `lblock`.
+pub(crate) fn extent_key(id: u64, lblock: u64) -> Vec<u8> {
+    let mut k = Vec::with_capacity(18);
+    k.push(KIND_OBJECT);
+    k.extend_from_slice(&id.to_be_bytes());
+    k.push(EXTENT_TAG);
+    k.extend_from_slice(&lblock.to_be_bytes());
+    k
+}
+
+/// The lowest key above every entry of object `id` (`None`: the end of the tree).
+pub(crate) fn object_end_key(id: u64) -> Option<Vec<u8>> {
+    let next = id.checked_add(1)?;
+    let mut k = Vec::with_capacity(9);
+    k.push(KIND_OBJECT);
+    k.extend_from_slice(&next.to_be_bytes());
+    Some(k)
+}
+
+/// An object's record, whole (version 2: without its extents).
 pub(crate) fn object_record(cid: CollectionId, oid: &str, size: u64, body: &Body) -> BytesMut {
     let mut b = BytesMut::new();
     let mut e = Encoder::new(&mut b);
     e.u16(RECORD_VERSION).u32(cid.pool).u32(cid.seed);
-    encode_onode(&mut e, oid, size, body);
+    encode_onode(&mut e, oid, size, body, false);
     b
 }
 
-/// Reads a whole record: the object's collection, name, size and body.
-pub(crate) fn decode_record(
-    bytes: Bytes,
-) -> Result<(CollectionId, String, u64, Body), DecodeError> {
-    let mut d = Decoder::new(bytes);
+/// Every tree entry of an object with tree id `id`: its record's pieces, then its extents.
+pub(crate) fn object_entries(
+    cid: CollectionId,
+    oid: &str,
+    id: u64,
+    size: u64,
+    body: &Body,
+) -> Vec<(Vec<u8>, Vec<u8>)> {
+    let rec = object_record(cid, oid, size, body);
+    let mut out: Vec<(Vec<u8>, Vec<u8>)> = chunks(&rec)
+        .enumerate()
+        .map(|(i, c)| (object_key(id, i as u32), c.to_vec()))
+        .collect();
+    out.extend(
+        body.blocks
+            .extents()
+            .map(|(l, e)| (extent_key(id, l), extent_value(e))),
+    );
+    out
+}
+
+/// An object read back from the tree: its collection, name, size and body, and whether its
+/// extents are entries of their own (a record of version 2).
+pub(crate) struct StoredObject {
+    pub cid: CollectionId,
+    pub oid: String,
+    pub size: u64,
+    pub body: Body,
+    pub extent_keys: bool,
+}
+
+/// Reads a whole record and the extents that follow it in the tree (in key order).
+pub(crate) fn decode_object_entries(
+    record: Bytes,
+    extents: Vec<(u64, Extent)>,
+) -> Result<StoredObject, DecodeError> {
+    let mut d = Decoder::new(record);
     let version = d.u16("object record version")?;
-    if version != RECORD_VERSION {
+    if version != RECORD_VERSION && version != RECORD_VERSION_INLINE_EXTENTS {
         return Err(invalid("object record version", version as u64));
     }
     let cid = PgId {
         pool: d.u32("pool")?,
         seed: d.u32("seed")?,
     };
-    let (oid, size, body) = decode_object(&mut d, CHECKPOINT_VERSION)?;
+    let (oid, size, mut body) = decode_object(&mut d, CHECKPOINT_VERSION)?;
     d.finish("object record")?;
-    Ok((cid, oid, size, body))
+    let extent_keys = version == RECORD_VERSION;
+    if extent_keys && body.blocks.extent_count() > 0 {
+        return Err(invalid(
+            "extents in a record of version 2",
+            body.blocks.blocks(),
+        ));
+    }
+    if !extent_keys && !extents.is_empty() {
+        return Err(invalid(
+            "extent entries of a record of version 1",
+            extents.len() as u64,
+        ));
+    }
+    for (l, e) in extents {
+        if !body.blocks.push_back(l, e) {
+            return Err(invalid("extent order", l));
+        }
+    }
+    Ok(StoredObject {
+        cid,
+        oid,
+        size,
+        body,
+        extent_keys,
+    })
+}
+
+/// An entry of an object in the tree, by its key.
+pub(crate) enum ObjectEntry {
+    Piece { id: u64, chunk: u32 },
+    Extent { id: u64, lblock: u64 },
+}
+
+/// What an object key names; `None` for a key that is not an object's.
+pub(crate) fn parse_object_key(key: &[u8]) -> Option<ObjectEntry> {
+    if key.first() != Some(&KIND_OBJECT) {
+        return None;
+    }
+    let id = u64::from_be_bytes(key.get(1..9)?.try_into().ok()?);
+    match key.len() {
+        13 => Some(ObjectEntry::Piece {
+            id,
+            chunk: u32::from_be_bytes(key[9..13].try_into().ok()?),
+        }),
+        18 if key[9] == EXTENT_TAG => Some(ObjectEntry::Extent {
+            id,
+            lblock: u64::from_be_bytes(key[10..18].try_into().ok()?),
+        }),
+        _ => None,
+    }
 }
 
 /// Whether `piece`, the `i`-th of `n`, is as `chunks` cuts a record: full but the last,
@@ -85,14 +198,20 @@ pub(crate) fn chunks(record: &[u8]) -> impl Iterator<Item = &[u8]> {
 }
 
 /// Tree bytes the index's records take: the records, plus a key and an entry header per
-/// piece, plus a key per collection.
+/// piece, plus a key per collection, plus what an extent's entry takes beyond the 20 bytes
+/// (logical block, device block, count) the encoded length counts for it: a key, an entry
+/// header and a device block, 30 in all.
 fn tree_bytes(index: &Index) -> u64 {
     let pieces = index.encoded_len().div_ceil(PIECE as u64) + index.objects;
     index.encoded_len()
         + index.objects * 10
         + pieces * (OBJECT_KEY_LEN as u64 + 4)
+        + index.extent_count() * (EXTENT_ENTRY_FIXED - 20)
         + index.colls.len() as u64 * 13
 }
+
+/// Bytes of an extent's entry besides its checksums: key, entry header, device block.
+const EXTENT_ENTRY_FIXED: u64 = 18 + 4 + 8;
 
 /// At most the nodes a tree of the index takes when written afresh. Its records go in in key
 /// order, so each leaf but the last is split only when the next entry does not fit: it keeps
@@ -103,8 +222,11 @@ pub(crate) fn fresh_tree_blocks(index: &Index) -> u64 {
     leaves + leaves / 64 + 4
 }
 
-/// The largest leaf entry: a full piece with its key and the two length fields.
-const LARGEST_ENTRY: u64 = (PIECE + OBJECT_KEY_LEN + 4) as u64;
+/// The largest leaf entry: the longest extent's (a full piece with its key and the two
+/// length fields takes less).
+const LARGEST_ENTRY: u64 = EXTENT_ENTRY_FIXED + 4 * EXTENT_BLOCKS_MAX;
+const _: () = assert!(LARGEST_ENTRY >= (PIECE + OBJECT_KEY_LEN + 4) as u64);
+const _: () = assert!(8 + 4 * EXTENT_BLOCKS_MAX as usize <= VALUE_MAX);
 
 /// Where the tree's nodes live: the loaded tree, live nodes per segment, and the metadata
 /// segment new nodes are appended to.
@@ -189,8 +311,8 @@ pub(crate) type Names = std::collections::BTreeMap<CollectionId, std::collection
 /// Rebuilds an index from the tree's entries, given in key order.
 pub(crate) struct Loader {
     index: Index,
-    /// The object whose pieces are being gathered: id, pieces so far, bytes.
-    object: Option<(u64, u32, Vec<u8>)>,
+    /// The object whose entries are being gathered.
+    object: Option<Gathered>,
     /// Record bytes of bodies kept in memory as they load; those past it are paged out at
     /// once (their live blocks counted first), so a load holds the cache's worth, whatever
     /// the store's size.
@@ -199,6 +321,14 @@ pub(crate) struct Loader {
     /// Objects whose bodies stay whatever the budget: the journal replay changes them.
     needed: Names,
     last_key: Option<Vec<u8>>,
+}
+
+/// The entries of one object read so far.
+struct Gathered {
+    id: u64,
+    pieces: u32,
+    record: Vec<u8>,
+    extents: Vec<(u64, Extent)>,
 }
 
 fn invalid(what: &'static str, found: u64) -> DecodeError {
@@ -245,38 +375,64 @@ impl Loader {
                 self.index.insert_collection(cid);
                 Ok(())
             }
-            (Some(&KIND_OBJECT), 13) => {
-                let id = u64::from_be_bytes(key[1..9].try_into().unwrap());
-                let chunk = u32::from_be_bytes(key[9..13].try_into().unwrap());
-                // Pieces are as `chunks` cuts them: full but the last, never empty.
-                if value.is_empty() || value.len() > PIECE {
-                    return Err(invalid("object record piece length", value.len() as u64));
-                }
-                match &mut self.object {
-                    Some((at, n, bytes)) if *at == id && *n == chunk => {
-                        if bytes.len() != *n as usize * PIECE {
-                            return Err(invalid("object record piece length", chunk as u64));
-                        }
-                        bytes.extend_from_slice(value);
-                        *n += 1;
-                        return Ok(());
+            (Some(&KIND_OBJECT), _) => match parse_object_key(key) {
+                Some(ObjectEntry::Piece { id, chunk }) => self.push_piece(id, chunk, value),
+                Some(ObjectEntry::Extent { id, lblock }) => match &mut self.object {
+                    Some(g) if g.id == id => {
+                        g.extents
+                            .push((lblock, decode_extent_value(lblock, value)?));
+                        Ok(())
                     }
-                    _ if chunk != 0 => return Err(invalid("object record piece", chunk as u64)),
-                    _ => {}
-                }
-                self.finish_object()?;
-                self.object = Some((id, 1, value.to_vec()));
-                Ok(())
-            }
+                    _ => Err(invalid("extent without its object's record", id)),
+                },
+                None => Err(invalid("metadata tree key", key.len() as u64)),
+            },
             _ => Err(invalid("metadata tree key", key.len() as u64)),
         }
     }
 
+    fn push_piece(&mut self, id: u64, chunk: u32, value: &[u8]) -> Result<(), DecodeError> {
+        // Pieces are as `chunks` cuts them: full but the last, never empty.
+        if value.is_empty() || value.len() > PIECE {
+            return Err(invalid("object record piece length", value.len() as u64));
+        }
+        if chunk >= PIECES_MAX {
+            return Err(invalid("object record piece", chunk as u64));
+        }
+        match &mut self.object {
+            Some(g) if g.id == id && g.pieces == chunk && g.extents.is_empty() => {
+                if g.record.len() != chunk as usize * PIECE {
+                    return Err(invalid("object record piece length", chunk as u64));
+                }
+                g.record.extend_from_slice(value);
+                g.pieces += 1;
+                return Ok(());
+            }
+            _ if chunk != 0 => return Err(invalid("object record piece", chunk as u64)),
+            _ => {}
+        }
+        self.finish_object()?;
+        self.object = Some(Gathered {
+            id,
+            pieces: 1,
+            record: value.to_vec(),
+            extents: Vec::new(),
+        });
+        Ok(())
+    }
+
     fn finish_object(&mut self) -> Result<(), DecodeError> {
-        let Some((id, pieces, bytes)) = self.object.take() else {
+        let Some(g) = self.object.take() else {
             return Ok(());
         };
-        let (cid, oid, size, body) = decode_record(Bytes::from(bytes))?;
+        let (id, pieces) = (g.id, g.pieces);
+        let StoredObject {
+            cid,
+            oid,
+            size,
+            body,
+            extent_keys,
+        } = decode_object_entries(Bytes::from(g.record), g.extents)?;
         let mut o = self.index.count_loaded(&oid, size, body)?;
         let needed = self
             .needed
@@ -290,7 +446,8 @@ impl Loader {
                 _ => o.body = None,
             }
         }
-        self.index.insert_loaded(cid, oid, o, id, pieces)
+        self.index
+            .insert_loaded(cid, oid, o, id, pieces, extent_keys)
     }
 
     pub fn finish(mut self) -> Result<Index, DecodeError> {
@@ -320,9 +477,8 @@ pub(crate) mod tests {
         }
         for (cid, coll) in &ix.colls {
             for (oid, o) in coll {
-                let rec = object_record(*cid, oid, o.size, o.body().unwrap());
-                for (i, c) in chunks(&rec).enumerate() {
-                    t.insert(&object_key(o.id, i as u32), c).unwrap();
+                for (k, v) in object_entries(*cid, oid, o.id, o.size, o.body().unwrap()) {
+                    t.insert(&k, &v).unwrap();
                 }
             }
         }
@@ -414,10 +570,7 @@ pub(crate) mod tests {
             let mut t = Tree::new();
             let mut entries: Vec<(Vec<u8>, Vec<u8>)> = vec![(collection_key(cid), Vec::new())];
             for (oid, o) in &ix.colls[&cid] {
-                let rec = object_record(cid, oid, o.size, o.body().unwrap());
-                for (i, c) in chunks(&rec).enumerate() {
-                    entries.push((object_key(o.id, i as u32), c.to_vec()));
-                }
+                entries.extend(object_entries(cid, oid, o.id, o.size, o.body().unwrap()));
             }
             entries.sort();
             for (k, v) in &entries {

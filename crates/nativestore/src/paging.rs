@@ -13,8 +13,12 @@
 //! ends them too).
 
 use crate::error::ShardFailure;
+use crate::extents::decode_extent_value;
 use crate::index::{Body, Onode};
-use crate::metatree::{decode_record, object_key, piece_fits, PIECE};
+use crate::metatree::{
+    decode_object_entries, object_end_key, object_key, parse_object_key, piece_fits, ObjectEntry,
+    PIECE,
+};
 use crate::store::{io_error, lookup, NativeStore, State};
 use crate::BlockDevice;
 use carmine_btree::{walk_node, LoadError, Need, TreeError, Visited, Walked};
@@ -145,26 +149,29 @@ impl<D: BlockDevice> NativeStore<D> {
         ))
     }
 
-    /// Reads the record of object `cid/oid` (tree id and pieces `paged`) back from the tree
-    /// and installs its body, unless the object changed meanwhile (removed, replaced, or
-    /// read back by someone else).
+    /// Reads the entries of object `cid/oid` (tree id and record pieces `paged`) back from
+    /// the tree, its record and then its extents, and installs its body, unless the object
+    /// changed meanwhile (removed, replaced, or read back by someone else).
     async fn read_body(&self, cid: CollectionId, oid: &str, paged: (u64, u32)) -> Result<()> {
         let (id, pieces) = paged;
         // Gathered across rounds: while the object stays paged out under this id, cleaned by
-        // the same checkpoint, its record does not change, so pieces read before a node was
+        // the same checkpoint, its entries do not change, so those read before a node was
         // evicted or a checkpoint moved things stay good. Read back, changed and paged out
-        // again meanwhile, it has a newer record: this read stops, and its caller looks again.
+        // again meanwhile, it has newer ones: this read stops, and its caller looks again.
         let cleaned_in = self
             .st
             .borrow()
             .index
             .object(cid, oid)
             .map_or(0, |o| o.cleaned_in);
-        let mut record = Vec::with_capacity(pieces as usize * PIECE);
-        let mut next = 0;
+        let to = object_end_key(id);
+        let below_end = |k: &[u8]| to.as_deref().is_none_or(|t| k < t);
+        let mut entries: Vec<(Vec<u8>, Vec<u8>)> = Vec::new();
+        // The scan goes on from here.
+        let mut from = object_key(id, 0);
         let mut stuck = 0;
         while stuck < READ_ROUNDS {
-            let before = next;
+            let before = (entries.len(), from.clone());
             let need = {
                 let mut st = self.st.borrow_mut();
                 let st = &mut *st;
@@ -183,54 +190,50 @@ impl<D: BlockDevice> NativeStore<D> {
                         format!("{cid}/{oid:?} is paged out, but there is no metadata tree"),
                     ));
                 };
-                let mut need = None;
-                while next < pieces {
-                    let i = next;
-                    match tree.get(&object_key(id, i)) {
-                        Ok(Some(piece)) if piece_fits(piece, i, pieces) => {
-                            record.extend_from_slice(piece);
-                            next += 1;
+                let scanned = tree.range_into(&from, to.as_deref(), usize::MAX, &mut entries);
+                if let Some((k, _)) = entries.last() {
+                    from = k.clone();
+                    from.push(0);
+                }
+                match scanned {
+                    Ok(()) => None,
+                    Err(TreeError::Need(n)) => {
+                        // The scan has every entry below the node it needs: go on from
+                        // there, so a node read earlier need not stay (or come back).
+                        if n.key > from {
+                            from.clone_from(&n.key);
                         }
-                        Ok(_) => return Err(piece_missing(st, cid, oid, id, i, pieces)),
-                        Err(TreeError::Need(n)) => {
-                            need = Some((n, st.slot.generation));
-                            break;
-                        }
-                        Err(e) => {
-                            return Err(metadata_failed(st, format!("metadata tree: {e}")));
-                        }
+                        let bound = tree.bound_after(&n.key);
+                        Some((n, st.slot.generation, bound))
+                    }
+                    Err(e) => {
+                        return Err(metadata_failed(st, format!("metadata tree: {e}")));
                     }
                 }
-                need
             };
             match need {
-                Some((n, generation)) if self.reader_may_grow_tree() => {
+                None => return self.install(cid, oid, id, pieces, entries),
+                Some((n, generation, _)) if self.reader_may_grow_tree() => {
                     self.load_for_reader(n, generation).await?
                 }
-                Some((n, generation)) => {
-                    // The piece the lookup stopped at, then those after it in the same leaf.
-                    let routed = next;
-                    if let Some(leaf) = self.leaf_for_reader(n, generation).await? {
-                        let mut st = self.st.borrow_mut();
-                        while next < pieces {
-                            let key = object_key(id, next);
-                            match leaf.binary_search_by(|(k, _)| k.as_slice().cmp(&key)) {
-                                Ok(j) if piece_fits(&leaf[j].1, next, pieces) => {
-                                    record.extend_from_slice(&leaf[j].1);
-                                    next += 1;
-                                }
-                                // Past this leaf's last key: the next lookup routes on.
-                                Err(j) if j == leaf.len() && next > routed => break,
-                                _ => {
-                                    return Err(piece_missing(&mut st, cid, oid, id, next, pieces))
-                                }
-                            }
+                Some((n, generation, bound)) => {
+                    if let Some((leaf, bound)) = self.leaf_for_reader(n, generation, bound).await? {
+                        let past = leaf.last().is_some_and(|(k, _)| !below_end(k));
+                        let wanted = |k: &[u8]| k >= from.as_slice() && below_end(k);
+                        entries.extend(leaf.into_iter().filter(|(k, _)| wanted(k)));
+                        match bound {
+                            Some(b) if !past && below_end(&b) => from = b,
+                            // Nothing of the object lies past this leaf.
+                            _ => return self.install(cid, oid, id, pieces, entries),
                         }
                     }
                 }
-                None => return self.install(cid, oid, id, std::mem::take(&mut record)),
             }
-            stuck = if next > before { 0 } else { stuck + 1 };
+            stuck = if (entries.len(), &from) != (before.0, &before.1) {
+                0
+            } else {
+                stuck + 1
+            };
         }
         Err(io_error(format!(
             "{cid}/{oid:?}: its metadata record could not be read back: the tree kept \
@@ -238,10 +241,45 @@ impl<D: BlockDevice> NativeStore<D> {
         )))
     }
 
-    fn install(&self, cid: CollectionId, oid: &str, id: u64, record: Vec<u8>) -> Result<()> {
+    /// Installs the body of `cid/oid` read back as `entries`: the `pieces` of its record,
+    /// then its extents.
+    fn install(
+        &self,
+        cid: CollectionId,
+        oid: &str,
+        id: u64,
+        pieces: u32,
+        entries: Vec<(Vec<u8>, Vec<u8>)>,
+    ) -> Result<()> {
         let mut st = self.st.borrow_mut();
         let st = &mut *st;
-        let (rcid, roid, size, body) = match decode_record(record.into()) {
+        let mut record = Vec::with_capacity(pieces as usize * PIECE);
+        let mut extents = Vec::new();
+        let mut read = 0;
+        for (k, v) in entries {
+            match parse_object_key(&k) {
+                Some(ObjectEntry::Piece { id: at, chunk })
+                    if at == id && chunk == read && piece_fits(&v, chunk, pieces) =>
+                {
+                    record.extend_from_slice(&v);
+                    read += 1;
+                }
+                Some(ObjectEntry::Extent { id: at, lblock }) if at == id && read == pieces => {
+                    match decode_extent_value(lblock, &v) {
+                        Ok(e) => extents.push((lblock, e)),
+                        Err(e) => {
+                            let why = format!("extent {lblock} of {cid}/{oid:?}: {e}");
+                            return Err(metadata_failed(st, why));
+                        }
+                    }
+                }
+                _ => return Err(piece_missing(st, cid, oid, id, read, pieces)),
+            }
+        }
+        if read != pieces {
+            return Err(piece_missing(st, cid, oid, id, read, pieces));
+        }
+        let stored = match decode_object_entries(record.into(), extents) {
             Ok(r) => r,
             Err(e) => {
                 return Err(metadata_failed(
@@ -250,6 +288,7 @@ impl<D: BlockDevice> NativeStore<D> {
                 ))
             }
         };
+        let (rcid, roid, size) = (stored.cid, stored.oid.as_str(), stored.size);
         let stub_size = st.index.object(cid, oid).map(|o| o.size);
         if rcid != cid || roid != oid || stub_size.is_some_and(|s| s != size) {
             return Err(metadata_failed(
@@ -260,10 +299,15 @@ impl<D: BlockDevice> NativeStore<D> {
                 ),
             ));
         }
-        match st
-            .index
-            .install_body(cid, oid, id, body, self.config.object_cache_bytes)
-        {
+        let extent_keys = stored.extent_keys;
+        match st.index.install_body(
+            cid,
+            oid,
+            id,
+            stored.body,
+            extent_keys,
+            self.config.object_cache_bytes,
+        ) {
             Ok(true) => {
                 st.stats.body_reads += 1;
                 Ok(())
@@ -286,11 +330,14 @@ impl<D: BlockDevice> NativeStore<D> {
     /// hanging anything in the tree, each node checked as a load checks it; `None` when
     /// the tree changed meanwhile (a checkpoint became durable, so places may have been
     /// reused, or someone loaded the node): the caller looks again.
+    /// With the entries, the lowest key above the leaf (`None`: the tree's last leaf), from
+    /// `bound` (what the loaded nodes above `need` give) and the nodes walked.
     async fn leaf_for_reader(
         &self,
         need: Need,
         generation: u64,
-    ) -> Result<Option<Vec<(Vec<u8>, Vec<u8>)>>> {
+        mut bound: Option<Vec<u8>>,
+    ) -> Result<Option<(Vec<(Vec<u8>, Vec<u8>)>, Option<Vec<u8>>)>> {
         let key = need.key.clone();
         let mut need = need;
         let mut above: Option<Walked> = None;
@@ -313,11 +360,14 @@ impl<D: BlockDevice> NativeStore<D> {
                 Err(LoadError::NotWanted { .. }) => return Ok(None),
                 Err(e) => return Err(metadata_failed(st, format!("metadata tree: {e}"))),
             };
+            if let Some(b) = walked.bound_after(&key) {
+                bound = Some(b.to_vec());
+            }
             if let Some(child) = walked.toward(&key) {
                 need = child.clone();
             } else {
                 return match walked.visited {
-                    Visited::Leaf(entries) => Ok(Some(entries)),
+                    Visited::Leaf(entries) => Ok(Some((entries, bound))),
                     Visited::Inner(_) => {
                         let why = format!("metadata node {} is inner but has no child", need.paddr);
                         Err(metadata_failed(st, why))

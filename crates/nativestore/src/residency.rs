@@ -199,6 +199,7 @@ impl Index {
         oid: &str,
         id: u64,
         body: Body,
+        extent_keys: bool,
         budget: u64,
     ) -> Result<bool, String> {
         let Some(o) = self.colls.get_mut(&cid).and_then(|c| c.get_mut(oid)) else {
@@ -206,6 +207,12 @@ impl Index {
         };
         if o.id != id || o.body.is_some() {
             return Ok(false);
+        }
+        if extent_keys != o.extent_keys {
+            return Err(format!(
+                "the record of {cid}/{oid:?} (tree id {id}) is of another version than the \
+                 one the mount read"
+            ));
         }
         let len = body.encoded_len(oid);
         if len != o.encoded {
@@ -331,13 +338,19 @@ mod tests {
         assert_eq!(ix.residency.paged_out, 3);
         let id = ix.object(C, "o1").unwrap().id;
         // A budget smaller than the body itself: the others go, it stays.
-        assert_eq!(ix.install_body(C, "o1", id, Body::default(), 1), Ok(true));
+        assert_eq!(
+            ix.install_body(C, "o1", id, Body::default(), false, 1),
+            Ok(true)
+        );
         assert!(resident(&ix, 1));
         assert_eq!(ix.residency.resident_bytes, each);
         // Another object of the name, or one resident already: nothing changes.
-        assert_eq!(ix.install_body(C, "o1", id, Body::default(), 1), Ok(false));
         assert_eq!(
-            ix.install_body(C, "o2", id + 99, Body::default(), 1),
+            ix.install_body(C, "o1", id, Body::default(), false, 1),
+            Ok(false)
+        );
+        assert_eq!(
+            ix.install_body(C, "o2", id + 99, Body::default(), false, 1),
             Ok(false)
         );
         // A record whose length disagrees with the index is refused.
@@ -345,11 +358,11 @@ mod tests {
         let mut big = Body::default();
         big.omap.insert("k".into(), "v".into());
         big.meta_bytes = big.recount_meta();
-        assert!(ix.install_body(C, "o2", o2, big, 1).is_err());
+        assert!(ix.install_body(C, "o2", o2, big, false, 1).is_err());
         // Removing a paged-out object is refused (its blocks must be released), but once read
         // back it goes, and the counts follow.
         assert_eq!(
-            ix.install_body(C, "o2", o2, Body::default(), u64::MAX),
+            ix.install_body(C, "o2", o2, Body::default(), false, u64::MAX),
             Ok(true)
         );
         ix.apply(&Delta::Remove(C, "o2".into())).unwrap();

@@ -617,3 +617,62 @@ fn a_damaged_node_met_by_a_reader_during_a_checkpoint_is_an_error_never_data() {
     );
     drop(cp);
 }
+
+/// Format 5 keys each extent on its own: after one 4 KiB overwrite of a randomly written
+/// 4 MiB object (1,024 extents, ~35 KB of tree entries), a checkpoint writes the leaf of that
+/// extent and the path above it, not the object's whole map (a format 4 record: ~25 KB, seven
+/// leaves and more). The same after a punch, and after a size change (its record's leaf).
+#[test]
+fn one_block_overwrite_checkpoints_one_leaf_and_its_path() {
+    let dev = formatted();
+    let store = mount(&dev, NativeConfig::default());
+    const BLOCKS: u64 = 1024;
+    let data = |l: u64, v: u8| Bytes::from(vec![(l as u8) ^ v; 4096]);
+    submit(&store, |t| {
+        t.create_collection(C);
+    });
+    // 331 is odd: every block once, consecutive writes far apart (no two join).
+    for i in 0..BLOCKS {
+        let l = (i * 331) % BLOCKS;
+        submit(&store, |t| {
+            t.write(C, "volume", l * 4096, data(l, 1));
+        });
+    }
+    block_on(store.checkpoint_now()).unwrap();
+    let nodes = store.stats().metadata_nodes;
+    assert!(nodes >= 8, "{nodes} tree nodes for 1,024 extents");
+    let mut expect: Vec<u8> = (0..BLOCKS).flat_map(|l| data(l, 1).to_vec()).collect();
+    let mut written = Vec::new();
+    for (l, change) in [(517u64, "overwrite"), (12, "punch"), (900, "grow")] {
+        let before = store.stats().checkpoint_blocks;
+        submit(&store, |t| match change {
+            "overwrite" => {
+                t.write(C, "volume", l * 4096, data(l, 2));
+            }
+            "punch" => {
+                t.zero(C, "volume", l * 4096, 4096);
+            }
+            _ => {
+                t.truncate(C, "volume", BLOCKS * 4096 + 4096);
+            }
+        });
+        match change {
+            "overwrite" => expect[l as usize * 4096..][..4096].copy_from_slice(&data(l, 2)),
+            "punch" => expect[l as usize * 4096..][..4096].fill(0),
+            _ => expect.resize(expect.len() + 4096, 0),
+        }
+        block_on(store.checkpoint_now()).unwrap();
+        written.push((change, store.stats().checkpoint_blocks - before));
+    }
+    eprintln!("tree of {nodes} nodes; nodes written per checkpoint: {written:?}");
+    for (change, w) in &written {
+        // A leaf and the root above it (a tree of this size has two levels).
+        assert!(*w <= 2, "{change} wrote {w} nodes: {written:?}");
+    }
+    let got = block_on(store.read(C, "volume", 0, expect.len() as u64)).unwrap();
+    assert!(got == expect, "read back after the checkpoints");
+    drop(store);
+    let store = mount(&dev, tiny_caches());
+    let got = block_on(store.read(C, "volume", 0, expect.len() as u64)).unwrap();
+    assert!(got == expect, "read back after a remount, through the tree");
+}

@@ -482,4 +482,17 @@ fn metadata_tree_node_and_key_tables_match_the_encoder() {
         okey,
         [b'O', 0x11, 0x22, 0x33, 0x44, 0x55, 0x66, 0x77, 0x88, 0x99, 0xaa, 0xbb, 0xcc]
     );
+    assert!(keys[2][0].starts_with("`O`, u64 object id, u8 0xFF, u64 logical block"));
+    let ekey = crate::metatree::extent_key(0x1122_3344_5566_7788, 0x0102_0304_0506_0708);
+    assert_eq!(
+        ekey,
+        [b'O', 0x11, 0x22, 0x33, 0x44, 0x55, 0x66, 0x77, 0x88, 0xff, 1, 2, 3, 4, 5, 6, 7, 8]
+    );
+    assert!(keys[2][1].contains("u64 device block, then `n` × u32 CRC-32C"));
+    let e = crate::extents::Extent::new(0x0a0b, &[0x11, 0x22]);
+    let v = crate::extents::extent_value(&e);
+    assert_eq!(v, [le64(0x0a0b), le32(0x11), le32(0x22)].concat());
+    assert!(text.contains("u16 record version (2)"));
+    let rec = crate::metatree::object_record(cid, "o", 0, &crate::index::Body::default());
+    assert_eq!(&rec[..2], &[2, 0], "record version");
 }
