@@ -13,11 +13,11 @@
 //! ends them too).
 
 use crate::error::ShardFailure;
-use crate::extents::decode_extent_value;
-use crate::index::{Body, Onode};
+use crate::extents::{decode_extent_value, ExtentMap, EXTENT_BLOCKS_MAX};
+use crate::index::{BlockRef, Body, Onode};
 use crate::metatree::{
-    decode_object_entries, object_end_key, object_key, parse_object_key, piece_fits, ObjectEntry,
-    PIECE,
+    decode_object_entries, extent_key, object_end_key, object_key, parse_object_key, piece_fits,
+    ObjectEntry, PIECE,
 };
 use crate::store::{io_error, lookup, NativeStore, State};
 use crate::BlockDevice;
@@ -29,7 +29,7 @@ use std::cell::RefCell;
 /// Rounds in a row a body read may take without getting further before it gives up (a
 /// round reads one node; it gets nowhere when a checkpoint or an eviction moved things under
 /// it). A record of many leaves takes a round per node on its way, as many as it needs.
-const READ_ROUNDS: usize = 4096;
+pub(crate) const READ_ROUNDS: usize = 4096;
 
 /// Pins of the apply lock's holder; dropping it ends them all.
 pub(crate) struct Pins<'a> {
@@ -154,21 +154,84 @@ impl<D: BlockDevice> NativeStore<D> {
     /// changed meanwhile (removed, replaced, or read back by someone else).
     async fn read_body(&self, cid: CollectionId, oid: &str, paged: (u64, u32)) -> Result<()> {
         let (id, pieces) = paged;
-        // Gathered across rounds: while the object stays paged out under this id, cleaned by
-        // the same checkpoint, its entries do not change, so those read before a node was
-        // evicted or a checkpoint moved things stay good. Read back, changed and paged out
-        // again meanwhile, it has newer ones: this read stops, and its caller looks again.
+        let (from, to) = (object_key(id, 0), object_end_key(id));
+        let installed = self.scan_paged(cid, oid, paged, from, to, |st, entries| {
+            install(
+                st,
+                cid,
+                oid,
+                id,
+                pieces,
+                entries,
+                self.config.object_cache_bytes,
+            )
+        });
+        installed.await.map(drop)
+    }
+
+    /// The mapped blocks `first..=last` of paged-out object `cid/oid` (tree id and record
+    /// pieces `paged`), from the extent entries that reach them, without reading the rest of
+    /// its body back: a read that misses costs the leaf or two holding its range, not the
+    /// whole map. `None` when the object changed meanwhile (the caller looks again).
+    pub(crate) async fn paged_blocks(
+        &self,
+        cid: CollectionId,
+        oid: &str,
+        paged: (u64, u32),
+        first: u64,
+        last: u64,
+    ) -> Result<Option<Vec<(u64, BlockRef)>>> {
+        let id = paged.0;
+        // The extent holding `first` starts at most the longest extent before it.
+        let from = extent_key(id, first.saturating_sub(EXTENT_BLOCKS_MAX - 1));
+        let to = Some(extent_key(id, last.saturating_add(1)));
+        let scan = self.scan_paged(cid, oid, paged, from, to, |st, entries| {
+            let mut map = ExtentMap::default();
+            for (k, v) in entries {
+                let Some(ObjectEntry::Extent { id: at, lblock }) = parse_object_key(&k) else {
+                    let why = format!("{cid}/{oid:?}: {k:?} is no extent");
+                    return Err(metadata_failed(st, why));
+                };
+                let extent = decode_extent_value(lblock, &v)
+                    .map_err(|e| metadata_failed(st, format!("{cid}/{oid:?}: extent: {e}")))?;
+                if at != id || !map.push_back(lblock, extent) {
+                    let why = format!("{cid}/{oid:?}: extent {lblock} out of place");
+                    return Err(metadata_failed(st, why));
+                }
+            }
+            st.stats.paged_block_lookups += 1;
+            Ok(map.range(first..last + 1).collect())
+        });
+        scan.await
+    }
+
+    /// Scans the entries of paged-out object `cid/oid` (tree id and record pieces `paged`)
+    /// with keys in `[from, to)` (`None`: to the end) and hands them to `then`, in the same
+    /// synchronous step as the last check that the object is still paged out as it was;
+    /// `None` when it is not (removed, replaced, read back, changed): the caller looks again.
+    ///
+    /// Entries are gathered across rounds: while the object stays paged out under this id,
+    /// cleaned by the same checkpoint, its entries do not change, so those read before a
+    /// node was evicted or a checkpoint moved things stay good.
+    async fn scan_paged<R>(
+        &self,
+        cid: CollectionId,
+        oid: &str,
+        paged: (u64, u32),
+        mut from: Vec<u8>,
+        to: Option<Vec<u8>>,
+        then: impl FnOnce(&mut State, Vec<(Vec<u8>, Vec<u8>)>) -> Result<R>,
+    ) -> Result<Option<R>> {
+        let (id, pieces) = paged;
         let cleaned_in = self
             .st
             .borrow()
             .index
             .object(cid, oid)
             .map_or(0, |o| o.cleaned_in);
-        let to = object_end_key(id);
         let below_end = |k: &[u8]| to.as_deref().is_none_or(|t| k < t);
         let mut entries: Vec<(Vec<u8>, Vec<u8>)> = Vec::new();
-        // The scan goes on from here.
-        let mut from = object_key(id, 0);
+        let mut complete = false;
         let mut stuck = 0;
         while stuck < READ_ROUNDS {
             let before = (entries.len(), from.clone());
@@ -182,7 +245,10 @@ impl<D: BlockDevice> NativeStore<D> {
                         && o.stored_chunks == pieces
                 });
                 if !still {
-                    return Ok(());
+                    return Ok(None);
+                }
+                if complete {
+                    return then(st, entries).map(Some);
                 }
                 let Some(tree) = st.meta.tree.as_ref() else {
                     return Err(metadata_failed(
@@ -196,7 +262,7 @@ impl<D: BlockDevice> NativeStore<D> {
                     from.push(0);
                 }
                 match scanned {
-                    Ok(()) => None,
+                    Ok(()) => return then(st, entries).map(Some),
                     Err(TreeError::Need(n)) => {
                         // The scan has every entry below the node it needs: go on from
                         // there, so a node read earlier need not stay (or come back).
@@ -204,7 +270,7 @@ impl<D: BlockDevice> NativeStore<D> {
                             from.clone_from(&n.key);
                         }
                         let bound = tree.bound_after(&n.key);
-                        Some((n, st.slot.generation, bound))
+                        (n, st.slot.generation, bound)
                     }
                     Err(e) => {
                         return Err(metadata_failed(st, format!("metadata tree: {e}")));
@@ -212,109 +278,32 @@ impl<D: BlockDevice> NativeStore<D> {
                 }
             };
             match need {
-                None => return self.install(cid, oid, id, pieces, entries),
-                Some((n, generation, _)) if self.reader_may_grow_tree() => {
+                (n, generation, _) if self.reader_may_grow_tree() => {
                     self.load_for_reader(n, generation).await?
                 }
-                Some((n, generation, bound)) => {
+                (n, generation, bound) => {
                     if let Some((leaf, bound)) = self.leaf_for_reader(n, generation, bound).await? {
                         let past = leaf.last().is_some_and(|(k, _)| !below_end(k));
                         let wanted = |k: &[u8]| k >= from.as_slice() && below_end(k);
                         entries.extend(leaf.into_iter().filter(|(k, _)| wanted(k)));
                         match bound {
                             Some(b) if !past && below_end(&b) => from = b,
-                            // Nothing of the object lies past this leaf.
-                            _ => return self.install(cid, oid, id, pieces, entries),
+                            // Nothing in the range lies past this leaf: done, once the
+                            // object is checked again (the read awaited).
+                            _ => complete = true,
                         }
                     }
                 }
             }
-            stuck = if (entries.len(), &from) != (before.0, &before.1) {
-                0
-            } else {
-                stuck + 1
+            stuck = match (entries.len(), &from) != (before.0, &before.1) || complete {
+                true => 0,
+                false => stuck + 1,
             };
         }
         Err(io_error(format!(
-            "{cid}/{oid:?}: its metadata record could not be read back: the tree kept \
-             changing under the read"
+            "{cid}/{oid:?}: its metadata could not be read back: the tree kept changing \
+             under the read"
         )))
-    }
-
-    /// Installs the body of `cid/oid` read back as `entries`: the `pieces` of its record,
-    /// then its extents.
-    fn install(
-        &self,
-        cid: CollectionId,
-        oid: &str,
-        id: u64,
-        pieces: u32,
-        entries: Vec<(Vec<u8>, Vec<u8>)>,
-    ) -> Result<()> {
-        let mut st = self.st.borrow_mut();
-        let st = &mut *st;
-        let mut record = Vec::with_capacity(pieces as usize * PIECE);
-        let mut extents = Vec::new();
-        let mut read = 0;
-        for (k, v) in entries {
-            match parse_object_key(&k) {
-                Some(ObjectEntry::Piece { id: at, chunk })
-                    if at == id && chunk == read && piece_fits(&v, chunk, pieces) =>
-                {
-                    record.extend_from_slice(&v);
-                    read += 1;
-                }
-                Some(ObjectEntry::Extent { id: at, lblock }) if at == id && read == pieces => {
-                    match decode_extent_value(lblock, &v) {
-                        Ok(e) => extents.push((lblock, e)),
-                        Err(e) => {
-                            let why = format!("extent {lblock} of {cid}/{oid:?}: {e}");
-                            return Err(metadata_failed(st, why));
-                        }
-                    }
-                }
-                _ => return Err(piece_missing(st, cid, oid, id, read, pieces)),
-            }
-        }
-        if read != pieces {
-            return Err(piece_missing(st, cid, oid, id, read, pieces));
-        }
-        let stored = match decode_object_entries(record.into(), extents) {
-            Ok(r) => r,
-            Err(e) => {
-                return Err(metadata_failed(
-                    st,
-                    format!("the record of {cid}/{oid:?} (tree id {id}): {e}"),
-                ))
-            }
-        };
-        let (rcid, roid, size) = (stored.cid, stored.oid.as_str(), stored.size);
-        let stub_size = st.index.object(cid, oid).map(|o| o.size);
-        if rcid != cid || roid != oid || stub_size.is_some_and(|s| s != size) {
-            return Err(metadata_failed(
-                st,
-                format!(
-                    "tree id {id} holds the record of {rcid}/{roid:?} of size {size}, not of \
-                     {cid}/{oid:?} of size {stub_size:?}"
-                ),
-            ));
-        }
-        let extent_keys = stored.extent_keys;
-        match st.index.install_body(
-            cid,
-            oid,
-            id,
-            stored.body,
-            extent_keys,
-            self.config.object_cache_bytes,
-        ) {
-            Ok(true) => {
-                st.stats.body_reads += 1;
-                Ok(())
-            }
-            Ok(false) => Ok(()),
-            Err(e) => Err(metadata_failed(st, e)),
-        }
     }
 
     /// Whether a reader may hang the nodes it reads in the tree. Not during a checkpoint
@@ -418,6 +407,77 @@ impl<D: BlockDevice> NativeStore<D> {
             Err(e) => return Err(metadata_failed(st, format!("metadata tree: {e}"))),
         }
         Ok(())
+    }
+}
+
+/// Installs the body of `cid/oid` read back as `entries`: the `pieces` of its record,
+/// then its extents.
+fn install(
+    st: &mut State,
+    cid: CollectionId,
+    oid: &str,
+    id: u64,
+    pieces: u32,
+    entries: Vec<(Vec<u8>, Vec<u8>)>,
+    object_cache_bytes: u64,
+) -> Result<()> {
+    let mut record = Vec::with_capacity(pieces as usize * PIECE);
+    let mut extents = Vec::new();
+    let mut read = 0;
+    for (k, v) in entries {
+        match parse_object_key(&k) {
+            Some(ObjectEntry::Piece { id: at, chunk })
+                if at == id && chunk == read && piece_fits(&v, chunk, pieces) =>
+            {
+                record.extend_from_slice(&v);
+                read += 1;
+            }
+            Some(ObjectEntry::Extent { id: at, lblock }) if at == id && read == pieces => {
+                match decode_extent_value(lblock, &v) {
+                    Ok(e) => extents.push((lblock, e)),
+                    Err(e) => {
+                        let why = format!("extent {lblock} of {cid}/{oid:?}: {e}");
+                        return Err(metadata_failed(st, why));
+                    }
+                }
+            }
+            _ => return Err(piece_missing(st, cid, oid, id, read, pieces)),
+        }
+    }
+    if read != pieces {
+        return Err(piece_missing(st, cid, oid, id, read, pieces));
+    }
+    let stored = match decode_object_entries(record.into(), extents) {
+        Ok(r) => r,
+        Err(e) => {
+            return Err(metadata_failed(
+                st,
+                format!("the record of {cid}/{oid:?} (tree id {id}): {e}"),
+            ))
+        }
+    };
+    let (rcid, roid, size) = (stored.cid, stored.oid.as_str(), stored.size);
+    let stub_size = st.index.object(cid, oid).map(|o| o.size);
+    if rcid != cid || roid != oid || stub_size.is_some_and(|s| s != size) {
+        return Err(metadata_failed(
+            st,
+            format!(
+                "tree id {id} holds the record of {rcid}/{roid:?} of size {size}, not of \
+                 {cid}/{oid:?} of size {stub_size:?}"
+            ),
+        ));
+    }
+    let extent_keys = stored.extent_keys;
+    match st
+        .index
+        .install_body(cid, oid, id, stored.body, extent_keys, object_cache_bytes)
+    {
+        Ok(true) => {
+            st.stats.body_reads += 1;
+            Ok(())
+        }
+        Ok(false) => Ok(()),
+        Err(e) => Err(metadata_failed(st, e)),
     }
 }
 

@@ -282,15 +282,14 @@ impl<D: BlockDevice> NativeStore<D> {
             if self.st.borrow().failed.is_some() {
                 return;
             }
-            let result =
-                if self.st.borrow().journal.blocks_since_checkpoint >= self.checkpoint_interval() {
-                    let _guard = self.apply_lock.lock().await;
-                    self.checkpoint().await.map(|_| true)
-                } else if self.free_below(self.config.clean_start_pct) {
-                    self.clean_paced().await
-                } else {
-                    Ok(false)
-                };
+            let result = if self.checkpoint_due() {
+                let _guard = self.apply_lock.lock().await;
+                self.checkpoint().await.map(|_| true)
+            } else if self.free_below(self.config.clean_start_pct) {
+                self.clean_paced().await
+            } else {
+                Ok(false)
+            };
             match result {
                 Ok(true) => continue,
                 Ok(false) => self.changed.wait(seen).await,
@@ -330,11 +329,7 @@ impl<D: BlockDevice> NativeStore<D> {
         };
         self.st.borrow_mut().stats.cleaner_paced_blocks += cost;
         while !wait.is_zero() {
-            let more_due = {
-                let st = self.st.borrow();
-                st.failed.is_some()
-                    || st.journal.blocks_since_checkpoint >= self.checkpoint_interval()
-            };
+            let more_due = self.st.borrow().failed.is_some() || self.checkpoint_due();
             if more_due {
                 break;
             }

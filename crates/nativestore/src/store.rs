@@ -32,7 +32,9 @@ pub struct NativeConfig {
     pub cache_bytes: u64,
     /// Data accepted but not yet on the device; beyond it new transactions wait.
     pub dirty_bytes_max: u64,
-    /// Journal blocks between checkpoints; 0 picks a quarter of the shard.
+    /// Journal blocks between checkpoints; 0 picks a quarter of the shard, at most 4 GiB.
+    /// The background also checkpoints once changed object bodies pass
+    /// `object_cache_bytes` (and a segment of journal was written since the last one).
     pub checkpoint_interval_blocks: u64,
     /// The cleaner starts when free segments fall below this share of all segments.
     pub clean_start_pct: u32,
@@ -58,6 +60,9 @@ pub struct NativeConfig {
 /// path instead, and their p99.9 latency more than doubled (BENCHMARKS.md, 2026-11-27
 /// evening); pacing is for loads whose writes are light next to their reads.
 pub const CLEANER_BUSY_RATE_DEFAULT: u64 = 0;
+
+/// The longest default checkpoint interval: 4 GiB of journal.
+const INTERVAL_MAX_BLOCKS: u64 = (4 << 30) / crate::BLOCK as u64;
 
 impl NativeConfig {
     /// The metadata cache in tree nodes.
@@ -127,9 +132,12 @@ pub struct NativeStats {
     pub checksum_errors: u64,
     pub cache_hits: u64,
     pub cache_misses: u64,
-    /// Object bodies read back from the metadata tree, and the tree nodes read for them.
+    /// Object bodies read back from the metadata tree, and the tree nodes read for them
+    /// (and for `paged_block_lookups`).
     pub body_reads: u64,
     pub body_node_reads: u64,
+    /// Reads of a paged-out object that looked up only the extents of their range.
+    pub paged_block_lookups: u64,
     /// Now: object bodies paged out, and the record bytes of those resident.
     pub bodies_paged_out: u64,
     pub body_resident_bytes: u64,
@@ -300,6 +308,12 @@ impl NativeStats {
                 self.body_reads,
             ),
             total(
+                "native_paged_block_lookups_total",
+                "Reads of paged-out objects that looked up only their range's extents in the \
+                 metadata tree.",
+                self.paged_block_lookups,
+            ),
+            total(
                 "native_body_node_reads_total",
                 "Metadata tree nodes read to read bodies back.",
                 self.body_node_reads,
@@ -433,11 +447,27 @@ impl<D: BlockDevice> NativeStore<D> {
 
     pub(crate) fn checkpoint_interval(&self) -> u64 {
         match self.config.checkpoint_interval_blocks {
-            // A quarter of the shard: rare enough that writing the whole index costs little
-            // per I/O; the cleaner forces an earlier one when the space is needed.
-            0 => (self.geo.segments as u64 * self.geo.segment_blocks / 4).max(16),
+            // A quarter of the shard, rare enough that rewriting the leaves a stretch of
+            // random writes touches costs little per I/O, but at most `INTERVAL_MAX_BLOCKS`:
+            // what a mount after a crash replays (and holds) must not grow with the device.
+            // The cleaner forces an earlier one when the space is needed.
+            0 => (self.geo.segments as u64 * self.geo.segment_blocks / 4)
+                .clamp(16, INTERVAL_MAX_BLOCKS),
             n => n,
         }
+    }
+
+    /// Whether the background should write a checkpoint now: the journal grew by the
+    /// interval, or the object bodies that changed since the last one — which stay in memory
+    /// until a checkpoint writes them — passed the object cache, and the journal grew by a
+    /// segment since (a floor, so a working set wider than the cache does not checkpoint
+    /// after every few writes).
+    pub(crate) fn checkpoint_due(&self) -> bool {
+        let st = self.st.borrow();
+        let since = st.journal.blocks_since_checkpoint;
+        since >= self.checkpoint_interval()
+            || (st.index.residency.dirty_bytes > self.config.object_cache_bytes
+                && since >= self.geo.segment_blocks)
     }
 
     /// Starts writing into a fresh segment (its header goes out with the first record).
@@ -771,6 +801,8 @@ impl<D: BlockDevice> NativeStore<D> {
     }
 
     /// The current block map of `[first, last]` of an object, or its lookup error.
+    /// A paged-out object's body is not read back for it: the extent entries of the range
+    /// are looked up in the tree (its size stays in memory).
     async fn object_blocks(
         &self,
         cid: CollectionId,
@@ -778,23 +810,43 @@ impl<D: BlockDevice> NativeStore<D> {
         off: u64,
         len: u64,
     ) -> Result<(u64, Vec<(u64, BlockRef)>)> {
-        self.with_body(cid, oid, |obj, body| {
-            let size = obj.size;
-            let end = if len == 0 {
-                size
-            } else {
-                (off + len).min(size)
+        for _ in 0..crate::paging::READ_ROUNDS {
+            let (n, first, last, paged) = {
+                let st = self.st.borrow();
+                let obj = lookup(&st.index, cid, oid)?;
+                let end = if len == 0 {
+                    obj.size
+                } else {
+                    (off + len).min(obj.size)
+                };
+                if off >= end {
+                    return Ok((0, Vec::new()));
+                }
+                check_io_len(cid, oid, end - off)?;
+                let first = off / BLOCK as u64;
+                let last = (end - 1) / BLOCK as u64;
+                if let Some(body) = obj.body() {
+                    obj.referenced.set(true);
+                    return Ok((end - off, body.blocks.range(first..last + 1).collect()));
+                }
+                // A record of version 1 holds its extents: read it back whole.
+                let paged = obj.extent_keys.then_some((obj.id, obj.stored_chunks));
+                (end - off, first, last, paged)
             };
-            if off >= end {
-                return Ok((0, Vec::new()));
+            match paged {
+                Some(paged) => {
+                    let found = self.paged_blocks(cid, oid, paged, first, last).await?;
+                    if let Some(blocks) = found {
+                        return Ok((n, blocks));
+                    }
+                }
+                // Read back, it is found resident next round.
+                None => self.with_body(cid, oid, |_, _| Ok(())).await?,
             }
-            check_io_len(cid, oid, end - off)?;
-            let first = off / BLOCK as u64;
-            let last = (end - 1) / BLOCK as u64;
-            let blocks = body.blocks.range(first..last + 1).collect();
-            Ok((end - off, blocks))
-        })
-        .await
+        }
+        Err(io_error(format!(
+            "{cid}/{oid:?}: its metadata kept being paged out before it could be used"
+        )))
     }
 
     /// `read` into `out`: holes are zeros; cached and unwritten blocks come from memory, the

@@ -676,3 +676,71 @@ fn one_block_overwrite_checkpoints_one_leaf_and_its_path() {
     let got = block_on(store.read(C, "volume", 0, expect.len() as u64)).unwrap();
     assert!(got == expect, "read back after a remount, through the tree");
 }
+
+/// Changed object bodies stay in memory until a checkpoint writes them: once they pass the
+/// object cache, the background brings the checkpoint forward (here the interval alone
+/// would never come), a segment of journal apart at the least. With a cache that holds
+/// them, it waits for the interval.
+#[test]
+fn changed_bodies_past_the_object_cache_bring_a_checkpoint_forward() {
+    for (cache, forward) in [(64 << 10, true), (64 << 20, false)] {
+        let config = NativeConfig {
+            object_cache_bytes: cache,
+            checkpoint_interval_blocks: 1 << 40,
+            ..NativeConfig::default()
+        };
+        let dev = formatted();
+        let store = mount(&dev, config);
+        submit(&store, |t| {
+            t.create_collection(C);
+        });
+        let at_start = store.stats().checkpoints;
+        let mut rng = rand::rngs::StdRng::seed_from_u64(5);
+        let work = async {
+            // Scattered blocks of 64 objects: each body grows by an extent per write.
+            for i in 0..6_000u32 {
+                let oid = format!("volume-{}", rng.random_range(0..64));
+                let l = rng.random_range(0..1024u64);
+                let mut t = Transaction::new();
+                t.write(C, &oid, l * 4096, Bytes::from(vec![i as u8; 4096]));
+                store.submit(t).await.unwrap();
+                if i % 100 == 0 {
+                    for _ in 0..50 {
+                        carmine_nativestore::yield_once().await;
+                    }
+                }
+            }
+        };
+        block_on(async {
+            let background = std::pin::pin!(store.background());
+            let work = std::pin::pin!(work);
+            match futures::future::select(background, work).await {
+                futures::future::Either::Right(((), _)) => {}
+                futures::future::Either::Left(_) => panic!("the shard failed"),
+            }
+        });
+        let s = store.stats();
+        let checkpoints = s.checkpoints - at_start;
+        eprintln!("object cache {cache}: {checkpoints} checkpoints, {s:?}");
+        if forward {
+            // A segment of journal apart at the least.
+            let segments = s.device_bytes_written / u64::from(SEGMENT);
+            assert!(checkpoints >= 3, "{checkpoints} checkpoints");
+            assert!(
+                checkpoints <= segments,
+                "{checkpoints} for {segments} segments"
+            );
+        } else {
+            assert_eq!(checkpoints, 0, "the cache held every changed body");
+        }
+        drop(store);
+        let store = mount(&dev, config);
+        assert_eq!(
+            block_on(store.list_objects(C, None, 100))
+                .unwrap()
+                .items
+                .len(),
+            64
+        );
+    }
+}

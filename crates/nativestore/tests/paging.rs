@@ -470,3 +470,73 @@ fn a_record_replaced_while_it_is_being_read_back_is_read_again_whole() {
     block_on(store.checkpoint_now()).unwrap();
     assert_eq!(block_on(reader).unwrap(), new);
 }
+
+/// A read of a paged-out object looks up the extent entries of its range in the tree and
+/// leaves the body paged out: a miss costs the leaf holding the range, not the whole map.
+/// Reads that start inside a long extent, span holes or pass the end read as a resident
+/// body would; a remount reads the same.
+#[test]
+fn a_read_of_a_paged_out_object_looks_up_its_range_only() {
+    let dev = formatted(64 << 20);
+    let store = block_on(NativeStore::mount(dev.clone(), 0, tiny_caches())).unwrap();
+    let mut model = vec![0u8; 0];
+    let write = |store: &NativeStore<SimDevice>, model: &mut Vec<u8>, at: usize, data: Bytes| {
+        let mut t = Transaction::new();
+        t.write(C, "vol", at as u64, data.clone());
+        block_on(store.submit(t)).unwrap();
+        if model.len() < at + data.len() {
+            model.resize(at + data.len(), 0);
+        }
+        model[at..at + data.len()].copy_from_slice(&data);
+    };
+    let mut t = Transaction::new();
+    t.create_collection(C);
+    block_on(store.submit(t)).unwrap();
+    // Scattered single blocks over 0..600, then one long extent at 700..900, a hole, and
+    // a last block at 1,000.
+    for i in 0..600usize {
+        let l = (i * 7) % 600;
+        write(&store, &mut model, l * 4096, bytes(l, 4096));
+    }
+    write(&store, &mut model, 700 * 4096, bytes(9, 200 * 4096));
+    write(&store, &mut model, 1000 * 4096, bytes(1, 4096));
+    block_on(store.checkpoint_now()).unwrap();
+    let check = |store: &NativeStore<SimDevice>, model: &[u8]| {
+        for (first, blocks) in [
+            (0, 1),
+            (599, 1),
+            (5, 40),
+            (750, 3),
+            (899, 2),
+            (880, 70),
+            (1000, 5),
+        ] {
+            let (off, len) = (first * 4096, blocks * 4096);
+            let before = store.stats();
+            let got = block_on(store.read(C, "vol", off as u64, len as u64)).unwrap();
+            let after = store.stats();
+            let end = (off + len).min(model.len());
+            assert!(got[..] == model[off..end], "blocks {first}+{blocks}");
+            assert_eq!(
+                after.body_reads, before.body_reads,
+                "the body was read back"
+            );
+            assert_eq!(after.paged_block_lookups, before.paged_block_lookups + 1);
+        }
+        let all = block_on(store.read(C, "vol", 0, 0)).unwrap();
+        assert!(all[..] == model[..], "the whole object");
+    };
+    check(&store, &model);
+    assert_eq!(store.stats().bodies_paged_out, 1);
+    drop(store);
+    let store = block_on(NativeStore::mount(dev.clone(), 0, tiny_caches())).unwrap();
+    check(&store, &model);
+    // A change reads the body back, and reads then use it.
+    write(&store, &mut model, 3 * 4096, bytes(77, 4096));
+    let lookups = store.stats().paged_block_lookups;
+    let got = block_on(store.read(C, "vol", 0, 8 * 4096)).unwrap();
+    assert!(got[..] == model[..8 * 4096]);
+    assert_eq!(store.stats().paged_block_lookups, lookups, "resident now");
+    drop(store);
+    assert_fsck_clean(dev);
+}
