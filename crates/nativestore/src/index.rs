@@ -454,13 +454,12 @@ impl Index {
                 self.objects -= 1;
                 self.encoded -= onode.encoded;
                 self.residency.removed(&onode);
-                let body = onode.body.expect("checked above");
+                let mut body = onode.body.expect("checked above");
                 self.extents -= body.blocks.extent_count() as u64;
                 if onode.stored_chunks > 0 {
                     let extents = match onode.extent_keys {
                         true => {
-                            let mut keys: Vec<u64> =
-                                body.blocks.changed().iter().copied().collect();
+                            let mut keys = body.blocks.take_changed();
                             keys.extend(body.blocks.extents().map(|(l, _)| l));
                             keys.sort_unstable();
                             keys.dedup();
