@@ -90,6 +90,12 @@ pub struct OsdArgs {
     /// and read back from the metadata tree when used.
     #[arg(long, default_value = "64M", value_parser = parse_size)]
     pub object_cache: u64,
+    /// Native store: object bodies changed since the last checkpoint (counted as
+    /// `--object-cache` counts them) past which a checkpoint is written early, so memory
+    /// stays bounded on volumes far wider than the object cache; each early checkpoint
+    /// pages out bodies the next writes read back.
+    #[arg(long, default_value = "256M", value_parser = parse_size)]
+    pub dirty_metadata: u64,
     /// Native store: bytes per second (read and moved) the background cleaner keeps to per
     /// shard while clients do I/O; 0 (the default) for no pacing. Writers that clean because
     /// space is short are never paced. Pacing suits light writes next to heavy reads: under
@@ -514,6 +520,7 @@ fn native_store(a: &OsdArgs, reactors: u32) -> Result<StoreConfig> {
             cache_bytes: a.cache,
             metadata_cache_bytes: a.metadata_cache,
             object_cache_bytes: a.object_cache,
+            dirty_metadata_bytes: a.dirty_metadata,
             cleaner_busy_rate_bytes: a.cleaner_rate,
             journal_writes_max: a.journal_writes,
             ..Default::default()

@@ -34,7 +34,7 @@ pub struct NativeConfig {
     pub dirty_bytes_max: u64,
     /// Journal blocks between checkpoints; 0 picks a quarter of the shard, at most 4 GiB.
     /// The background also checkpoints once changed object bodies pass
-    /// `object_cache_bytes` (and a segment of journal was written since the last one).
+    /// `dirty_metadata_bytes` (and a segment of journal was written since the last one).
     pub checkpoint_interval_blocks: u64,
     /// The cleaner starts when free segments fall below this share of all segments.
     pub clean_start_pct: u32,
@@ -47,8 +47,15 @@ pub struct NativeConfig {
     /// Object bodies (extent maps, xattrs, omap) kept in memory, counted as the bytes their
     /// records take: clean ones beyond it are paged out after a checkpoint and read back
     /// from the metadata tree when used. Dirty ones stay until the next checkpoint, whatever
-    /// the budget (decision 0013, second amendment).
+    /// the budget (decision 0013, second amendment), or until they pass
+    /// `dirty_metadata_bytes`.
     pub object_cache_bytes: u64,
+    /// Object bodies changed since the last checkpoint, counted as `object_cache_bytes`
+    /// counts them, past which the background writes a checkpoint early (so they may be
+    /// paged out). Above the object cache: an early checkpoint pages bodies out that the
+    /// next writes read back whole, which cost random writes 45% with an 8 MiB cache
+    /// (BENCHMARKS.md, 2026-11-28); this bounds memory on volumes far wider than the cache.
+    pub dirty_metadata_bytes: u64,
     /// While clients do I/O, the background cleaner's reads and writes are paced to this many
     /// bytes per second (0: not paced). Writers that clean because space is short (below
     /// `throttle_pct`) never are: client I/O comes first until space is tight.
@@ -82,6 +89,7 @@ impl Default for NativeConfig {
             journal_writes_max: 1,
             metadata_cache_bytes: 64 << 20,
             object_cache_bytes: 64 << 20,
+            dirty_metadata_bytes: 256 << 20,
             cleaner_busy_rate_bytes: CLEANER_BUSY_RATE_DEFAULT,
         }
     }
@@ -459,14 +467,14 @@ impl<D: BlockDevice> NativeStore<D> {
 
     /// Whether the background should write a checkpoint now: the journal grew by the
     /// interval, or the object bodies that changed since the last one — which stay in memory
-    /// until a checkpoint writes them — passed the object cache, and the journal grew by a
+    /// until a checkpoint writes them — passed `dirty_metadata_bytes`, and the journal grew by a
     /// segment since (a floor, so a working set wider than the cache does not checkpoint
     /// after every few writes).
     pub(crate) fn checkpoint_due(&self) -> bool {
         let st = self.st.borrow();
         let since = st.journal.blocks_since_checkpoint;
         since >= self.checkpoint_interval()
-            || (st.index.residency.dirty_bytes > self.config.object_cache_bytes
+            || (st.index.residency.dirty_bytes > self.config.dirty_metadata_bytes
                 && since >= self.geo.segment_blocks)
     }
 

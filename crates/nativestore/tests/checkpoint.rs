@@ -677,15 +677,16 @@ fn one_block_overwrite_checkpoints_one_leaf_and_its_path() {
     assert!(got == expect, "read back after a remount, through the tree");
 }
 
-/// Changed object bodies stay in memory until a checkpoint writes them: once they pass the
-/// object cache, the background brings the checkpoint forward (here the interval alone
-/// would never come), a segment of journal apart at the least. With a cache that holds
-/// them, it waits for the interval.
+/// Changed object bodies stay in memory until a checkpoint writes them: once they pass
+/// `dirty_metadata_bytes`, the background brings the checkpoint forward (here the interval
+/// alone would never come), a segment of journal apart at the least. Below it, it waits for
+/// the interval.
 #[test]
-fn changed_bodies_past_the_object_cache_bring_a_checkpoint_forward() {
+fn changed_bodies_past_their_bound_bring_a_checkpoint_forward() {
     for (cache, forward) in [(64 << 10, true), (64 << 20, false)] {
         let config = NativeConfig {
             object_cache_bytes: cache,
+            dirty_metadata_bytes: cache,
             checkpoint_interval_blocks: 1 << 40,
             ..NativeConfig::default()
         };
@@ -731,7 +732,7 @@ fn changed_bodies_past_the_object_cache_bring_a_checkpoint_forward() {
                 "{checkpoints} for {segments} segments"
             );
         } else {
-            assert_eq!(checkpoints, 0, "the cache held every changed body");
+            assert_eq!(checkpoints, 0, "the bound held every changed body");
         }
         drop(store);
         let store = mount(&dev, config);
