@@ -1150,23 +1150,28 @@ mod tests {
         assert!(b.push(b"c", &long, &mut place, &mut out).is_err());
     }
 
-    /// A reader that may not hang nodes in the tree scans a range leaf by leaf: each leaf
-    /// read from the first node not in memory, and the next one found from the bounds the
-    /// loaded nodes and the nodes it walked give.
-    #[test]
-    fn a_scan_without_loading_goes_leaf_to_leaf_by_the_bounds() {
+    /// A tree of `count` keys `key-NNNNNN` with `value`, flushed: its nodes by place, its
+    /// root, and the tree opened on them with nothing loaded.
+    fn on_device(count: u32, value: &[u8]) -> (HashMap<Paddr, Vec<u8>>, Tree) {
         let mut t = Tree::new();
-        for i in 0..3_000u32 {
-            t.insert(format!("key-{i:06}").as_bytes(), &[1; 60])
-                .unwrap();
+        for i in 0..count {
+            t.insert(format!("key-{i:06}").as_bytes(), value).unwrap();
         }
         let mut next = 0;
         let f = t.flush(&mut || {
             next += 1;
             next
         });
-        let dev: HashMap<Paddr, Vec<u8>> = f.writes.into_iter().collect();
-        let mut t = Tree::open(f.root);
+        let root = f.root;
+        (f.writes.into_iter().collect(), Tree::open(root))
+    }
+
+    /// A reader that may not hang nodes in the tree scans a range leaf by leaf: each leaf
+    /// read from the first node not in memory, and the next one found from the bounds the
+    /// loaded nodes and the nodes it walked give.
+    #[test]
+    fn a_scan_without_loading_goes_leaf_to_leaf_by_the_bounds() {
+        let (dev, mut t) = on_device(3_000, &[1; 60]);
         // The root in memory, the rest on the device.
         match t.get(b"key-000000") {
             Err(TreeError::Need(n)) => drop(t.load(&n, &dev[&n.paddr]).unwrap()),
@@ -1290,18 +1295,7 @@ mod tests {
 
     #[test]
     fn eviction_takes_the_least_recently_used_node_first() {
-        let mut t = Tree::new();
-        for i in 0..2000u32 {
-            t.insert(format!("key-{i:06}").as_bytes(), &[1; 40])
-                .unwrap();
-        }
-        let mut next = 0;
-        let f = t.flush(&mut || {
-            next += 1;
-            next
-        });
-        let dev: HashMap<Paddr, Vec<u8>> = f.writes.into_iter().collect();
-        let mut t = Tree::open(f.root);
+        let (dev, mut t) = on_device(2000, &[1; 40]);
         let get = |t: &mut Tree, k: &str| loop {
             match t.get(k.as_bytes()) {
                 Ok(v) => return v.is_some(),

@@ -146,7 +146,7 @@ pub(crate) fn extent_value(e: &Extent) -> Vec<u8> {
 
 /// Reads [`extent_value`] back for the extent starting at logical block `lblock`.
 pub(crate) fn decode_extent_value(lblock: u64, value: &[u8]) -> Result<Extent, DecodeError> {
-    if value.len() < 12 || (value.len() - 8) % 4 != 0 {
+    if value.len() < 12 || !(value.len() - 8).is_multiple_of(4) {
         return Err(DecodeError::Invalid {
             what: "extent value length",
             found: value.len() as u64,
