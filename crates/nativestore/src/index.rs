@@ -37,8 +37,8 @@ pub struct Onode {
     /// Its record (size, xattrs, omap) changed since the last checkpoint; an object whose
     /// extents alone changed keeps the record the tree holds.
     pub record_dirty: bool,
-    /// Changed since its record was last put in the tree (it is then listed in
-    /// [`Index::dirty`]).
+    /// Changed since the last checkpoint put it in the tree — its record, its extents or
+    /// both (it is then listed in [`Index::dirty`]).
     pub dirty: bool,
     /// What a checkpoint takes for it, name included: kept while the body is paged out.
     pub(crate) encoded: u64,

@@ -215,8 +215,9 @@ const EXTENT_ENTRY_FIXED: u64 = 18 + 4 + 8;
 
 /// At most the nodes a tree of the index takes when written afresh. Its records go in in key
 /// order, so each leaf but the last is split only when the next entry does not fit: it keeps
-/// more than a node's room less the largest entry (a piece, its key and header). Inner nodes
-/// hold 23-byte entries and fill the same way: one per ~170 nodes below, plus a root chain.
+/// more than a node's room less the largest entry (the longest extent's). Inner nodes hold
+/// entries of 23 bytes (a piece's key) or 28 (an extent's) and fill the same way: one per
+/// ~145 nodes below at least, plus a root chain.
 pub(crate) fn fresh_tree_blocks(index: &Index) -> u64 {
     let leaves = tree_bytes(index).div_ceil(NODE_ROOM - LARGEST_ENTRY) + 1;
     leaves + leaves / 64 + 4
