@@ -1061,6 +1061,41 @@ mod tests {
     }
 
     #[test]
+    fn a_large_entry_in_the_middle_of_a_split_leaf_leaves_both_halves_fitting() {
+        // One leaf: 1,248 bytes of small entries, a largest entry, 1,056 bytes of small
+        // ones; then a second largest entry among the last. Split at the middle by bytes
+        // the first large entry would go right with the second: 4,168 bytes for 4,076.
+        let small = |p: &str, i: u32| (format!("{p}-{i:06}").into_bytes(), vec![1u8; 84]);
+        let large = |k: &str| {
+            let mut key = k.as_bytes().to_vec();
+            key.resize(KEY_MAX, b'.');
+            (key, vec![2u8; VALUE_MAX])
+        };
+        let mut entries: Vec<(Vec<u8>, Vec<u8>)> = (0..13).map(|i| small("a", i)).collect();
+        entries.push(large("m"));
+        entries.extend((0..11).map(|i| small("p", i)));
+        let mut t = Tree::new();
+        for (k, v) in &entries {
+            t.insert(k, v).unwrap();
+        }
+        let second = large("p-000005x");
+        t.insert(&second.0, &second.1).unwrap();
+        entries.push(second);
+        entries.sort();
+        let mut next = 0;
+        let f = t.flush(&mut || {
+            next += 1;
+            next
+        });
+        let dev: HashMap<Paddr, Vec<u8>> = f.writes.into_iter().collect();
+        for (p, block) in &dev {
+            Node::decode(*p, block).unwrap();
+        }
+        let mut t = Tree::open(f.root);
+        assert_eq!(all_entries(&mut t, &dev), entries);
+    }
+
+    #[test]
     fn a_built_tree_reads_back_as_inserting_in_order_gives_and_takes_changes() {
         // (entries, value bytes, key bytes): empty, one, full nodes, the largest entries,
         // and keys of the largest size, whose inner nodes hold 7 (a deep tree, and levels

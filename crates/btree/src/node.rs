@@ -31,6 +31,8 @@ pub const KEY_MAX: usize = 512;
 /// Longest value: room for a device address and 256 four-byte checksums (an extent of the
 /// native store), with a little to spare.
 pub const VALUE_MAX: usize = 1040;
+// Any two entries of the largest size fit a node (`split_off_upper` relies on it).
+const _: () = assert!(2 * (4 + KEY_MAX + VALUE_MAX) <= ROOM);
 /// Largest generation a node header holds.
 pub const GENERATION_MAX: u64 = (1 << 48) - 1;
 
@@ -125,6 +127,12 @@ impl Node {
             acc += self.entry_size(at);
             at += 1;
         }
+        // The entry that crosses the middle goes right; but if the right then overflows
+        // (a large entry just past a small half), it goes left, which then fits: a node
+        // overflows by at most one entry, and two entries always fit a node.
+        if at < self.len() && total - acc > ROOM {
+            at += 1;
+        }
         if last_only {
             at = self.len() - 1;
         }
@@ -147,7 +155,8 @@ impl Node {
 
     /// The node's block. Every child must have a place on the device (`child_paddr`).
     pub fn encode(&self, child_paddr: impl Fn(Ptr) -> Paddr) -> Vec<u8> {
-        debug_assert!(self.used() <= ROOM);
+        // Past this the block would lose entries, which would show only at the next read.
+        assert!(self.used() <= ROOM, "a node of {} bytes", self.used());
         let mut b = Vec::with_capacity(NODE_SIZE);
         b.extend_from_slice(MAGIC);
         b.extend_from_slice(&VERSION.to_le_bytes());

@@ -3,7 +3,7 @@
 //! be the model's, every node must be loaded on demand from what a flush wrote, and the places
 //! a flush frees must be exactly the written ones the new root no longer reaches.
 
-use carmine_btree::{Paddr, Tree, TreeError, NODE_SIZE, VALUE_MAX};
+use carmine_btree::{Paddr, Tree, TreeError, KEY_MAX, NODE_SIZE, VALUE_MAX};
 use proptest::prelude::*;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
@@ -24,12 +24,21 @@ fn key() -> impl Strategy<Value = Vec<u8>> {
     prop_oneof![
         4 => proptest::collection::vec(b'a'..b'e', 1..6),
         1 => proptest::collection::vec(b'a'..b'e', 100..300),
+        1 => proptest::collection::vec(b'a'..b'e', KEY_MAX - 12..=KEY_MAX),
+    ]
+}
+
+fn value() -> impl Strategy<Value = Vec<u8>> {
+    // Now and then the largest values, so that a node splits around entries of ~1.5 KB.
+    prop_oneof![
+        6 => proptest::collection::vec(any::<u8>(), 0..400),
+        1 => proptest::collection::vec(any::<u8>(), VALUE_MAX - 40..=VALUE_MAX),
     ]
 }
 
 fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
-        8 => (key(), proptest::collection::vec(any::<u8>(), 0..400)).prop_map(|(k, v)| Op::Insert(k, v)),
+        8 => (key(), value()).prop_map(|(k, v)| Op::Insert(k, v)),
         4 => key().prop_map(Op::Remove),
         3 => key().prop_map(Op::Get),
         2 => (key(), 1usize..50).prop_map(|(k, n)| Op::Range(k, n)),
