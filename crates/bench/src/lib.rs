@@ -194,6 +194,9 @@ pub struct BenchArgs {
     /// Native store: object bodies kept in memory per shard (default: the OSDs' own, 64M).
     #[arg(long, value_parser = carmine_localcluster::parse_size)]
     pub object_cache: Option<u64>,
+    /// Native store: metadata tree nodes kept in memory per shard (default: the OSDs' own, 64M).
+    #[arg(long, value_parser = carmine_localcluster::parse_size)]
+    pub metadata_cache: Option<u64>,
     /// Native store: pace the background cleaner to this many bytes per second while
     /// clients use the store (default: the OSDs' own, no pacing).
     #[arg(long, value_parser = carmine_localcluster::parse_cleaner_rate)]
@@ -368,6 +371,7 @@ fn bench_carmine(a: &BenchArgs, cluster_dir: &std::path::Path) -> Result<Run> {
         idle_poll_us: osd_idle_poll(a)?,
         journal_writes: a.journal_writes,
         object_cache: a.object_cache,
+        metadata_cache: a.metadata_cache,
         cleaner_rate: a.cleaner_rate,
         reset_osd_settings: false,
         pool: Some("rbd".into()),

@@ -91,6 +91,9 @@ pub struct Run {
     pub journal_writes: Option<u32>,
     /// Native store: object cache bytes per shard, if not the OSDs' default.
     pub object_cache: Option<u64>,
+    /// Native store: metadata cache bytes per shard, if not the OSDs' default.
+    #[serde(default)]
+    pub metadata_cache: Option<u64>,
     /// Native store: the background cleaner's pace in bytes per second while clients use
     /// the store, if given.
     #[serde(default)]
@@ -148,6 +151,7 @@ impl Run {
             osd_idle_poll_us: Vec::new(),
             journal_writes: a.journal_writes,
             object_cache: a.object_cache,
+            metadata_cache: a.metadata_cache,
             cleaner_rate: a.cleaner_rate,
             latency_target_ms: a.latency_target_ms,
             rows,
@@ -219,12 +223,15 @@ fn system(run: &Run) -> String {
     if let Some(n) = run.journal_writes {
         idle_poll += &format!(", {n} journal writes in flight per shard");
     }
+    let size = |n: u64| match n >= 1 << 20 {
+        true => format!("{} MiB", n >> 20),
+        false => format!("{n} bytes"),
+    };
     if let Some(n) = run.object_cache {
-        let size = match n >= 1 << 20 {
-            true => format!("{} MiB", n >> 20),
-            false => format!("{n} bytes"),
-        };
-        idle_poll += &format!(", {size} object cache per shard");
+        idle_poll += &format!(", {} object cache per shard", size(n));
+    }
+    if let Some(n) = run.metadata_cache {
+        idle_poll += &format!(", {} metadata cache per shard", size(n));
     }
     match run.cleaner_rate {
         Some(0) => idle_poll += ", cleaner not paced",

@@ -62,6 +62,7 @@ pub fn run(a: DemoArgs) -> Result<()> {
         idle_poll_us: None,
         journal_writes: None,
         object_cache: None,
+        metadata_cache: None,
         cleaner_rate: None,
         reset_osd_settings: false,
         pool: Some("rbd".into()),

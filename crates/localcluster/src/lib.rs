@@ -113,6 +113,10 @@ pub struct UpArgs {
     /// given).
     #[arg(long, value_parser = parse_size)]
     pub object_cache: Option<u64>,
+    /// Native store: metadata tree nodes kept in memory per shard (the OSDs' default, 64M,
+    /// if not given). Kept across restarts once given.
+    #[arg(long, value_parser = parse_size)]
+    pub metadata_cache: Option<u64>,
     /// Native store: pace the background cleaner to this many bytes per second while
     /// clients use the store (0: no pacing, the OSDs' default; else at least 1M). Kept
     /// across restarts once given.

@@ -34,6 +34,8 @@ pub(crate) struct OsdRun {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub object_cache: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metadata_cache: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cleaner_rate: Option<u64>,
 }
 
@@ -83,13 +85,14 @@ impl OsdRun {
         now.idle_poll_us = a.idle_poll_us.or(kept.idle_poll_us);
         now.journal_writes = a.journal_writes.or(kept.journal_writes);
         now.object_cache = a.object_cache.or(kept.object_cache);
+        now.metadata_cache = a.metadata_cache.or(kept.metadata_cache);
         now.cleaner_rate = a.cleaner_rate.or(kept.cleaner_rate);
         let changes = self.changes_to(&now);
         (now, changes)
     }
 
     /// Each setting as `up` names it, and its value in words.
-    fn described(&self) -> [(&'static str, String); 11] {
+    fn described(&self) -> [(&'static str, String); 12] {
         let or = |v: Option<String>, none: &str| v.unwrap_or_else(|| none.into());
         let num = |v: Option<u64>| or(v.map(|v| v.to_string()), "default");
         [
@@ -106,6 +109,7 @@ impl OsdRun {
             ("idle poll µs", num(self.idle_poll_us)),
             ("journal writes", num(self.journal_writes.map(u64::from))),
             ("object cache bytes", num(self.object_cache)),
+            ("metadata cache bytes", num(self.metadata_cache)),
             ("cleaner rate bytes/s", num(self.cleaner_rate)),
         ]
     }
@@ -166,6 +170,10 @@ impl OsdRun {
         );
         if native {
             opt("--object-cache", self.object_cache.map(|v| v.to_string()));
+            opt(
+                "--metadata-cache",
+                self.metadata_cache.map(|v| v.to_string()),
+            );
             opt("--cleaner-rate", self.cleaner_rate.map(|v| v.to_string()));
         }
         if self.no_pin {
