@@ -94,7 +94,7 @@ impl Builder {
                 };
                 return p;
             }
-            let first = node.keys.first().cloned().unwrap_or_default();
+            let first = node.keys.first().map(<[u8]>::to_vec).unwrap_or_default();
             let p = self.write(node, place, out);
             if top {
                 return p;
@@ -135,20 +135,20 @@ impl Builder {
                 Node {
                     level: level as u8,
                     body: match &node.body {
-                        Body::Leaf(_) => Body::Leaf(Vec::new()),
+                        Body::Leaf(_) => Body::Leaf(Default::default()),
                         Body::Inner(_) => Body::Inner(Vec::new()),
                     },
                     ..Node::leaf()
                 },
             );
-            let first = full.keys[0].clone();
+            let first = full.keys[0].to_vec();
             let p = self.write(full, place, out);
             self.add(level + 1, first, Entry::Child(p), place, out);
         }
         let node = &mut self.open[level];
-        node.keys.push(key);
+        node.keys.push(&key);
         match (&mut node.body, entry) {
-            (Body::Leaf(vals), Entry::Value(v)) => vals.push(v),
+            (Body::Leaf(vals), Entry::Value(v)) => vals.push(&v),
             (Body::Inner(children), Entry::Child(p)) => children.push(Ptr::Disk(p)),
             _ => unreachable!("a level holds one kind of entry"),
         }

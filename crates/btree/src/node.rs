@@ -15,6 +15,7 @@
 //! An inner node's key `i` is the lowest key child `i` may hold (its first key is a lower
 //! bound for the whole subtree, kept from when the node was made).
 
+use crate::packed::Packed;
 use carmine_types::crc32c;
 
 /// Bytes of a node on the device.
@@ -61,14 +62,14 @@ pub(crate) enum Ptr {
 
 #[derive(Debug, Clone)]
 pub(crate) enum Body {
-    Leaf(Vec<Vec<u8>>),
+    Leaf(Packed),
     Inner(Vec<Ptr>),
 }
 
 #[derive(Debug, Clone)]
 pub(crate) struct Node {
     pub level: u8,
-    pub keys: Vec<Vec<u8>>,
+    pub keys: Packed,
     pub body: Body,
     /// Its copy on the device, if it has one.
     pub disk: Option<Paddr>,
@@ -85,8 +86,8 @@ impl Node {
     pub fn leaf() -> Self {
         Node {
             level: 0,
-            keys: Vec::new(),
-            body: Body::Leaf(Vec::new()),
+            keys: Packed::default(),
+            body: Body::Leaf(Packed::default()),
             disk: None,
             dirty: true,
             generation: 0,
@@ -107,14 +108,15 @@ impl Node {
 
     /// Bytes its entries take when encoded.
     pub fn used(&self) -> usize {
-        (0..self.len()).map(|i| self.entry_size(i)).sum()
+        match &self.body {
+            Body::Leaf(vals) => 4 * self.len() + self.keys.bytes_len() + vals.bytes_len(),
+            Body::Inner(_) => 10 * self.len() + self.keys.bytes_len(),
+        }
     }
 
     /// Index of the child whose range holds `key` (inner nodes).
     pub fn child_for(&self, key: &[u8]) -> usize {
-        self.keys
-            .partition_point(|k| k.as_slice() <= key)
-            .saturating_sub(1)
+        self.keys.partition_point(|k| k <= key).saturating_sub(1)
     }
 
     /// Moves the upper part of its entries, by bytes, into a new node of the same level;
@@ -215,18 +217,19 @@ impl Node {
             Ok(s)
         };
         let u16_at = |s: &[u8]| u16::from_le_bytes([s[0], s[1]]) as usize;
-        let mut keys = Vec::with_capacity(n);
+        let mut keys = Packed::with_capacity(n, body_end - HEADER);
         let body = if level == 0 {
-            let mut vals = Vec::with_capacity(n);
+            let mut vals = Packed::with_capacity(n, body_end - HEADER);
             for _ in 0..n {
                 let klen = u16_at(take(2, "key length")?);
                 let vlen = u16_at(take(2, "value length")?);
                 if klen > KEY_MAX || vlen > VALUE_MAX {
                     return Err(bad(format!("entry of {klen}+{vlen} bytes")));
                 }
-                keys.push(take(klen, "key")?.to_vec());
-                vals.push(take(vlen, "value")?.to_vec());
+                keys.push(take(klen, "key")?);
+                vals.push(take(vlen, "value")?);
             }
+            vals.shrink_to_fit();
             Body::Leaf(vals)
         } else {
             let mut children = Vec::with_capacity(n);
@@ -235,7 +238,7 @@ impl Node {
                 if klen > KEY_MAX {
                     return Err(bad(format!("key of {klen} bytes")));
                 }
-                keys.push(take(klen, "key")?.to_vec());
+                keys.push(take(klen, "key")?);
                 let p = take(8, "child")?;
                 children.push(Ptr::Disk(u64::from_le_bytes(p.try_into().unwrap())));
             }
@@ -244,7 +247,8 @@ impl Node {
             }
             Body::Inner(children)
         };
-        if keys.windows(2).any(|w| w[0] >= w[1]) {
+        keys.shrink_to_fit();
+        if (1..keys.len()).any(|i| keys[i - 1] >= keys[i]) {
             return Err(bad("keys out of order".into()));
         }
         Ok(Node {
