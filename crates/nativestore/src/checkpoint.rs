@@ -42,6 +42,16 @@ impl Op {
 }
 
 /// Why a checkpoint failed after it began changing the tree: the shard stops.
+/// The most metadata blocks one device write of a checkpoint carries (1 MiB).
+const WRITE_RUN_BLOCKS: usize = 256;
+
+/// A block a checkpoint writes: its bytes, or a tree node placed by
+/// [`Tree::place_dirty_at`], encoded only when its piece is written.
+enum Pending {
+    Bytes(Vec<u8>),
+    Node(usize),
+}
+
 fn failure(detail: impl std::fmt::Display) -> std::io::Error {
     std::io::Error::other(detail.to_string())
 }
@@ -386,14 +396,13 @@ impl<D: BlockDevice> NativeStore<D> {
         };
         compact |= no_room;
         let fresh = new_tree || compact;
-        let mut blocks: Vec<(u64, Vec<u8>)> = Vec::new();
         let mut segments = BTreeSet::new();
         let (root, freed, written_blocks) = if compact {
             // Written and placed as it streams; every old node is freed once the slot is.
             let (root, written) = self.write_afresh(&mut segments, merged).await?;
             (root, Vec::new(), written)
         } else {
-            let (root, freed) = {
+            let (root, freed, pending) = {
                 let mut st_guard = self.st.borrow_mut();
                 let st = &mut *st_guard;
                 let geo = &self.geo;
@@ -417,12 +426,18 @@ impl<D: BlockDevice> NativeStore<D> {
                 }
                 // Out of `meta` while nodes are placed (placing counts them in `meta`).
                 let mut tree = st.meta.tree.take().expect("a checkpoint has a tree");
-                let placed = self.place_nodes(&mut tree, st, &mut blocks, &mut segments);
+                let mut headers = Vec::new();
+                let (root, freed, nodes) =
+                    self.place_nodes(&mut tree, st, &mut headers, &mut segments);
                 st.meta.tree = Some(tree);
-                placed
+                let pending: Vec<(u64, Pending)> = (headers.into_iter())
+                    .map(|(p, b)| (p, Pending::Bytes(b)))
+                    .chain(nodes.into_iter().map(|(p, id)| (p, Pending::Node(id))))
+                    .collect();
+                (root, freed, pending)
             };
-            let written = blocks.len() as u64;
-            self.write_runs(std::mem::take(&mut blocks)).await?;
+            let written = pending.len() as u64;
+            self.write_runs(pending).await?;
             (root, freed, written)
         };
         self.dev.sync().await?;
@@ -459,25 +474,24 @@ impl<D: BlockDevice> NativeStore<D> {
         })
     }
 
-    /// Gives `tree`'s dirty nodes places (appending them to `blocks`, with the headers of
-    /// the segments opened for them; the caller checked the room): the new root and the
-    /// places no longer referenced.
+    /// Gives `tree`'s dirty nodes places (the headers of the segments opened for them go to
+    /// `blocks`; the caller checked the room): the new root, the places no longer
+    /// referenced, and the nodes to encode and write (place, node).
     fn place_nodes(
         &self,
         tree: &mut Tree,
         st: &mut crate::store::State,
         blocks: &mut Vec<(u64, Vec<u8>)>,
         segments: &mut BTreeSet<u32>,
-    ) -> (u64, Vec<u64>) {
+    ) -> (u64, Vec<u64>, Vec<(u64, usize)>) {
         let generation = next_generation(st);
         let (meta, segs) = (&mut st.meta, &mut st.segments);
         let mut place = || {
             self.place_node(meta, segs, blocks, segments)
                 .expect("room counted")
         };
-        let flushed = tree.flush_at(generation, &mut place);
-        blocks.extend(flushed.writes);
-        (flushed.root, flushed.freed)
+        let placed = tree.place_dirty_at(generation, &mut place);
+        (placed.root, placed.freed, placed.nodes)
     }
 
     /// A place for one metadata node: the next block of the open metadata segment, or of a
@@ -587,7 +601,8 @@ impl<D: BlockDevice> NativeStore<D> {
             };
             // Counted as a checkpoint's blocks always were: segment headers included.
             written += blocks.len() as u64;
-            self.write_runs(blocks).await?;
+            let bytes = blocks.into_iter().map(|(p, b)| (p, Pending::Bytes(b)));
+            self.write_runs(bytes.collect()).await?;
             if let Some(root) = root {
                 break root;
             }
@@ -623,18 +638,35 @@ impl<D: BlockDevice> NativeStore<D> {
     }
 
     /// Writes blocks, each run of adjacent ones in one device write.
-    async fn write_runs(&self, mut blocks: Vec<(u64, Vec<u8>)>) -> std::io::Result<()> {
+    async fn write_runs(&self, mut blocks: Vec<(u64, Pending)>) -> std::io::Result<()> {
         blocks.sort_unstable_by_key(|(p, _)| *p);
         let mut i = 0;
         while i < blocks.len() {
+            // A run is written a bounded piece at a time, each block dropped once copied: a
+            // checkpoint that rewrites most of a large tree must not hold it twice more.
             let mut j = i + 1;
-            while j < blocks.len() && blocks[j].0 == blocks[j - 1].0 + 1 {
+            while j < blocks.len() && j - i < WRITE_RUN_BLOCKS && blocks[j].0 == blocks[j - 1].0 + 1
+            {
                 j += 1;
             }
             let mut buf = AlignedBuf::new((j - i) * BLOCK);
-            for (_, b) in &blocks[i..j] {
-                buf.extend_from_slice(b);
-                buf.pad_to_block();
+            {
+                let st = self.st.borrow();
+                let tree = st.meta.tree.as_ref();
+                for (p, b) in &mut blocks[i..j] {
+                    match std::mem::replace(b, Pending::Bytes(Vec::new())) {
+                        Pending::Bytes(bytes) => buf.extend_from_slice(&bytes),
+                        Pending::Node(id) => {
+                            // Nothing evicts or changes nodes while a checkpoint is written.
+                            let block = tree.and_then(|t| t.encode_placed(*p, id));
+                            let block = block.ok_or_else(|| {
+                                failure(format!("metadata node for block {p} went before written"))
+                            })?;
+                            buf.extend_from_slice(&block);
+                        }
+                    }
+                    buf.pad_to_block();
+                }
             }
             let (res, _) = self.dev.write_at(buf, self.byte_offset(blocks[i].0)).await;
             res?;
