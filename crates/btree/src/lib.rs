@@ -1104,6 +1104,43 @@ mod tests {
     }
 
     #[test]
+    fn placed_nodes_encode_as_a_flush_writes_them_and_not_once_evicted() {
+        let fill = |t: &mut Tree| {
+            for i in 0..300u32 {
+                t.insert(format!("key-{i:06}").as_bytes(), &[i as u8; 60])
+                    .unwrap();
+            }
+        };
+        let (mut a, mut b) = (Tree::new(), Tree::new());
+        fill(&mut a);
+        fill(&mut b);
+        let (mut next_a, mut next_b) = (0, 0);
+        let flushed = a.flush_at(3, &mut || {
+            next_a += 1;
+            next_a
+        });
+        let placed = b.place_dirty_at(3, &mut || {
+            next_b += 1;
+            next_b
+        });
+        assert_eq!((placed.root, &placed.freed), (flushed.root, &flushed.freed));
+        let encoded: Vec<(Paddr, Vec<u8>)> = (placed.nodes.iter())
+            .map(|&(p, id)| (p, b.encode_placed(p, id).unwrap()))
+            .collect();
+        assert_eq!(encoded, flushed.writes);
+        // Evicted, a placed leaf has nothing to encode (its handle may be another node's by
+        // then); its parent still encodes, pointing at the leaf's place.
+        let (leaf_at, leaf) = placed.nodes[0];
+        assert!(b.evict_to(1) > 0);
+        assert_eq!(b.encode_placed(leaf_at, leaf), None);
+        let &(root_at, root) = placed.nodes.last().unwrap();
+        assert_eq!(
+            b.encode_placed(root_at, root).as_ref(),
+            flushed.writes.last().map(|w| &w.1)
+        );
+    }
+
+    #[test]
     fn a_loaded_leaf_takes_little_more_memory_than_its_block() {
         // A leaf of the native store's smallest entries: 18-byte keys, 12-byte values.
         let mut t = Tree::new();
