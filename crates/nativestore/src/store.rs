@@ -852,8 +852,11 @@ impl<D: BlockDevice> NativeStore<D> {
                 None => self.with_body(cid, oid, |_, _| Ok(())).await?,
             }
         }
+        // Each round above ends early only when the object changed while its extents were
+        // looked up (a write read it back, a checkpoint or the cleaner moved it).
         Err(io_error(format!(
-            "{cid}/{oid:?}: its metadata kept being paged out before it could be used"
+            "{cid}/{oid:?}: its extents changed under {} lookups in a row",
+            crate::paging::READ_ROUNDS
         )))
     }
 
