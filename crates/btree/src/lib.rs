@@ -380,11 +380,14 @@ impl Tree {
     /// entry is the leaf's last. A node that overflows because an entry was added at its
     /// end keeps all the others (they fit before): keys that come in ascending order, as a
     /// checkpoint's new objects do, then fill nodes instead of leaving them half empty.
+    /// Every node of the path is looked at, not only up to the first that fits: an inner
+    /// node whose first bound was lowered to a longer key may overflow with nothing below.
     fn split_overfull(&mut self, path: &[(usize, usize)], mut appended: bool) {
         for depth in (0..path.len()).rev() {
             let (id, _) = path[depth];
             if self.node(id).used() <= ROOM {
-                return;
+                appended = false;
+                continue;
             }
             let right = self.node_mut(id).split_off_upper(appended);
             let right_key = right.keys[0].to_vec();
@@ -1101,6 +1104,33 @@ mod tests {
                 Err(e) => panic!("{e}"),
             }
         }
+    }
+
+    #[test]
+    fn an_inner_node_whose_first_bound_grows_past_its_room_is_split() {
+        // Ascending inserts leave full inner nodes; a longest key below every other then
+        // replaces the first bound of each inner node on its way, and the leaf it lands in
+        // (emptied of its first entries) has room: the inner nodes alone overflow.
+        let mut t = Tree::new();
+        for i in 0..3000u32 {
+            t.insert(format!("b-{i:06}").as_bytes(), &[1; 1000])
+                .unwrap();
+        }
+        for i in 0..3u32 {
+            t.remove(format!("b-{i:06}").as_bytes()).unwrap();
+        }
+        let low = vec![b'a'; KEY_MAX];
+        t.insert(&low, &[2; 8]).unwrap();
+        let mut next = 0;
+        let f = t.flush(&mut || {
+            next += 1;
+            next
+        });
+        let dev: HashMap<Paddr, Vec<u8>> = f.writes.into_iter().collect();
+        let mut t = Tree::open(f.root);
+        let all = all_entries(&mut t, &dev);
+        assert_eq!(all.len(), 2998);
+        assert_eq!(all[0], (low, vec![2; 8]));
     }
 
     #[test]

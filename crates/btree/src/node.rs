@@ -131,11 +131,14 @@ impl Node {
         }
         // The entry that crosses the middle goes right; but if the right then overflows
         // (a large entry just past a small half), it goes left, which then fits: a node
-        // overflows by at most one entry, and two entries always fit a node.
+        // overflows by at most one entry (an inner node also by a first bound lowered to a
+        // longer key, at most KEY_MAX more), and two largest entries fit a node.
         if at < self.len() && total - acc > ROOM {
             at += 1;
         }
-        if last_only {
+        // Only the last goes when the others fit without it (an inner node whose first
+        // bound grew may not).
+        if last_only && total - self.entry_size(self.len() - 1) <= ROOM {
             at = self.len() - 1;
         }
         let at = at.clamp(1, self.len() - 1);

@@ -1,5 +1,5 @@
 //! A node's keys (or a leaf's values) as one byte buffer and their end offsets: two
-//! allocations a node instead of one per entry. A 4 KiB leaf of ~120 small entries held as
+//! allocations each instead of one per entry. A 4 KiB leaf of ~120 small entries held as
 //! `Vec<Vec<u8>>` took ~13 KB of heap, so a cache counted in nodes of 4 KiB held three times
 //! its budget, and a checkpoint that rewrote most leaves held the tree three times over.
 

@@ -41,7 +41,6 @@ impl Op {
     }
 }
 
-/// Why a checkpoint failed after it began changing the tree: the shard stops.
 /// The most metadata blocks one device write of a checkpoint carries (1 MiB).
 const WRITE_RUN_BLOCKS: usize = 256;
 
@@ -52,6 +51,7 @@ enum Pending {
     Node(usize),
 }
 
+/// Why a checkpoint failed after it began changing the tree: the shard stops.
 fn failure(detail: impl std::fmt::Display) -> std::io::Error {
     std::io::Error::other(detail.to_string())
 }
@@ -657,7 +657,8 @@ impl<D: BlockDevice> NativeStore<D> {
                     match std::mem::replace(b, Pending::Bytes(Vec::new())) {
                         Pending::Bytes(bytes) => buf.extend_from_slice(&bytes),
                         Pending::Node(id) => {
-                            // Nothing evicts or changes nodes while a checkpoint is written.
+                            // Nothing evicts nodes while a checkpoint is written, and a reader
+                            // that attaches a child leaves the parent's block as it was.
                             let block = tree.and_then(|t| t.encode_placed(*p, id));
                             let block = block.ok_or_else(|| {
                                 failure(format!("metadata node for block {p} went before written"))
