@@ -368,6 +368,7 @@ fn bench_carmine(a: &BenchArgs, cluster_dir: &std::path::Path) -> Result<Run> {
         pin: true,
         recovery_rate_mib: None,
         recovery_busy_rate_mib: None,
+        recovery_max_active: None,
         idle_poll_us: osd_idle_poll(a)?,
         journal_writes: a.journal_writes,
         object_cache: a.object_cache,

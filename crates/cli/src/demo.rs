@@ -59,6 +59,7 @@ pub fn run(a: DemoArgs) -> Result<()> {
         pin: true,
         recovery_rate_mib: None,
         recovery_busy_rate_mib: None,
+        recovery_max_active: None,
         idle_poll_us: None,
         journal_writes: None,
         object_cache: None,

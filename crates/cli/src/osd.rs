@@ -145,6 +145,11 @@ pub struct OsdArgs {
     /// also caps this one).
     #[arg(long, default_value_t = carmine_osd::RECOVERY_BUSY_RATE_DEFAULT >> 20)]
     pub recovery_busy_rate_mib: u64,
+    /// Objects each reactor recovers at once, all its PGs together: each is a whole object
+    /// in memory until stored, and its fetch overlaps the others'.
+    #[arg(long, default_value_t = carmine_osd::RECOVERY_MAX_ACTIVE_DEFAULT,
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=256))]
+    pub recovery_max_active: usize,
     /// The read lease the copies of replicated PGs grant their primary: a primary cut off from
     /// its copies stops serving reads within it, and after a failover the new primary waits
     /// out what its copies granted the old one before it serves. Keep it at most the lease
@@ -375,6 +380,7 @@ pub fn run(a: OsdArgs, access: &carmine_localcluster::EtcdAccessArgs) -> Result<
         recovery: carmine_osd::RecoveryConfig {
             rate: Some(a.recovery_rate_mib << 20).filter(|r| *r > 0),
             busy_rate: Some(a.recovery_busy_rate_mib << 20).filter(|r| *r > 0),
+            max_active: a.recovery_max_active,
         },
         read_lease: a.read_lease,
         prior_read_lease: Some(prior_read_lease),

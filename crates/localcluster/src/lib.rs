@@ -101,6 +101,10 @@ pub struct UpArgs {
     /// 0: the rate above).
     #[arg(long)]
     pub recovery_busy_rate_mib: Option<u64>,
+    /// Objects each OSD reactor recovers at once, all its PGs together (the OSDs' own default
+    /// if not given).
+    #[arg(long)]
+    pub recovery_max_active: Option<usize>,
     /// Microseconds an idle OSD reactor polls before it sleeps. Not given: the OSDs' default
     /// (50 with `--cpu-set` where each reactor has a core of its own, else 0). Kept across
     /// restarts once given; `--reset-osd-settings` returns to the default.

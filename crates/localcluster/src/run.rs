@@ -28,6 +28,8 @@ pub(crate) struct OsdRun {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub recovery_busy_rate_mib: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub recovery_max_active: Option<usize>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub idle_poll_us: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub journal_writes: Option<u32>,
@@ -82,6 +84,7 @@ impl OsdRun {
         }
         now.recovery_rate_mib = a.recovery_rate_mib.or(kept.recovery_rate_mib);
         now.recovery_busy_rate_mib = a.recovery_busy_rate_mib.or(kept.recovery_busy_rate_mib);
+        now.recovery_max_active = a.recovery_max_active.or(kept.recovery_max_active);
         now.idle_poll_us = a.idle_poll_us.or(kept.idle_poll_us);
         now.journal_writes = a.journal_writes.or(kept.journal_writes);
         now.object_cache = a.object_cache.or(kept.object_cache);
@@ -92,7 +95,7 @@ impl OsdRun {
     }
 
     /// Each setting as `up` names it, and its value in words.
-    fn described(&self) -> [(&'static str, String); 12] {
+    fn described(&self) -> [(&'static str, String); 13] {
         let or = |v: Option<String>, none: &str| v.unwrap_or_else(|| none.into());
         let num = |v: Option<u64>| or(v.map(|v| v.to_string()), "default");
         [
@@ -105,6 +108,10 @@ impl OsdRun {
             (
                 "recovery rate MiB/s while busy",
                 num(self.recovery_busy_rate_mib),
+            ),
+            (
+                "objects recovered at once",
+                num(self.recovery_max_active.map(|v| v as u64)),
             ),
             ("idle poll µs", num(self.idle_poll_us)),
             ("journal writes", num(self.journal_writes.map(u64::from))),
@@ -162,6 +169,10 @@ impl OsdRun {
         opt(
             "--recovery-busy-rate-mib",
             self.recovery_busy_rate_mib.map(|v| v.to_string()),
+        );
+        opt(
+            "--recovery-max-active",
+            self.recovery_max_active.map(|v| v.to_string()),
         );
         opt("--idle-poll-us", self.idle_poll_us.map(|v| v.to_string()));
         opt(

@@ -25,5 +25,5 @@ pub use reactor::ControlMsg;
 pub use replication::history::SharedHistoryStore;
 pub use replication::{
     RecoveryConfig, ScrubSchedule, READ_LEASE_DEFAULT, RECOVERY_BUSY_RATE_DEFAULT,
-    RECOVERY_RATE_DEFAULT, WRITE_ACK_WAIT_DEFAULT,
+    RECOVERY_MAX_ACTIVE_DEFAULT, RECOVERY_RATE_DEFAULT, WRITE_ACK_WAIT_DEFAULT,
 };

@@ -116,6 +116,8 @@ pub struct ReactorMetrics {
     pgs_down: AtomicU64,
     recovered_objects: AtomicU64,
     recovered_bytes: AtomicU64,
+    /// Objects being fetched and stored by recovery right now.
+    recoveries_active: AtomicU64,
     /// Recovery's pace over the last seconds: bytes/s, and thousandths of objects/s.
     recovery_bytes_per_sec: AtomicU64,
     recovery_milli_objects_per_sec: AtomicU64,
@@ -256,6 +258,10 @@ impl ReactorMetrics {
         )
     }
 
+    pub(crate) fn set_recoveries_active(&self, n: usize) {
+        self.recoveries_active.store(n as u64, Ordering::Relaxed);
+    }
+
     pub(crate) fn set_recovery_pace(&self, bytes_per_sec: f64, objects_per_sec: f64) {
         self.recovery_bytes_per_sec
             .store(bytes_per_sec as u64, Ordering::Relaxed);
@@ -388,6 +394,11 @@ impl ReactorMetrics {
         self.recovered_objects.load(Ordering::Relaxed)
     }
 
+    /// Objects this reactor is recovering right now (for tests and tools).
+    pub fn recoveries_active(&self) -> u64 {
+        self.recoveries_active.load(Ordering::Relaxed)
+    }
+
     /// Deep scrubs completed as primary (for tests and tools).
     pub fn deep_scrubs(&self) -> u64 {
         self.deep_scrubs.load(Ordering::Relaxed)
@@ -513,6 +524,14 @@ pub fn render(osd: u32, reactors: &[ReactorSource]) -> String {
         "gauge",
         "Objects this reactor's PG copies still have to fetch from another member.",
         &|r| load(&r.metrics.objects_to_recover).to_string(),
+    );
+    per_reactor(
+        &mut t,
+        "carmine_osd_recoveries_active",
+        "gauge",
+        "Objects this reactor's PG copies are fetching and storing right now (at most \
+         `--recovery-max-active`, and one more per PG for an object a client waits for).",
+        &|r| load(&r.metrics.recoveries_active).to_string(),
     );
     per_reactor(
         &mut t,

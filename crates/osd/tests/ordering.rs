@@ -28,6 +28,7 @@ fn a_write_that_waits_for_its_object_to_be_recovered_is_not_overtaken() {
     let slow = RecoveryConfig {
         rate: Some(256 << 10),
         busy_rate: None,
+        ..Default::default()
     };
     let start = |id: u32, map: &OsdMap| {
         start_recovering(id, map, dir.path(), None, Default::default(), slow)

@@ -447,6 +447,7 @@ fn a_copy_that_comes_back_empty_is_refilled_in_the_background_while_its_pgs_serv
     let slow = RecoveryConfig {
         rate: Some(1 << 20),
         busy_rate: None,
+        ..Default::default()
     };
     let start = |id: u32, map: &OsdMap| {
         start_recovering(id, map, dir.path(), None, Default::default(), slow)
@@ -552,6 +553,90 @@ fn a_copy_that_comes_back_empty_is_refilled_in_the_background_while_its_pgs_serv
     }
 }
 
+#[test]
+fn one_pg_recovers_several_objects_at_once_and_never_more_than_its_reactor_allows() {
+    log_if_asked();
+    let _serial = one_at_a_time();
+    let dir = TempDir::new("recovery-max-active");
+    let mut map = three_osd_map(1);
+    // One PG: before, its objects came back one after the other, whatever the reactor had.
+    map.pools[0].pg_num = 1;
+    const MAX_ACTIVE: usize = 3;
+    let start = |id: u32, map: &OsdMap| {
+        start_recovering(
+            id,
+            map,
+            dir.path(),
+            None,
+            Default::default(),
+            RecoveryConfig {
+                rate: None,
+                busy_rate: None,
+                max_active: MAX_ACTIVE,
+            },
+        )
+    };
+    let mut osds: Vec<Option<Osd>> = (0..3).map(|id| Some(start(id, &map))).collect();
+    const N: usize = 48;
+    wait_settled(&map, dir.path());
+    let obj = |i: usize| format!("big{i}");
+    carmine_reactor::block_on(async {
+        let c = client(&map, Duration::from_secs(20)).await;
+        for i in 0..N {
+            c.execute(1, &obj(i), vec![OsdOp::WriteFull { data: big(i, 1) }])
+                .await
+                .unwrap();
+        }
+    });
+    osd0_comes_back_empty(&mut osds, &mut map, dir.path(), |m| start(0, m));
+    let osd0 = osds[0].as_ref().unwrap();
+    let sum = |f: fn(&carmine_osd::ReactorMetrics) -> u64| -> u64 {
+        osd0.metrics_sources().iter().map(|r| f(&r.metrics)).sum()
+    };
+    let (mut most, mut samples) = (0, 0u64);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while sum(carmine_osd::ReactorMetrics::recovered_objects) < N as u64 {
+        assert!(
+            Instant::now() < deadline,
+            "osd.0 recovered {} of {N} objects in 30 s",
+            sum(carmine_osd::ReactorMetrics::recovered_objects)
+        );
+        let active = sum(carmine_osd::ReactorMetrics::recoveries_active);
+        most = most.max(active);
+        samples += 1;
+        std::thread::sleep(Duration::from_micros(200));
+    }
+    eprintln!("at most {most} objects recovered at once, {samples} looks");
+    assert!(
+        most >= 2,
+        "one PG's objects were recovered one at a time ({samples} looks)"
+    );
+    assert!(
+        most <= MAX_ACTIVE as u64,
+        "{most} objects recovered at once, past the bound of {MAX_ACTIVE}"
+    );
+    // It completes, and what came back is what was written.
+    wait_settled(&map, dir.path());
+    only_osd0_left(&mut osds, &mut map, dir.path());
+    carmine_reactor::block_on(async {
+        let c = client(&map, Duration::from_secs(20)).await;
+        for i in 0..N {
+            let got = c
+                .execute(1, &obj(i), vec![OsdOp::Read { off: 0, len: 0 }])
+                .await
+                .unwrap();
+            assert!(
+                matches!(&got[..], [OpOutput::Data(d)] if *d == big(i, 1)),
+                "{} read back wrong",
+                obj(i)
+            );
+        }
+    });
+    for o in osds.into_iter().flatten() {
+        o.shutdown().unwrap();
+    }
+}
+
 /// The sum over `osds`' reactors of the objects their PGs cannot find.
 fn unfound(osds: &[Option<Osd>]) -> u64 {
     osds.iter()
@@ -626,6 +711,7 @@ fn objects_whose_every_holder_lost_its_disk_are_reported_unfound_and_never_serve
             RecoveryConfig {
                 rate,
                 busy_rate: None,
+                ..Default::default()
             },
         )
     };

@@ -23,7 +23,9 @@ mod write;
 
 pub(crate) use access::ReadTurn;
 pub(crate) use carmine_pg::envelope::{Body, ObjectCopy, PeerMessage};
-pub use recover::{RecoveryConfig, RECOVERY_BUSY_RATE_DEFAULT, RECOVERY_RATE_DEFAULT};
+pub use recover::{
+    RecoveryConfig, RECOVERY_BUSY_RATE_DEFAULT, RECOVERY_MAX_ACTIVE_DEFAULT, RECOVERY_RATE_DEFAULT,
+};
 pub use scrub::ScrubSchedule;
 pub(crate) use scrub::{give_up_unfound, repair_for_read, scrub};
 pub(crate) use write::{ready_to_read, write};
@@ -150,14 +152,15 @@ pub(crate) struct PgReplica {
     /// Repairs writing to the store outside the persist queue (see `scrub::install`): a
     /// restart waits for them to end.
     pub rewrites: Cell<u32>,
-    /// Whether the recovery task runs, and the objects a client waits for.
-    pub recovering: Cell<bool>,
+    /// The workers fetching the objects this copy lacks.
+    pub recovery: recover::PgRecovery,
     /// Whether the log said this PG waits for unfound objects.
     unfound_said: Cell<bool>,
     /// Whether the log said this PG's read lease lapsed for long.
     unleased_said: Cell<bool>,
     /// Whether the log said this PG waits for down OSDs.
     down_said: Cell<bool>,
+    /// The objects a client waits for: recovered first.
     pub urgent: RefCell<std::collections::BTreeSet<String>>,
     /// The member the last history taken from another was copied from.
     pub last_source: Cell<Option<OsdId>>,
@@ -213,7 +216,7 @@ impl PgReplica {
             scrub_fence: RefCell::new(None),
             lines: Default::default(),
             access: Default::default(),
-            recovering: Cell::new(false),
+            recovery: Default::default(),
             unfound_said: Cell::new(false),
             unleased_said: Cell::new(false),
             down_said: Cell::new(false),
@@ -240,6 +243,7 @@ pub(crate) struct Replication {
     replies: RefCell<HashMap<u64, (OsdId, oneshot::Sender<Body>)>>,
     next_token: Cell<u64>,
     budget: recover::Budget,
+    slots: recover::Slots,
     pace: RefCell<recover::Pace>,
     /// The read lease, and when this reactor started (both in `clock()`'s nanoseconds): a
     /// member's earlier incarnation may have granted leases that run until a lease past that.
@@ -298,6 +302,7 @@ impl Replication {
             replies: RefCell::new(HashMap::new()),
             next_token: Cell::new(0),
             budget: recover::Budget::new(recovery),
+            slots: recover::Slots::new(recovery),
             pace: RefCell::new(recover::Pace::new()),
             lease_ns: read_lease.as_nanos() as u64,
             prior_lease_ns: prior_read_lease.max(read_lease).as_nanos() as u64,

@@ -1,9 +1,11 @@
 //! Recovery in the background (decision 0009, point 7): a PG copy goes active as soon as
 //! every member has taken the authoritative history, and each member then fetches the objects
-//! its store lacks ([`Member::missing`](carmine_pg::Member)) one at a time, from a member that
-//! holds them, behind client I/O: at a configured rate per reactor, a lower one while clients
-//! are active on the reactor, except the objects a client waits for, which go first and are
-//! not held back by either rate.
+//! its store lacks ([`Member::missing`](carmine_pg::Member)) from a member that holds them,
+//! behind client I/O: at a configured rate per reactor, a lower one while clients are active
+//! on the reactor, except the objects a client waits for, which go first and are not held
+//! back by either rate. Workers fetch one object each at a time; a reactor runs at most
+//! `max_active` of them over all its PGs, so a few PGs still recover with overlapping
+//! fetches and many never hold more than that many copies in memory.
 //!
 //! A fetched object is stored through the PG's persist queue ([`Job::Recovered`]), in order
 //! with the copy's other changes, and in one transaction with the record saying it is no
@@ -15,7 +17,7 @@ use carmine_pg::Version;
 use carmine_store::ObjectStore;
 use carmine_types::OsdId;
 use futures::channel::oneshot;
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
 use std::collections::BTreeSet;
 use std::rc::Rc;
 use std::time::{Duration, Instant};
@@ -24,6 +26,8 @@ use std::time::{Duration, Instant};
 pub const RECOVERY_RATE_DEFAULT: u64 = 128 << 20;
 /// Default for [`RecoveryConfig::busy_rate`]: an eighth of the idle rate.
 pub const RECOVERY_BUSY_RATE_DEFAULT: u64 = 16 << 20;
+/// Default for [`RecoveryConfig::max_active`].
+pub const RECOVERY_MAX_ACTIVE_DEFAULT: usize = 4;
 /// A reactor counts as busy with clients for this long after a client request came in.
 const BUSY_WINDOW: Duration = Duration::from_millis(100);
 /// Pause before asking again for an object no member sent.
@@ -48,6 +52,9 @@ pub struct RecoveryConfig {
     /// the last 100 ms): client I/O first, recovery still moving. `None`: `rate`; never more
     /// than `rate`.
     pub busy_rate: Option<u64>,
+    /// Objects each reactor recovers at once, all its PGs together (one PG may use them
+    /// all): fetches overlap with each other and with the stores of those already fetched.
+    pub max_active: usize,
 }
 
 impl Default for RecoveryConfig {
@@ -55,6 +62,7 @@ impl Default for RecoveryConfig {
         RecoveryConfig {
             rate: Some(RECOVERY_RATE_DEFAULT),
             busy_rate: Some(RECOVERY_BUSY_RATE_DEFAULT),
+            max_active: RECOVERY_MAX_ACTIVE_DEFAULT,
         }
     }
 }
@@ -184,49 +192,192 @@ impl Pace {
     }
 }
 
-/// Starts `pgr`'s recovery task if its member lacks objects it may fetch now and none runs.
+/// A PG copy's recovery: its workers, the objects they fetch now, and where the background
+/// pass stands.
+#[derive(Default)]
+pub(crate) struct PgRecovery {
+    /// Worker tasks running for this PG.
+    workers: Cell<usize>,
+    /// Objects a worker is fetching or storing now: no other worker takes them.
+    in_flight: RefCell<BTreeSet<String>>,
+    /// Objects no member sent lately: tried again after the others.
+    failed: RefCell<BTreeSet<String>>,
+    /// Objects the log already said no member sent.
+    complained: RefCell<BTreeSet<String>>,
+    /// The last object taken in name order.
+    after: RefCell<Option<String>>,
+    /// Objects recovered since the first worker of this pass started, and when it did.
+    count: Cell<u64>,
+    started: Cell<Option<Instant>>,
+}
+
+/// A reactor's recovery slots: how many objects its PGs may be recovering at once, all PGs
+/// together. Each is a copy in memory until stored, so the bound is on memory as much as on
+/// the load recovery puts on the members and the device.
+pub(crate) struct Slots {
+    max: usize,
+    active: Cell<usize>,
+    /// A PG found no free slot: kick every PG when one frees.
+    starved: Cell<bool>,
+}
+
+impl Slots {
+    pub fn new(cfg: RecoveryConfig) -> Self {
+        Slots {
+            max: cfg.max_active.max(1),
+            active: Cell::new(0),
+            starved: Cell::new(false),
+        }
+    }
+}
+
+/// Starts workers for `pgr`'s recovery while its member lacks objects no worker has taken,
+/// and the reactor has free slots. A PG whose client waits for an object gets one worker even
+/// past the bound, if it has none: a client never waits for other PGs' background copies.
 pub(crate) fn kick<S: ObjectStore + 'static>(shard: &Rc<Shard<S>>, pgr: &Rc<PgReplica>) {
-    if pgr.recovering.get() || pgr.broken.borrow().is_some() {
+    if pgr.broken.borrow().is_some() {
         return;
     }
-    if pgr.member.borrow().recoverable().is_none() {
-        return;
+    let slots = &shard.replication.slots;
+    loop {
+        let rec = &pgr.recovery;
+        let (untaken, urgent) = {
+            let m = pgr.member.borrow();
+            let Some(missing) = m.recoverable() else {
+                return;
+            };
+            let busy = rec.in_flight.borrow();
+            let untaken = missing.len().saturating_sub(busy.len());
+            let urgent = pgr
+                .urgent
+                .borrow()
+                .iter()
+                .any(|o| missing.contains_key(o) && !busy.contains(o));
+            (untaken, urgent)
+        };
+        // Workers that are between two objects take the untaken ones.
+        let idle = rec.workers.get() - rec.in_flight.borrow().len().min(rec.workers.get());
+        if untaken <= idle {
+            return;
+        }
+        let bypass = urgent && rec.workers.get() == 0;
+        if slots.active.get() >= slots.max && !bypass {
+            slots.starved.set(true);
+            return;
+        }
+        spawn_worker(shard, pgr);
     }
-    pgr.recovering.set(true);
+}
+
+fn spawn_worker<S: ObjectStore + 'static>(shard: &Rc<Shard<S>>, pgr: &Rc<PgReplica>) {
+    let slots = &shard.replication.slots;
+    slots.active.set(slots.active.get() + 1);
+    shard.metrics.set_recoveries_active(slots.active.get());
+    let rec = &pgr.recovery;
+    rec.workers.set(rec.workers.get() + 1);
+    if rec.started.get().is_none() {
+        rec.started.set(Some(Instant::now()));
+        rec.count.set(0);
+    }
     let (shard, pgr) = (shard.clone(), pgr.clone());
     carmine_reactor::spawn(async move {
+        // Counted out however the worker ends, dropped with its reactor included.
+        let _worker = Worker {
+            shard: &shard,
+            pgr: &pgr,
+        };
         run(&shard, &pgr).await;
-        pgr.recovering.set(false);
-        // Work may have come while the task was ending.
-        kick(&shard, &pgr);
     })
     .detach();
 }
 
-/// The next object to fetch: one a client waits for, else the first after `after` in name
-/// order (wrapping around), skipping those no member sent lately.
-fn next(
-    pgr: &PgReplica,
-    after: &Option<String>,
-    failed: &BTreeSet<String>,
-) -> Option<(String, Version, bool)> {
+/// A running worker: gives its slot back when it ends.
+struct Worker<'a, S: ObjectStore + 'static> {
+    shard: &'a Rc<Shard<S>>,
+    pgr: &'a Rc<PgReplica>,
+}
+
+impl<S: ObjectStore + 'static> Drop for Worker<'_, S> {
+    fn drop(&mut self) {
+        let (shard, pgr) = (self.shard, self.pgr);
+        let slots = &shard.replication.slots;
+        slots.active.set(slots.active.get() - 1);
+        shard.metrics.set_recoveries_active(slots.active.get());
+        let rec = &pgr.recovery;
+        rec.workers.set(rec.workers.get() - 1);
+        if rec.workers.get() == 0 {
+            if let Some(started) = rec.started.take() {
+                if rec.count.get() > 0 {
+                    tracing::info!(pg = %pgr.pg, objects = rec.count.get(),
+                        secs = started.elapsed().as_secs_f64(), "recovered in the background");
+                }
+            }
+        }
+        if std::thread::panicking() {
+            return;
+        }
+        // Work may have come while the worker was ending, here or in a PG that waits for a
+        // slot.
+        kick(shard, pgr);
+        if slots.starved.replace(false) {
+            let pgs: Vec<_> = shard.replication.pgs.borrow().values().cloned().collect();
+            for other in pgs {
+                kick(shard, &other);
+            }
+        }
+    }
+}
+
+/// An object a worker took: no other worker takes it until this is dropped.
+struct Taken<'a> {
+    rec: &'a PgRecovery,
+    oid: String,
+}
+
+impl Drop for Taken<'_> {
+    fn drop(&mut self) {
+        self.rec.in_flight.borrow_mut().remove(&self.oid);
+    }
+}
+
+/// Whether a client waits for an object of `pgr` that no worker fetches yet.
+fn urgent_untaken(pgr: &PgReplica) -> bool {
+    let busy = pgr.recovery.in_flight.borrow();
+    pgr.urgent.borrow().iter().any(|o| !busy.contains(o))
+}
+
+/// Takes the next object to fetch: one a client waits for, else the first after the last one
+/// taken in name order (wrapping around), skipping those no member sent lately, and always
+/// those another worker has.
+fn next(pgr: &PgReplica) -> Option<(Taken<'_>, Version, bool)> {
     let m = pgr.member.borrow();
     let missing = m.recoverable()?;
+    let rec = &pgr.recovery;
     let mut urgent = pgr.urgent.borrow_mut();
     urgent.retain(|o| missing.contains_key(o));
-    if let Some(o) = urgent.iter().next() {
-        return Some((o.clone(), missing[o], true));
+    let (oid, version, is_urgent) = {
+        let busy = rec.in_flight.borrow();
+        let free = |o: &String| !busy.contains(o);
+        if let Some(o) = urgent.iter().find(|o| free(o)) {
+            (o.clone(), missing[o], true)
+        } else {
+            let failed = rec.failed.borrow();
+            let after = rec.after.borrow();
+            let start = after.as_deref().unwrap_or("");
+            let pick = missing
+                .range::<str, _>((std::ops::Bound::Excluded(start), std::ops::Bound::Unbounded))
+                .chain(missing.iter())
+                .find(|(o, _)| free(o) && !failed.contains(*o))
+                // Every one left failed lately: try them again.
+                .or_else(|| missing.iter().find(|(o, _)| free(o)))?;
+            (pick.0.clone(), *pick.1, false)
+        }
+    };
+    if !is_urgent {
+        *rec.after.borrow_mut() = Some(oid.clone());
     }
-    let start = after.as_deref().unwrap_or("");
-    let pick = missing
-        .range::<str, _>((std::ops::Bound::Excluded(start), std::ops::Bound::Unbounded))
-        .chain(missing.iter())
-        .find(|(o, _)| !failed.contains(*o));
-    match pick {
-        Some((o, v)) => Some((o.clone(), *v, false)),
-        // Every one failed lately: try them all again.
-        None => missing.iter().next().map(|(o, v)| (o.clone(), *v, false)),
-    }
+    rec.in_flight.borrow_mut().insert(oid.clone());
+    Some((Taken { rec, oid }, version, is_urgent))
 }
 
 /// Who may hold the objects: the primary, the member whose history won, the others of the
@@ -252,34 +403,26 @@ fn candidates<S>(shard: &Shard<S>, pgr: &PgReplica) -> Vec<OsdId> {
     c
 }
 
+/// One worker: takes objects one after the other until none is left untaken.
 async fn run<S: ObjectStore + 'static>(shard: &Rc<Shard<S>>, pgr: &Rc<PgReplica>) {
     let pg = pgr.pg;
-    let mut after: Option<String> = None;
-    let mut failed: BTreeSet<String> = BTreeSet::new();
-    let mut complained: BTreeSet<String> = BTreeSet::new();
-    let started = Instant::now();
-    let mut count = 0u64;
+    let rec = &pgr.recovery;
     loop {
         if pgr.broken.borrow().is_some() {
             return;
         }
-        let Some((oid, version, urgent)) = next(pgr, &after, &failed) else {
-            if count > 0 {
-                tracing::info!(%pg, objects = count, secs = started.elapsed().as_secs_f64(),
-                    "recovered in the background");
-            }
+        let Some((taken, version, urgent)) = next(pgr) else {
             return;
         };
+        let oid = taken.oid.clone();
         if !urgent {
             shard
                 .replication
                 .budget
-                .ready(
-                    || shard.metrics.client_ops(),
-                    || !pgr.urgent.borrow().is_empty(),
-                )
+                .ready(|| shard.metrics.client_ops(), || urgent_untaken(pgr))
                 .await;
-            if !pgr.urgent.borrow().is_empty() {
+            if urgent_untaken(pgr) {
+                // Put this one back and take the object a client waits for.
                 continue;
             }
         }
@@ -302,17 +445,16 @@ async fn run<S: ObjectStore + 'static>(shard: &Rc<Shard<S>>, pgr: &Rc<PgReplica>
         let Some(copy) = got else {
             shard.replication.budget.spend(-reserved);
             if pgr.member.borrow().missing.get(&oid) == Some(&version) {
-                if complained.insert(oid.clone()) {
+                if rec.complained.borrow_mut().insert(oid.clone()) {
                     tracing::warn!(%pg, oid, %version,
                         "no member sent this object at its version yet: asking again");
                 }
-                failed.insert(oid.clone());
-                after = Some(oid);
+                rec.failed.borrow_mut().insert(oid);
                 carmine_reactor::sleep(RETRY_PAUSE).await;
             }
             continue;
         };
-        failed.remove(&oid);
+        rec.failed.borrow_mut().remove(&oid);
         let bytes = copy.data.len() as u64;
         // The rate holds back the background only: a client waits for an urgent object.
         if !urgent {
@@ -329,19 +471,19 @@ async fn run<S: ObjectStore + 'static>(shard: &Rc<Shard<S>>, pgr: &Rc<PgReplica>
                 done: tx,
             },
         );
-        // One object at a time per PG: its copy is in memory until stored.
+        // The object stays taken until stored: its copy is in memory until then.
         match rx.await {
             Ok(Stored::Yes) => {
                 shard.metrics.recovered(bytes);
-                count += 1;
+                rec.count.set(rec.count.get() + 1);
             }
             Ok(Stored::NoRoom) => {
-                failed.insert(oid.clone());
+                rec.failed.borrow_mut().insert(oid);
                 carmine_reactor::sleep(NO_ROOM_PAUSE).await;
             }
             Ok(Stored::NotWanted) | Err(_) => {}
         }
-        after = Some(oid);
+        drop(taken);
     }
 }
 
@@ -354,6 +496,7 @@ mod tests {
         let b = Budget::new(RecoveryConfig {
             rate: Some(100 << 20),
             busy_rate: Some(10 << 20),
+            ..Default::default()
         });
         assert_eq!(b.rate_now(0), Some(100 << 20), "no client request yet");
         assert_eq!(b.rate_now(3), Some(10 << 20), "requests came in");
@@ -365,11 +508,13 @@ mod tests {
         let same = Budget::new(RecoveryConfig {
             rate: Some(100 << 20),
             busy_rate: None,
+            ..Default::default()
         });
         assert_eq!(same.rate_now(7), Some(100 << 20));
         let unlimited = Budget::new(RecoveryConfig {
             rate: None,
             busy_rate: Some(10 << 20),
+            ..Default::default()
         });
         assert_eq!(unlimited.rate_now(0), None);
         assert_eq!(unlimited.rate_now(1), Some(10 << 20));
@@ -377,6 +522,7 @@ mod tests {
         let slow = Budget::new(RecoveryConfig {
             rate: Some(2 << 20),
             busy_rate: Some(16 << 20),
+            ..Default::default()
         });
         assert_eq!(slow.rate_now(1), Some(2 << 20));
     }
@@ -386,6 +532,7 @@ mod tests {
         let b = Budget::new(RecoveryConfig {
             rate: Some(100 << 20),
             busy_rate: Some(10 << 20),
+            ..Default::default()
         });
         // A full idle second's budget, then clients arrive: at most a busy second's worth
         // may be spent before recovery waits.
