@@ -32,6 +32,8 @@ struct State {
     writes: u64,
     syncs: u64,
     bytes_written: u64,
+    /// The longest single write so far, in bytes.
+    largest_write: usize,
     bytes_read: u64,
     /// Pauses asked for, summed (they complete at once).
     paused: std::time::Duration,
@@ -84,6 +86,10 @@ impl SimDevice {
     /// The pauses asked for so far, summed: the simulated device does not wait.
     pub fn paused(&self) -> std::time::Duration {
         self.state.borrow().paused
+    }
+    /// The longest single write so far, in bytes.
+    pub fn largest_write(&self) -> usize {
+        self.state.borrow().largest_write
     }
     /// Bytes read so far.
     pub fn bytes_read(&self) -> u64 {
@@ -182,6 +188,7 @@ impl BlockDevice for SimDevice {
         s.current[o..o + data.len()].copy_from_slice(&data);
         s.writes += 1;
         s.bytes_written += data.len() as u64;
+        s.largest_write = s.largest_write.max(data.len());
         s.unsynced.push((off, data));
         (Ok(()), buf)
     }

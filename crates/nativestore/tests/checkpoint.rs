@@ -137,6 +137,31 @@ fn a_checkpoint_writes_what_changed_not_the_whole_index() {
     );
 }
 
+/// A checkpoint of hundreds of adjacent nodes writes them a bounded piece at a time (256
+/// blocks), so it never holds them encoded all at once; they all read back, before and after
+/// a remount, whichever piece they were written in.
+#[test]
+fn a_checkpoint_of_many_nodes_writes_them_a_bounded_piece_at_a_time() {
+    let (dev, store, model) = checkpointed(12_000, NativeConfig::default());
+    let written = store.stats().checkpoint_blocks;
+    assert!(
+        written > 2 * 256,
+        "{written} blocks: too few nodes to need several pieces"
+    );
+    assert!(
+        dev.largest_write() <= 256 * 4096,
+        "a write of {} blocks",
+        dev.largest_write() / 4096
+    );
+    check(&store, &model);
+    drop(store);
+    let store = mount(&dev, NativeConfig::default());
+    check(&store, &model);
+    drop(store);
+    let report = block_on(fsck(dev, 0)).unwrap();
+    assert!(report.errors.is_empty(), "{:?}", report.errors);
+}
+
 /// Random changes, checkpoints and remounts with a node cache of two nodes: the tree is read
 /// back in by every checkpoint, metadata segments are reused, and nothing is lost.
 #[test]
