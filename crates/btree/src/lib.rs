@@ -832,6 +832,12 @@ impl Tree {
         out.nodes.push((new, id));
         n.disk = Some(new);
         n.dirty = false;
+        // Changes grew its buffers by doubling; clean, it may stay cached for long, counted
+        // as one block.
+        n.keys.shrink_to_fit();
+        if let Body::Leaf(vals) = &mut n.body {
+            vals.shrink_to_fit();
+        }
         new
     }
 
@@ -1194,6 +1200,41 @@ mod tests {
             heap <= NODE_SIZE * 5 / 4,
             "{heap} bytes for a {NODE_SIZE}-byte block"
         );
+    }
+
+    #[test]
+    fn changed_leaves_give_back_their_spare_room_once_written() {
+        // Leaves written full (a split leaves both halves tight), then a few entries added
+        // to each, as a store's changes come: each addition may double a buffer.
+        let mut t = Tree::new();
+        for i in (0..4000u64).step_by(2) {
+            t.insert(&i.to_be_bytes(), &[7; 24]).unwrap();
+        }
+        t.flush(&mut || 0);
+        for i in (1..4000u64).step_by(50) {
+            t.insert(&i.to_be_bytes(), &[8; 24]).unwrap();
+        }
+        t.flush(&mut || 0);
+        let leaves: Vec<&Node> = t
+            .nodes
+            .iter()
+            .flatten()
+            .filter(|n| matches!(n.body, Body::Leaf(_)))
+            .collect();
+        assert!(leaves.len() > 10, "{} leaves", leaves.len());
+        for n in leaves {
+            let Body::Leaf(vals) = &n.body else {
+                unreachable!()
+            };
+            let heap = n.keys.heap_bytes() + vals.heap_bytes();
+            // What it holds: the bytes and an end offset per key and per value.
+            let held = n.keys.bytes_len() + vals.bytes_len() + 8 * n.len();
+            assert!(
+                heap <= held + held / 8,
+                "a written leaf of {} entries holds {held} bytes in {heap}",
+                n.len()
+            );
+        }
     }
 
     #[test]
