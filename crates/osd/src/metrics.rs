@@ -116,8 +116,9 @@ pub struct ReactorMetrics {
     pgs_down: AtomicU64,
     recovered_objects: AtomicU64,
     recovered_bytes: AtomicU64,
-    /// Objects being fetched and stored by recovery right now.
+    /// Objects being fetched and stored by recovery right now, and the most at once so far.
     recoveries_active: AtomicU64,
+    recoveries_active_most: AtomicU64,
     /// Recovery's pace over the last seconds: bytes/s, and thousandths of objects/s.
     recovery_bytes_per_sec: AtomicU64,
     recovery_milli_objects_per_sec: AtomicU64,
@@ -258,8 +259,14 @@ impl ReactorMetrics {
         )
     }
 
-    pub(crate) fn set_recoveries_active(&self, n: usize) {
-        self.recoveries_active.store(n as u64, Ordering::Relaxed);
+    pub(crate) fn recovery_started(&self) {
+        let now = self.recoveries_active.fetch_add(1, Ordering::Relaxed) + 1;
+        self.recoveries_active_most
+            .fetch_max(now, Ordering::Relaxed);
+    }
+
+    pub(crate) fn recovery_ended(&self) {
+        self.recoveries_active.fetch_sub(1, Ordering::Relaxed);
     }
 
     pub(crate) fn set_recovery_pace(&self, bytes_per_sec: f64, objects_per_sec: f64) {
@@ -399,6 +406,11 @@ impl ReactorMetrics {
         self.recoveries_active.load(Ordering::Relaxed)
     }
 
+    /// The most objects this reactor recovered at once so far (for tests and tools).
+    pub fn recoveries_active_most(&self) -> u64 {
+        self.recoveries_active_most.load(Ordering::Relaxed)
+    }
+
     /// Deep scrubs completed as primary (for tests and tools).
     pub fn deep_scrubs(&self) -> u64 {
         self.deep_scrubs.load(Ordering::Relaxed)
@@ -530,7 +542,7 @@ pub fn render(osd: u32, reactors: &[ReactorSource]) -> String {
         "carmine_osd_recoveries_active",
         "gauge",
         "Objects this reactor's PG copies are fetching and storing right now (at most \
-         `--recovery-max-active`, and one more per PG for an object a client waits for).",
+         `--recovery-max-active`, more only while clients wait for objects no worker has).",
         &|r| load(&r.metrics.recoveries_active).to_string(),
     );
     per_reactor(

@@ -272,7 +272,6 @@ pub(crate) fn kick<S: ObjectStore + 'static>(shard: &Rc<Shard<S>>, pgr: &Rc<PgRe
 fn spawn_worker<S: ObjectStore + 'static>(shard: &Rc<Shard<S>>, pgr: &Rc<PgReplica>) {
     let slots = &shard.replication.slots;
     slots.active.set(slots.active.get() + 1);
-    shard.metrics.set_recoveries_active(slots.active.get());
     let rec = &pgr.recovery;
     rec.workers.set(rec.workers.get() + 1);
     if rec.started.get().is_none() {
@@ -282,16 +281,27 @@ fn spawn_worker<S: ObjectStore + 'static>(shard: &Rc<Shard<S>>, pgr: &Rc<PgRepli
     let (shard, pgr) = (shard.clone(), pgr.clone());
     carmine_reactor::spawn(async move {
         // Counted out however the worker ends, dropped with its reactor included.
-        let _worker = Worker {
+        let worker = Worker {
             shard: &shard,
             pgr: &pgr,
         };
         run(&shard, &pgr).await;
+        drop(worker);
+        // Work may have come while the worker was ending, here or in a PG that waits for a
+        // slot. (Not from the guard: a worker dropped with its reactor starts nothing.)
+        kick(&shard, &pgr);
+        let slots = &shard.replication.slots;
+        if slots.starved.replace(false) {
+            let pgs: Vec<_> = shard.replication.pgs.borrow().values().cloned().collect();
+            for other in pgs {
+                kick(&shard, &other);
+            }
+        }
     })
     .detach();
 }
 
-/// A running worker: gives its slot back when it ends.
+/// A running worker: gives its slot back however it ends.
 struct Worker<'a, S: ObjectStore + 'static> {
     shard: &'a Rc<Shard<S>>,
     pgr: &'a Rc<PgReplica>,
@@ -302,10 +312,16 @@ impl<S: ObjectStore + 'static> Drop for Worker<'_, S> {
         let (shard, pgr) = (self.shard, self.pgr);
         let slots = &shard.replication.slots;
         slots.active.set(slots.active.get() - 1);
-        shard.metrics.set_recoveries_active(slots.active.get());
         let rec = &pgr.recovery;
         rec.workers.set(rec.workers.get() - 1);
         if rec.workers.get() == 0 {
+            // Forget what no longer lacks (a new history, a write that brought it).
+            if let Ok(m) = pgr.member.try_borrow() {
+                let missing = m.recoverable();
+                let lacks = |o: &String| missing.is_some_and(|mm| mm.contains_key(o));
+                rec.failed.borrow_mut().retain(|o| lacks(o));
+                rec.complained.borrow_mut().retain(|o| lacks(o));
+            }
             if let Some(started) = rec.started.take() {
                 if rec.count.get() > 0 {
                     tracing::info!(pg = %pgr.pg, objects = rec.count.get(),
@@ -313,18 +329,26 @@ impl<S: ObjectStore + 'static> Drop for Worker<'_, S> {
                 }
             }
         }
-        if std::thread::panicking() {
-            return;
+    }
+}
+
+/// An object being fetched and stored: counted in the reactor's gauge while it lives.
+struct Fetching<'a> {
+    metrics: &'a crate::metrics::ReactorMetrics,
+}
+
+impl<'a> Fetching<'a> {
+    fn new<S>(shard: &'a Shard<S>) -> Self {
+        shard.metrics.recovery_started();
+        Fetching {
+            metrics: &shard.metrics,
         }
-        // Work may have come while the worker was ending, here or in a PG that waits for a
-        // slot.
-        kick(shard, pgr);
-        if slots.starved.replace(false) {
-            let pgs: Vec<_> = shard.replication.pgs.borrow().values().cloned().collect();
-            for other in pgs {
-                kick(shard, &other);
-            }
-        }
+    }
+}
+
+impl Drop for Fetching<'_> {
+    fn drop(&mut self) {
+        self.metrics.recovery_ended();
     }
 }
 
@@ -407,29 +431,46 @@ fn candidates<S>(shard: &Shard<S>, pgr: &PgReplica) -> Vec<OsdId> {
 async fn run<S: ObjectStore + 'static>(shard: &Rc<Shard<S>>, pgr: &Rc<PgReplica>) {
     let pg = pgr.pg;
     let rec = &pgr.recovery;
+    let slots = &shard.replication.slots;
     loop {
         if pgr.broken.borrow().is_some() {
+            return;
+        }
+        // Past the bound (a worker started for a client's object): only while a client
+        // waits for one no worker has.
+        if slots.active.get() > slots.max && !urgent_untaken(pgr) {
             return;
         }
         let Some((taken, version, urgent)) = next(pgr) else {
             return;
         };
         let oid = taken.oid.clone();
+        let wanted_now = || pgr.urgent.borrow().contains(&oid);
+        let mut urgent = urgent;
         if !urgent {
             shard
                 .replication
                 .budget
-                .ready(|| shard.metrics.client_ops(), || urgent_untaken(pgr))
+                .ready(
+                    || shard.metrics.client_ops(),
+                    || urgent_untaken(pgr) || wanted_now(),
+                )
                 .await;
-            if urgent_untaken(pgr) {
+            // A client came to wait for this very object: it goes now, off the budget.
+            urgent = wanted_now();
+            if !urgent && urgent_untaken(pgr) {
                 // Put this one back and take the object a client waits for.
                 continue;
             }
         }
         let reserved = if urgent { 0 } else { RESERVED };
         shard.replication.budget.spend(reserved);
+        let _fetching = Fetching::new(shard);
         let mut got = None;
         for from in candidates(shard, pgr) {
+            if pgr.broken.borrow().is_some() {
+                return;
+            }
             // Only a copy of that very version: a member may be recovering it itself.
             if let Some((held, Some(copy))) = pull::fetch(shard, pg, from, &oid).await {
                 if held == version {
@@ -450,6 +491,11 @@ async fn run<S: ObjectStore + 'static>(shard: &Rc<Shard<S>>, pgr: &Rc<PgReplica>
                         "no member sent this object at its version yet: asking again");
                 }
                 rec.failed.borrow_mut().insert(oid);
+                if slots.starved.get() {
+                    // Another PG waits for a slot: it gets this one rather than wait behind
+                    // objects no member may send for long.
+                    return;
+                }
                 carmine_reactor::sleep(RETRY_PAUSE).await;
             }
             continue;
