@@ -102,8 +102,8 @@ pub struct UpArgs {
     #[arg(long)]
     pub recovery_busy_rate_mib: Option<u64>,
     /// Objects each OSD reactor recovers at once, all its PGs together (the OSDs' own default
-    /// if not given).
-    #[arg(long)]
+    /// if not given; 1 to 256).
+    #[arg(long, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=256))]
     pub recovery_max_active: Option<usize>,
     /// Microseconds an idle OSD reactor polls before it sleeps. Not given: the OSDs' default
     /// (50 with `--cpu-set` where each reactor has a core of its own, else 0). Kept across
