@@ -241,28 +241,40 @@ pub(crate) fn kick<S: ObjectStore + 'static>(shard: &Rc<Shard<S>>, pgr: &Rc<PgRe
     let slots = &shard.replication.slots;
     loop {
         let rec = &pgr.recovery;
-        let (untaken, urgent) = {
+        let (untaken, lacks, urgent) = {
             let m = pgr.member.borrow();
             let Some(missing) = m.recoverable() else {
                 return;
             };
             let busy = rec.in_flight.borrow();
-            let untaken = missing.len().saturating_sub(busy.len());
+            // Objects no member sent lately are tried again by one worker of the PG at a
+            // time (see `run`), not by as many as the slots allow.
+            let untaken = missing
+                .len()
+                .saturating_sub(busy.len() + rec.failed.borrow().len());
             let urgent = pgr
                 .urgent
                 .borrow()
                 .iter()
                 .any(|o| missing.contains_key(o) && !busy.contains(o));
-            (untaken, urgent)
+            (untaken, !missing.is_empty(), urgent)
+        };
+        let workers = rec.workers.get();
+        let wanted = match untaken {
+            0 if lacks && workers == 0 => 1,
+            n => n,
         };
         // Workers that are between two objects take the untaken ones.
-        let idle = rec.workers.get() - rec.in_flight.borrow().len().min(rec.workers.get());
-        if untaken <= idle {
+        let idle = workers - rec.in_flight.borrow().len().min(workers);
+        if wanted <= idle {
             return;
         }
-        let bypass = urgent && rec.workers.get() == 0;
+        let bypass = urgent && workers == 0;
         if slots.active.get() >= slots.max && !bypass {
-            slots.starved.set(true);
+            // Only a PG with no worker waits for a slot: one that has some goes on with them.
+            if workers == 0 {
+                slots.starved.set(true);
+            }
             return;
         }
         spawn_worker(shard, pgr);
@@ -287,16 +299,17 @@ fn spawn_worker<S: ObjectStore + 'static>(shard: &Rc<Shard<S>>, pgr: &Rc<PgRepli
         };
         run(&shard, &pgr).await;
         drop(worker);
-        // Work may have come while the worker was ending, here or in a PG that waits for a
-        // slot. (Not from the guard: a worker dropped with its reactor starts nothing.)
-        kick(&shard, &pgr);
+        // Work may have come while the worker was ending, in a PG that waits for a slot
+        // (first: the slot is theirs) or here. (Not from the guard: a worker dropped with
+        // its reactor starts nothing.)
         let slots = &shard.replication.slots;
         if slots.starved.replace(false) {
             let pgs: Vec<_> = shard.replication.pgs.borrow().values().cloned().collect();
-            for other in pgs {
-                kick(&shard, &other);
+            for other in pgs.iter().filter(|o| !Rc::ptr_eq(o, &pgr)) {
+                kick(&shard, other);
             }
         }
+        kick(&shard, &pgr);
     })
     .detach();
 }
@@ -366,8 +379,15 @@ impl Drop for Taken<'_> {
 
 /// Whether a client waits for an object of `pgr` that no worker fetches yet.
 fn urgent_untaken(pgr: &PgReplica) -> bool {
+    let m = pgr.member.borrow();
+    let Some(missing) = m.recoverable() else {
+        return false;
+    };
     let busy = pgr.recovery.in_flight.borrow();
-    pgr.urgent.borrow().iter().any(|o| !busy.contains(o))
+    pgr.urgent
+        .borrow()
+        .iter()
+        .any(|o| missing.contains_key(o) && !busy.contains(o))
 }
 
 /// Takes the next object to fetch: one a client waits for, else the first after the last one
@@ -465,7 +485,7 @@ async fn run<S: ObjectStore + 'static>(shard: &Rc<Shard<S>>, pgr: &Rc<PgReplica>
         }
         let reserved = if urgent { 0 } else { RESERVED };
         shard.replication.budget.spend(reserved);
-        let _fetching = Fetching::new(shard);
+        let fetching = Fetching::new(shard);
         let mut got = None;
         for from in candidates(shard, pgr) {
             if pgr.broken.borrow().is_some() {
@@ -491,9 +511,11 @@ async fn run<S: ObjectStore + 'static>(shard: &Rc<Shard<S>>, pgr: &Rc<PgReplica>
                         "no member sent this object at its version yet: asking again");
                 }
                 rec.failed.borrow_mut().insert(oid);
-                if slots.starved.get() {
-                    // Another PG waits for a slot: it gets this one rather than wait behind
-                    // objects no member may send for long.
+                drop(fetching);
+                // One worker of a PG tries again what no member sent, after a pause; it
+                // gives its slot to a PG that waits for one rather than keep it for objects
+                // that may not come for long.
+                if rec.workers.get() > 1 || slots.starved.get() {
                     return;
                 }
                 carmine_reactor::sleep(RETRY_PAUSE).await;
@@ -525,6 +547,7 @@ async fn run<S: ObjectStore + 'static>(shard: &Rc<Shard<S>>, pgr: &Rc<PgReplica>
             }
             Ok(Stored::NoRoom) => {
                 rec.failed.borrow_mut().insert(oid);
+                drop(fetching);
                 carmine_reactor::sleep(NO_ROOM_PAUSE).await;
             }
             Ok(Stored::NotWanted) | Err(_) => {}
