@@ -632,6 +632,113 @@ fn one_pg_recovers_several_objects_at_once_and_never_more_than_its_reactor_allow
     }
 }
 
+/// Writes to several objects a copy lacks, all at once, while its one recovery slot is held by
+/// a background copy that the rate holds back: each object a client waits for is fetched at
+/// once, side by side, not one after the other behind the slot (a copy back on a new disk
+/// under random writes used to fetch them one by one while the writes waited).
+#[test]
+fn objects_clients_wait_for_are_fetched_side_by_side_past_the_bound() {
+    log_if_asked();
+    let _serial = one_at_a_time();
+    let dir = TempDir::new("urgent-side-by-side");
+    let mut map = three_osd_map(1);
+    map.pools[0].pg_num = 1;
+    // One slot, and a budget of one byte a second: the background takes one object, then
+    // waits for ever.
+    let start = |id: u32, map: &OsdMap| {
+        start_recovering(
+            id,
+            map,
+            dir.path(),
+            None,
+            Default::default(),
+            RecoveryConfig {
+                rate: Some(1),
+                busy_rate: None,
+                max_active: 1,
+            },
+        )
+    };
+    let mut osds: Vec<Option<Osd>> = (0..3).map(|id| Some(start(id, &map))).collect();
+    const N: usize = 12;
+    const WAITED: usize = 6;
+    wait_settled(&map, dir.path());
+    let obj = |i: usize| format!("big{i}");
+    carmine_reactor::block_on(async {
+        let c = client(&map, Duration::from_secs(20)).await;
+        for i in 0..N {
+            c.execute(1, &obj(i), vec![OsdOp::WriteFull { data: big(i, 1) }])
+                .await
+                .unwrap();
+        }
+    });
+    osd0_comes_back_empty(&mut osds, &mut map, dir.path(), |m| start(0, m));
+    let osd0 = osds[0].as_ref().unwrap();
+    let sum = |f: fn(&carmine_osd::ReactorMetrics) -> u64| -> u64 {
+        osd0.metrics_sources().iter().map(|r| f(&r.metrics)).sum()
+    };
+    // The background's one object (on the first second's budget), then nothing more.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while sum(carmine_osd::ReactorMetrics::objects_to_recover) < (N - 1) as u64 {
+        assert!(Instant::now() < deadline, "osd.0 never took the history");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    let before = sum(carmine_osd::ReactorMetrics::recovered_objects);
+    assert!(
+        before <= 1,
+        "{before} objects recovered at one byte a second"
+    );
+    // Six writes at once, each to an object osd.0 lacks: each waits for osd.0 to fetch it.
+    let took = carmine_reactor::block_on(async {
+        let c = client(&map, Duration::from_secs(20)).await;
+        // (Its first request finds its way to the OSDs, a restarted one included.)
+        c.execute(1, &obj(0), vec![OsdOp::Stat]).await.unwrap();
+        let began = Instant::now();
+        let writes = (N - WAITED..N).map(|i| {
+            let c = &c;
+            async move {
+                c.execute(1, &obj(i), vec![OsdOp::WriteFull { data: big(i, 2) }])
+                    .await
+                    .unwrap()
+            }
+        });
+        futures::future::join_all(writes).await;
+        began.elapsed()
+    });
+    let most = sum(carmine_osd::ReactorMetrics::recoveries_active_most);
+    eprintln!(
+        "{WAITED} writes to objects osd.0 lacked took {took:?}; at most {most} fetched at once"
+    );
+    assert!(
+        most >= 2,
+        "objects clients waited for were fetched one at a time behind the one slot"
+    );
+    assert!(
+        most <= (WAITED + 1) as u64,
+        "{most} objects fetched at once for {WAITED} waiting writes"
+    );
+    // What was written is what reads back. (osd.0 could not serve alone: it still lacks the
+    // other objects, which no other OSD would be left to send.)
+    carmine_reactor::block_on(async {
+        let c = client(&map, Duration::from_secs(20)).await;
+        for i in N - WAITED..N {
+            let got = c
+                .execute(1, &obj(i), vec![OsdOp::Read { off: 0, len: 0 }])
+                .await
+                .unwrap();
+            assert!(
+                matches!(&got[..], [OpOutput::Data(d)] if *d == big(i, 2)),
+                "{} read back wrong",
+                obj(i)
+            );
+        }
+    });
+    for o in osds.into_iter().flatten() {
+        o.shutdown().unwrap();
+    }
+}
+
 /// The sum over `osds`' reactors of the objects their PGs cannot find.
 fn unfound(osds: &[Option<Osd>]) -> u64 {
     osds.iter()

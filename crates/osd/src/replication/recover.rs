@@ -232,8 +232,9 @@ impl Slots {
 }
 
 /// Starts workers for `pgr`'s recovery while its member lacks objects no worker has taken,
-/// and the reactor has free slots. A PG whose client waits for an object gets one worker even
-/// past the bound, if it has none: a client never waits for other PGs' background copies.
+/// and the reactor has free slots. Objects a client waits for get a worker each even past the
+/// bound (their number is bounded by the clients' requests in flight): a client never waits
+/// for other PGs' background copies, nor for another client's object.
 pub(crate) fn kick<S: ObjectStore + 'static>(shard: &Rc<Shard<S>>, pgr: &Rc<PgReplica>) {
     if pgr.broken.borrow().is_some() {
         return;
@@ -241,7 +242,7 @@ pub(crate) fn kick<S: ObjectStore + 'static>(shard: &Rc<Shard<S>>, pgr: &Rc<PgRe
     let slots = &shard.replication.slots;
     loop {
         let rec = &pgr.recovery;
-        let (untaken, lacks, urgent) = {
+        let (untaken, lacks, urgent_untaken) = {
             let m = pgr.member.borrow();
             let Some(missing) = m.recoverable() else {
                 return;
@@ -256,7 +257,8 @@ pub(crate) fn kick<S: ObjectStore + 'static>(shard: &Rc<Shard<S>>, pgr: &Rc<PgRe
                 .urgent
                 .borrow()
                 .iter()
-                .any(|o| missing.contains_key(o) && !busy.contains(o));
+                .filter(|o| missing.contains_key(*o) && !busy.contains(*o))
+                .count();
             (untaken, !missing.is_empty(), urgent)
         };
         let workers = rec.workers.get();
@@ -269,7 +271,8 @@ pub(crate) fn kick<S: ObjectStore + 'static>(shard: &Rc<Shard<S>>, pgr: &Rc<PgRe
         if wanted <= idle {
             return;
         }
-        let bypass = urgent && workers == 0;
+        // Each idle worker takes an object a client waits for first (`next`).
+        let bypass = urgent_untaken > idle;
         if slots.active.get() >= slots.max && !bypass {
             // Only a PG with no worker waits for a slot: one that has some goes on with them.
             if workers == 0 {
