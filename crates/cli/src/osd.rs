@@ -146,7 +146,8 @@ pub struct OsdArgs {
     #[arg(long, default_value_t = carmine_osd::RECOVERY_BUSY_RATE_DEFAULT >> 20)]
     pub recovery_busy_rate_mib: u64,
     /// Objects each reactor recovers at once, all its PGs together: each is a whole object
-    /// in memory until stored, and its fetch overlaps the others'.
+    /// in memory until stored, and its fetch overlaps the others'. Objects clients wait for
+    /// may take as many again.
     #[arg(long, default_value_t = carmine_osd::RECOVERY_MAX_ACTIVE_DEFAULT,
           value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=256))]
     pub recovery_max_active: usize,

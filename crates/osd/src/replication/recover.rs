@@ -5,7 +5,8 @@
 //! on the reactor, except the objects a client waits for, which go first and are not held
 //! back by either rate. Workers fetch one object each at a time; a reactor runs at most
 //! `max_active` of them over all its PGs, so a few PGs still recover with overlapping
-//! fetches and many never hold more than that many copies in memory.
+//! fetches and many never hold more than that many copies in memory — and as many again for
+//! objects clients wait for, which are fetched side by side.
 //!
 //! A fetched object is stored through the PG's persist queue ([`Job::Recovered`]), in order
 //! with the copy's other changes, and in one transaction with the record saying it is no
@@ -54,6 +55,7 @@ pub struct RecoveryConfig {
     pub busy_rate: Option<u64>,
     /// Objects each reactor recovers at once, all its PGs together (one PG may use them
     /// all): fetches overlap with each other and with the stores of those already fetched.
+    /// Objects clients wait for may take as many again.
     pub max_active: usize,
 }
 
@@ -212,8 +214,9 @@ pub(crate) struct PgRecovery {
 }
 
 /// A reactor's recovery slots: how many objects its PGs may be recovering at once, all PGs
-/// together. Each is a copy in memory until stored, so the bound is on memory as much as on
-/// the load recovery puts on the members and the device.
+/// together (twice `max` at most, the second half only for objects clients wait for). Each is
+/// a copy in memory until stored, so the bound is on memory as much as on the load recovery
+/// puts on the members and the device.
 pub(crate) struct Slots {
     max: usize,
     active: Cell<usize>,
@@ -233,8 +236,9 @@ impl Slots {
 
 /// Starts workers for `pgr`'s recovery while its member lacks objects no worker has taken,
 /// and the reactor has free slots. Objects a client waits for get a worker each even past the
-/// bound (their number is bounded by the clients' requests in flight): a client never waits
-/// for other PGs' background copies, nor for another client's object.
+/// bound, up to as many again: a client rarely waits for other PGs' background copies, or for
+/// another client's object. (Not those no member sent lately: they are tried again like the
+/// others, by one worker after a pause, off the rate.)
 pub(crate) fn kick<S: ObjectStore + 'static>(shard: &Rc<Shard<S>>, pgr: &Rc<PgReplica>) {
     if pgr.broken.borrow().is_some() {
         return;
@@ -248,16 +252,19 @@ pub(crate) fn kick<S: ObjectStore + 'static>(shard: &Rc<Shard<S>>, pgr: &Rc<PgRe
                 return;
             };
             let busy = rec.in_flight.borrow();
+            let failed = rec.failed.borrow();
             // Objects no member sent lately are tried again by one worker of the PG at a
-            // time (see `run`), not by as many as the slots allow.
+            // time (see `run`), not by as many as the slots allow. (The one retrying holds
+            // one that is both: counted once.)
+            let both = busy.iter().filter(|o| failed.contains(*o)).count();
             let untaken = missing
                 .len()
-                .saturating_sub(busy.len() + rec.failed.borrow().len());
+                .saturating_sub(busy.len() + failed.len() - both);
             let urgent = pgr
                 .urgent
                 .borrow()
                 .iter()
-                .filter(|o| missing.contains_key(*o) && !busy.contains(*o))
+                .filter(|o| missing.contains_key(*o) && !busy.contains(*o) && !failed.contains(*o))
                 .count();
             (untaken, !missing.is_empty(), urgent)
         };
@@ -271,8 +278,9 @@ pub(crate) fn kick<S: ObjectStore + 'static>(shard: &Rc<Shard<S>>, pgr: &Rc<PgRe
         if wanted <= idle {
             return;
         }
-        // Each idle worker takes an object a client waits for first (`next`).
-        let bypass = urgent_untaken > idle;
+        // Each idle worker takes an object a client waits for first (`next`); past the
+        // bound, a copy in memory each, up to as many again as the bound.
+        let bypass = urgent_untaken > idle && slots.active.get() < 2 * slots.max;
         if slots.active.get() >= slots.max && !bypass {
             // Only a PG with no worker waits for a slot: one that has some goes on with them.
             if workers == 0 {
@@ -387,28 +395,30 @@ fn urgent_untaken(pgr: &PgReplica) -> bool {
         return false;
     };
     let busy = pgr.recovery.in_flight.borrow();
+    let failed = pgr.recovery.failed.borrow();
     pgr.urgent
         .borrow()
         .iter()
-        .any(|o| missing.contains_key(o) && !busy.contains(o))
+        .any(|o| missing.contains_key(o) && !busy.contains(o) && !failed.contains(o))
 }
 
 /// Takes the next object to fetch: one a client waits for, else the first after the last one
-/// taken in name order (wrapping around), skipping those no member sent lately, and always
-/// those another worker has.
+/// taken in name order (wrapping around), skipping those no member sent lately (unless only
+/// they are left: then those a client waits for first), and always those another worker
+/// has. Also says whether a client waits for it (it then goes off the rate).
 fn next(pgr: &PgReplica) -> Option<(Taken<'_>, Version, bool)> {
     let m = pgr.member.borrow();
     let missing = m.recoverable()?;
     let rec = &pgr.recovery;
     let mut urgent = pgr.urgent.borrow_mut();
     urgent.retain(|o| missing.contains_key(o));
-    let (oid, version, is_urgent) = {
+    let (oid, version, in_order) = {
         let busy = rec.in_flight.borrow();
+        let failed = rec.failed.borrow();
         let free = |o: &String| !busy.contains(o);
-        if let Some(o) = urgent.iter().find(|o| free(o)) {
-            (o.clone(), missing[o], true)
+        if let Some(o) = urgent.iter().find(|o| free(o) && !failed.contains(*o)) {
+            (o.clone(), missing[o], false)
         } else {
-            let failed = rec.failed.borrow();
             let after = rec.after.borrow();
             let start = after.as_deref().unwrap_or("");
             let pick = missing
@@ -416,13 +426,20 @@ fn next(pgr: &PgReplica) -> Option<(Taken<'_>, Version, bool)> {
                 .chain(missing.iter())
                 .find(|(o, _)| free(o) && !failed.contains(*o))
                 // Every one left failed lately: try them again.
+                .or_else(|| {
+                    urgent
+                        .iter()
+                        .find(|o| free(o))
+                        .and_then(|o| missing.get_key_value(o))
+                })
                 .or_else(|| missing.iter().find(|(o, _)| free(o)))?;
-            (pick.0.clone(), *pick.1, false)
+            (pick.0.clone(), *pick.1, true)
         }
     };
-    if !is_urgent {
+    if in_order {
         *rec.after.borrow_mut() = Some(oid.clone());
     }
+    let is_urgent = urgent.contains(&oid);
     rec.in_flight.borrow_mut().insert(oid.clone());
     Some((Taken { rec, oid }, version, is_urgent))
 }
