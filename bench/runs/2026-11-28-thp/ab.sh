@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
 # A/B: mimalloc with THP (default) vs MIMALLOC_ALLOW_THP=0, alternated.
+# Its outputs went to /tmp/thp; the reports were copied here as r<round>-<mode>-<store>.md,
+# the refill lines as refill-ab.txt, and summary.txt is the table of means the decision quotes.
 cd /work/main
 c=target/release/carmine
 for r in 1 2 3; do
