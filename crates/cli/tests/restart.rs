@@ -323,3 +323,64 @@ fn a_full_disk_at_cluster_creation_leaves_no_half_made_cluster() {
     assert_eq!(read_volume(&c, "v", 1 << 20), pattern(1 << 20, 9));
     c.ok(&["cluster", "down"]);
 }
+
+/// Another process may listen on an OSD's port after `up` checked it and before the OSD
+/// binds it (a cluster starting beside this one that picked the same free port; seen in CI).
+/// `up` then moves that OSD to new ports in a new epoch and starts it again, instead of
+/// leaving it down.
+#[test]
+fn an_osd_whose_port_is_taken_as_it_starts_is_moved_and_started_again() {
+    let c = Cluster::up("port-race", &[NATIVE, &["--osds", "2"]].concat());
+    c.ok(&["volume", "create", "v", "--size", "16M"]);
+    let data = pattern(4 << 20, 5);
+    c.write_volume("v", &data);
+    kill_osd(&c, 1);
+    while alive(osd_pid(&c, 1)) {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let before = carmine_localcluster::read_map(&c.dir).unwrap();
+    let taken = before.osd(1).unwrap().reactors[0];
+
+    // osd.1 starts only once this test listens on its port: the race, made certain.
+    let (started, took) = (c.dir.join("osd1-started"), c.dir.join("port-taken"));
+    let wrapper = c.dir.join("carmine-wrapper");
+    std::fs::write(
+        &wrapper,
+        format!(
+            "#!/bin/sh\ncase \" $* \" in *\" --id 1 \"*)\n  if [ ! -e {took} ]; then\n    : > \
+             {started}; i=0\n    while [ ! -e {took} ] && [ $i -lt 400 ]; do sleep 0.05; \
+             i=$((i+1)); done\n  fi;;\nesac\nexec {BIN} \"$@\"\n",
+            took = took.display(),
+            started = started.display(),
+        ),
+    )
+    .unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let holder = std::thread::spawn(move || {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        while !started.exists() && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        let listener = std::net::TcpListener::bind(taken).expect("osd.1's port is free");
+        std::fs::write(&took, b"").unwrap();
+        // Longer than the OSD's and `up`'s waits for a port to be released (5 s each).
+        std::thread::sleep(std::time::Duration::from_secs(15));
+        drop(listener);
+    });
+
+    let out = c.ok(&["cluster", "up", "--exe", wrapper.to_str().unwrap()]);
+    assert!(
+        out.contains(&format!(
+            "osd.1: another process took {taken} before it could listen; moved to"
+        )),
+        "{out}"
+    );
+    let after = carmine_localcluster::read_map(&c.dir).unwrap();
+    assert!(after.epoch > before.epoch, "{out}");
+    assert_ne!(after.osd(1).unwrap().reactors[0], taken);
+    assert_eq!(after.osd(0).unwrap().reactors, before.osd(0).unwrap().reactors);
+    assert_eq!(read_volume(&c, "v", data.len()), data);
+    holder.join().unwrap();
+    c.ok(&["cluster", "down"]);
+}

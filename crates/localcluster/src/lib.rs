@@ -7,6 +7,7 @@
 mod histories;
 mod managers;
 mod maps;
+mod ports;
 mod run;
 mod status;
 
@@ -368,27 +369,6 @@ fn is_local(osd: &OsdInfo) -> bool {
 }
 
 pub use carmine_mapstore::membership::host_name;
-
-/// Picks `n` distinct ports that are free now, below the kernel's ephemeral range (32768 and
-/// up by default), so that no outgoing connection of another process can be given one of
-/// them before the OSD binds it (seen in CI with many clusters starting at once). Another
-/// listener could still take one; the OSD then fails to start with a clear error and `up`
-/// reports it.
-fn free_addrs(host: std::net::IpAddr, n: usize) -> Result<Vec<SocketAddr>> {
-    let mut out: Vec<SocketAddr> = Vec::with_capacity(n);
-    let mut tries = 0;
-    while out.len() < n {
-        tries += 1;
-        if tries > 64 * n.max(1) {
-            bail!("finding {n} free ports on {host}: too many in use below 32000");
-        }
-        let addr = SocketAddr::new(host, rand::random_range(10_000..32_000));
-        if !out.contains(&addr) && TcpListener::bind(addr).is_ok() {
-            out.push(addr);
-        }
-    }
-    Ok(out)
-}
 
 /// Pids recorded in `dir` whose processes are still our OSDs.
 fn live_osds(dir: &Path) -> Result<Vec<(u32, i32)>> {
@@ -803,8 +783,9 @@ fn up_from(
         Some(e) => e.clone(),
         None => std::env::current_exe().context("locating the carmine binary")?,
     };
+    let mut start = |id: u32| start_osd(&exe, &dir, id, &store, etcd.as_ref(), a, &run);
     for &id in &to_start {
-        let child = start_osd(&exe, &dir, id, &store, etcd.as_ref(), a, &run)?;
+        let child = start(id)?;
         std::fs::write(pid_file(&dir, id), child.id().to_string())?;
         children.push((id, child));
     }
@@ -815,10 +796,13 @@ fn up_from(
         children,
         notes,
     };
-    let ready = wait_ready(&mut running, &to_start).and_then(|()| match &plan {
-        Some(p) => managers::start(&exe, &mut running, &to_start, p, etcd.as_ref()),
-        None => Ok(()),
-    });
+    let ready =
+        ports::ready_or_moved(&mut running, &to_start, etcd.as_ref(), &mut start).and_then(|()| {
+            match &plan {
+                Some(p) => managers::start(&exe, &mut running, &to_start, p, etcd.as_ref()),
+                None => Ok(()),
+            }
+        });
     if let Err(e) = ready {
         if restart {
             // A restart brings back what it can. The OSDs that were running, and those of
@@ -916,7 +900,7 @@ fn new_cluster(
         }
     }
     let (size, min_size) = pool_copies(a, osds)?;
-    let addrs = free_addrs(a.host, (osds * reactors) as usize)?;
+    let addrs = ports::free_addrs(a.host, (osds * reactors) as usize)?;
     // Weights are capacities in TiB, as the OSDs will register them.
     let capacity = match store.as_str() {
         "native" => a.device_size.unwrap_or(DEVICE_SIZE_DEFAULT),
@@ -1128,8 +1112,8 @@ fn existing_cluster(
         .filter(|o| !live.iter().any(|(id, _)| *id == o.id))
     {
         for r in o.reactors.iter_mut() {
-            if !bindable_soon(*r) {
-                let new = free_addrs(r.ip(), 1)?[0];
+            if !ports::bindable_soon(*r) {
+                let new = ports::free_addrs(r.ip(), 1)?[0];
                 notes.push(format!("osd.{}: {} is taken; moving to {}", o.id, r, new));
                 *r = new;
                 moved += 1;
@@ -1143,24 +1127,6 @@ fn existing_cluster(
             .context("storing the map with the moved endpoints")?;
     }
     Ok((map, store, notes))
-}
-
-/// How long a restart waits for a dead OSD's port: a process killed with io_uring
-/// operations pending releases its sockets only when the kernel tears the ring down, a
-/// moment after the process is gone.
-const PORT_RELEASE_WAIT: Duration = Duration::from_secs(5);
-
-fn bindable_soon(addr: SocketAddr) -> bool {
-    let deadline = Instant::now() + PORT_RELEASE_WAIT;
-    loop {
-        if TcpListener::bind(addr).is_ok() {
-            return true;
-        }
-        if Instant::now() > deadline {
-            return false;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
 }
 
 /// How the OSDs of the cluster in `dir` run: as its settings file keeps it (with this `up`'s
@@ -1213,7 +1179,7 @@ fn start_osd(
         cmd.arg("--key-file").arg(key_path(dir));
     }
     // Metrics on a free loopback port, recorded for `status` and scrapers.
-    let metrics = free_addrs([127, 0, 0, 1].into(), 1)?[0];
+    let metrics = ports::free_addrs([127, 0, 0, 1].into(), 1)?[0];
     std::fs::write(metrics_path(dir, id), metrics.to_string())?;
     cmd.arg("--metrics").arg(metrics.to_string());
     if store == "native" {
@@ -1238,49 +1204,6 @@ fn start_osd(
         .stdout(log.try_clone()?)
         .stderr(log);
     cmd.spawn().with_context(|| format!("starting osd.{id}"))
-}
-
-/// Waits until every reactor of `osds` answers a ping, or reports the first OSD that died
-/// with its log.
-fn wait_ready(r: &mut Running, osds: &[u32]) -> Result<()> {
-    let deadline = Instant::now() + READY_TIMEOUT;
-    let endpoints: Vec<(u32, SocketAddr)> = r
-        .map
-        .osds
-        .iter()
-        .filter(|o| osds.contains(&o.id))
-        .flat_map(|o| o.reactors.iter().map(move |a| (o.id, *a)))
-        .collect();
-    for (osd, addr) in endpoints {
-        loop {
-            if ping(addr, r.key.as_ref()).is_ok() {
-                break;
-            }
-            // The child handle, not /proc: right after fork the child still shows our cmdline.
-            let exited = match r.children.iter_mut().find(|(id, _)| *id == osd) {
-                Some((_, c)) => c.try_wait()?.is_some(),
-                None => false,
-            };
-            if exited || Instant::now() > deadline {
-                let log = std::fs::read_to_string(r.dir.join(format!("osd.{osd}.log")))
-                    .unwrap_or_default();
-                let tail: Vec<&str> = log
-                    .lines()
-                    .rev()
-                    .take(15)
-                    .collect::<Vec<_>>()
-                    .into_iter()
-                    .rev()
-                    .collect();
-                bail!(
-                    "osd.{osd} did not come up on {addr}; its log ends with:\n{}",
-                    tail.join("\n")
-                );
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-    Ok(())
 }
 
 /// One round trip to reactor `addr`, after the handshake if the cluster has a `key`.

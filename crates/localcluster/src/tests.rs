@@ -191,7 +191,7 @@ fn a_cleaner_rate_is_zero_or_at_least_a_mebibyte_per_second() {
 
 #[test]
 fn free_ports_are_distinct_bindable_and_below_the_ephemeral_range() {
-    let addrs = free_addrs("127.0.0.1".parse().unwrap(), 32).unwrap();
+    let addrs = ports::free_addrs("127.0.0.1".parse().unwrap(), 32).unwrap();
     assert_eq!(addrs.len(), 32);
     for (i, a) in addrs.iter().enumerate() {
         assert!((10_000..32_000).contains(&a.port()), "{a}");

@@ -1,0 +1,225 @@
+//! The OSDs' listening ports: picking free ones, waiting for a dead OSD's to be released, and
+//! moving an OSD whose port another process took before it could listen.
+//!
+//! A port is chosen (or checked) by `up` and bound later by the OSD process, so another
+//! process may take it in between: a cluster starting beside this one that picked the same
+//! free port, or a private etcd. The map is the only place that says where an OSD listens, so
+//! an OSD that lost its port is given new ones in a new epoch and started again, a bounded
+//! number of times, instead of failing the whole `up`.
+
+use super::{maps, ping, Running, READY_TIMEOUT};
+use anyhow::{bail, Context, Result};
+use std::net::{SocketAddr, TcpListener};
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+/// Picks `n` distinct ports that are free now, below the kernel's ephemeral range (32768 and
+/// up by default), so that no outgoing connection of another process can be given one of
+/// them before the OSD binds it (seen in CI with many clusters starting at once). Another
+/// listener could still take one; [`ready_or_moved`] then moves the OSD.
+pub(crate) fn free_addrs(host: std::net::IpAddr, n: usize) -> Result<Vec<SocketAddr>> {
+    let mut out: Vec<SocketAddr> = Vec::with_capacity(n);
+    let mut tries = 0;
+    while out.len() < n {
+        tries += 1;
+        if tries > 64 * n.max(1) {
+            bail!("finding {n} free ports on {host}: too many in use below 32000");
+        }
+        let addr = SocketAddr::new(host, rand::random_range(10_000..32_000));
+        if !out.contains(&addr) && TcpListener::bind(addr).is_ok() {
+            out.push(addr);
+        }
+    }
+    Ok(out)
+}
+
+/// How long a restart waits for a dead OSD's port: a process killed with io_uring
+/// operations pending releases its sockets only when the kernel tears the ring down, a
+/// moment after the process is gone.
+const PORT_RELEASE_WAIT: Duration = Duration::from_secs(5);
+
+pub(crate) fn bindable_soon(addr: SocketAddr) -> bool {
+    let deadline = Instant::now() + PORT_RELEASE_WAIT;
+    loop {
+        if TcpListener::bind(addr).is_ok() {
+            return true;
+        }
+        if Instant::now() > deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// How many times one `up` moves OSDs that lost a port and starts them again. Each loss
+/// needs another process to take the very port chosen a moment earlier; more than a few in
+/// a row means something else is wrong, which the last OSD log then shows.
+const MOVES: u32 = 3;
+
+/// An OSD that did not come up.
+#[derive(Debug)]
+pub(crate) struct NotReady {
+    osd: u32,
+    addr: SocketAddr,
+    exited: bool,
+    tail: Vec<String>,
+}
+
+impl NotReady {
+    /// Whether the OSD exited because another process listened on one of its ports.
+    fn lost_port(&self) -> bool {
+        self.exited
+            && self
+                .tail
+                .iter()
+                .rev()
+                .take(3)
+                .any(|l| l.contains("cannot listen on") && l.contains("Address already in use"))
+    }
+}
+
+impl std::fmt::Display for NotReady {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "osd.{} did not come up on {}; its log ends with:\n{}",
+            self.osd,
+            self.addr,
+            self.tail.join("\n")
+        )
+    }
+}
+
+/// Waits until every reactor of `osds` answers a ping, or reports the first OSD that died
+/// (or did not answer in time) with the end of its log.
+pub(crate) fn wait_ready(r: &mut Running, osds: &[u32]) -> Result<(), NotReady> {
+    let deadline = Instant::now() + READY_TIMEOUT;
+    let endpoints: Vec<(u32, SocketAddr)> = r
+        .map
+        .osds
+        .iter()
+        .filter(|o| osds.contains(&o.id))
+        .flat_map(|o| o.reactors.iter().map(move |a| (o.id, *a)))
+        .collect();
+    for (osd, addr) in endpoints {
+        loop {
+            if ping(addr, r.key.as_ref()).is_ok() {
+                break;
+            }
+            // The child handle, not /proc: right after fork the child still shows our cmdline.
+            let exited = match r.children.iter_mut().find(|(id, _)| *id == osd) {
+                Some((_, c)) => !matches!(c.try_wait(), Ok(None)),
+                None => false,
+            };
+            if exited || Instant::now() > deadline {
+                let log = std::fs::read_to_string(r.dir.join(format!("osd.{osd}.log")))
+                    .unwrap_or_default();
+                let mut tail: Vec<String> = log.lines().rev().take(15).map(String::from).collect();
+                tail.reverse();
+                return Err(NotReady {
+                    osd,
+                    addr,
+                    exited,
+                    tail,
+                });
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+    Ok(())
+}
+
+/// [`wait_ready`], moving an OSD that lost a port to new ones and starting it again with
+/// `start` (up to [`MOVES`] times).
+pub(crate) fn ready_or_moved(
+    r: &mut Running,
+    osds: &[u32],
+    etcd: Option<&maps::EtcdSettings>,
+    start: &mut dyn FnMut(u32) -> Result<std::process::Child>,
+) -> Result<()> {
+    let mut moves = 0;
+    loop {
+        let lost = match wait_ready(r, osds) {
+            Ok(()) => return Ok(()),
+            Err(n) if n.lost_port() && moves < MOVES => n,
+            Err(n) => bail!("{n}"),
+        };
+        moves += 1;
+        if let Some((_, mut old)) = r
+            .children
+            .iter()
+            .position(|(id, _)| *id == lost.osd)
+            .map(|i| r.children.swap_remove(i))
+        {
+            let _ = old.wait();
+        }
+        let (map, moved) = move_endpoints(&r.dir, etcd, lost.osd)?;
+        r.notes.push(if moved.is_empty() {
+            format!(
+                "osd.{}: a port was taken for a moment; started it again",
+                lost.osd
+            )
+        } else {
+            format!(
+                "osd.{}: another process took {} before it could listen; moved to {} (map epoch \
+             {})",
+                lost.osd,
+                moved
+                    .iter()
+                    .map(|(from, _)| from.to_string())
+                    .collect::<Vec<_>>()
+                    .join(" "),
+                moved
+                    .iter()
+                    .map(|(_, to)| to.to_string())
+                    .collect::<Vec<_>>()
+                    .join(" "),
+                map.epoch
+            )
+        });
+        r.map = map;
+        let child = start(lost.osd)?;
+        std::fs::write(super::pid_file(&r.dir, lost.osd), child.id().to_string())?;
+        r.children.push((lost.osd, child));
+    }
+}
+
+/// Gives `osd` new ports for the endpoints it cannot bind, in a new epoch of the stored map;
+/// the map stored and the endpoints moved (old, new).
+fn move_endpoints(
+    dir: &Path,
+    etcd: Option<&maps::EtcdSettings>,
+    osd: u32,
+) -> Result<(carmine_cluster::OsdMap, Vec<(SocketAddr, SocketAddr)>)> {
+    let store = maps::open(dir, etcd)?;
+    // The managers or running OSDs may change the map meanwhile (a failure report): read,
+    // change and swap again on a conflict, a bounded number of times.
+    for _ in 0..8 {
+        let read = store
+            .get()?
+            .context("the cluster map disappeared while OSDs were starting")?;
+        let mut map = read.clone();
+        let Some(o) = map.osds.iter_mut().find(|o| o.id == osd) else {
+            bail!("osd.{osd} left the map while it was starting");
+        };
+        let mut moved = Vec::new();
+        for r in o.reactors.iter_mut() {
+            if !bindable_soon(*r) {
+                let new = free_addrs(r.ip(), 1)?[0];
+                moved.push((*r, new));
+                *r = new;
+            }
+        }
+        if moved.is_empty() {
+            // Taken for a moment only (another process checking that it was free).
+            return Ok((read, moved));
+        }
+        map.epoch += 1;
+        match store.swap(Some(&read), &map) {
+            Ok(()) => return Ok((map, moved)),
+            Err(carmine_mapstore::MapStoreError::Conflict { .. }) => continue,
+            Err(e) => return Err(e).context("storing the map with the moved endpoints"),
+        }
+    }
+    bail!("the cluster map kept changing while osd.{osd} was being moved to new ports")
+}
