@@ -379,7 +379,10 @@ fn an_osd_whose_port_is_taken_as_it_starts_is_moved_and_started_again() {
     let after = carmine_localcluster::read_map(&c.dir).unwrap();
     assert!(after.epoch > before.epoch, "{out}");
     assert_ne!(after.osd(1).unwrap().reactors[0], taken);
-    assert_eq!(after.osd(0).unwrap().reactors, before.osd(0).unwrap().reactors);
+    assert_eq!(
+        after.osd(0).unwrap().reactors,
+        before.osd(0).unwrap().reactors
+    );
     assert_eq!(read_volume(&c, "v", data.len()), data);
     holder.join().unwrap();
     c.ok(&["cluster", "down"]);

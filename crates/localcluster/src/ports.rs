@@ -9,6 +9,7 @@
 
 use super::{maps, ping, Running, READY_TIMEOUT};
 use anyhow::{bail, Context, Result};
+use carmine_mapstore::MapStoreError::Unavailable;
 use std::net::{SocketAddr, TcpListener};
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -192,34 +193,34 @@ fn move_endpoints(
     osd: u32,
 ) -> Result<(carmine_cluster::OsdMap, Vec<(SocketAddr, SocketAddr)>)> {
     let store = maps::open(dir, etcd)?;
-    // The managers or running OSDs may change the map meanwhile (a failure report): read,
-    // change and swap again on a conflict, a bounded number of times.
-    for _ in 0..8 {
-        let read = store
-            .get()?
-            .context("the cluster map disappeared while OSDs were starting")?;
-        let mut map = read.clone();
-        let Some(o) = map.osds.iter_mut().find(|o| o.id == osd) else {
-            bail!("osd.{osd} left the map while it was starting");
-        };
-        let mut moved = Vec::new();
+    // The managers or running OSDs may change the map meanwhile (a failure report): `update`
+    // reads, changes and swaps again on a conflict, a bounded number of times.
+    let mut moved = Vec::new();
+    let stored = carmine_mapstore::update(store.as_ref(), 8, |current| {
+        let mut map = current
+            .cloned()
+            .ok_or_else(|| Unavailable("the cluster map disappeared".into()))?;
+        let o = map
+            .osds
+            .iter_mut()
+            .find(|o| o.id == osd)
+            .ok_or_else(|| Unavailable(format!("osd.{osd} left the map while it started")))?;
+        moved.clear();
         for r in o.reactors.iter_mut() {
             if !bindable_soon(*r) {
-                let new = free_addrs(r.ip(), 1)?[0];
-                moved.push((*r, new));
-                *r = new;
+                let new = free_addrs(r.ip(), 1).map_err(|e| Unavailable(format!("{e:#}")))?;
+                moved.push((*r, new[0]));
+                *r = new[0];
             }
         }
         if moved.is_empty() {
             // Taken for a moment only (another process checking that it was free).
-            return Ok((read, moved));
+            return Ok(None);
         }
         map.epoch += 1;
-        match store.swap(Some(&read), &map) {
-            Ok(()) => return Ok((map, moved)),
-            Err(carmine_mapstore::MapStoreError::Conflict { .. }) => continue,
-            Err(e) => return Err(e).context("storing the map with the moved endpoints"),
-        }
-    }
-    bail!("the cluster map kept changing while osd.{osd} was being moved to new ports")
+        Ok(Some(map))
+    })
+    .context("storing the map with the moved endpoints")?
+    .context("the cluster map disappeared while OSDs were starting")?;
+    Ok((stored, moved))
 }
