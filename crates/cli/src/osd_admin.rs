@@ -431,6 +431,7 @@ fn rm(dir: &std::path::Path, id: u32) -> Result<()> {
         next.epoch = map.epoch + 1;
         next.osds.retain(|o| o.id != id);
         next.clean_upmaps();
+        next.clean_temps();
         Ok(Some(next))
     })?
     .context("the cluster has no map")?;

@@ -161,6 +161,7 @@ fn map(c: &Cluster) -> carmine_cluster::OsdMap {
         osds: vec![],
         pools: vec![],
         upmaps: Default::default(),
+        pg_temp: Default::default(),
     };
     for l in out.lines() {
         let f: Vec<&str> = l.split_whitespace().collect();

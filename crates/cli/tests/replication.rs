@@ -894,3 +894,63 @@ fn an_osd_whose_device_fails_stops_and_its_pgs_go_on_without_it() {
         "data after restarting the cluster without osd.0"
     );
 }
+
+/// `carmine pg temp`: PGs served by a temporary acting set whose primary holds nothing yet
+/// (an OSD placement does not give them) still serve every acknowledged write, take new
+/// ones, and go back to their placement with everything when the set is removed.
+#[test]
+fn pgs_moved_to_a_temporary_acting_set_and_back_keep_every_write() {
+    let c = Cluster::up(
+        "pg-temp",
+        &["--osds", "4", "--pg-num", "8", "--reactors", "1"],
+    );
+    let data = clean_volume_of_8_mib(&c, 21);
+    let map = carmine_localcluster::read_map(&c.dir).unwrap();
+    // Refused: a set that names an unknown OSD, or too few to take writes.
+    let err = c.fails(&["pg", "temp", "1.0", "0", "9"]);
+    assert!(err.contains("osd.9 is not in the map"), "{err}");
+    let err = c.fails(&["pg", "temp", "1.0", "1"]);
+    assert!(err.contains("1 of those OSDs are up"), "{err}");
+
+    let mut left_out = Vec::new();
+    for pg in map.all_pgs() {
+        let up = map.pg_up(pg, 3);
+        let empty = (0..4).find(|id| !up.contains(id)).unwrap();
+        let set = [empty, up[1], up[0]].map(|id| id.to_string());
+        let said = c.ok(&[
+            &["pg", "temp", &pg.to_string()][..],
+            &set.each_ref().map(|s| s.as_str()),
+        ]
+        .concat());
+        assert!(
+            said.contains(&format!("acting [{empty}, {}, {}]", up[1], up[0])),
+            "{said}"
+        );
+        assert!(
+            said.contains(&format!("backfill targets [{}]", up[2])),
+            "{said}"
+        );
+        left_out.push(up[2]);
+    }
+    assert_eq!(read_volume(&c, data.len()), data);
+    let data = pattern(8 << 20, 22);
+    c.write_volume("v", &data);
+    assert_eq!(read_volume(&c, data.len()), data);
+
+    for pg in map.all_pgs() {
+        let said = c.ok(&["pg", "temp", &pg.to_string()]);
+        assert!(!said.contains("temporary"), "{said}");
+    }
+    assert_eq!(
+        carmine_localcluster::read_map(&c.dir)
+            .unwrap()
+            .pg_temp
+            .len(),
+        0
+    );
+    // Every placed copy catches up, those left out of the temporary sets included.
+    wait_clean(&c);
+    assert_eq!(read_volume(&c, data.len()), data);
+    c.ok(&["pg", "deep-scrub", "--pool", "rbd"]);
+    c.ok(&["cluster", "down"]);
+}

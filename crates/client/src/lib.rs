@@ -269,6 +269,7 @@ impl Client {
                     osds: vec![],
                     pools: vec![],
                     upmaps: Default::default(),
+                    pg_temp: Default::default(),
                 }))),
                 routes: RefCell::new(HashMap::new()),
                 conns: RefCell::new(HashMap::new()),

@@ -204,6 +204,7 @@ mod tests {
                 min_size: 1,
             }],
             upmaps: Default::default(),
+            pg_temp: Default::default(),
         }
     }
 

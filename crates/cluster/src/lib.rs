@@ -10,6 +10,7 @@
 mod balance;
 mod map;
 mod placement;
+mod temps;
 
 pub use balance::Balanced;
 pub use map::{
@@ -19,3 +20,4 @@ pub use map::{
 pub use placement::{
     object_to_pg_seed, pg_to_reactor_index, stable_mod, weight_of_capacity, WEIGHT_ONE,
 };
+pub use temps::PgTemps;

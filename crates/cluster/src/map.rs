@@ -3,6 +3,7 @@
 use crate::placement::{
     object_to_pg_seed, pg_to_reactor_index, rendezvous_score, weighted_draw, WEIGHT_ONE,
 };
+use crate::temps::PgTemps;
 use bytes::{Bytes, BytesMut};
 use carmine_types::{crc32c, DecodeError, Decoder, Encoder, OsdId, PgId, PoolId};
 use std::collections::BTreeMap;
@@ -10,7 +11,7 @@ use std::net::SocketAddr;
 use thiserror::Error;
 
 const MAP_MAGIC: u32 = u32::from_le_bytes(*b"CMAP");
-pub const MAP_FORMAT_VERSION: u16 = 6;
+pub const MAP_FORMAT_VERSION: u16 = 7;
 /// Maps written before OSDs had `in`, a host and a down stamp: still read (all OSDs in).
 const MAP_FORMAT_V1: u16 = 1;
 /// Maps written before placement exceptions (upmaps): still read (none).
@@ -21,6 +22,8 @@ const MAP_FORMAT_V3: u16 = 3;
 const MAP_FORMAT_V4: u16 = 4;
 /// Maps written before OSDs could be declared lost: still read (none).
 const MAP_FORMAT_V5: u16 = 5;
+/// Maps written before temporary acting sets: still read (none).
+const MAP_FORMAT_V6: u16 = 6;
 /// Placement exceptions per map: one per PG at most, and far fewer in practice (the balancer
 /// moves a few PGs per OSD).
 const UPMAPS_MAX: usize = 1 << 18;
@@ -167,6 +170,10 @@ pub struct OsdMap {
     pub osds: Vec<OsdInfo>,
     pub pools: Vec<Pool>,
     pub upmaps: Upmaps,
+    /// Temporary acting sets (format 7): a PG listed here is served by these OSDs (their up
+    /// ones, primary first) instead of its placement, while a copy placement gives it is
+    /// being filled (decision 0015).
+    pub pg_temp: PgTemps,
 }
 
 impl OsdMap {
@@ -184,6 +191,7 @@ impl OsdMap {
                 min_size: 1,
             }],
             upmaps: Upmaps::new(),
+            pg_temp: PgTemps::new(),
         }
     }
 
@@ -241,7 +249,7 @@ impl OsdMap {
                 }
             }
         }
-        Ok(())
+        self.validate_temps()
     }
 
     pub fn pool(&self, id: PoolId) -> Result<&Pool, MapError> {
@@ -342,14 +350,6 @@ impl OsdMap {
         }
     }
 
-    /// The acting set of a PG: the up members of its placement, primary first.
-    pub fn pg_osds(&self, pg: PgId, size: u8) -> Vec<OsdId> {
-        self.pg_placement(pg, size)
-            .into_iter()
-            .filter(|id| self.osd(*id).is_some_and(|o| o.up))
-            .collect()
-    }
-
     /// The primary OSD of a PG and the index of its reactor that owns the PG; `None` while
     /// no OSD placed for it is up (the PG is down: its requests wait).
     pub fn pg_primary(&self, pg: PgId) -> Option<(OsdId, u32)> {
@@ -426,16 +426,19 @@ impl OsdMap {
     }
 
     /// The encoding in the oldest format that holds everything the map says: format 4 unless
-    /// an OSD is held down on reports (5) or declared lost (6), so that daemons of earlier
-    /// releases still read the maps of a cluster being upgraded until it needs more.
+    /// an OSD is held down on reports (5), declared lost (6) or a PG has a temporary acting
+    /// set (7), so that daemons of earlier releases still read the maps of a cluster being
+    /// upgraded until it needs more.
     pub fn encode(&self) -> Bytes {
         let held = self
             .osds
             .iter()
             .any(|o| o.held_down_until != 0 || o.report_markdowns != 0);
         let lost = self.osds.iter().any(|o| o.lost_at != 0);
-        self.encode_as(if lost {
+        self.encode_as(if !self.pg_temp.is_empty() {
             MAP_FORMAT_VERSION
+        } else if lost {
+            MAP_FORMAT_V6
         } else if held {
             MAP_FORMAT_V5
         } else {
@@ -479,6 +482,15 @@ impl OsdMap {
                 e.u32(pg.pool).u32(pg.seed).count(items.len());
                 for (from, to) in items {
                     e.u32(*from).u32(*to);
+                }
+            }
+        }
+        if version > MAP_FORMAT_V6 {
+            e.count(self.pg_temp.len());
+            for (pg, osds) in &self.pg_temp {
+                e.u32(pg.pool).u32(pg.seed).count(osds.len());
+                for id in osds {
+                    e.u32(*id);
                 }
             }
         }
@@ -608,12 +620,33 @@ impl OsdMap {
                 }
             }
         }
+        let mut pg_temp = PgTemps::new();
+        if version > MAP_FORMAT_V6 {
+            let n = d.count("temporary acting set count", UPMAPS_MAX)?;
+            for _ in 0..n {
+                let pg = PgId {
+                    pool: d.u32("temporary acting set pool")?,
+                    seed: d.u32("temporary acting set pg")?,
+                };
+                let k = d.count("temporary acting set size", REPLICA_SIZE_MAX as usize)?;
+                let mut osds = Vec::with_capacity(k);
+                for _ in 0..k {
+                    osds.push(d.u32("temporary acting set osd")?);
+                }
+                if pg_temp.insert(pg, osds).is_some() {
+                    return Err(MapError::Invalid(format!(
+                        "pg {pg:?} has two temporary acting sets"
+                    )));
+                }
+            }
+        }
         d.finish("cluster map")?;
         let map = OsdMap {
             epoch,
             osds,
             pools,
             upmaps,
+            pg_temp,
         };
         map.validate()?;
         Ok(map)
@@ -651,10 +684,7 @@ mod tests {
         m.osds[2].up = false;
         m.osds[2].lost_at = 3;
         let encoded = m.encode();
-        assert_eq!(
-            u16::from_le_bytes([encoded[4], encoded[5]]),
-            MAP_FORMAT_VERSION
-        );
+        assert_eq!(u16::from_le_bytes([encoded[4], encoded[5]]), MAP_FORMAT_V6);
         assert_eq!(OsdMap::decode(encoded).unwrap(), m);
         let old = OsdMap::decode(m.encode_as(MAP_FORMAT_V5)).unwrap();
         assert_eq!(old.osds[2].lost_at, 0);
@@ -687,6 +717,7 @@ mod tests {
                 min_size: 1,
             }],
             upmaps: Default::default(),
+            pg_temp: Default::default(),
         }
     }
 

@@ -160,6 +160,7 @@ pub(crate) mod tests {
                 min_size: 1,
             }],
             upmaps: Default::default(),
+            pg_temp: Default::default(),
         }
     }
 

@@ -134,6 +134,7 @@ fn map(epoch: u32) -> OsdMap {
             min_size: 1,
         }],
         upmaps: Default::default(),
+        pg_temp: Default::default(),
     }
 }
 

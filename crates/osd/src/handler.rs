@@ -691,6 +691,7 @@ mod tests {
                 osds: vec![],
                 pools: vec![],
                 upmaps: Default::default(),
+                pg_temp: Default::default(),
             };
             let shard = Shard {
                 osd: 0,

@@ -280,6 +280,7 @@ fn requests_to_an_osd_with_another_key_fail_as_authentication_errors_at_once() {
             min_size: 1,
         }],
         upmaps: Default::default(),
+        pg_temp: Default::default(),
     };
     let osds: Vec<Osd> = (0..2)
         .map(|id| {

@@ -30,6 +30,7 @@ fn two_osd_map() -> OsdMap {
             min_size: 1,
         }],
         upmaps: Default::default(),
+        pg_temp: Default::default(),
     }
 }
 

@@ -36,6 +36,7 @@ fn start_with(reactors: usize, connections_max: u32) -> (Osd, OsdMap) {
             min_size: 1,
         }],
         upmaps: Default::default(),
+        pg_temp: Default::default(),
     };
     let osd = Osd::start(OsdConfig {
         reactor_cpus: vec![None; reactors],
@@ -286,6 +287,7 @@ fn start_fails_clearly_when_the_endpoint_is_taken() {
             min_size: 1,
         }],
         upmaps: Default::default(),
+        pg_temp: Default::default(),
     };
     let err = Osd::start(OsdConfig::in_memory(0, map, 1 << 20))
         .err()

@@ -29,6 +29,7 @@ where
             min_size: 1,
         }],
         upmaps: Default::default(),
+        pg_temp: Default::default(),
     };
     let osd = Osd::start(OsdConfig {
         reactor_cpus: vec![None, None],

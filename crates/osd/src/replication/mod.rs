@@ -390,7 +390,7 @@ pub(crate) async fn start<S: ObjectStore + 'static>(shard: &Rc<Shard<S>>) -> Res
 }
 
 /// The PGs of pools with more than one copy that this reactor serves in `map`: those placed
-/// on this OSD that hash to this reactor.
+/// on this OSD, or given to it by a temporary acting set, that hash to this reactor.
 fn placed_here(map: &OsdMap, osd: OsdId, reactor: u32) -> Vec<(PgId, u8)> {
     let Some(me) = map.osd(osd) else {
         return Vec::new();
@@ -402,7 +402,8 @@ fn placed_here(map: &OsdMap, osd: OsdId, reactor: u32) -> Vec<(PgId, u8)> {
         .flat_map(|p| (0..p.pg_num).map(move |seed| (PgId { pool: p.id, seed }, p.size)))
         .filter(|(pg, size)| {
             pg_to_reactor_index(*pg, reactors) == reactor
-                && map.pg_placement(*pg, *size).contains(&osd)
+                && (map.pg_placement(*pg, *size).contains(&osd)
+                    || map.pg_temp.get(pg).is_some_and(|t| t.contains(&osd)))
         })
         .collect()
 }

@@ -81,6 +81,7 @@ pub fn three_osd_map(reactors: usize) -> OsdMap {
             min_size: 2,
         }],
         upmaps: Default::default(),
+        pg_temp: Default::default(),
     }
 }
 
