@@ -292,6 +292,8 @@ fn map() -> OsdMap {
         ]
         .into_iter()
         .collect(),
+        // A temporary acting set (map format 7), as `pg temp` or priming writes it.
+        pg_temp: [(PgId { pool: 1, seed: 5 }, vec![2, 0])].into_iter().collect(),
     }
 }
 

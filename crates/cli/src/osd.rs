@@ -374,6 +374,9 @@ pub fn run(a: OsdArgs, access: &carmine_localcluster::EtcdAccessArgs) -> Result<
         idle_timeout: Some(a.idle_timeout).filter(|t| !t.is_zero()),
         auth_key,
         pg_history: Some(source.pg_history()?),
+        release_temp: Some(std::sync::Arc::new(crate::osd_control::MapTempReleaser(
+            source.clone(),
+        ))),
         scrub: carmine_osd::ScrubSchedule {
             light: Some(a.scrub_interval).filter(|t| !t.is_zero()),
             deep: Some(a.deep_scrub_interval).filter(|t| !t.is_zero()),

@@ -216,12 +216,14 @@ fn refuse_single_copy_moves(
 }
 
 /// `next` as the epoch after `map`, unless it moves PGs of a single-copy pool without leave.
+/// The PGs it moves are served by their complete copies while the new ones are filled.
 fn successor(
     map: &OsdMap,
     mut next: OsdMap,
     allow_moves: bool,
 ) -> Result<Option<OsdMap>, carmine_mapstore::MapStoreError> {
     refuse_single_copy_moves(map, &next, allow_moves)?;
+    next.prime_temps(map);
     next.epoch = map.epoch + 1;
     Ok(Some(next))
 }
@@ -545,6 +547,7 @@ fn set_in(dir: &std::path::Path, ids: &[u32], in_: bool, allow_moves: bool) -> R
             return Ok(None);
         }
         refuse_single_copy_moves(map, &next, allow_moves)?;
+        next.prime_temps(map);
         next.epoch = map.epoch + 1;
         before = Some(map.clone());
         if !next.osds.iter().any(|o| o.in_) {

@@ -20,6 +20,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 /// Where the OSD's map comes from.
+#[derive(Clone)]
 pub enum MapSource {
     File(std::path::PathBuf),
     Etcd {
@@ -87,6 +88,41 @@ impl MapSource {
                 access,
             } => Box::new(EtcdMapStore::with_access(endpoints, access, cluster)?),
         })
+    }
+}
+
+/// Removes temporary acting sets from the map the OSD follows, for its primaries whose
+/// backfill targets are full (`carmine_osd::ReleaseTemp`).
+pub struct MapTempReleaser(pub MapSource);
+
+impl std::fmt::Debug for MapTempReleaser {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "MapTempReleaser({})", self.0.describe())
+    }
+}
+
+impl carmine_osd::ReleaseTemp for MapTempReleaser {
+    fn release(
+        &self,
+        pg: carmine_types::PgId,
+        acting: &[u32],
+        filled: &[u32],
+    ) -> Result<bool, String> {
+        let store = self.0.open().map_err(|e| format!("{e:#}"))?;
+        let mut released = false;
+        carmine_mapstore::update(store.as_ref(), 10, |current| {
+            released = false;
+            let Some(map) = current else { return Ok(None) };
+            let mut next = map.clone();
+            if !next.release_temp(pg, acting, filled) {
+                return Ok(None);
+            }
+            next.epoch = map.epoch + 1;
+            released = true;
+            Ok(Some(next))
+        })
+        .map_err(|e| e.to_string())?;
+        Ok(released)
     }
 }
 

@@ -264,7 +264,8 @@ fn set_temp(a: &TempArgs) -> Result<()> {
         let map = current.ok_or_else(|| invalid("the cluster has no map".into()))?;
         let (pg, pool) = pg_of(map, &a.pgid).map_err(|e| invalid(format!("{e:#}")))?;
         let mut next = map.clone();
-        if a.osds.is_empty() {
+        // A set that says what placement says is no set (and would only force format 7).
+        if a.osds.is_empty() || a.osds == map.pg_placement(pg, pool.size) {
             if next.pg_temp.remove(&pg).is_none() {
                 return Ok(None);
             }

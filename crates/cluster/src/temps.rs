@@ -2,7 +2,7 @@
 //! a PG is being filled, the PG is served by OSDs that hold it complete, and the copies that
 //! placement wants but that are not acting yet are its backfill targets.
 
-use crate::map::{MapError, OsdMap, REPLICA_SIZE_MAX};
+use crate::map::{MapError, OsdMap};
 use carmine_types::{OsdId, PgId};
 use std::collections::BTreeMap;
 
@@ -19,15 +19,24 @@ impl OsdMap {
     }
 
     /// The acting set of a PG, primary first: the up members of its temporary acting set if
-    /// it has one with an OSD up, its up set otherwise.
+    /// it has one with an OSD up, its up set otherwise — and the up set too when the set's
+    /// up members are fewer than the pool's `min_size` and the up set has enough (the PG
+    /// serves, recovering from whoever holds the data, rather than wait on a set that lost
+    /// its copies). A pool of one copy never follows a set: its only copy is where placement
+    /// put it.
     pub fn pg_osds(&self, pg: PgId, size: u8) -> Vec<OsdId> {
+        let up_set = self.pg_up(pg, size);
+        if size < 2 {
+            return up_set;
+        }
         if let Some(temp) = self.pg_temp.get(&pg) {
             let up: Vec<OsdId> = temp.iter().copied().filter(|id| self.is_up(*id)).collect();
-            if !up.is_empty() {
+            let min_size = self.pool(pg.pool).map_or(1, |p| p.min_size) as usize;
+            if !up.is_empty() && (up.len() >= min_size || up_set.len() < min_size) {
                 return up;
             }
         }
-        self.pg_up(pg, size)
+        up_set
     }
 
     /// The members of a PG's up set that are not acting: the copies being filled while a
@@ -50,7 +59,9 @@ impl OsdMap {
             osds.retain(|id| known.contains(id));
             let keep = match self.pool(pg.pool) {
                 Ok(p) => {
-                    pg.seed < p.pg_num
+                    p.size > 1
+                        && osds.len() <= p.size as usize
+                        && pg.seed < p.pg_num
                         && !osds.is_empty()
                         && *osds != self.pg_placement(*pg, p.size)
                 }
@@ -65,18 +76,85 @@ impl OsdMap {
         gone
     }
 
+    /// Keeps complete copies serving where this map moves PGs that `before` placed
+    /// elsewhere (Ceph's pg_temp priming; decision 0015): a PG of a pool with more than one
+    /// copy whose placement changed, and places copies on OSDs its acting set in `before`
+    /// did not have, is served by that acting set (its OSDs still up, in its order) while the
+    /// new copies are filled as backfill targets (from when their OSD is up: one just added
+    /// is down until it starts), if those are at least `min_size`; otherwise it goes to its
+    /// up set. PGs whose placement did not change keep what they have. Returns how many PGs
+    /// have a temporary acting set now.
+    pub fn prime_temps(&mut self, before: &OsdMap) -> usize {
+        let pgs: Vec<(PgId, u8, u8)> = self
+            .pools
+            .iter()
+            .filter(|p| p.size > 1)
+            .flat_map(|p| {
+                (0..p.pg_num).map(move |seed| (PgId { pool: p.id, seed }, p.size, p.min_size))
+            })
+            .collect();
+        for (pg, size, min_size) in pgs {
+            if before.pool(pg.pool).is_err()
+                || before.pg_placement(pg, size) == self.pg_placement(pg, size)
+            {
+                continue;
+            }
+            let serving: Vec<OsdId> = before
+                .pg_osds(pg, size)
+                .into_iter()
+                .filter(|id| self.is_up(*id))
+                .collect();
+            let placed = self.pg_placement(pg, size);
+            if serving.len() >= min_size as usize && placed.iter().any(|id| !serving.contains(id)) {
+                self.pg_temp.insert(pg, serving);
+            } else {
+                self.pg_temp.remove(&pg);
+            }
+        }
+        self.clean_temps();
+        self.pg_temp.len()
+    }
+
+    /// Removes `pg`'s temporary acting set once its primary filled the backfill targets
+    /// `filled` while serving from `acting`: only if the map still serves the PG from that set
+    /// and every backfill target it has now is one of those filled (a target added since is
+    /// not full yet). True if it was removed.
+    pub fn release_temp(&mut self, pg: PgId, acting: &[OsdId], filled: &[OsdId]) -> bool {
+        let Ok(size) = self.pool(pg.pool).map(|p| p.size) else {
+            return false;
+        };
+        if !self.pg_temp.contains_key(&pg)
+            || self.pg_osds(pg, size) != acting
+            || !self
+                .pg_backfill_targets(pg, size)
+                .iter()
+                .all(|t| filled.contains(t))
+        {
+            return false;
+        }
+        self.pg_temp.remove(&pg);
+        true
+    }
+
     pub(crate) fn validate_temps(&self) -> Result<(), MapError> {
         let invalid = |s: String| Err(MapError::Invalid(s));
         for (pg, osds) in &self.pg_temp {
-            match self.pools.iter().find(|p| p.id == pg.pool) {
-                Some(p) if pg.seed < p.pg_num => {}
+            let size = match self.pools.iter().find(|p| p.id == pg.pool) {
+                Some(p) if pg.seed < p.pg_num => p.size,
                 _ => {
                     return invalid(format!(
                         "a temporary acting set names pg {pg:?}, which no pool has"
                     ))
                 }
+            };
+            if size < 2 {
+                // Its one copy is where placement put it: served elsewhere, the PG would
+                // answer without its data.
+                return invalid(format!(
+                    "pg {pg:?} of a single-copy pool has a temporary acting set"
+                ));
             }
-            if osds.is_empty() || osds.len() > REPLICA_SIZE_MAX as usize {
+            if osds.is_empty() || osds.len() > size as usize {
                 return invalid(format!(
                     "pg {pg:?} has a temporary acting set of {} OSDs",
                     osds.len()
@@ -154,12 +232,22 @@ mod tests {
         // Its down members drop out of it, in order ...
         m.osds.iter_mut().find(|o| o.id == temp[0]).unwrap().up = false;
         assert_eq!(m.pg_osds(PG, 3), temp[1..].to_vec());
-        // ... and with none of them up, the up set serves.
+        // ... and with fewer of them up than min_size (2), the up set serves if it has enough.
+        m.osds.iter_mut().find(|o| o.id == temp[1]).unwrap().up = false;
+        let up_now = m.pg_up(PG, 3);
+        assert!(up_now.len() >= 2, "{up_now:?}");
+        assert_eq!(m.pg_osds(PG, 3), up_now);
+        assert!(m.pg_backfill_targets(PG, 3).is_empty());
+        // With the up set short too, what the set has left serves (it holds the data).
+        let mut short = m.clone();
+        for id in up_now.iter().filter(|id| **id != temp[2]) {
+            short.osds.iter_mut().find(|o| o.id == *id).unwrap().up = false;
+        }
+        assert_eq!(short.pg_osds(PG, 3), vec![temp[2]]);
         for id in &temp {
             m.osds.iter_mut().find(|o| o.id == *id).unwrap().up = false;
         }
         assert_eq!(m.pg_osds(PG, 3), m.pg_up(PG, 3));
-        assert!(m.pg_backfill_targets(PG, 3).is_empty());
     }
 
     #[test]
@@ -190,9 +278,103 @@ mod tests {
         assert!(bad(7, vec![1, 2, 1]).contains("names osd.1 twice"));
         assert!(bad(7, vec![]).contains("of 0 OSDs"));
         assert!(bad(32, vec![1]).contains("which no pool has"));
+        assert!(bad(7, vec![0, 1, 2, 3]).contains("of 4 OSDs"));
+        let mut single = map();
+        single.pools[0].size = 1;
+        single.pools[0].min_size = 1;
+        single.pg_temp.insert(PG, vec![3]);
+        let err = single.validate().unwrap_err().to_string();
+        assert!(err.contains("single-copy pool"), "{err}");
+        single.pg_temp.clear();
+        assert_eq!(single.pg_osds(PG, 1), single.pg_up(PG, 1));
         let mut m = map();
         m.pg_temp.insert(PG, vec![3, 1]);
         m.validate().unwrap();
+    }
+
+    #[test]
+    fn a_set_is_released_only_as_its_primary_saw_it_with_every_target_filled() {
+        let mut m = map();
+        let temp = other_set(&m);
+        m.pg_temp.insert(PG, temp.clone());
+        let target = m.pg_backfill_targets(PG, 3);
+        // Another acting set, or a target not filled: kept.
+        assert!(!m.release_temp(PG, &temp[..2], &target));
+        assert!(!m.release_temp(PG, &temp, &[]));
+        assert!(!m.release_temp(PgId { pool: 1, seed: 8 }, &temp, &target));
+        assert!(m.release_temp(PG, &temp, &target));
+        assert!(!m.pg_temp.contains_key(&PG));
+        assert!(
+            !m.release_temp(PG, &temp, &target),
+            "nothing left to release"
+        );
+    }
+
+    #[test]
+    fn a_new_osd_is_filled_while_the_copies_it_replaces_serve() {
+        let mut before = map();
+        before.osds.retain(|o| o.id != 3);
+        before.epoch = 5;
+        let mut after = before.clone();
+        // Added down (it starts later): its PGs keep their copies serving, no target yet.
+        after.osds.push(OsdInfo {
+            up: false,
+            ..OsdInfo::new(3, "h3", vec!["127.0.0.1:6803".parse().unwrap()])
+        });
+        assert!(after.prime_temps(&before) > 0);
+        for pg in after.all_pgs() {
+            assert_eq!(after.pg_osds(pg, 3), before.pg_osds(pg, 3), "pg {pg}");
+            assert!(after.pg_backfill_targets(pg, 3).is_empty());
+        }
+        // Up: a target of every PG placed on it. (Marking up moves no placement.)
+        after.osds.iter_mut().find(|o| o.id == 3).unwrap().up = true;
+        let primed = after.pg_temp.clone();
+        after.prime_temps(&after.clone());
+        assert_eq!(after.pg_temp, primed);
+        let mut moved = 0;
+        for pg in after.all_pgs() {
+            let acting = after.pg_osds(pg, 3);
+            assert_eq!(
+                acting,
+                before.pg_osds(pg, 3),
+                "pg {pg}: the same copies serve"
+            );
+            let targets = after.pg_backfill_targets(pg, 3);
+            if after.pg_up(pg, 3).contains(&3) {
+                moved += 1;
+                assert_eq!(targets, vec![3], "pg {pg}");
+            } else {
+                assert!(targets.is_empty() && !after.pg_temp.contains_key(&pg));
+            }
+        }
+        assert!(moved > 0 && moved == after.pg_temp.len(), "{moved}");
+        after.validate().unwrap();
+
+        // A PG whose old copies are down but for one (below min_size 2) goes to its up set.
+        let pg = *after.pg_temp.keys().next().unwrap();
+        let mut again = after.clone();
+        let old = before.pg_osds(pg, 3);
+        for id in &old[1..] {
+            again.osds.iter_mut().find(|o| o.id == *id).unwrap().up = false;
+        }
+        again.osds.iter_mut().find(|o| o.id == 3).unwrap().in_ = false;
+        let mut primed = again.clone();
+        primed.prime_temps(&after);
+        assert_ne!(primed.pg_placement(pg, 3), after.pg_placement(pg, 3));
+        assert!(
+            !primed.pg_temp.contains_key(&pg),
+            "{:?}",
+            primed.pg_temp.get(&pg)
+        );
+
+        // Single-copy pools are never primed (their one copy does not replicate).
+        let mut one = before.clone();
+        one.pools[0].size = 1;
+        one.pools[0].min_size = 1;
+        let mut one_after = after.clone();
+        one_after.pg_temp.clear();
+        one_after.pools = one.pools.clone();
+        assert_eq!(one_after.prime_temps(&one), 0);
     }
 
     #[test]

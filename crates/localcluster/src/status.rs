@@ -61,6 +61,8 @@ struct Usage {
     peering: u64,
     to_recover: u64,
     unfound: u64,
+    /// Objects the backfill targets still lack (copies being filled).
+    misplaced: u64,
     /// PGs waiting as incomplete: every copy of some recorded interval came back empty.
     incomplete: u64,
     /// PGs waiting for down OSDs of their recorded intervals.
@@ -88,6 +90,7 @@ impl Usage {
         self.active += o.active;
         self.peering += o.peering;
         self.to_recover += o.to_recover;
+        self.misplaced += o.misplaced;
         self.unfound += o.unfound;
         self.incomplete += o.incomplete;
         self.down += o.down;
@@ -130,6 +133,7 @@ fn scrape_usage(addr: &str) -> Option<Usage> {
         active: sum("carmine_osd_pgs_active"),
         peering: sum("carmine_osd_pgs_peering"),
         to_recover: sum("carmine_osd_objects_to_recover"),
+        misplaced: sum("carmine_osd_objects_misplaced"),
         unfound: sum("carmine_osd_objects_unfound"),
         incomplete: sum("carmine_osd_pgs_incomplete"),
         down: sum("carmine_osd_pgs_down"),
@@ -376,6 +380,23 @@ pub fn status(dir: &Path) -> Result<Status> {
                 usage.to_recover,
                 bps / (1u64 << 20) as f64,
                 ops
+            ),
+        );
+    }
+    // Copies being filled while complete ones serve (decision 0015): nothing is at risk, but
+    // data moves until the temporary acting sets go (Ceph's OBJECT_MISPLACED).
+    let temps = map
+        .pg_temp
+        .keys()
+        .filter(|pg| map.pool(pg.pool).is_ok())
+        .count();
+    if temps > 0 || usage.misplaced > 0 {
+        checks.add(
+            Health::Warn,
+            format!(
+                "Data movement: {temps} pgs served by temporary acting sets while their new \
+                 copies are filled; {} objects misplaced (still to copy there)",
+                usage.misplaced
             ),
         );
     }

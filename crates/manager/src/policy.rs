@@ -120,6 +120,9 @@ pub fn next_epoch(
     if reasons.is_empty() {
         return None;
     }
+    // PGs moved by an OSD marked out (or in again) are served by their complete copies while
+    // the new ones are filled (decision 0015).
+    next.prime_temps(map);
     next.epoch = map.epoch + 1;
     Some(NextEpoch { map: next, reasons })
 }

@@ -40,6 +40,10 @@ pub struct OsdConfig {
     /// Where PGs' histories are recorded (the map store). Required for pools of more than one
     /// copy: without it their PGs never peer and take no requests.
     pub pg_history: Option<crate::SharedHistoryStore>,
+    /// How a primary removes its PG's temporary acting set from the map once it filled the
+    /// PG's backfill targets (decision 0015). `None`: the sets stay until someone else removes
+    /// them.
+    pub release_temp: Option<crate::TempReleaser>,
     /// When replicated PGs are scrubbed on their own.
     pub scrub: crate::ScrubSchedule,
     /// How fast replicated PGs recover in the background.
@@ -74,6 +78,7 @@ impl OsdConfig {
             idle_timeout: Some(IDLE_TIMEOUT_DEFAULT),
             auth_key: None,
             pg_history: None,
+            release_temp: None,
             scrub: Default::default(),
             recovery: Default::default(),
             read_lease: crate::READ_LEASE_DEFAULT,
@@ -212,8 +217,12 @@ impl Osd {
                 senders.push(tx);
                 answers.push(rx);
             }
-            history_clients = crate::replication::history::start(store.clone(), senders)
-                .map_err(|source| OsdError::Spawn { id: cfg.id, source })?;
+            history_clients = crate::replication::history::start(
+                store.clone(),
+                cfg.release_temp.clone(),
+                senders,
+            )
+            .map_err(|source| OsdError::Spawn { id: cfg.id, source })?;
         }
         let mut answers = answers.into_iter();
         let mut history_clients = history_clients.into_iter();

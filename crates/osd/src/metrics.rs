@@ -71,6 +71,8 @@ pub(crate) struct PgStates {
     /// Objects its copies still have to fetch, and those no member heard from holds.
     pub to_recover: u64,
     pub unfound: u64,
+    /// Objects its copies that are backfill targets still have to fetch (decision 0015).
+    pub misplaced: u64,
     /// Active PGs whose primary went longer than a lease without hearing every copy.
     pub unleased: u64,
 }
@@ -110,6 +112,7 @@ pub struct ReactorMetrics {
     pgs_active: AtomicU64,
     pgs_peering: AtomicU64,
     objects_to_recover: AtomicU64,
+    objects_misplaced: AtomicU64,
     objects_unfound: AtomicU64,
     pgs_unleased: AtomicU64,
     pgs_incomplete: AtomicU64,
@@ -226,6 +229,8 @@ impl ReactorMetrics {
         self.pgs_down.store(states.down, Ordering::Relaxed);
         self.objects_to_recover
             .store(states.to_recover, Ordering::Relaxed);
+        self.objects_misplaced
+            .store(states.misplaced, Ordering::Relaxed);
         self.objects_unfound
             .store(states.unfound, Ordering::Relaxed);
     }
@@ -536,6 +541,14 @@ pub fn render(osd: u32, reactors: &[ReactorSource]) -> String {
         "gauge",
         "Objects this reactor's PG copies still have to fetch from another member.",
         &|r| load(&r.metrics.objects_to_recover).to_string(),
+    );
+    per_reactor(
+        &mut t,
+        "carmine_osd_objects_misplaced",
+        "gauge",
+        "Objects this reactor's copies that are backfill targets (copies being filled while a \
+         temporary acting set serves their PG) still have to fetch.",
+        &|r| load(&r.metrics.objects_misplaced).to_string(),
     );
     per_reactor(
         &mut t,

@@ -104,6 +104,8 @@ pub struct Member {
     pub les: u32,
     epoch: u32,
     acting: Vec<OsdId>,
+    /// The PG's backfill targets in this epoch (see [`Event::Map`]).
+    targets: Vec<OsdId>,
     history: Vec<Interval>,
     min_size: usize,
     role: Role,
@@ -206,6 +208,7 @@ impl Member {
             les: 0,
             epoch: 0,
             acting: Vec::new(),
+            targets: Vec::new(),
             history: Vec::new(),
             min_size: 1,
             role: Role::Stray,
@@ -692,10 +695,14 @@ impl Member {
             Event::Map {
                 epoch,
                 acting,
+                targets,
                 history,
                 min_size,
                 lost,
-            } => self.on_map(epoch, acting, history, min_size, lost, &mut out),
+            } => {
+                self.on_map(epoch, acting, history, min_size, lost, &mut out);
+                self.on_targets(targets, &mut out);
+            }
             Event::Msg { from, msg } => self.on_msg(from, msg, &mut out),
             Event::Recorded { epoch } => {
                 if epoch == self.epoch {
@@ -897,7 +904,8 @@ impl Member {
             Role::Activating { acked, recorded } => {
                 // Lost activations are sent again (they are idempotent).
                 let (acked, recorded) = (acked.clone(), *recorded);
-                for &o in self.acting.iter().filter(|o| !acked.contains(o)) {
+                let copies = self.acting.iter().chain(&self.targets);
+                for &o in copies.filter(|o| !acked.contains(o)) {
                     out.push(self.activation(o));
                 }
                 if !recorded {
@@ -909,7 +917,8 @@ impl Member {
                 // A member activated again and not heard from since: its activation again.
                 // One said to lack objects: asked whether it still does (its reports may
                 // have been lost, or overtaken by its activation's acknowledgement).
-                for &o in self.acting.iter().filter(|o| **o != self.osd) {
+                let copies = self.acting.iter().chain(&self.targets);
+                for &o in copies.filter(|o| **o != self.osd) {
                     match self.peer_missing.get(&o) {
                         Some(Some(m)) if m.is_empty() => {}
                         Some(Some(m)) => out.push(Action::Send {
@@ -1052,7 +1061,9 @@ impl Member {
         self.activation_persist = self.persist(Persisting::History { source }, out);
         self.peer_missing.clear();
         self.acked_head.clear();
-        self.member_round = self.acting.iter().map(|o| (*o, self.round)).collect();
+        self.member_round = (self.acting.iter().chain(&self.targets))
+            .map(|o| (*o, self.round))
+            .collect();
         self.role = Role::Activating {
             acked: [self.osd].into(),
             recorded: false,
@@ -1109,7 +1120,7 @@ impl Member {
                 if epoch == self.epoch
                     && self.role == Role::Stray
                     && self.acting.first() == Some(&from)
-                    && self.acting.contains(&self.osd) =>
+                    && self.copy_of_interval(self.osd) =>
             {
                 out.push(Action::Send {
                     to: from,
@@ -1239,7 +1250,7 @@ impl Member {
             Msg::Recovered { epoch, round, oid } => {
                 if epoch == self.epoch
                     && self.member_round.get(&from) == Some(&round)
-                    && self.acting.contains(&from)
+                    && self.copy_of_interval(from)
                 {
                     if let Some(Some(m)) = self.peer_missing.get_mut(&from) {
                         m.remove(&oid);
@@ -1309,7 +1320,7 @@ impl Member {
             Msg::NotActive { epoch } => {
                 // The history of this interval is the primary's: the member takes it whole,
                 // in a new round, so that what it said before restarting no longer counts.
-                if epoch == self.epoch && self.role == Role::Active && self.acting.contains(&from) {
+                if epoch == self.epoch && self.role == Role::Active && self.copy_of_interval(from) {
                     if self.peer_missing.get(&from) != Some(&None) {
                         self.round += 1;
                         self.member_round.insert(from, self.round);
@@ -1434,8 +1445,9 @@ impl Member {
         };
         self.apply(&entry);
         self.persist(Persisting::Entry(entry.version), out);
-        // Every acting member, this one included: done once durable everywhere.
-        let waiting: BTreeSet<OsdId> = self.acting.iter().copied().collect();
+        // Every acting member, this one included, and every backfill target (its log entry
+        // only, if it lacks the object): done once durable everywhere.
+        let waiting: BTreeSet<OsdId> = self.acting.iter().chain(&self.targets).copied().collect();
         for &o in waiting.iter().filter(|o| **o != self.osd) {
             out.push(Action::Send {
                 to: o,
@@ -1454,13 +1466,67 @@ impl Member {
         self.ack_done(out);
     }
 
+    /// A member of this interval's copies: acting, or a backfill target.
+    fn copy_of_interval(&self, o: OsdId) -> bool {
+        self.acting.contains(&o) || self.targets.contains(&o)
+    }
+
+    /// The backfill targets of a new epoch. A primary that stays active activates the new
+    /// ones and stops waiting for those that are no longer targets (gone down, or acting
+    /// now: then the interval changed anyway); a target that is no longer one stops taking
+    /// the primary's writes.
+    fn on_targets(&mut self, targets: Vec<OsdId>, out: &mut Vec<Action>) {
+        let targets: Vec<OsdId> = targets
+            .into_iter()
+            .filter(|o| !self.acting.contains(o))
+            .collect();
+        if targets == self.targets {
+            return;
+        }
+        let old = std::mem::replace(&mut self.targets, targets);
+        if self.role == Role::Replica && !self.copy_of_interval(self.osd) {
+            self.role = Role::Stray;
+        }
+        if !matches!(self.role, Role::Active | Role::Activating { .. }) {
+            return;
+        }
+        let dropped: Vec<OsdId> = old
+            .iter()
+            .copied()
+            .filter(|o| !self.copy_of_interval(*o))
+            .collect();
+        for o in &dropped {
+            self.peer_missing.remove(o);
+            self.acked_head.remove(o);
+            self.member_round.remove(o);
+            for p in &mut self.pending {
+                p.waiting.remove(o);
+                p.lacking.remove(o);
+            }
+        }
+        for &o in &self.targets {
+            if !old.contains(&o) {
+                self.member_round.insert(o, self.round);
+                self.peer_missing.insert(o, None);
+                self.acked_head.remove(&o);
+                out.push(self.activation(o));
+            }
+        }
+        self.ack_done(out);
+    }
+
     /// Acknowledges in version order: a write is done once it and every earlier one are on
     /// every acting member, with their data on `min_size` of them at least.
     fn ack_done(&mut self, out: &mut Vec<Action>) {
-        let (acting, min_size) = (self.acting.len(), self.min_size);
-        while self.pending.first().is_some_and(|p| {
-            p.waiting.is_empty() && acting.saturating_sub(p.lacking.len()) >= min_size
-        }) {
+        let (acting, min_size) = (&self.acting, self.min_size);
+        // Backfill targets count toward neither side: their data is not a copy yet.
+        let holders =
+            |p: &Pending| acting.len() - acting.iter().filter(|o| p.lacking.contains(o)).count();
+        while self
+            .pending
+            .first()
+            .is_some_and(|p| p.waiting.is_empty() && holders(p) >= min_size)
+        {
             let p = self.pending.remove(0);
             out.push(Action::Ack {
                 req: p.req,

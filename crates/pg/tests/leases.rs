@@ -59,6 +59,7 @@ fn two_members(earlier_until: u64) -> Vec<Member> {
     let map = Event::Map {
         epoch: 1,
         acting: vec![0, 1],
+        targets: Vec::new(),
         history: Some(Vec::new()),
         min_size: 1,
         lost: Default::default(),
@@ -115,6 +116,7 @@ fn a_replica_reports_its_promise_to_the_old_primary_and_not_to_the_one_asking() 
     let map = Event::Map {
         epoch: 2,
         acting: vec![2, 1],
+        targets: Vec::new(),
         history: Some(Vec::new()),
         min_size: 1,
         lost: Default::default(),
@@ -150,6 +152,7 @@ fn a_restarted_member_takes_its_earlier_promises_to_run_a_lease_past_its_start()
         Event::Map {
             epoch: 3,
             acting: vec![2, 1],
+            targets: Vec::new(),
             history: Some(Vec::new()),
             min_size: 1,
             lost: Default::default(),
@@ -176,6 +179,7 @@ fn a_new_primary_goes_active_only_after_the_promises_it_heard_of_ran_out() {
     let map = Event::Map {
         epoch: 2,
         acting: vec![1],
+        targets: Vec::new(),
         history: Some(Vec::new()),
         min_size: 1,
         lost: Default::default(),
@@ -246,6 +250,7 @@ fn a_primary_names_members_it_waits_on_with_how_long_they_have_been_silent() {
     let map = Event::Map {
         epoch: 3,
         acting: vec![0, 1],
+        targets: Vec::new(),
         history: Some(Vec::new()),
         min_size: 1,
         lost: Default::default(),
@@ -270,6 +275,7 @@ fn a_replica_with_a_shorter_lease_is_pinged_often_enough_and_forgets_pings_when_
     let map = Event::Map {
         epoch: 1,
         acting: vec![0, 1],
+        targets: Vec::new(),
         history: Some(Vec::new()),
         min_size: 1,
         lost: Default::default(),

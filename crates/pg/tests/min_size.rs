@@ -12,6 +12,7 @@ fn map(epoch: u32, min_size: usize) -> Event {
     Event::Map {
         epoch,
         acting: vec![0, 1],
+        targets: Vec::new(),
         history: Some(Vec::new()),
         min_size,
         lost: Default::default(),

@@ -238,6 +238,7 @@ impl Sim {
         let ev = Event::Map {
             epoch: self.epoch,
             acting: self.acting.clone(),
+            targets: Vec::new(),
             history: read_with_map.then(|| self.history.clone()),
             min_size: self.shape.min_size,
             lost: Default::default(),

@@ -40,6 +40,7 @@ fn map(epoch: u32, acting: Vec<u32>) -> Event {
     Event::Map {
         epoch,
         acting,
+        targets: Vec::new(),
         history: Some(Vec::new()),
         min_size: 1,
         lost: Default::default(),
@@ -143,6 +144,7 @@ fn a_give_up_passes_intervals_whose_copies_came_back_empty_never_unheard_ones() 
     let epoch2 = Event::Map {
         epoch: 2,
         acting: vec![2, 3],
+        targets: Vec::new(),
         history: Some(history),
         min_size: 1,
         lost: Default::default(),
@@ -179,6 +181,7 @@ fn an_osd_declared_lost_lets_a_give_up_pass_the_intervals_it_was_waited_for() {
     let at = |epoch: u32, lost: &[(u32, u32)]| Event::Map {
         epoch,
         acting: vec![2, 3],
+        targets: Vec::new(),
         history: Some(history.clone()),
         min_size: 1,
         lost: lost.iter().copied().collect(),

@@ -6,7 +6,7 @@
 use carmine_mapstore::{PgHistoryStore, Recorded};
 use carmine_pg::Interval;
 use carmine_reactor::MailboxSender;
-use carmine_types::PgId;
+use carmine_types::{OsdId, PgId};
 use std::sync::mpsc::{sync_channel, SyncSender, TrySendError};
 use std::sync::Arc;
 
@@ -16,6 +16,16 @@ const QUEUE: usize = 4096;
 pub(crate) const ANSWERS: usize = 1024;
 
 pub type SharedHistoryStore = Arc<dyn PgHistoryStore + Send + Sync>;
+
+/// Removes a PG's temporary acting set from the map (decision 0015, step 4).
+pub trait ReleaseTemp: std::fmt::Debug + Send + Sync {
+    /// Removes `pg`'s temporary acting set once its primary, serving from `acting`, filled
+    /// the backfill targets `filled` (`OsdMap::release_temp` says when it may). `Ok(false)`:
+    /// the map moved on meanwhile and keeps the set. Called on the map store's worker thread.
+    fn release(&self, pg: PgId, acting: &[OsdId], filled: &[OsdId]) -> Result<bool, String>;
+}
+
+pub type TempReleaser = Arc<dyn ReleaseTemp>;
 
 #[derive(Debug)]
 pub(crate) enum Ask {
@@ -35,6 +45,14 @@ pub(crate) enum Ask {
         pg: PgId,
         from: u32,
         epoch: u32,
+    },
+    /// The primary of `epoch`, serving from `acting`, filled the backfill targets `filled`:
+    /// its temporary acting set may go.
+    ReleaseTemp {
+        pg: PgId,
+        epoch: u32,
+        acting: Vec<OsdId>,
+        filled: Vec<OsdId>,
     },
 }
 
@@ -57,6 +75,12 @@ pub(crate) enum Answer {
     },
     Settled {
         pg: PgId,
+    },
+    /// The temporary acting set asked about in `epoch` went (`released`), or the map kept it.
+    Released {
+        pg: PgId,
+        epoch: u32,
+        released: bool,
     },
     /// The map store could not answer (unreachable, damaged record): asked again later.
     Failed {
@@ -86,6 +110,7 @@ impl HistoryClient {
 /// Starts the worker for `reactors` (one answer mailbox each); returns each reactor's client.
 pub(crate) fn start(
     store: SharedHistoryStore,
+    release: Option<TempReleaser>,
     mut reactors: Vec<MailboxSender<Answer>>,
 ) -> std::io::Result<Vec<HistoryClient>> {
     let (tx, rx) = sync_channel::<(usize, Ask)>(QUEUE);
@@ -100,7 +125,7 @@ pub(crate) fn start(
         .spawn(move || {
             // Ends when every reactor's client is gone (the OSD stopped).
             while let Ok((reactor, ask)) = rx.recv() {
-                let answer = answer(store.as_ref(), ask);
+                let answer = answer(store.as_ref(), release.as_ref(), ask);
                 if reactors[reactor].send_blocking(answer).is_err() {
                     // That reactor stopped; the others may still ask.
                     continue;
@@ -110,11 +135,16 @@ pub(crate) fn start(
     Ok(clients)
 }
 
-fn answer(store: &(dyn PgHistoryStore + Send + Sync), ask: Ask) -> Answer {
+fn answer(
+    store: &(dyn PgHistoryStore + Send + Sync),
+    release: Option<&TempReleaser>,
+    ask: Ask,
+) -> Answer {
     let (pg, epoch) = match &ask {
-        Ask::Get { pg, epoch } | Ask::Record { pg, epoch, .. } | Ask::Settle { pg, epoch, .. } => {
-            (*pg, *epoch)
-        }
+        Ask::Get { pg, epoch }
+        | Ask::Record { pg, epoch, .. }
+        | Ask::Settle { pg, epoch, .. }
+        | Ask::ReleaseTemp { pg, epoch, .. } => (*pg, *epoch),
     };
     let answered = match ask {
         Ask::Get { .. } => store.get(pg).map(|h| Answer::Got {
@@ -141,6 +171,23 @@ fn answer(store: &(dyn PgHistoryStore + Send + Sync), ask: Ask) -> Answer {
         Ask::Settle { from, .. } => store
             .settle(pg, from, epoch)
             .map(|_| Answer::Settled { pg }),
+        Ask::ReleaseTemp { acting, filled, .. } => {
+            let Some(release) = release else {
+                return Answer::Released {
+                    pg,
+                    epoch,
+                    released: false,
+                };
+            };
+            return match release.release(pg, &acting, &filled) {
+                Ok(released) => Answer::Released {
+                    pg,
+                    epoch,
+                    released,
+                },
+                Err(why) => Answer::Failed { pg, epoch, why },
+            };
+        }
     };
     answered.unwrap_or_else(|e| Answer::Failed {
         pg,

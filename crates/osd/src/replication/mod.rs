@@ -138,6 +138,9 @@ pub(crate) struct PgReplica {
     pub asked: Cell<Option<u32>>,
     pub recording: Cell<Option<u32>>,
     pub settled: Cell<u32>,
+    /// The epoch in which this primary asked for its temporary acting set to go (its backfill
+    /// targets were full).
+    pub released: Cell<u32>,
     /// The epoch in which the history was last read from the map store.
     pub fetched: Cell<u32>,
     /// Why this copy stopped (its store refused a change): it takes no more work.
@@ -210,6 +213,7 @@ impl PgReplica {
             asked: Cell::new(None),
             recording: Cell::new(None),
             settled: Cell::new(0),
+            released: Cell::new(0),
             fetched: Cell::new(0),
             broken: RefCell::new(None),
             rewrites: Cell::new(0),
@@ -471,6 +475,7 @@ fn feed_map<S: ObjectStore + 'static>(shard: &Rc<Shard<S>>, pgr: &Rc<PgReplica>,
         return;
     };
     let acting = map.pg_osds(pgr.pg, pool.size);
+    let targets = map.pg_backfill_targets(pgr.pg, pool.size);
     // The member's notion of one interval: the same acting set and min_size, no epoch missed.
     let (epoch, same) = {
         let m = pgr.member.borrow();
@@ -488,6 +493,7 @@ fn feed_map<S: ObjectStore + 'static>(shard: &Rc<Shard<S>>, pgr: &Rc<PgReplica>,
     let ev = Event::Map {
         epoch: map.epoch,
         acting,
+        targets,
         history: None,
         min_size: pool.min_size as usize,
         lost: map.lost(),
@@ -519,6 +525,7 @@ pub(crate) fn on_answer<S: ObjectStore + 'static>(shard: &Rc<Shard<S>>, answer: 
         | Answer::Recorded { pg, .. }
         | Answer::Changed { pg, .. }
         | Answer::Settled { pg, .. }
+        | Answer::Released { pg, .. }
         | Answer::Failed { pg, .. } => *pg,
     };
     let Some(pgr) = repl.pg(pg) else { return };
@@ -544,12 +551,21 @@ pub(crate) fn on_answer<S: ObjectStore + 'static>(shard: &Rc<Shard<S>>, answer: 
             drive(shard, &pgr, Event::RecordFailed { epoch, history }, None);
         }
         Answer::Settled { .. } => {}
+        Answer::Released {
+            epoch, released, ..
+        } => {
+            // The new map comes through the watch; one that kept the set is older than it.
+            tracing::info!(%pg, epoch, released, "backfill targets full: temporary acting set");
+        }
         Answer::Failed { epoch, why, .. } => {
             tracing::warn!(%pg, epoch, "PG history: {why}; asking again");
             pgr.asked.set(None);
             pgr.recording.set(None);
             if pgr.settled.get() == epoch {
                 pgr.settled.set(0);
+            }
+            if pgr.released.get() == epoch {
+                pgr.released.set(0);
             }
         }
     }
@@ -580,7 +596,13 @@ fn tick<S: ObjectStore + 'static>(shard: &Rc<Shard<S>>) {
                 states.peering += 1;
             }
         }
-        states.to_recover += m.missing.len() as u64;
+        // A backfill target's lacks are misplaced copies, not degraded ones: the PG's acting
+        // copies are complete.
+        if m.targets().contains(&shard.osd) {
+            states.misplaced += m.missing.len() as u64;
+        } else {
+            states.to_recover += m.missing.len() as u64;
+        }
         let lost = m.unfound() as u64;
         states.unfound += lost;
         let incomplete = m.lost_intervals();
@@ -714,6 +736,23 @@ pub(crate) fn drive<S: ObjectStore + 'static>(
                 epoch,
             }) {
                 pgr.settled.set(epoch);
+            }
+        }
+    }
+    // Every backfill target full: the PG may move to its up set (decision 0015, step 4).
+    if pgr.released.get() < epoch && pgr.member.borrow().targets_filled() {
+        if let Some(h) = &shard.replication.history {
+            let (acting, filled) = {
+                let m = pgr.member.borrow();
+                (m.acting().to_vec(), m.targets().to_vec())
+            };
+            if h.ask(Ask::ReleaseTemp {
+                pg: pgr.pg,
+                epoch,
+                acting,
+                filled,
+            }) {
+                pgr.released.set(epoch);
             }
         }
     }
@@ -1025,6 +1064,7 @@ pub(crate) fn on_peer<S: ObjectStore + 'static>(
                             Event::Map {
                                 epoch: map.epoch,
                                 acting: map.pg_osds(pg, pool.size),
+                                targets: map.pg_backfill_targets(pg, pool.size),
                                 history: None,
                                 min_size: pool.min_size as usize,
                                 lost: map.lost(),

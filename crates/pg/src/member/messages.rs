@@ -101,9 +101,15 @@ pub enum Event {
     /// primary of a new interval waits for [`Event::History`] before it activates). `lost`:
     /// the OSDs an operator declared lost, each with the epoch it was declared in (their
     /// copies of earlier intervals are given up as gone: `peering::answered`).
+    ///
+    /// `targets`: the PG's backfill targets (decision 0015), copies being filled while a
+    /// temporary acting set serves it: the primary activates them and sends them every write,
+    /// waits for their log entries but never for their data, and does not count them toward
+    /// `min_size`; they recover what they lack in the background.
     Map {
         epoch: u32,
         acting: Vec<OsdId>,
+        targets: Vec<OsdId>,
         history: Option<Vec<Interval>>,
         min_size: usize,
         lost: BTreeMap<OsdId, u32>,

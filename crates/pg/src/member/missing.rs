@@ -151,6 +151,37 @@ impl Member {
         }
     }
 
+    /// The PG's backfill targets as this member knows them (see [`Event::Map`]).
+    ///
+    /// [`Event::Map`]: super::Event::Map
+    pub fn targets(&self) -> &[OsdId] {
+        &self.targets
+    }
+
+    /// As the active primary: every backfill target took this interval's history and holds
+    /// every object (as it last said), so the PG may move to its up set, where each of them
+    /// is a complete copy (decision 0015, step 4). False without targets.
+    pub fn targets_filled(&self) -> bool {
+        self.role == Role::Active
+            && !self.targets.is_empty()
+            && self
+                .targets
+                .iter()
+                .all(|m| matches!(self.peer_missing.get(m), Some(Some(s)) if s.is_empty()))
+    }
+
+    /// Objects the backfill targets still lack in all, as this primary knows (a target not
+    /// told counts as lacking every object): Ceph's "misplaced".
+    pub fn misplaced(&self) -> usize {
+        self.targets
+            .iter()
+            .map(|m| match self.peer_missing.get(m) {
+                Some(Some(s)) => s.len(),
+                _ => self.objects.len(),
+            })
+            .sum()
+    }
+
     /// Active, and every acting member holds every object: nothing is degraded, and the PG's
     /// recorded history may shrink to this interval.
     pub fn is_clean(&self) -> bool {

@@ -1,0 +1,188 @@
+//! Backfill targets (decision 0015): while a temporary acting set of complete copies serves a
+//! PG, the copies its placement wants but that are not acting yet take every write's log
+//! entry and recover their data in the background. No write waits for a target's data, none
+//! counts a target toward `min_size`, and once a target holds everything it can become the
+//! primary of the PG's up set with nothing to recover.
+
+mod common;
+
+use carmine_pg::{Action, Event, Interval, Member, OpKind, ReqId};
+
+fn map(epoch: u32, acting: &[u32], targets: &[u32], history: &[Interval]) -> Event {
+    Event::Map {
+        epoch,
+        acting: acting.to_vec(),
+        targets: targets.to_vec(),
+        history: Some(history.to_vec()),
+        min_size: 2,
+        lost: Default::default(),
+    }
+}
+
+/// Hands each `(member, event)` over, then runs the members until nothing is in flight;
+/// messages to or from a member in `cut` are lost. Returns the writes acknowledged.
+fn run(ms: &mut [Member], now: u64, inputs: Vec<(u32, Event)>, cut: &[u32]) -> Vec<ReqId> {
+    let mut acked = Vec::new();
+    let mut inbox: Vec<(u32, Event)> = inputs;
+    let mut messages = Vec::new();
+    loop {
+        let (to, ev) = if let Some(x) = inbox.pop() {
+            x
+        } else if let Some((from, to, msg)) = messages.pop() {
+            if cut.contains(&from) || cut.contains(&to) {
+                continue;
+            }
+            (to, Event::Msg { from, msg })
+        } else {
+            return acked;
+        };
+        let m = &mut ms[to as usize];
+        let actions = m.handle(now, ev);
+        let (sent, a) = common::carry(m, now, actions);
+        acked.extend(a);
+        messages.extend(sent.into_iter().map(|(dest, msg)| (to, dest, msg)));
+    }
+}
+
+fn all(ev: Event) -> Vec<(u32, Event)> {
+    (0..4).map(|o| (o, ev.clone())).collect()
+}
+
+fn write(tid: u64, oid: &str) -> (ReqId, Vec<(u32, Event)>) {
+    let req = ReqId { client: 7, tid };
+    let ev = Event::Write {
+        req,
+        oid: oid.into(),
+        kind: OpKind::Modify,
+    };
+    (req, vec![(0, ev)])
+}
+
+/// The host's background recovery, done at once: every object `m` may recover now lands at
+/// the version it needs.
+fn recover_all(m: &mut Member) -> Vec<Event> {
+    let wanted: Vec<_> = m
+        .recoverable()
+        .map(|r| r.iter().map(|(o, v)| (o.clone(), *v)).collect())
+        .unwrap_or_default();
+    wanted
+        .into_iter()
+        .map(|(oid, version)| Event::Recovered { oid, version })
+        .collect()
+}
+
+/// Four OSDs; osd.0..2 serve the PG, which has taken `objects` writes, one per object.
+fn serving(objects: u64) -> Vec<Member> {
+    let mut ms: Vec<Member> = (0..4).map(|o| Member::new(o, 64)).collect();
+    run(&mut ms, 0, all(map(1, &[0, 1, 2], &[], &[])), &[]);
+    assert!(ms[0].is_active_primary(), "{}", ms[0].describe());
+    for t in 0..objects {
+        let (w, ev) = write(t, &format!("o{t}"));
+        assert_eq!(run(&mut ms, 1, ev, &[]), vec![w]);
+    }
+    ms
+}
+
+#[test]
+fn a_target_takes_every_write_holds_none_back_and_then_serves_complete() {
+    let mut ms = serving(4);
+    // osd.3 becomes a backfill target; the interval stays (same acting set).
+    run(&mut ms, 2, all(map(2, &[0, 1, 2], &[3], &[])), &[]);
+    assert_eq!(ms[0].interval_start(), 1);
+    assert!(ms[0].is_active_primary());
+    assert_eq!(ms[3].missing.len(), 4, "{}", ms[3].describe());
+    assert_eq!(ms[0].misplaced(), 4);
+    assert!(!ms[0].targets_filled());
+    assert_eq!(
+        ms[0].degraded(),
+        0,
+        "a target's lacks are not degraded copies"
+    );
+
+    // Writes go on while it lacks their objects: acknowledged, its log has them.
+    let (w, ev) = write(10, "o1");
+    assert_eq!(run(&mut ms, 3, ev, &[]), vec![w]);
+    let (w, ev) = write(11, "new");
+    assert_eq!(run(&mut ms, 3, ev, &[]), vec![w]);
+    assert_eq!(ms[3].log.head(), ms[0].log.head());
+    assert_eq!(ms[3].objects, ms[0].objects);
+
+    // A write waits for the target's log entry, as for any copy of the interval ...
+    let (w, ev) = write(12, "o2");
+    assert!(run(&mut ms, 4, ev, &[3]).is_empty());
+    assert_eq!(ms[0].writes_in_flight(), 1);
+    // ... which a tick sends again.
+    assert_eq!(run(&mut ms, 5, vec![(0, Event::Tick)], &[]), vec![w]);
+
+    // Recovered in the background: filled, nothing misplaced.
+    let rec = recover_all(&mut ms[3]);
+    assert!(!rec.is_empty());
+    run(&mut ms, 6, rec.into_iter().map(|e| (3, e)).collect(), &[]);
+    assert!(ms[3].missing.is_empty());
+    assert!(ms[0].targets_filled(), "{}", ms[0].describe());
+    assert_eq!(ms[0].misplaced(), 0);
+
+    // The temporary set goes: osd.3 is the up set's primary, and has nothing to recover.
+    let history = [Interval {
+        epoch: 1,
+        acting: vec![0, 1, 2],
+    }];
+    run(&mut ms, 7, all(map(3, &[3, 0, 1], &[], &history)), &[]);
+    assert!(ms[3].is_active_primary(), "{}", ms[3].describe());
+    assert!(ms[3].missing.is_empty(), "{}", ms[3].describe());
+    assert!(ms[3].is_clean());
+    assert_eq!(ms[3].objects, ms[0].objects);
+    let mut w = Vec::new();
+    for (i, oid) in ["o1", "o3"].iter().enumerate() {
+        let req = ReqId {
+            client: 7,
+            tid: 20 + i as u64,
+        };
+        let ev = Event::Write {
+            req,
+            oid: (*oid).into(),
+            kind: OpKind::Modify,
+        };
+        w.extend(run(&mut ms, 8, vec![(3, ev)], &[]));
+    }
+    assert_eq!(w.len(), 2);
+}
+
+#[test]
+fn a_target_that_goes_away_holds_no_write_and_never_counts_toward_min_size() {
+    let mut ms = serving(2);
+    run(&mut ms, 2, all(map(2, &[0, 1, 2], &[3], &[])), &[]);
+    // osd.3 stops answering: a write waits for it ...
+    let (w, ev) = write(10, "o0");
+    assert!(run(&mut ms, 3, ev, &[3]).is_empty());
+    // ... until the map no longer names it (it went down).
+    let acked = run(&mut ms, 4, all(map(3, &[0, 1, 2], &[], &[])), &[3]);
+    assert_eq!(acked, vec![w]);
+    assert!(!ms[0].targets_filled());
+
+    // With osd.1 and osd.2 gone, osd.0 alone and a target are below min_size 2: no write.
+    run(&mut ms, 5, all(map(4, &[0], &[3], &[])), &[]);
+    assert!(!ms[0].is_active_primary(), "{}", ms[0].describe());
+    let (w, ev) = write(11, "o1");
+    let mut out = Vec::new();
+    for (to, e) in ev {
+        out.extend(ms[to as usize].handle(6, e));
+    }
+    assert!(out.contains(&Action::Refuse { req: w }), "{out:?}");
+}
+
+#[test]
+fn a_target_lacking_an_object_takes_nothing_from_the_acting_copies_count() {
+    let mut ms = serving(2);
+    // Two acting copies, min_size 2, and a target that lacks everything.
+    let history = [Interval {
+        epoch: 1,
+        acting: vec![0, 1, 2],
+    }];
+    run(&mut ms, 2, all(map(2, &[0, 1], &[3], &history)), &[]);
+    assert!(ms[0].is_active_primary(), "{}", ms[0].describe());
+    assert!(!ms[3].missing.is_empty(), "{}", ms[3].describe());
+    let (w, ev) = write(10, "o0");
+    assert_eq!(run(&mut ms, 3, ev, &[]), vec![w]);
+    assert!(ms[3].missing.contains_key("o0"));
+}
