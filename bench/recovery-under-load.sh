@@ -66,8 +66,8 @@ counted=
 for _ in $(seq 1 1200); do
   s=$("$carmine" cluster status 2>/dev/null | grep "pg states")
   echo "$(echo "$(date +%s.%N) - $start" | bc) $s" >>"$dir/status.log"
-  echo "$s" | grep -qE "; [1-9][0-9]* objects to recover" && counted=1
-  [ -n "$counted" ] && echo "$s" | grep -qE "; 0 objects to recover, [1-9][0-9]* recovered" && break
+  echo "$s" | grep -qE "; [1-9][0-9]* objects to recover|, [1-9][0-9]* misplaced" && counted=1
+  [ -n "$counted" ] && echo "$s" | grep -qE "; 0 objects to recover, 0 misplaced, [1-9][0-9]* recovered" && break
   sleep 0.5
 done
 t1=$(date +%s.%N)
@@ -80,7 +80,7 @@ echo "rate $rate MiB/s ($busy while clients are active), writes over $span: $wha
 wait $fio
 echo "IOPS per second:" >>"$out/summary"
 awk -F, '{printf "%d:%d ", $1/1000, $2} END {print ""}' "$dir/w_iops.1.log" >>"$out/summary"
-echo "objects to recover, seconds after the restart:" >>"$out/summary"
-sed -E 's/^([0-9.]+) .*; ([0-9]+) objects to recover.*/\1:\2/' "$dir/status.log" |
+echo "objects to recover + misplaced, seconds after the restart:" >>"$out/summary"
+sed -E 's/^([0-9.]+) .*; ([0-9]+) objects to recover, ([0-9]+) misplaced.*/\1:\2+\3/' "$dir/status.log" |
   awk -F: '{printf "%.1f:%s ", $1, $2} END {print ""}' >>"$out/summary"
 cat "$out/summary"

@@ -39,7 +39,7 @@ c0=$(cpu)
 line=
 for _ in $(seq 1 600); do
   line=$("$c" cluster status 2>/dev/null | grep "pg states" || true)
-  echo "$line" | grep -q "0 peering.*; 0 objects to recover, [1-9]" && break
+  echo "$line" | grep -q "0 peering.*; 0 objects to recover, 0 misplaced, [1-9]" && break
   sleep 0.1
 done
 t1=$(date +%s.%N)

@@ -102,27 +102,51 @@ impl std::fmt::Debug for MapTempReleaser {
 }
 
 impl carmine_osd::ReleaseTemp for MapTempReleaser {
-    fn release(
-        &self,
-        pg: carmine_types::PgId,
-        acting: &[u32],
-        filled: &[u32],
-    ) -> Result<bool, String> {
+    fn release(&self, sets: &[carmine_osd::TempFilled]) -> Result<usize, String> {
         let store = self.0.open().map_err(|e| format!("{e:#}"))?;
-        let mut released = false;
+        wait_for_quiet(store.as_ref());
+        let mut released = 0;
         carmine_mapstore::update(store.as_ref(), 10, |current| {
-            released = false;
+            released = 0;
             let Some(map) = current else { return Ok(None) };
             let mut next = map.clone();
-            if !next.release_temp(pg, acting, filled) {
+            for (pg, acting, filled) in sets {
+                released += usize::from(next.release_temp(*pg, acting, filled));
+            }
+            if released == 0 {
                 return Ok(None);
             }
             next.epoch = map.epoch + 1;
-            released = true;
             Ok(Some(next))
         })
         .map_err(|e| e.to_string())?;
         Ok(released)
+    }
+}
+
+/// How long the map must stay at one epoch before a release changes it, and how long a
+/// release waits for that at most.
+const RELEASE_QUIET: Duration = Duration::from_millis(400);
+const RELEASE_QUIET_WAIT_MAX: Duration = Duration::from_secs(2);
+
+/// Waits, a bounded time, until the map has stayed at one epoch for `RELEASE_QUIET` (plus a
+/// little, different per process). A reactor that finds the map more than one epoch ahead of
+/// the one it knew cannot tell whether a PG's acting set changed in between and peers every
+/// PG again, which stalls clients; the OSDs' releases, which tend to come together, are
+/// spread out so that each is seen on its own.
+fn wait_for_quiet(store: &dyn MapStore) {
+    let start = Instant::now();
+    let jitter = Duration::from_millis(u64::from(std::process::id() % 7) * 50);
+    let epoch = |s: &dyn MapStore| s.get().ok().flatten().map(|m| m.epoch);
+    let mut seen = (epoch(store), Instant::now());
+    while start.elapsed() < RELEASE_QUIET_WAIT_MAX {
+        std::thread::sleep(Duration::from_millis(50));
+        let now = epoch(store);
+        if now != seen.0 {
+            seen = (now, Instant::now());
+        } else if seen.1.elapsed() >= RELEASE_QUIET + jitter {
+            return;
+        }
     }
 }
 

@@ -460,8 +460,14 @@ fn grow(name: &str, writes: bool) {
     ]);
     // The PGs osd.3 takes a copy of are served by their three copies meanwhile (decision
     // 0015): it is filled as a backfill target once it runs, and the sets go once it is full.
-    let primed = carmine_localcluster::read_map(&c.dir).unwrap().pg_temp.len();
-    assert!((16..=31).contains(&primed), "{primed} temporary acting sets");
+    let primed = carmine_localcluster::read_map(&c.dir)
+        .unwrap()
+        .pg_temp
+        .len();
+    assert!(
+        (16..=31).contains(&primed),
+        "{primed} temporary acting sets"
+    );
     c.ok(&["cluster", "up"]);
     let took = wait_clean(&c);
     let left = carmine_localcluster::read_map(&c.dir).unwrap().pg_temp;

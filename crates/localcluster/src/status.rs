@@ -561,11 +561,12 @@ pub fn status(dir: &Path) -> Result<Status> {
         writeln!(
             t,
             "  pg states (as their primaries report): {} active, {} peering, {} inconsistent; \
-             {} objects to recover, {} recovered ({}) since the OSDs started",
+             {} objects to recover, {} misplaced, {} recovered ({}) since the OSDs started",
             usage.active,
             usage.peering,
             usage.inconsistent,
             usage.to_recover,
+            usage.misplaced,
             usage.recovered_objects,
             gib(usage.recovered_bytes),
         )?;

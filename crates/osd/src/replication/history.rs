@@ -19,11 +19,15 @@ pub type SharedHistoryStore = Arc<dyn PgHistoryStore + Send + Sync>;
 
 /// Removes a PG's temporary acting set from the map (decision 0015, step 4).
 pub trait ReleaseTemp: std::fmt::Debug + Send + Sync {
-    /// Removes `pg`'s temporary acting set once its primary, serving from `acting`, filled
-    /// the backfill targets `filled` (`OsdMap::release_temp` says when it may). `Ok(false)`:
-    /// the map moved on meanwhile and keeps the set. Called on the map store's worker thread.
-    fn release(&self, pg: PgId, acting: &[OsdId], filled: &[OsdId]) -> Result<bool, String>;
+    /// Removes the temporary acting sets of `sets` in one new map epoch: each PG's once its
+    /// primary, serving from `acting`, filled the backfill targets `filled`
+    /// (`OsdMap::release_temp` says when it may; a set the map moved on from stays). Returns
+    /// how many went. Called on the map store's worker thread.
+    fn release(&self, sets: &[TempFilled]) -> Result<usize, String>;
 }
+
+/// A PG whose backfill targets are full: (pg, the acting set it serves from, the targets).
+pub type TempFilled = (PgId, Vec<OsdId>, Vec<OsdId>);
 
 pub type TempReleaser = Arc<dyn ReleaseTemp>;
 
@@ -46,13 +50,11 @@ pub(crate) enum Ask {
         from: u32,
         epoch: u32,
     },
-    /// The primary of `epoch`, serving from `acting`, filled the backfill targets `filled`:
-    /// its temporary acting set may go.
-    ReleaseTemp {
-        pg: PgId,
-        epoch: u32,
-        acting: Vec<OsdId>,
-        filled: Vec<OsdId>,
+    /// PGs whose primaries filled their backfill targets: their temporary acting sets may
+    /// go, in one map epoch (each epoch costs every OSD a look at every PG, and OSDs that
+    /// miss one peer all theirs again).
+    ReleaseTemps {
+        sets: Vec<TempFilled>,
     },
 }
 
@@ -76,11 +78,15 @@ pub(crate) enum Answer {
     Settled {
         pg: PgId,
     },
-    /// The temporary acting set asked about in `epoch` went (`released`), or the map kept it.
+    /// Of the temporary acting sets asked about, `released` went.
     Released {
-        pg: PgId,
-        epoch: u32,
-        released: bool,
+        asked: usize,
+        released: usize,
+    },
+    /// The map store could not release them: asked again later.
+    ReleaseFailed {
+        pgs: Vec<PgId>,
+        why: String,
     },
     /// The map store could not answer (unreachable, damaged record): asked again later.
     Failed {
@@ -141,10 +147,23 @@ fn answer(
     ask: Ask,
 ) -> Answer {
     let (pg, epoch) = match &ask {
-        Ask::Get { pg, epoch }
-        | Ask::Record { pg, epoch, .. }
-        | Ask::Settle { pg, epoch, .. }
-        | Ask::ReleaseTemp { pg, epoch, .. } => (*pg, *epoch),
+        Ask::Get { pg, epoch } | Ask::Record { pg, epoch, .. } | Ask::Settle { pg, epoch, .. } => {
+            (*pg, *epoch)
+        }
+        Ask::ReleaseTemps { sets } => {
+            let pgs = || sets.iter().map(|s| s.0).collect();
+            return match release.map(|r| r.release(sets)) {
+                Some(Ok(released)) => Answer::Released {
+                    asked: sets.len(),
+                    released,
+                },
+                Some(Err(why)) => Answer::ReleaseFailed { pgs: pgs(), why },
+                None => Answer::ReleaseFailed {
+                    pgs: pgs(),
+                    why: "this OSD cannot change the map".into(),
+                },
+            };
+        }
     };
     let answered = match ask {
         Ask::Get { .. } => store.get(pg).map(|h| Answer::Got {
@@ -171,23 +190,7 @@ fn answer(
         Ask::Settle { from, .. } => store
             .settle(pg, from, epoch)
             .map(|_| Answer::Settled { pg }),
-        Ask::ReleaseTemp { acting, filled, .. } => {
-            let Some(release) = release else {
-                return Answer::Released {
-                    pg,
-                    epoch,
-                    released: false,
-                };
-            };
-            return match release.release(pg, &acting, &filled) {
-                Ok(released) => Answer::Released {
-                    pg,
-                    epoch,
-                    released,
-                },
-                Err(why) => Answer::Failed { pg, epoch, why },
-            };
-        }
+        Ask::ReleaseTemps { .. } => unreachable!("answered above"),
     };
     answered.unwrap_or_else(|e| Answer::Failed {
         pg,

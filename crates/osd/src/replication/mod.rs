@@ -41,7 +41,7 @@ use history::{Answer, Ask, HistoryClient};
 use std::cell::{Cell, RefCell};
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::rc::Rc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// Default for `OsdConfig::read_lease`: short enough that a primary cut off from its copies
 /// stops serving reads well before the default etcd TTL (5 s) has it marked down, so a
@@ -259,6 +259,8 @@ pub(crate) struct Replication {
     pub ack_wait: Duration,
     /// Failures of PG copies here, for the pause before each restarts (see `restart`).
     breaks: restart::Breaks,
+    /// Since when PGs of this reactor whose backfill targets are full wait to be released.
+    filled_since: Cell<Option<Instant>>,
     /// The store's used bytes when it last refused a change for want of room: it counts as
     /// full until a margin below that is free again (see `write::store_full`).
     pub refused_room: Cell<Option<(u64, std::time::Instant)>>,
@@ -313,6 +315,7 @@ impl Replication {
             started_ns: clock(),
             ack_wait,
             breaks: Default::default(),
+            filled_since: Cell::new(None),
             refused_room: Cell::new(None),
         }
     }
@@ -521,11 +524,27 @@ fn ask_history<S>(shard: &Shard<S>, pgr: &PgReplica, epoch: u32) {
 pub(crate) fn on_answer<S: ObjectStore + 'static>(shard: &Rc<Shard<S>>, answer: Answer) {
     let repl = &shard.replication;
     let pg = match &answer {
+        Answer::Released { asked, released } => {
+            tracing::info!(
+                asked,
+                released,
+                "backfill targets full: temporary acting sets released"
+            );
+            return;
+        }
+        Answer::ReleaseFailed { pgs, why } => {
+            tracing::warn!(?pgs, "releasing temporary acting sets: {why}; asking again");
+            for pg in pgs {
+                if let Some(pgr) = repl.pg(*pg) {
+                    pgr.released.set(0);
+                }
+            }
+            return;
+        }
         Answer::Got { pg, .. }
         | Answer::Recorded { pg, .. }
         | Answer::Changed { pg, .. }
         | Answer::Settled { pg, .. }
-        | Answer::Released { pg, .. }
         | Answer::Failed { pg, .. } => *pg,
     };
     let Some(pgr) = repl.pg(pg) else { return };
@@ -550,22 +569,13 @@ pub(crate) fn on_answer<S: ObjectStore + 'static>(shard: &Rc<Shard<S>>, answer: 
             pgr.recording.set(None);
             drive(shard, &pgr, Event::RecordFailed { epoch, history }, None);
         }
-        Answer::Settled { .. } => {}
-        Answer::Released {
-            epoch, released, ..
-        } => {
-            // The new map comes through the watch; one that kept the set is older than it.
-            tracing::info!(%pg, epoch, released, "backfill targets full: temporary acting set");
-        }
+        Answer::Settled { .. } | Answer::Released { .. } | Answer::ReleaseFailed { .. } => {}
         Answer::Failed { epoch, why, .. } => {
             tracing::warn!(%pg, epoch, "PG history: {why}; asking again");
             pgr.asked.set(None);
             pgr.recording.set(None);
             if pgr.settled.get() == epoch {
                 pgr.settled.set(0);
-            }
-            if pgr.released.get() == epoch {
-                pgr.released.set(0);
             }
         }
     }
@@ -649,6 +659,7 @@ fn tick<S: ObjectStore + 'static>(shard: &Rc<Shard<S>>) {
         .metrics
         .set_silent_peers(silent_peers.into_iter().collect());
     shard.metrics.set_pg_listing_max(listing_max as u64);
+    release_filled(shard, &all);
     let (objects, bytes) = shard.metrics.recovered_totals();
     let (bps, ops) = shard.replication.pace.borrow_mut().update(objects, bytes);
     shard.metrics.set_recovery_pace(bps, ops);
@@ -675,7 +686,10 @@ fn tick<S: ObjectStore + 'static>(shard: &Rc<Shard<S>>) {
         };
         let stray = {
             let m = pgr.member.borrow();
-            purge::holds_state(&m) && !m.acting().contains(&shard.osd)
+            // (A backfill target keeps its copy: no need to ask whether it may go.)
+            purge::holds_state(&m)
+                && !m.acting().contains(&shard.osd)
+                && !m.targets().contains(&shard.osd)
         };
         if behind {
             feed_map(shard, &pgr, &map);
@@ -692,6 +706,51 @@ fn tick<S: ObjectStore + 'static>(shard: &Rc<Shard<S>>) {
             drive(shard, &pgr, Event::Clock, None);
         }
         recover::kick(shard, &pgr);
+    }
+}
+
+/// How long PGs whose backfill targets are full wait for the others of this reactor still
+/// filling, so that their temporary acting sets go in one map epoch rather than one each.
+const RELEASE_HOLD: Duration = Duration::from_secs(10);
+
+/// Asks for the temporary acting sets of the PGs this reactor is primary of whose backfill
+/// targets are full to go (decision 0015, step 4): all at once, when none of its PGs is
+/// still filling or the first has waited `RELEASE_HOLD`.
+fn release_filled<S>(shard: &Shard<S>, all: &[Rc<PgReplica>]) {
+    let Some(h) = &shard.replication.history else {
+        return;
+    };
+    let (mut ready, mut filling) = (Vec::new(), false);
+    for pgr in all.iter().filter(|p| p.broken.borrow().is_none()) {
+        let m = pgr.member.borrow();
+        if !m.is_active_primary() || m.targets().is_empty() {
+            continue;
+        }
+        if !m.targets_filled() {
+            filling = true;
+        } else if pgr.released.get() < m.epoch() {
+            ready.push((pgr, m.epoch(), m.acting().to_vec(), m.targets().to_vec()));
+        }
+    }
+    let since = &shard.replication.filled_since;
+    if ready.is_empty() {
+        since.set(None);
+        return;
+    }
+    let first = *since.get().get_or_insert_with(Instant::now);
+    since.set(Some(first));
+    if filling && first.elapsed() < RELEASE_HOLD {
+        return;
+    }
+    let sets = ready
+        .iter()
+        .map(|(p, _, acting, filled)| (p.pg, acting.clone(), filled.clone()))
+        .collect();
+    if h.ask(Ask::ReleaseTemps { sets }) {
+        for (p, epoch, _, _) in &ready {
+            p.released.set(*epoch);
+        }
+        since.set(None);
     }
 }
 
@@ -736,23 +795,6 @@ pub(crate) fn drive<S: ObjectStore + 'static>(
                 epoch,
             }) {
                 pgr.settled.set(epoch);
-            }
-        }
-    }
-    // Every backfill target full: the PG may move to its up set (decision 0015, step 4).
-    if pgr.released.get() < epoch && pgr.member.borrow().targets_filled() {
-        if let Some(h) = &shard.replication.history {
-            let (acting, filled) = {
-                let m = pgr.member.borrow();
-                (m.acting().to_vec(), m.targets().to_vec())
-            };
-            if h.ask(Ask::ReleaseTemp {
-                pg: pgr.pg,
-                epoch,
-                acting,
-                filled,
-            }) {
-                pgr.released.set(epoch);
             }
         }
     }

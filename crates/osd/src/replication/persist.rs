@@ -117,10 +117,11 @@ async fn entries<S: ObjectStore>(
                     if modify && lacking {
                         // The store lacks the object: the write's data would land on a stale
                         // copy, or none. The object stays missing, at this version, and is
-                        // recovered whole. (The primary waits for its members to hold an
-                        // object before it writes it; this is the case of a member that
-                        // restarted and took its activation again meanwhile.)
-                        tracing::warn!(%pg, oid = entry.oid, version = %entry.version,
+                        // recovered whole. (The primary waits for its acting members to hold
+                        // an object before it writes it; this is a backfill target, which
+                        // takes every write while it fills, or a member that restarted and
+                        // took its activation again meanwhile.)
+                        tracing::debug!(%pg, oid = entry.oid, version = %entry.version,
                             "a write to an object this copy lacks: only its log entry is kept");
                     } else {
                         if !modify {
