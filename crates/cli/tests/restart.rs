@@ -357,19 +357,29 @@ fn an_osd_whose_port_is_taken_as_it_starts_is_moved_and_started_again() {
     .unwrap();
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755)).unwrap();
-    let holder = std::thread::spawn(move || {
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
-        while !started.exists() && std::time::Instant::now() < deadline {
-            std::thread::sleep(std::time::Duration::from_millis(10));
-        }
-        let listener = std::net::TcpListener::bind(taken).expect("osd.1's port is free");
-        std::fs::write(&took, b"").unwrap();
-        // Longer than the OSD's and `up`'s waits for a port to be released (5 s each).
-        std::thread::sleep(std::time::Duration::from_secs(15));
-        drop(listener);
-    });
+    let up_done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let holder = {
+        let up_done = up_done.clone();
+        std::thread::spawn(move || {
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+            while !started.exists() && std::time::Instant::now() < deadline {
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+            let listener = std::net::TcpListener::bind(taken).expect("osd.1's port is free");
+            std::fs::write(&took, b"").unwrap();
+            // Held until `up` is done, however long its waits for the port take (bounded).
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+            while !up_done.load(std::sync::atomic::Ordering::Relaxed)
+                && std::time::Instant::now() < deadline
+            {
+                std::thread::sleep(std::time::Duration::from_millis(50));
+            }
+            drop(listener);
+        })
+    };
 
     let out = c.ok(&["cluster", "up", "--exe", wrapper.to_str().unwrap()]);
+    up_done.store(true, std::sync::atomic::Ordering::Relaxed);
     assert!(
         out.contains(&format!(
             "osd.1: another process took {taken} before it could listen; moved to"

@@ -146,12 +146,9 @@ pub(crate) fn ready_or_moved(
             Err(n) => bail!("{n}"),
         };
         moves += 1;
-        if let Some((_, mut old)) = r
-            .children
-            .iter()
-            .position(|(id, _)| *id == lost.osd)
-            .map(|i| r.children.swap_remove(i))
-        {
+        // The exited child stays listed until its successor runs: if the move or the start
+        // fails, `up` still counts it among the OSDs that did not come up.
+        if let Some((_, old)) = r.children.iter_mut().find(|(id, _)| *id == lost.osd) {
             let _ = old.wait();
         }
         let (map, moved) = move_endpoints(&r.dir, etcd, lost.osd)?;
@@ -181,7 +178,10 @@ pub(crate) fn ready_or_moved(
         r.map = map;
         let child = start(lost.osd)?;
         std::fs::write(super::pid_file(&r.dir, lost.osd), child.id().to_string())?;
-        r.children.push((lost.osd, child));
+        match r.children.iter_mut().find(|(id, _)| *id == lost.osd) {
+            Some((_, old)) => *old = child,
+            None => r.children.push((lost.osd, child)),
+        }
     }
 }
 

@@ -41,8 +41,9 @@ fn removable<S>(shard: &Shard<S>, pgr: &PgReplica, history: &[Interval]) -> bool
         && m.epoch() == view.map.epoch
         && !m.acting().contains(&shard.osd)
         && !acting.contains(&shard.osd)
-        // A backfill target keeps what it holds: it acts again once the temporary set goes.
-        && !view.map.pg_up(pgr.pg, pool.size).contains(&shard.osd)
+        // A backfill target keeps what it holds: it acts again once the temporary set goes
+        // (placement, not the up set: one held down on reports a moment is one still).
+        && !view.map.pg_placement(pgr.pg, pool.size).contains(&shard.osd)
         && acting.len() == pool.size as usize
         && matches!(history, [i] if i.acting == acting && i.epoch <= view.map.epoch)
 }
