@@ -1193,7 +1193,12 @@ impl Member {
                         self.pinged_at = None;
                         self.begin_history();
                         self.take_history(&log, objects);
-                        self.les = epoch;
+                        // Only an acting member vouches for the interval: a backfill target
+                        // may be dropped and miss acknowledged writes without the interval
+                        // ending, and peering ranks copies by this epoch first.
+                        if self.acting.contains(&self.osd) {
+                            self.les = epoch;
+                        }
                         self.activated = this;
                         if self.osd != from {
                             self.role = Role::Replica;

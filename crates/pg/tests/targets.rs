@@ -186,3 +186,32 @@ fn a_target_lacking_an_object_takes_nothing_from_the_acting_copies_count() {
     assert_eq!(run(&mut ms, 3, ev, &[]), vec![w]);
     assert!(ms[3].missing.contains_key("o0"));
 }
+
+/// A target dropped mid-interval misses acknowledged writes; made acting later (before it
+/// caught up), its copy must not win peering over those that hold the writes.
+#[test]
+fn a_target_dropped_and_made_acting_never_rolls_back_acknowledged_writes() {
+    let mut ms = serving(2);
+    run(&mut ms, 2, all(map(2, &[0, 1, 2], &[3], &[])), &[]);
+    assert_eq!(ms[3].log.head(), ms[0].log.head());
+    // osd.3 goes down: no longer a target; writes go on without it.
+    run(&mut ms, 3, all(map(3, &[0, 1, 2], &[], &[])), &[3]);
+    let mut acked = Vec::new();
+    for t in 0..3 {
+        let (w, ev) = write(20 + t, "o1");
+        acked.extend(run(&mut ms, 4, ev, &[3]));
+        assert!(acked.contains(&w));
+    }
+    let head = ms[0].log.head();
+    assert!(ms[3].log.head() < head);
+    // osd.1 and osd.2 fail; osd.3 is up again and acting with osd.0, as its primary.
+    let history = [Interval {
+        epoch: 1,
+        acting: vec![0, 1, 2],
+    }];
+    run(&mut ms, 5, all(map(4, &[3, 0], &[], &history)), &[1, 2]);
+    assert!(ms[3].is_active_primary(), "{}", ms[3].describe());
+    assert_eq!(ms[3].log.head(), head, "the acknowledged writes are kept");
+    assert_eq!(ms[0].log.head(), head, "osd.0 was not rolled back");
+    assert_eq!(ms[3].objects, ms[0].objects);
+}
