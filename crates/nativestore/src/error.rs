@@ -80,7 +80,8 @@ pub enum MountError {
         live: u32,
         detail: String,
     },
-    /// Mount's own first writes (opening the journal, the post-mount checkpoint).
+    /// Mount's own first writes (opening the journal, the post-mount checkpoint, cleaning
+    /// back to the reserve).
     #[error("{what}: {source}")]
     Store {
         what: &'static str,

@@ -514,6 +514,13 @@ impl<D: BlockDevice> NativeStore<D> {
                     what: "post-mount checkpoint",
                     source,
                 })?;
+            store
+                .restore_reserve()
+                .await
+                .map_err(|source| MountError::Store {
+                    what: "post-mount cleaning",
+                    source,
+                })?;
         }
         tracing::info!(shard, ?report, "native store shard mounted");
         Ok((store, report))

@@ -26,7 +26,7 @@ impl<D: BlockDevice> NativeStore<D> {
     }
 
     /// The fewest free segments user writes may leave: room for a checkpoint and a cleaning.
-    fn reserve_floor(&self) -> u64 {
+    pub(crate) fn reserve_floor(&self) -> u64 {
         self.checkpoint_segments_needed() + 2
     }
 
@@ -89,6 +89,24 @@ impl<D: BlockDevice> NativeStore<D> {
                          the cleaner, and nothing left to clean"
                     ),
                 ));
+            }
+            tries += 1;
+        }
+        Ok(())
+    }
+
+    /// Cleans until the free segments are back at the reserve floor, or nothing more can be
+    /// freed. Mount calls it after its checkpoint: every mount takes a journal segment and,
+    /// often, a metadata one, and writers restore the floor only once they write; crash after
+    /// crash with little written between, a store would otherwise run out of room for the
+    /// next mount's own checkpoint and could not be mounted at all.
+    pub(crate) async fn restore_reserve(&self) -> Result<()> {
+        let mut tries = 0;
+        while (self.st.borrow().segments.free_count() as u64) < self.reserve_floor()
+            && tries <= 4 * self.geo.segments
+        {
+            if !self.clean_one(true).await? {
+                break;
             }
             tries += 1;
         }

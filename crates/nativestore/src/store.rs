@@ -436,6 +436,12 @@ impl<D: BlockDevice> NativeStore<D> {
         )
     }
 
+    /// The fewest free segments user writes leave (room for a checkpoint and a cleaning
+    /// pass); a mount cleans back to it.
+    pub fn segments_reserved(&self) -> u64 {
+        self.reserve_floor()
+    }
+
     pub(crate) fn byte_offset(&self, block: u64) -> u64 {
         self.base + block * BLOCK as u64
     }
