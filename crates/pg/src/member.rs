@@ -87,6 +87,8 @@ struct Pending {
     /// they recover it in the background. The write is done once the others number at least
     /// `min_size`, as a write to a degraded PG is.
     lacking: BTreeSet<OsdId>,
+    /// When the primary sent it (the member's clock): how long a silent copy held it.
+    since: u64,
 }
 
 /// One OSD's copy of one PG. `log`, `objects`, `missing` and `les` are its durable state: a
@@ -1467,6 +1469,7 @@ impl Member {
             req,
             waiting,
             lacking: BTreeSet::new(),
+            since: self.now,
         });
         self.ack_done(out);
     }

@@ -155,18 +155,29 @@ fn a_target_that_goes_away_holds_no_write_and_never_counts_toward_min_size() {
     // osd.3 stops answering: a write waits for it ...
     let (w, ev) = write(10, "o0");
     assert!(run(&mut ms, 3, ev, &[3]).is_empty());
+    // ... and the primary names it to its host as silent since that write (the host reports
+    // it to the managers once that outlasts the grace) ...
+    assert_eq!(ms[0].unresponsive(503), vec![(3, 500)]);
+    let (w2, ev) = write(11, "o1");
+    assert!(run(&mut ms, 503, ev, &[3]).is_empty());
+    assert_eq!(
+        ms[0].unresponsive(600),
+        vec![(3, 597)],
+        "from the oldest write"
+    );
     // ... until the map no longer names it (it went down).
-    let acked = run(&mut ms, 4, all(map(3, &[0, 1, 2], &[], &[])), &[3]);
-    assert_eq!(acked, vec![w]);
+    let acked = run(&mut ms, 604, all(map(3, &[0, 1, 2], &[], &[])), &[3]);
+    assert_eq!(acked, vec![w, w2]);
+    assert!(ms[0].unresponsive(700).is_empty(), "{}", ms[0].describe());
     assert!(!ms[0].targets_filled());
 
     // With osd.1 and osd.2 gone, osd.0 alone and a target are below min_size 2: no write.
-    run(&mut ms, 5, all(map(4, &[0], &[3], &[])), &[]);
+    run(&mut ms, 705, all(map(4, &[0], &[3], &[])), &[]);
     assert!(!ms[0].is_active_primary(), "{}", ms[0].describe());
-    let (w, ev) = write(11, "o1");
+    let (w, ev) = write(12, "o1");
     let mut out = Vec::new();
     for (to, e) in ev {
-        out.extend(ms[to as usize].handle(6, e));
+        out.extend(ms[to as usize].handle(706, e));
     }
     assert!(out.contains(&Action::Refuse { req: w }), "{out:?}");
 }

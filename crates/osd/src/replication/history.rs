@@ -7,8 +7,9 @@ use carmine_mapstore::{PgHistoryStore, Recorded};
 use carmine_pg::Interval;
 use carmine_reactor::MailboxSender;
 use carmine_types::{OsdId, PgId};
-use std::sync::mpsc::{sync_channel, SyncSender, TrySendError};
+use std::sync::mpsc::{sync_channel, SyncSender};
 use std::sync::Arc;
+use std::time::Duration;
 
 /// Requests queued for the worker; past it a reactor tries again on its next tick.
 const QUEUE: usize = 4096;
@@ -78,7 +79,8 @@ pub(crate) enum Answer {
     Settled {
         pg: PgId,
     },
-    /// Of the temporary acting sets asked about, `released` went.
+    /// `asked` temporary acting sets were asked about; of the batch they went in (every
+    /// reactor's asks merged), `released` went.
     Released {
         asked: usize,
         released: usize,
@@ -96,34 +98,53 @@ pub(crate) enum Answer {
     },
 }
 
-/// A reactor's handle on the worker.
+/// A reactor's handle on the workers.
 #[derive(Clone)]
 pub(crate) struct HistoryClient {
     reactor: usize,
     tx: SyncSender<(usize, Ask)>,
+    /// The releasing worker's queue; `None` if this OSD cannot change the map.
+    releases: Option<SyncSender<(usize, Vec<TempFilled>)>>,
 }
 
 impl HistoryClient {
     /// False if the worker's queue is full or it is gone: ask again later.
     pub fn ask(&self, ask: Ask) -> bool {
-        match self.tx.try_send((self.reactor, ask)) {
-            Ok(()) => true,
-            Err(TrySendError::Full(_)) | Err(TrySendError::Disconnected(_)) => false,
-        }
+        let sent = match ask {
+            Ask::ReleaseTemps { sets } => match &self.releases {
+                Some(tx) => tx.try_send((self.reactor, sets)).map_err(|_| ()),
+                None => Err(()),
+            },
+            ask => self.tx.try_send((self.reactor, ask)).map_err(|_| ()),
+        };
+        sent.is_ok()
+    }
+
+    /// Whether this OSD may release temporary acting sets (it has a way to change the map).
+    pub fn can_release(&self) -> bool {
+        self.releases.is_some()
     }
 }
 
-/// Starts the worker for `reactors` (one answer mailbox each); returns each reactor's client.
+/// Starts the workers for `reactors` (one answer mailbox each); returns each reactor's
+/// client. Releases of temporary acting sets get a worker of their own: each waits for the
+/// map to be quiet and then changes it, which takes up to seconds, and the histories' worker
+/// answers peering meanwhile.
 pub(crate) fn start(
     store: SharedHistoryStore,
     release: Option<TempReleaser>,
     mut reactors: Vec<MailboxSender<Answer>>,
 ) -> std::io::Result<Vec<HistoryClient>> {
     let (tx, rx) = sync_channel::<(usize, Ask)>(QUEUE);
+    let releases = match release {
+        Some(r) => Some(start_releases(r, reactors.clone())?),
+        None => None,
+    };
     let clients = (0..reactors.len())
         .map(|reactor| HistoryClient {
             reactor,
             tx: tx.clone(),
+            releases: releases.clone(),
         })
         .collect();
     std::thread::Builder::new()
@@ -131,7 +152,7 @@ pub(crate) fn start(
         .spawn(move || {
             // Ends when every reactor's client is gone (the OSD stopped).
             while let Ok((reactor, ask)) = rx.recv() {
-                let answer = answer(store.as_ref(), release.as_ref(), ask);
+                let answer = answer(store.as_ref(), ask);
                 if reactors[reactor].send_blocking(answer).is_err() {
                     // That reactor stopped; the others may still ask.
                     continue;
@@ -141,29 +162,61 @@ pub(crate) fn start(
     Ok(clients)
 }
 
-fn answer(
-    store: &(dyn PgHistoryStore + Send + Sync),
-    release: Option<&TempReleaser>,
-    ask: Ask,
-) -> Answer {
+/// Pause after a failed release before the next one, doubled at each failure in a row: the
+/// map store may be down, and every reactor asks again at once.
+const RELEASE_BACKOFF_MIN: Duration = Duration::from_millis(500);
+const RELEASE_BACKOFF_MAX: Duration = Duration::from_secs(10);
+
+/// The releasing worker: the sets every reactor asked about meanwhile go in one map update.
+fn start_releases(
+    release: TempReleaser,
+    mut reactors: Vec<MailboxSender<Answer>>,
+) -> std::io::Result<SyncSender<(usize, Vec<TempFilled>)>> {
+    let (tx, rx) = sync_channel::<(usize, Vec<TempFilled>)>(reactors.len() * 4);
+    std::thread::Builder::new()
+        .name("pg-temp-release".into())
+        .spawn(move || {
+            let mut backoff = RELEASE_BACKOFF_MIN;
+            while let Ok(first) = rx.recv() {
+                let mut asks = vec![first];
+                asks.extend(rx.try_iter());
+                let sets: Vec<TempFilled> =
+                    asks.iter().flat_map(|(_, s)| s.iter().cloned()).collect();
+                let result = release.release(&sets);
+                let failed = result.is_err();
+                for (reactor, asked) in asks {
+                    let answer = match &result {
+                        // How many went is known for the whole batch only: each reactor
+                        // hears it, with its own count of sets asked about.
+                        Ok(released) => Answer::Released {
+                            asked: asked.len(),
+                            released: *released,
+                        },
+                        Err(why) => Answer::ReleaseFailed {
+                            pgs: asked.iter().map(|s| s.0).collect(),
+                            why: why.clone(),
+                        },
+                    };
+                    // A reactor that stopped takes no answer; the others may still ask.
+                    let _ = reactors[reactor].send_blocking(answer);
+                }
+                if failed {
+                    std::thread::sleep(backoff);
+                    backoff = (backoff * 2).min(RELEASE_BACKOFF_MAX);
+                } else {
+                    backoff = RELEASE_BACKOFF_MIN;
+                }
+            }
+        })?;
+    Ok(tx)
+}
+
+fn answer(store: &(dyn PgHistoryStore + Send + Sync), ask: Ask) -> Answer {
     let (pg, epoch) = match &ask {
         Ask::Get { pg, epoch } | Ask::Record { pg, epoch, .. } | Ask::Settle { pg, epoch, .. } => {
             (*pg, *epoch)
         }
-        Ask::ReleaseTemps { sets } => {
-            let pgs = || sets.iter().map(|s| s.0).collect();
-            return match release.map(|r| r.release(sets)) {
-                Some(Ok(released)) => Answer::Released {
-                    asked: sets.len(),
-                    released,
-                },
-                Some(Err(why)) => Answer::ReleaseFailed { pgs: pgs(), why },
-                None => Answer::ReleaseFailed {
-                    pgs: pgs(),
-                    why: "this OSD cannot change the map".into(),
-                },
-            };
-        }
+        Ask::ReleaseTemps { .. } => unreachable!("sent to the releasing worker"),
     };
     let answered = match ask {
         Ask::Get { .. } => store.get(pg).map(|h| Answer::Got {
@@ -190,7 +243,7 @@ fn answer(
         Ask::Settle { from, .. } => store
             .settle(pg, from, epoch)
             .map(|_| Answer::Settled { pg }),
-        Ask::ReleaseTemps { .. } => unreachable!("answered above"),
+        Ask::ReleaseTemps { .. } => unreachable!("sent to the releasing worker"),
     };
     answered.unwrap_or_else(|e| Answer::Failed {
         pg,
