@@ -95,20 +95,37 @@ impl<D: BlockDevice> NativeStore<D> {
         Ok(())
     }
 
-    /// Cleans until the free segments are back at the reserve floor, or nothing more can be
-    /// freed. Mount calls it after its checkpoint: every mount takes a journal segment and,
-    /// often, a metadata one, and writers restore the floor only once they write; crash after
-    /// crash with little written between, a store would otherwise run out of room for the
-    /// next mount's own checkpoint and could not be mounted at all.
+    /// Cleans until the free segments are back at the reserve floor, as far as cleaning can
+    /// get there. Mount calls it after its checkpoint: every mount takes a journal segment
+    /// and, often, a metadata one, and writers restore the floor only once they write; crash
+    /// after crash with little written between, a store would otherwise run out of room for
+    /// the next mount's own checkpoint and could not be mounted at all.
+    ///
+    /// Best effort: a store full of live data gains nothing by cleaning (moving a victim
+    /// takes about the segment it frees), so it stops after two passes that freed nothing,
+    /// and a cleaning that fails without failing the shard (no room to move into) leaves the
+    /// store mounted, refusing writes that grow it as before.
     pub(crate) async fn restore_reserve(&self) -> Result<()> {
-        let mut tries = 0;
-        while (self.st.borrow().segments.free_count() as u64) < self.reserve_floor()
-            && tries <= 4 * self.geo.segments
-        {
-            if !self.clean_one(true).await? {
-                break;
+        let free = || self.st.borrow().segments.free_count() as u64;
+        let (mut best, mut idle) = (free(), 0);
+        while free() < self.reserve_floor() && idle < 2 {
+            match self.clean_one(true).await {
+                Ok(true) => {}
+                Ok(false) => break,
+                Err(e) if self.st.borrow().failed.is_some() => return Err(e),
+                Err(e) => {
+                    tracing::warn!(shard = self.shard, "cleaning at mount: {e}");
+                    break;
+                }
             }
-            tries += 1;
+            // (A pass that finds no victim checkpoints so that the journal's segments become
+            // victims: it frees nothing itself.)
+            if free() > best {
+                best = free();
+                idle = 0;
+            } else {
+                idle += 1;
+            }
         }
         Ok(())
     }

@@ -108,6 +108,11 @@ pub struct Member {
     acting: Vec<OsdId>,
     /// The PG's backfill targets in this epoch (see [`Event::Map`]).
     targets: Vec<OsdId>,
+    /// Writes wait for what the targets lack (see [`Member::wait_for_targets`]).
+    wait_for_targets: bool,
+    /// As a primary: when each target was last activated, or said it restarted (it was
+    /// alive then); its silence counts from no earlier.
+    target_since: BTreeMap<OsdId, u64>,
     history: Vec<Interval>,
     min_size: usize,
     role: Role,
@@ -211,6 +216,8 @@ impl Member {
             epoch: 0,
             acting: Vec::new(),
             targets: Vec::new(),
+            wait_for_targets: false,
+            target_since: BTreeMap::new(),
             history: Vec::new(),
             min_size: 1,
             role: Role::Stray,
@@ -1328,6 +1335,9 @@ impl Member {
                 // The history of this interval is the primary's: the member takes it whole,
                 // in a new round, so that what it said before restarting no longer counts.
                 if epoch == self.epoch && self.role == Role::Active && self.copy_of_interval(from) {
+                    if self.targets.contains(&from) {
+                        self.target_since.insert(from, self.now);
+                    }
                     if self.peer_missing.get(&from) != Some(&None) {
                         self.round += 1;
                         self.member_round.insert(from, self.round);
@@ -1492,6 +1502,7 @@ impl Member {
             return;
         }
         let old = std::mem::replace(&mut self.targets, targets);
+        self.wait_for_targets = false;
         if self.role == Role::Replica && !self.copy_of_interval(self.osd) {
             self.role = Role::Stray;
         }
@@ -1504,6 +1515,7 @@ impl Member {
             .filter(|o| !self.copy_of_interval(*o))
             .collect();
         for o in &dropped {
+            self.target_since.remove(o);
             self.peer_missing.remove(o);
             self.acked_head.remove(o);
             self.member_round.remove(o);
@@ -1514,6 +1526,7 @@ impl Member {
         }
         for &o in &self.targets {
             if !old.contains(&o) {
+                self.target_since.insert(o, self.now);
                 self.member_round.insert(o, self.round);
                 self.peer_missing.insert(o, None);
                 self.acked_head.remove(&o);

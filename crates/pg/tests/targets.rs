@@ -165,6 +165,16 @@ fn a_target_that_goes_away_holds_no_write_and_never_counts_toward_min_size() {
         vec![(3, 597)],
         "from the oldest write"
     );
+    // Said to have restarted (it is alive): activated again, and silent from then on only.
+    let out = ms[0].handle(
+        550,
+        Event::Msg {
+            from: 3,
+            msg: carmine_pg::Msg::NotActive { epoch: 2 },
+        },
+    );
+    assert!(!out.is_empty(), "activated again");
+    assert_eq!(ms[0].unresponsive(600), vec![(3, 50)], "from the restart");
     // ... until the map no longer names it (it went down).
     let acked = run(&mut ms, 604, all(map(3, &[0, 1, 2], &[], &[])), &[3]);
     assert_eq!(acked, vec![w, w2]);
@@ -225,4 +235,78 @@ fn a_target_dropped_and_made_acting_never_rolls_back_acknowledged_writes() {
     assert_eq!(ms[3].log.head(), head, "the acknowledged writes are kept");
     assert_eq!(ms[0].log.head(), head, "osd.0 was not rolled back");
     assert_eq!(ms[3].objects, ms[0].objects);
+}
+
+/// An object written faster than a target copies it is never caught up with in the
+/// background: each copy lands overtaken by a write the target took as a log entry only. Once
+/// the host asks for it, writes to what the targets still lack wait for them to recover it,
+/// as for an acting member, and the fill completes.
+#[test]
+fn a_hot_object_is_caught_up_with_once_writes_wait_for_the_targets() {
+    let mut ms = serving(4);
+    run(&mut ms, 2, all(map(2, &[0, 1, 2], &[3], &[])), &[]);
+    // The target copies everything at the versions it lacks; a write to o1 overtakes its copy.
+    let (w, ev) = write(10, "o1");
+    let copies = recover_all(&mut ms[3]);
+    assert_eq!(run(&mut ms, 3, ev, &[]), vec![w]);
+    run(
+        &mut ms,
+        3,
+        copies.into_iter().map(|e| (3, e)).collect(),
+        &[],
+    );
+    assert_eq!(ms[0].misplaced(), 1, "{}", ms[3].describe());
+    assert!(!ms[0].targets_filled());
+    // Without waiting, a write to it is acknowledged and leaves it lacking.
+    let (w, ev) = write(11, "o1");
+    assert_eq!(run(&mut ms, 4, ev, &[]), vec![w]);
+    assert!(ms[0].lacking("o1").is_empty());
+    assert_eq!(ms[0].misplaced(), 1);
+
+    ms[0].wait_for_targets();
+    assert_eq!(ms[0].lacking("o1"), vec![3]);
+    assert!(ms[0].lacking("o2").is_empty(), "it holds o2");
+    // A write to it is refused (the host waits, then hands it over again) and the target is
+    // asked to recover it first.
+    let w = ReqId { client: 7, tid: 12 };
+    let out = ms[0].handle(
+        5,
+        Event::Write {
+            req: w,
+            oid: "o1".into(),
+            kind: OpKind::Modify,
+        },
+    );
+    assert!(out.contains(&Action::Refuse { req: w }), "{out:?}");
+    let urgent = out.iter().any(|a| {
+        matches!(
+            a,
+            Action::Send {
+                to: 3,
+                msg: carmine_pg::Msg::Lacks { urgent: true, .. }
+            }
+        )
+    });
+    assert!(urgent, "{out:?}");
+    let copies = recover_all(&mut ms[3]);
+    run(
+        &mut ms,
+        6,
+        copies.into_iter().map(|e| (3, e)).collect(),
+        &[],
+    );
+    assert!(ms[0].lacking("o1").is_empty());
+    assert!(ms[0].targets_filled(), "{}", ms[0].describe());
+    let (_, ev) = write(12, "o1");
+    assert_eq!(run(&mut ms, 7, ev, &[]), vec![w]);
+    assert_eq!(ms[3].objects, ms[0].objects);
+    assert!(
+        ms[3].missing.is_empty(),
+        "it took the write whole: {}",
+        ms[3].describe()
+    );
+
+    // New targets: writes go back to not waiting for them.
+    run(&mut ms, 8, all(map(3, &[0, 1, 2], &[], &[])), &[]);
+    assert!(!ms[0].waits_for_targets());
 }

@@ -143,6 +143,8 @@ pub(crate) struct PgReplica {
     pub released: Cell<u32>,
     /// The epoch in which the history was last read from the map store.
     pub fetched: Cell<u32>,
+    /// As a primary with backfill targets: how their fill goes (see `watch_fills`).
+    pub fill: Cell<Option<FillWatch>>,
     /// Why this copy stopped (its store refused a change): it takes no more work.
     pub broken: RefCell<Option<String>>,
     /// The objects a scrub chunk compares now: writes to them wait (see `scrub`).
@@ -215,6 +217,7 @@ impl PgReplica {
             settled: Cell::new(0),
             released: Cell::new(0),
             fetched: Cell::new(0),
+            fill: Cell::new(None),
             broken: RefCell::new(None),
             rewrites: Cell::new(0),
             scrub_fence: RefCell::new(None),
@@ -659,6 +662,7 @@ fn tick<S: ObjectStore + 'static>(shard: &Rc<Shard<S>>) {
         .metrics
         .set_silent_peers(silent_peers.into_iter().collect());
     shard.metrics.set_pg_listing_max(listing_max as u64);
+    watch_fills(&all);
     release_filled(shard, &all);
     let (objects, bytes) = shard.metrics.recovered_totals();
     let (bps, ops) = shard.replication.pace.borrow_mut().update(objects, bytes);
@@ -706,6 +710,62 @@ fn tick<S: ObjectStore + 'static>(shard: &Rc<Shard<S>>) {
             drive(shard, &pgr, Event::Clock, None);
         }
         recover::kick(shard, &pgr);
+    }
+}
+
+/// How a primary's backfill targets fill: since when, how many objects they lacked when
+/// last looked at, since when that count stands, and whether it ever went down.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct FillWatch {
+    since: Instant,
+    misplaced: usize,
+    unchanged_since: Instant,
+    progressed: bool,
+}
+
+/// A fill whose targets lack this few objects, and no fewer for `STRAGGLERS_STALL`, has its
+/// writes wait for them (`Member::wait_for_targets`): objects written faster than a target
+/// copies them, which the background never catches up with. A fill that never progressed
+/// (its PG waits its turn for recovery, or its one lacking object is the hot one) is given
+/// `STRAGGLERS_DEADLINE` before that.
+const STRAGGLERS: usize = 8;
+const STRAGGLERS_STALL: Duration = Duration::from_secs(10);
+const STRAGGLERS_DEADLINE: Duration = Duration::from_secs(60);
+
+/// Watches the fill of every PG this reactor is the active primary of with backfill targets.
+fn watch_fills(all: &[Rc<PgReplica>]) {
+    let now = Instant::now();
+    for pgr in all.iter().filter(|p| p.broken.borrow().is_none()) {
+        let (filling, misplaced, waits) = {
+            let m = pgr.member.borrow();
+            let filling = m.is_active_primary() && !m.targets().is_empty() && !m.targets_filled();
+            (filling, m.misplaced(), m.waits_for_targets())
+        };
+        if !filling {
+            pgr.fill.set(None);
+            continue;
+        }
+        let mut w = pgr.fill.get().unwrap_or(FillWatch {
+            since: now,
+            misplaced,
+            unchanged_since: now,
+            progressed: false,
+        });
+        if misplaced != w.misplaced {
+            w.progressed |= misplaced < w.misplaced;
+            w.misplaced = misplaced;
+            w.unchanged_since = now;
+        }
+        pgr.fill.set(Some(w));
+        let stalled = now.duration_since(w.unchanged_since) >= STRAGGLERS_STALL
+            && (w.progressed || now.duration_since(w.since) >= STRAGGLERS_DEADLINE);
+        if !waits && misplaced <= STRAGGLERS && stalled {
+            tracing::info!(pg = %pgr.pg, objects = misplaced,
+                "the backfill targets' last lacking objects are not caught up with in the \
+                 background (written faster than copied): writes to them now wait for the \
+                 targets to recover them");
+            pgr.member.borrow_mut().wait_for_targets();
+        }
     }
 }
 

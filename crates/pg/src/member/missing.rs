@@ -80,23 +80,46 @@ impl Member {
         }
     }
 
-    /// True if some acting member (this one included) lacks `oid`; see [`Member::lacking`].
+    /// True if some acting member (this one included) lacks `oid`, or a backfill target
+    /// while writes wait for the targets; see [`Member::lacking`].
     pub fn any_lacks(&self, oid: &str) -> bool {
-        self.role == Role::Active && self.acting.iter().any(|m| self.lacks(*m, oid))
+        self.role == Role::Active
+            && (self.acting.iter().any(|m| self.lacks(*m, oid))
+                || self.targets.iter().any(|t| self.straggles(*t, oid)))
     }
 
     /// The acting members (this one included) whose store lacks `oid`: a write to it must
     /// wait until they recovered it (its ops may change part of the object only), and so must
-    /// a read at this primary if it is among them.
+    /// a read at this primary if it is among them. While writes wait for the targets (see
+    /// [`Member::wait_for_targets`]), the backfill targets said to lack it, too.
     pub fn lacking(&self, oid: &str) -> Vec<OsdId> {
         if self.role != Role::Active {
             return Vec::new();
         }
-        self.acting
-            .iter()
-            .copied()
-            .filter(|m| self.lacks(*m, oid))
-            .collect()
+        let acting = self.acting.iter().filter(|m| self.lacks(**m, oid));
+        let targets = self.targets.iter().filter(|t| self.straggles(**t, oid));
+        acting.chain(targets).copied().collect()
+    }
+
+    /// A backfill target said to lack `oid`, while writes wait for the targets.
+    fn straggles(&self, target: OsdId, oid: &str) -> bool {
+        self.wait_for_targets
+            && matches!(self.peer_missing.get(&target), Some(Some(m)) if m.contains(oid))
+    }
+
+    /// Makes writes to the objects the backfill targets still lack wait until they recovered
+    /// them, as for an acting member (until the targets change). The host turns it on for
+    /// the last few objects of a fill that stopped making progress: an object written faster
+    /// than a target can copy it is never caught up with in the background (each copy is
+    /// overtaken by the next write, which the target takes as a log entry only), and its PG
+    /// would stay on its temporary acting set for good.
+    pub fn wait_for_targets(&mut self) {
+        self.wait_for_targets = true;
+    }
+
+    /// Whether writes wait for the backfill targets' lacking objects.
+    pub fn waits_for_targets(&self) -> bool {
+        self.wait_for_targets
     }
 
     /// Asks the members that lack `oid` to recover it first (a client waits for it).

@@ -31,7 +31,7 @@ impl Member {
     ///   acting member that has not acknowledged (silent since the activation was sent).
     ///
     /// As the active primary, too, each backfill target a write waits on (silent since the
-    /// oldest such write was sent): a target takes no pings (it grants no leases), but a
+    /// oldest such write was sent, or since it was last activated if later): a target takes no pings (it grants no leases), but a
     /// hung one, or one behind a broken link, holds every write of the PG until the map
     /// marks it down, which this report brings about.
     ///
@@ -83,13 +83,17 @@ impl Member {
     }
 
     /// Backfill targets the primary's writes wait on, each with how long the oldest of those
-    /// writes has waited.
+    /// writes has waited, or since the target was last activated or said it restarted, if
+    /// later (until it acknowledges its activation, every write waits on it).
     fn silent_targets(&self, now: u64) -> Vec<(OsdId, u64)> {
         self.targets
             .iter()
             .filter_map(|t| {
                 let oldest = self.pending.iter().find(|p| p.waiting.contains(t))?;
-                Some((*t, now.saturating_sub(oldest.since)))
+                let since = oldest
+                    .since
+                    .max(self.target_since.get(t).copied().unwrap_or(0));
+                Some((*t, now.saturating_sub(since)))
             })
             .collect()
     }
