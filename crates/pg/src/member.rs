@@ -709,8 +709,12 @@ impl Member {
                 min_size,
                 lost,
             } => {
+                // A map no newer than the one known says nothing (it came late).
+                let newer = epoch > self.epoch;
                 self.on_map(epoch, acting, history, min_size, lost, &mut out);
-                self.on_targets(targets, &mut out);
+                if newer {
+                    self.on_targets(targets, &mut out);
+                }
             }
             Event::Msg { from, msg } => self.on_msg(from, msg, &mut out),
             Event::Recorded { epoch } => {

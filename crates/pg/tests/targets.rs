@@ -90,6 +90,10 @@ fn a_target_takes_every_write_holds_none_back_and_then_serves_complete() {
     run(&mut ms, 2, all(map(2, &[0, 1, 2], &[3], &[])), &[]);
     assert_eq!(ms[0].interval_start(), 1);
     assert!(ms[0].is_active_primary());
+    // A map that comes late changes nothing.
+    run(&mut ms, 2, vec![(0, map(2, &[0, 1, 2], &[], &[]))], &[]);
+    run(&mut ms, 2, vec![(0, map(1, &[0, 1, 2], &[], &[]))], &[]);
+    assert_eq!(ms[0].targets(), &[3]);
     assert_eq!(ms[3].missing.len(), 4, "{}", ms[3].describe());
     assert_eq!(ms[0].misplaced(), 4);
     assert!(!ms[0].targets_filled());
