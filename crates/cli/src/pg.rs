@@ -28,8 +28,9 @@ pub enum PgCommand {
     /// copies being filled.
     Map(MapArgs),
     /// Serve a PG from these OSDs, primary first, instead of its placement (Ceph's
-    /// `pg-temp`): a temporary acting set, as the OSDs will ask for themselves while a new
-    /// copy is filled (decision 0015). With no OSD, the PG goes back to its placement.
+    /// `pg-temp`): a temporary acting set, as the map writers make while a new copy is
+    /// filled (decision 0015). With no OSD, the PG goes back to its placement; it also goes
+    /// back on its own once the placement's copies outside the set hold everything.
     Temp(TempArgs),
 }
 
