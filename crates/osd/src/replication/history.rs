@@ -51,12 +51,6 @@ pub(crate) enum Ask {
         from: u32,
         epoch: u32,
     },
-    /// PGs whose primaries filled their backfill targets: their temporary acting sets may
-    /// go, in one map epoch (each epoch costs every OSD a look at every PG, and OSDs that
-    /// miss one peer all theirs again).
-    ReleaseTemps {
-        sets: Vec<TempFilled>,
-    },
 }
 
 #[derive(Debug)]
@@ -110,14 +104,17 @@ pub(crate) struct HistoryClient {
 impl HistoryClient {
     /// False if the worker's queue is full or it is gone: ask again later.
     pub fn ask(&self, ask: Ask) -> bool {
-        let sent = match ask {
-            Ask::ReleaseTemps { sets } => match &self.releases {
-                Some(tx) => tx.try_send((self.reactor, sets)).map_err(|_| ()),
-                None => Err(()),
-            },
-            ask => self.tx.try_send((self.reactor, ask)).map_err(|_| ()),
-        };
-        sent.is_ok()
+        self.tx.try_send((self.reactor, ask)).is_ok()
+    }
+
+    /// Asks for the temporary acting sets of PGs whose primaries filled their backfill
+    /// targets to go, in one map epoch (each epoch costs every OSD a look at every PG, and
+    /// OSDs that miss one peer all theirs again). False as for [`HistoryClient::ask`], or if
+    /// this OSD cannot change the map.
+    pub fn release(&self, sets: Vec<TempFilled>) -> bool {
+        self.releases
+            .as_ref()
+            .is_some_and(|tx| tx.try_send((self.reactor, sets)).is_ok())
     }
 
     /// Whether this OSD may release temporary acting sets (it has a way to change the map).
@@ -216,7 +213,6 @@ fn answer(store: &(dyn PgHistoryStore + Send + Sync), ask: Ask) -> Answer {
         Ask::Get { pg, epoch } | Ask::Record { pg, epoch, .. } | Ask::Settle { pg, epoch, .. } => {
             (*pg, *epoch)
         }
-        Ask::ReleaseTemps { .. } => unreachable!("sent to the releasing worker"),
     };
     let answered = match ask {
         Ask::Get { .. } => store.get(pg).map(|h| Answer::Got {
@@ -243,7 +239,6 @@ fn answer(store: &(dyn PgHistoryStore + Send + Sync), ask: Ask) -> Answer {
         Ask::Settle { from, .. } => store
             .settle(pg, from, epoch)
             .map(|_| Answer::Settled { pg }),
-        Ask::ReleaseTemps { .. } => unreachable!("sent to the releasing worker"),
     };
     answered.unwrap_or_else(|e| Answer::Failed {
         pg,

@@ -812,7 +812,7 @@ fn release_filled<S>(shard: &Shard<S>, all: &[Rc<PgReplica>]) {
         .iter()
         .map(|(p, _, acting, filled)| (p.pg, acting.clone(), filled.clone()))
         .collect();
-    if h.ask(Ask::ReleaseTemps { sets }) {
+    if h.release(sets) {
         for (p, epoch, _, _) in &ready {
             p.released.set(*epoch);
         }
