@@ -10,6 +10,7 @@
 # Usage: bench/recovery-under-load.sh OUT_DIR [RATE_MIB=128] [SPAN=1G] [BUSY_RATE_MIB=16]
 # (rate 0: no limit; a span smaller than the volume leaves most objects to the background, at
 # the rate; the busy rate applies while clients are active on an OSD's reactor, 0: the rate)
+# VOLUME=4G: a larger volume (with the memory store, MEMORY_LIMIT per OSD, default 2G).
 # EVENT=add: instead of the kill, a fourth OSD is added (`osd add --in`) and started 8 s in,
 # and the PGs placed on it are filled the same way. With STORE=native, the killed OSD comes
 # back on a freshly made store file, as after a disk replacement.
@@ -28,12 +29,12 @@ trap '"$carmine" cluster down --dir "$CARMINE_DIR" >/dev/null 2>&1; kill $nbd 2>
 if [ "${STORE:-memory}" = native ]; then
   store_opts=(--store native --device-size 3G)
 else
-  store_opts=(--store memory --memory-limit 2G)
+  store_opts=(--store memory --memory-limit "${MEMORY_LIMIT:-2G}")
 fi
 "$carmine" cluster up --osds 3 "${store_opts[@]}" --pg-num 64 --cpu-set 1 \
   --recovery-rate-mib "$rate" --recovery-busy-rate-mib "$busy" >/dev/null
-"$carmine" volume create v --size 1G >/dev/null
-head -c 1G /dev/urandom | "$carmine" volume write v -f - -q >/dev/null
+"$carmine" volume create v --size "${VOLUME:-1G}" >/dev/null
+head -c "${VOLUME:-1G}" /dev/urandom | "$carmine" volume write v -f - -q >/dev/null
 taskset -c 0 "$carmine" nbd serve --export v --listen 127.0.0.1:10809 >"$dir/nbd.log" 2>&1 &
 nbd=$!
 sleep 1

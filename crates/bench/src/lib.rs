@@ -369,6 +369,7 @@ fn bench_carmine(a: &BenchArgs, cluster_dir: &std::path::Path) -> Result<Run> {
         recovery_rate_mib: None,
         recovery_busy_rate_mib: None,
         recovery_max_active: None,
+        backfill_min_objects: None,
         idle_poll_us: osd_idle_poll(a)?,
         journal_writes: a.journal_writes,
         object_cache: a.object_cache,

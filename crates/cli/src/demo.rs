@@ -60,6 +60,7 @@ pub fn run(a: DemoArgs) -> Result<()> {
         recovery_rate_mib: None,
         recovery_busy_rate_mib: None,
         recovery_max_active: None,
+        backfill_min_objects: None,
         idle_poll_us: None,
         journal_writes: None,
         object_cache: None,

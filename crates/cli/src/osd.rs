@@ -151,6 +151,13 @@ pub struct OsdArgs {
     #[arg(long, default_value_t = carmine_osd::RECOVERY_MAX_ACTIVE_DEFAULT,
           value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=256))]
     pub recovery_max_active: usize,
+    /// Objects that copies lacking most of their PGs (back empty, or gone long) must lack in
+    /// all, across a reactor's PGs, before those PGs are served by their other copies while
+    /// these fill as backfill targets (temporary acting sets). Below it they are recovered in
+    /// place, clients' writes waiting for the objects they touch; a set costs a primary
+    /// change each way (a read lease's wait).
+    #[arg(long, default_value_t = carmine_osd::BACKFILL_MIN_OBJECTS_DEFAULT)]
+    pub backfill_min_objects: usize,
     /// The read lease the copies of replicated PGs grant their primary: a primary cut off from
     /// its copies stops serving reads within it, and after a failover the new primary waits
     /// out what its copies granted the old one before it serves. Keep it at most the lease
@@ -374,7 +381,7 @@ pub fn run(a: OsdArgs, access: &carmine_localcluster::EtcdAccessArgs) -> Result<
         idle_timeout: Some(a.idle_timeout).filter(|t| !t.is_zero()),
         auth_key,
         pg_history: Some(source.pg_history()?),
-        release_temp: Some(std::sync::Arc::new(crate::osd_control::MapTempReleaser(
+        temp_changer: Some(std::sync::Arc::new(crate::osd_control::MapTempChanger(
             source.clone(),
         ))),
         scrub: carmine_osd::ScrubSchedule {
@@ -385,6 +392,7 @@ pub fn run(a: OsdArgs, access: &carmine_localcluster::EtcdAccessArgs) -> Result<
             rate: Some(a.recovery_rate_mib << 20).filter(|r| *r > 0),
             busy_rate: Some(a.recovery_busy_rate_mib << 20).filter(|r| *r > 0),
             max_active: a.recovery_max_active,
+            backfill_min_objects: a.backfill_min_objects,
         },
         read_lease: a.read_lease,
         prior_read_lease: Some(prior_read_lease),

@@ -91,60 +91,67 @@ impl MapSource {
     }
 }
 
-/// Removes temporary acting sets from the map the OSD follows, for its primaries whose
-/// backfill targets are full (`carmine_osd::ReleaseTemp`).
-pub struct MapTempReleaser(pub MapSource);
+/// Changes temporary acting sets in the map the OSD follows, for its primaries
+/// (`carmine_osd::ChangeTemps`): sets them where acting members lack most of a PG, removes
+/// them once the backfill targets are full.
+pub struct MapTempChanger(pub MapSource);
 
-impl std::fmt::Debug for MapTempReleaser {
+impl std::fmt::Debug for MapTempChanger {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "MapTempReleaser({})", self.0.describe())
+        write!(f, "MapTempChanger({})", self.0.describe())
     }
 }
 
-impl carmine_osd::ReleaseTemp for MapTempReleaser {
-    fn release(&self, sets: &[carmine_osd::TempFilled]) -> Result<usize, String> {
+impl carmine_osd::ChangeTemps for MapTempChanger {
+    fn change(&self, changes: &[carmine_osd::TempChange]) -> Result<usize, String> {
+        use carmine_osd::TempChange;
         let store = self.0.open().map_err(|e| format!("{e:#}"))?;
         wait_for_quiet(store.as_ref());
-        let mut released = 0;
+        let mut made = 0;
         carmine_mapstore::update(store.as_ref(), 10, |current| {
-            released = 0;
+            made = 0;
             let Some(map) = current else { return Ok(None) };
             let mut next = map.clone();
-            for (pg, acting, filled) in sets {
-                released += usize::from(next.release_temp(*pg, acting, filled));
+            for change in changes {
+                made += usize::from(match change {
+                    TempChange::Ask { pg, acting, set } => next.ask_temp(*pg, acting, set),
+                    TempChange::Release { pg, acting, filled } => {
+                        next.release_temp(*pg, acting, filled)
+                    }
+                });
             }
-            if released == 0 {
+            if made == 0 {
                 return Ok(None);
             }
             next.epoch = map.epoch + 1;
             Ok(Some(next))
         })
         .map_err(|e| e.to_string())?;
-        Ok(released)
+        Ok(made)
     }
 }
 
-/// How long the map must stay at one epoch before a release changes it, and how long a
-/// release waits for that at most.
-const RELEASE_QUIET: Duration = Duration::from_millis(400);
-const RELEASE_QUIET_WAIT_MAX: Duration = Duration::from_secs(2);
+/// How long the map must stay at one epoch before a change of temporary sets goes in, and
+/// how long it waits for that at most.
+const QUIET: Duration = Duration::from_millis(400);
+const QUIET_WAIT_MAX: Duration = Duration::from_secs(2);
 
-/// Waits, a bounded time, until the map has stayed at one epoch for `RELEASE_QUIET` (plus a
+/// Waits, a bounded time, until the map has stayed at one epoch for `QUIET` (plus a
 /// little, different per process). A reactor that finds the map more than one epoch ahead of
 /// the one it knew cannot tell whether a PG's acting set changed in between and peers every
-/// PG again, which stalls clients; the OSDs' releases, which tend to come together, are
+/// PG again, which stalls clients; the OSDs' changes, which tend to come together, are
 /// spread out so that each is seen on its own.
 fn wait_for_quiet(store: &dyn MapStore) {
     let start = Instant::now();
     let jitter = Duration::from_millis(u64::from(std::process::id() % 7) * 50);
     let epoch = |s: &dyn MapStore| s.get().ok().flatten().map(|m| m.epoch);
     let mut seen = (epoch(store), Instant::now());
-    while start.elapsed() < RELEASE_QUIET_WAIT_MAX {
+    while start.elapsed() < QUIET_WAIT_MAX {
         std::thread::sleep(Duration::from_millis(50));
         let now = epoch(store);
         if now != seen.0 {
             seen = (now, Instant::now());
-        } else if seen.1.elapsed() >= RELEASE_QUIET + jitter {
+        } else if seen.1.elapsed() >= QUIET + jitter {
             return;
         }
     }

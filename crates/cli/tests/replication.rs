@@ -967,3 +967,86 @@ fn pgs_moved_to_a_temporary_acting_set_and_back_keep_every_write() {
     c.ok(&["pg", "deep-scrub", "--pool", "rbd"]);
     c.ok(&["cluster", "down"]);
 }
+
+/// Decision 0015, step 2 for a copy back empty on its own placement: an OSD that comes back
+/// with an empty store is left out of the acting sets of the PGs it lacks (their primaries
+/// ask for temporary sets of the other copies) and fills as their backfill target while the
+/// others serve and take writes; once it holds everything the sets go, and nothing is lost.
+#[test]
+fn an_osd_back_empty_fills_as_a_backfill_target_while_the_others_serve() {
+    let c = Cluster::up(
+        "back-empty",
+        &[
+            "--osds",
+            "3",
+            "--pg-num",
+            "8",
+            "--reactors",
+            "1",
+            "--backfill-min-objects",
+            "1",
+            "--recovery-rate-mib",
+            "1",
+            "--recovery-busy-rate-mib",
+            "1",
+        ],
+    );
+    let data = clean_volume_of_8_mib(&c, 31);
+    assert!(carmine_localcluster::read_map(&c.dir)
+        .unwrap()
+        .pg_temp
+        .is_empty());
+    kill9(c.osd_pid(0));
+    c.ok(&["cluster", "up"]);
+
+    // Its PGs' primaries ask: osd.0 stays in their up sets, out of their acting sets.
+    let start = Instant::now();
+    let map = loop {
+        let map = carmine_localcluster::read_map(&c.dir).unwrap();
+        if !map.pg_temp.is_empty() {
+            break map;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "osd.0 came back empty, but no PG was given a temporary acting set"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    for pg in map.pg_temp.keys() {
+        assert!(!map.pg_osds(*pg, 3).contains(&0), "pg {pg}: {map:?}");
+        assert_eq!(map.pg_backfill_targets(*pg, 3), vec![0], "pg {pg}");
+        assert_eq!(map.pg_osds(*pg, 3).len(), 2, "pg {pg}");
+    }
+    eprintln!(
+        "{} of 8 PGs on temporary sets {:?} after {:?}",
+        map.pg_temp.len(),
+        map.pg_temp,
+        start.elapsed()
+    );
+    // Served, and taking writes, while osd.0 fills.
+    assert_eq!(read_volume(&c, data.len()), data);
+    let data = pattern(8 << 20, 32);
+    c.write_volume("v", &data);
+    assert_eq!(read_volume(&c, data.len()), data);
+
+    // Full, it serves again where placement puts it: the sets go.
+    while !carmine_localcluster::read_map(&c.dir)
+        .unwrap()
+        .pg_temp
+        .is_empty()
+    {
+        assert!(
+            start.elapsed() < Duration::from_secs(90),
+            "temporary sets left: {:?}",
+            carmine_localcluster::read_map(&c.dir).unwrap().pg_temp
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    wait_clean(&c);
+    assert_eq!(read_volume(&c, data.len()), data);
+    c.ok(&["pg", "deep-scrub", "--pool", "rbd"]);
+    // With osd.1 gone, osd.0 and osd.2 serve it.
+    kill9(c.osd_pid(1));
+    assert_eq!(read_volume(&c, data.len()), data);
+    c.ok(&["cluster", "down"]);
+}

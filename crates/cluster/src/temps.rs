@@ -136,6 +136,34 @@ impl OsdMap {
         true
     }
 
+    /// Serves `pg` from `set` while the other members of `acting` fill as backfill targets,
+    /// as its primary asked on finding them lacking most of the PG (decision 0015, step 2 for
+    /// a copy back empty on its own placement; `Member::wants_temp`): only if the map still
+    /// serves the PG from `acting` (what the primary saw), `set` is a part of it of at least
+    /// `min_size` OSDs, all up, and the PG then acts on `set` exactly. True if it was set.
+    pub fn ask_temp(&mut self, pg: PgId, acting: &[OsdId], set: &[OsdId]) -> bool {
+        let Ok((size, min_size)) = self.pool(pg.pool).map(|p| (p.size, p.min_size)) else {
+            return false;
+        };
+        if size < 2
+            || set.len() < min_size as usize
+            || set.len() >= acting.len()
+            || !set.iter().all(|id| acting.contains(id) && self.is_up(*id))
+            || self.pg_osds(pg, size) != acting
+        {
+            return false;
+        }
+        let before = self.pg_temp.insert(pg, set.to_vec());
+        if self.pg_osds(pg, size) != set {
+            match before {
+                Some(b) => self.pg_temp.insert(pg, b),
+                None => self.pg_temp.remove(&pg),
+            };
+            return false;
+        }
+        true
+    }
+
     pub(crate) fn validate_temps(&self) -> Result<(), MapError> {
         let invalid = |s: String| Err(MapError::Invalid(s));
         for (pg, osds) in &self.pg_temp {
@@ -308,6 +336,40 @@ mod tests {
             !m.release_temp(PG, &temp, &target),
             "nothing left to release"
         );
+    }
+
+    #[test]
+    fn a_primary_may_ask_its_pg_onto_part_of_the_acting_set_it_serves_from() {
+        let mut m = map();
+        let up = m.pg_up(PG, 3);
+        // What the primary saw must still be so, and the set a part of it of min_size up.
+        assert!(!m.ask_temp(PG, &up[..2], &up[..2]));
+        assert!(!m.ask_temp(PG, &up, &up[..1]), "below min_size");
+        assert!(!m.ask_temp(PG, &up, &up), "not a part");
+        let other = (0..4).find(|id| !up.contains(id)).unwrap();
+        assert!(
+            !m.ask_temp(PG, &up, &[up[0], other]),
+            "not of the acting set"
+        );
+        let mut down = m.clone();
+        down.osds.iter_mut().find(|o| o.id == up[1]).unwrap().up = false;
+        assert!(!down.ask_temp(PG, &up, &[up[0], up[1]]));
+        let mut single = m.clone();
+        single.pools[0].size = 1;
+        single.pools[0].min_size = 1;
+        assert!(!single.ask_temp(PG, &up[..1], &up[..1]));
+
+        // osd up[1] came back empty: the others serve, it fills as a backfill target.
+        let set = [up[0], up[2]];
+        assert!(m.ask_temp(PG, &up, &set));
+        assert_eq!(m.pg_osds(PG, 3), set);
+        assert_eq!(m.pg_backfill_targets(PG, 3), vec![up[1]]);
+        m.validate().unwrap();
+        // Asked again from the old acting set (a late ask): nothing changes.
+        assert!(!m.ask_temp(PG, &up, &set));
+        // Once it is full, the set goes as any other.
+        assert!(m.release_temp(PG, &set, &[up[1]]));
+        assert_eq!(m.pg_osds(PG, 3), up);
     }
 
     #[test]

@@ -106,6 +106,10 @@ pub struct UpArgs {
     /// if not given; 1 to 256).
     #[arg(long, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=256))]
     pub recovery_max_active: Option<usize>,
+    /// Objects that copies back empty must lack in all, on an OSD reactor, before their PGs
+    /// are served by the other copies while these fill (the OSDs' own default if not given).
+    #[arg(long)]
+    pub backfill_min_objects: Option<usize>,
     /// Microseconds an idle OSD reactor polls before it sleeps. Not given: the OSDs' default
     /// (50 with `--cpu-set` where each reactor has a core of its own, else 0). Kept across
     /// restarts once given; `--reset-osd-settings` returns to the default.

@@ -30,6 +30,8 @@ pub(crate) struct OsdRun {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub recovery_max_active: Option<usize>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backfill_min_objects: Option<usize>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub idle_poll_us: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub journal_writes: Option<u32>,
@@ -85,6 +87,7 @@ impl OsdRun {
         now.recovery_rate_mib = a.recovery_rate_mib.or(kept.recovery_rate_mib);
         now.recovery_busy_rate_mib = a.recovery_busy_rate_mib.or(kept.recovery_busy_rate_mib);
         now.recovery_max_active = a.recovery_max_active.or(kept.recovery_max_active);
+        now.backfill_min_objects = a.backfill_min_objects.or(kept.backfill_min_objects);
         now.idle_poll_us = a.idle_poll_us.or(kept.idle_poll_us);
         now.journal_writes = a.journal_writes.or(kept.journal_writes);
         now.object_cache = a.object_cache.or(kept.object_cache);
@@ -95,7 +98,7 @@ impl OsdRun {
     }
 
     /// Each setting as `up` names it, and its value in words.
-    fn described(&self) -> [(&'static str, String); 13] {
+    fn described(&self) -> [(&'static str, String); 14] {
         let or = |v: Option<String>, none: &str| v.unwrap_or_else(|| none.into());
         let num = |v: Option<u64>| or(v.map(|v| v.to_string()), "default");
         [
@@ -112,6 +115,10 @@ impl OsdRun {
             (
                 "objects recovered at once",
                 num(self.recovery_max_active.map(|v| v as u64)),
+            ),
+            (
+                "backfill min objects",
+                num(self.backfill_min_objects.map(|v| v as u64)),
             ),
             ("idle poll µs", num(self.idle_poll_us)),
             ("journal writes", num(self.journal_writes.map(u64::from))),
@@ -173,6 +180,10 @@ impl OsdRun {
         opt(
             "--recovery-max-active",
             self.recovery_max_active.map(|v| v.to_string()),
+        );
+        opt(
+            "--backfill-min-objects",
+            self.backfill_min_objects.map(|v| v.to_string()),
         );
         opt("--idle-poll-us", self.idle_poll_us.map(|v| v.to_string()));
         opt(

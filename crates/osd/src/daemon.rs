@@ -40,10 +40,10 @@ pub struct OsdConfig {
     /// Where PGs' histories are recorded (the map store). Required for pools of more than one
     /// copy: without it their PGs never peer and take no requests.
     pub pg_history: Option<crate::SharedHistoryStore>,
-    /// How a primary removes its PG's temporary acting set from the map once it filled the
-    /// PG's backfill targets (decision 0015). `None`: the sets stay until someone else removes
-    /// them.
-    pub release_temp: Option<crate::TempReleaser>,
+    /// How a primary changes its PG's temporary acting set in the map (decision 0015): sets
+    /// one when members of its acting set lack most of the PG, removes it once it filled the
+    /// PG's backfill targets. `None`: the PGs keep what others set.
+    pub temp_changer: Option<crate::TempChanger>,
     /// When replicated PGs are scrubbed on their own.
     pub scrub: crate::ScrubSchedule,
     /// How fast replicated PGs recover in the background.
@@ -78,7 +78,7 @@ impl OsdConfig {
             idle_timeout: Some(IDLE_TIMEOUT_DEFAULT),
             auth_key: None,
             pg_history: None,
-            release_temp: None,
+            temp_changer: None,
             scrub: Default::default(),
             recovery: Default::default(),
             read_lease: crate::READ_LEASE_DEFAULT,
@@ -219,7 +219,7 @@ impl Osd {
             }
             history_clients = crate::replication::history::start(
                 store.clone(),
-                cfg.release_temp.clone(),
+                cfg.temp_changer.clone(),
                 senders,
             )
             .map_err(|source| OsdError::Spawn { id: cfg.id, source })?;

@@ -22,8 +22,9 @@ pub use daemon::{
 };
 pub use lease::{LeaseClock, LEASE_TRUSTED_SHARE};
 pub use reactor::ControlMsg;
-pub use replication::history::{ReleaseTemp, SharedHistoryStore, TempFilled, TempReleaser};
+pub use replication::history::{ChangeTemps, SharedHistoryStore, TempChange, TempChanger};
 pub use replication::{
-    RecoveryConfig, ScrubSchedule, READ_LEASE_DEFAULT, RECOVERY_BUSY_RATE_DEFAULT,
-    RECOVERY_MAX_ACTIVE_DEFAULT, RECOVERY_RATE_DEFAULT, WRITE_ACK_WAIT_DEFAULT,
+    RecoveryConfig, ScrubSchedule, BACKFILL_MIN_OBJECTS_DEFAULT, READ_LEASE_DEFAULT,
+    RECOVERY_BUSY_RATE_DEFAULT, RECOVERY_MAX_ACTIVE_DEFAULT, RECOVERY_RATE_DEFAULT,
+    WRITE_ACK_WAIT_DEFAULT,
 };

@@ -75,7 +75,7 @@ impl Native {
                 idle_timeout: Some(carmine_osd::IDLE_TIMEOUT_DEFAULT),
                 auth_key: None,
                 pg_history: None,
-                release_temp: None,
+                temp_changer: None,
                 scrub: Default::default(),
                 recovery: Default::default(),
                 read_lease: carmine_osd::READ_LEASE_DEFAULT,

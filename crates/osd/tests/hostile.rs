@@ -96,7 +96,7 @@ fn start(
         idle_timeout,
         auth_key: None,
         pg_history: None,
-        release_temp: None,
+        temp_changer: None,
         scrub: Default::default(),
         recovery: Default::default(),
         read_lease: carmine_osd::READ_LEASE_DEFAULT,

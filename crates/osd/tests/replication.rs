@@ -604,6 +604,7 @@ fn one_pg_recovers_several_objects_at_once_and_never_more_than_its_reactor_allow
             rate: None,
             busy_rate: None,
             max_active: MAX_ACTIVE,
+            ..Default::default()
         },
         N,
     );
@@ -669,6 +670,7 @@ fn objects_clients_wait_for_are_fetched_side_by_side_past_the_bound() {
             rate: Some(1),
             busy_rate: None,
             max_active: MAX_ACTIVE,
+            ..Default::default()
         },
         N,
     );

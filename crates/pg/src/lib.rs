@@ -15,7 +15,7 @@ pub mod wire;
 
 pub use history::{History, HistoryError, HISTORY_FORMAT_VERSION, HISTORY_INTERVALS_MAX};
 pub use log::{Entry, LogError, OpKind, PgLog, ReqId, LOG_ENTRIES_DEFAULT};
-pub use member::{Action, Event, Member, Msg, Persisting};
+pub use member::{Action, Event, Member, Msg, Persisting, BACKFILL_LACKS};
 pub use peering::{
     all_answered, answered, choose_authoritative, plan_member, uncovered_intervals, Interval,
     MemberPlan, Need, PeerInfo,

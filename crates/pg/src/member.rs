@@ -32,6 +32,7 @@ mod missing;
 mod silence;
 
 pub use messages::{Action, Event, Msg, Persisting};
+pub use missing::BACKFILL_LACKS;
 
 /// The share of a lease, in tenths, a primary trusts of its members' promises, and the share
 /// (also in tenths) a new primary waits of what a member says its promise has left: together

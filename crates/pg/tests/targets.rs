@@ -314,3 +314,111 @@ fn a_hot_object_is_caught_up_with_once_writes_wait_for_the_targets() {
     run(&mut ms, 8, all(map(3, &[0, 1, 2], &[], &[])), &[]);
     assert!(!ms[0].waits_for_targets());
 }
+
+/// Decision 0015, step 2 for a copy back empty on its own placement: a member that lacks
+/// most of the PG once peering is done is asked out of the acting set (the others serve
+/// while it fills as a backfill target); one that missed a little is recovered in place,
+/// and so is everyone when too few would be left to take writes.
+#[test]
+fn a_member_back_empty_is_asked_out_of_the_acting_set_and_one_short_of_little_is_not() {
+    let h1 = Interval {
+        epoch: 1,
+        acting: vec![0, 1, 2],
+    };
+    let h2 = Interval {
+        epoch: 2,
+        acting: vec![0, 1],
+    };
+    let back = |ms: &mut Vec<Member>, epoch: u32, history: &[Interval]| {
+        run(ms, 3, all(map(epoch, &[0, 1, 2], &[], history)), &[]);
+        assert!(ms[0].is_active_primary(), "{}", ms[0].describe());
+    };
+
+    // osd.2 misses one write of four objects, and comes back with its copy: recovered.
+    let mut ms = serving(4);
+    assert_eq!(ms[0].wants_temp(), None, "a clean PG asks nothing");
+    run(
+        &mut ms,
+        2,
+        all(map(2, &[0, 1], &[], std::slice::from_ref(&h1))),
+        &[2],
+    );
+    let (w, ev) = write(10, "o0");
+    assert_eq!(run(&mut ms, 2, ev, &[2]), vec![w]);
+    back(&mut ms, 3, &[h1.clone(), h2.clone()]);
+    assert_eq!(ms[0].degraded(), 1, "{}", ms[0].describe());
+    assert_eq!(ms[0].wants_temp(), None);
+
+    // osd.2 misses writes to half the objects, or comes back empty: asked out.
+    for empty in [false, true] {
+        let lacks = if empty { 4 } else { 2 };
+        let mut ms = serving(4);
+        run(
+            &mut ms,
+            2,
+            all(map(2, &[0, 1], &[], std::slice::from_ref(&h1))),
+            &[2],
+        );
+        for t in 0..2 {
+            let (w, ev) = write(10 + t, &format!("o{t}"));
+            assert_eq!(run(&mut ms, 2, ev, &[2]), vec![w]);
+        }
+        if empty {
+            ms[2] = Member::new(2, 64);
+        }
+        back(&mut ms, 3, &[h1.clone(), h2.clone()]);
+        assert_eq!(ms[0].degraded(), lacks, "{}", ms[0].describe());
+        assert_eq!(ms[0].wants_temp(), Some(vec![0, 1]), "empty: {empty}");
+
+        // Served by osd.0 and osd.1, osd.2 a backfill target: nothing more to ask.
+        let h3 = Interval {
+            epoch: 3,
+            acting: vec![0, 1, 2],
+        };
+        run(
+            &mut ms,
+            4,
+            all(map(4, &[0, 1], &[2], &[h1.clone(), h2.clone(), h3])),
+            &[],
+        );
+        assert!(ms[0].is_active_primary(), "{}", ms[0].describe());
+        assert_eq!(ms[0].targets(), &[2]);
+        assert_eq!(ms[0].misplaced(), lacks);
+        assert_eq!(ms[0].wants_temp(), None);
+    }
+
+    // The primary itself back empty: the two others serve.
+    let mut ms = serving(4);
+    run(
+        &mut ms,
+        2,
+        all(map(2, &[1, 2], &[], std::slice::from_ref(&h1))),
+        &[0],
+    );
+    ms[0] = Member::new(0, 64);
+    let h2 = Interval {
+        epoch: 2,
+        acting: vec![1, 2],
+    };
+    back(&mut ms, 3, &[h1.clone(), h2.clone()]);
+    assert_eq!(ms[0].missing.len(), 4, "{}", ms[0].describe());
+    assert_eq!(ms[0].wants_temp(), Some(vec![1, 2]));
+
+    // Two of three back empty: one left, short of min_size 2; they fill in place.
+    let mut ms = serving(4);
+    run(
+        &mut ms,
+        2,
+        all(map(2, &[0, 1], &[], std::slice::from_ref(&h1))),
+        &[2],
+    );
+    ms[1] = Member::new(1, 64);
+    ms[2] = Member::new(2, 64);
+    let h2 = Interval {
+        epoch: 2,
+        acting: vec![0, 1],
+    };
+    back(&mut ms, 3, &[h1, h2]);
+    assert_eq!(ms[0].degraded(), 8, "{}", ms[0].describe());
+    assert_eq!(ms[0].wants_temp(), None);
+}

@@ -18,19 +18,42 @@ pub(crate) const ANSWERS: usize = 1024;
 
 pub type SharedHistoryStore = Arc<dyn PgHistoryStore + Send + Sync>;
 
-/// Removes a PG's temporary acting set from the map (decision 0015, step 4).
-pub trait ReleaseTemp: std::fmt::Debug + Send + Sync {
-    /// Removes the temporary acting sets of `sets` in one new map epoch: each PG's once its
-    /// primary, serving from `acting`, filled the backfill targets `filled`
-    /// (`OsdMap::release_temp` says when it may; a set the map moved on from stays). Returns
-    /// how many went. Called on the map store's worker thread.
-    fn release(&self, sets: &[TempFilled]) -> Result<usize, String>;
+/// A change to a PG's temporary acting set that its primary asks for (decision 0015).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum TempChange {
+    /// Serve `pg` from `set`, a part of the acting set `acting` it is served from now, while
+    /// the others fill as backfill targets: they lack most of it (`OsdMap::ask_temp`).
+    Ask {
+        pg: PgId,
+        acting: Vec<OsdId>,
+        set: Vec<OsdId>,
+    },
+    /// `pg`'s temporary acting set may go: served from `acting`, its primary filled the
+    /// backfill targets `filled` (`OsdMap::release_temp`).
+    Release {
+        pg: PgId,
+        acting: Vec<OsdId>,
+        filled: Vec<OsdId>,
+    },
 }
 
-/// A PG whose backfill targets are full: (pg, the acting set it serves from, the targets).
-pub type TempFilled = (PgId, Vec<OsdId>, Vec<OsdId>);
+impl TempChange {
+    pub fn pg(&self) -> PgId {
+        match self {
+            TempChange::Ask { pg, .. } | TempChange::Release { pg, .. } => *pg,
+        }
+    }
+}
 
-pub type TempReleaser = Arc<dyn ReleaseTemp>;
+/// Changes PGs' temporary acting sets in the map (decision 0015, steps 2 and 4).
+pub trait ChangeTemps: std::fmt::Debug + Send + Sync {
+    /// Makes `changes` in one new map epoch, each only if the map still serves its PG as its
+    /// primary saw it (a change the map moved on from is dropped). Returns how many were
+    /// made. Called on a worker thread of its own.
+    fn change(&self, changes: &[TempChange]) -> Result<usize, String>;
+}
+
+pub type TempChanger = Arc<dyn ChangeTemps>;
 
 #[derive(Debug)]
 pub(crate) enum Ask {
@@ -73,14 +96,14 @@ pub(crate) enum Answer {
     Settled {
         pg: PgId,
     },
-    /// `asked` temporary acting sets were asked about; of the batch they went in (every
-    /// reactor's asks merged), `released` went.
-    Released {
+    /// `asked` changes of temporary acting sets were asked for; of the batch they went in
+    /// (every reactor's asks merged), `made` were made.
+    TempsChanged {
         asked: usize,
-        released: usize,
+        made: usize,
     },
-    /// The map store could not release them: asked again later.
-    ReleaseFailed {
+    /// The map store could not make them: asked again later.
+    TempChangeFailed {
         pgs: Vec<PgId>,
         why: String,
     },
@@ -97,8 +120,8 @@ pub(crate) enum Answer {
 pub(crate) struct HistoryClient {
     reactor: usize,
     tx: SyncSender<(usize, Ask)>,
-    /// The releasing worker's queue; `None` if this OSD cannot change the map.
-    releases: Option<SyncSender<(usize, Vec<TempFilled>)>>,
+    /// The temporary sets' worker's queue; `None` if this OSD cannot change the map.
+    temps: Option<SyncSender<(usize, Vec<TempChange>)>>,
 }
 
 impl HistoryClient {
@@ -107,41 +130,41 @@ impl HistoryClient {
         self.tx.try_send((self.reactor, ask)).is_ok()
     }
 
-    /// Asks for the temporary acting sets of PGs whose primaries filled their backfill
-    /// targets to go, in one map epoch (each epoch costs every OSD a look at every PG, and
-    /// OSDs that miss one peer all theirs again). False as for [`HistoryClient::ask`], or if
-    /// this OSD cannot change the map.
-    pub fn release(&self, sets: Vec<TempFilled>) -> bool {
-        self.releases
+    /// Asks for changes of temporary acting sets, made in one map epoch with those other
+    /// reactors ask for meanwhile (each epoch costs every OSD a look at every PG, and OSDs
+    /// that miss one peer all theirs again). False as for [`HistoryClient::ask`], or if this
+    /// OSD cannot change the map.
+    pub fn change_temps(&self, changes: Vec<TempChange>) -> bool {
+        self.temps
             .as_ref()
-            .is_some_and(|tx| tx.try_send((self.reactor, sets)).is_ok())
+            .is_some_and(|tx| tx.try_send((self.reactor, changes)).is_ok())
     }
 
-    /// Whether this OSD may release temporary acting sets (it has a way to change the map).
-    pub fn can_release(&self) -> bool {
-        self.releases.is_some()
+    /// Whether this OSD may change temporary acting sets (it has a way to change the map).
+    pub fn can_change_temps(&self) -> bool {
+        self.temps.is_some()
     }
 }
 
 /// Starts the workers for `reactors` (one answer mailbox each); returns each reactor's
-/// client. Releases of temporary acting sets get a worker of their own: each waits for the
+/// client. Changes of temporary acting sets get a worker of their own: each waits for the
 /// map to be quiet and then changes it, which takes up to seconds, and the histories' worker
 /// answers peering meanwhile.
 pub(crate) fn start(
     store: SharedHistoryStore,
-    release: Option<TempReleaser>,
+    temps: Option<TempChanger>,
     mut reactors: Vec<MailboxSender<Answer>>,
 ) -> std::io::Result<Vec<HistoryClient>> {
     let (tx, rx) = sync_channel::<(usize, Ask)>(QUEUE);
-    let releases = match release {
-        Some(r) => Some(start_releases(r, reactors.clone())?),
+    let temps = match temps {
+        Some(t) => Some(start_temps(t, reactors.clone())?),
         None => None,
     };
     let clients = (0..reactors.len())
         .map(|reactor| HistoryClient {
             reactor,
             tx: tx.clone(),
-            releases: releases.clone(),
+            temps: temps.clone(),
         })
         .collect();
     std::thread::Builder::new()
@@ -159,38 +182,39 @@ pub(crate) fn start(
     Ok(clients)
 }
 
-/// Pause after a failed release before the next one, doubled at each failure in a row: the
+/// Pause after a failed change before the next one, doubled at each failure in a row: the
 /// map store may be down, and every reactor asks again at once.
-const RELEASE_BACKOFF_MIN: Duration = Duration::from_millis(500);
-const RELEASE_BACKOFF_MAX: Duration = Duration::from_secs(10);
+const CHANGE_BACKOFF_MIN: Duration = Duration::from_millis(500);
+const CHANGE_BACKOFF_MAX: Duration = Duration::from_secs(10);
 
-/// The releasing worker: the sets every reactor asked about meanwhile go in one map update.
-fn start_releases(
-    release: TempReleaser,
+/// The temporary sets' worker: the changes every reactor asked for meanwhile go in one map
+/// update.
+fn start_temps(
+    temps: TempChanger,
     mut reactors: Vec<MailboxSender<Answer>>,
-) -> std::io::Result<SyncSender<(usize, Vec<TempFilled>)>> {
-    let (tx, rx) = sync_channel::<(usize, Vec<TempFilled>)>(reactors.len() * 4);
+) -> std::io::Result<SyncSender<(usize, Vec<TempChange>)>> {
+    let (tx, rx) = sync_channel::<(usize, Vec<TempChange>)>(reactors.len() * 4);
     std::thread::Builder::new()
-        .name("pg-temp-release".into())
+        .name("pg-temp".into())
         .spawn(move || {
-            let mut backoff = RELEASE_BACKOFF_MIN;
+            let mut backoff = CHANGE_BACKOFF_MIN;
             while let Ok(first) = rx.recv() {
                 let mut asks = vec![first];
                 asks.extend(rx.try_iter());
-                let sets: Vec<TempFilled> =
-                    asks.iter().flat_map(|(_, s)| s.iter().cloned()).collect();
-                let result = release.release(&sets);
+                let changes: Vec<TempChange> =
+                    asks.iter().flat_map(|(_, c)| c.iter().cloned()).collect();
+                let result = temps.change(&changes);
                 let failed = result.is_err();
                 for (reactor, asked) in asks {
                     let answer = match &result {
-                        // How many went is known for the whole batch only: each reactor
-                        // hears it, with its own count of sets asked about.
-                        Ok(released) => Answer::Released {
+                        // How many were made is known for the whole batch only: each reactor
+                        // hears it, with its own count of changes asked for.
+                        Ok(made) => Answer::TempsChanged {
                             asked: asked.len(),
-                            released: *released,
+                            made: *made,
                         },
-                        Err(why) => Answer::ReleaseFailed {
-                            pgs: asked.iter().map(|s| s.0).collect(),
+                        Err(why) => Answer::TempChangeFailed {
+                            pgs: asked.iter().map(TempChange::pg).collect(),
                             why: why.clone(),
                         },
                     };
@@ -199,9 +223,9 @@ fn start_releases(
                 }
                 if failed {
                     std::thread::sleep(backoff);
-                    backoff = (backoff * 2).min(RELEASE_BACKOFF_MAX);
+                    backoff = (backoff * 2).min(CHANGE_BACKOFF_MAX);
                 } else {
-                    backoff = RELEASE_BACKOFF_MIN;
+                    backoff = CHANGE_BACKOFF_MIN;
                 }
             }
         })?;

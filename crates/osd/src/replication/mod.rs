@@ -19,12 +19,14 @@ mod purge;
 mod recover;
 mod restart;
 mod scrub;
+mod temps;
 mod write;
 
 pub(crate) use access::ReadTurn;
 pub(crate) use carmine_pg::envelope::{Body, ObjectCopy, PeerMessage};
 pub use recover::{
-    RecoveryConfig, RECOVERY_BUSY_RATE_DEFAULT, RECOVERY_MAX_ACTIVE_DEFAULT, RECOVERY_RATE_DEFAULT,
+    RecoveryConfig, BACKFILL_MIN_OBJECTS_DEFAULT, RECOVERY_BUSY_RATE_DEFAULT,
+    RECOVERY_MAX_ACTIVE_DEFAULT, RECOVERY_RATE_DEFAULT,
 };
 pub use scrub::ScrubSchedule;
 pub(crate) use scrub::{give_up_unfound, repair_for_read, scrub};
@@ -139,12 +141,13 @@ pub(crate) struct PgReplica {
     pub recording: Cell<Option<u32>>,
     pub settled: Cell<u32>,
     /// The epoch in which this primary asked for its temporary acting set to go (its backfill
-    /// targets were full).
+    /// targets were full), and the one in which it asked for one (members lacked most of it).
     pub released: Cell<u32>,
+    pub temp_asked: Cell<u32>,
     /// The epoch in which the history was last read from the map store.
     pub fetched: Cell<u32>,
     /// As a primary with backfill targets: how their fill goes (see `watch_fills`).
-    pub fill: Cell<Option<FillWatch>>,
+    pub fill: Cell<Option<temps::FillWatch>>,
     /// Why this copy stopped (its store refused a change): it takes no more work.
     pub broken: RefCell<Option<String>>,
     /// The objects a scrub chunk compares now: writes to them wait (see `scrub`).
@@ -216,6 +219,7 @@ impl PgReplica {
             recording: Cell::new(None),
             settled: Cell::new(0),
             released: Cell::new(0),
+            temp_asked: Cell::new(0),
             fetched: Cell::new(0),
             fill: Cell::new(None),
             broken: RefCell::new(None),
@@ -264,6 +268,8 @@ pub(crate) struct Replication {
     breaks: restart::Breaks,
     /// Since when PGs of this reactor whose backfill targets are full wait to be released.
     filled_since: Cell<Option<Instant>>,
+    /// See `RecoveryConfig::backfill_min_objects`.
+    backfill_min_objects: usize,
     /// The store's used bytes when it last refused a change for want of room: it counts as
     /// full until a margin below that is free again (see `write::store_full`).
     pub refused_room: Cell<Option<(u64, std::time::Instant)>>,
@@ -319,6 +325,7 @@ impl Replication {
             ack_wait,
             breaks: Default::default(),
             filled_since: Cell::new(None),
+            backfill_min_objects: recovery.backfill_min_objects,
             refused_room: Cell::new(None),
         }
     }
@@ -527,19 +534,16 @@ fn ask_history<S>(shard: &Shard<S>, pgr: &PgReplica, epoch: u32) {
 pub(crate) fn on_answer<S: ObjectStore + 'static>(shard: &Rc<Shard<S>>, answer: Answer) {
     let repl = &shard.replication;
     let pg = match &answer {
-        Answer::Released { asked, released } => {
-            tracing::info!(
-                asked,
-                released,
-                "backfill targets full: temporary acting sets released"
-            );
+        Answer::TempsChanged { asked, made } => {
+            tracing::info!(asked, made, "temporary acting sets changed");
             return;
         }
-        Answer::ReleaseFailed { pgs, why } => {
-            tracing::warn!(?pgs, "releasing temporary acting sets: {why}; asking again");
+        Answer::TempChangeFailed { pgs, why } => {
+            tracing::warn!(?pgs, "changing temporary acting sets: {why}; asking again");
             for pg in pgs {
                 if let Some(pgr) = repl.pg(*pg) {
                     pgr.released.set(0);
+                    pgr.temp_asked.set(0);
                 }
             }
             return;
@@ -572,7 +576,7 @@ pub(crate) fn on_answer<S: ObjectStore + 'static>(shard: &Rc<Shard<S>>, answer: 
             pgr.recording.set(None);
             drive(shard, &pgr, Event::RecordFailed { epoch, history }, None);
         }
-        Answer::Settled { .. } | Answer::Released { .. } | Answer::ReleaseFailed { .. } => {}
+        Answer::Settled { .. } | Answer::TempsChanged { .. } | Answer::TempChangeFailed { .. } => {}
         Answer::Failed { epoch, why, .. } => {
             tracing::warn!(%pg, epoch, "PG history: {why}; asking again");
             pgr.asked.set(None);
@@ -662,8 +666,9 @@ fn tick<S: ObjectStore + 'static>(shard: &Rc<Shard<S>>) {
         .metrics
         .set_silent_peers(silent_peers.into_iter().collect());
     shard.metrics.set_pg_listing_max(listing_max as u64);
-    watch_fills(&all);
-    release_filled(shard, &all);
+    temps::watch_fills(&all);
+    temps::ask_temps(shard, &all);
+    temps::release_filled(shard, &all);
     let (objects, bytes) = shard.metrics.recovered_totals();
     let (bps, ops) = shard.replication.pace.borrow_mut().update(objects, bytes);
     shard.metrics.set_recovery_pace(bps, ops);
@@ -710,113 +715,6 @@ fn tick<S: ObjectStore + 'static>(shard: &Rc<Shard<S>>) {
             drive(shard, &pgr, Event::Clock, None);
         }
         recover::kick(shard, &pgr);
-    }
-}
-
-/// How a primary's backfill targets fill: since when, how many objects they lacked when
-/// last looked at, since when that count stands, and whether it ever went down.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct FillWatch {
-    since: Instant,
-    misplaced: usize,
-    unchanged_since: Instant,
-    progressed: bool,
-}
-
-/// A fill whose targets lack this few objects, and no fewer for `STRAGGLERS_STALL`, has its
-/// writes wait for them (`Member::wait_for_targets`): objects written faster than a target
-/// copies them, which the background never catches up with. A fill that never progressed
-/// (its PG waits its turn for recovery, or its one lacking object is the hot one) is given
-/// `STRAGGLERS_DEADLINE` before that.
-const STRAGGLERS: usize = 8;
-const STRAGGLERS_STALL: Duration = Duration::from_secs(10);
-const STRAGGLERS_DEADLINE: Duration = Duration::from_secs(60);
-
-/// Watches the fill of every PG this reactor is the active primary of with backfill targets.
-fn watch_fills(all: &[Rc<PgReplica>]) {
-    let now = Instant::now();
-    for pgr in all.iter().filter(|p| p.broken.borrow().is_none()) {
-        let (filling, misplaced, waits) = {
-            let m = pgr.member.borrow();
-            let filling = m.is_active_primary() && !m.targets().is_empty() && !m.targets_filled();
-            (filling, m.misplaced(), m.waits_for_targets())
-        };
-        if !filling {
-            pgr.fill.set(None);
-            continue;
-        }
-        let mut w = pgr.fill.get().unwrap_or(FillWatch {
-            since: now,
-            misplaced,
-            unchanged_since: now,
-            progressed: false,
-        });
-        if misplaced != w.misplaced {
-            w.progressed |= misplaced < w.misplaced;
-            w.misplaced = misplaced;
-            w.unchanged_since = now;
-        }
-        pgr.fill.set(Some(w));
-        let stalled = now.duration_since(w.unchanged_since) >= STRAGGLERS_STALL
-            && (w.progressed || now.duration_since(w.since) >= STRAGGLERS_DEADLINE);
-        if !waits && misplaced <= STRAGGLERS && stalled {
-            tracing::info!(pg = %pgr.pg, objects = misplaced,
-                "the backfill targets' last lacking objects are not caught up with in the \
-                 background (written faster than copied): writes to them now wait for the \
-                 targets to recover them");
-            pgr.member.borrow_mut().wait_for_targets();
-        }
-    }
-}
-
-/// How long PGs whose backfill targets are full wait for the others of this reactor still
-/// filling, so that their temporary acting sets go in one map epoch rather than one each.
-const RELEASE_HOLD: Duration = Duration::from_secs(10);
-
-/// Asks for the temporary acting sets of the PGs this reactor is primary of whose backfill
-/// targets are full to go (decision 0015, step 4): all at once, when none of its PGs is
-/// still filling or the first has waited `RELEASE_HOLD`.
-fn release_filled<S>(shard: &Shard<S>, all: &[Rc<PgReplica>]) {
-    // An OSD that cannot change the map (in-process tests) leaves its sets to the operator.
-    let Some(h) = shard
-        .replication
-        .history
-        .as_ref()
-        .filter(|h| h.can_release())
-    else {
-        return;
-    };
-    let (mut ready, mut filling) = (Vec::new(), false);
-    for pgr in all.iter().filter(|p| p.broken.borrow().is_none()) {
-        let m = pgr.member.borrow();
-        if !m.is_active_primary() || m.targets().is_empty() {
-            continue;
-        }
-        if !m.targets_filled() {
-            filling = true;
-        } else if pgr.released.get() < m.epoch() {
-            ready.push((pgr, m.epoch(), m.acting().to_vec(), m.targets().to_vec()));
-        }
-    }
-    let since = &shard.replication.filled_since;
-    if ready.is_empty() {
-        since.set(None);
-        return;
-    }
-    let first = *since.get().get_or_insert_with(Instant::now);
-    since.set(Some(first));
-    if filling && first.elapsed() < RELEASE_HOLD {
-        return;
-    }
-    let sets = ready
-        .iter()
-        .map(|(p, _, acting, filled)| (p.pg, acting.clone(), filled.clone()))
-        .collect();
-    if h.release(sets) {
-        for (p, epoch, _, _) in &ready {
-            p.released.set(*epoch);
-        }
-        since.set(None);
     }
 }
 

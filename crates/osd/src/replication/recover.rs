@@ -29,6 +29,13 @@ pub const RECOVERY_RATE_DEFAULT: u64 = 128 << 20;
 pub const RECOVERY_BUSY_RATE_DEFAULT: u64 = 16 << 20;
 /// Default for [`RecoveryConfig::max_active`].
 pub const RECOVERY_MAX_ACTIVE_DEFAULT: usize = 4;
+/// Default for [`RecoveryConfig::backfill_min_objects`]. A temporary acting set costs two
+/// primary changes for a third of the PGs (to the set, and back once the targets are full),
+/// each waiting out the old primary's read leases (~2 s of near-stalled writes), and a
+/// slower fill (at the background rate, where clients' misses were fetched at once): it
+/// pays only when clients would wait longer for the objects they touch. 256 objects of
+/// 4 MiB are fetched on demand in ~5 s on the test VM (BENCHMARKS 2026-11-29).
+pub const BACKFILL_MIN_OBJECTS_DEFAULT: usize = 256;
 /// A reactor counts as busy with clients for this long after a client request came in.
 const BUSY_WINDOW: Duration = Duration::from_millis(100);
 /// Pause before asking again for an object no member sent.
@@ -57,6 +64,10 @@ pub struct RecoveryConfig {
     /// all): fetches overlap with each other and with the stores of those already fetched.
     /// Objects clients wait for may take as many again.
     pub max_active: usize,
+    /// Objects that acting members lacking most of their PGs must lack in all, across a
+    /// reactor's PGs, before those PGs' primaries ask for temporary acting sets that leave
+    /// them out while they fill as backfill targets (decision 0015; `Member::wants_temp`).
+    pub backfill_min_objects: usize,
 }
 
 impl Default for RecoveryConfig {
@@ -65,6 +76,7 @@ impl Default for RecoveryConfig {
             rate: Some(RECOVERY_RATE_DEFAULT),
             busy_rate: Some(RECOVERY_BUSY_RATE_DEFAULT),
             max_active: RECOVERY_MAX_ACTIVE_DEFAULT,
+            backfill_min_objects: BACKFILL_MIN_OBJECTS_DEFAULT,
         }
     }
 }

@@ -8,6 +8,11 @@ use crate::version::Version;
 use carmine_types::OsdId;
 use std::collections::{BTreeMap, BTreeSet};
 
+/// A member lacking this many of a PG's objects (or half of them) is filled as a backfill
+/// target rather than recovered as an acting member (see [`Member::wants_temp`]): Ceph's
+/// `osd_async_recovery_min_cost` is of the same order.
+pub const BACKFILL_LACKS: usize = 100;
+
 /// What a copy says of its store once the store holds `oid` at `version`: no longer missing
 /// if that is the version it needs; missing if it names another version than the one now
 /// held.
@@ -191,6 +196,36 @@ impl Member {
                 .targets
                 .iter()
                 .all(|m| matches!(self.peer_missing.get(m), Some(Some(s)) if s.is_empty()))
+    }
+
+    /// As the active primary: the temporary acting set this PG should be served by while
+    /// acting members that lack most of it are filled as backfill targets (decision 0015,
+    /// step 2 for a copy back empty on its own placement), or `None`. A member lacking at
+    /// least half the PG's objects, or `BACKFILL_LACKS`, came back empty or was gone long:
+    /// acting, it would hold nearly every write to wait for its object's copy; as a target it
+    /// takes writes and fills in the background while the others serve. The set is the
+    /// other acting members, in order, if they are at least `min_size`. Asked only once every
+    /// member said what it lacks.
+    pub fn wants_temp(&self) -> Option<Vec<OsdId>> {
+        if !self.is_active_primary() {
+            return None;
+        }
+        let objects = self.objects.len();
+        let mut keep = Vec::with_capacity(self.acting.len());
+        for &m in &self.acting {
+            let lacks = if m == self.osd {
+                self.missing.len()
+            } else {
+                match self.peer_missing.get(&m) {
+                    Some(Some(s)) => s.len(),
+                    _ => return None,
+                }
+            };
+            if lacks == 0 || (lacks * 2 < objects && lacks < BACKFILL_LACKS) {
+                keep.push(m);
+            }
+        }
+        (keep.len() < self.acting.len() && keep.len() >= self.min_size).then_some(keep)
     }
 
     /// Objects the backfill targets still lack in all, as this primary knows (a target not
