@@ -151,11 +151,11 @@ pub struct OsdArgs {
     #[arg(long, default_value_t = carmine_osd::RECOVERY_MAX_ACTIVE_DEFAULT,
           value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=256))]
     pub recovery_max_active: usize,
-    /// Objects that copies lacking most of their PGs (back empty, or gone long) must lack in
-    /// all, across a reactor's PGs, before those PGs are served by their other copies while
-    /// these fill as backfill targets (temporary acting sets). Below it they are recovered in
-    /// place, clients' writes waiting for the objects they touch; a set costs a primary
-    /// change each way (a read lease's wait).
+    /// Objects a copy must lack of a PG (and at least half of them: back empty, or gone long)
+    /// for the PG to be served by its other copies while it fills as a backfill target (a
+    /// temporary acting set). Below it the copy is recovered in place, clients' writes
+    /// waiting for the objects they touch; a set costs a primary change each way (a read
+    /// lease's wait).
     #[arg(long, default_value_t = carmine_osd::BACKFILL_MIN_OBJECTS_DEFAULT)]
     pub backfill_min_objects: usize,
     /// The read lease the copies of replicated PGs grant their primary: a primary cut off from

@@ -106,8 +106,8 @@ pub struct UpArgs {
     /// if not given; 1 to 256).
     #[arg(long, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=256))]
     pub recovery_max_active: Option<usize>,
-    /// Objects that copies back empty must lack in all, on an OSD reactor, before their PGs
-    /// are served by the other copies while these fill (the OSDs' own default if not given).
+    /// Objects a copy back empty must lack of a PG before the PG is served by its other
+    /// copies while it fills (the OSDs' own default if not given).
     #[arg(long)]
     pub backfill_min_objects: Option<usize>,
     /// Microseconds an idle OSD reactor polls before it sleeps. Not given: the OSDs' default

@@ -336,7 +336,7 @@ fn a_member_back_empty_is_asked_out_of_the_acting_set_and_one_short_of_little_is
 
     // osd.2 misses one write of four objects, and comes back with its copy: recovered.
     let mut ms = serving(4);
-    assert_eq!(ms[0].wants_temp(), None, "a clean PG asks nothing");
+    assert_eq!(ms[0].wants_temp(1), None, "a clean PG asks nothing");
     run(
         &mut ms,
         2,
@@ -347,7 +347,7 @@ fn a_member_back_empty_is_asked_out_of_the_acting_set_and_one_short_of_little_is
     assert_eq!(run(&mut ms, 2, ev, &[2]), vec![w]);
     back(&mut ms, 3, &[h1.clone(), h2.clone()]);
     assert_eq!(ms[0].degraded(), 1, "{}", ms[0].describe());
-    assert_eq!(ms[0].wants_temp(), None);
+    assert_eq!(ms[0].wants_temp(1), None);
 
     // osd.2 misses writes to half the objects, or comes back empty: asked out.
     for empty in [false, true] {
@@ -368,7 +368,13 @@ fn a_member_back_empty_is_asked_out_of_the_acting_set_and_one_short_of_little_is
         }
         back(&mut ms, 3, &[h1.clone(), h2.clone()]);
         assert_eq!(ms[0].degraded(), lacks, "{}", ms[0].describe());
-        assert_eq!(ms[0].wants_temp(), Some(vec![0, 1]), "empty: {empty}");
+        assert_eq!(ms[0].wants_temp(1), Some(vec![0, 1]), "empty: {empty}");
+        assert_eq!(ms[0].wants_temp(lacks), Some(vec![0, 1]));
+        assert_eq!(
+            ms[0].wants_temp(lacks + 1),
+            None,
+            "fewer than the minimum lacking"
+        );
 
         // Served by osd.0 and osd.1, osd.2 a backfill target: nothing more to ask.
         let h3 = Interval {
@@ -384,7 +390,7 @@ fn a_member_back_empty_is_asked_out_of_the_acting_set_and_one_short_of_little_is
         assert!(ms[0].is_active_primary(), "{}", ms[0].describe());
         assert_eq!(ms[0].targets(), &[2]);
         assert_eq!(ms[0].misplaced(), lacks);
-        assert_eq!(ms[0].wants_temp(), None);
+        assert_eq!(ms[0].wants_temp(1), None);
     }
 
     // The primary itself back empty: the two others serve.
@@ -402,7 +408,7 @@ fn a_member_back_empty_is_asked_out_of_the_acting_set_and_one_short_of_little_is
     };
     back(&mut ms, 3, &[h1.clone(), h2.clone()]);
     assert_eq!(ms[0].missing.len(), 4, "{}", ms[0].describe());
-    assert_eq!(ms[0].wants_temp(), Some(vec![1, 2]));
+    assert_eq!(ms[0].wants_temp(1), Some(vec![1, 2]));
 
     // Two of three back empty: one left, short of min_size 2; they fill in place.
     let mut ms = serving(4);
@@ -420,5 +426,5 @@ fn a_member_back_empty_is_asked_out_of_the_acting_set_and_one_short_of_little_is
     };
     back(&mut ms, 3, &[h1, h2]);
     assert_eq!(ms[0].degraded(), 8, "{}", ms[0].describe());
-    assert_eq!(ms[0].wants_temp(), None);
+    assert_eq!(ms[0].wants_temp(1), None);
 }

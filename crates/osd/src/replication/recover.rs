@@ -29,13 +29,15 @@ pub const RECOVERY_RATE_DEFAULT: u64 = 128 << 20;
 pub const RECOVERY_BUSY_RATE_DEFAULT: u64 = 16 << 20;
 /// Default for [`RecoveryConfig::max_active`].
 pub const RECOVERY_MAX_ACTIVE_DEFAULT: usize = 4;
-/// Default for [`RecoveryConfig::backfill_min_objects`]. A temporary acting set costs two
-/// primary changes for a third of the PGs (to the set, and back once the targets are full),
-/// each waiting out the old primary's read leases (~2 s of near-stalled writes), and a
-/// slower fill (at the background rate, where clients' misses were fetched at once): it
-/// pays only when clients would wait longer for the objects they touch. 256 objects of
-/// 4 MiB are fetched on demand in ~5 s on the test VM (BENCHMARKS 2026-11-29).
-pub const BACKFILL_MIN_OBJECTS_DEFAULT: usize = 256;
+/// Default for [`RecoveryConfig::backfill_min_objects`]. A temporary acting set costs a
+/// primary change for about a third of the PGs each way (to the set, and back once the
+/// targets are full), each waiting out the old primary's read leases (~2 s of near-stalled
+/// writes), and a slower fill (at the background rate, where clients' misses were fetched
+/// at once): it pays only when clients would wait longer for the objects they touch. A
+/// 1 GiB volume over 64 PGs (4 objects of 4 MiB each) refills on demand in ~5 s on the
+/// test VM, about when a set would come; 4 GiB (16 each) did far better with sets
+/// (BENCHMARKS 2026-11-29).
+pub const BACKFILL_MIN_OBJECTS_DEFAULT: usize = 8;
 /// A reactor counts as busy with clients for this long after a client request came in.
 const BUSY_WINDOW: Duration = Duration::from_millis(100);
 /// Pause before asking again for an object no member sent.
@@ -64,9 +66,9 @@ pub struct RecoveryConfig {
     /// all): fetches overlap with each other and with the stores of those already fetched.
     /// Objects clients wait for may take as many again.
     pub max_active: usize,
-    /// Objects that acting members lacking most of their PGs must lack in all, across a
-    /// reactor's PGs, before those PGs' primaries ask for temporary acting sets that leave
-    /// them out while they fill as backfill targets (decision 0015; `Member::wants_temp`).
+    /// Objects an acting member must lack of a PG (and at least half of them) for its
+    /// primary to ask for a temporary acting set that leaves it out while it fills as a
+    /// backfill target (decision 0015; `Member::wants_temp`).
     pub backfill_min_objects: usize,
 }
 

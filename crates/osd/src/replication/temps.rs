@@ -11,10 +11,10 @@ use std::rc::Rc;
 use std::time::{Duration, Instant};
 
 /// Asks for a temporary acting set for each PG this reactor is the active primary of whose
-/// acting members lack most of it (`Member::wants_temp`: back empty, or gone long), once per
-/// epoch, if those PGs lack `RecoveryConfig::backfill_min_objects` in all; the map's answer is a new epoch in
-/// which each is served by the others while they fill as backfill targets. All of this
-/// reactor's asks of one tick go together.
+/// acting members lack most of it (`Member::wants_temp`: back empty, or gone long), and at
+/// least `RecoveryConfig::backfill_min_objects`, once per epoch; the map's answer is a new
+/// epoch in which each is served by the others while they fill as backfill targets. All of
+/// this reactor's asks of one tick go together.
 pub(super) fn ask_temps<S>(shard: &Shard<S>, all: &[Rc<PgReplica>]) {
     let Some(h) = shard
         .replication
@@ -24,19 +24,18 @@ pub(super) fn ask_temps<S>(shard: &Shard<S>, all: &[Rc<PgReplica>]) {
     else {
         return;
     };
+    let min_lacks = shard.replication.backfill_min_objects;
     let mut asks = Vec::new();
-    let mut lacking = 0;
     for pgr in all.iter().filter(|p| p.broken.borrow().is_none()) {
         let m = pgr.member.borrow();
         if pgr.temp_asked.get() >= m.epoch() {
             continue;
         }
-        if let Some(set) = m.wants_temp() {
-            lacking += m.degraded();
+        if let Some(set) = m.wants_temp(min_lacks) {
             asks.push((pgr, m.epoch(), m.acting().to_vec(), set));
         }
     }
-    if asks.is_empty() || lacking < shard.replication.backfill_min_objects {
+    if asks.is_empty() {
         return;
     }
     for (pgr, epoch, acting, set) in &asks {

@@ -201,12 +201,12 @@ impl Member {
     /// As the active primary: the temporary acting set this PG should be served by while
     /// acting members that lack most of it are filled as backfill targets (decision 0015,
     /// step 2 for a copy back empty on its own placement), or `None`. A member lacking at
-    /// least half the PG's objects, or `BACKFILL_LACKS`, came back empty or was gone long:
-    /// acting, it would hold nearly every write to wait for its object's copy; as a target it
-    /// takes writes and fills in the background while the others serve. The set is the
-    /// other acting members, in order, if they are at least `min_size`. Asked only once every
-    /// member said what it lacks.
-    pub fn wants_temp(&self) -> Option<Vec<OsdId>> {
+    /// least `min_lacks` objects and half the PG's, or `BACKFILL_LACKS`, came back empty or
+    /// was gone long: acting, it would hold nearly every write to wait for its object's copy;
+    /// as a target it takes writes and fills in the background while the others serve. The
+    /// set is the other acting members, in order, if they are at least `min_size`. Asked only
+    /// once every member said what it lacks.
+    pub fn wants_temp(&self, min_lacks: usize) -> Option<Vec<OsdId>> {
         if !self.is_active_primary() {
             return None;
         }
@@ -221,7 +221,7 @@ impl Member {
                     _ => return None,
                 }
             };
-            if lacks == 0 || (lacks * 2 < objects && lacks < BACKFILL_LACKS) {
+            if lacks < min_lacks.max(1) || (lacks * 2 < objects && lacks < BACKFILL_LACKS) {
                 keep.push(m);
             }
         }
