@@ -376,7 +376,7 @@ fn peer_message(c: &mut Corpus) {
                     ]
                     .into(),
                     missing: ["obj2".to_string()].into(),
-                    promise_left: 1_200_000_000,
+                    promises_left: vec![(Some(1), 1_200_000_000), (None, 5)],
                 },
                 ops: vec![],
             },

@@ -201,9 +201,12 @@ pub struct Member {
     /// As a replica: when its primary's last ping of this interval came (none yet: the
     /// primary may still be activating, and owes it nothing).
     pinged_at: Option<u64>,
-    /// As a primary: it goes active no sooner than this, when the leases its members granted
-    /// to earlier intervals' primaries have run out.
-    prior_leases_until: u64,
+    /// As a primary peering: the leases its members (this one included) said they granted,
+    /// by grantee, and until when (this member's clock) each is waited out, and the OSDs that
+    /// answered its query in this epoch: leases granted to those fence nothing (see
+    /// `wait_out_leases`).
+    lease_waits: Vec<(Option<OsdId>, u64)>,
+    answered: BTreeSet<OsdId>,
 }
 
 impl Member {
@@ -256,7 +259,8 @@ impl Member {
             active_since: 0,
             peering_since: 0,
             pinged_at: None,
-            prior_leases_until: 0,
+            lease_waits: Vec::new(),
+            answered: BTreeSet::new(),
         }
     }
 
@@ -300,16 +304,16 @@ impl Member {
         Some((now.saturating_sub(since), silent))
     }
 
-    /// How long a promise granted to anyone but `to` may still run, in this member's clock.
-    fn promise_left(&mut self, to: OsdId) -> u64 {
+    /// How long the promises granted to anyone but `to` may still run, in this member's
+    /// clock, by grantee.
+    fn promises_left(&mut self, to: OsdId) -> Vec<(Option<OsdId>, u64)> {
         let now = self.now;
         self.promises.retain(|_, until| *until > now);
         self.promises
             .iter()
             .filter(|(k, _)| **k != Some(to))
-            .map(|(_, until)| until - now)
-            .max()
-            .unwrap_or(0)
+            .map(|(k, until)| (*k, until - now))
+            .collect()
     }
 
     /// Whether [`Event::Clock`] at `now` would do anything: a ping is due, or an activation
@@ -821,6 +825,8 @@ impl Member {
         }
         self.acting = acting;
         self.round = 0;
+        self.lease_waits.clear();
+        self.answered.clear();
         self.role = if self.acting.first() == Some(&self.osd) && self.acting.len() >= min_size {
             Role::Peering {
                 heard: BTreeMap::new(),
@@ -982,6 +988,30 @@ impl Member {
         }
     }
 
+    /// Adds the read leases this member granted earlier intervals' primaries to those its
+    /// members reported: the primary goes active once they ran out (`leases_until`).
+    fn wait_out_leases(&mut self) {
+        let now = self.now;
+        for (grantee, left) in self.promises_left(self.osd) {
+            self.lease_waits.push((grantee, now.saturating_add(left)));
+        }
+    }
+
+    /// When this primary may go active: once the read leases its members (this one included)
+    /// granted earlier intervals' primaries have run out — but for those granted to an OSD
+    /// that answered this epoch's query. That one has taken this epoch's map, which ended its
+    /// interval (`on_map` drops its role and its lease): it serves no more reads there, so
+    /// its lease no longer fences anything. The planned handover of a PG whose old primary
+    /// is still a member (a temporary set released, an OSD back in) then waits for no lease;
+    /// a primary cut off or dead is waited out as before.
+    fn leases_until(&self) -> u64 {
+        self.lease_waits
+            .iter()
+            .filter(|(g, _)| g.is_none_or(|g| !self.answered.contains(&g)))
+            .map(|(_, until)| *until)
+            .fold(0, u64::max)
+    }
+
     /// Once every member to probe (acting set, and one of each recorded interval) answered,
     /// and every object of the authoritative history is held by one of them: take that
     /// history, and activate the acting set.
@@ -1050,9 +1080,7 @@ impl Member {
         for oid in &unfound {
             auth_objects.remove(oid);
         }
-        // Leases this member granted earlier intervals' primaries run out first.
-        let own = self.promise_left(self.osd);
-        self.prior_leases_until = self.prior_leases_until.max(self.now + own);
+        self.wait_out_leases();
         // The primary takes the authoritative history whole; members get what differs.
         self.begin_history();
         self.log.reset_to(&auth_log);
@@ -1116,7 +1144,7 @@ impl Member {
 
     fn maybe_active(&mut self) {
         if let Role::Activating { acked, recorded } = &self.role {
-            if *recorded && self.taken_by_all(acked) && self.now >= self.prior_leases_until {
+            if *recorded && self.taken_by_all(acked) && self.now >= self.leases_until() {
                 self.role = Role::Active;
                 self.active_since = self.now;
                 // A lease before the first reads, without waiting for the next tick.
@@ -1156,7 +1184,7 @@ impl Member {
                 }
                 if epoch == self.epoch {
                     if let Some((info, log, objects, missing)) = self.durable_answer() {
-                        let promise_left = self.promise_left(from);
+                        let promises_left = self.promises_left(from);
                         out.push(Action::Send {
                             to: from,
                             msg: Msg::Info {
@@ -1165,7 +1193,7 @@ impl Member {
                                 log,
                                 objects,
                                 missing,
-                                promise_left,
+                                promises_left,
                             },
                         });
                     }
@@ -1177,14 +1205,22 @@ impl Member {
                 log,
                 objects,
                 missing,
-                promise_left,
+                promises_left,
             } => {
                 if epoch == self.epoch {
+                    self.answered.insert(from);
+                    if matches!(self.role, Role::Activating { .. }) {
+                        // An old primary that answers only now stopped serving reads too.
+                        self.maybe_active();
+                    }
                     if let Role::Peering { heard } = &mut self.role {
-                        // Waited in this member's clock from now, a little longer for rates.
-                        let wait = promise_left.saturating_mul(PROMISE_WAITED_TENTHS) / 10;
-                        self.prior_leases_until =
-                            self.prior_leases_until.max(self.now.saturating_add(wait));
+                        // Waited in this member's clock from now, a little longer for rates
+                        // (see `leases_until`).
+                        for (grantee, left) in promises_left {
+                            let wait = left.saturating_mul(PROMISE_WAITED_TENTHS) / 10;
+                            self.lease_waits
+                                .push((grantee, self.now.saturating_add(wait)));
+                        }
                         heard.insert(from, (info, log, objects, missing));
                         self.try_activate(out);
                     }

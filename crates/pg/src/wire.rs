@@ -32,6 +32,14 @@ const MSG_PONG: u8 = 11;
 /// A pong from a replica whose store is full (kind 11 otherwise, so that a build that knows
 /// no fullness reads every pong of a replica with room).
 const MSG_PONG_FULL: u8 = 12;
+/// An info that names the primary each read lease it reports was granted to (kind 2 reports
+/// only the longest, to whom unknown).
+const MSG_INFO_GRANTEES: u8 = 13;
+/// Leases one info may report by grantee: one per primary a member pinged for within a lease
+/// (a handful); a longer list is refused.
+pub const PROMISES_MAX: usize = 64;
+/// The grantee of a lease granted by an earlier run of the member (unknown).
+const GRANTEE_UNKNOWN: u32 = u32::MAX;
 
 fn encode_names<'a, B: BufMut>(
     e: &mut Encoder<'_, B>,
@@ -175,9 +183,9 @@ pub fn encode_msg(out: &mut BytesMut, msg: &Msg) {
             log,
             objects,
             missing,
-            promise_left,
+            promises_left,
         } => {
-            e.u8(MSG_INFO)
+            e.u8(MSG_INFO_GRANTEES)
                 .u32(*epoch)
                 .u32(info.osd)
                 .u32(info.last_epoch_started);
@@ -190,7 +198,21 @@ pub fn encode_msg(out: &mut BytesMut, msg: &Msg) {
                 objects.iter().map(|(k, v)| (k.as_str(), Some(*v))),
             );
             encode_names(&mut e, missing.len(), missing.iter());
-            e.u64(*promise_left);
+            // The longest first, as kind 2 has it, then each by grantee (at most
+            // PROMISES_MAX: the longest kept, under an unknown grantee if cut).
+            let longest = promises_left.iter().map(|p| p.1).max().unwrap_or(0);
+            e.u64(longest);
+            let mut by_len: Vec<&(Option<u32>, u64)> = promises_left.iter().collect();
+            by_len.sort_by_key(|p| std::cmp::Reverse(p.1));
+            let cut = by_len.len() > PROMISES_MAX;
+            let kept = &by_len[..by_len.len().min(PROMISES_MAX - usize::from(cut))];
+            e.u32((kept.len() + usize::from(cut)) as u32);
+            if cut {
+                e.u32(GRANTEE_UNKNOWN).u64(longest);
+            }
+            for (g, left) in kept {
+                e.u32(g.unwrap_or(GRANTEE_UNKNOWN)).u64(*left);
+            }
         }
         Msg::Activate {
             epoch,
@@ -259,7 +281,7 @@ pub fn decode_msg(d: &mut Decoder, log_max: usize) -> Result<Msg, DecodeError> {
     let epoch = d.u32("message epoch")?;
     Ok(match tag {
         MSG_QUERY => Msg::Query { epoch },
-        MSG_INFO => {
+        MSG_INFO | MSG_INFO_GRANTEES => {
             let osd = d.u32("info osd")?;
             let last_epoch_started = d.u32("info last epoch started")?;
             let head = decode_version(d)?;
@@ -285,7 +307,26 @@ pub fn decode_msg(d: &mut Decoder, log_max: usize) -> Result<Msg, DecodeError> {
                 }
                 missing.insert(oid);
             }
-            let promise_left = d.u64("lease promise left")?;
+            let longest = d.u64("lease promise left")?;
+            let mut promises_left = Vec::new();
+            if tag == MSG_INFO_GRANTEES {
+                let n = d.u32("lease promises")? as usize;
+                if n > PROMISES_MAX {
+                    return Err(DecodeError::Invalid {
+                        what: "lease promises in an info",
+                        found: n as u64,
+                    });
+                }
+                for _ in 0..n {
+                    let g = d.u32("lease grantee")?;
+                    let left = d.u64("lease promise left")?;
+                    promises_left.push(((g != GRANTEE_UNKNOWN).then_some(g), left));
+                }
+            }
+            if longest > 0 && promises_left.iter().all(|p| p.1 < longest) {
+                // (Kind 2, or a list short of its own longest: that one to whom unknown.)
+                promises_left.push((None, longest));
+            }
             Msg::Info {
                 epoch,
                 info: PeerInfo {
@@ -297,7 +338,7 @@ pub fn decode_msg(d: &mut Decoder, log_max: usize) -> Result<Msg, DecodeError> {
                 log,
                 objects,
                 missing,
-                promise_left,
+                promises_left,
             }
         }
         MSG_ACTIVATE => Msg::Activate {
@@ -387,7 +428,7 @@ mod tests {
             log: log(),
             objects,
             missing: missing.iter().map(|m| m.to_string()).collect(),
-            promise_left: 1_500_000_000,
+            promises_left: vec![(Some(1), 1_500_000_000), (None, 900), (Some(7), 0)],
         }
     }
 

@@ -44,9 +44,9 @@ fn tick(ms: &mut [Member], now: u64, ev: Event, link: bool) {
 fn promise_in(actions: &[Action]) -> Option<u64> {
     actions.iter().find_map(|a| match a {
         Action::Send {
-            msg: Msg::Info { promise_left, .. },
+            msg: Msg::Info { promises_left, .. },
             ..
-        } => Some(*promise_left),
+        } => Some(promises_left.iter().map(|p| p.1).max().unwrap_or(0)),
         _ => None,
     })
 }
@@ -373,4 +373,107 @@ fn a_replica_says_in_its_pongs_whether_its_store_is_full() {
     ms[1].note_store_full(false);
     tick(&mut ms, LEASE, Event::Clock, true);
     assert!(ms[0].full_members().is_empty(), "{}", ms[0].describe());
+}
+
+/// Three members, osd.0 the active primary with leases from both others (pinged at 0 and 300).
+fn three_members() -> Vec<Member> {
+    let mut ms: Vec<Member> = (0..3).map(|o| Member::new(o, 16)).collect();
+    for m in &mut ms {
+        m.set_read_lease(LEASE, 0);
+    }
+    let map = Event::Map {
+        epoch: 1,
+        acting: vec![0, 1, 2],
+        targets: Vec::new(),
+        history: Some(Vec::new()),
+        min_size: 2,
+        lost: Default::default(),
+    };
+    tick(&mut ms, 0, map, true);
+    tick(&mut ms, 300, Event::Clock, true);
+    assert!(ms[0].readable(300), "{}", ms[0].describe());
+    ms
+}
+
+/// A planned handover (a temporary acting set released, say): the old primary is a member
+/// of the new interval and answers its primary's query, so it has taken the map that ended
+/// its interval and serves no more reads; the leases granted to it fence nothing, and the new
+/// primary goes active without waiting them out. One that does not answer is waited out.
+#[test]
+fn a_new_primary_waits_for_no_lease_of_an_old_primary_that_answered_it() {
+    let ended = |acting: Vec<u32>, history: Vec<carmine_pg::Interval>| Event::Map {
+        epoch: 2,
+        acting,
+        targets: Vec::new(),
+        history: Some(history),
+        min_size: 2,
+        lost: Default::default(),
+    };
+    let before = vec![carmine_pg::Interval {
+        epoch: 1,
+        acting: vec![0, 1, 2],
+    }];
+
+    // osd.0 stays, osd.1 becomes primary: active at once (at 400, leases run to 1300).
+    let mut ms = three_members();
+    tick(&mut ms, 400, ended(vec![1, 2, 0], before.clone()), true);
+    assert!(
+        !ms[0].readable(400),
+        "the old primary stopped serving reads"
+    );
+    assert!(ms[1].is_active_primary(), "{}", ms[1].describe());
+
+    // osd.0 leaves the acting set but is asked as a member of the last interval: the same.
+    let mut ms = three_members();
+    tick(&mut ms, 400, ended(vec![1, 2], before.clone()), true);
+    assert!(ms[1].is_active_primary(), "{}", ms[1].describe());
+
+    // osd.0 cut off (it has not taken the map): another member of the last interval vouches
+    // for it, but osd.0 may still serve reads under the leases granted to it: waited out.
+    let mut ms = three_members();
+    let mut old = ms.remove(0);
+    let mut rest: Vec<Member> = vec![Member::new(9, 16)];
+    rest.append(&mut ms);
+    // (Index 0 stands in for osd.0, unreachable: its messages are dropped below.)
+    let map = ended(vec![1, 2], before);
+    for i in 1..3 {
+        let actions = rest[i].handle(400, map.clone());
+        let mut inbox = Vec::new();
+        for (to, msg) in carry(&mut rest[i], 400, actions) {
+            inbox.push((i as u32, to, msg));
+        }
+        settle_without(&mut rest, 400, inbox, 0);
+    }
+    assert!(old.readable(400), "osd.0 never took the map");
+    for (t, ev) in [
+        (500, Event::Tick),
+        (1_250, Event::Clock),
+        (1_500, Event::Clock),
+    ] {
+        if t == 1_500 {
+            assert!(!rest[1].is_active_primary(), "{}", rest[1].describe());
+        }
+        let actions = rest[1].handle(t, ev);
+        let mut inbox = Vec::new();
+        for (to, msg) in carry(&mut rest[1], t, actions) {
+            inbox.push((1, to, msg));
+        }
+        settle_without(&mut rest, t, inbox, 0);
+    }
+    assert!(rest[1].is_active_primary(), "{}", rest[1].describe());
+    let _ = old.handle(1_301, Event::Clock);
+}
+
+/// As `settle`, for members indexed by OSD id, dropping every message to or from `cut`.
+fn settle_without(ms: &mut [Member], now: u64, mut inbox: Vec<(u32, u32, Msg)>, cut: u32) {
+    while let Some((from, to, msg)) = inbox.pop() {
+        if from == cut || to == cut {
+            continue;
+        }
+        let m = &mut ms[to as usize];
+        let actions = m.handle(now, Event::Msg { from, msg });
+        for (dest, msg) in carry(m, now, actions) {
+            inbox.push((to, dest, msg));
+        }
+    }
 }

@@ -22,9 +22,12 @@ pub enum Msg {
         log: PgLog,
         objects: BTreeMap<String, Version>,
         missing: BTreeSet<String>,
-        /// How long, in the member's clock, a read lease it granted another primary may
-        /// still run: the new primary goes active only after that (see [`Msg::Ping`]).
-        promise_left: u64,
+        /// How long, in the member's clock, the read leases it granted other primaries may
+        /// still run, by primary (`None`: granted by an earlier run of this member, to whom
+        /// it does not know): the new primary goes active only after those run out, but for
+        /// the leases of primaries it heard from in its own epoch, which have stopped serving
+        /// (see [`Msg::Ping`]).
+        promises_left: Vec<(Option<OsdId>, u64)>,
     },
     /// The authoritative history for the member: its log becomes `log`, and the objects
     /// listed take the given versions (`None`: removed). `round` counts the primary's peering
