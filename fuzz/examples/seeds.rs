@@ -376,7 +376,7 @@ fn peer_message(c: &mut Corpus) {
                     ]
                     .into(),
                     missing: ["obj2".to_string()].into(),
-                    promises_left: vec![(Some(1), 1_200_000_000), (None, 5)],
+                    promises_left: vec![(Some(1), 1_200_000_000), (None, 5)].into(),
                 },
                 ops: vec![],
             },

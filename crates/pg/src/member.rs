@@ -1184,7 +1184,7 @@ impl Member {
                 }
                 if epoch == self.epoch {
                     if let Some((info, log, objects, missing)) = self.durable_answer() {
-                        let promises_left = self.promises_left(from);
+                        let promises_left = self.promises_left(from).into_boxed_slice();
                         out.push(Action::Send {
                             to: from,
                             msg: Msg::Info {
@@ -1216,7 +1216,7 @@ impl Member {
                     if let Role::Peering { heard } = &mut self.role {
                         // Waited in this member's clock from now, a little longer for rates
                         // (see `leases_until`).
-                        for (grantee, left) in promises_left {
+                        for &(grantee, left) in promises_left.iter() {
                             let wait = left.saturating_mul(PROMISE_WAITED_TENTHS) / 10;
                             self.lease_waits
                                 .push((grantee, self.now.saturating_add(wait)));

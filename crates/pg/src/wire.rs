@@ -338,7 +338,7 @@ pub fn decode_msg(d: &mut Decoder, log_max: usize) -> Result<Msg, DecodeError> {
                 log,
                 objects,
                 missing,
-                promises_left,
+                promises_left: promises_left.into_boxed_slice(),
             }
         }
         MSG_ACTIVATE => Msg::Activate {
@@ -428,7 +428,7 @@ mod tests {
             log: log(),
             objects,
             missing: missing.iter().map(|m| m.to_string()).collect(),
-            promises_left: vec![(Some(1), 1_500_000_000), (None, 900), (Some(7), 0)],
+            promises_left: vec![(Some(1), 1_500_000_000), (None, 900), (Some(7), 0)].into(),
         }
     }
 

@@ -27,7 +27,7 @@ pub enum Msg {
         /// it does not know): the new primary goes active only after those run out, but for
         /// the leases of primaries it heard from in its own epoch, which have stopped serving
         /// (see [`Msg::Ping`]).
-        promises_left: Vec<(Option<OsdId>, u64)>,
+        promises_left: Box<[(Option<OsdId>, u64)]>,
     },
     /// The authoritative history for the member: its log becomes `log`, and the objects
     /// listed take the given versions (`None`: removed). `round` counts the primary's peering
