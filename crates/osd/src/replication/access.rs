@@ -85,6 +85,11 @@ impl Access {
         !self.readers.is_empty() && self.readers.has(key(oid))
     }
 
+    /// Whether any read of the PG runs or waits.
+    pub fn any_reading(&self) -> bool {
+        !self.readers.is_empty()
+    }
+
     /// Whether a write to `oid` waits for its readers: a read that comes now waits for it.
     pub fn write_waits(&self, oid: &str) -> bool {
         !self.writers.is_empty() && self.writers.has(key(oid))

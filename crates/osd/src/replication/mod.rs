@@ -1047,6 +1047,17 @@ pub(crate) fn on_peer<S: ObjectStore + 'static>(
                     return;
                 }
                 match msg {
+                    // An answer says this copy took the map that ended its interval, and a
+                    // new primary then waits out no read lease granted to it
+                    // (`Member::leases_until`): so it answers only once no read it took as
+                    // the old primary is still running — one in flight could otherwise see a
+                    // write of the new interval applied here before that write is done. No
+                    // read starts meanwhile (the interval ended); the primary asks again on
+                    // its ticks.
+                    Msg::Query { .. } if pgr.access.any_reading() => {
+                        pgr.access.wake_waiters();
+                        return;
+                    }
                     Msg::Rep { .. } => shard.metrics.replica_write(),
                     // Its answer tells the primary whether this store has room for writes.
                     Msg::Ping { .. } => pgr

@@ -77,10 +77,17 @@ async fn restart<S: ObjectStore + 'static>(
 ) {
     carmine_reactor::sleep(delay).await;
     let repl = &shard.replication;
-    let busy = || old.persisting.get() || old.scrub.is_running() || old.rewrites.get() > 0;
+    let busy = || {
+        old.persisting.get()
+            || old.scrub.is_running()
+            || old.rewrites.get() > 0
+            || old.access.any_reading()
+    };
     // Nothing of the old copy may write to the store once the new one has read it: its
     // persist task, a scrub and a repair end on their own once they see it stopped. (Read
-    // again if one was still busy when the reading ended.)
+    // again if one was still busy when the reading ended.) Nor may a read of the old copy
+    // still run: the new copy would answer a query (a new primary then waits out no lease
+    // of this OSD's) while that read could still see a write of the new interval.
     let loaded = loop {
         while busy() {
             carmine_reactor::sleep(IDLE_POLL).await;
