@@ -41,6 +41,19 @@ pub const PROMISES_MAX: usize = 64;
 /// The grantee of a lease granted by an earlier run of the member (unknown).
 const GRANTEE_UNKNOWN: u32 = u32::MAX;
 
+/// Leases by grantee as an info carries them: longest first (ties in the order given), at
+/// most `PROMISES_MAX`; past that the longest stands for the rest, to whom unknown (always
+/// waited out). Decoding yields this form, so an info survives encode → decode unchanged.
+fn canonical_promises(mut p: Vec<(Option<u32>, u64)>) -> Vec<(Option<u32>, u64)> {
+    p.sort_by_key(|x| std::cmp::Reverse(x.1));
+    if p.len() > PROMISES_MAX {
+        let longest = p[0].1;
+        p.truncate(PROMISES_MAX - 1);
+        p.insert(0, (None, longest));
+    }
+    p
+}
+
 fn encode_names<'a, B: BufMut>(
     e: &mut Encoder<'_, B>,
     n: usize,
@@ -198,19 +211,11 @@ pub fn encode_msg(out: &mut BytesMut, msg: &Msg) {
                 objects.iter().map(|(k, v)| (k.as_str(), Some(*v))),
             );
             encode_names(&mut e, missing.len(), missing.iter());
-            // The longest first, as kind 2 has it, then each by grantee (at most
-            // PROMISES_MAX: the longest kept, under an unknown grantee if cut).
-            let longest = promises_left.iter().map(|p| p.1).max().unwrap_or(0);
-            e.u64(longest);
-            let mut by_len: Vec<&(Option<u32>, u64)> = promises_left.iter().collect();
-            by_len.sort_by_key(|p| std::cmp::Reverse(p.1));
-            let cut = by_len.len() > PROMISES_MAX;
-            let kept = &by_len[..by_len.len().min(PROMISES_MAX - usize::from(cut))];
-            e.u32((kept.len() + usize::from(cut)) as u32);
-            if cut {
-                e.u32(GRANTEE_UNKNOWN).u64(longest);
-            }
-            for (g, left) in kept {
+            // The longest first, as kind 2 has it, then each by grantee.
+            let promises = canonical_promises(promises_left.to_vec());
+            e.u64(promises.first().map_or(0, |p| p.1));
+            e.u32(promises.len() as u32);
+            for (g, left) in &promises {
                 e.u32(g.unwrap_or(GRANTEE_UNKNOWN)).u64(*left);
             }
         }
@@ -327,6 +332,7 @@ pub fn decode_msg(d: &mut Decoder, log_max: usize) -> Result<Msg, DecodeError> {
                 // (Kind 2, or a list short of its own longest: that one to whom unknown.)
                 promises_left.push((None, longest));
             }
+            let promises_left = canonical_promises(promises_left);
             Msg::Info {
                 epoch,
                 info: PeerInfo {
@@ -439,6 +445,47 @@ mod tests {
         let back = decode_msg(&mut d, 4).unwrap();
         d.finish("message").unwrap();
         back
+    }
+
+    /// An info's leases come back longest first and at most `PROMISES_MAX` (the longest then
+    /// standing for those cut, to whom unknown), and that form is stable: what decodes
+    /// survives encode → decode unchanged (the fuzz target's invariant).
+    #[test]
+    fn an_infos_leases_decode_to_one_form_that_round_trips() {
+        let with = |promises: Vec<(Option<u32>, u64)>| match info(BTreeMap::new(), &[]) {
+            Msg::Info {
+                epoch,
+                info,
+                log,
+                objects,
+                missing,
+                ..
+            } => Msg::Info {
+                epoch,
+                info,
+                log,
+                objects,
+                missing,
+                promises_left: promises.into(),
+            },
+            _ => unreachable!(),
+        };
+        let leases = |m: &Msg| match m {
+            Msg::Info { promises_left, .. } => promises_left.to_vec(),
+            _ => unreachable!(),
+        };
+        let unsorted = with(vec![(Some(1), 5), (Some(2), 9), (None, 7)]);
+        let back = round_trip(&unsorted);
+        assert_eq!(leases(&back), vec![(Some(2), 9), (None, 7), (Some(1), 5)]);
+        assert_eq!(round_trip(&back), back);
+
+        let many = with((0..70).map(|g| (Some(g), 1000 + u64::from(g))).collect());
+        let back = round_trip(&many);
+        let l = leases(&back);
+        assert_eq!(l.len(), PROMISES_MAX);
+        assert_eq!(l[0], (None, 1069), "the longest stands for those cut");
+        assert_eq!(l[1], (Some(69), 1069));
+        assert_eq!(round_trip(&back), back);
     }
 
     #[test]
