@@ -71,6 +71,19 @@ impl BlockCache {
         self.dirty_bytes += BLOCK as u64;
     }
 
+    /// A block placed at `paddr` that fails its checksum (the cleaner moves such a block as
+    /// it is). It counts as dirty until its batch is written, but is never kept: served from
+    /// memory, no checksum would stand between it and a read or a partial overwrite, which
+    /// would then return or rewrite damaged data as good. Read from the device, it fails
+    /// its checksum there.
+    pub fn add_dirty_unreadable(&mut self, paddr: u64) {
+        assert!(
+            !self.dirty.contains_key(&paddr),
+            "block {paddr} placed twice before it was written"
+        );
+        self.dirty_bytes += BLOCK as u64;
+    }
+
     /// Bytes in batches not yet on the device (invalidated blocks included: their batch
     /// still carries them until it is written).
     pub fn dirty_bytes(&self) -> u64 {

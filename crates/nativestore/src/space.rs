@@ -225,19 +225,22 @@ impl<D: BlockDevice> NativeStore<D> {
             (Some(guard), live, data, pins)
         };
         assert_eq!(live.len(), data.len(), "a read for every live block");
+        let bad: Vec<bool> = live
+            .iter()
+            .zip(&data)
+            .map(|(b, d)| crc32c(d) != b.crc)
+            .collect();
+        // A block that fails its checksum moves as it is, with its original checksum: it
+        // keeps reading as corrupt (so it is not cached), and the segment can be reclaimed.
         let mut bad_blocks = 0;
-        for (b, d) in live.iter().zip(&data) {
-            if crc32c(d) != b.crc {
-                // Moved as it is, with its original checksum: it keeps reading as corrupt,
-                // and the segment can still be reclaimed.
-                bad_blocks += 1;
-                tracing::error!(
-                    shard = self.shard,
-                    paddr = b.paddr,
-                    victim,
-                    "cleaner moves a block that fails its checksum"
-                );
-            }
+        for (b, _) in live.iter().zip(&bad).filter(|(_, bad)| **bad) {
+            bad_blocks += 1;
+            tracing::error!(
+                shard = self.shard,
+                paddr = b.paddr,
+                victim,
+                "cleaner moves a block that fails its checksum"
+            );
         }
         self.st.borrow_mut().stats.checksum_errors += bad_blocks;
         let moved = live.len();
@@ -248,7 +251,7 @@ impl<D: BlockDevice> NativeStore<D> {
         // other in an object and land next to each other in one batch move as one extent.
         let mut batch = 0;
         let mut run: Option<Moved> = None;
-        for (block, data) in live.into_iter().zip(data) {
+        for ((block, data), bad) in live.into_iter().zip(data).zip(bad) {
             let mut st = self.st.borrow_mut();
             if let Some(r) = run.take() {
                 let next = r.crcs.len() + 1;
@@ -271,7 +274,10 @@ impl<D: BlockDevice> NativeStore<D> {
             let paddr = b.next_data_block();
             b.data.push(data.clone());
             batch = b.id;
-            st.cache.add_dirty(paddr, data);
+            match bad {
+                true => st.cache.add_dirty_unreadable(paddr),
+                false => st.cache.add_dirty(paddr, data),
+            }
             let r = run.get_or_insert_with(|| Moved {
                 cid: block.cid,
                 oid: block.oid,

@@ -152,6 +152,74 @@ fn a_flipped_bit_is_an_error_on_read_and_in_fsck_never_data() {
     assert_eq!(block_on(store.read(C, "victim", 0, 0)).unwrap(), block(2));
 }
 
+/// The cleaner moves a block that fails its checksum as it is. Kept in the block cache, it
+/// would be served without a check: a read would return the damaged bytes as data, and a
+/// partial overwrite would merge them and store them under a fresh, valid checksum.
+#[test]
+fn a_damaged_block_the_cleaner_moved_still_reads_as_corrupt_and_is_never_merged() {
+    let dev = formatted(8 << 20, 256 << 10);
+    let config = NativeConfig {
+        cache_bytes: 4 << 20,
+        checkpoint_interval_blocks: 64,
+        ..NativeConfig::default()
+    };
+    let store = mount(&dev, config);
+    let filler = |v: u8| Bytes::from(vec![v; 60 * BLOCK]);
+    submit(&store, |t| {
+        t.create_collection(C)
+            .write(C, "victim", 0, block(0xab))
+            .write(C, "filler", 0, filler(1));
+    })
+    .unwrap();
+    // Live data near the store's capacity, so that writers must clean to go on.
+    for i in 0..20 {
+        submit(&store, |t| {
+            t.write(C, "ballast", i * 60 * BLOCK as u64, filler(0xba));
+        })
+        .unwrap();
+    }
+    block_on(store.close()).unwrap();
+    drop(store);
+    let at = dev
+        .image()
+        .chunks(BLOCK)
+        .position(|b| b.iter().all(|&x| x == 0xab))
+        .expect("the victim's block on the device");
+    dev.flip_bit((at * BLOCK + 100) as u64, 0);
+    // Overwriting the filler empties the victim's segment, which the cleaner then takes.
+    let store = mount(&dev, config);
+    let mut writes = 0;
+    while store.stats().checksum_errors == 0 {
+        writes += 1;
+        assert!(
+            writes < 500,
+            "the cleaner never moved the victim's block: {:?}",
+            store.stats()
+        );
+        submit(&store, |t| {
+            t.write(C, "filler", 0, filler(writes as u8));
+        })
+        .unwrap();
+    }
+    assert!(store.stats().blocks_relocated > 0);
+    let reads_corrupt = || match block_on(store.read(C, "victim", 0, 0)) {
+        Err(e) => e.kind == StoreErrorKind::Corrupt,
+        Ok(b) => panic!("the damaged block read as data ({} bytes)", b.len()),
+    };
+    assert!(reads_corrupt());
+    let partial = submit(&store, |t| {
+        t.write(C, "victim", 10, Bytes::from_static(b"new bytes"));
+    });
+    assert_eq!(partial, Err(StoreErrorKind::Corrupt));
+    assert!(reads_corrupt());
+    // A whole-block overwrite needs nothing of the damaged block, and heals it.
+    submit(&store, |t| {
+        t.write(C, "victim", 0, block(2));
+    })
+    .unwrap();
+    assert_eq!(block_on(store.read(C, "victim", 0, 0)).unwrap(), block(2));
+}
+
 #[test]
 fn random_overwrites_at_ninety_percent_fill_keep_working_across_remounts() {
     // 24 segments of 256 KiB: the cleaner must run many times over.
