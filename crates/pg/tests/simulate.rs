@@ -19,6 +19,16 @@
 //! (a client on its side of a partition): every read an OSD serves must return the newest
 //! acknowledged version of the object, or a newer one.
 //!
+//! On odd seeds the manager also keeps temporary acting sets (decision 0015), as the map
+//! does: where the placement of a new epoch puts a copy on an OSD the old acting set did not
+//! have, the old copies still up serve while the new ones fill as backfill targets; an
+//! active primary whose members lack most of the PG asks for the others to serve
+//! (`Member::wants_temp`); and a primary whose targets are full asks for its set to go.
+//! Once on such a seed, an OSD that crashes comes back with an empty disk (a replaced disk,
+//! or a memory store), when its disk holds nothing the others do not.
+//! The checks above hold throughout (a target becomes acting, and primary, only once full),
+//! and once healed every set has gone.
+//!
 //! `CARMINE_SIM_SEEDS` sets how many seeds run (CI: 300); `CARMINE_SIM_SEED` replays one.
 
 use carmine_pg::{Action, Event, Interval, Member, Msg, OpKind, ReqId, Version};
@@ -127,8 +137,34 @@ struct Sim {
     lease_waits: u64,
     /// Times the operator gave up a waiting primary's unfound objects.
     given_up: u64,
+    /// Objects given up, with the epoch of the give-up.
+    given_up_in: BTreeMap<String, u32>,
     /// A give-up not yet settled: (primary, epoch, objects it counted unfound).
     pending_give_up: Option<(u32, u32, usize)>,
+    /// Temporary acting sets on this seed (odd ones).
+    temps: bool,
+    /// The PG's temporary acting set, if any, and the backfill targets it leaves.
+    temp: Option<Vec<u32>>,
+    targets: Vec<u32>,
+    /// The placement of the current epoch: the up set.
+    placed: Vec<u32>,
+    /// The least a member must lack for its primary to ask it out (`--backfill-min-objects`).
+    min_lacks: usize,
+    /// The epoch the primary last asked in: it asks once per epoch, as the host does.
+    asked_in: u32,
+    /// Whether an OSD already came back with an empty disk on this seed.
+    disk_lost: bool,
+    /// Sets primed by a placement change, asked for by a primary, and released once full.
+    temp_counts: TempCounts,
+}
+
+/// Temporary acting sets primed, asked for and released.
+#[derive(Clone, Copy, Default)]
+struct TempCounts {
+    primed: u64,
+    asked: u64,
+    released: u64,
+    disks_lost: u64,
 }
 
 /// A message on its way: (from, to, (the sender's incarnation, the receiver's as the sender
@@ -183,7 +219,16 @@ impl Sim {
             seen: BTreeMap::new(),
             lease_waits: 0,
             given_up: 0,
+            given_up_in: BTreeMap::new(),
             pending_give_up: None,
+            temps: seed % 2 == 1,
+            temp: None,
+            targets: Vec::new(),
+            placed: Vec::new(),
+            min_lacks: 1 + (seed / 2 % 4) as usize,
+            asked_in: 0,
+            disk_lost: false,
+            temp_counts: TempCounts::default(),
         };
         s.rate = (0..n).map(|_| s.rng.random_range(970..=1030)).collect();
         s.lease = LEASES[s.rng.random_range(0..LEASES.len())];
@@ -208,11 +253,175 @@ impl Sim {
 
     fn new_epoch(&mut self) {
         self.epoch += 1;
-        self.acting = self.placement();
+        let placed = self.placement();
+        if self.temps && placed != self.placed {
+            // `OsdMap::prime_temps`: the old acting set's copies still up serve while the
+            // new ones fill, if they are at least min_size.
+            let serving: Vec<u32> = self
+                .acting
+                .iter()
+                .copied()
+                .filter(|o| self.up_in_map[*o as usize])
+                .collect();
+            let primes =
+                serving.len() >= self.shape.min_size && placed.iter().any(|o| !serving.contains(o));
+            self.temp = primes.then_some(serving);
+            self.temp_counts.primed += u64::from(primes);
+        }
+        self.placed = placed;
+        // `OsdMap::clean_temps`: a set that says what placement says goes.
+        if self.temp.as_ref() == Some(&self.placed) {
+            self.temp = None;
+        }
+        (self.acting, self.targets) = self.serving();
         self.log.push(format!(
-            "t{} epoch {} acting {:?}",
-            self.now, self.epoch, self.acting
+            "t{} epoch {} acting {:?} targets {:?}",
+            self.now, self.epoch, self.acting, self.targets
         ));
+    }
+
+    /// The acting set and backfill targets the map gives (`OsdMap::pg_osds`): the up
+    /// members of the temporary set if there is one with an OSD up, unless they are fewer
+    /// than min_size and the up set is not; otherwise the up set. Targets are the members of
+    /// the up set that are not acting.
+    fn serving(&self) -> (Vec<u32>, Vec<u32>) {
+        let min_size = self.shape.min_size;
+        let acting = match &self.temp {
+            Some(t) => {
+                let up: Vec<u32> = t
+                    .iter()
+                    .copied()
+                    .filter(|o| self.up_in_map[*o as usize])
+                    .collect();
+                if !up.is_empty() && (up.len() >= min_size || self.placed.len() < min_size) {
+                    up
+                } else {
+                    self.placed.clone()
+                }
+            }
+            None => self.placed.clone(),
+        };
+        let targets = self
+            .placed
+            .iter()
+            .copied()
+            .filter(|o| !acting.contains(o))
+            .collect();
+        (acting, targets)
+    }
+
+    /// Whether OSD `o`'s disk may be lost without losing what is acknowledged or keeping the
+    /// PG from going active: the current epoch's primary is active and clean with no write in
+    /// flight, `o` is another acting member, and every object its store holds, at that
+    /// version, and every acknowledged write, another OSD's store holds too. And no request
+    /// outstanding is in a log: retried, it may be answered from the log as done, on the word
+    /// of a copy the primary does not know is gone yet (in any system, a disk lost after its
+    /// copy was counted is a loss the primary cannot know of at once).
+    fn may_lose_disk(&self, o: u32) -> bool {
+        let Some(&p) = self.acting.first() else {
+            return false;
+        };
+        let m = &self.members[p as usize];
+        let elsewhere = |oid: &String, v: Version| {
+            (0..self.shape.osds).any(|s| s != o && self.stores[s as usize].get(oid) == Some(&v))
+        };
+        p != o
+            && self.running[p as usize]
+            && self.acting.contains(&o)
+            && m.epoch() == self.epoch
+            && m.is_clean()
+            && m.writes_in_flight() == 0
+            && self.outstanding.keys().all(|tid| !self.logged(*tid))
+            && self.stores[o as usize]
+                .iter()
+                .all(|(k, v)| elsewhere(k, *v))
+            && self.acked.iter().all(|(k, v)| elsewhere(k, *v))
+    }
+
+    /// Whether any member's log, or any disk's, holds an entry of client request `tid`.
+    fn logged(&self, tid: u64) -> bool {
+        self.members
+            .iter()
+            .chain(&self.disks)
+            .flat_map(|m| m.log.entries())
+            .any(|e| e.reqid.is_some_and(|r| r.tid == tid))
+    }
+
+    /// The temporary sets' worker and the map: now and then the current epoch's active
+    /// primary has its set released once its targets are full (`OsdMap::release_temp`), or
+    /// asks for the members that lack most of the PG to fill as targets while the others
+    /// serve (`Member::wants_temp`, `OsdMap::ask_temp`), once per epoch. Each change is a new
+    /// epoch.
+    fn change_temps(&mut self) {
+        let Some(&p) = self.acting.first() else {
+            return;
+        };
+        let m = &self.members[p as usize];
+        if !self.temps
+            || !self.running[p as usize]
+            || self.cut == Some(p)
+            || m.epoch() != self.epoch
+            || !self.rng.random_bool(0.2)
+        {
+            return;
+        }
+        let as_seen = m.acting() == self.acting.as_slice();
+        if self.temp.is_some()
+            && !self.targets.is_empty()
+            && m.targets_filled()
+            && as_seen
+            && self.targets.iter().all(|t| m.targets().contains(t))
+        {
+            self.log.push(format!(
+                "t{} osd.{p} filled {:?}: the temporary set goes",
+                self.now, self.targets
+            ));
+            // No target the PG counts as full lacks an object: its store holds each at the
+            // primary's version, or a write of it is in flight.
+            for &t in &self.targets {
+                for (oid, v) in &m.objects {
+                    let held = self.stores[t as usize].get(oid);
+                    if held != Some(v) && !m.any_in_flight(|o| o == oid) {
+                        self.violations.push(format!(
+                            "t{}: osd.{p} counts its target osd.{t} full, but its store has \
+                             {oid} at {held:?}, not {v}",
+                            self.now
+                        ));
+                    }
+                }
+            }
+            self.temp = None;
+            self.temp_counts.released += 1;
+            self.new_epoch();
+            return;
+        }
+        if self.asked_in >= self.epoch {
+            return;
+        }
+        let Some(set) = m.wants_temp(self.min_lacks) else {
+            return;
+        };
+        self.asked_in = self.epoch;
+        let valid = as_seen
+            && set.len() >= self.shape.min_size
+            && set.len() < self.acting.len()
+            && set
+                .iter()
+                .all(|o| self.acting.contains(o) && self.up_in_map[*o as usize]);
+        if !valid {
+            return;
+        }
+        let before = self.temp.replace(set.clone());
+        if self.serving().0 != set {
+            self.temp = before;
+            return;
+        }
+        self.log.push(format!(
+            "t{} osd.{p} asks for {set:?} to serve while the others fill",
+            self.now
+        ));
+        self.temp_counts.asked += 1;
+        self.new_epoch();
     }
 
     /// Maps reach each OSD on its own time, and never across a cut: an old primary may go on
@@ -238,7 +447,7 @@ impl Sim {
         let ev = Event::Map {
             epoch: self.epoch,
             acting: self.acting.clone(),
-            targets: Vec::new(),
+            targets: self.targets.clone(),
             history: read_with_map.then(|| self.history.clone()),
             min_size: self.shape.min_size,
             lost: Default::default(),
@@ -599,7 +808,8 @@ impl Sim {
                 ));
             }
         }
-        if let Some(v) = served {
+        let before_give_up = self.given_up_in.get(&oid).is_some_and(|e| m.epoch() < *e);
+        if let (Some(v), false) = (served, before_give_up) {
             let s = self.seen.entry(oid).or_insert(v);
             *s = (*s).max(v);
         }
@@ -658,11 +868,68 @@ impl Sim {
             self.acked.remove(&oid);
         }
         // What a reader saw of the objects given up (unacknowledged writes included) is gone.
+        // An old primary may still serve them on its lease until the new one activates: what
+        // it reads from before the give-up's epoch is the world before it.
         let objects = &self.members[o as usize].objects;
+        for (oid, v) in &self.seen {
+            if objects.get(oid) < Some(v) {
+                self.given_up_in.insert(oid.clone(), epoch);
+            }
+        }
         self.seen.retain(|oid, v| objects.get(oid) >= Some(v));
     }
 
+    /// OSD `o` crashes; `lose_disk`: it comes back with an empty disk.
+    fn crash(&mut self, o: u32, lose_disk: bool) {
+        self.log.push(format!("t{} osd.{o} crashes", self.now));
+        self.running[o as usize] = false;
+        self.incarnation[o as usize] += 1;
+        // What was being written may or may not have reached the disk.
+        let torn: Vec<(u64, u64)> = self
+            .persists
+            .iter()
+            .filter(|(_, p)| p.0 == o)
+            .map(|(k, _)| *k)
+            .collect();
+        for k in torn {
+            let (_, inc, seq, snapshot) = self.persists.remove(&k).expect("listed");
+            if self.rng.random_bool(0.5) {
+                self.land(o, inc, seq, snapshot);
+            }
+        }
+        if lose_disk {
+            self.log
+                .push(format!("t{} osd.{o} lost its disk", self.now));
+            self.disk_lost = true;
+            self.temp_counts.disks_lost += 1;
+            self.disks[o as usize] = Member::new(o, 64);
+            self.stores[o as usize].clear();
+        }
+        self.members[o as usize] = self.disks[o as usize].restart();
+        // Its host's start: an incarnation newer than any before.
+        self.members[o as usize].set_incarnation(self.incarnation[o as usize] + 1);
+        // Leases granted before the crash run at most a lease past it.
+        let until = self.clock(o) + self.lease;
+        self.members[o as usize].set_read_lease(self.lease, until);
+        self.urgent[o as usize].clear();
+        // A process supervisor may start it again at once, before the map notices
+        if self.quick_restarts && self.rng.random_bool(0.3) {
+            self.log
+                .push(format!("t{} osd.{o} restarts at once", self.now));
+            self.running[o as usize] = true;
+            self.deliver_map(o);
+        }
+    }
+
     fn faults(&mut self) {
+        // On a seed with temporary sets, once: an acting member whose disk holds nothing
+        // the others lack loses it (a replaced disk, or a memory store restarted).
+        if self.temps && !self.disk_lost && !self.acting.is_empty() && self.rng.random_bool(0.02) {
+            let o = self.acting[self.rng.random_range(0..self.acting.len())];
+            if self.running[o as usize] && self.may_lose_disk(o) {
+                self.crash(o, true);
+            }
+        }
         // Now and then the operator gives up on a primary that waits for unfound objects
         // (a draw only then, so seeds without unfound objects run as before).
         if let Some(&p) = self.acting.first() {
@@ -678,36 +945,7 @@ impl Sim {
             // Crash an OSD: the manager notices (down in a new epoch) a little later.
             let o = self.rng.random_range(0..self.shape.osds);
             if self.running[o as usize] {
-                self.log.push(format!("t{} osd.{o} crashes", self.now));
-                self.running[o as usize] = false;
-                self.incarnation[o as usize] += 1;
-                // What was being written may or may not have reached the disk.
-                let torn: Vec<(u64, u64)> = self
-                    .persists
-                    .iter()
-                    .filter(|(_, p)| p.0 == o)
-                    .map(|(k, _)| *k)
-                    .collect();
-                for k in torn {
-                    let (_, inc, seq, snapshot) = self.persists.remove(&k).expect("listed");
-                    if self.rng.random_bool(0.5) {
-                        self.land(o, inc, seq, snapshot);
-                    }
-                }
-                self.members[o as usize] = self.disks[o as usize].restart();
-                // Its host's start: an incarnation newer than any before.
-                self.members[o as usize].set_incarnation(self.incarnation[o as usize] + 1);
-                // Leases granted before the crash run at most a lease past it.
-                let until = self.clock(o) + self.lease;
-                self.members[o as usize].set_read_lease(self.lease, until);
-                self.urgent[o as usize].clear();
-                // A process supervisor may start it again at once, before the map notices
-                if self.quick_restarts && self.rng.random_bool(0.3) {
-                    self.log
-                        .push(format!("t{} osd.{o} restarts at once", self.now));
-                    self.running[o as usize] = true;
-                    self.deliver_map(o);
-                }
+                self.crash(o, false);
             }
         } else if r < 0.008 {
             // Restart a crashed OSD; the manager marks it up a little later.
@@ -812,6 +1050,7 @@ impl Sim {
         self.recover();
         self.client();
         self.read();
+        self.change_temps();
     }
 
     /// The active primary of the current epoch holds every acknowledged write, and no
@@ -852,8 +1091,8 @@ impl Sim {
 }
 
 /// What one seed did: acknowledged writes, objects recovered, reads served, reads held
-/// back for a lease, unfound objects given up by the operator.
-type Counts = (u64, u64, u64, u64, u64);
+/// back for a lease, unfound objects given up by the operator, temporary sets.
+type Counts = (u64, u64, u64, u64, u64, TempCounts);
 
 fn run_seed(seed: u64, shape: Shape) -> Result<Counts, String> {
     let mut sim = Sim::new(seed, shape);
@@ -943,6 +1182,18 @@ fn run_seed(seed: u64, shape: Shape) -> Result<Counts, String> {
             format!("healed for 600 ticks, but osd.{primary} is not clean"),
         );
     }
+    if sim.temp.is_some() || !p.targets().is_empty() {
+        return fail(
+            &sim,
+            format!(
+                "healed for 600 ticks, but the temporary set {:?} is still there (targets \
+                 {:?}, {} objects misplaced)",
+                sim.temp,
+                p.targets(),
+                p.misplaced()
+            ),
+        );
+    }
     for &o in &sim.acting {
         let m = &sim.members[o as usize];
         if !m.missing.is_empty() {
@@ -961,6 +1212,7 @@ fn run_seed(seed: u64, shape: Shape) -> Result<Counts, String> {
         sim.reads,
         sim.lease_waits,
         sim.given_up,
+        sim.temp_counts,
     ))
 }
 
@@ -977,18 +1229,36 @@ fn run_seeds(shape: Shape) {
         .and_then(|s| s.parse().ok())
         .unwrap_or(300);
     let (mut acks, mut recovered, mut reads, mut waits, mut given_up) = (0, 0, 0, 0, 0);
+    let mut temps = TempCounts::default();
     for seed in 0..seeds {
-        let (a, r, rd, w, g) = run_seed(seed, shape).unwrap_or_else(|e| panic!("{e}"));
+        let (a, r, rd, w, g, t) = run_seed(seed, shape).unwrap_or_else(|e| panic!("{e}"));
         acks += a;
         recovered += r;
         reads += rd;
         waits += w;
         given_up += g;
+        temps.primed += t.primed;
+        temps.asked += t.asked;
+        temps.released += t.released;
+        temps.disks_lost += t.disks_lost;
     }
     println!(
         "{seeds} seeds: {acks} acknowledged writes, {recovered} objects recovered, \
          {reads} reads served, {waits} held back for a lease, {given_up} give-ups of \
-         unfound objects"
+         unfound objects; temporary acting sets: {} primed, {} asked for, {} released; {} \
+         disks lost",
+        temps.primed, temps.asked, temps.released, temps.disks_lost
+    );
+    assert!(
+        seeds < 10
+            || (temps.primed > seeds
+                && temps.asked > seeds / 20
+                && temps.released > seeds
+                && temps.disks_lost > seeds / 20),
+        "the simulation hardly used temporary acting sets: {} primed, {} asked for, {} released",
+        temps.primed,
+        temps.asked,
+        temps.released
     );
     assert!(
         reads > seeds * 50,

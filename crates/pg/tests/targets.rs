@@ -428,3 +428,94 @@ fn a_member_back_empty_is_asked_out_of_the_acting_set_and_one_short_of_little_is
     assert_eq!(ms[0].degraded(), 8, "{}", ms[0].describe());
     assert_eq!(ms[0].wants_temp(1), None);
 }
+
+/// Hands `ev` to member `to` and returns what it sent, as (from, to, message).
+fn step(ms: &mut [Member], now: u64, to: u32, ev: Event) -> Vec<(u32, u32, carmine_pg::Msg)> {
+    let m = &mut ms[to as usize];
+    let actions = m.handle(now, ev);
+    let (sent, _) = common::carry(m, now, actions);
+    sent.into_iter()
+        .map(|(dest, msg)| (to, dest, msg))
+        .collect()
+}
+
+/// Runs the messages `pending` until none is left, but for those `keep` picks out (returned,
+/// not delivered).
+fn settle(
+    ms: &mut [Member],
+    now: u64,
+    mut pending: Vec<(u32, u32, carmine_pg::Msg)>,
+    keep: impl Fn(u32, u32, &carmine_pg::Msg) -> bool,
+) -> Vec<(u32, u32, carmine_pg::Msg)> {
+    let mut kept = Vec::new();
+    while let Some((from, to, msg)) = pending.pop() {
+        if keep(from, to, &msg) {
+            kept.push((from, to, msg));
+        } else {
+            pending.extend(step(ms, now, to, Event::Msg { from, msg }));
+        }
+    }
+    kept
+}
+
+/// A target's acknowledgement of its first activation arrives after the primary sent it a
+/// second one, with a write the first did not have, and the target took the second: the
+/// entry without its data. The first acknowledgement lists nothing lacking; the target is not
+/// full for it (simulator seed 343 of two copies of three released a set on it).
+#[test]
+fn an_acknowledgement_of_an_older_activation_does_not_count_a_target_full() {
+    use carmine_pg::Msg;
+    let mut ms = serving(0);
+    let mut out = Vec::new();
+    for o in 0..4 {
+        out.extend(step(&mut ms, 2, o, map(2, &[0, 1, 2], &[3], &[])));
+    }
+    // Everything runs but what goes to osd.3, and what osd.3 sends.
+    let to_3 = |_: u32, to: u32, _: &Msg| to == 3;
+    let first = settle(&mut ms, 2, out, to_3);
+    assert!(first
+        .iter()
+        .any(|(_, _, m)| matches!(m, Msg::Activate { .. })));
+    // osd.3 takes the first activation; its acknowledgement waits on the way.
+    let mut ack_first = Vec::new();
+    for (from, to, msg) in first {
+        ack_first.extend(step(&mut ms, 3, to, Event::Msg { from, msg }));
+    }
+    assert!(ack_first
+        .iter()
+        .any(|(_, _, m)| matches!(m, Msg::ActivateAck { missing, .. } if missing.is_empty())));
+    // A write: the replicas take it, osd.3's copy waits on the way.
+    let (w, ev) = write(10, "o7");
+    let mut out = Vec::new();
+    for (to, e) in ev {
+        out.extend(step(&mut ms, 4, to, e));
+    }
+    let rep_to_3 = settle(&mut ms, 4, out, to_3);
+    // Not heard from, osd.3 gets its activation again, with the write: it takes it, lacking
+    // o7's data, and that acknowledgement is lost.
+    let tick = step(&mut ms, 5, 0, Event::Tick);
+    let again = settle(&mut ms, 5, tick, to_3);
+    for (from, to, msg) in again {
+        if matches!(msg, Msg::Activate { .. }) {
+            step(&mut ms, 5, to, Event::Msg { from, msg });
+        }
+    }
+    assert!(ms[3].missing.contains_key("o7"), "{}", ms[3].describe());
+    // The first acknowledgement arrives, then the write's copy and its acknowledgement.
+    settle(&mut ms, 6, ack_first, |_, _, _| false);
+    let mut acked = Vec::new();
+    for (from, to, msg) in rep_to_3 {
+        let back = step(&mut ms, 6, to, Event::Msg { from, msg });
+        for (f, t, m) in back {
+            let a = ms[t as usize].handle(6, Event::Msg { from: f, msg: m });
+            acked.extend(common::carry(&mut ms[t as usize], 6, a).1);
+        }
+    }
+    assert_eq!(acked, vec![w], "no write waits for a target's data");
+    assert!(!ms[0].targets_filled(), "{}", ms[0].describe());
+    assert_eq!(ms[0].misplaced(), 1);
+    // Filled once it has the data.
+    let rec = recover_all(&mut ms[3]);
+    run(&mut ms, 7, rec.into_iter().map(|e| (3, e)).collect(), &[]);
+    assert!(ms[0].targets_filled(), "{}", ms[0].describe());
+}
