@@ -1300,13 +1300,17 @@ impl Member {
                         let seq = self.persist(Persisting::History { source }, out);
                         self.activation_ack = Some((from, epoch, round, log.head(), seq));
                     } else if this == self.activated && self.activation_ack.is_none() {
-                        // A repeat of what is durable already: acknowledge it again.
+                        // A repeat of what is durable already: acknowledge it again. Only as
+                        // far as it is durable: a resend with the writes since may reach
+                        // this member after their own copies, still being persisted
+                        // (simulator seed 3897 of two copies of three acknowledged a head
+                        // not on disk yet).
                         out.push(Action::Send {
                             to: from,
                             msg: Msg::ActivateAck {
                                 epoch,
                                 round,
-                                head: log.head(),
+                                head: log.head().min(self.durable_head),
                                 missing: self.missing.keys().cloned().collect(),
                             },
                         });

@@ -685,7 +685,13 @@ impl Sim {
             let source = (0..self.shape.osds).find(|&s| {
                 s != o && self.reachable(o, s) && self.stores[s as usize].get(&oid) == Some(&v)
             });
-            if source.is_some() {
+            if let Some(source) = source {
+                if self.trace {
+                    self.log.push(format!(
+                        "t{} osd.{o} pulls {oid} {v} from osd.{source}",
+                        self.now
+                    ));
+                }
                 let at = self.now + self.rng.random_range(1..6);
                 self.seq += 1;
                 let inc = self.incarnation[i];
@@ -904,6 +910,16 @@ impl Sim {
             self.temp_counts.disks_lost += 1;
             self.disks[o as usize] = Member::new(o, 64);
             self.stores[o as usize].clear();
+        }
+        if self.trace {
+            let disk = &self.disks[o as usize];
+            self.log.push(format!(
+                "t{} osd.{o}'s disk: head {}, missing {:?}; store {:?}",
+                self.now,
+                disk.log.head(),
+                disk.missing,
+                self.stores[o as usize]
+            ));
         }
         self.members[o as usize] = self.disks[o as usize].restart();
         // Its host's start: an incarnation newer than any before.

@@ -519,3 +519,57 @@ fn an_acknowledgement_of_an_older_activation_does_not_count_a_target_full() {
     run(&mut ms, 7, rec.into_iter().map(|e| (3, e)).collect(), &[]);
     assert!(ms[0].targets_filled(), "{}", ms[0].describe());
 }
+
+/// A copy that took a write but has not persisted it yet, and then gets its activation again
+/// with that write in it, acknowledges only what is durable (simulator seed 3897 of two
+/// copies of three: the acknowledgement named the write's version as held).
+#[test]
+fn an_activation_repeated_with_a_write_not_yet_durable_is_acknowledged_only_as_durable() {
+    use carmine_pg::Msg;
+    let mut ms = serving(0);
+    let mut out = Vec::new();
+    for o in 0..4 {
+        out.extend(step(&mut ms, 2, o, map(2, &[0, 1, 2], &[3], &[])));
+    }
+    let to_3 = |_: u32, to: u32, _: &Msg| to == 3;
+    let first = settle(&mut ms, 2, out, to_3);
+    // osd.3 takes its activation; the acknowledgement is lost.
+    for (from, to, msg) in first {
+        step(&mut ms, 3, to, Event::Msg { from, msg });
+    }
+    let (_, ev) = write(10, "o7");
+    let mut out = Vec::new();
+    for (to, e) in ev {
+        out.extend(step(&mut ms, 4, to, e));
+    }
+    let rep_to_3 = settle(&mut ms, 4, out, to_3);
+    // osd.3 applies the write; its persist has not completed.
+    let version = ms[0].log.head();
+    for (from, _, msg) in rep_to_3 {
+        let actions = ms[3].handle(4, Event::Msg { from, msg });
+        assert!(actions.iter().any(|a| matches!(a, Action::Persist { .. })));
+        assert!(!actions.iter().any(|a| matches!(a, Action::Send { .. })));
+    }
+    assert_eq!(ms[3].log.head(), version);
+    // The primary sends the activation again, with the write: a repeat for osd.3.
+    let tick = step(&mut ms, 5, 0, Event::Tick);
+    let again = settle(&mut ms, 5, tick, to_3);
+    let mut acks = Vec::new();
+    for (from, _, msg) in again {
+        if matches!(msg, Msg::Activate { .. }) {
+            acks.extend(ms[3].handle(5, Event::Msg { from, msg }));
+        }
+    }
+    let heads: Vec<_> = acks
+        .iter()
+        .filter_map(|a| match a {
+            Action::Send {
+                msg: Msg::ActivateAck { head, .. },
+                ..
+            } => Some(*head),
+            _ => None,
+        })
+        .collect();
+    assert!(!heads.is_empty(), "{acks:?}");
+    assert!(heads.iter().all(|h| *h < version), "{heads:?} vs {version}");
+}
