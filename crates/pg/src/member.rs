@@ -64,15 +64,6 @@ enum Role {
     Replica,
 }
 
-/// A member's copy as a primary that peers sees it: its log, object versions, the objects it
-/// lacks, and last active epoch.
-type Copy = (
-    PgLog,
-    BTreeMap<String, Version>,
-    BTreeMap<String, Version>,
-    u32,
-);
-
 /// A member's answer to a query: info, log, object versions, and the objects it lacks.
 type Answer = (PeerInfo, PgLog, BTreeMap<String, Version>, BTreeSet<String>);
 
@@ -132,13 +123,9 @@ pub struct Member {
     /// The epoch in which `history` was last read from the map store (or found changed by a
     /// failed record): a primary activates only on a history read in its own interval.
     history_read: u32,
-    /// Persists asked for: the head each one makes durable, and for one that takes a history,
-    /// the copy as it was before (what the disk holds until it lands: a history may wait
-    /// long for its data, and a query is answered from this meanwhile).
+    /// Persists asked for: the head each one makes durable, and whether it takes a history.
     persist_seq: u64,
-    persisting: std::collections::VecDeque<(u64, Version, Option<Box<Copy>>)>,
-    /// The copy before the history being taken now, for its persist.
-    before_history: Option<Box<Copy>>,
+    persisting: std::collections::VecDeque<(u64, Version, bool)>,
     /// The newest head known durable, and the last persist completed.
     durable_head: Version,
     persisted: u64,
@@ -237,7 +224,6 @@ impl Member {
             history_read: 0,
             persist_seq: 0,
             persisting: std::collections::VecDeque::new(),
-            before_history: None,
             durable_head: Version::ZERO,
             persisted: 0,
             activation_persist: 0,
@@ -516,16 +502,9 @@ impl Member {
     /// Asks the host to persist the copy as it is now.
     fn persist(&mut self, what: Persisting, out: &mut Vec<Action>) -> u64 {
         self.persist_seq += 1;
-        let before = match what {
-            Persisting::History { .. } => Some(
-                self.before_history
-                    .take()
-                    .expect("a history is begun before it is persisted"),
-            ),
-            Persisting::Entry(_) => None,
-        };
+        let history = matches!(what, Persisting::History { .. });
         self.persisting
-            .push_back((self.persist_seq, self.log.head(), before));
+            .push_back((self.persist_seq, self.log.head(), history));
         out.push(Action::Persist {
             seq: self.persist_seq,
             what,
@@ -851,46 +830,22 @@ impl Member {
         s
     }
 
-    /// Remembers the copy as it is before a history is taken over it.
-    fn begin_history(&mut self) {
-        self.before_history = Some(Box::new((
-            self.log.clone(),
-            self.objects.clone(),
-            self.missing.clone(),
-            self.les,
-        )));
-    }
-
     /// What this member can say of its copy to a primary that peers: only what its disk
     /// holds, since the answer may become the authoritative history (a history naming writes
     /// a crash would lose leaves the members that take it waiting for data nobody holds).
-    /// `None` while writes are on their way to the disk: asked again on the next tick.
+    /// `None` while writes or a history are on their way to the disk: asked again on the
+    /// next tick. (Answering a history's arrival with the copy from before it let a member go
+    /// on to recover objects to the versions the history named, overwriting what its answer
+    /// said it held: tests/answers.rs.)
     fn durable_answer(&self) -> Option<Answer> {
-        match self.persisting.front() {
-            None => Some((
+        self.persisting.is_empty().then(|| {
+            (
                 self.info(),
                 self.log.clone(),
                 self.objects.clone(),
                 self.missing.keys().cloned().collect(),
-            )),
-            // A history on its way to the disk: the disk holds the copy from before it.
-            Some((_, _, Some(before))) => {
-                let (log, objects, missing, les) = &**before;
-                let info = PeerInfo {
-                    osd: self.osd,
-                    last_epoch_started: *les,
-                    head: log.head(),
-                    tail: log.tail(),
-                };
-                Some((
-                    info,
-                    log.clone(),
-                    objects.clone(),
-                    missing.keys().cloned().collect(),
-                ))
-            }
-            Some((_, _, None)) => None,
-        }
+            )
+        })
     }
 
     fn info(&self) -> PeerInfo {
@@ -1124,7 +1079,6 @@ impl Member {
         }
         self.wait_out_leases();
         // The primary takes the authoritative history whole; members get what differs.
-        self.begin_history();
         self.log.reset_to(&auth_log);
         self.adopt_objects(auth_objects);
         // Given up by the operator: a delete each, in this epoch, so every member that takes
@@ -1284,7 +1238,6 @@ impl Member {
                         || (this == self.activated && log.head() > self.log.head());
                     if newer {
                         self.pinged_at = None;
-                        self.begin_history();
                         self.take_history(&log, objects);
                         // Only an acting member vouches for the interval: a backfill target
                         // may be dropped and miss acknowledged writes without the interval

@@ -922,6 +922,11 @@ impl Sim {
             ));
         }
         self.members[o as usize] = self.disks[o as usize].restart();
+        if self.trace {
+            let m = self.members[o as usize].describe();
+            self.log
+                .push(format!("t{} osd.{o} restarts as: {m}", self.now));
+        }
         // Its host's start: an incarnation newer than any before.
         self.members[o as usize].set_incarnation(self.incarnation[o as usize] + 1);
         // Leases granted before the crash run at most a lease past it.

@@ -13,24 +13,6 @@ use std::collections::{BTreeMap, BTreeSet};
 /// `osd_async_recovery_min_cost` is of the same order.
 pub const BACKFILL_LACKS: usize = 100;
 
-/// What a copy says of its store once the store holds `oid` at `version`: no longer missing
-/// if that is the version it needs; missing if it names another version than the one now
-/// held.
-fn stored(
-    objects: &BTreeMap<String, Version>,
-    missing: &mut BTreeMap<String, Version>,
-    oid: &str,
-    version: Version,
-) {
-    if missing.get(oid) == Some(&version) {
-        missing.remove(oid);
-    } else if let Some(&v) = objects.get(oid) {
-        if v != version {
-            missing.insert(oid.to_string(), v);
-        }
-    }
-}
-
 impl Member {
     /// True if `member`'s store may lack `oid` (as this primary knows).
     pub(super) fn lacks(&self, member: OsdId, oid: &str) -> bool {
@@ -272,21 +254,11 @@ impl Member {
         if self.missing.is_empty() {
             return None;
         }
-        let taking = self.persisting.iter().any(|(_, _, b)| b.is_some());
+        let taking = self.persisting.iter().any(|(_, _, history)| *history);
         (!taking).then_some(&self.missing)
     }
 
     pub(super) fn on_recovered(&mut self, oid: String, version: Version, out: &mut Vec<Action>) {
-        // The copies a query is answered from while a history is on its way to the disk
-        // describe the store too.
-        let befores = self
-            .persisting
-            .iter_mut()
-            .filter_map(|(_, _, b)| b.as_deref_mut())
-            .chain(self.before_history.as_deref_mut());
-        for (_, objects, missing, _) in befores {
-            stored(objects, missing, &oid, version);
-        }
         if self.missing.get(&oid) != Some(&version) {
             return;
         }

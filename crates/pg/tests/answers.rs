@@ -1,0 +1,104 @@
+//! What a member tells a primary that peers: only a copy its disk holds and that it will not
+//! leave behind. Simulator seed 6548 of two copies of three: a replica took an activation (a
+//! later round of its primary, which then restarted) and, while that history was on its way
+//! to the disk, answered the restarted primary's query with the copy from before it. Once the
+//! history landed, it recovered an object to the version the history named, overwriting the
+//! only copy of the version its answer named; the primary chose the answer's history, and an
+//! acknowledged write had no copy left.
+
+mod common;
+
+use carmine_pg::{Action, Event, Member, Msg};
+
+fn map(epoch: u32, acting: &[u32]) -> Event {
+    Event::Map {
+        epoch,
+        acting: acting.to_vec(),
+        targets: Vec::new(),
+        history: Some(Vec::new()),
+        min_size: 1,
+        lost: Default::default(),
+    }
+}
+
+/// Delivers `msgs` between `p` (osd.2) and `r` (osd.0) until none is left.
+fn exchange(p: &mut Member, r: &mut Member, mut msgs: Vec<(u32, u32, Msg)>) {
+    while let Some((from, to, msg)) = msgs.pop() {
+        let m = if to == 2 { &mut *p } else { &mut *r };
+        let actions = m.handle(1, Event::Msg { from, msg });
+        let (sent, _) = common::carry(m, 1, actions);
+        msgs.extend(sent.into_iter().map(|(dest, msg)| (to, dest, msg)));
+    }
+}
+
+fn infos(actions: &[Action]) -> Vec<&Msg> {
+    actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::Send {
+                msg: msg @ Msg::Info { .. },
+                ..
+            } => Some(msg),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn a_member_answers_no_query_while_a_history_it_took_is_on_its_way_to_the_disk() {
+    let (mut p, mut r) = (Member::new(2, 64), Member::new(0, 64));
+    let mut msgs = Vec::new();
+    for (o, m) in [(2u32, &mut p), (0, &mut r)] {
+        let actions = m.handle(1, map(1, &[2, 0]));
+        let (sent, _) = common::carry(m, 1, actions);
+        msgs.extend(sent.into_iter().map(|(dest, msg)| (o, dest, msg)));
+    }
+    exchange(&mut p, &mut r, msgs);
+    assert!(p.is_active_primary(), "{}", p.describe());
+    // The primary activates osd.0 again (it said it restarted): osd.0 takes the new round's
+    // history, whose persist has not completed.
+    let actions = p.handle(
+        2,
+        Event::Msg {
+            from: 0,
+            msg: Msg::NotActive { epoch: 1 },
+        },
+    );
+    let (sent, _) = common::carry(&mut p, 2, actions);
+    let activation = sent
+        .into_iter()
+        .find(|(to, m)| *to == 0 && matches!(m, Msg::Activate { .. }))
+        .expect("activated again")
+        .1;
+    let taken = r.handle(
+        2,
+        Event::Msg {
+            from: 2,
+            msg: activation,
+        },
+    );
+    let seq = taken
+        .iter()
+        .find_map(|a| match a {
+            Action::Persist { seq, .. } => Some(*seq),
+            _ => None,
+        })
+        .expect("the history is persisted");
+    // A query now is not answered: the disk's copy is about to change.
+    let query = || Event::Msg {
+        from: 2,
+        msg: Msg::Query { epoch: 1 },
+    };
+    let answer = r.handle(3, query());
+    assert!(infos(&answer).is_empty(), "{answer:?}");
+    // Once the history is durable, it is answered with it.
+    let landed = r.handle(4, Event::Persisted { seq });
+    common::carry(&mut r, 4, landed);
+    let answer = r.handle(5, query());
+    let info = infos(&answer);
+    assert_eq!(info.len(), 1, "{answer:?}");
+    let Msg::Info { info, .. } = info[0] else {
+        unreachable!()
+    };
+    assert_eq!(info.head, r.log.head());
+}
