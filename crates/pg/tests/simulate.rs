@@ -29,7 +29,8 @@
 //! The checks above hold throughout (a target becomes acting, and primary, only once full),
 //! and once healed every set has gone.
 //!
-//! `CARMINE_SIM_SEEDS` sets how many seeds run (CI: 2000, about 10 s a shape); `CARMINE_SIM_SEED` replays one.
+//! `CARMINE_SIM_SEEDS` sets how many seeds run (CI: 2000, about 10 s a shape), from
+//! `CARMINE_SIM_FIRST_SEED` (0); `CARMINE_SIM_SEED` replays one.
 
 use carmine_pg::{Action, Event, Interval, Member, Msg, OpKind, ReqId, Version};
 use rand::rngs::StdRng;
@@ -1255,9 +1256,14 @@ fn run_seeds(shape: Shape) {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(2000);
+    // A long search goes on from where the last one stopped.
+    let first: u64 = std::env::var("CARMINE_SIM_FIRST_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
     let (mut acks, mut recovered, mut reads, mut waits, mut given_up) = (0, 0, 0, 0, 0);
     let mut temps = TempCounts::default();
-    for seed in 0..seeds {
+    for seed in first..first + seeds {
         let (a, r, rd, w, g, t) = run_seed(seed, shape).unwrap_or_else(|e| panic!("{e}"));
         acks += a;
         recovered += r;
