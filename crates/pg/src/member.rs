@@ -1238,7 +1238,32 @@ impl Member {
                         || (this == self.activated && log.head() > self.log.head());
                     if newer {
                         self.pinged_at = None;
+                        // Writes this member took from the same run of its primary in this
+                        // epoch, after the new activation's head: the primary made them after
+                        // it built this activation, which they overtook on the way. They are
+                        // in the primary's log, and acknowledged to it already; rolling them
+                        // back would take back what the primary counts (simulator seed 20743
+                        // of three copies of four).
+                        let same_run = self.activated.0 == epoch
+                            && self.activated.1 == this.1
+                            && self.role == Role::Replica;
+                        let holds_head =
+                            log.head() == self.log.tail() || self.log.contains(log.head());
+                        let after: Vec<Entry> = if same_run && holds_head {
+                            self.log
+                                .entries()
+                                .filter(|e| e.version > log.head())
+                                .cloned()
+                                .collect()
+                        } else {
+                            Vec::new()
+                        };
                         self.take_history(&log, objects);
+                        for e in &after {
+                            if e.version > self.log.head() && e.version.v == self.log.head().v + 1 {
+                                self.apply(e);
+                            }
+                        }
                         // Only an acting member vouches for the interval: a backfill target
                         // may be dropped and miss acknowledged writes without the interval
                         // ending, and peering ranks copies by this epoch first.

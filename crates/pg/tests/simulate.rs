@@ -1056,8 +1056,10 @@ impl Sim {
                     let what = match &msg {
                         Msg::Rep { epoch, entry } => format!("Rep {epoch} {}", entry.version),
                         Msg::RepAck { epoch, version } => format!("RepAck {epoch} {version}"),
-                        Msg::Activate { epoch, log, .. } => {
-                            format!("Activate {epoch} head {}", log.head())
+                        Msg::Activate {
+                            epoch, round, log, ..
+                        } => {
+                            format!("Activate {epoch} round {round} head {}", log.head())
                         }
                         Msg::Info { epoch, info, .. } => format!("Info {epoch} {info:?}"),
                         other => format!("{other:?}"),
