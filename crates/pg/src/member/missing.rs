@@ -171,13 +171,18 @@ impl Member {
     /// As the active primary: every backfill target took this interval's history and holds
     /// every object (as it last said), so the PG may move to its up set, where each of them
     /// is a complete copy (decision 0015, step 4). False without targets.
+    ///
+    /// A target must also have acknowledged the head of the newest activation sent to it: it
+    /// answers `Lacks` with `Recovered` for an object it does not know it lacks, so an
+    /// activation lost on the way would otherwise leave the objects written before it looking
+    /// held (`acknowledged_missing`).
     pub fn targets_filled(&self) -> bool {
         self.role == Role::Active
             && !self.targets.is_empty()
-            && self
-                .targets
-                .iter()
-                .all(|m| matches!(self.peer_missing.get(m), Some(Some(s)) if s.is_empty()))
+            && self.targets.iter().all(|m| {
+                matches!(self.peer_missing.get(m), Some(Some(s)) if s.is_empty())
+                    && self.acked_head.get(m) >= self.activation_heads.get(m)
+            })
     }
 
     /// As the active primary: the temporary acting set this PG should be served by while
