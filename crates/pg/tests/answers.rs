@@ -31,6 +31,20 @@ fn exchange(p: &mut Member, r: &mut Member, mut msgs: Vec<(u32, u32, Msg)>) {
     }
 }
 
+/// osd.2, the active primary of a PG on osd.2 and osd.0, and osd.0, its replica.
+fn active_pair() -> (Member, Member) {
+    let (mut p, mut r) = (Member::new(2, 64), Member::new(0, 64));
+    let mut msgs = Vec::new();
+    for (o, m) in [(2u32, &mut p), (0, &mut r)] {
+        let actions = m.handle(1, map(1, &[2, 0]));
+        let (sent, _) = common::carry(m, 1, actions);
+        msgs.extend(sent.into_iter().map(|(dest, msg)| (o, dest, msg)));
+    }
+    exchange(&mut p, &mut r, msgs);
+    assert!(p.is_active_primary(), "{}", p.describe());
+    (p, r)
+}
+
 fn infos(actions: &[Action]) -> Vec<&Msg> {
     actions
         .iter()
@@ -46,15 +60,7 @@ fn infos(actions: &[Action]) -> Vec<&Msg> {
 
 #[test]
 fn a_member_answers_no_query_while_a_history_it_took_is_on_its_way_to_the_disk() {
-    let (mut p, mut r) = (Member::new(2, 64), Member::new(0, 64));
-    let mut msgs = Vec::new();
-    for (o, m) in [(2u32, &mut p), (0, &mut r)] {
-        let actions = m.handle(1, map(1, &[2, 0]));
-        let (sent, _) = common::carry(m, 1, actions);
-        msgs.extend(sent.into_iter().map(|(dest, msg)| (o, dest, msg)));
-    }
-    exchange(&mut p, &mut r, msgs);
-    assert!(p.is_active_primary(), "{}", p.describe());
+    let (mut p, mut r) = active_pair();
     // The primary activates osd.0 again (it said it restarted): osd.0 takes the new round's
     // history, whose persist has not completed.
     let actions = p.handle(
@@ -120,15 +126,7 @@ fn activation_in(m: &mut Member, now: u64, actions: Vec<Action>) -> Msg {
 #[test]
 fn a_late_activation_of_the_same_primary_run_does_not_roll_back_its_later_writes() {
     use carmine_pg::{OpKind, ReqId};
-    let (mut p, mut r) = (Member::new(2, 64), Member::new(0, 64));
-    let mut msgs = Vec::new();
-    for (o, m) in [(2u32, &mut p), (0, &mut r)] {
-        let actions = m.handle(1, map(1, &[2, 0]));
-        let (sent, _) = common::carry(m, 1, actions);
-        msgs.extend(sent.into_iter().map(|(dest, msg)| (o, dest, msg)));
-    }
-    exchange(&mut p, &mut r, msgs);
-    assert!(p.is_active_primary(), "{}", p.describe());
+    let (mut p, mut r) = active_pair();
     let not_active = || Event::Msg {
         from: 0,
         msg: Msg::NotActive { epoch: 1 },

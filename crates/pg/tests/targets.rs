@@ -458,6 +458,18 @@ fn settle(
     kept
 }
 
+/// An empty PG on osd.0..2 that takes osd.3 as a backfill target: everything delivered but
+/// what goes to osd.3, which is returned.
+fn target_added() -> (Vec<Member>, Vec<(u32, u32, carmine_pg::Msg)>) {
+    let mut ms = serving(0);
+    let mut out = Vec::new();
+    for o in 0..4 {
+        out.extend(step(&mut ms, 2, o, map(2, &[0, 1, 2], &[3], &[])));
+    }
+    let first = settle(&mut ms, 2, out, |_, to, _| to == 3);
+    (ms, first)
+}
+
 /// A target's acknowledgement of its first activation arrives after the primary sent it a
 /// second one, with a write the first did not have, and the target took the second: the
 /// entry without its data. The first acknowledgement lists nothing lacking; the target is not
@@ -465,14 +477,8 @@ fn settle(
 #[test]
 fn an_acknowledgement_of_an_older_activation_does_not_count_a_target_full() {
     use carmine_pg::Msg;
-    let mut ms = serving(0);
-    let mut out = Vec::new();
-    for o in 0..4 {
-        out.extend(step(&mut ms, 2, o, map(2, &[0, 1, 2], &[3], &[])));
-    }
-    // Everything runs but what goes to osd.3, and what osd.3 sends.
+    let (mut ms, first) = target_added();
     let to_3 = |_: u32, to: u32, _: &Msg| to == 3;
-    let first = settle(&mut ms, 2, out, to_3);
     assert!(first
         .iter()
         .any(|(_, _, m)| matches!(m, Msg::Activate { .. })));
@@ -526,13 +532,8 @@ fn an_acknowledgement_of_an_older_activation_does_not_count_a_target_full() {
 #[test]
 fn an_activation_repeated_with_a_write_not_yet_durable_is_acknowledged_only_as_durable() {
     use carmine_pg::Msg;
-    let mut ms = serving(0);
-    let mut out = Vec::new();
-    for o in 0..4 {
-        out.extend(step(&mut ms, 2, o, map(2, &[0, 1, 2], &[3], &[])));
-    }
+    let (mut ms, first) = target_added();
     let to_3 = |_: u32, to: u32, _: &Msg| to == 3;
-    let first = settle(&mut ms, 2, out, to_3);
     // osd.3 takes its activation; the acknowledgement is lost.
     for (from, to, msg) in first {
         step(&mut ms, 3, to, Event::Msg { from, msg });
