@@ -131,6 +131,8 @@ struct Sim {
     /// incarnations on messages, seed 1918 had a replica apply a dead primary's write after
     /// the restarted primary had queried it.
     quick_restarts: bool,
+    /// Everything runs and is reachable, and no message is lost (the end of a seed).
+    healed: bool,
     reads: u64,
     /// The newest version of each object a read returned: a later read never returns an
     /// older one (what a reader saw must not vanish), unless the operator gave it up.
@@ -216,6 +218,7 @@ impl Sim {
             answers: Vec::new(),
             history_reads: BTreeMap::new(),
             quick_restarts: std::env::var("CARMINE_SIM_QUICK_RESTARTS").map_or(true, |v| v != "0"),
+            healed: false,
             reads: 0,
             seen: BTreeMap::new(),
             lease_waits: 0,
@@ -532,7 +535,10 @@ impl Sim {
                             ));
                         }
                     }
-                    if !self.rng.random_bool(0.05) {
+                    // Healed, the network loses nothing: the settled checks judge the protocol,
+                    // not a streak of losses (seeds 69746 and 75187 lost six of eight pings
+                    // and pongs to one OSD in a row, a false "silent" report).
+                    if self.healed || !self.rng.random_bool(0.05) {
                         let at = self.now + self.rng.random_range(1..8);
                         self.seq += 1;
                         // Stamped as the host does: the sender's incarnation, and the
@@ -1152,8 +1158,9 @@ fn run_seed(seed: u64, shape: Shape) -> Result<Counts, String> {
             return fail(&sim, e);
         }
     }
-    // Heal: everything runs and is reachable; the map follows; let it settle.
+    // Heal: everything runs and is reachable, nothing is lost; the map follows; let it settle.
     sim.cut = None;
+    sim.healed = true;
     for o in 0..sim.shape.osds {
         if !sim.running[o as usize] {
             sim.running[o as usize] = true;
