@@ -400,6 +400,7 @@ fn peer_message(c: &mut Corpus) {
                     epoch: 2,
                     round: 1,
                     oid: "obj2".into(),
+                    version: Some(Version::new(2, 5)),
                 },
                 ops: vec![],
             },

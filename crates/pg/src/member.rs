@@ -1328,10 +1328,16 @@ impl Member {
                     self.maybe_active();
                 }
             }
-            Msg::Recovered { epoch, round, oid } => {
+            Msg::Recovered {
+                epoch,
+                round,
+                oid,
+                version,
+            } => {
                 if epoch == self.epoch
                     && self.member_round.get(&from) == Some(&round)
                     && self.copy_of_interval(from)
+                    && self.objects.get(&oid).copied() == version
                 {
                     if let Some(Some(m)) = self.peer_missing.get_mut(&from) {
                         m.remove(&oid);
@@ -1358,6 +1364,7 @@ impl Member {
                                 msg: Msg::Recovered {
                                     epoch,
                                     round: self.activated.2,
+                                    version: self.objects.get(&oid).copied(),
                                     oid,
                                 },
                             });

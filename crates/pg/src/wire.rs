@@ -158,16 +158,28 @@ fn encode_objects<'a, B: BufMut>(
     e.count(n);
     for (oid, v) in objects {
         e.str(oid);
-        match v {
-            None => {
-                e.u8(0);
-            }
-            Some(v) => {
-                e.u8(1);
-                encode_version(e, v);
-            }
+        encode_present(e, v);
+    }
+}
+
+/// `u8 present, [version]`: an object's version, or none (the object does not exist).
+fn encode_present<B: BufMut>(e: &mut Encoder<'_, B>, v: Option<Version>) {
+    match v {
+        None => {
+            e.u8(0);
+        }
+        Some(v) => {
+            e.u8(1);
+            encode_version(e, v);
         }
     }
+}
+
+fn decode_present(d: &mut Decoder) -> Result<Option<Version>, DecodeError> {
+    Ok(match d.bool("object present")? {
+        false => None,
+        true => Some(decode_version(d)?),
+    })
 }
 
 fn decode_objects(d: &mut Decoder) -> Result<Vec<(String, Option<Version>)>, DecodeError> {
@@ -175,11 +187,7 @@ fn decode_objects(d: &mut Decoder) -> Result<Vec<(String, Option<Version>)>, Dec
     let mut out = Vec::with_capacity(n.min(4096));
     for _ in 0..n {
         let oid = d.string("object name", OBJECT_NAME_LEN_MAX)?;
-        let v = match d.bool("object present")? {
-            false => None,
-            true => Some(decode_version(d)?),
-        };
-        out.push((oid, v));
+        out.push((oid, decode_present(d)?));
     }
     Ok(out)
 }
@@ -254,8 +262,14 @@ pub fn encode_msg(out: &mut BytesMut, msg: &Msg) {
         Msg::NotActive { epoch } => {
             e.u8(MSG_NOT_ACTIVE).u32(*epoch);
         }
-        Msg::Recovered { epoch, round, oid } => {
+        Msg::Recovered {
+            epoch,
+            round,
+            oid,
+            version,
+        } => {
             e.u8(MSG_RECOVERED).u32(*epoch).u32(*round).str(oid);
+            encode_present(&mut e, *version);
         }
         Msg::Lacks {
             epoch,
@@ -372,6 +386,7 @@ pub fn decode_msg(d: &mut Decoder, log_max: usize) -> Result<Msg, DecodeError> {
             epoch,
             round: d.u32("activation round")?,
             oid: d.string("object name", OBJECT_NAME_LEN_MAX)?,
+            version: decode_present(d)?,
         },
         MSG_LACKS => Msg::Lacks {
             epoch,
@@ -525,6 +540,13 @@ mod tests {
                 epoch: 9,
                 round: 1,
                 oid: "a".into(),
+                version: Some(Version::new(9, 7)),
+            },
+            Msg::Recovered {
+                epoch: 9,
+                round: 1,
+                oid: "gone".into(),
+                version: None,
             },
             Msg::Lacks {
                 epoch: 9,

@@ -574,3 +574,77 @@ fn an_activation_repeated_with_a_write_not_yet_durable_is_acknowledged_only_as_d
     assert!(!heads.is_empty(), "{acks:?}");
     assert!(heads.iter().all(|h| *h < version), "{heads:?} vs {version}");
 }
+
+/// A target's report that it recovered an object arrives after the target took, in a later
+/// activation, a newer write to that object as a log entry only: the report names the older
+/// version and does not count the object held (simulator seed 89223 of three copies of four
+/// released a temporary set on it, with the target lacking the object).
+#[test]
+fn a_late_recovery_report_of_an_older_version_does_not_count_a_target_full() {
+    use carmine_pg::Msg;
+    let mut ms = serving(1);
+    let mut out = Vec::new();
+    for o in 0..4 {
+        out.extend(step(&mut ms, 2, o, map(2, &[0, 1, 2], &[3], &[])));
+    }
+    let first = settle(&mut ms, 2, out, |_, to, _| to == 3);
+    // osd.3 takes its activation, lacking o0; the acknowledgement waits on the way.
+    let mut held = Vec::new();
+    for (from, to, msg) in first {
+        held.extend(step(&mut ms, 3, to, Event::Msg { from, msg }));
+    }
+    assert!(ms[3].missing.contains_key("o0"), "{}", ms[3].describe());
+    // It recovers o0; the report waits on the way too.
+    let old = ms[0].objects["o0"];
+    for ev in recover_all(&mut ms[3]) {
+        held.extend(step(&mut ms, 3, 3, ev));
+    }
+    assert!(held.iter().any(|(_, _, m)| matches!(
+        m,
+        Msg::Recovered { oid, version, .. } if oid == "o0" && *version == Some(old)
+    )));
+    // A write to o0; osd.3's copy is lost.
+    let (w, ev) = write(10, "o0");
+    let mut out = Vec::new();
+    for (to, e) in ev {
+        out.extend(step(&mut ms, 4, to, e));
+    }
+    drop(settle(&mut ms, 4, out, |_, to, _| to == 3));
+    // Not heard from, osd.3 gets its activation again, with the write: it takes the entry
+    // without its data, and lacks o0 at the new version.
+    let tick = step(&mut ms, 5, 0, Event::Tick);
+    let again = settle(&mut ms, 5, tick, |_, to, _| to == 3);
+    for (from, to, msg) in again {
+        if matches!(msg, Msg::Activate { .. }) {
+            held.extend(step(&mut ms, 5, to, Event::Msg { from, msg }));
+        }
+    }
+    let new = ms[0].objects["o0"];
+    assert!(new > old);
+    assert_eq!(ms[3].missing.get("o0"), Some(&new), "{}", ms[3].describe());
+    // Everything on the way arrives: acknowledgements first, the old report last.
+    held.sort_by_key(|(_, _, m)| matches!(m, Msg::Recovered { .. }));
+    let mut acked = Vec::new();
+    for (from, to, msg) in held {
+        let a = ms[to as usize].handle(6, Event::Msg { from, msg });
+        let (sent, done) = common::carry(&mut ms[to as usize], 6, a);
+        acked.extend(done);
+        settle(
+            &mut ms,
+            6,
+            sent.into_iter().map(|(d, m)| (to, d, m)).collect(),
+            |_, _, _| false,
+        );
+    }
+    assert_eq!(
+        acked,
+        vec![w],
+        "the write waits for the target's log entry only"
+    );
+    assert!(!ms[0].targets_filled(), "{}", ms[0].describe());
+    assert_eq!(ms[0].misplaced(), 1);
+    // Filled once it holds the new version.
+    let rec = recover_all(&mut ms[3]);
+    run(&mut ms, 7, rec.into_iter().map(|e| (3, e)).collect(), &[]);
+    assert!(ms[0].targets_filled(), "{}", ms[0].describe());
+}

@@ -10,7 +10,7 @@ pub const FRAME_MAGIC: u32 = u32::from_le_bytes(*b"CRMN");
 /// 3: object requests carry the client's request number; messages between OSDs (`Peer`).
 /// 4: background recovery (Info and ActivateAck name missing objects).
 /// 5: read leases granted by replicas (Ping, Pong; Info says how long a promise runs).
-pub const PROTOCOL_VERSION: u8 = 6;
+pub const PROTOCOL_VERSION: u8 = 7;
 pub const FRAME_HEADER_LEN: usize = 32;
 /// Largest payload: the largest data op plus room for the request's metadata.
 pub const FRAME_PAYLOAD_MAX: u32 = IO_LEN_MAX + 256 * 1024;

@@ -61,11 +61,16 @@ pub enum Msg {
     NotActive {
         epoch: u32,
     },
-    /// The member's store now holds `oid` as the history of activation `round` names it.
+    /// The member's store now holds `oid` at `version` (`None`: holds no such object), with
+    /// its data, in the history of activation `round`. The primary clears the object from
+    /// what the member lacks only if that is its own version: a report that was overtaken by
+    /// a newer write the member took as a log entry only must not count that write as held
+    /// (simulator seed 89223 of three copies of four).
     Recovered {
         epoch: u32,
         round: u32,
         oid: String,
+        version: Option<Version>,
     },
     /// The active primary asks for a read lease (sent every quarter lease). `stamp` is the
     /// primary's clock when sent, echoed back in [`Msg::Pong`].

@@ -277,6 +277,7 @@ impl Member {
                             epoch: self.epoch,
                             round: self.activated.2,
                             oid,
+                            version: Some(version),
                         },
                     });
                 }
