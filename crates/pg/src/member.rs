@@ -118,6 +118,9 @@ pub struct Member {
     incarnation: u64,
     /// The newest incarnation heard from each other OSD (see [`Member::admit`]).
     peer_inc: BTreeMap<OsdId, u64>,
+    /// The message [`Member::admit`] let through last was addressed to an earlier
+    /// incarnation of this member (consumed by the next message handled).
+    to_earlier_run: bool,
     /// The epoch the current interval (this acting set, no epoch missed) began in.
     interval_start: u32,
     /// The epoch in which `history` was last read from the map store (or found changed by a
@@ -220,6 +223,7 @@ impl Member {
             activated: (0, 0, 0),
             incarnation: 0,
             peer_inc: BTreeMap::new(),
+            to_earlier_run: false,
             interval_start: 0,
             history_read: 0,
             persist_seq: 0,
@@ -444,8 +448,9 @@ impl Member {
     /// is an answer addressed to another incarnation of this member (`to_inc`, 0: the sender
     /// did not know): it answers what that one asked. A request addressed to an earlier
     /// incarnation is still handled — its sender learns of the restart from the answer (a
-    /// restarted acting member says it is not active). The host asks this before it hands the
-    /// message over as [`Event::Msg`].
+    /// restarted acting member says it is not active) — but for an activation: that one
+    /// describes the earlier run's copy and is answered as by a member not active. The host
+    /// asks this before it hands the message over as [`Event::Msg`].
     pub fn admit(&mut self, from: OsdId, from_inc: u64, to_inc: u64, msg: &Msg) -> bool {
         let answer = matches!(
             msg,
@@ -456,7 +461,8 @@ impl Member {
                 | Msg::Recovered { .. }
                 | Msg::Pong { .. }
         );
-        if answer && to_inc != 0 && to_inc != self.incarnation {
+        let to_earlier_run = to_inc != 0 && to_inc != self.incarnation;
+        if answer && to_earlier_run {
             return false;
         }
         let known = self.peer_inc.entry(from).or_insert(0);
@@ -464,6 +470,7 @@ impl Member {
             return false;
         }
         *known = from_inc;
+        self.to_earlier_run = to_earlier_run;
         true
     }
 
@@ -1079,6 +1086,12 @@ impl Member {
         }
         self.wait_out_leases();
         // The primary takes the authoritative history whole; members get what differs.
+        let kept = match plan_member(&auth_log, &self.log) {
+            MemberPlan::UpToDate => self.log.head(),
+            MemberPlan::Recover { merge, .. } => merge,
+            MemberPlan::Backfill => Version::ZERO,
+        };
+        self.rewound_to(kept);
         self.log.reset_to(&auth_log);
         self.adopt_objects(auth_objects);
         // Given up by the operator: a delete each, in this epoch, so every member that takes
@@ -1151,6 +1164,27 @@ impl Member {
     }
 
     fn on_msg(&mut self, from: OsdId, msg: Msg, out: &mut Vec<Action>) {
+        if std::mem::take(&mut self.to_earlier_run) {
+            if let Msg::Activate { epoch, .. } = msg {
+                // Sent to this member's earlier run, restarted within the epoch: its rounds
+                // and heads are that run's. Taken, it could roll back writes this run's disk
+                // holds that the primary counted, and this run's acknowledgements would be
+                // counted against what the earlier run said it lacked (simulator seed 104567
+                // of three copies of four). A member not active yet says so, and is
+                // activated in a round of its own; one activated since has a newer one.
+                if self.role == Role::Stray
+                    && epoch == self.epoch
+                    && self.acting.first() == Some(&from)
+                    && self.copy_of_interval(self.osd)
+                {
+                    out.push(Action::Send {
+                        to: from,
+                        msg: Msg::NotActive { epoch },
+                    });
+                }
+                return;
+            }
+        }
         match msg {
             // A member of the acting set that restarted within the interval says so to what
             // its primary sends it: a write, a ping, or a question about what it lacks (a
@@ -1459,6 +1493,7 @@ impl Member {
         match plan_member(log, &self.log) {
             MemberPlan::UpToDate => {}
             MemberPlan::Recover { merge, entries, .. } => {
+                self.rewound_to(merge);
                 self.log.rewind_to(merge);
                 for e in entries {
                     self.log
@@ -1466,7 +1501,10 @@ impl Member {
                         .expect("authoritative entries follow the merge point");
                 }
             }
-            MemberPlan::Backfill => self.log.reset_to(log),
+            MemberPlan::Backfill => {
+                self.rewound_to(Version::ZERO);
+                self.log.reset_to(log);
+            }
         }
         // The objects as the authoritative copy has them (recovery and backfill in one step:
         // the host moves the data).
@@ -1475,6 +1513,17 @@ impl Member {
             .filter_map(|(k, v)| v.map(|v| (k, v)))
             .collect();
         self.adopt_objects(wanted);
+    }
+
+    /// The log is about to drop its entries after `kept`: they no longer count as durable,
+    /// neither on disk nor in a persist in flight (whose head names them). The entries that
+    /// take their versions' place are durable only once their own persist completes; a resent
+    /// write answered with the old head would count a write this member does not hold.
+    fn rewound_to(&mut self, kept: Version) {
+        self.durable_head = self.durable_head.min(kept);
+        for (_, head, _) in &mut self.persisting {
+            *head = (*head).min(kept);
+        }
     }
 
     fn apply(&mut self, e: &Entry) {

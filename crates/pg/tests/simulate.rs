@@ -32,7 +32,7 @@
 //! `CARMINE_SIM_SEEDS` sets how many seeds run (CI: 2000, about 10 s a shape), from
 //! `CARMINE_SIM_FIRST_SEED` (0); `CARMINE_SIM_SEED` replays one.
 
-use carmine_pg::{Action, Event, Interval, Member, Msg, OpKind, ReqId, Version};
+use carmine_pg::{Action, Entry, Event, Interval, Member, Msg, OpKind, ReqId, Version};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use std::collections::{BTreeMap, BTreeSet};
@@ -1094,6 +1094,26 @@ impl Sim {
     fn check(&self) -> Result<(), String> {
         if let Some(v) = self.violations.first() {
             return Err(v.clone());
+        }
+        // Peering takes a version to name one write among the logs it compares
+        // (`plan_member`): no two logs (in memory or on disk) may hold different writes of
+        // one version. (A version given to a write rolled back everywhere may be given again.)
+        // Logs part at their newest entries: those are compared, to keep the check cheap.
+        let mut newest: Vec<(u32, &Entry)> = Vec::with_capacity(16 * self.members.len());
+        for (i, m) in self.members.iter().chain(&self.disks).enumerate() {
+            if i >= self.members.len() || self.running[m.osd as usize] {
+                newest.extend(m.log.entries().rev().take(8).map(|e| (m.osd, e)));
+            }
+        }
+        newest.sort_unstable_by_key(|(_, e)| e.version);
+        for w in newest.windows(2) {
+            let ((_, a), (osd, b)) = (w[0], w[1]);
+            if a.version == b.version && a != b {
+                return Err(format!(
+                    "t{}: two writes have version {}: {a:?} and, at osd.{osd}, {b:?}",
+                    self.now, a.version
+                ));
+            }
         }
         for m in &self.members {
             if !self.running[m.osd as usize] || !m.is_active_primary() || m.epoch() != self.epoch {
