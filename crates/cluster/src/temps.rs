@@ -50,23 +50,39 @@ impl OsdMap {
     }
 
     /// Removes what no longer means anything: OSDs that left the map, entries of PGs no pool
-    /// has, and entries that say what placement says anyway. Returns the PGs whose entry went.
+    /// has, entries that say what placement says anyway, and entries the map no longer
+    /// follows — fewer than `min_size` of their OSDs up while the up set has enough, so the
+    /// PG serves from its up set and the set's copies fall behind; kept, the set would take
+    /// the PG back to them when they come up. Returns the PGs whose entry went.
     pub fn clean_temps(&mut self) -> Vec<PgId> {
+        let unfollowed: Vec<PgId> = self
+            .pg_temp
+            .iter()
+            .filter(|(pg, osds)| {
+                self.pool(pg.pool).is_ok_and(|p| {
+                    let up: Vec<OsdId> =
+                        osds.iter().copied().filter(|id| self.is_up(*id)).collect();
+                    p.size > 1 && pg.seed < p.pg_num && self.pg_osds(**pg, p.size) != up
+                })
+            })
+            .map(|(pg, _)| *pg)
+            .collect();
         let mut gone = Vec::new();
         let known: Vec<OsdId> = self.osds.iter().map(|o| o.id).collect();
         let mut temps = std::mem::take(&mut self.pg_temp);
         temps.retain(|pg, osds| {
             osds.retain(|id| known.contains(id));
-            let keep = match self.pool(pg.pool) {
-                Ok(p) => {
-                    p.size > 1
-                        && osds.len() <= p.size as usize
-                        && pg.seed < p.pg_num
-                        && !osds.is_empty()
-                        && *osds != self.pg_placement(*pg, p.size)
-                }
-                Err(_) => false,
-            };
+            let keep = !unfollowed.contains(pg)
+                && match self.pool(pg.pool) {
+                    Ok(p) => {
+                        p.size > 1
+                            && osds.len() <= p.size as usize
+                            && pg.seed < p.pg_num
+                            && !osds.is_empty()
+                            && *osds != self.pg_placement(*pg, p.size)
+                    }
+                    Err(_) => false,
+                };
             if !keep {
                 gone.push(*pg);
             }
@@ -266,12 +282,23 @@ mod tests {
         assert!(up_now.len() >= 2, "{up_now:?}");
         assert_eq!(m.pg_osds(PG, 3), up_now);
         assert!(m.pg_backfill_targets(PG, 3).is_empty());
-        // With the up set short too, what the set has left serves (it holds the data).
+        // Such a set is no longer followed: cleaning drops it, so that the PG does not go
+        // back to copies that fell behind when their OSDs come up again.
+        let mut cleaned = m.clone();
+        assert_eq!(cleaned.clean_temps(), vec![PG]);
+        for id in &temp {
+            cleaned.osds.iter_mut().find(|o| o.id == *id).unwrap().up = true;
+        }
+        assert_eq!(cleaned.pg_osds(PG, 3), cleaned.pg_up(PG, 3));
+        // With the up set short too, what the set has left serves (it holds the data), and
+        // the set stays.
         let mut short = m.clone();
         for id in up_now.iter().filter(|id| **id != temp[2]) {
             short.osds.iter_mut().find(|o| o.id == *id).unwrap().up = false;
         }
         assert_eq!(short.pg_osds(PG, 3), vec![temp[2]]);
+        assert!(short.clean_temps().is_empty());
+        assert_eq!(short.pg_temp.get(&PG), Some(&temp));
         for id in &temp {
             m.osds.iter_mut().find(|o| o.id == *id).unwrap().up = false;
         }
@@ -456,7 +483,9 @@ mod tests {
         m.osds.retain(|o| o.id != 3);
         let gone = m.clean_temps();
         assert!(gone.contains(&only_gone), "{gone:?}");
-        assert_eq!(m.pg_temp.get(&shrinks), Some(&vec![0]));
+        // What is left of `shrinks`, osd.0 alone, is fewer than min_size (2) while the up
+        // set has enough: the map no longer follows it.
+        assert!(gone.contains(&shrinks), "{gone:?}");
         let want: Vec<u32> = kept.into_iter().filter(|id| *id != 3).collect();
         if want == m.pg_placement(PG, 3) || want.is_empty() {
             assert!(!m.pg_temp.contains_key(&PG));

@@ -462,6 +462,7 @@ impl Member {
                 | Msg::Pong { .. }
         );
         let to_earlier_run = to_inc != 0 && to_inc != self.incarnation;
+        self.to_earlier_run = false;
         if answer && to_earlier_run {
             return false;
         }

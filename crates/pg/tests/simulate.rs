@@ -273,11 +273,17 @@ impl Sim {
             self.temp_counts.primed += u64::from(primes);
         }
         self.placed = placed;
-        // `OsdMap::clean_temps`: a set that says what placement says goes.
+        // `OsdMap::clean_temps`: a set that says what placement says goes, and so does one
+        // the map does not follow (fewer than min_size of it up, the up set has enough).
         if self.temp.as_ref() == Some(&self.placed) {
             self.temp = None;
         }
         (self.acting, self.targets) = self.serving();
+        if let Some(t) = &self.temp {
+            if t.iter().filter(|o| self.up_in_map[**o as usize]).ne(self.acting.iter()) {
+                self.temp = None;
+            }
+        }
         self.log.push(format!(
             "t{} epoch {} acting {:?} targets {:?}",
             self.now, self.epoch, self.acting, self.targets
