@@ -5,7 +5,7 @@ use crate::size::parse_size;
 use anyhow::{bail, Context, Result};
 use carmine_cluster::OsdMap;
 use carmine_mapstore::membership::Registration;
-use carmine_osd::{Osd, OsdConfig, StoreConfig};
+use carmine_osd::{Osd, OsdConfig, StoreConfig, READ_LEASE_MAX};
 use carmine_reactor::cpu::CpuPolicy;
 use clap::{Args, ValueEnum};
 use std::path::PathBuf;
@@ -632,9 +632,7 @@ fn wait_for_stop(
 
 /// A read lease between 100 ms (pings every quarter of it must get through a loaded reactor)
 /// and 60 s (a failover may wait that long for the old primary's lease to run out).
-/// The longest `--read-lease`.
-const READ_LEASE_MAX: Duration = Duration::from_secs(60);
-
+/// A `--read-lease`: at least 100 ms, at most `READ_LEASE_MAX`.
 fn parse_read_lease(s: &str) -> Result<Duration, String> {
     let d = crate::nbd::parse_duration(s)?;
     if d < Duration::from_millis(100) || d > READ_LEASE_MAX {

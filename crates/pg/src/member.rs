@@ -172,6 +172,9 @@ pub struct Member {
     /// The read lease's duration in the host's clock (0: no leases; only a PG of one member
     /// then serves reads).
     lease: u64,
+    /// The longest lease any member may have granted, in the host's clock: what a peer
+    /// reports as still running is waited out at most this long.
+    lease_bound: u64,
     /// Read leases this member granted, as a replica: primary (`None`: unknown, granted by an
     /// earlier incarnation of this member) → until when, in this member's clock.
     promises: BTreeMap<Option<OsdId>, u64>,
@@ -244,6 +247,7 @@ impl Member {
             give_up_unfound: false,
             now: 0,
             lease: 0,
+            lease_bound: u64::MAX,
             promises: BTreeMap::new(),
             pongs: BTreeMap::new(),
             full_members: BTreeSet::new(),
@@ -268,6 +272,13 @@ impl Member {
             let e = self.promises.entry(None).or_default();
             *e = (*e).max(earlier_until);
         }
+    }
+
+    /// The longest lease any OSD may grant (in the host's clock): a reported lease left
+    /// beyond it (a bug, or a damaged message) is waited out only this long, so one peer
+    /// cannot keep a PG inactive. Without a call, reports are taken as they come.
+    pub fn set_lease_bound(&mut self, bound: u64) {
+        self.lease_bound = bound;
     }
 
     /// Whether, as the active primary, it may serve a read now: a newer interval cannot be
@@ -1249,6 +1260,7 @@ impl Member {
                         // Waited in this member's clock from now, a little longer for rates
                         // (see `leases_until`).
                         for &(grantee, left) in promises_left.iter() {
+                            let left = left.min(self.lease_bound);
                             let wait = left.saturating_mul(PROMISE_WAITED_TENTHS) / 10;
                             self.lease_waits
                                 .push((grantee, self.now.saturating_add(wait)));

@@ -477,3 +477,32 @@ fn settle_without(ms: &mut [Member], now: u64, mut inbox: Vec<(u32, u32, Msg)>, 
         }
     }
 }
+
+/// A lease a peer reports as running past the longest any OSD may grant (a bug, or a damaged
+/// message) is waited out only that long: one peer cannot keep a PG inactive for good.
+#[test]
+fn a_new_primary_waits_out_no_more_than_the_longest_lease_there_may_be() {
+    let mut ms = two_members(0);
+    // osd.0 reports a promise that runs practically forever.
+    ms[0].set_read_lease(LEASE, u64::MAX / 4);
+    ms[1].set_lease_bound(2 * LEASE);
+    let map = Event::Map {
+        epoch: 2,
+        acting: vec![1, 0],
+        targets: Vec::new(),
+        history: Some(Vec::new()),
+        min_size: 1,
+        lost: Default::default(),
+    };
+    tick(&mut ms, 400, map, true);
+    assert!(!ms[1].is_active_primary(), "{}", ms[1].describe());
+    // Waited out a bound and a tenth from when it heard: 400 + 2200.
+    tick(&mut ms, 2_550, Event::Clock, true);
+    assert!(
+        !ms[1].is_active_primary(),
+        "active at 2550: {}",
+        ms[1].describe()
+    );
+    tick(&mut ms, 2_650, Event::Clock, true);
+    assert!(ms[1].is_active_primary(), "{}", ms[1].describe());
+}

@@ -280,7 +280,10 @@ impl Sim {
         }
         (self.acting, self.targets) = self.serving();
         if let Some(t) = &self.temp {
-            if t.iter().filter(|o| self.up_in_map[**o as usize]).ne(self.acting.iter()) {
+            if t.iter()
+                .filter(|o| self.up_in_map[**o as usize])
+                .ne(self.acting.iter())
+            {
                 self.temp = None;
             }
         }

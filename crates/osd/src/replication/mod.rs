@@ -50,6 +50,9 @@ use std::time::{Duration, Instant};
 /// failover waits for nothing more; long enough that pings every quarter of it survive a
 /// loaded reactor's pauses.
 pub const READ_LEASE_DEFAULT: Duration = Duration::from_secs(2);
+/// The longest read lease an OSD may grant (`--read-lease`): a peer that reports a lease
+/// running longer (a bug, or a damaged message) is waited out only this long.
+pub const READ_LEASE_MAX: Duration = Duration::from_secs(60);
 /// Default for `OsdConfig::write_ack_wait`: a member that neither acknowledges a write nor is
 /// marked down must not hold its client forever; well past a failover (peer grace, then
 /// peering), within a client's default patience (30 s) of retries.
@@ -345,6 +348,7 @@ impl Replication {
     /// they may have used (recorded beside the map) after this reactor started.
     pub fn with_lease(&self, mut m: Member) -> Member {
         m.set_read_lease(self.lease_ns, self.started_ns + self.prior_lease_ns);
+        m.set_lease_bound(READ_LEASE_MAX.as_nanos() as u64);
         m.set_incarnation(incarnation());
         m
     }
@@ -354,6 +358,7 @@ impl Replication {
     /// taken to run a full prior lease from now.
     fn restarted(&self, mut m: Member, after: u64) -> Member {
         m.set_read_lease(self.lease_ns, clock() + self.prior_lease_ns);
+        m.set_lease_bound(READ_LEASE_MAX.as_nanos() as u64);
         let now = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_nanos() as u64);
