@@ -10,6 +10,10 @@ pub const FRAME_MAGIC: u32 = u32::from_le_bytes(*b"CRMN");
 /// 3: object requests carry the client's request number; messages between OSDs (`Peer`).
 /// 4: background recovery (Info and ActivateAck name missing objects).
 /// 5: read leases granted by replicas (Ping, Pong; Info says how long a promise runs).
+/// 6: messages between OSDs carry both ends' incarnations.
+/// 7: a recovery report (PG message Recovered) names the version held.
+/// The check is exact: clients and OSDs of one cluster are upgraded together
+/// (docs/format/wire.md, version history).
 pub const PROTOCOL_VERSION: u8 = 7;
 pub const FRAME_HEADER_LEN: usize = 32;
 /// Largest payload: the largest data op plus room for the request's metadata.

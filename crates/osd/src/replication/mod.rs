@@ -322,8 +322,14 @@ impl Replication {
             budget: recover::Budget::new(recovery),
             slots: recover::Slots::new(recovery),
             pace: RefCell::new(recover::Pace::new()),
-            lease_ns: read_lease.as_nanos() as u64,
-            prior_lease_ns: prior_read_lease.max(read_lease).as_nanos() as u64,
+            // No longer than peers wait out what they hear of (`Member::set_lease_bound`):
+            // a longer one would outlive their wait, and a new primary could serve while
+            // the old one still does.
+            lease_ns: read_lease.min(READ_LEASE_MAX).as_nanos() as u64,
+            prior_lease_ns: prior_read_lease
+                .max(read_lease)
+                .min(READ_LEASE_MAX)
+                .as_nanos() as u64,
             started_ns: clock(),
             ack_wait,
             breaks: Default::default(),
