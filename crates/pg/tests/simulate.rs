@@ -62,6 +62,15 @@ const TWO_OF_THREE: Shape = Shape {
     min_size: 1,
     order: &[2, 0, 1],
 };
+/// Three copies of five, one enough to serve: placement moves copies among more OSDs, an
+/// interval may be served by a copy alone, and a primary may hear only members that never
+/// held the data it needs.
+const THREE_OF_FIVE_MIN_ONE: Shape = Shape {
+    osds: 5,
+    size: 3,
+    min_size: 1,
+    order: &[3, 1, 4, 0, 2],
+};
 const STEPS: u64 = 3000;
 const OBJECTS: u32 = 8;
 /// The read lease, in clock units (a tick is about 1,000 of them): each seed takes one of
@@ -1353,4 +1362,9 @@ fn no_acknowledged_write_is_lost_under_crashes_partitions_and_lost_messages() {
 #[test]
 fn two_copies_of_three_lose_nothing_and_serve_no_stale_read_either() {
     run_seeds(TWO_OF_THREE);
+}
+
+#[test]
+fn three_copies_of_five_serving_on_one_lose_nothing() {
+    run_seeds(THREE_OF_FIVE_MIN_ONE);
 }
