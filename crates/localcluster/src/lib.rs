@@ -1161,10 +1161,15 @@ fn start_osd(
     a: &UpArgs,
     run: &run::OsdRun,
 ) -> Result<std::process::Child> {
-    let log = std::fs::OpenOptions::new()
+    let mut log = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
         .open(dir.join(format!("osd.{id}.log")))?;
+    // Where this run's lines begin: what `up` reads of the log looks no further back.
+    {
+        use std::io::Write;
+        writeln!(log, "{}", ports::run_marker(id))?;
+    }
     let mut cmd = Command::new(exe);
     cmd.arg("osd").arg("--id").arg(id.to_string());
     match etcd {

@@ -57,6 +57,26 @@ pub(crate) fn bindable_soon(addr: SocketAddr) -> bool {
 /// a row means something else is wrong, which the last OSD log then shows.
 const MOVES: u32 = 3;
 
+/// The line `up` writes to an OSD's log before it starts the OSD.
+pub(crate) fn run_marker(osd: u32) -> String {
+    format!("-- osd.{osd} started by `carmine cluster up` --")
+}
+
+/// The last lines of an OSD's log from its latest run started by `up`: an earlier run's end
+/// (say, a port it lost then) must not be taken for this one's.
+fn run_tail(log: &str, osd: u32) -> Vec<String> {
+    let marker = run_marker(osd);
+    let mut tail: Vec<String> = log
+        .lines()
+        .rev()
+        .take_while(|l| *l != marker)
+        .take(15)
+        .map(String::from)
+        .collect();
+    tail.reverse();
+    tail
+}
+
 /// An OSD that did not come up.
 #[derive(Debug)]
 pub(crate) struct NotReady {
@@ -115,13 +135,11 @@ pub(crate) fn wait_ready(r: &mut Running, osds: &[u32]) -> Result<(), NotReady> 
             if exited || Instant::now() > deadline {
                 let log = std::fs::read_to_string(r.dir.join(format!("osd.{osd}.log")))
                     .unwrap_or_default();
-                let mut tail: Vec<String> = log.lines().rev().take(15).map(String::from).collect();
-                tail.reverse();
                 return Err(NotReady {
                     osd,
                     addr,
                     exited,
-                    tail,
+                    tail: run_tail(&log, osd),
                 });
             }
             std::thread::sleep(Duration::from_millis(50));
@@ -223,4 +241,32 @@ fn move_endpoints(
     .context("storing the map with the moved endpoints")?
     .context("the cluster map disappeared while OSDs were starting")?;
     Ok((stored, moved))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_port_lost_by_an_earlier_run_is_not_taken_for_this_ones() {
+        let addr: SocketAddr = "127.0.0.1:6800".parse().unwrap();
+        let lost = "ERROR cannot listen on 127.0.0.1:6800: Address already in use (os error 98)";
+        let earlier = format!("{}\nstarting\n{lost}\n", run_marker(3));
+        let not_ready = |log: &str| NotReady {
+            osd: 3,
+            addr,
+            exited: true,
+            tail: run_tail(log, 3),
+        };
+        assert!(not_ready(&earlier).lost_port());
+        let now = format!(
+            "{earlier}{}\nstarting\nERROR the store is damaged\n",
+            run_marker(3)
+        );
+        let n = not_ready(&now);
+        assert!(!n.lost_port(), "{n}");
+        assert_eq!(n.tail, vec!["starting", "ERROR the store is damaged"]);
+        // A log from before markers: its last lines, as before.
+        assert!(not_ready(&format!("x\n{lost}\n")).lost_port());
+    }
 }
