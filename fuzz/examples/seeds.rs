@@ -293,7 +293,9 @@ fn map() -> OsdMap {
         .into_iter()
         .collect(),
         // A temporary acting set (map format 7), as `pg temp` or priming writes it.
-        pg_temp: [(PgId { pool: 1, seed: 5 }, vec![2, 0])].into_iter().collect(),
+        pg_temp: [(PgId { pool: 1, seed: 5 }, vec![2, 0])]
+            .into_iter()
+            .collect(),
     }
 }
 
@@ -828,6 +830,77 @@ fn tree_nodes(c: &mut Corpus) {
     }
 }
 
+/// Event sequences for `pg_member` (see its target): osd.0 as a primary of two, and as a
+/// replica that takes an activation, writes and pings.
+fn pg_member(c: &mut Corpus) {
+    use carmine_pg::{wire, Entry, Msg, OpKind, PgLog, ReqId, Version};
+    let msg = |out: &mut Vec<u8>, from: u8, m: &Msg| {
+        out.extend([9, from, 0x11]);
+        let mut b = BytesMut::new();
+        wire::encode_msg(&mut b, m);
+        out.extend_from_slice(&b);
+    };
+    // Map epoch 1, acting [0, 1], an empty history, min_size 1; its persists and record; a
+    // tick, two writes, their persists, and osd.1's acknowledgement.
+    let mut primary = vec![0, 1, 0x03, 0x40, 3, 3, 7, 1, 1];
+    for tid in 1..=2u8 {
+        primary.extend([4, tid, tid, 3]);
+    }
+    msg(
+        &mut primary,
+        1,
+        &Msg::RepAck {
+            epoch: 1,
+            version: Version::new(1, 2),
+        },
+    );
+    primary.extend([1, 2]);
+    c.put("pg_member", "primary", &primary);
+
+    // Map epoch 1, acting [1, 0]: osd.1 activates osd.0, sends a write and pings.
+    let entry = |v: u64| Entry {
+        version: Version::new(1, v),
+        oid: format!("o{v}"),
+        kind: OpKind::Modify,
+        reqid: Some(ReqId { client: 1, tid: v }),
+    };
+    let mut log = PgLog::new(16);
+    log.append(entry(1)).expect("in order");
+    let mut replica = vec![0, 1, 0x13, 0x40];
+    msg(&mut replica, 1, &Msg::Query { epoch: 1 });
+    msg(
+        &mut replica,
+        1,
+        &Msg::Activate {
+            epoch: 1,
+            round: 0,
+            log,
+            objects: vec![("o1".into(), Some(Version::new(1, 1)))],
+        },
+    );
+    replica.extend([3, 5, 1, 5, 3]);
+    msg(
+        &mut replica,
+        1,
+        &Msg::Rep {
+            epoch: 1,
+            entry: entry(2),
+        },
+    );
+    replica.push(3);
+    msg(&mut replica, 1, &Msg::Ping { epoch: 1, stamp: 7 });
+    msg(
+        &mut replica,
+        1,
+        &Msg::Lacks {
+            epoch: 1,
+            oids: vec!["o1".into()],
+            urgent: true,
+        },
+    );
+    c.put("pg_member", "replica", &replica);
+}
+
 fn main() {
     let root = std::env::args()
         .nth(1)
@@ -838,6 +911,7 @@ fn main() {
     cluster_and_volume(&mut c);
     pg_history(&mut c);
     peer_message(&mut c);
+    pg_member(&mut c);
     nbd(&mut c);
     store_blocks(&mut c);
     journal(&mut c);
