@@ -1250,7 +1250,10 @@ impl Member {
                 missing,
                 promises_left,
             } => {
-                if epoch == self.epoch {
+                // A member speaks for itself only: an info naming another OSD (a bug, or a
+                // message damaged past its checksum) would be filed under the sender and
+                // chosen under the name it gives.
+                if epoch == self.epoch && info.osd == from {
                     self.answered.insert(from);
                     if matches!(self.role, Role::Activating { .. }) {
                         // An old primary that answers only now stopped serving reads too.

@@ -354,3 +354,73 @@ fn a_rewound_log_does_not_acknowledge_its_old_head_for_new_entries() {
         "acknowledged {acks:?} before the new 1'2 is durable"
     );
 }
+
+/// An info that names another OSD than its sender (a bug, or a message damaged past its
+/// checksum) is dropped: filed under the sender and chosen under the name it gave, it made
+/// the primary look up an answer it never had and panic (found by the `pg_member` fuzz
+/// target).
+#[test]
+fn an_info_that_speaks_for_another_osd_is_dropped() {
+    let (mut p, mut r) = active_pair();
+    // A new interval (an epoch missed): osd.2 peers again and queries osd.0.
+    let actions = p.handle(2, map(3, &[2, 0]));
+    let (sent, _) = common::carry(&mut p, 2, actions);
+    let query = sent
+        .into_iter()
+        .find(|(to, m)| *to == 0 && matches!(m, Msg::Query { .. }))
+        .expect("osd.0 is queried")
+        .1;
+    let actions = r.handle(2, map(3, &[2, 0]));
+    common::carry(&mut r, 2, actions);
+    let answer = r.handle(
+        3,
+        Event::Msg {
+            from: 2,
+            msg: query,
+        },
+    );
+    let info = infos(&answer)[0].clone();
+    let Msg::Info {
+        epoch,
+        info,
+        log,
+        objects,
+        missing,
+        promises_left,
+    } = info
+    else {
+        unreachable!()
+    };
+    let forged = |osd: u32| Msg::Info {
+        epoch,
+        info: carmine_pg::PeerInfo { osd, ..info },
+        log: log.clone(),
+        objects: objects.clone(),
+        missing: missing.clone(),
+        promises_left: promises_left.clone(),
+    };
+    let actions = p.handle(
+        4,
+        Event::Msg {
+            from: 0,
+            msg: forged(3),
+        },
+    );
+    common::carry(&mut p, 4, actions);
+    assert!(!p.is_active_primary(), "{}", p.describe());
+    // The true one is taken.
+    let actions = p.handle(
+        5,
+        Event::Msg {
+            from: 0,
+            msg: forged(0),
+        },
+    );
+    let (sent, _) = common::carry(&mut p, 5, actions);
+    exchange(
+        &mut p,
+        &mut r,
+        sent.into_iter().map(|(d, m)| (2, d, m)).collect(),
+    );
+    assert!(p.is_active_primary(), "{}", p.describe());
+}
