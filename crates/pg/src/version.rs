@@ -21,7 +21,8 @@ impl Version {
     pub fn next_in(self, epoch: u32) -> Version {
         Version {
             epoch: epoch.max(self.epoch),
-            v: self.v + 1,
+            // (Decoded counters are bounded far below the wrap: `wire::VERSION_COUNTER_MAX`.)
+            v: self.v.saturating_add(1),
         }
     }
 }

@@ -78,8 +78,21 @@ pub fn encode_version<B: BufMut>(e: &mut Encoder<'_, B>, v: Version) {
     e.u32(v.epoch).u64(v.v);
 }
 
+/// The largest version counter a message or record may carry: counting on from it by one
+/// per write can never wrap (at a million writes a second, 2^62 takes 146,000 years).
+pub const VERSION_COUNTER_MAX: u64 = 1 << 62;
+
 pub fn decode_version(d: &mut Decoder) -> Result<Version, DecodeError> {
-    Ok(Version::new(d.u32("version epoch")?, d.u64("version")?))
+    let epoch = d.u32("version epoch")?;
+    let v = d.u64("version")?;
+    if v > VERSION_COUNTER_MAX {
+        return Err(DecodeError::TooLarge {
+            what: "version counter",
+            found: v,
+            limit: VERSION_COUNTER_MAX,
+        });
+    }
+    Ok(Version::new(epoch, v))
 }
 
 pub fn encode_entry<B: BufMut>(e: &mut Encoder<'_, B>, entry: &Entry) {
@@ -581,6 +594,23 @@ mod tests {
         encode_msg(&mut b, &info(BTreeMap::new(), &["ghost"]));
         let err = decode_msg(&mut Decoder::new(b.freeze()), 4).unwrap_err();
         assert!(err.to_string().contains("does not list"), "{err}");
+    }
+
+    #[test]
+    fn a_version_counter_past_the_bound_is_refused() {
+        let mut out = BytesMut::new();
+        encode_version(
+            &mut Encoder::new(&mut out),
+            Version::new(3, VERSION_COUNTER_MAX),
+        );
+        let at_bound = decode_version(&mut Decoder::new(out.clone().freeze())).unwrap();
+        assert_eq!(at_bound.v, VERSION_COUNTER_MAX);
+        let mut past = BytesMut::new();
+        encode_version(&mut Encoder::new(&mut past), Version::new(3, u64::MAX));
+        assert!(matches!(
+            decode_version(&mut Decoder::new(past.freeze())),
+            Err(DecodeError::TooLarge { .. })
+        ));
     }
 
     #[test]
