@@ -23,7 +23,7 @@ use crate::peering::{
     all_answered, answered, choose_authoritative, plan_member, uncovered_intervals, Interval,
     MemberPlan, PeerInfo,
 };
-use crate::version::Version;
+use crate::version::{Version, RUN_MAX};
 use carmine_types::OsdId;
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -96,6 +96,12 @@ pub struct Member {
     pub missing: BTreeMap<String, Version>,
     /// The last epoch in which this member went active with the PG.
     pub les: u32,
+    /// The newest (epoch, run) in which this member went active as the PG's primary (see
+    /// [`Version`]): persisted with the activation's history, before its first write. A
+    /// member that never did: (0, 0), as if in run 0 of epoch 0.
+    pub primary_run: (u32, u32),
+    /// As the active primary: its run within the epoch, the one its writes' versions name.
+    run: u32,
     epoch: u32,
     acting: Vec<OsdId>,
     /// The PG's backfill targets in this epoch (see [`Event::Map`]).
@@ -213,6 +219,8 @@ impl Member {
             objects: BTreeMap::new(),
             missing: BTreeMap::new(),
             les: 0,
+            primary_run: (0, 0),
+            run: 0,
             epoch: 0,
             acting: Vec::new(),
             targets: Vec::new(),
@@ -430,6 +438,7 @@ impl Member {
             objects: self.objects.clone(),
             missing: self.missing.clone(),
             les: self.les,
+            primary_run: self.primary_run,
             durable_head: self.log.head(),
             ..Member::new(self.osd, 1)
         }
@@ -494,6 +503,7 @@ impl Member {
         objects: BTreeMap<String, Version>,
         missing: BTreeMap<String, Version>,
         les: u32,
+        primary_run: (u32, u32),
     ) -> Self {
         Member {
             durable_head: log.head(),
@@ -501,6 +511,7 @@ impl Member {
             objects,
             missing,
             les,
+            primary_run,
             ..Member::new(osd, 1)
         }
     }
@@ -535,7 +546,9 @@ impl Member {
     /// nothing enters before it (a host that applies a conditional write on its own copy
     /// first, with its log entry, asks for it; see [`Event::Write`]).
     pub fn next_version(&self) -> Option<Version> {
-        (self.role == Role::Active).then(|| self.log.head().next_in(self.epoch))
+        (self.role == Role::Active)
+            .then(|| self.log.head().next_in(self.epoch, self.run))
+            .flatten()
     }
 
     /// The epoch in which this member's current interval began (its acting set unchanged
@@ -1092,6 +1105,23 @@ impl Member {
         self.lost_intervals = 0;
         self.waiting_on.clear();
         self.give_up_unfound = false;
+        // The run this primary goes active in: above every run that may have made versions
+        // of this epoch. Its own earlier run, activated in `primary_run`'s epoch, may have (its
+        // writes may be in no log it heard): an active primary goes on writing in the epochs
+        // that follow while its interval lasts, and an interval recorded after that epoch is
+        // the only proof here that it ended. And above the run of the history's head (this
+        // disk may be new). Persisted with the history, before the run's first write.
+        let heard_run = (auth_log.head().epoch == self.epoch).then(|| auth_log.head().run());
+        let (run_epoch, own_run) = self.primary_run;
+        let own_run_ended = self.history.iter().any(|i| i.epoch > run_epoch);
+        let own_run = (!own_run_ended).then_some(own_run);
+        let run = heard_run.max(own_run).map_or(0, |r| r + 1);
+        if run > RUN_MAX {
+            // 65,536 activations of one primary in one epoch: it waits for the next epoch.
+            return;
+        }
+        self.run = run;
+        self.primary_run = (self.epoch, run);
         let mut auth_objects = auth_objects;
         for oid in &unfound {
             auth_objects.remove(oid);
@@ -1110,8 +1140,12 @@ impl Member {
         // the history drops whatever older copy it kept, and a retried write is not
         // mistaken for one of the lost ones.
         for oid in unfound {
+            // (A used-up sequence — 2^46 writes — refuses every write anyway.)
+            let Some(version) = self.log.head().next_in(self.epoch, self.run) else {
+                break;
+            };
             let e = Entry {
-                version: self.log.head().next_in(self.epoch),
+                version,
                 oid,
                 kind: OpKind::Delete,
                 reqid: None,
@@ -1310,7 +1344,7 @@ impl Member {
                         };
                         self.take_history(&log, objects);
                         for e in &after {
-                            if e.version > self.log.head() && e.version.v == self.log.head().v + 1 {
+                            if e.version.follows(self.log.head()) {
                                 self.apply(e);
                             }
                         }
@@ -1477,7 +1511,7 @@ impl Member {
                     && self.acting.first() == Some(&from)
                 {
                     // In order only: a gap (a lost message) waits for the primary to resend.
-                    if entry.version > self.log.head() && entry.version.v == self.log.head().v + 1 {
+                    if entry.version.follows(self.log.head()) {
                         self.apply(&entry);
                         self.persist(Persisting::Entry(entry.version), out);
                     } else if self.durable_head >= entry.version {
@@ -1593,8 +1627,14 @@ impl Member {
             out.extend(self.hasten(&oid));
             return;
         }
+        // A used-up sequence (2^46 writes in the PG, years at a million a second) takes no
+        // more writes.
+        let Some(version) = self.log.head().next_in(self.epoch, self.run) else {
+            out.push(Action::Refuse { req });
+            return;
+        };
         let entry = Entry {
-            version: self.log.head().next_in(self.epoch),
+            version,
             oid,
             kind,
             reqid: Some(req),

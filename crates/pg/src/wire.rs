@@ -78,9 +78,9 @@ pub fn encode_version<B: BufMut>(e: &mut Encoder<'_, B>, v: Version) {
     e.u32(v.epoch).u64(v.v);
 }
 
-/// The largest version counter a message or record may carry: counting on from it by one
-/// per write can never wrap (at a million writes a second, 2^62 takes 146,000 years).
-pub const VERSION_COUNTER_MAX: u64 = 1 << 62;
+/// The largest version counter a message or record may carry: the largest run with the
+/// largest sequence (see [`Version`]), below 2^62, so counting on can never wrap.
+pub const VERSION_COUNTER_MAX: u64 = crate::version::COUNTER_MAX;
 
 pub fn decode_version(d: &mut Decoder) -> Result<Version, DecodeError> {
     let epoch = d.u32("version epoch")?;

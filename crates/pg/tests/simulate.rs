@@ -90,6 +90,9 @@ struct Sim {
     /// What each OSD's store holds: each object's version (for one the disk's state names as
     /// missing, the version it holds instead, if any), as the host's `held` map.
     stores: Vec<BTreeMap<String, Version>>,
+    /// Every version seen in a log (in memory or on disk) so far on this seed, and the write
+    /// it named then, at which OSD.
+    named: std::collections::HashMap<Version, (u32, Entry)>,
     /// Persists in flight: (done at, sequence) → (osd, incarnation, member seq, snapshot).
     persists: BTreeMap<(u64, u64), (u32, u64, u64, Member)>,
     /// Bumped at each crash: persists of an earlier incarnation are not reported to it.
@@ -214,6 +217,7 @@ impl Sim {
             outstanding: BTreeMap::new(),
             next_req: 1,
             acked: BTreeMap::new(),
+            named: std::collections::HashMap::new(),
             acks: 0,
             log: Vec::new(),
             violations: Vec::new(),
@@ -1109,28 +1113,33 @@ impl Sim {
 
     /// The active primary of the current epoch holds every acknowledged write, and no
     /// invariant broke during the step.
-    fn check(&self) -> Result<(), String> {
+    fn check(&mut self) -> Result<(), String> {
         if let Some(v) = self.violations.first() {
             return Err(v.clone());
         }
         // Peering takes a version to name one write among the logs it compares
-        // (`plan_member`): no two logs (in memory or on disk) may hold different writes of
-        // one version. (A version given to a write rolled back everywhere may be given again.)
-        // Logs part at their newest entries: those are compared, to keep the check cheap.
-        let mut newest: Vec<(u32, &Entry)> = Vec::with_capacity(16 * self.members.len());
+        // (`plan_member`): no two writes may ever get one version, even if the first was
+        // rolled back everywhere before the second was made (a primary restarted within its
+        // epoch goes active in a later run, whose versions differ from all its earlier
+        // runs'). Logs grow at their newest entries: those are recorded, to keep it cheap.
         for (i, m) in self.members.iter().chain(&self.disks).enumerate() {
-            if i >= self.members.len() || self.running[m.osd as usize] {
-                newest.extend(m.log.entries().rev().take(8).map(|e| (m.osd, e)));
+            if i < self.members.len() && !self.running[m.osd as usize] {
+                continue;
             }
-        }
-        newest.sort_unstable_by_key(|(_, e)| e.version);
-        for w in newest.windows(2) {
-            let ((_, a), (osd, b)) = (w[0], w[1]);
-            if a.version == b.version && a != b {
-                return Err(format!(
-                    "t{}: two writes have version {}: {a:?} and, at osd.{osd}, {b:?}",
-                    self.now, a.version
-                ));
+            for e in m.log.entries().rev().take(8) {
+                match self.named.get(&e.version) {
+                    Some((osd, first)) if first != e => {
+                        return Err(format!(
+                            "t{}: two writes have version {}: {first:?} at osd.{osd}, and \
+                             {e:?} at osd.{}",
+                            self.now, e.version, m.osd
+                        ));
+                    }
+                    Some(_) => {}
+                    None => {
+                        self.named.insert(e.version, (m.osd, e.clone()));
+                    }
+                }
             }
         }
         for m in &self.members {

@@ -8,7 +8,12 @@
 //! u32, counter u64, big-endian) and les (u32); `l` + version → the encoded entry; `o` + object name
 //! → the version of the object the store holds; `n` + object name → the version the PG's
 //! history names for an object the store does not hold at that version yet (it is being
-//! recovered; the store may hold an older version, under `o`, or none).
+//! recovered; the store may hold an older version, under `o`, or none); `r` → the newest
+//! (epoch, run) in which the member went active as primary (u8 record version 1, epoch u32,
+//! run u32, big-endian), written with every history (decision 0009, "versions name one
+//! write"). A store written before runs has none: its copy is taken to have gone active as
+//! primary in run 0 of its last active epoch, as late as it can have (every counter such a
+//! build wrote is one of run 0).
 //!
 //! A write adds its entry and its object's version in one omap change, and nothing else: the
 //! `m` record is rewritten only when les moves or a batch of [`TRIM_BATCH`] entries has
@@ -30,6 +35,8 @@ const KEY_META: &[u8] = b"m";
 const KEY_LOG: u8 = b'l';
 const KEY_OBJECT: u8 = b'o';
 const KEY_MISSING: u8 = b'n';
+const KEY_RUN: &[u8] = b"r";
+const RUN_RECORD_VERSION: u8 = 1;
 const META_RECORD_VERSION: u8 = 3;
 /// Records of version 1 have no missing objects; they are read as they are. Records of
 /// versions 1 and 2 have the head itself (a later entry never exists with them).
@@ -184,7 +191,7 @@ pub(crate) fn replace_all(
     log: &PgLog,
     held: &BTreeMap<String, Version>,
     missing: &BTreeMap<String, Version>,
-    les: u32,
+    marks: Marks,
 ) {
     let meta = meta_oid(pg);
     txn.touch(META_COLLECTION, &meta)
@@ -201,9 +208,36 @@ pub(crate) fn replace_all(
     );
     kvs.push((
         Bytes::from_static(KEY_META),
-        meta_value(log.tail(), log.head(), les),
+        meta_value(log.tail(), log.head(), marks.les),
     ));
+    kvs.push((Bytes::from_static(KEY_RUN), run_value(marks.primary_run)));
     txn.omap_set(META_COLLECTION, &meta, kvs);
+}
+
+/// What a history stores besides the log and objects: the member's last active epoch, and
+/// its newest (epoch, run) as primary.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Marks {
+    pub les: u32,
+    pub primary_run: (u32, u32),
+}
+
+fn run_value((epoch, run): (u32, u32)) -> Bytes {
+    let mut b = BytesMut::with_capacity(9);
+    b.put_u8(RUN_RECORD_VERSION);
+    b.put_u32(epoch);
+    b.put_u32(run);
+    b.freeze()
+}
+
+fn run_from(v: &[u8]) -> Option<(u32, u32)> {
+    match v {
+        [RUN_RECORD_VERSION, rest @ ..] if rest.len() == 8 => Some((
+            u32::from_be_bytes(rest[..4].try_into().ok()?),
+            u32::from_be_bytes(rest[4..].try_into().ok()?),
+        )),
+        _ => None,
+    }
 }
 
 /// A PG's durable state as loaded from the store.
@@ -215,6 +249,8 @@ pub(crate) struct Loaded {
     /// The versions the history names where the store does not hold them.
     pub missing: BTreeMap<String, Version>,
     pub les: u32,
+    /// The newest (epoch, run) in which this copy went active as primary.
+    pub primary_run: (u32, u32),
     /// Every log entry the store holds, oldest first: `log`'s, and up to a trim batch of
     /// older ones, removed with the next batch.
     pub stored_log: Vec<Version>,
@@ -279,6 +315,7 @@ async fn load_one<S: ObjectStore>(store: &S, pg: PgId, log_max: usize) -> Result
     let mut held = BTreeMap::new();
     let mut missing = BTreeMap::new();
     let mut meta = None;
+    let mut primary_run = None;
     let mut after: Option<Bytes> = None;
     loop {
         let page = store
@@ -305,6 +342,16 @@ async fn load_one<S: ObjectStore>(store: &S, pg: PgId, log_max: usize) -> Result
                     };
                 }
                 _ if &k[..] == KEY_META => meta = Some(v.clone()),
+                _ if &k[..] == KEY_RUN => {
+                    primary_run = Some(run_from(v).ok_or_else(|| {
+                        bad(&format!(
+                            "a primary run record of {} bytes, version {} (this build reads \
+                             version {RUN_RECORD_VERSION}, 9 bytes)",
+                            v.len(),
+                            v.first().copied().unwrap_or(0)
+                        ))
+                    })?);
+                }
                 _ => return Err(bad("an unknown key")),
             }
         }
@@ -340,6 +387,7 @@ async fn load_one<S: ObjectStore>(store: &S, pg: PgId, log_max: usize) -> Result
         held,
         missing,
         les,
+        primary_run: primary_run.unwrap_or((les, 0)),
         stored_log,
     })
 }
@@ -351,6 +399,13 @@ mod tests {
     use carmine_store::{MemStore, MemStoreConfig};
 
     const PG: PgId = PgId { pool: 1, seed: 2 };
+
+    fn marks(les: u32) -> Marks {
+        Marks {
+            les,
+            primary_run: (0, 0),
+        }
+    }
 
     /// A store with the reactor's own collection, and a transaction that starts with it.
     fn store() -> (MemStore, Transaction) {
@@ -393,13 +448,18 @@ mod tests {
             ]
             .into();
             let mut t = Transaction::new();
-            replace_all(&mut t, pg, &log, &held, &missing, 5);
+            let marks = Marks {
+                les: 5,
+                primary_run: (5, 3),
+            };
+            replace_all(&mut t, pg, &log, &held, &missing, marks);
             store.submit(t).await.unwrap();
             let loaded = load_all(&store, 16).await.unwrap();
             let [l] = &loaded[..] else { panic!("one PG") };
             assert_eq!(l.held, held);
             assert_eq!(l.missing, missing);
             assert_eq!(l.les, 5);
+            assert_eq!(l.primary_run, (5, 3));
             assert_eq!(l.log.head(), Version::new(2, 3));
             assert_eq!(l.objects()["o2"], Version::new(2, 2), "named, not held");
 
@@ -437,7 +497,7 @@ mod tests {
                     BTreeMap::new()
                 };
                 let mut t = Transaction::new();
-                replace_all(&mut t, PG, &log, &held, &missing, 4);
+                replace_all(&mut t, PG, &log, &held, &missing, marks(4));
                 let mut meta = meta_value(log.tail(), log.head(), 4).to_vec();
                 meta[0] = 1;
                 t.omap_set(
@@ -473,7 +533,14 @@ mod tests {
             store.submit(t).await.unwrap();
             let log = PgLog::new(4);
             let mut t = Transaction::new();
-            replace_all(&mut t, PG, &log, &BTreeMap::new(), &BTreeMap::new(), 7);
+            replace_all(
+                &mut t,
+                PG,
+                &log,
+                &BTreeMap::new(),
+                &BTreeMap::new(),
+                marks(7),
+            );
             store.submit(t).await.unwrap();
             for v in 1..=10 {
                 let mut t = Transaction::new();
@@ -527,6 +594,40 @@ mod tests {
             store.submit(t).await.unwrap();
             let err = load_all(&store, 16).await.err().expect("refused");
             assert!(err.contains("unknown record version 9"), "{err}");
+        });
+    }
+
+    /// A store written before runs has no run record: it loads as run 0 of the last active
+    /// epoch (every counter such a build wrote is of run 0). A run record of another version
+    /// is refused, not read as none: a primary that took it for none could reuse a version.
+    #[test]
+    fn a_missing_run_record_loads_as_none_and_a_foreign_one_is_refused() {
+        carmine_reactor::block_on(async {
+            let (store, mut t) = store();
+            let meta = meta_value(Version::ZERO, Version::new(3, 4), 3);
+            t.touch(META_COLLECTION, &meta_oid(PG)).omap_set(
+                META_COLLECTION,
+                &meta_oid(PG),
+                vec![(Bytes::from_static(KEY_META), meta)],
+            );
+            store.submit(t).await.unwrap();
+            let loaded = load_all(&store, 16).await.unwrap();
+            assert_eq!((loaded[0].les, loaded[0].primary_run), (3, (3, 0)));
+
+            let mut t = Transaction::new();
+            let mut run = run_value((3, 2)).to_vec();
+            run[0] = 2;
+            t.omap_set(
+                META_COLLECTION,
+                &meta_oid(PG),
+                vec![(Bytes::from_static(KEY_RUN), Bytes::from(run))],
+            );
+            store.submit(t).await.unwrap();
+            let err = load_all(&store, 16).await.err().expect("refused");
+            assert!(
+                err.contains("primary run record of 9 bytes, version 2"),
+                "{err}"
+            );
         });
     }
 }

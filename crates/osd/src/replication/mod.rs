@@ -98,6 +98,8 @@ pub(crate) enum Job {
         objects: BTreeMap<String, Version>,
         missing: BTreeMap<String, Version>,
         les: u32,
+        /// The member's newest (epoch, run) as primary (see `carmine_pg::Version`).
+        primary_run: (u32, u32),
         source: Option<OsdId>,
     },
     /// An object recovered from another member, to store if it is still missing at that
@@ -384,7 +386,14 @@ pub(crate) async fn start<S: ObjectStore + 'static>(shard: &Rc<Shard<S>>) -> Res
     let n = loaded.len();
     for l in loaded {
         let objects = l.objects();
-        let member = repl.with_lease(Member::restore(repl.osd, l.log, objects, l.missing, l.les));
+        let member = repl.with_lease(Member::restore(
+            repl.osd,
+            l.log,
+            objects,
+            l.missing,
+            l.les,
+            l.primary_run,
+        ));
         if !member.missing.is_empty() {
             tracing::info!(pg = %l.pg, objects = member.missing.len(),
                 "this copy still lacks objects: it recovers them once peered");
@@ -911,6 +920,7 @@ fn queue_persist<S: ObjectStore + 'static>(
                 objects: m.objects.clone(),
                 missing: m.missing.clone(),
                 les: m.les,
+                primary_run: m.primary_run,
                 source,
             },
         }

@@ -50,8 +50,12 @@ pub(super) async fn run<S: ObjectStore + 'static>(shard: &Rc<Shard<S>>, pgr: &Rc
                 objects,
                 missing,
                 les,
+                primary_run,
                 source,
-            }) => take_history(shard, pgr, seq, log, objects, missing, les, source).await,
+            }) => {
+                let marks = layout::Marks { les, primary_run };
+                take_history(shard, pgr, seq, log, objects, missing, marks, source).await
+            }
             Some(Job::Recovered {
                 oid,
                 version,
@@ -188,7 +192,7 @@ async fn take_history<S: ObjectStore + 'static>(
     log: carmine_pg::PgLog,
     objects: BTreeMap<String, Version>,
     missing: BTreeMap<String, Version>,
-    les: u32,
+    marks: layout::Marks,
     source: Option<OsdId>,
 ) -> Result<Done, String> {
     let pg = pgr.pg;
@@ -232,14 +236,14 @@ async fn take_history<S: ObjectStore + 'static>(
     for oid in &gone {
         txn.touch(pg, oid).remove(pg, oid);
     }
-    layout::replace_all(&mut txn, pg, &log, &held, &missing, les);
+    layout::replace_all(&mut txn, pg, &log, &held, &missing, marks);
     shard.store.submit(txn).await.map_err(|e| {
         note_store_error(shard, &e);
         format!("storing the PG's history: {e}")
     })?;
     *pgr.held.borrow_mut() = held;
     *pgr.log_keys.borrow_mut() = log.entries().map(|e| e.version).collect();
-    pgr.stored_meta.set(Some((log.tail(), les)));
+    pgr.stored_meta.set(Some((log.tail(), marks.les)));
     Ok(Done::Persisted(seq))
 }
 

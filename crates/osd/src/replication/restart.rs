@@ -113,7 +113,14 @@ async fn restart<S: ObjectStore + 'static>(
     let (member, held, stored_log) = match loaded {
         Some(l) => {
             let objects = l.objects();
-            let m = carmine_pg::Member::restore(repl.osd, l.log, objects, l.missing, l.les);
+            let m = carmine_pg::Member::restore(
+                repl.osd,
+                l.log,
+                objects,
+                l.missing,
+                l.les,
+                l.primary_run,
+            );
             (m, l.held, l.stored_log.into())
         }
         // Its first history never reached the store: a copy with nothing.

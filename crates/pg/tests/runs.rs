@@ -1,0 +1,160 @@
+//! A version names one write: a primary restarted within its epoch, whose earlier run made
+//! writes its disk never kept, goes active in a later run, and its writes get versions that
+//! differ from, and sort after, all of the earlier run's (decision 0009, "Versions name one
+//! write"). Simulator seeds 193 and 749 (a restart in the activation's epoch) and 1135 (in
+//! an epoch after it, the interval unchanged) gave two writes one version before.
+
+mod common;
+
+use carmine_pg::{Event, Interval, Member, Msg, OpKind, ReqId, Version};
+
+fn map(epoch: u32, acting: &[u32], history: Vec<Interval>) -> Event {
+    Event::Map {
+        epoch,
+        acting: acting.to_vec(),
+        targets: Vec::new(),
+        history: Some(history),
+        min_size: 1,
+        lost: Default::default(),
+    }
+}
+
+/// Delivers `msgs` between `p` (osd.2) and `r` (osd.0) until none is left.
+fn exchange(p: &mut Member, r: &mut Member, now: u64, mut msgs: Vec<(u32, u32, Msg)>) {
+    while let Some((from, to, msg)) = msgs.pop() {
+        let m = if to == 2 { &mut *p } else { &mut *r };
+        let actions = m.handle(now, Event::Msg { from, msg });
+        let (sent, _) = common::carry(m, now, actions);
+        msgs.extend(sent.into_iter().map(|(dest, msg)| (to, dest, msg)));
+    }
+}
+
+/// Hands map `ev` to both and lets them peer: osd.2 ends the active primary.
+fn peer(p: &mut Member, r: &mut Member, now: u64, ev: Event) {
+    let mut msgs = Vec::new();
+    for (o, m) in [(2u32, &mut *p), (0, &mut *r)] {
+        let actions = m.handle(now, ev.clone());
+        let (sent, _) = common::carry(m, now, actions);
+        msgs.extend(sent.into_iter().map(|(dest, msg)| (o, dest, msg)));
+    }
+    exchange(p, r, now, msgs);
+    // Ticks resend what a restart dropped, until the primary is active.
+    for t in 1..20 {
+        if p.is_active_primary() {
+            return;
+        }
+        let actions = p.handle(now + t, Event::Tick);
+        let (sent, _) = common::carry(p, now + t, actions);
+        exchange(
+            p,
+            r,
+            now + t,
+            sent.into_iter().map(|(d, m)| (2, d, m)).collect(),
+        );
+    }
+    assert!(p.is_active_primary(), "{}", p.describe());
+}
+
+/// A write at the primary that reaches no other member (its replication is lost).
+fn write_lost(p: &mut Member, now: u64, tid: u64, oid: &str) -> Version {
+    let actions = p.handle(
+        now,
+        Event::Write {
+            req: ReqId { client: 1, tid },
+            oid: oid.into(),
+            kind: OpKind::Modify,
+        },
+    );
+    common::carry(p, now, actions);
+    p.log.head()
+}
+
+/// osd.2 restarted from `disk` (its disk before its last write), with a new incarnation.
+fn restarted(disk: &Member) -> Member {
+    let mut p = disk.clone();
+    p.set_incarnation(20);
+    p
+}
+
+#[test]
+fn a_primary_restarted_in_its_epoch_writes_in_a_later_run() {
+    let (mut p, mut r) = (Member::new(2, 64), Member::new(0, 64));
+    p.set_incarnation(10);
+    peer(&mut p, &mut r, 1, map(1, &[2, 0], Vec::new()));
+    assert_eq!(p.primary_run.0, 1);
+    let first_run = p.primary_run.1;
+    let disk = p.restart();
+    let lost = write_lost(&mut p, 2, 1, "a");
+    assert_eq!(lost.run(), first_run);
+
+    let mut p = restarted(&disk);
+    peer(&mut p, &mut r, 3, map(1, &[2, 0], Vec::new()));
+    assert_eq!(p.primary_run, (1, first_run + 1), "{}", p.describe());
+    let made = write_lost(&mut p, 4, 2, "b");
+    assert_eq!(
+        made.seq(),
+        lost.seq(),
+        "the sequence continues from the head heard"
+    );
+    assert_ne!(made, lost, "two writes, one version");
+    assert!(made > lost);
+}
+
+#[test]
+fn a_primary_that_wrote_in_a_later_epoch_of_its_interval_takes_a_later_run_there_too() {
+    let (mut p, mut r) = (Member::new(2, 64), Member::new(0, 64));
+    p.set_incarnation(10);
+    peer(&mut p, &mut r, 1, map(1, &[2, 0], Vec::new()));
+    let first_run = p.primary_run;
+    // Epoch 2 keeps the acting set: the primary stays active and writes in it.
+    for m in [&mut p, &mut r] {
+        let actions = m.handle(2, map(2, &[2, 0], Vec::new()));
+        common::carry(m, 2, actions);
+    }
+    assert!(p.is_active_primary(), "{}", p.describe());
+    let disk = p.restart();
+    assert_eq!(disk.primary_run, first_run, "no new activation in epoch 2");
+    let lost = write_lost(&mut p, 3, 1, "a");
+    assert_eq!((lost.epoch, lost.run()), (2, first_run.1));
+
+    let mut p = restarted(&disk);
+    peer(&mut p, &mut r, 4, map(2, &[2, 0], Vec::new()));
+    let made = write_lost(&mut p, 5, 2, "b");
+    assert_eq!((made.epoch, made.seq()), (2, lost.seq()));
+    assert_ne!(made, lost, "two writes, one version");
+    assert!(made > lost);
+}
+
+#[test]
+fn runs_start_again_once_a_later_interval_ended_the_earlier_run() {
+    // osd.2 went active in run 3 of epoch 1; an interval recorded at epoch 3 (another
+    // primary) ended that run. In epoch 4 its writes may use run 0 again.
+    let log = carmine_pg::PgLog::new(64);
+    let mut p = Member::restore(2, log, Default::default(), Default::default(), 1, (1, 3));
+    p.set_incarnation(10);
+    // osd.0 took that interval's activation.
+    let replica = || {
+        let log = carmine_pg::PgLog::new(64);
+        Member::restore(0, log, Default::default(), Default::default(), 3, (3, 0))
+    };
+    let mut r = replica();
+    let history = vec![
+        Interval {
+            epoch: 1,
+            acting: vec![2, 0],
+        },
+        Interval {
+            epoch: 3,
+            acting: vec![0, 2],
+        },
+    ];
+    peer(&mut p, &mut r, 1, map(4, &[2, 0], history.clone()));
+    assert_eq!(p.primary_run, (4, 0), "{}", p.describe());
+    // Without that interval, run 3 of epoch 1 may have gone on writing into epoch 4.
+    let log = carmine_pg::PgLog::new(64);
+    let mut p = Member::restore(2, log, Default::default(), Default::default(), 1, (1, 3));
+    p.set_incarnation(10);
+    let mut r = replica();
+    peer(&mut p, &mut r, 1, map(4, &[2, 0], history[..1].to_vec()));
+    assert_eq!(p.primary_run, (4, 4), "{}", p.describe());
+}
