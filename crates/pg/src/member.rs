@@ -643,6 +643,9 @@ impl Member {
                 }
             }
             Role::Activating { .. } => {
+                if self.activation_makes_writes() && self.persisted >= self.activation_persist {
+                    self.send_activations(out);
+                }
                 self.record_if_taken(out);
                 self.maybe_active()
             }
@@ -912,13 +915,9 @@ impl Member {
                 }
                 self.try_activate(out);
             }
-            Role::Activating { acked, recorded } => {
-                // Lost activations are sent again (they are idempotent).
-                let (acked, recorded) = (acked.clone(), *recorded);
-                let copies: Vec<OsdId> = self.acting.iter().chain(&self.targets).copied().collect();
-                for o in copies.into_iter().filter(|o| !acked.contains(o)) {
-                    out.push(self.activation(o));
-                }
+            Role::Activating { recorded, .. } => {
+                let recorded = *recorded;
+                self.send_activations(out);
                 if !recorded {
                     self.record_if_taken(out);
                 }
@@ -961,6 +960,31 @@ impl Member {
             }
             Role::Stray | Role::Replica => {}
         }
+    }
+
+    /// Sends the activation to every member that has not acknowledged it (again: they are
+    /// idempotent, and may have been lost). An activation with writes this primary's run made
+    /// (deletes of objects given up) leaves only once the run is durable here: a crash before
+    /// that could give the run, and the versions, to other writes.
+    fn send_activations(&mut self, out: &mut Vec<Action>) {
+        let Role::Activating { acked, .. } = &self.role else {
+            return;
+        };
+        if self.activation_makes_writes() && self.persisted < self.activation_persist {
+            return;
+        }
+        let acked = acked.clone();
+        let copies: Vec<OsdId> = self.acting.iter().chain(&self.targets).copied().collect();
+        for o in copies.into_iter().filter(|o| !acked.contains(o)) {
+            out.push(self.activation(o));
+        }
+    }
+
+    /// Whether the history this primary activates with ends in writes of its own run: no
+    /// history it heard has a write of this run (it is above theirs).
+    fn activation_makes_writes(&self) -> bool {
+        let head = self.log.head();
+        head.epoch == self.epoch && head.run() == self.run
     }
 
     /// The authoritative history as this primary holds it, for member `to`.
@@ -1113,8 +1137,11 @@ impl Member {
         // disk may be new). Persisted with the history, before the run's first write.
         let heard_run = (auth_log.head().epoch == self.epoch).then(|| auth_log.head().run());
         let (run_epoch, own_run) = self.primary_run;
-        let own_run_ended = self.history.iter().any(|i| i.epoch > run_epoch);
-        let own_run = (!own_run_ended).then_some(own_run);
+        // (An interval after this epoch, in a history read later, ends nothing here.)
+        let own_run_ended =
+            (self.history.iter()).any(|i| i.epoch > run_epoch && i.epoch <= self.epoch);
+        // (Epoch 0 is none: a member that never went active as primary.)
+        let own_run = (run_epoch != 0 && !own_run_ended).then_some(own_run);
         let run = heard_run.max(own_run).map_or(0, |r| r + 1);
         if run > RUN_MAX {
             // 65,536 activations of one primary in one epoch: it waits for the next epoch.

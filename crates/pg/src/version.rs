@@ -74,6 +74,31 @@ impl Version {
     }
 }
 
+/// Reads what [`Version`]'s `Display` writes: `epoch'counter`, or `epoch'seq` `r` `run`.
+impl std::str::FromStr for Version {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        let bad = || format!("{s:?} is not a version (epoch'counter, or epoch'sequence r run)");
+        let (epoch, rest) = s.split_once('\'').ok_or_else(bad)?;
+        let epoch = epoch.parse().map_err(|_| bad())?;
+        let (seq, run) = rest.split_once('r').unwrap_or((rest, "0"));
+        let (seq, run): (u64, u32) = (
+            seq.parse().map_err(|_| bad())?,
+            run.parse().map_err(|_| bad())?,
+        );
+        if run == 0 {
+            return (seq <= COUNTER_MAX)
+                .then_some(Version::new(epoch, seq))
+                .ok_or_else(bad);
+        }
+        if seq > SEQ_MASK || run > RUN_MAX {
+            return Err(bad());
+        }
+        Ok(Version::in_run(epoch, run, seq))
+    }
+}
+
 impl std::fmt::Display for Version {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self.run() {
@@ -123,5 +148,27 @@ mod tests {
         assert_eq!((v.run(), v.seq()), (0, 1234));
         assert_eq!(v.to_string(), "4'1234");
         assert_eq!(Version::in_run(4, 2, 7).to_string(), "4'7r2");
+    }
+
+    #[test]
+    fn a_displayed_version_reads_back() {
+        for v in [
+            Version::new(4, 1234),
+            Version::in_run(4, 2, 7),
+            Version::in_run(u32::MAX, RUN_MAX, SEQ_MASK),
+        ] {
+            assert_eq!(v.to_string().parse::<Version>(), Ok(v));
+        }
+        for bad in [
+            "",
+            "4",
+            "4'",
+            "x'1",
+            "4'1r",
+            "4'1r70000",
+            "4'99999999999999999r1",
+        ] {
+            assert!(bad.parse::<Version>().is_err(), "{bad}");
+        }
     }
 }

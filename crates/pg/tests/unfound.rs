@@ -209,3 +209,45 @@ fn an_osd_declared_lost_lets_a_give_up_pass_the_intervals_it_was_waited_for() {
     assert!(ms[2].objects.is_empty(), "{}", ms[2].describe());
     assert!(write(&mut ms, 2, 2, "b"));
 }
+
+/// The deletes of a give-up are writes of the primary's new run: its activation, which
+/// carries them, leaves only once that run is durable at the primary. Sent before, a crash
+/// could give the run again, and the deletes' versions to other writes (a reviewer's finding).
+#[test]
+fn a_give_ups_deletes_leave_only_once_the_primarys_run_is_durable() {
+    let mut ms: Vec<Member> = (0..3).map(|o| Member::new(o, 64)).collect();
+    run(&mut ms, None, map(1, vec![0, 1]));
+    assert!(write(&mut ms, 0, 1, "a"));
+    run(&mut ms, None, map(2, vec![0, 1, 2]));
+    ms[0] = Member::new(0, 64);
+    ms[1] = Member::new(1, 64);
+    run(&mut ms, None, map(3, vec![2, 0, 1]));
+    assert_eq!(ms[2].unfound(), 1, "{}", ms[2].describe());
+    let activations = |actions: &[Action]| {
+        actions
+            .iter()
+            .filter(|a| {
+                matches!(
+                    a,
+                    Action::Send {
+                        msg: Msg::Activate { .. },
+                        ..
+                    }
+                )
+            })
+            .count()
+    };
+    let actions = ms[2].handle(0, Event::GiveUpUnfound);
+    assert_eq!(activations(&actions), 0, "{actions:?}");
+    let tick = ms[2].handle(1, Event::Tick);
+    assert_eq!(activations(&tick), 0, "{tick:?}");
+    let seq = actions
+        .iter()
+        .find_map(|a| match a {
+            Action::Persist { seq, .. } => Some(*seq),
+            _ => None,
+        })
+        .expect("the history is persisted");
+    let durable = ms[2].handle(2, Event::Persisted { seq });
+    assert_eq!(activations(&durable), 2, "{durable:?}");
+}
