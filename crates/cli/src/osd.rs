@@ -613,7 +613,7 @@ fn wait_for_stop(
         control.report(silent, held_seen);
         // Waiting on the map channel is the loop's pause: a new epoch reaches the reactors
         // as soon as it arrives.
-        if let Some(map) = control.newer_map(Duration::from_millis(100)) {
+        for map in control.newer_maps(Duration::from_millis(100)) {
             let me = map.osd(osd.id()).map_or("not in the map".to_string(), |o| {
                 format!(
                     "{}, {}",

@@ -344,10 +344,13 @@ impl Control {
         Ok(())
     }
 
-    /// Waits up to `timeout` for a newer map; returns the newest that arrived, if any.
-    pub fn newer_map(&self, timeout: Duration) -> Option<OsdMap> {
-        let first = self.maps.recv_timeout(timeout).ok()?;
-        Some(self.maps.try_iter().last().unwrap_or(first))
+    /// Waits up to `timeout` for newer maps; returns every one that arrived, oldest first
+    /// (an epoch skipped makes the reactors peer every PG again).
+    pub fn newer_maps(&self, timeout: Duration) -> Vec<OsdMap> {
+        let Ok(first) = self.maps.recv_timeout(timeout) else {
+            return Vec::new();
+        };
+        std::iter::once(first).chain(self.maps.try_iter()).collect()
     }
 
     /// Stops the threads; with etcd, deregisters at once (a clean stop shows as down now,
@@ -508,8 +511,7 @@ fn watch_maps(
             Ok(Some(map)) => {
                 failing = false;
                 epoch = map.epoch;
-                // Only the newest matters: if the last one was not taken yet, this one
-                // replaces it on the next send.
+                // Every epoch, in order (the channel holds one; this waits for room).
                 if tx.send(map).is_err() {
                     return;
                 }

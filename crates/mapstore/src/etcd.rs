@@ -4,13 +4,24 @@
 use crate::etcd_client::{Compare, Etcd, Put};
 use crate::{check_swap, decode, MapStore, MapStoreError};
 use carmine_cluster::OsdMap;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+
+/// A waiter at most this many epochs behind is handed every epoch in turn; one further
+/// behind gets the newest (its PGs peer again, as after any missed epoch).
+pub const REPLAY_EPOCHS_MAX: u32 = 64;
+/// How long a replay of the map's history may take before the newest map is taken instead
+/// (etcd answers a watch from a past revision at once, unless it compacted it away).
+const REPLAY_WAIT: Duration = Duration::from_secs(1);
 
 #[derive(Clone, Debug)]
 pub struct EtcdMapStore {
     etcd: Etcd,
     cluster: String,
     key: String,
+    /// The epoch of the last map read or handed to a waiter, and the revision that stored
+    /// it: where a waiter that fell behind replays the map's history from.
+    seen: Arc<Mutex<Option<(u32, i64)>>>,
 }
 
 impl EtcdMapStore {
@@ -29,6 +40,7 @@ impl EtcdMapStore {
             etcd: Etcd::with_access(endpoints, access)?,
             cluster: cluster.to_owned(),
             key: crate::keys::map(cluster),
+            seen: Arc::new(Mutex::new(None)),
         })
     }
 
@@ -115,22 +127,81 @@ impl EtcdMapStore {
     }
 }
 
+impl EtcdMapStore {
+    fn remember(&self, epoch: u32, revision: i64) {
+        *self.seen.lock().unwrap_or_else(|e| e.into_inner()) = Some((epoch, revision));
+    }
+
+    /// The stored map, if newer than `epoch`: the one right after `epoch` if the key's
+    /// history still has it and it is not too far back, else the newest.
+    fn newer_stored(&self, epoch: u32) -> Result<(Option<OsdMap>, i64), MapStoreError> {
+        let (kv, revision) = self.etcd.get_kv(&self.key)?;
+        let Some(kv) = kv else {
+            return Ok((None, revision));
+        };
+        let newest = decode(kv.value)?;
+        if newest.epoch <= epoch {
+            return Ok((None, revision));
+        }
+        if newest.epoch > epoch + 1 {
+            if let Some(next) = self.replay_after(epoch, newest.epoch) {
+                return Ok((Some(next), revision));
+            }
+        }
+        self.remember(newest.epoch, kv.mod_revision);
+        Ok((Some(newest), revision))
+    }
+
+    /// The map stored right after the one of `epoch`, from the key's history: an OSD that
+    /// skips an epoch cannot tell whether a PG's acting set changed in it, and peers every
+    /// PG again (Ceph's OSDs fetch every epoch they missed, too). `None` if it is not at
+    /// hand: `epoch` is not the last map this store saw, it is more than
+    /// [`REPLAY_EPOCHS_MAX`] behind `newest`, or etcd compacted the history.
+    fn replay_after(&self, epoch: u32, newest: u32) -> Option<OsdMap> {
+        let seen = *self.seen.lock().unwrap_or_else(|e| e.into_inner());
+        let (seen_epoch, revision) = seen?;
+        if seen_epoch != epoch || revision == 0 || newest - epoch > REPLAY_EPOCHS_MAX {
+            return None;
+        }
+        let changed = self
+            .etcd
+            .watch(&self.key, false, revision, REPLAY_WAIT)
+            .ok()?;
+        for kv in changed {
+            if kv.value.is_empty() {
+                continue;
+            }
+            let m = decode(kv.value).ok()?;
+            if m.epoch > epoch && m.epoch <= newest {
+                self.remember(m.epoch, kv.mod_revision);
+                return Some(m);
+            }
+        }
+        None
+    }
+}
+
 impl MapStore for EtcdMapStore {
     fn get(&self) -> Result<Option<OsdMap>, MapStoreError> {
-        self.etcd.get(&self.key)?.0.map(decode).transpose()
+        let Some(kv) = self.etcd.get_kv(&self.key)?.0 else {
+            return Ok(None);
+        };
+        let m = decode(kv.value)?;
+        self.remember(m.epoch, kv.mod_revision);
+        Ok(Some(m))
     }
 
     fn swap(&self, expected: Option<&OsdMap>, new: &OsdMap) -> Result<(), MapStoreError> {
         self.swap_guarded(expected, new, &[])
     }
 
+    /// The next epoch after `epoch` where the key's history has it (see
+    /// [`EtcdMapStore::replay_after`]), else the newest.
     fn wait_newer(&self, epoch: u32, timeout: Duration) -> Result<Option<OsdMap>, MapStoreError> {
         let start = Instant::now();
-        let (raw, mut revision) = self.etcd.get(&self.key)?;
-        if let Some(m) = raw.map(decode).transpose()? {
-            if m.epoch > epoch {
-                return Ok(Some(m));
-            }
+        let (newer, mut revision) = self.newer_stored(epoch)?;
+        if newer.is_some() {
+            return Ok(newer);
         }
         // Watch from the next revision: no change between the read and the watch is missed.
         loop {
@@ -149,15 +220,15 @@ impl MapStore for EtcdMapStore {
                 }
                 let m = decode(kv.value)?;
                 if m.epoch > epoch {
+                    // The first change after the read: the next epoch.
+                    self.remember(m.epoch, kv.mod_revision);
                     return Ok(Some(m));
                 }
             }
             // Nothing newer: read again, then watch from there.
-            let (raw, now) = self.etcd.get(&self.key)?;
-            if let Some(m) = raw.map(decode).transpose()? {
-                if m.epoch > epoch {
-                    return Ok(Some(m));
-                }
+            let (newer, now) = self.newer_stored(epoch)?;
+            if newer.is_some() {
+                return Ok(newer);
             }
             revision = now;
         }

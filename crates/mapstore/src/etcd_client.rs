@@ -47,6 +47,8 @@ pub struct KeyValue {
     pub value: Vec<u8>,
     /// The lease it is attached to (0: none).
     pub lease: i64,
+    /// The revision of its last change (0: not said).
+    pub mod_revision: i64,
 }
 
 /// One side of a transaction's compare.
@@ -263,10 +265,17 @@ impl Etcd {
 
     /// The value of `key` and the store's revision at the time of reading.
     pub fn get(&self, key: &str) -> Result<(Option<Vec<u8>>, i64), MapStoreError> {
+        let (kv, revision) = self.get_kv(key)?;
+        Ok((kv.map(|kv| kv.value), revision))
+    }
+
+    /// The pair under `key`, if any (with its last change's revision), and the store's
+    /// revision.
+    pub fn get_kv(&self, key: &str) -> Result<(Option<KeyValue>, i64), MapStoreError> {
         let reply = self.post("/v3/kv/range", &json!({ "key": B64.encode(key) }))?;
         let revision = revision_of(&reply)?;
         let kvs = kvs_of(&reply)?;
-        Ok((kvs.into_iter().next().map(|kv| kv.value), revision))
+        Ok((kvs.into_iter().next(), revision))
     }
 
     /// Every key that starts with `prefix`, in key order.
@@ -392,6 +401,13 @@ impl Etcd {
                 let msg: Value = serde_json::from_str(&line).map_err(|e| {
                     MapStoreError::Unavailable(format!("bad watch message {line:?}: {e}"))
                 })?;
+                if msg["result"]["canceled"].as_bool() == Some(true) {
+                    // A start revision etcd compacted away, for one.
+                    return Err(MapStoreError::Unavailable(format!(
+                        "etcd canceled the watch of {key:?}: {}",
+                        msg["result"]
+                    )));
+                }
                 let Some(events) = msg["result"]["events"].as_array() else {
                     continue;
                 };
@@ -444,6 +460,7 @@ fn kv_of(kv: &Value) -> Result<KeyValue, MapStoreError> {
         key: String::from_utf8_lossy(&b64(&kv["key"], "key")?).into_owned(),
         value: b64(&kv["value"], "value")?,
         lease: int_of(&kv["lease"]).unwrap_or(0),
+        mod_revision: int_of(&kv["mod_revision"]).unwrap_or(0),
     })
 }
 

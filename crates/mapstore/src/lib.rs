@@ -24,7 +24,7 @@ pub mod read_lease;
 mod tls_material;
 
 pub use access::EtcdAccess;
-pub use etcd::EtcdMapStore;
+pub use etcd::{EtcdMapStore, REPLAY_EPOCHS_MAX};
 pub use local::LocalMapStore;
 pub use pg_history::{Change, EtcdPgHistory, LocalPgHistory, PgHistoryStore, Recorded};
 pub use private_etcd::PrivateEtcd;
@@ -78,7 +78,9 @@ pub trait MapStore {
     /// valid and one epoch after `expected` (epoch 1 for the first map).
     fn swap(&self, expected: Option<&OsdMap>, new: &OsdMap) -> Result<(), MapStoreError>;
 
-    /// Waits up to `timeout` for a map of an epoch above `epoch`; `None` if none came.
+    /// Waits up to `timeout` for a map of an epoch above `epoch`; `None` if none came. A store
+    /// that keeps the map's history (etcd) hands a waiter that fell a few epochs behind the
+    /// next one, so that it sees every epoch; others hand the newest.
     fn wait_newer(&self, epoch: u32, timeout: Duration) -> Result<Option<OsdMap>, MapStoreError>;
 }
 

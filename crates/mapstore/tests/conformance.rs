@@ -267,6 +267,63 @@ conformance!(
     a_damaged_map_is_reported_and_never_overwritten,
 );
 
+/// An OSD that fell a few epochs behind gets every one in turn from etcd's history (a
+/// skipped epoch makes it peer every PG again); one too far behind, or whose history etcd
+/// compacted, gets the newest.
+#[test]
+fn a_waiter_that_fell_behind_gets_every_epoch_in_turn_from_etcd() {
+    let dir = TestDir::with_etcd("mapstore-etcd", "replay");
+    let ep = vec![dir.endpoint()];
+    let writer = EtcdMapStore::new(&ep, "replay").unwrap();
+    let waiter = EtcdMapStore::new(&ep, "replay").unwrap();
+    writer.swap(None, &map(1, 1000)).unwrap();
+    assert_eq!(waiter.get().unwrap().unwrap().epoch, 1);
+    for e in 2..=5 {
+        writer.swap(Some(&map(e - 1, 1000)), &map(e, 1000)).unwrap();
+    }
+    let mut seen = Vec::new();
+    let mut epoch = 1;
+    while let Some(m) = waiter
+        .wait_newer(epoch, Duration::from_millis(300))
+        .unwrap()
+    {
+        epoch = m.epoch;
+        seen.push(epoch);
+    }
+    assert_eq!(seen, [2, 3, 4, 5]);
+
+    // Too far behind: the newest at once.
+    let last = 5 + carmine_mapstore::REPLAY_EPOCHS_MAX + 1;
+    for e in 6..=last {
+        writer.swap(Some(&map(e - 1, 1000)), &map(e, 1000)).unwrap();
+    }
+    let m = waiter
+        .wait_newer(5, Duration::from_secs(5))
+        .unwrap()
+        .unwrap();
+    assert_eq!(m.epoch, last);
+
+    // A compacted history: the newest, within the replay's short wait.
+    writer
+        .swap(Some(&map(last, 1000)), &map(last + 1, 1000))
+        .unwrap();
+    writer
+        .swap(Some(&map(last + 1, 1000)), &map(last + 2, 1000))
+        .unwrap();
+    let (_, revision) = writer.etcd().get(writer.key()).unwrap();
+    let body = serde_json::json!({ "revision": revision.to_string(), "physical": true });
+    ureq::post(&format!("{}/v3/kv/compaction", dir.endpoint()))
+        .send_string(&body.to_string())
+        .unwrap();
+    let t = Instant::now();
+    let m = waiter
+        .wait_newer(last, Duration::from_secs(5))
+        .unwrap()
+        .unwrap();
+    assert_eq!(m.epoch, last + 2);
+    assert!(t.elapsed() < Duration::from_secs(3), "{:?}", t.elapsed());
+}
+
 #[test]
 fn an_unreachable_etcd_is_an_error_not_a_hang() {
     let dead = format!("http://{}", carmine_testkit::free_addr());
