@@ -901,6 +901,81 @@ fn pg_member(c: &mut Corpus) {
     c.put("pg_member", "replica", &replica);
 }
 
+/// A PG state object's omap pairs in the `pg_state` target's input convention.
+fn pg_state(c: &mut Corpus) {
+    use carmine_pg::{wire, Entry, OpKind, ReqId, Version};
+    fn version(v: Version) -> Vec<u8> {
+        [&v.epoch.to_be_bytes()[..], &v.v.to_be_bytes()[..]].concat()
+    }
+    fn pair(out: &mut Vec<u8>, key: &[u8], value: &[u8]) {
+        out.push(key.len() as u8);
+        out.extend_from_slice(key);
+        out.extend_from_slice(&(value.len() as u16).to_le_bytes());
+        out.extend_from_slice(value);
+    }
+    let head = Version::in_run(3, 1, 12);
+    let mut state = Vec::new();
+    let meta = [
+        &[3u8][..],
+        &version(Version::new(2, 9)),
+        &version(Version::new(3, 11)),
+        &3u32.to_be_bytes(),
+    ]
+    .concat();
+    pair(&mut state, b"m", &meta);
+    for (v, oid) in [
+        (Version::new(3, 10), "o1"),
+        (Version::new(3, 11), "o2"),
+        (head, "o1"),
+    ] {
+        let mut b = BytesMut::new();
+        wire::encode_entry(
+            &mut carmine_types::Encoder::new(&mut b),
+            &Entry {
+                version: v,
+                oid: oid.into(),
+                kind: OpKind::Modify,
+                reqid: Some(ReqId {
+                    client: 5,
+                    tid: v.seq(),
+                }),
+            },
+        );
+        pair(&mut state, &[&b"l"[..], &version(v)].concat(), &b);
+    }
+    pair(&mut state, b"oo1", &version(head));
+    pair(&mut state, b"oo2", &version(Version::new(2, 7)));
+    pair(&mut state, b"no2", &version(Version::new(3, 11)));
+    pair(
+        &mut state,
+        b"r",
+        &[&[1u8][..], &3u32.to_be_bytes(), &1u32.to_be_bytes()].concat(),
+    );
+    let decode = |input: &[u8]| {
+        let mut pairs = std::collections::BTreeMap::new();
+        let mut rest = input;
+        while !rest.is_empty() {
+            let k = rest[0] as usize;
+            let key = Bytes::copy_from_slice(&rest[1..1 + k]);
+            let vlen = u16::from_le_bytes([rest[1 + k], rest[2 + k]]) as usize;
+            let value = Bytes::copy_from_slice(&rest[3 + k..3 + k + vlen]);
+            pairs.insert(key, value);
+            rest = &rest[3 + k + vlen..];
+        }
+        pairs.into_iter().collect::<Vec<_>>()
+    };
+    assert_eq!(
+        carmine_osd::check_pg_state(&decode(&state)),
+        Ok((Version::new(2, 9), head))
+    );
+    c.put("pg_state", "state", &state);
+    // A store written before runs: no run record.
+    let mut before_runs = Vec::new();
+    pair(&mut before_runs, b"m", &meta);
+    carmine_osd::check_pg_state(&decode(&before_runs)).expect("an empty log loads");
+    c.put("pg_state", "before_runs", &before_runs);
+}
+
 fn main() {
     let root = std::env::args()
         .nth(1)
@@ -912,6 +987,7 @@ fn main() {
     pg_history(&mut c);
     peer_message(&mut c);
     pg_member(&mut c);
+    pg_state(&mut c);
     nbd(&mut c);
     store_blocks(&mut c);
     journal(&mut c);

@@ -24,7 +24,7 @@ pub use lease::{LeaseClock, LEASE_TRUSTED_SHARE};
 pub use reactor::ControlMsg;
 pub use replication::history::{ChangeTemps, SharedHistoryStore, TempChange, TempChanger};
 pub use replication::{
-    RecoveryConfig, ScrubSchedule, BACKFILL_MIN_OBJECTS_DEFAULT, READ_LEASE_DEFAULT,
-    READ_LEASE_MAX, RECOVERY_BUSY_RATE_DEFAULT, RECOVERY_MAX_ACTIVE_DEFAULT, RECOVERY_RATE_DEFAULT,
-    WRITE_ACK_WAIT_DEFAULT,
+    check_pg_state, RecoveryConfig, ScrubSchedule, BACKFILL_MIN_OBJECTS_DEFAULT,
+    READ_LEASE_DEFAULT, READ_LEASE_MAX, RECOVERY_BUSY_RATE_DEFAULT, RECOVERY_MAX_ACTIVE_DEFAULT,
+    RECOVERY_RATE_DEFAULT, WRITE_ACK_WAIT_DEFAULT,
 };

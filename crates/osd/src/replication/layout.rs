@@ -66,12 +66,17 @@ fn version_bytes(v: Version) -> [u8; 12] {
     b
 }
 
+/// A stored version; `None` if it is not 12 bytes or its counter is out of range (as on the
+/// wire, `carmine_pg::wire::VERSION_COUNTER_MAX`).
 fn version_from(b: &[u8]) -> Option<Version> {
     let b: &[u8; 12] = b.try_into().ok()?;
-    Some(Version::new(
-        u32::from_be_bytes(b[..4].try_into().ok()?),
-        u64::from_be_bytes(b[4..].try_into().ok()?),
-    ))
+    let counter = u64::from_be_bytes(b[4..].try_into().ok()?);
+    (counter <= carmine_pg::wire::VERSION_COUNTER_MAX).then(|| {
+        Version::new(
+            u32::from_be_bytes(b[..4].try_into().expect("4 bytes")),
+            counter,
+        )
+    })
 }
 
 pub(crate) fn log_key(v: Version) -> Bytes {
@@ -310,54 +315,86 @@ pub(crate) async fn load_pg<S: ObjectStore>(
 
 async fn load_one<S: ObjectStore>(store: &S, pg: PgId, log_max: usize) -> Result<Loaded, String> {
     let oid = meta_oid(pg);
+    let mut pairs = Vec::new();
+    let mut after: Option<Bytes> = None;
+    loop {
+        let page = store
+            .omap_iterate(META_COLLECTION, &oid, after.as_deref(), LOAD_PAGE)
+            .await
+            .map_err(|e| format!("PG {}.{} state: reading it: {e}", pg.pool, pg.seed))?;
+        pairs.extend(page.items);
+        match page.next {
+            Some(n) => after = Some(n),
+            None => break,
+        }
+    }
+    decode_state(pg, &pairs, log_max)
+}
+
+/// Decodes the omap pairs of a PG's state object (in key order) as an OSD does when it
+/// loads its PGs, and checks that the log reads back from what it decoded: the log's tail
+/// and head, or why the state is refused. For the fuzz target `pg_state`.
+pub fn check_pg_state(pairs: &[(Bytes, Bytes)]) -> Result<(Version, Version), String> {
+    let l = decode_state(
+        PgId { pool: 0, seed: 0 },
+        pairs,
+        carmine_pg::LOG_ENTRIES_DEFAULT,
+    )?;
+    assert!(
+        l.log.tail() <= l.log.head(),
+        "a loaded log ends before it starts"
+    );
+    assert!(
+        l.missing.iter().all(|(o, v)| l.held.get(o) != Some(v)),
+        "an object both held and missing at one version"
+    );
+    Ok((l.log.tail(), l.log.head()))
+}
+
+/// A PG's durable state from the omap pairs of its state object, in key order. Anything
+/// that does not decode, or contradicts the rest, is a clear error naming the PG.
+pub(crate) fn decode_state(
+    pg: PgId,
+    pairs: &[(Bytes, Bytes)],
+    log_max: usize,
+) -> Result<Loaded, String> {
     let bad = |what: &str| format!("PG {}.{} state: {what}", pg.pool, pg.seed);
     let mut entries = Vec::new();
     let mut held = BTreeMap::new();
     let mut missing = BTreeMap::new();
     let mut meta = None;
     let mut primary_run = None;
-    let mut after: Option<Bytes> = None;
-    loop {
-        let page = store
-            .omap_iterate(META_COLLECTION, &oid, after.as_deref(), LOAD_PAGE)
-            .await
-            .map_err(|e| bad(&format!("reading it: {e}")))?;
-        for (k, v) in &page.items {
-            match k.first() {
-                Some(&KEY_LOG) => {
-                    let e = decode_entry(&mut Decoder::new(v.clone()))
-                        .map_err(|e| bad(&format!("a log entry: {e}")))?;
-                    if Some(e.version) != version_from(&k[1..]) {
-                        return Err(bad("a log entry stored under another version"));
-                    }
-                    entries.push(e);
+    for (k, v) in pairs {
+        match k.first() {
+            Some(&KEY_LOG) => {
+                let e = decode_entry(&mut Decoder::new(v.clone()))
+                    .map_err(|e| bad(&format!("a log entry: {e}")))?;
+                if Some(e.version) != version_from(&k[1..]) {
+                    return Err(bad("a log entry stored under another version"));
                 }
-                Some(&kind @ (KEY_OBJECT | KEY_MISSING)) => {
-                    let name = std::str::from_utf8(&k[1..])
-                        .map_err(|_| bad("an object name that is not UTF-8"))?;
-                    let v = version_from(v).ok_or_else(|| bad("an object version"))?;
-                    match kind {
-                        KEY_OBJECT => held.insert(name.to_string(), v),
-                        _ => missing.insert(name.to_string(), v),
-                    };
-                }
-                _ if &k[..] == KEY_META => meta = Some(v.clone()),
-                _ if &k[..] == KEY_RUN => {
-                    primary_run = Some(run_from(v).ok_or_else(|| {
-                        bad(&format!(
-                            "a primary run record of {} bytes, version {} (this build reads \
-                             version {RUN_RECORD_VERSION}, 9 bytes)",
-                            v.len(),
-                            v.first().copied().unwrap_or(0)
-                        ))
-                    })?);
-                }
-                _ => return Err(bad("an unknown key")),
+                entries.push(e);
             }
-        }
-        match page.next {
-            Some(n) => after = Some(n),
-            None => break,
+            Some(&kind @ (KEY_OBJECT | KEY_MISSING)) => {
+                let name = std::str::from_utf8(&k[1..])
+                    .map_err(|_| bad("an object name that is not UTF-8"))?;
+                let v = version_from(v).ok_or_else(|| bad("an object version"))?;
+                match kind {
+                    KEY_OBJECT => held.insert(name.to_string(), v),
+                    _ => missing.insert(name.to_string(), v),
+                };
+            }
+            _ if &k[..] == KEY_META => meta = Some(v.clone()),
+            _ if &k[..] == KEY_RUN => {
+                primary_run = Some(run_from(v).ok_or_else(|| {
+                    bad(&format!(
+                        "a primary run record of {} bytes, version {} (this build reads \
+                         version {RUN_RECORD_VERSION}, 9 bytes)",
+                        v.len(),
+                        v.first().copied().unwrap_or(0)
+                    ))
+                })?);
+            }
+            _ => return Err(bad("an unknown key")),
         }
     }
     let meta = meta.ok_or_else(|| bad("no tail, head and last active epoch"))?;
@@ -370,10 +407,10 @@ async fn load_one<S: ObjectStore>(store: &S, pg: PgId, log_max: usize) -> Result
     if meta[0] == 1 && !missing.is_empty() {
         return Err(bad("missing objects in a record of version 1"));
     }
-    let tail = version_from(&meta[1..13]).expect("12 bytes");
+    let tail = version_from(&meta[1..13]).ok_or_else(|| bad("a tail out of range"))?;
     // Entries written since the record was: the last one is the head.
     let head = version_from(&meta[13..25])
-        .expect("12 bytes")
+        .ok_or_else(|| bad("a head out of range"))?
         .max(entries.last().map_or(Version::ZERO, |e: &Entry| e.version));
     let les = u32::from_be_bytes(meta[25..29].try_into().expect("4 bytes"));
     let stored_log = entries.iter().map(|e| e.version).collect();
@@ -629,5 +666,27 @@ mod tests {
                 "{err}"
             );
         });
+    }
+
+    /// Counters are bounded on disk as on the wire: one past the bound is refused with the
+    /// record it is in, never loaded (it would make the PG's versions run out).
+    #[test]
+    fn a_stored_version_past_the_counter_bound_is_refused() {
+        let meta = |head: Version| {
+            (
+                Bytes::from_static(KEY_META),
+                meta_value(Version::ZERO, head, 1),
+            )
+        };
+        let at_bound = Version::new(1, carmine_pg::wire::VERSION_COUNTER_MAX);
+        assert!(decode_state(PG, &[meta(at_bound)], 16).is_ok());
+        let past = Version::new(1, carmine_pg::wire::VERSION_COUNTER_MAX + 1);
+        let err = decode_state(PG, &[meta(past)], 16).err().expect("refused");
+        assert!(err.contains("a head out of range"), "{err}");
+        let held = (object_key("o1"), version_value(past));
+        let err = decode_state(PG, &[meta(at_bound), held], 16)
+            .err()
+            .expect("refused");
+        assert!(err.contains("an object version"), "{err}");
     }
 }

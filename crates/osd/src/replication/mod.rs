@@ -12,6 +12,7 @@
 mod access;
 pub(crate) mod history;
 mod layout;
+pub use layout::check_pg_state;
 mod peers;
 mod persist;
 mod pull;
