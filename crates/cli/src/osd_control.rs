@@ -256,7 +256,7 @@ impl Control {
             let stop = stop.clone();
             std::thread::Builder::new()
                 .name(format!("osd{}-map", reg.osd))
-                .spawn(move || watch_maps(store, epoch, tx, &stop))?
+                .spawn(move || watch_maps(store, reg.osd, epoch, tx, &stop))?
         };
         Ok(Control {
             stop,
@@ -501,6 +501,7 @@ impl Publisher {
 
 fn watch_maps(
     store: Box<dyn MapStore + Send>,
+    osd: u32,
     mut epoch: u32,
     tx: mpsc::SyncSender<OsdMap>,
     stop: &AtomicBool,
@@ -510,6 +511,16 @@ fn watch_maps(
         match store.wait_newer(epoch, WATCH_SLICE) {
             Ok(Some(map)) => {
                 failing = false;
+                // An epoch between, replayed, that does not name this OSD (removed, and its
+                // id given again since) would stop it: the newest decides instead.
+                let map = if map.osd(osd).is_some() {
+                    map
+                } else {
+                    match store.get() {
+                        Ok(Some(newest)) if newest.epoch > map.epoch => newest,
+                        _ => map,
+                    }
+                };
                 epoch = map.epoch;
                 // Every epoch, in order (the channel holds one; this waits for room).
                 if tx.send(map).is_err() {

@@ -133,8 +133,13 @@ impl EtcdMapStore {
     }
 
     /// The stored map, if newer than `epoch`: the one right after `epoch` if the key's
-    /// history still has it and it is not too far back, else the newest.
-    fn newer_stored(&self, epoch: u32) -> Result<(Option<OsdMap>, i64), MapStoreError> {
+    /// history still has it and it is not too far back (and `left` leaves time to fetch
+    /// it), else the newest.
+    fn newer_stored(
+        &self,
+        epoch: u32,
+        left: Duration,
+    ) -> Result<(Option<OsdMap>, i64), MapStoreError> {
         let (kv, revision) = self.etcd.get_kv(&self.key)?;
         let Some(kv) = kv else {
             return Ok((None, revision));
@@ -144,7 +149,7 @@ impl EtcdMapStore {
             return Ok((None, revision));
         }
         if newest.epoch > epoch + 1 {
-            if let Some(next) = self.replay_after(epoch, newest.epoch) {
+            if let Some(next) = self.replay_after(epoch, newest.epoch, left) {
                 return Ok((Some(next), revision));
             }
         }
@@ -157,16 +162,18 @@ impl EtcdMapStore {
     /// PG again (Ceph's OSDs fetch every epoch they missed, too). `None` if it is not at
     /// hand: `epoch` is not the last map this store saw, it is more than
     /// [`REPLAY_EPOCHS_MAX`] behind `newest`, or etcd compacted the history.
-    fn replay_after(&self, epoch: u32, newest: u32) -> Option<OsdMap> {
+    fn replay_after(&self, epoch: u32, newest: u32, left: Duration) -> Option<OsdMap> {
         let seen = *self.seen.lock().unwrap_or_else(|e| e.into_inner());
         let (seen_epoch, revision) = seen?;
-        if seen_epoch != epoch || revision == 0 || newest - epoch > REPLAY_EPOCHS_MAX {
+        let wait = REPLAY_WAIT.min(left);
+        if seen_epoch != epoch
+            || revision == 0
+            || newest - epoch > REPLAY_EPOCHS_MAX
+            || wait.is_zero()
+        {
             return None;
         }
-        let changed = self
-            .etcd
-            .watch(&self.key, false, revision, REPLAY_WAIT)
-            .ok()?;
+        let changed = self.etcd.watch(&self.key, false, revision, wait).ok()?;
         for kv in changed {
             if kv.value.is_empty() {
                 continue;
@@ -199,7 +206,7 @@ impl MapStore for EtcdMapStore {
     /// [`EtcdMapStore::replay_after`]), else the newest.
     fn wait_newer(&self, epoch: u32, timeout: Duration) -> Result<Option<OsdMap>, MapStoreError> {
         let start = Instant::now();
-        let (newer, mut revision) = self.newer_stored(epoch)?;
+        let (newer, mut revision) = self.newer_stored(epoch, timeout)?;
         if newer.is_some() {
             return Ok(newer);
         }
@@ -226,7 +233,7 @@ impl MapStore for EtcdMapStore {
                 }
             }
             // Nothing newer: read again, then watch from there.
-            let (newer, now) = self.newer_stored(epoch)?;
+            let (newer, now) = self.newer_stored(epoch, timeout.saturating_sub(start.elapsed()))?;
             if newer.is_some() {
                 return Ok(newer);
             }
