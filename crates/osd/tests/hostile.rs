@@ -304,7 +304,17 @@ fn idle_and_stalled_connections_are_closed(store: Store) {
     let opened = Instant::now();
     let mut silent = connect(addr);
     let mut used = connect(addr);
-    assert!(ping(&mut used, 1));
+    if !ping(&mut used, 1) {
+        // Closed before its first answer: as idle, only if the box stalled for the whole
+        // timeout (CI flaked so once, on a loaded 2-core box); otherwise the OSD is wrong.
+        let waited = opened.elapsed();
+        assert!(
+            waited >= Duration::from_millis(900),
+            "{store:?}: a fresh connection was closed within {waited:?} (timeout 1 s)"
+        );
+        eprintln!("{store:?}: the first ping came {waited:?} after connecting, too late to tell");
+        return;
+    }
     let mut slowloris = connect(addr);
     send_half_a_frame(&mut slowloris);
     let mut active = connect(addr);
