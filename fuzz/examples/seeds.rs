@@ -419,6 +419,17 @@ fn peer_message(c: &mut Corpus) {
             },
         ),
         (
+            "overtaken",
+            Body::Pg {
+                msg: Msg::Overtaken {
+                    epoch: 2,
+                    round: 1,
+                    oid: "obj2".into(),
+                },
+                ops: vec![],
+            },
+        ),
+        (
             "ping",
             Body::Pg {
                 msg: Msg::Ping {

@@ -78,6 +78,10 @@ fn event(d: &mut Decoder, m: &mut Member, persists: &mut VecDeque<u64>) -> Optio
                 OpKind::Modify
             },
         },
+        5 if op & 0x80 != 0 => Event::NotStored {
+            oid: oid(d)?,
+            version: wire::decode_version(d).ok()?,
+        },
         5 => Event::Recovered {
             oid: oid(d)?,
             version: wire::decode_version(d).ok()?,

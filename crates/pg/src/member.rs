@@ -108,6 +108,9 @@ pub struct Member {
     targets: Vec<OsdId>,
     /// Writes wait for what the targets lack (see [`Member::wait_for_targets`]).
     wait_for_targets: bool,
+    /// As a primary: objects a backfill target's copy of was overtaken by a write
+    /// ([`Msg::Overtaken`]); writes to them wait for the targets that lack them.
+    overtaken: BTreeSet<String>,
     /// As a primary: when each target was last activated, or said it restarted (it was
     /// alive then); its silence counts from no earlier.
     target_since: BTreeMap<OsdId, u64>,
@@ -225,6 +228,7 @@ impl Member {
             acting: Vec::new(),
             targets: Vec::new(),
             wait_for_targets: false,
+            overtaken: BTreeSet::new(),
             target_since: BTreeMap::new(),
             history: Vec::new(),
             min_size: 1,
@@ -479,6 +483,7 @@ impl Member {
                 | Msg::RepAck { .. }
                 | Msg::NotActive { .. }
                 | Msg::Recovered { .. }
+                | Msg::Overtaken { .. }
                 | Msg::Pong { .. }
         );
         let to_earlier_run = to_inc != 0 && to_inc != self.incarnation;
@@ -782,6 +787,7 @@ impl Member {
             Event::Clock => self.maybe_active(),
             Event::Persisted { seq } => self.on_persisted(seq, &mut out),
             Event::Recovered { oid, version } => self.on_recovered(oid, version, &mut out),
+            Event::NotStored { oid, version } => self.on_not_stored(oid, version, &mut out),
             Event::GiveUpUnfound => {
                 if self.unfound() > 0 || self.lost_intervals() > 0 {
                     self.give_up_unfound = true;
@@ -1184,6 +1190,7 @@ impl Member {
         let source = (source != self.osd).then_some(source);
         self.activation_persist = self.persist(Persisting::History { source }, out);
         self.peer_missing.clear();
+        self.overtaken.clear();
         self.acked_head.clear();
         self.activation_heads.clear();
         self.member_round = (self.acting.iter().chain(&self.targets))
@@ -1453,10 +1460,22 @@ impl Member {
                     if let Some(Some(m)) = self.peer_missing.get_mut(&from) {
                         m.remove(&oid);
                     }
+                    if !self.targets.iter().any(|t| self.lacks(*t, &oid)) {
+                        self.overtaken.remove(&oid);
+                    }
                     if self.role == Role::Active {
                         self.count_acked(from);
                         self.ack_done(out);
                     }
+                }
+            }
+            Msg::Overtaken { epoch, round, oid } => {
+                if epoch == self.epoch
+                    && self.member_round.get(&from) == Some(&round)
+                    && self.targets.contains(&from)
+                    && matches!(self.peer_missing.get(&from), Some(Some(m)) if m.contains(&oid))
+                {
+                    self.overtaken.insert(oid);
                 }
             }
             Msg::Lacks {
@@ -1709,6 +1728,7 @@ impl Member {
         }
         let old = std::mem::replace(&mut self.targets, targets);
         self.wait_for_targets = false;
+        self.overtaken.clear();
         if self.role == Role::Replica && !self.copy_of_interval(self.osd) {
             self.role = Role::Stray;
         }

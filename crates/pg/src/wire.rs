@@ -35,6 +35,7 @@ const MSG_PONG_FULL: u8 = 12;
 /// An info that names the primary each read lease it reports was granted to (kind 2 reports
 /// only the longest, to whom unknown).
 const MSG_INFO_GRANTEES: u8 = 13;
+const MSG_OVERTAKEN: u8 = 14;
 /// Leases one info may report by grantee: one per primary a member pinged for within a lease
 /// (a handful); a longer list is refused.
 pub const PROMISES_MAX: usize = 64;
@@ -284,6 +285,9 @@ pub fn encode_msg(out: &mut BytesMut, msg: &Msg) {
             e.u8(MSG_RECOVERED).u32(*epoch).u32(*round).str(oid);
             encode_present(&mut e, *version);
         }
+        Msg::Overtaken { epoch, round, oid } => {
+            e.u8(MSG_OVERTAKEN).u32(*epoch).u32(*round).str(oid);
+        }
         Msg::Lacks {
             epoch,
             oids,
@@ -405,6 +409,11 @@ pub fn decode_msg(d: &mut Decoder, log_max: usize) -> Result<Msg, DecodeError> {
             epoch,
             urgent: d.bool("urgency")?,
             oids: decode_names(d)?,
+        },
+        MSG_OVERTAKEN => Msg::Overtaken {
+            epoch,
+            round: d.u32("activation round")?,
+            oid: d.string("object name", OBJECT_NAME_LEN_MAX)?,
         },
         MSG_PING => Msg::Ping {
             epoch,
@@ -565,6 +574,11 @@ mod tests {
                 epoch: 9,
                 oids: vec!["a".into(), "b".into()],
                 urgent: true,
+            },
+            Msg::Overtaken {
+                epoch: 9,
+                round: 2,
+                oid: "hot".into(),
             },
             Msg::Ping {
                 epoch: 9,

@@ -742,6 +742,8 @@ impl Sim {
             // (`store_recovered`): a history taken meanwhile may want another (seed 8223 of
             // three copies of four stored a version rolled back while it was fetched).
             if self.members[i].missing.get(&oid) != Some(&version) {
+                // Not stored; a backfill target overtaken by a write says so.
+                self.run(o, Event::NotStored { oid, version });
                 continue;
             }
             // The store holds it durably before the member hears: the disk, and the states

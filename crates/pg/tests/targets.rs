@@ -315,6 +315,75 @@ fn a_hot_object_is_caught_up_with_once_writes_wait_for_the_targets() {
     assert!(!ms[0].waits_for_targets());
 }
 
+/// A target whose copy of an object was overtaken by a write (the host fetched a version it
+/// no longer needs) tells its primary, and the next write to that object waits for the
+/// target to hold it, without the host's stall watch (`wait_for_targets`), which would step
+/// in only after ten seconds with nothing else left.
+#[test]
+fn a_target_overtaken_on_an_object_makes_the_next_write_to_it_wait_for_it() {
+    let mut ms = serving(4);
+    run(&mut ms, 2, all(map(2, &[0, 1, 2], &[3], &[])), &[]);
+    let fetched: Vec<(String, carmine_pg::Version)> = ms[3]
+        .recoverable()
+        .map(|r| r.iter().map(|(o, v)| (o.clone(), *v)).collect())
+        .unwrap_or_default();
+    // A write to o1 lands while the copies are on their way.
+    let (w, ev) = write(10, "o1");
+    assert_eq!(run(&mut ms, 3, ev, &[]), vec![w]);
+    // The host stores what the target still lacks at that version; o1's copy is not.
+    let landed: Vec<(u32, Event)> = fetched
+        .into_iter()
+        .map(|(oid, version)| {
+            let ev = if ms[3].missing.get(&oid) == Some(&version) {
+                Event::Recovered { oid, version }
+            } else {
+                Event::NotStored { oid, version }
+            };
+            (3, ev)
+        })
+        .collect();
+    run(&mut ms, 3, landed, &[]);
+    assert_eq!(ms[0].misplaced(), 1, "{}", ms[3].describe());
+    assert!(!ms[0].waits_for_targets());
+    assert_eq!(ms[0].lacking("o1"), vec![3]);
+    assert!(ms[0].lacking("o2").is_empty(), "it holds o2");
+
+    // The next write to o1 is refused (the host waits, then hands it over again) and the
+    // target asked to recover it first.
+    let w = ReqId { client: 7, tid: 11 };
+    let out = ms[0].handle(
+        4,
+        Event::Write {
+            req: w,
+            oid: "o1".into(),
+            kind: OpKind::Modify,
+        },
+    );
+    assert!(out.contains(&Action::Refuse { req: w }), "{out:?}");
+    let urgent = out.iter().any(|a| {
+        matches!(
+            a,
+            Action::Send {
+                to: 3,
+                msg: carmine_pg::Msg::Lacks { urgent: true, .. }
+            }
+        )
+    });
+    assert!(urgent, "{out:?}");
+    let copies = recover_all(&mut ms[3]);
+    run(
+        &mut ms,
+        5,
+        copies.into_iter().map(|e| (3, e)).collect(),
+        &[],
+    );
+    assert!(ms[0].lacking("o1").is_empty());
+    assert!(ms[0].targets_filled(), "{}", ms[0].describe());
+    let (_, ev) = write(11, "o1");
+    assert_eq!(run(&mut ms, 6, ev, &[]), vec![w]);
+    assert!(ms[3].missing.is_empty(), "{}", ms[3].describe());
+}
+
 /// Decision 0015, step 2 for a copy back empty on its own placement: a member that lacks
 /// most of the PG once peering is done is asked out of the acting set (the others serve
 /// while it fills as a backfill target); one that missed a little is recovered in place,

@@ -63,8 +63,13 @@ pub(super) async fn run<S: ObjectStore + 'static>(shard: &Rc<Shard<S>>, pgr: &Rc
                 done,
             }) => match store_recovered(shard, pgr, &oid, version, copy).await {
                 Ok(stored) => {
-                    if stored == Stored::Yes {
-                        drive(shard, pgr, Event::Recovered { oid, version }, None);
+                    match stored {
+                        Stored::Yes => drive(shard, pgr, Event::Recovered { oid, version }, None),
+                        // Overtaken by a write, perhaps: a backfill target says so.
+                        Stored::NotWanted => {
+                            drive(shard, pgr, Event::NotStored { oid, version }, None)
+                        }
+                        Stored::NoRoom => {}
                     }
                     let _ = done.send(stored);
                     continue;

@@ -72,6 +72,15 @@ pub enum Msg {
         oid: String,
         version: Option<Version>,
     },
+    /// A backfill target's copy of `oid`, fetched for the history of activation `round`, was
+    /// already older than the version it needs when it came: a write it took as a log entry
+    /// only overtook it. The primary makes writes to `oid` wait for the target to hold it
+    /// (see [`Member::lacking`](crate::Member::lacking)), or it may never catch up.
+    Overtaken {
+        epoch: u32,
+        round: u32,
+        oid: String,
+    },
     /// The active primary asks for a read lease (sent every quarter lease). `stamp` is the
     /// primary's clock when sent, echoed back in [`Msg::Pong`].
     Ping {
@@ -165,6 +174,12 @@ pub enum Event {
     /// member that had it): the object is no longer missing here if that is the version the
     /// member's history names.
     Recovered {
+        oid: String,
+        version: Version,
+    },
+    /// The host fetched `oid` at `version` and did not store it: the member no longer lacks
+    /// that version (a later write overtook the copy, or the history changed).
+    NotStored {
         oid: String,
         version: Version,
     },

@@ -88,9 +88,10 @@ impl Member {
         acting.chain(targets).copied().collect()
     }
 
-    /// A backfill target said to lack `oid`, while writes wait for the targets.
+    /// A backfill target said to lack `oid`, while writes wait for the targets, or for
+    /// that object (a target's copy of it was overtaken).
     fn straggles(&self, target: OsdId, oid: &str) -> bool {
-        self.wait_for_targets
+        (self.wait_for_targets || self.overtaken.contains(oid))
             && matches!(self.peer_missing.get(&target), Some(Some(m)) if m.contains(oid))
     }
 
@@ -288,6 +289,26 @@ impl Member {
                 self.ack_done(out);
             }
             _ => {}
+        }
+    }
+
+    /// The host fetched `oid` at `version` and did not store it. A backfill target that now
+    /// needs a later version took a write to it as a log entry while it copied it: it tells
+    /// its primary, which makes the next writes to the object wait for it. Otherwise an object
+    /// written faster than a copy lands is never caught up with (the host's stall watch,
+    /// `wait_for_targets`, would end it only after ten seconds with nothing else left).
+    pub(super) fn on_not_stored(&mut self, oid: String, version: Version, out: &mut Vec<Action>) {
+        let target = self.role == Role::Replica && !self.acting.contains(&self.osd);
+        let overtaken = self.missing.get(&oid).is_some_and(|need| *need > version);
+        if let (true, true, Some(&primary)) = (target, overtaken, self.acting.first()) {
+            out.push(Action::Send {
+                to: primary,
+                msg: Msg::Overtaken {
+                    epoch: self.epoch,
+                    round: self.activated.2,
+                    oid,
+                },
+            });
         }
     }
 
