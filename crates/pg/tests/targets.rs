@@ -71,6 +71,22 @@ fn recover_all(m: &mut Member) -> Vec<Event> {
         .collect()
 }
 
+/// The write `w` was refused (the host waits, then hands it over again) and osd.3 asked to
+/// recover its object first.
+fn assert_refused_and_hastened(out: &[Action], w: ReqId) {
+    assert!(out.contains(&Action::Refuse { req: w }), "{out:?}");
+    let urgent = out.iter().any(|a| {
+        matches!(
+            a,
+            Action::Send {
+                to: 3,
+                msg: carmine_pg::Msg::Lacks { urgent: true, .. }
+            }
+        )
+    });
+    assert!(urgent, "{out:?}");
+}
+
 /// Four OSDs; osd.0..2 serve the PG, which has taken `objects` writes, one per object.
 fn serving(objects: u64) -> Vec<Member> {
     let mut ms: Vec<Member> = (0..4).map(|o| Member::new(o, 64)).collect();
@@ -281,17 +297,7 @@ fn a_hot_object_is_caught_up_with_once_writes_wait_for_the_targets() {
             kind: OpKind::Modify,
         },
     );
-    assert!(out.contains(&Action::Refuse { req: w }), "{out:?}");
-    let urgent = out.iter().any(|a| {
-        matches!(
-            a,
-            Action::Send {
-                to: 3,
-                msg: carmine_pg::Msg::Lacks { urgent: true, .. }
-            }
-        )
-    });
-    assert!(urgent, "{out:?}");
+    assert_refused_and_hastened(&out, w);
     let copies = recover_all(&mut ms[3]);
     run(
         &mut ms,
@@ -359,17 +365,7 @@ fn a_target_overtaken_on_an_object_makes_the_next_write_to_it_wait_for_it() {
             kind: OpKind::Modify,
         },
     );
-    assert!(out.contains(&Action::Refuse { req: w }), "{out:?}");
-    let urgent = out.iter().any(|a| {
-        matches!(
-            a,
-            Action::Send {
-                to: 3,
-                msg: carmine_pg::Msg::Lacks { urgent: true, .. }
-            }
-        )
-    });
-    assert!(urgent, "{out:?}");
+    assert_refused_and_hastened(&out, w);
     let copies = recover_all(&mut ms[3]);
     run(
         &mut ms,

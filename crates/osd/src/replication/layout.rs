@@ -262,6 +262,24 @@ pub(crate) struct Loaded {
 }
 
 impl Loaded {
+    /// The member of OSD `osd` this state restores, with what the store holds and the log
+    /// entries it keeps.
+    pub fn into_member(
+        self,
+        osd: u32,
+    ) -> (carmine_pg::Member, BTreeMap<String, Version>, Vec<Version>) {
+        let objects = self.objects();
+        let m = carmine_pg::Member::restore(
+            osd,
+            self.log,
+            objects,
+            self.missing,
+            self.les,
+            self.primary_run,
+        );
+        (m, self.held, self.stored_log)
+    }
+
     /// Each object's version as the history names it.
     pub fn objects(&self) -> BTreeMap<String, Version> {
         let mut o = self.held.clone();

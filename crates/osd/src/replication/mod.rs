@@ -386,26 +386,20 @@ pub(crate) async fn start<S: ObjectStore + 'static>(shard: &Rc<Shard<S>>) -> Res
     let loaded = layout::load_all(&shard.store, repl.log_max).await?;
     let n = loaded.len();
     for l in loaded {
-        let objects = l.objects();
-        let member = repl.with_lease(Member::restore(
-            repl.osd,
-            l.log,
-            objects,
-            l.missing,
-            l.les,
-            l.primary_run,
-        ));
+        let pg = l.pg;
+        let (member, held, stored_log) = l.into_member(repl.osd);
+        let member = repl.with_lease(member);
         if !member.missing.is_empty() {
-            tracing::info!(pg = %l.pg, objects = member.missing.len(),
+            tracing::info!(pg = %pg, objects = member.missing.len(),
                 "this copy still lacks objects: it recovers them once peered");
         }
         repl.pgs.borrow_mut().insert(
-            l.pg,
+            pg,
             Rc::new(PgReplica::new(
-                l.pg,
+                pg,
                 member,
-                l.held,
-                l.stored_log.into(),
+                held,
+                stored_log.into(),
                 &repl.scrub_schedule,
             )),
         );

@@ -112,16 +112,8 @@ async fn restart<S: ObjectStore + 'static>(
     }
     let (member, held, stored_log) = match loaded {
         Some(l) => {
-            let objects = l.objects();
-            let m = carmine_pg::Member::restore(
-                repl.osd,
-                l.log,
-                objects,
-                l.missing,
-                l.les,
-                l.primary_run,
-            );
-            (m, l.held, l.stored_log.into())
+            let (m, held, stored_log) = l.into_member(repl.osd);
+            (m, held, stored_log.into())
         }
         // Its first history never reached the store: a copy with nothing.
         None => (
