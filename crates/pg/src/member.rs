@@ -96,9 +96,11 @@ pub struct Member {
     pub missing: BTreeMap<String, Version>,
     /// The last epoch in which this member went active with the PG.
     pub les: u32,
-    /// The newest (epoch, run) in which this member went active as the PG's primary (see
-    /// [`Version`]): persisted with the activation's history, before its first write. A
-    /// member that never did: (0, 0), as if in run 0 of epoch 0.
+    /// The (epoch, primary's run) of the newest activation this copy took (see
+    /// [`Version`]): its own as the primary, its primary's as a member. Persisted with the
+    /// activation's history, so every acting member holds a run before its first write, and
+    /// a primary whose disk is new learns its earlier runs from them. A copy that took none:
+    /// (0, 0), epoch 0 being none.
     pub primary_run: (u32, u32),
     /// As the active primary: its run within the epoch, the one its writes' versions name.
     run: u32,
@@ -895,6 +897,7 @@ impl Member {
             last_epoch_started: self.les,
             head: self.log.head(),
             tail: self.log.tail(),
+            primary_run: self.primary_run,
         }
     }
 
@@ -993,6 +996,23 @@ impl Member {
         head.epoch == self.epoch && head.run() == self.run
     }
 
+    /// Whether the run of an activation taken in `(epoch, run)` may have made versions of
+    /// this epoch. An active primary goes on writing in the epochs that follow its
+    /// activation while its interval lasts, so a run ends only where the acting set is known
+    /// to have changed or another activation happened: an interval recorded after its epoch
+    /// (up to this one: a history read later ends nothing here), or its own interval
+    /// recorded with another acting set than this epoch's. (Without the second, every new
+    /// interval's run was one above the last, as the current interval is recorded only
+    /// after it activates: a PG whose replicas flapped 32,768 times would have run out of
+    /// runs.) Epoch 0 is none.
+    fn run_may_write_now(&self, (epoch, _): (u32, u32)) -> bool {
+        let recorded = |i: &Interval| {
+            (i.epoch > epoch && i.epoch <= self.epoch)
+                || (i.epoch == epoch && i.acting != self.acting)
+        };
+        epoch != 0 && epoch <= self.epoch && !self.history.iter().any(recorded)
+    }
+
     /// The authoritative history as this primary holds it, for member `to`.
     fn activation(&mut self, to: OsdId) -> Action {
         let head = self.activation_heads.entry(to).or_default();
@@ -1002,6 +1022,7 @@ impl Member {
             msg: Msg::Activate {
                 epoch: self.epoch,
                 round: self.member_round.get(&to).copied().unwrap_or(self.round),
+                run: self.run,
                 log: self.log.clone(),
                 objects: self
                     .objects
@@ -1136,19 +1157,22 @@ impl Member {
         self.waiting_on.clear();
         self.give_up_unfound = false;
         // The run this primary goes active in: above every run that may have made versions
-        // of this epoch. Its own earlier run, activated in `primary_run`'s epoch, may have (its
-        // writes may be in no log it heard): an active primary goes on writing in the epochs
-        // that follow while its interval lasts, and an interval recorded after that epoch is
-        // the only proof here that it ended. And above the run of the history's head (this
-        // disk may be new). Persisted with the history, before the run's first write.
-        let heard_run = (auth_log.head().epoch == self.epoch).then(|| auth_log.head().run());
-        let (run_epoch, own_run) = self.primary_run;
-        // (An interval after this epoch, in a history read later, ends nothing here.)
-        let own_run_ended =
-            (self.history.iter()).any(|i| i.epoch > run_epoch && i.epoch <= self.epoch);
-        // (Epoch 0 is none: a member that never went active as primary.)
-        let own_run = (run_epoch != 0 && !own_run_ended).then_some(own_run);
-        let run = heard_run.max(own_run).map_or(0, |r| r + 1);
+        // of this epoch. Its own earlier run may have (its writes may be in no log it heard),
+        // and so may runs it does not know of if its disk is new: every acting member took
+        // the activation of each of its runs, durably, before that run's first write
+        // (`primary_run` in their answers). And above the runs of the heads of this epoch.
+        // Persisted with the history, before the run's first write.
+        let heads = heard.values().map(|a| a.0.head);
+        let heard_run = heads
+            .filter(|h| h.epoch == self.epoch)
+            .map(|h| h.run())
+            .max();
+        let taken = (heard.values().map(|a| a.0.primary_run))
+            .chain([self.primary_run])
+            .filter(|r| self.run_may_write_now(*r))
+            .map(|(_, run)| run)
+            .max();
+        let run = heard_run.max(taken).map_or(0, |r| r + 1);
         if run > RUN_MAX {
             // 65,536 activations of one primary in one epoch: it waits for the next epoch.
             return;
@@ -1344,6 +1368,7 @@ impl Member {
             Msg::Activate {
                 epoch,
                 round,
+                run,
                 log,
                 objects,
             } => {
@@ -1389,6 +1414,9 @@ impl Member {
                             self.les = epoch;
                         }
                         self.activated = this;
+                        // Durable with the history, before the primary's first write of `run`:
+                        // the primary may lose its disk and learn its runs from its members.
+                        self.primary_run = self.primary_run.max((epoch, run));
                         if self.osd != from {
                             self.role = Role::Replica;
                         }

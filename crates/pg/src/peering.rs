@@ -16,6 +16,9 @@ pub struct PeerInfo {
     pub last_epoch_started: u32,
     pub head: Version,
     pub tail: Version,
+    /// The (epoch, primary's run) of the newest activation this member took (see
+    /// `Member::primary_run`).
+    pub primary_run: (u32, u32),
 }
 
 /// An interval that went active: the epoch it started in and its acting set.
@@ -225,6 +228,7 @@ mod tests {
             last_epoch_started: les,
             head: Version::new(head.0, head.1),
             tail: Version::ZERO,
+            primary_run: (0, 0),
         }
     }
 

@@ -7,7 +7,7 @@
 use crate::log::{Entry, OpKind, PgLog, ReqId};
 use crate::member::Msg;
 use crate::peering::PeerInfo;
-use crate::version::Version;
+use crate::version::{Version, RUN_MAX};
 use bytes::{BufMut, BytesMut};
 use carmine_types::limits::OBJECT_NAME_LEN_MAX;
 use carmine_types::{DecodeError, Decoder, Encoder};
@@ -226,6 +226,7 @@ pub fn encode_msg(out: &mut BytesMut, msg: &Msg) {
                 .u32(info.last_epoch_started);
             encode_version(&mut e, info.head);
             encode_version(&mut e, info.tail);
+            e.u32(info.primary_run.0).u32(info.primary_run.1);
             encode_log(&mut e, log);
             encode_objects(
                 &mut e,
@@ -244,10 +245,11 @@ pub fn encode_msg(out: &mut BytesMut, msg: &Msg) {
         Msg::Activate {
             epoch,
             round,
+            run,
             log,
             objects,
         } => {
-            e.u8(MSG_ACTIVATE).u32(*epoch).u32(*round);
+            e.u8(MSG_ACTIVATE).u32(*epoch).u32(*round).u32(*run);
             encode_log(&mut e, log);
             encode_objects(
                 &mut e,
@@ -311,6 +313,18 @@ pub fn encode_msg(out: &mut BytesMut, msg: &Msg) {
     }
 }
 
+/// A primary's run: one past [`RUN_MAX`] would leave no run for the next activation.
+fn decode_run(d: &mut Decoder) -> Result<u32, DecodeError> {
+    let run = d.u32("primary's run")?;
+    if run > RUN_MAX {
+        return Err(DecodeError::Invalid {
+            what: "a primary's run",
+            found: run.into(),
+        });
+    }
+    Ok(run)
+}
+
 /// One message; `log_max` bounds the logs it carries as the receiver keeps them.
 pub fn decode_msg(d: &mut Decoder, log_max: usize) -> Result<Msg, DecodeError> {
     let tag = d.u8("message kind")?;
@@ -322,6 +336,7 @@ pub fn decode_msg(d: &mut Decoder, log_max: usize) -> Result<Msg, DecodeError> {
             let last_epoch_started = d.u32("info last epoch started")?;
             let head = decode_version(d)?;
             let tail = decode_version(d)?;
+            let primary_run = (d.u32("info run's epoch")?, decode_run(d)?);
             let log = decode_log(d, log_max)?;
             let mut objects = BTreeMap::new();
             for (oid, v) in decode_objects(d)? {
@@ -371,6 +386,7 @@ pub fn decode_msg(d: &mut Decoder, log_max: usize) -> Result<Msg, DecodeError> {
                     last_epoch_started,
                     head,
                     tail,
+                    primary_run,
                 },
                 log,
                 objects,
@@ -381,6 +397,7 @@ pub fn decode_msg(d: &mut Decoder, log_max: usize) -> Result<Msg, DecodeError> {
         MSG_ACTIVATE => Msg::Activate {
             epoch,
             round: d.u32("activation round")?,
+            run: decode_run(d)?,
             log: decode_log(d, log_max)?,
             objects: decode_objects(d)?,
         },
@@ -467,6 +484,7 @@ mod tests {
                 last_epoch_started: 5,
                 head: Version::new(3, 6),
                 tail: Version::new(3, 2),
+                primary_run: (4, 2),
             },
             log: log(),
             objects,
@@ -540,6 +558,7 @@ mod tests {
             Msg::Activate {
                 epoch: 9,
                 round: 2,
+                run: 3,
                 log: log(),
                 objects: vec![("a".into(), Some(Version::new(3, 5))), ("b".into(), None)],
             },
@@ -635,6 +654,7 @@ mod tests {
             &Msg::Activate {
                 epoch: 1,
                 round: 0,
+                run: 0,
                 log: log(),
                 objects: vec![("a".into(), None)],
             },
@@ -647,7 +667,7 @@ mod tests {
         // A log whose entries are out of order, or newer than its head, is refused.
         let mut bad = BytesMut::new();
         let mut e = Encoder::new(&mut bad);
-        e.u8(MSG_ACTIVATE).u32(1).u32(0);
+        e.u8(MSG_ACTIVATE).u32(1).u32(0).u32(0);
         encode_version(&mut e, Version::ZERO);
         encode_version(&mut e, Version::new(1, 1));
         e.count(2);
@@ -655,5 +675,32 @@ mod tests {
         encode_entry(&mut e, &entry(1, "a"));
         e.count(0);
         assert!(decode_msg(&mut Decoder::new(bad.freeze()), 4).is_err());
+    }
+
+    #[test]
+    fn a_run_past_the_last_one_is_refused() {
+        let activate = |run| Msg::Activate {
+            epoch: 1,
+            round: 0,
+            run,
+            log: log(),
+            objects: Vec::new(),
+        };
+        let mut at_bound = info(BTreeMap::new(), &[]);
+        if let Msg::Info { info, .. } = &mut at_bound {
+            info.primary_run = (4, RUN_MAX);
+        }
+        let mut past = at_bound.clone();
+        if let Msg::Info { info, .. } = &mut past {
+            info.primary_run = (4, RUN_MAX + 1);
+        }
+        assert_eq!(round_trip(&activate(RUN_MAX)), activate(RUN_MAX));
+        assert_eq!(round_trip(&at_bound), at_bound);
+        for m in [activate(RUN_MAX + 1), past] {
+            let mut b = BytesMut::new();
+            encode_msg(&mut b, &m);
+            let err = decode_msg(&mut Decoder::new(b.freeze()), 4).unwrap_err();
+            assert!(err.to_string().contains("run"), "{err}");
+        }
     }
 }

@@ -80,6 +80,7 @@ fn peer(
                 last_epoch_started: c.les,
                 head: c.log.head(),
                 tail: c.log.tail(),
+                primary_run: (0, 0),
             }
         })
         .collect();

@@ -158,3 +158,51 @@ fn runs_start_again_once_a_later_interval_ended_the_earlier_run() {
     peer(&mut p, &mut r, 1, map(4, &[2, 0], history[..1].to_vec()));
     assert_eq!(p.primary_run, (4, 4), "{}", p.describe());
 }
+
+#[test]
+fn a_primary_whose_disk_is_new_learns_its_earlier_runs_from_its_members() {
+    // osd.2 goes active in run 0 of epoch 1 and makes a write that reaches no member (a
+    // backfill target may hold it). Its disk is replaced and it peers again in epoch 1: no
+    // head it hears is of this epoch, but osd.0 took run 0's activation.
+    let (mut p, mut r) = (Member::new(2, 64), Member::new(0, 64));
+    p.set_incarnation(10);
+    peer(&mut p, &mut r, 1, map(1, &[2, 0], Vec::new()));
+    assert_eq!(
+        r.primary_run, p.primary_run,
+        "the member records its primary's run"
+    );
+    let lost = write_lost(&mut p, 2, 1, "a");
+
+    let mut p = restarted(&Member::new(2, 64));
+    peer(&mut p, &mut r, 3, map(1, &[2, 0], Vec::new()));
+    assert_eq!(p.primary_run, (1, lost.run() + 1), "{}", p.describe());
+    let made = write_lost(&mut p, 4, 2, "b");
+    assert_eq!(made.seq(), lost.seq());
+    assert_ne!(made, lost, "two writes, one version");
+    assert!(made > lost);
+}
+
+#[test]
+fn runs_do_not_climb_from_one_interval_to_the_next() {
+    // osd.0 comes and goes: every epoch is a new interval with osd.2 its primary. Each
+    // earlier run ended where the acting set changed, so each interval writes in run 0
+    // (one run more per interval would use up the epoch's 65,536 after as many flaps).
+    let (mut p, mut r) = (Member::new(2, 64), Member::new(0, 64));
+    p.set_incarnation(10);
+    let mut history = Vec::new();
+    for epoch in 1..=8 {
+        let acting: &[u32] = if epoch % 2 == 1 { &[2, 0] } else { &[2] };
+        peer(
+            &mut p,
+            &mut r,
+            epoch.into(),
+            map(epoch, acting, history.clone()),
+        );
+        assert_eq!(p.primary_run, (epoch, 0), "{}", p.describe());
+        write_lost(&mut p, epoch.into(), epoch.into(), "a");
+        history.push(Interval {
+            epoch,
+            acting: acting.to_vec(),
+        });
+    }
+}

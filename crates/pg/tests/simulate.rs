@@ -1087,9 +1087,14 @@ impl Sim {
                         Msg::Rep { epoch, entry } => format!("Rep {epoch} {}", entry.version),
                         Msg::RepAck { epoch, version } => format!("RepAck {epoch} {version}"),
                         Msg::Activate {
-                            epoch, round, log, ..
+                            epoch,
+                            round,
+                            run,
+                            log,
+                            ..
                         } => {
-                            format!("Activate {epoch} round {round} head {}", log.head())
+                            let head = log.head();
+                            format!("Activate {epoch} round {round} run {run} head {head}")
                         }
                         Msg::Info { epoch, info, .. } => format!("Info {epoch} {info:?}"),
                         other => format!("{other:?}"),

@@ -13,9 +13,10 @@ pub const FRAME_MAGIC: u32 = u32::from_le_bytes(*b"CRMN");
 /// 6: messages between OSDs carry both ends' incarnations.
 /// 7: a recovery report (PG message Recovered) names the version held.
 /// 8: a version's counter holds its primary's run within the epoch above the sequence.
+/// 9: an activation names its primary's run, and an info the newest run its member took.
 /// The check is exact: clients and OSDs of one cluster are upgraded together
 /// (docs/format/wire.md, version history).
-pub const PROTOCOL_VERSION: u8 = 8;
+pub const PROTOCOL_VERSION: u8 = 9;
 pub const FRAME_HEADER_LEN: usize = 32;
 /// Largest payload: the largest data op plus room for the request's metadata.
 pub const FRAME_PAYLOAD_MAX: u32 = IO_LEN_MAX + 256 * 1024;

@@ -220,7 +220,7 @@ pub(crate) fn replace_all(
 }
 
 /// What a history stores besides the log and objects: the member's last active epoch, and
-/// its newest (epoch, run) as primary.
+/// the (epoch, primary's run) of the newest activation it took (see `Member::primary_run`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub(crate) struct Marks {
     pub les: u32,
@@ -254,7 +254,7 @@ pub(crate) struct Loaded {
     /// The versions the history names where the store does not hold them.
     pub missing: BTreeMap<String, Version>,
     pub les: u32,
-    /// The newest (epoch, run) in which this copy went active as primary.
+    /// The (epoch, primary's run) of the newest activation this copy took.
     pub primary_run: (u32, u32),
     /// Every log entry the store holds, oldest first: `log`'s, and up to a trim batch of
     /// older ones, removed with the next batch.

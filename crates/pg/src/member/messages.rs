@@ -36,6 +36,8 @@ pub enum Msg {
     Activate {
         epoch: u32,
         round: u32,
+        /// The primary's run (see [`Version`]), which the member records with the history.
+        run: u32,
         log: PgLog,
         objects: Vec<(String, Option<Version>)>,
     },
@@ -189,6 +191,9 @@ pub enum Event {
     GiveUpUnfound,
 }
 
+// Most actions are sends (a replicated write is one per replica): boxing the message would
+// add an allocation to each, to shrink the rare others.
+#[allow(clippy::large_enum_variant)]
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Action {
     Send {
