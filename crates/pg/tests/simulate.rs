@@ -180,6 +180,8 @@ struct TempCounts {
     asked: u64,
     released: u64,
     disks_lost: u64,
+    /// Of which the primary's.
+    primary_disks_lost: u64,
 }
 
 /// A message on its way: (from, to, (the sender's incarnation, the receiver's as the sender
@@ -337,12 +339,20 @@ impl Sim {
     }
 
     /// Whether OSD `o`'s disk may be lost without losing what is acknowledged or keeping the
-    /// PG from going active: the current epoch's primary is active and clean with no write in
-    /// flight, `o` is another acting member, and every object its store holds, at that
-    /// version, and every acknowledged write, another OSD's store holds too. And no request
-    /// outstanding is in a log: retried, it may be answered from the log as done, on the word
-    /// of a copy the primary does not know is gone yet (in any system, a disk lost after its
-    /// copy was counted is a loss the primary cannot know of at once).
+    /// PG from going active: the current epoch's primary is active and clean, `o` is an
+    /// acting member, and every object its store holds, at that version, and every
+    /// acknowledged write, another OSD's store holds too.
+    /// - Another member's copy: with no write in flight, and no request outstanding in a
+    ///   log: retried, it may be answered from the log as done, on the word of a copy the
+    ///   primary does not know is gone yet (in any system, a disk lost after its copy was
+    ///   counted is a loss the primary cannot know of at once).
+    /// - The primary's copy (a memory store restarted at once peers in the same epoch with
+    ///   nothing): only if another acting member's disk took this interval's activation (one
+    ///   alone with its data gone leaves the interval to the operator's word; the targets
+    ///   that hold everything do not vouch for it). Its writes on their way may go with it:
+    ///   a version of its store no other copy's log names was never acknowledged, and the
+    ///   next run must not give it to another write (decision 0009, "Runs its members
+    ///   took").
     fn may_lose_disk(&self, o: u32) -> bool {
         let Some(&p) = self.acting.first() else {
             return false;
@@ -351,16 +361,25 @@ impl Sim {
         let elsewhere = |oid: &String, v: Version| {
             (0..self.shape.osds).any(|s| s != o && self.stores[s as usize].get(oid) == Some(&v))
         };
-        p != o
-            && self.running[p as usize]
+        let primary = o == p;
+        let vouched =
+            || (self.acting.iter()).any(|a| *a != o && self.disks[*a as usize].les >= m.les);
+        let named_elsewhere = |v: Version| {
+            (0..self.shape.osds as usize)
+                .filter(|s| *s != o as usize)
+                .flat_map(|s| [&self.members[s], &self.disks[s]])
+                .any(|c| c.log.entries().any(|e| e.version == v))
+        };
+        self.running[p as usize]
             && self.acting.contains(&o)
+            && (!primary || vouched())
             && m.epoch() == self.epoch
             && m.is_clean()
-            && m.writes_in_flight() == 0
-            && self.outstanding.keys().all(|tid| !self.logged(*tid))
+            && (primary || m.writes_in_flight() == 0)
+            && (primary || self.outstanding.keys().all(|tid| !self.logged(*tid)))
             && self.stores[o as usize]
                 .iter()
-                .all(|(k, v)| elsewhere(k, *v))
+                .all(|(k, v)| elsewhere(k, *v) || (primary && !named_elsewhere(*v)))
             && self.acked.iter().all(|(k, v)| elsewhere(k, *v))
     }
 
@@ -945,6 +964,9 @@ impl Sim {
                 .push(format!("t{} osd.{o} lost its disk", self.now));
             self.disk_lost = true;
             self.temp_counts.disks_lost += 1;
+            if self.acting.first() == Some(&o) {
+                self.temp_counts.primary_disks_lost += 1;
+            }
             self.disks[o as usize] = Member::new(o, 64);
             self.stores[o as usize].clear();
         }
@@ -1337,20 +1359,22 @@ fn run_seeds(shape: Shape) {
         temps.asked += t.asked;
         temps.released += t.released;
         temps.disks_lost += t.disks_lost;
+        temps.primary_disks_lost += t.primary_disks_lost;
     }
     println!(
         "{seeds} seeds: {acks} acknowledged writes, {recovered} objects recovered, \
          {reads} reads served, {waits} held back for a lease, {given_up} give-ups of \
          unfound objects; temporary acting sets: {} primed, {} asked for, {} released; {} \
-         disks lost",
-        temps.primed, temps.asked, temps.released, temps.disks_lost
+         disks lost, {} of them a primary's",
+        temps.primed, temps.asked, temps.released, temps.disks_lost, temps.primary_disks_lost
     );
     assert!(
         seeds < 10
             || (temps.primed > seeds
                 && temps.asked > seeds / 20
                 && temps.released > seeds
-                && temps.disks_lost > seeds / 20),
+                && temps.disks_lost > seeds / 20
+                && temps.primary_disks_lost > seeds / 50),
         "the simulation hardly used temporary acting sets: {} primed, {} asked for, {} released",
         temps.primed,
         temps.asked,
