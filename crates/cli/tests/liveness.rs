@@ -505,3 +505,47 @@ fn a_file_map_cluster_notices_deaths_at_once_and_its_standby_manager_takes_over(
     assert!(up.osds.iter().all(|o| o.up), "{:?}", up.osds);
     assert!(c.ok(&["cluster", "status"]).contains("HEALTH_OK"));
 }
+
+/// The epochs an OSD's log says it applied, in the order it applied them.
+fn epochs_applied(c: &Cluster, id: u32) -> Vec<u32> {
+    let log = std::fs::read_to_string(c.dir.join(format!("osd.{id}.log"))).unwrap();
+    let prefix = format!("osd.{id}: map epoch ");
+    log.lines()
+        .filter_map(|l| l.strip_prefix(&prefix)?.split(' ').next()?.parse().ok())
+        .collect()
+}
+
+#[test]
+fn an_osd_that_falls_behind_the_map_applies_every_epoch_it_missed_in_turn() {
+    // With the map in etcd an OSD replays the map key's history from the last epoch it saw:
+    // a reactor that skips an epoch cannot tell whether a PG's acting set changed in between,
+    // and peers every PG again (decision 0015, step 4).
+    let c = etcd_cluster("liveness-replay");
+    let before = map(&c);
+    osds_follow(&c, &before);
+    let pid = pid_of(&c, "osd.0.pid");
+    common::stop(pid);
+    let resume = common::Continue(pid);
+    // Four epochs while osd.0 sleeps (well within its lease: no other change comes). The
+    // PGs hold no data, so moving single copies hides nothing.
+    for weight in ["0.9", "0.8", "0.7", "0.6"] {
+        c.ok(&["osd", "reweight", "2", weight, "--allow-single-copy-moves"]);
+    }
+    let missed = map(&c);
+    assert!(
+        missed.epoch >= before.epoch + 4,
+        "{} → {}",
+        before.epoch,
+        missed.epoch
+    );
+    drop(resume);
+    osds_follow(&c, &missed);
+    let applied: Vec<u32> = epochs_applied(&c, 0)
+        .into_iter()
+        .filter(|e| *e > before.epoch)
+        .collect();
+    let expected: Vec<u32> = (before.epoch + 1..=applied.last().copied().unwrap_or(0)).collect();
+    assert_eq!(applied, expected, "every epoch once, in order");
+    assert!(applied.last() >= Some(&missed.epoch), "{applied:?}");
+    c.ok(&["cluster", "down"]);
+}
