@@ -351,7 +351,7 @@ fn peer_message(c: &mut Corpus) {
                 msg: Msg::Activate {
                     epoch: 2,
                     round: 1,
-                    run: 1,
+                    run: (2, 1),
                     log: log.clone(),
                     objects: vec![
                         ("obj1".into(), Some(Version::new(2, 1))),
@@ -887,7 +887,7 @@ fn pg_member(c: &mut Corpus) {
         &Msg::Activate {
             epoch: 1,
             round: 0,
-            run: 0,
+            run: (1, 0),
             log,
             objects: vec![("o1".into(), Some(Version::new(1, 1)))],
         },

@@ -1022,7 +1022,7 @@ impl Member {
             msg: Msg::Activate {
                 epoch: self.epoch,
                 round: self.member_round.get(&to).copied().unwrap_or(self.round),
-                run: self.run,
+                run: self.primary_run,
                 log: self.log.clone(),
                 objects: self
                     .objects
@@ -1152,10 +1152,6 @@ impl Member {
         if !unfound.is_empty() && !self.give_up_unfound {
             return;
         }
-        self.uncovered = 0;
-        self.lost_intervals = 0;
-        self.waiting_on.clear();
-        self.give_up_unfound = false;
         // The run this primary goes active in: above every run that may have made versions
         // of this epoch. Its own earlier run may have (its writes may be in no log it heard),
         // and so may runs it does not know of if its disk is new: every acting member took
@@ -1174,9 +1170,15 @@ impl Member {
             .max();
         let run = heard_run.max(taken).map_or(0, |r| r + 1);
         if run > RUN_MAX {
-            // 65,536 activations of one primary in one epoch: it waits for the next epoch.
+            // 65,536 activations of one primary in one interval: it waits for the acting set
+            // to change rather than reuse a run (checked before anything is reset, so an
+            // operator's give-up is kept for then).
             return;
         }
+        self.uncovered = 0;
+        self.lost_intervals = 0;
+        self.waiting_on.clear();
+        self.give_up_unfound = false;
         self.run = run;
         self.primary_run = (self.epoch, run);
         let mut auth_objects = auth_objects;
@@ -1416,7 +1418,7 @@ impl Member {
                         self.activated = this;
                         // Durable with the history, before the primary's first write of `run`:
                         // the primary may lose its disk and learn its runs from its members.
-                        self.primary_run = self.primary_run.max((epoch, run));
+                        self.primary_run = self.primary_run.max(run);
                         if self.osd != from {
                             self.role = Role::Replica;
                         }

@@ -249,7 +249,8 @@ pub fn encode_msg(out: &mut BytesMut, msg: &Msg) {
             log,
             objects,
         } => {
-            e.u8(MSG_ACTIVATE).u32(*epoch).u32(*round).u32(*run);
+            e.u8(MSG_ACTIVATE).u32(*epoch).u32(*round);
+            e.u32(run.0).u32(run.1);
             encode_log(&mut e, log);
             encode_objects(
                 &mut e,
@@ -397,7 +398,16 @@ pub fn decode_msg(d: &mut Decoder, log_max: usize) -> Result<Msg, DecodeError> {
         MSG_ACTIVATE => Msg::Activate {
             epoch,
             round: d.u32("activation round")?,
-            run: decode_run(d)?,
+            run: {
+                let run_epoch = d.u32("activation run's epoch")?;
+                if run_epoch > epoch {
+                    return Err(DecodeError::Invalid {
+                        what: "an activation's run from a later epoch",
+                        found: run_epoch.into(),
+                    });
+                }
+                (run_epoch, decode_run(d)?)
+            },
             log: decode_log(d, log_max)?,
             objects: decode_objects(d)?,
         },
@@ -558,7 +568,7 @@ mod tests {
             Msg::Activate {
                 epoch: 9,
                 round: 2,
-                run: 3,
+                run: (8, 3),
                 log: log(),
                 objects: vec![("a".into(), Some(Version::new(3, 5))), ("b".into(), None)],
             },
@@ -654,7 +664,7 @@ mod tests {
             &Msg::Activate {
                 epoch: 1,
                 round: 0,
-                run: 0,
+                run: (1, 0),
                 log: log(),
                 objects: vec![("a".into(), None)],
             },
@@ -667,7 +677,7 @@ mod tests {
         // A log whose entries are out of order, or newer than its head, is refused.
         let mut bad = BytesMut::new();
         let mut e = Encoder::new(&mut bad);
-        e.u8(MSG_ACTIVATE).u32(1).u32(0).u32(0);
+        e.u8(MSG_ACTIVATE).u32(1).u32(0).u32(1).u32(0);
         encode_version(&mut e, Version::ZERO);
         encode_version(&mut e, Version::new(1, 1));
         e.count(2);
@@ -682,7 +692,7 @@ mod tests {
         let activate = |run| Msg::Activate {
             epoch: 1,
             round: 0,
-            run,
+            run: (1, run),
             log: log(),
             objects: Vec::new(),
         };
@@ -696,7 +706,11 @@ mod tests {
         }
         assert_eq!(round_trip(&activate(RUN_MAX)), activate(RUN_MAX));
         assert_eq!(round_trip(&at_bound), at_bound);
-        for m in [activate(RUN_MAX + 1), past] {
+        let mut later = activate(0);
+        if let Msg::Activate { run, .. } = &mut later {
+            *run = (2, 0);
+        }
+        for m in [activate(RUN_MAX + 1), past, later] {
             let mut b = BytesMut::new();
             encode_msg(&mut b, &m);
             let err = decode_msg(&mut Decoder::new(b.freeze()), 4).unwrap_err();

@@ -330,7 +330,7 @@ fn a_rewound_log_does_not_acknowledge_its_old_head_for_new_entries() {
     let activate = Msg::Activate {
         epoch: 1,
         round: 0,
-        run: 0,
+        run: (1, 0),
         log: auth,
         objects: vec![("a".into(), Some(Version::new(1, 1)))],
     };

@@ -206,3 +206,67 @@ fn runs_do_not_climb_from_one_interval_to_the_next() {
         });
     }
 }
+
+#[test]
+fn a_member_activated_again_later_in_the_interval_records_the_runs_own_epoch() {
+    // osd.2 goes active in epoch 1; the interval goes on into epoch 2, where osd.0 restarts
+    // and is activated again. It records epoch 1, the run's: the interval recorded there says
+    // which acting set the run wrote with, so a later interval with another knows it ended
+    // (with epoch 2 in the record, nothing was recorded at 2 and the next run was one up).
+    let (mut p, mut r) = (Member::new(2, 64), Member::new(0, 64));
+    p.set_incarnation(10);
+    r.set_incarnation(10);
+    peer(&mut p, &mut r, 1, map(1, &[2, 0], Vec::new()));
+    for m in [&mut p, &mut r] {
+        let actions = m.handle(2, map(2, &[2, 0], Vec::new()));
+        common::carry(m, 2, actions);
+    }
+    let mut r = r.restart();
+    r.set_incarnation(20);
+    let actions = r.handle(3, map(2, &[2, 0], Vec::new()));
+    common::carry(&mut r, 3, actions);
+    // A write reaches the restarted member, which says it is not active; the primary
+    // activates it again, in epoch 2.
+    let actions = p.handle(
+        4,
+        Event::Write {
+            req: ReqId { client: 1, tid: 1 },
+            oid: "a".into(),
+            kind: OpKind::Modify,
+        },
+    );
+    let (sent, _) = common::carry(&mut p, 4, actions);
+    exchange(
+        &mut p,
+        &mut r,
+        4,
+        sent.into_iter().map(|(d, m)| (2, d, m)).collect(),
+    );
+    for t in 5..30 {
+        let actions = p.handle(t, Event::Tick);
+        let (sent, _) = common::carry(&mut p, t, actions);
+        exchange(
+            &mut p,
+            &mut r,
+            t,
+            sent.into_iter().map(|(d, m)| (2, d, m)).collect(),
+        );
+    }
+    assert_eq!(r.les, 2, "activated again in epoch 2: {}", r.describe());
+    assert_eq!(r.primary_run, (1, 0), "{}", r.describe());
+    // It takes the write as part of the history: its host copies the object over.
+    for (oid, version) in r.missing.clone() {
+        let actions = r.handle(30, Event::Recovered { oid, version });
+        common::carry(&mut r, 30, actions);
+    }
+
+    // osd.2's disk is replaced and epoch 3 serves from it alone: it must hear osd.0, the only
+    // copy that vouches for epoch 1's interval, and its record of a run that ended.
+    let mut p = restarted(&Member::new(2, 64));
+    let history = vec![Interval {
+        epoch: 1,
+        acting: vec![2, 0],
+    }];
+    peer(&mut p, &mut r, 40, map(3, &[2], history));
+    assert_eq!(p.primary_run, (3, 0), "{}", p.describe());
+}

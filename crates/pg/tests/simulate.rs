@@ -167,8 +167,8 @@ struct Sim {
     min_lacks: usize,
     /// The epoch the primary last asked in: it asks once per epoch, as the host does.
     asked_in: u32,
-    /// Whether an OSD already came back with an empty disk on this seed.
-    disk_lost: bool,
+    /// Whether a replica, and a primary, already came back with an empty disk on this seed.
+    disk_lost: [bool; 2],
     /// Sets primed by a placement change, asked for by a primary, and released once full.
     temp_counts: TempCounts,
 }
@@ -246,7 +246,7 @@ impl Sim {
             placed: Vec::new(),
             min_lacks: 1 + (seed / 2 % 4) as usize,
             asked_in: 0,
-            disk_lost: false,
+            disk_lost: [false; 2],
             temp_counts: TempCounts::default(),
         };
         s.rate = (0..n).map(|_| s.rng.random_range(970..=1030)).collect();
@@ -962,9 +962,10 @@ impl Sim {
         if lose_disk {
             self.log
                 .push(format!("t{} osd.{o} lost its disk", self.now));
-            self.disk_lost = true;
+            let primary = self.acting.first() == Some(&o);
+            self.disk_lost[usize::from(primary)] = true;
             self.temp_counts.disks_lost += 1;
-            if self.acting.first() == Some(&o) {
+            if primary {
                 self.temp_counts.primary_disks_lost += 1;
             }
             self.disks[o as usize] = Member::new(o, 64);
@@ -1002,11 +1003,17 @@ impl Sim {
     }
 
     fn faults(&mut self) {
-        // On a seed with temporary sets, once: an acting member whose disk holds nothing
-        // the others lack loses it (a replaced disk, or a memory store restarted).
-        if self.temps && !self.disk_lost && !self.acting.is_empty() && self.rng.random_bool(0.02) {
+        // On a seed with temporary sets, once for a replica and once for a primary (whose
+        // copy may go far more often): an acting member whose disk holds nothing the others
+        // lack loses it (a replaced disk, or a memory store restarted).
+        let all_lost = self.disk_lost.iter().all(|l| *l);
+        if self.temps && !all_lost && !self.acting.is_empty() && self.rng.random_bool(0.02) {
             let o = self.acting[self.rng.random_range(0..self.acting.len())];
-            if self.running[o as usize] && self.may_lose_disk(o) {
+            let primary = self.acting.first() == Some(&o);
+            if !self.disk_lost[usize::from(primary)]
+                && self.running[o as usize]
+                && self.may_lose_disk(o)
+            {
                 self.crash(o, true);
             }
         }
@@ -1116,6 +1123,7 @@ impl Sim {
                             ..
                         } => {
                             let head = log.head();
+                            let run = run.1;
                             format!("Activate {epoch} round {round} run {run} head {head}")
                         }
                         Msg::Info { epoch, info, .. } => format!("Info {epoch} {info:?}"),
@@ -1373,7 +1381,7 @@ fn run_seeds(shape: Shape) {
             || (temps.primed > seeds
                 && temps.asked > seeds / 20
                 && temps.released > seeds
-                && temps.disks_lost > seeds / 20
+                && temps.disks_lost - temps.primary_disks_lost > seeds / 20
                 && temps.primary_disks_lost > seeds / 50),
         "the simulation hardly used temporary acting sets: {} primed, {} asked for, {} released",
         temps.primed,

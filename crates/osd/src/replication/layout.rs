@@ -442,6 +442,8 @@ pub(crate) fn decode_state(
         held,
         missing,
         les,
+        // A store written before runs: its copy was primary, or took an activation, in run 0
+        // of its last active epoch at the latest (all runs were 0 then).
         primary_run: primary_run.unwrap_or((les, 0)),
         stored_log,
     })

@@ -36,8 +36,10 @@ pub enum Msg {
     Activate {
         epoch: u32,
         round: u32,
-        /// The primary's run (see [`Version`]), which the member records with the history.
-        run: u32,
+        /// The primary's run (see [`Version`]) and the epoch it went active in, which the
+        /// member records with the history (the activation's epoch, not this message's: an
+        /// active primary activates a member again in later epochs of its interval).
+        run: (u32, u32),
         log: PgLog,
         objects: Vec<(String, Option<Version>)>,
     },
