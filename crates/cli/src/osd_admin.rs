@@ -206,8 +206,9 @@ fn refuse_single_copy_moves(
         return Err(carmine_mapstore::MapStoreError::Invalid(format!(
             "this moves {moved} PGs, and pool(s) {} keep a single copy: the moved PGs \
              would come up empty on their new OSDs (their data stays where it is, hidden), \
-             and writes they accept there would be hidden once they move back. Replication \
-             and backfill (issue #12) will move the data; until then pass \
+             and writes they accept there would be hidden once they move back. Only PGs of \
+             two copies or more carry their data along (backfill); keep data that must move \
+             in a pool of two copies or more (`pool create --size`), or pass \
              --allow-single-copy-moves to do it anyway",
             single.join(", ")
         )));
