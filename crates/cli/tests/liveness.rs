@@ -549,3 +549,84 @@ fn an_osd_that_falls_behind_the_map_applies_every_epoch_it_missed_in_turn() {
     assert!(applied.last() >= Some(&missed.epoch), "{applied:?}");
     c.ok(&["cluster", "down"]);
 }
+
+#[test]
+fn a_primary_restarted_at_once_with_an_empty_memory_store_loses_nothing() {
+    // A memory store comes back empty. Restarted at once, the new process claims the OSD's
+    // registration when the old lease runs out; if no manager looked in the moment between,
+    // the map never moved and the OSD peers again as the primary of its PGs in the epoch it
+    // was in, with nothing: it takes their history from its members, fetches its objects
+    // back, and its new writes get versions of a new run (decision 0009, "Runs its members
+    // took"). Otherwise it was marked down and up again, and peers in a new interval. Either
+    // way nothing is lost; which one each round took is printed.
+    let c = Cluster::up(
+        "liveness-quick-restart",
+        &[
+            "--with-etcd",
+            "--osds",
+            "3",
+            "--pg-num",
+            "16",
+            "--lease-ttl",
+            "4",
+        ],
+    );
+    c.ok(&[
+        "volume",
+        "create",
+        "v",
+        "--size",
+        "32M",
+        "--object-size",
+        "1M",
+    ]);
+    let bytes = |len: u32, seed: u32| -> Vec<u8> {
+        (0..len)
+            .map(|i| (i.wrapping_add(seed).wrapping_mul(2_654_435_761) >> 13) as u8)
+            .collect()
+    };
+    // Clean: every copy holds everything (nothing in flight to the victim when it dies, so
+    // no peer reports it before it is back).
+    let clean = |c: &Cluster| {
+        let start = Instant::now();
+        loop {
+            let out = c.run(&["cluster", "status"]);
+            let text = String::from_utf8_lossy(&out.stdout).into_owned();
+            let states = "16 active, 0 peering, 0 inconsistent; 0 objects";
+            if out.status.success() && text.contains(states) {
+                return;
+            }
+            assert!(start.elapsed() < Duration::from_secs(30), "{text}");
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    };
+    let mut expected = bytes(16 << 20, 0);
+    c.write_volume("v", &expected);
+    for round in 1..=3 {
+        clean(&c);
+        let before = map(&c);
+        let mut primaries = std::collections::BTreeMap::<u32, usize>::new();
+        for pg in before.all_pgs() {
+            if let Some((osd, _)) = before.pg_primary(pg) {
+                *primaries.entry(osd).or_default() += 1;
+            }
+        }
+        let victim = primaries.into_iter().max_by_key(|(_, n)| *n).unwrap().0;
+        kill9(pid_of(&c, &format!("osd.{victim}.pid")));
+        c.ok(&["cluster", "up", "--no-pin"]);
+        let data = bytes(8 << 20, round);
+        c.write_volume("v", &data);
+        expected[..data.len()].copy_from_slice(&data);
+        assert!(
+            read_volume(&c, "v", expected.len()) == expected,
+            "round {round}: data after osd.{victim} came back empty"
+        );
+        let after = map(&c).epoch;
+        eprintln!(
+            "round {round}: osd.{victim} back, epoch {} → {after}",
+            before.epoch
+        );
+    }
+    clean(&c);
+    c.ok(&["cluster", "down"]);
+}
