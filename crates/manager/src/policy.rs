@@ -181,6 +181,7 @@ pub(crate) mod tests {
                         reactors: o.reactors.clone(),
                         started: 1,
                         capacity: 0,
+                        pid_ns: 0,
                     },
                 )
             })

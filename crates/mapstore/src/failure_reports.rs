@@ -173,6 +173,7 @@ mod tests {
             reactors: Vec::new(),
             started: 7,
             capacity: 0,
+            pid_ns: 0,
         }
     }
 

@@ -157,7 +157,7 @@ fn live_holder(path: &Path) -> Result<Option<Option<Registration>>, MapStoreErro
 }
 
 /// Whether process `pid` of this host runs (a zombie, already exited, does not).
-fn pid_alive(pid: u32) -> bool {
+pub(crate) fn pid_alive(pid: u32) -> bool {
     // SAFETY: plain syscall; signal 0 only checks that the process exists.
     let r = unsafe { libc::kill(pid as libc::pid_t, 0) };
     if r != 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH) {
@@ -268,6 +268,7 @@ mod tests {
             reactors: vec!["127.0.0.1:1".parse().unwrap()],
             started: 1,
             capacity: 0,
+            pid_ns: 0,
         }
     }
 

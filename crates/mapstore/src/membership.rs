@@ -32,6 +32,21 @@ pub struct Registration {
     /// Its store's capacity in bytes (0: not said, by an OSD older than this field).
     #[serde(default)]
     pub capacity: u64,
+    /// The PID namespace its pid is in ([`pid_namespace`]; 0: not said): a pid names the same
+    /// process only within one, so only there may a successor find it gone.
+    #[serde(default)]
+    pub pid_ns: u64,
+}
+
+/// This process's PID namespace, as the inode of `/proc/self/ns/pid` (0 if unknown).
+pub fn pid_namespace() -> u64 {
+    std::fs::read_link("/proc/self/ns/pid")
+        .ok()
+        .and_then(|p| {
+            let p = p.to_string_lossy().into_owned();
+            p.strip_prefix("pid:[")?.strip_suffix(']')?.parse().ok()
+        })
+        .unwrap_or(0)
 }
 
 /// An OSD's registration, held while it runs. Dropping it without [`OsdLease::release`]
@@ -39,6 +54,7 @@ pub struct Registration {
 #[derive(Debug)]
 pub struct OsdLease {
     etcd: Etcd,
+    reg: Registration,
     key: String,
     value: Vec<u8>,
     ttl: Duration,
@@ -58,6 +74,7 @@ impl OsdLease {
     ) -> Result<Self, MapStoreError> {
         let mut me = OsdLease {
             etcd: etcd.clone(),
+            reg: reg.clone(),
             key: keys::alive(cluster, reg.osd),
             value: serde_json::to_vec(reg).expect("a registration serializes"),
             ttl,
@@ -86,8 +103,9 @@ impl OsdLease {
     }
 
     /// A fresh lease and the key under it, if the key is free — or holds this very
-    /// registration (an earlier claim whose reply was lost after etcd applied it): then the
-    /// key moves to the new lease.
+    /// registration (an earlier claim whose reply was lost after etcd applied it), or that of
+    /// a predecessor whose process is gone ([`OsdLease::succeeds`]): then the key moves to
+    /// the new lease.
     fn claim(&mut self) -> Result<bool, MapStoreError> {
         let lease = self.etcd.grant(self.ttl)?;
         let put = Put::Put {
@@ -100,9 +118,20 @@ impl OsdLease {
             .txn(&[Compare::Absent(&self.key)], std::slice::from_ref(&put))
             .and_then(|won| match won {
                 true => Ok(true),
-                false => self
-                    .etcd
-                    .txn(&[Compare::Value(&self.key, &self.value)], &[put]),
+                false => self.etcd.txn(
+                    &[Compare::Value(&self.key, &self.value)],
+                    std::slice::from_ref(&put),
+                ),
+            })
+            .and_then(|won| match won {
+                true => Ok(true),
+                false => match self.etcd.get(&self.key)?.0 {
+                    Some(held) if self.succeeds(&held) => self.etcd.txn(
+                        &[Compare::Value(&self.key, &held)],
+                        std::slice::from_ref(&put),
+                    ),
+                    _ => Ok(false),
+                },
             });
         match won {
             Ok(true) => {
@@ -119,6 +148,24 @@ impl OsdLease {
                 Err(e)
             }
         }
+    }
+
+    /// Whether registration `held` is of this OSD's predecessor whose process is gone: the
+    /// same OSD, host and PID namespace, and no live process with its pid. Its key would
+    /// otherwise wait out its lease — the OSD's PGs stalled that long, and the managers,
+    /// seeing it absent for a moment, marked it down and up again, two epochs of peering for
+    /// a restart (a supervisor's, or `cluster up` after a crash).
+    fn succeeds(&self, held: &[u8]) -> bool {
+        let Ok(h) = serde_json::from_slice::<Registration>(held) else {
+            return false;
+        };
+        let me = &self.reg;
+        h.osd == me.osd
+            && h.host == me.host
+            && me.pid_ns != 0
+            && h.pid_ns == me.pid_ns
+            && h.pid != me.pid
+            && !crate::local_membership::pid_alive(h.pid)
     }
 
     /// Renews the lease; call it a few times per TTL. If it had run out (etcd was unreachable

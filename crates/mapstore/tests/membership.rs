@@ -44,6 +44,7 @@ fn reg(osd: u32, pid: u32) -> Registration {
         reactors: vec![format!("127.0.0.1:{}", 7000 + osd).parse().unwrap()],
         started: 1,
         capacity: 1 << 30,
+        pid_ns: 0,
     }
 }
 
@@ -102,6 +103,65 @@ fn a_restarted_osd_takes_its_key_once_the_crashed_ones_lease_runs_out() {
     );
     assert_eq!(registered(&f.etcd, "c").unwrap()[&2].pid, 20);
     second.release().unwrap();
+}
+
+/// A registration of osd.2 on this host, in this PID namespace, by process `pid`.
+fn here(pid: u32) -> Registration {
+    Registration {
+        host: carmine_mapstore::membership::host_name(),
+        pid_ns: carmine_mapstore::membership::pid_namespace(),
+        ..reg(2, pid)
+    }
+}
+
+#[test]
+fn a_restarted_osd_takes_over_the_key_of_its_predecessor_whose_process_is_gone() {
+    let f = fixture("succeed");
+    assert_ne!(carmine_mapstore::membership::pid_namespace(), 0);
+    let mut child = std::process::Command::new("true").spawn().unwrap();
+    let dead = child.id();
+    child.wait().unwrap();
+    // The predecessor "crashes" with its lease running for long.
+    std::mem::forget(
+        OsdLease::register(&f.etcd, "c", &here(dead), TTL * 30, Duration::ZERO).unwrap(),
+    );
+    let start = Instant::now();
+    let me = std::process::id();
+    let second = OsdLease::register(&f.etcd, "c", &here(me), TTL, Duration::ZERO).unwrap();
+    assert!(start.elapsed() < TTL, "it must not wait out the old lease");
+    assert_eq!(registered(&f.etcd, "c").unwrap()[&2].pid, me);
+    // The key is under the new lease: released, it goes at once.
+    second.release().unwrap();
+    assert!(registered(&f.etcd, "c").unwrap().is_empty());
+}
+
+#[test]
+fn a_live_predecessor_or_one_in_another_pid_namespace_keeps_its_key() {
+    let f = fixture("keep");
+    let mut sleeper = std::process::Command::new("sleep")
+        .arg("30")
+        .spawn()
+        .unwrap();
+    let live = sleeper.id();
+    let _held = OsdLease::register(&f.etcd, "c", &here(live), TTL * 30, Duration::ZERO).unwrap();
+    let me = std::process::id();
+    let wait = Duration::from_millis(300);
+    let err = OsdLease::register(&f.etcd, "c", &here(me), TTL, wait).unwrap_err();
+    assert!(err.to_string().contains("already running"), "{err}");
+    sleeper.kill().unwrap();
+    sleeper.wait().unwrap();
+    // Gone now, but the holder said another PID namespace (or none): its pid means nothing
+    // here, so the key waits for its lease.
+    for pid_ns in [0, carmine_mapstore::membership::pid_namespace() + 1] {
+        let f = fixture(&format!("ns{pid_ns}"));
+        let other = Registration {
+            pid_ns,
+            ..here(live)
+        };
+        let _held = OsdLease::register(&f.etcd, "c", &other, TTL * 30, Duration::ZERO).unwrap();
+        let err = OsdLease::register(&f.etcd, "c", &here(me), TTL, wait).unwrap_err();
+        assert!(err.to_string().contains("already running"), "{err}");
+    }
 }
 
 #[test]
