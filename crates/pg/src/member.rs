@@ -1170,9 +1170,9 @@ impl Member {
             .max();
         let run = heard_run.max(taken).map_or(0, |r| r + 1);
         if run > RUN_MAX {
-            // 65,536 activations of one primary in one interval: it waits for the acting set
-            // to change rather than reuse a run (checked before anything is reset, so an
-            // operator's give-up is kept for then).
+            // 65,536 activations of one primary in one interval: it waits rather than reuse
+            // a run (checked before anything is reset: an operator's give-up stays for the
+            // next try in this epoch).
             return;
         }
         self.uncovered = 0;
