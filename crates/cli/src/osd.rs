@@ -419,6 +419,7 @@ pub fn run(a: OsdArgs, access: &carmine_localcluster::EtcdAccessArgs) -> Result<
             .map_or(0, |d| d.as_secs()),
         capacity: capacity(&a, info.reactors.len() as u64),
         pid_ns: carmine_mapstore::membership::pid_namespace(),
+        boot_id: carmine_mapstore::membership::boot_id(),
     };
     let mut osd = osd;
     let control = match Control::start(&source, epoch, registration, a.lease_ttl, lease) {

@@ -585,8 +585,9 @@ fn a_primary_restarted_at_once_with_an_empty_memory_store_peers_in_its_epoch_and
             "3",
             "--pg-num",
             "16",
+            // Ample for `cluster up` to restart it before the old lease would run out.
             "--lease-ttl",
-            "4",
+            "8",
         ],
     );
     c.ok(&[

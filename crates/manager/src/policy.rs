@@ -182,6 +182,7 @@ pub(crate) mod tests {
                         started: 1,
                         capacity: 0,
                         pid_ns: 0,
+                        boot_id: String::new(),
                     },
                 )
             })

@@ -174,6 +174,7 @@ mod tests {
             started: 7,
             capacity: 0,
             pid_ns: 0,
+            boot_id: String::new(),
         }
     }
 

@@ -269,6 +269,7 @@ mod tests {
             started: 1,
             capacity: 0,
             pid_ns: 0,
+            boot_id: String::new(),
         }
     }
 

@@ -36,6 +36,18 @@ pub struct Registration {
     /// process only within one, so only there may a successor find it gone.
     #[serde(default)]
     pub pid_ns: u64,
+    /// The boot of the machine it runs on ([`boot_id`]; empty: not said). Host names can
+    /// repeat (cloned machines, `localhost`) and the first PID namespace's inode is the same
+    /// on every machine: only the same boot makes a pid checkable here.
+    #[serde(default)]
+    pub boot_id: String,
+}
+
+/// This machine's current boot, random per boot (empty if unknown).
+pub fn boot_id() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
+        .map(|b| b.trim().to_owned())
+        .unwrap_or_default()
 }
 
 /// This process's PID namespace, as the inode of `/proc/self/ns/pid` (0 if unknown).
@@ -151,7 +163,7 @@ impl OsdLease {
     }
 
     /// Whether registration `held` is of this OSD's predecessor whose process is gone: the
-    /// same OSD, host and PID namespace, and no live process with its pid. Its key would
+    /// same OSD, host, boot and PID namespace, and no live process with its pid. Its key would
     /// otherwise wait out its lease — the OSD's PGs stalled that long, and the managers,
     /// seeing it absent for a moment, marked it down and up again, two epochs of peering for
     /// a restart (a supervisor's, or `cluster up` after a crash).
@@ -162,6 +174,8 @@ impl OsdLease {
         let me = &self.reg;
         h.osd == me.osd
             && h.host == me.host
+            && !me.boot_id.is_empty()
+            && h.boot_id == me.boot_id
             && me.pid_ns != 0
             && h.pid_ns == me.pid_ns
             && h.pid != me.pid

@@ -45,6 +45,7 @@ fn reg(osd: u32, pid: u32) -> Registration {
         started: 1,
         capacity: 1 << 30,
         pid_ns: 0,
+        boot_id: String::new(),
     }
 }
 
@@ -110,6 +111,7 @@ fn here(pid: u32) -> Registration {
     Registration {
         host: carmine_mapstore::membership::host_name(),
         pid_ns: carmine_mapstore::membership::pid_namespace(),
+        boot_id: carmine_mapstore::membership::boot_id(),
         ..reg(2, pid)
     }
 }
@@ -136,7 +138,7 @@ fn a_restarted_osd_takes_over_the_key_of_its_predecessor_whose_process_is_gone()
 }
 
 #[test]
-fn a_live_predecessor_or_one_in_another_pid_namespace_keeps_its_key() {
+fn a_live_predecessor_or_one_of_another_pid_namespace_or_boot_keeps_its_key() {
     let f = fixture("keep");
     let mut sleeper = std::process::Command::new("sleep")
         .arg("30")
@@ -150,15 +152,30 @@ fn a_live_predecessor_or_one_in_another_pid_namespace_keeps_its_key() {
     assert!(err.to_string().contains("already running"), "{err}");
     sleeper.kill().unwrap();
     sleeper.wait().unwrap();
-    // Gone now, but the holder said another PID namespace (or none): its pid means nothing
-    // here, so the key waits for its lease.
-    for pid_ns in [0, carmine_mapstore::membership::pid_namespace() + 1] {
-        let f = fixture(&format!("ns{pid_ns}"));
-        let other = Registration {
-            pid_ns,
+    // Gone now, but the holder said another PID namespace or boot (or none): its pid means
+    // nothing here, so the key waits for its lease.
+    let ns = carmine_mapstore::membership::pid_namespace();
+    let others = [
+        Registration {
+            pid_ns: 0,
             ..here(live)
-        };
-        let _held = OsdLease::register(&f.etcd, "c", &other, TTL * 30, Duration::ZERO).unwrap();
+        },
+        Registration {
+            pid_ns: ns + 1,
+            ..here(live)
+        },
+        Registration {
+            boot_id: String::new(),
+            ..here(live)
+        },
+        Registration {
+            boot_id: "another machine".into(),
+            ..here(live)
+        },
+    ];
+    for (i, other) in others.iter().enumerate() {
+        let f = fixture(&format!("other{i}"));
+        let _held = OsdLease::register(&f.etcd, "c", other, TTL * 30, Duration::ZERO).unwrap();
         let err = OsdLease::register(&f.etcd, "c", &here(me), TTL, wait).unwrap_err();
         assert!(err.to_string().contains("already running"), "{err}");
     }
