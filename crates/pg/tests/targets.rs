@@ -71,6 +71,25 @@ fn recover_all(m: &mut Member) -> Vec<Event> {
         .collect()
 }
 
+/// A write (`tid`, at `now`) to `oid`, which target osd.3 lacks: refused and hastened, then
+/// acknowledged once osd.3 recovered what it lacks.
+fn refused_until_the_target_recovers(ms: &mut [Member], now: u64, tid: u64, oid: &str) {
+    let (w, ev) = write(tid, oid);
+    let out = ms[0].handle(now, ev.into_iter().next().expect("one write").1);
+    assert_refused_and_hastened(&out, w);
+    let copies = recover_all(&mut ms[3]);
+    run(
+        ms,
+        now + 1,
+        copies.into_iter().map(|e| (3, e)).collect(),
+        &[],
+    );
+    assert!(ms[0].lacking(oid).is_empty());
+    assert!(ms[0].targets_filled(), "{}", ms[0].describe());
+    let (_, ev) = write(tid, oid);
+    assert_eq!(run(ms, now + 2, ev, &[]), vec![w]);
+}
+
 /// The write `w` was refused (the host waits, then hands it over again) and osd.3 asked to
 /// recover its object first.
 fn assert_refused_and_hastened(out: &[Action], w: ReqId) {
@@ -288,27 +307,7 @@ fn a_hot_object_is_caught_up_with_once_writes_wait_for_the_targets() {
     assert!(ms[0].lacking("o2").is_empty(), "it holds o2");
     // A write to it is refused (the host waits, then hands it over again) and the target is
     // asked to recover it first.
-    let w = ReqId { client: 7, tid: 12 };
-    let out = ms[0].handle(
-        5,
-        Event::Write {
-            req: w,
-            oid: "o1".into(),
-            kind: OpKind::Modify,
-        },
-    );
-    assert_refused_and_hastened(&out, w);
-    let copies = recover_all(&mut ms[3]);
-    run(
-        &mut ms,
-        6,
-        copies.into_iter().map(|e| (3, e)).collect(),
-        &[],
-    );
-    assert!(ms[0].lacking("o1").is_empty());
-    assert!(ms[0].targets_filled(), "{}", ms[0].describe());
-    let (_, ev) = write(12, "o1");
-    assert_eq!(run(&mut ms, 7, ev, &[]), vec![w]);
+    refused_until_the_target_recovers(&mut ms, 5, 12, "o1");
     assert_eq!(ms[3].objects, ms[0].objects);
     assert!(
         ms[3].missing.is_empty(),
@@ -356,27 +355,7 @@ fn a_target_overtaken_on_an_object_makes_the_next_write_to_it_wait_for_it() {
 
     // The next write to o1 is refused (the host waits, then hands it over again) and the
     // target asked to recover it first.
-    let w = ReqId { client: 7, tid: 11 };
-    let out = ms[0].handle(
-        4,
-        Event::Write {
-            req: w,
-            oid: "o1".into(),
-            kind: OpKind::Modify,
-        },
-    );
-    assert_refused_and_hastened(&out, w);
-    let copies = recover_all(&mut ms[3]);
-    run(
-        &mut ms,
-        5,
-        copies.into_iter().map(|e| (3, e)).collect(),
-        &[],
-    );
-    assert!(ms[0].lacking("o1").is_empty());
-    assert!(ms[0].targets_filled(), "{}", ms[0].describe());
-    let (_, ev) = write(11, "o1");
-    assert_eq!(run(&mut ms, 6, ev, &[]), vec![w]);
+    refused_until_the_target_recovers(&mut ms, 4, 11, "o1");
     assert!(ms[3].missing.is_empty(), "{}", ms[3].describe());
 }
 
