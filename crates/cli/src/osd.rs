@@ -607,6 +607,11 @@ fn wait_for_stop(
                  store holds durable (every write it acknowledged)"
             );
         }
+        // Another process of this OSD took its registration (it found this one's pid gone,
+        // wrongly): this one stops at once, so that never two processes serve one OSD.
+        if let Some(why) = control.displaced() {
+            bail!("{why}; stopping: another process serves osd.{id} now");
+        }
         let silent = osd
             .silent_peers()
             .into_iter()

@@ -10,7 +10,7 @@ use carmine_mapstore::etcd_client::Etcd;
 use carmine_mapstore::failure_reports::{publish_etcd, publish_local, FailureReport};
 use carmine_mapstore::local_membership::LocalOsdLock;
 use carmine_mapstore::membership::{OsdLease, Registration};
-use carmine_mapstore::{EtcdMapStore, LocalMapStore, MapStore};
+use carmine_mapstore::{EtcdMapStore, LocalMapStore, MapStore, MapStoreError};
 use carmine_osd::LeaseClock;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -165,6 +165,8 @@ const RETRY_PAUSE: Duration = Duration::from_millis(500);
 /// The control threads of one OSD; stopped by [`Control::stop`].
 pub struct Control {
     stop: Arc<AtomicBool>,
+    /// Set by the lease keeper when another process took this OSD's registration.
+    displaced: Arc<std::sync::OnceLock<String>>,
     maps: mpsc::Receiver<OsdMap>,
     watcher: Option<JoinHandle<()>>,
     keeper: Option<JoinHandle<Option<OsdLease>>>,
@@ -199,6 +201,7 @@ impl Control {
         clock: Option<Arc<LeaseClock>>,
     ) -> Result<Control> {
         let stop = Arc::new(AtomicBool::new(false));
+        let displaced = Arc::new(std::sync::OnceLock::new());
         let report = Arc::new(PendingReport::default());
         let mut local = None;
         let keeper = match source {
@@ -235,6 +238,7 @@ impl Control {
                     c.renewed(sent);
                 }
                 let stop = stop.clone();
+                let displaced = displaced.clone();
                 let publish = Publisher {
                     etcd,
                     cluster: cluster.clone(),
@@ -246,7 +250,9 @@ impl Control {
                 Some(
                     std::thread::Builder::new()
                         .name(format!("osd{}-lease", reg.osd))
-                        .spawn(move || keep_registered(lease, maps, clock, publish, &stop))?,
+                        .spawn(move || {
+                            keep_registered(lease, maps, clock, publish, &stop, &displaced)
+                        })?,
                 )
             }
         };
@@ -260,6 +266,7 @@ impl Control {
         };
         Ok(Control {
             stop,
+            displaced,
             maps,
             watcher: Some(watcher),
             keeper,
@@ -344,6 +351,11 @@ impl Control {
         Ok(())
     }
 
+    /// Why this process must stop serving, if another process took its registration over.
+    pub fn displaced(&self) -> Option<&str> {
+        self.displaced.get().map(String::as_str)
+    }
+
     /// Waits up to `timeout` for newer maps; returns every one that arrived, oldest first
     /// (an epoch skipped makes the reactors peer every PG again).
     pub fn newer_maps(&self, timeout: Duration) -> Vec<OsdMap> {
@@ -381,6 +393,7 @@ fn keep_registered(
     clock: Option<Arc<LeaseClock>>,
     mut publish: Publisher,
     stop: &AtomicBool,
+    displaced: &std::sync::OnceLock<String>,
 ) -> Option<OsdLease> {
     let mut failing = false;
     let mut fenced = false;
@@ -409,6 +422,11 @@ fn keep_registered(
                     "the registration had lapsed (etcd unreachable too long); registered again"
                 );
                 true
+            }
+            Err(MapStoreError::Displaced(why)) => {
+                // Not renewed again: the clock lapses, and the control thread stops the OSD.
+                let _ = displaced.set(why);
+                return Some(lease);
             }
             Err(e) => {
                 if !failing {

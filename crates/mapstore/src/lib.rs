@@ -52,6 +52,10 @@ pub enum MapStoreError {
     /// The backend could not be reached or failed (I/O, etcd down, bad reply).
     #[error("map store unavailable: {0}")]
     Unavailable(String),
+    /// This process's registration is no longer its own: another process of the same OSD
+    /// holds the key. It must stop serving (two processes must never serve one OSD).
+    #[error("{0}")]
+    Displaced(String),
     /// A PG's recorded history does not decode: never overwritten (it may name the only OSDs
     /// holding acknowledged writes).
     #[error("the recorded history of pg {pg} is damaged: {source}")]

@@ -183,19 +183,46 @@ impl OsdLease {
     }
 
     /// Renews the lease; call it a few times per TTL. If it had run out (etcd was unreachable
-    /// for longer than the TTL, and the managers may have marked this OSD down), registers
-    /// again and returns false.
+    /// for longer than the TTL, and the managers may have marked this OSD down), or the key
+    /// was deleted by hand, registers again and returns false. Each renewal also checks that
+    /// the key still holds this registration under this lease: a lease renewed says nothing
+    /// about the key once another process took it over ([`OsdLease::succeeds`] judged this
+    /// one gone), and then this one gets [`MapStoreError::Displaced`] and must stop serving.
     pub fn renew(&mut self) -> Result<bool, MapStoreError> {
         if self.etcd.keep_alive(self.lease)? {
-            return Ok(true);
+            match self.etcd.get_kv(&self.key)?.0 {
+                Some(kv) if kv.lease == self.lease && kv.value == self.value => return Ok(true),
+                Some(kv) => return Err(self.displaced(&kv.value)),
+                None => {
+                    let put = Put::Put {
+                        key: &self.key,
+                        value: &self.value,
+                        lease: self.lease,
+                    };
+                    if self.etcd.txn(&[Compare::Absent(&self.key)], &[put])? {
+                        return Ok(false);
+                    }
+                    let held = self.etcd.get(&self.key)?.0.unwrap_or_default();
+                    return Err(self.displaced(&held));
+                }
+            }
         }
         if !self.claim()? {
-            return Err(MapStoreError::Invalid(format!(
-                "{} was taken by another process while this one's lease had expired",
-                self.key
-            )));
+            let held = self.etcd.get(&self.key)?.0.unwrap_or_default();
+            return Err(self.displaced(&held));
         }
         Ok(false)
+    }
+
+    fn displaced(&self, held: &[u8]) -> MapStoreError {
+        let by = match serde_json::from_slice::<Registration>(held) {
+            Ok(h) => format!("pid {} on {}", h.pid, h.host),
+            Err(_) => "another process".to_string(),
+        };
+        MapStoreError::Displaced(format!(
+            "osd.{}'s registration ({}) was taken over by {by}",
+            self.reg.osd, self.key
+        ))
     }
 
     pub fn ttl(&self) -> Duration {

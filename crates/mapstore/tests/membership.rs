@@ -138,6 +138,48 @@ fn a_restarted_osd_takes_over_the_key_of_its_predecessor_whose_process_is_gone()
 }
 
 #[test]
+fn a_holder_whose_key_was_taken_over_learns_it_at_its_next_renewal() {
+    let f = fixture("displaced");
+    let mut child = std::process::Command::new("true").spawn().unwrap();
+    let dead = child.id();
+    child.wait().unwrap();
+    // A holder judged gone wrongly (as a pid check on the wrong machine would): its lease
+    // keeps running, but its key is taken over.
+    let mut old = OsdLease::register(&f.etcd, "c", &here(dead), TTL * 30, Duration::ZERO).unwrap();
+    let me = std::process::id();
+    let _new = OsdLease::register(&f.etcd, "c", &here(me), TTL * 30, Duration::ZERO).unwrap();
+    match old.renew() {
+        Err(MapStoreError::Displaced(why)) => {
+            assert!(why.contains(&format!("pid {me}")), "{why}")
+        }
+        other => panic!("a displaced holder must be told, got {other:?}"),
+    }
+    // The successor's key is left as it is.
+    assert_eq!(registered(&f.etcd, "c").unwrap()[&2].pid, me);
+}
+
+#[test]
+fn a_key_deleted_by_hand_is_put_back_at_the_next_renewal() {
+    let f = fixture("deleted");
+    let mut l = OsdLease::register(&f.etcd, "c", &reg(5, 10), TTL * 30, Duration::ZERO).unwrap();
+    assert!(l.renew().unwrap());
+    let key = carmine_mapstore::keys::alive("c", 5);
+    assert!(f
+        .etcd
+        .txn(&[], &[carmine_mapstore::etcd_client::Put::Delete(&key)])
+        .unwrap());
+    assert!(registered(&f.etcd, "c").unwrap().is_empty());
+    assert!(
+        !l.renew().unwrap(),
+        "renewal reports that it had to register again"
+    );
+    assert_eq!(registered(&f.etcd, "c").unwrap()[&5].pid, 10);
+    // Under its own lease: released, it goes at once.
+    l.release().unwrap();
+    assert!(registered(&f.etcd, "c").unwrap().is_empty());
+}
+
+#[test]
 fn a_live_predecessor_or_one_of_another_pid_namespace_or_boot_keeps_its_key() {
     let f = fixture("keep");
     let mut sleeper = std::process::Command::new("sleep")
