@@ -20,4 +20,4 @@ pub use peering::{
     all_answered, answered, choose_authoritative, plan_member, uncovered_intervals, Interval,
     MemberPlan, Need, PeerInfo,
 };
-pub use version::Version;
+pub use version::{Version, RUN_MAX};

@@ -178,6 +178,10 @@ pub struct Member {
     /// promises to run out); it does not outlive the epoch, whose unfound objects the
     /// operator judged.
     give_up_unfound: bool,
+    /// As a primary that heard its whole acting set: the run it would activate in is past
+    /// [`RUN_MAX`], because of the runs these members (itself perhaps) reported (see
+    /// [`Member::runs_used_up_by`]). It waits.
+    runs_used_up_by: BTreeSet<OsdId>,
     /// The member's clock, as of the event being handled.
     now: u64,
     /// The read lease's duration in the host's clock (0: no leases; only a PG of one member
@@ -259,6 +263,7 @@ impl Member {
             lost: BTreeMap::new(),
             waiting_on: BTreeSet::new(),
             give_up_unfound: false,
+            runs_used_up_by: BTreeSet::new(),
             now: 0,
             lease: 0,
             lease_bound: u64::MAX,
@@ -690,7 +695,7 @@ impl Member {
         let role = match &self.role {
             Role::Stray => "stray".to_string(),
             Role::Peering { heard } => format!(
-                "peering, heard {:?}, {} objects unfound, {} intervals unaccounted for{}",
+                "peering, heard {:?}, {} objects unfound, {} intervals unaccounted for{}{}",
                 heard.keys().collect::<Vec<_>>(),
                 self.unfound,
                 self.uncovered,
@@ -698,6 +703,11 @@ impl Member {
                     ", history not read yet"
                 } else {
                     ""
+                },
+                if self.runs_used_up_by.is_empty() {
+                    String::new()
+                } else {
+                    format!(", every run taken (the last by {:?})", self.runs_used_up_by)
                 }
             ),
             Role::Activating { acked, recorded } => {
@@ -839,6 +849,7 @@ impl Member {
         self.uncovered = 0;
         self.lost_intervals = 0;
         self.waiting_on.clear();
+        self.runs_used_up_by.clear();
         if !changed && matches!(self.role, Role::Active | Role::Replica) {
             // Same interval: writes in flight go on (their replica messages carry the new
             // epoch when sent again).
@@ -1169,7 +1180,19 @@ impl Member {
             .map(|(_, run)| run)
             .max();
         let run = heard_run.max(taken).map_or(0, |r| r + 1);
+        self.runs_used_up_by.clear();
         if run > RUN_MAX {
+            for (o, a) in heard {
+                let head = a.0.head;
+                if (head.epoch == self.epoch && head.run() == RUN_MAX)
+                    || (a.0.primary_run.1 == RUN_MAX && self.run_may_write_now(a.0.primary_run))
+                {
+                    self.runs_used_up_by.insert(*o);
+                }
+            }
+            if self.primary_run.1 == RUN_MAX && self.run_may_write_now(self.primary_run) {
+                self.runs_used_up_by.insert(self.osd);
+            }
             // 65,536 activations of one primary in one interval: it waits rather than reuse
             // a run (checked before anything is reset: an operator's give-up stays for the
             // next try in this epoch).

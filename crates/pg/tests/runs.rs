@@ -270,3 +270,35 @@ fn a_member_activated_again_later_in_the_interval_records_the_runs_own_epoch() {
     peer(&mut p, &mut r, 40, map(3, &[2], history));
     assert_eq!(p.primary_run, (3, 0), "{}", p.describe());
 }
+
+#[test]
+fn a_primary_with_every_run_taken_waits_and_names_the_member_that_took_the_last() {
+    // osd.0 reports run 65,535 of epoch 1 as one that may still write (a faulty peer: a
+    // correct cluster needs 65,535 activations in one interval for it). osd.2, whose disk
+    // is new, has no run left for new versions: it stays peering, and says who holds it.
+    let (mut p, mut r) = (Member::new(2, 64), Member::new(0, 64));
+    p.set_incarnation(10);
+    r.primary_run = (1, carmine_pg::RUN_MAX);
+    let ev = map(1, &[2, 0], Vec::new());
+    let mut msgs = Vec::new();
+    for (o, m) in [(2u32, &mut p), (0, &mut r)] {
+        let actions = m.handle(1, ev.clone());
+        let (sent, _) = common::carry(m, 1, actions);
+        msgs.extend(sent.into_iter().map(|(dest, msg)| (o, dest, msg)));
+    }
+    exchange(&mut p, &mut r, 1, msgs);
+    for t in 2..10 {
+        let actions = p.handle(t, Event::Tick);
+        let (sent, _) = common::carry(&mut p, t, actions);
+        let sent = sent.into_iter().map(|(d, m)| (2, d, m)).collect();
+        exchange(&mut p, &mut r, t, sent);
+    }
+    assert!(!p.is_active_primary(), "{}", p.describe());
+    assert_eq!(p.runs_used_up_by(), &[0].into(), "{}", p.describe());
+    assert!(p.describe().contains("every run taken"), "{}", p.describe());
+    // Without the faulty record the same peering goes active.
+    r.primary_run = (0, 0);
+    let mut p = restarted(&Member::new(2, 64));
+    peer(&mut p, &mut r, 20, map(1, &[2, 0], Vec::new()));
+    assert!(p.runs_used_up_by().is_empty());
+}

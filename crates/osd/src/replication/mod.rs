@@ -170,6 +170,8 @@ pub(crate) struct PgReplica {
     pub recovery: recover::PgRecovery,
     /// Whether the log said this PG waits for unfound objects.
     unfound_said: Cell<bool>,
+    /// The PG's primary found every run of its epoch taken (said once per episode).
+    runs_said: Cell<bool>,
     /// Whether the log said this PG's read lease lapsed for long.
     unleased_said: Cell<bool>,
     /// Whether the log said this PG waits for down OSDs.
@@ -235,6 +237,7 @@ impl PgReplica {
             access: Default::default(),
             recovery: Default::default(),
             unfound_said: Cell::new(false),
+            runs_said: Cell::new(false),
             unleased_said: Cell::new(false),
             down_said: Cell::new(false),
             urgent: RefCell::new(Default::default()),
@@ -650,6 +653,16 @@ fn tick<S: ObjectStore + 'static>(shard: &Rc<Shard<S>>) {
                  are gone; the PG waits for `carmine pg mark-unfound-lost`");
         } else if lost == 0 && incomplete == 0 {
             pgr.unfound_said.set(false);
+        }
+        let used_up_by = m.runs_used_up_by();
+        if used_up_by.is_empty() {
+            pgr.runs_said.set(false);
+        } else if !pgr.runs_said.replace(true) {
+            tracing::error!(pg = %pgr.pg, osds = ?used_up_by, history = ?m.history(),
+                "this PG cannot activate: these members report the last run of the epoch \
+                 (65,535) as one that may still write, so no run is left for new versions. It \
+                 waits while that run may write; if such a member is faulty, mark it out \
+                 (`carmine osd out`) so that the PG peers without it");
         }
         let waiting = m.waiting_on();
         states.down += u64::from(!waiting.is_empty());
