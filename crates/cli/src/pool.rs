@@ -18,6 +18,25 @@ pub enum PoolCommand {
         #[command(flatten)]
         dir: DirArg,
     },
+    /// Change a pool of two copies or more: its number of copies (a new copy is filled as a
+    /// backfill target while the copies it has serve) or its `min_size`. A pool of one copy
+    /// cannot be given copies in place (its objects carry no versions and no PG log): make a
+    /// pool with copies and copy the volumes over.
+    Set(SetArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct SetArgs {
+    pub name: String,
+    /// Copies of every object (2 or more).
+    #[arg(long)]
+    pub size: Option<u8>,
+    /// Copies that must be up for a PG to take requests [kept; size - size/2 if the new
+    /// size is below it].
+    #[arg(long)]
+    pub min_size: Option<u8>,
+    #[command(flatten)]
+    pub dir: DirArg,
 }
 
 #[derive(Args, Debug)]
@@ -39,6 +58,7 @@ pub struct CreateArgs {
 pub fn run(cmd: PoolCommand) -> Result<()> {
     match cmd {
         PoolCommand::Create(a) => create(&a),
+        PoolCommand::Set(a) => set(&a),
         PoolCommand::Ls { dir } => {
             let map = carmine_localcluster::read_map(&dir.dir)?;
             print!("{}", list(&map));
@@ -108,6 +128,130 @@ fn with_pool(map: &OsdMap, a: &CreateArgs) -> Result<OsdMap, String> {
     });
     next.validate().map_err(|e| e.to_string())?;
     Ok(next)
+}
+
+/// The next map with pool `a.name` changed as `a` says, or why it cannot be; `None` if it
+/// says what the pool has already. A new copy of a PG is primed as a backfill target of the
+/// copies that serve it now (`OsdMap::prime_temps`): they keep serving, every write goes to
+/// the new copy too, and once it holds everything the PG moves to its full set.
+fn with_pool_changed(map: &OsdMap, a: &SetArgs) -> Result<Option<OsdMap>, String> {
+    let pool = map
+        .pools
+        .iter()
+        .find(|p| p.name == a.name)
+        .ok_or_else(|| format!("no pool {:?}", a.name))?;
+    let size = a.size.unwrap_or(pool.size);
+    if pool.size < 2 && size != pool.size {
+        return Err(format!(
+            "pool {:?} keeps one copy: its objects carry no versions and no PG log, so it \
+             cannot be given copies in place. Create a pool with copies (`carmine pool create \
+             NAME --size 3`) and copy the volumes over",
+            a.name
+        ));
+    }
+    if size < 2 && size != pool.size {
+        return Err(format!(
+            "--size {size}: a pool of copies keeps 2 to {REPLICA_SIZE_MAX} (its copies' PG \
+             logs would go stale under one copy); for a single copy make a pool with --size 1"
+        ));
+    }
+    if size > REPLICA_SIZE_MAX {
+        return Err(format!(
+            "--size {size}: a pool keeps 1 to {REPLICA_SIZE_MAX} copies"
+        ));
+    }
+    if usize::from(size) > map.osds.len() {
+        return Err(format!(
+            "--size {size} needs at least {size} OSDs (the map has {})",
+            map.osds.len()
+        ));
+    }
+    let min_size = match a.min_size {
+        Some(m) => m,
+        None if pool.min_size > size => size - size / 2,
+        None => pool.min_size,
+    };
+    if min_size == 0 || min_size > size {
+        return Err(format!(
+            "--min-size {min_size}: between 1 and the pool's size ({size})"
+        ));
+    }
+    if (size, min_size) == (pool.size, pool.min_size) {
+        return Ok(None);
+    }
+    let mut next = map.clone();
+    next.epoch = map.epoch + 1;
+    let p = next
+        .pools
+        .iter_mut()
+        .find(|p| p.name == a.name)
+        .expect("found above");
+    p.size = size;
+    p.min_size = min_size;
+    next.prime_temps(map);
+    next.validate().map_err(|e| e.to_string())?;
+    Ok(Some(next))
+}
+
+fn set(a: &SetArgs) -> Result<()> {
+    let store = carmine_localcluster::map_store(&a.dir.dir)?;
+    let mut unchanged = None;
+    let stored = carmine_mapstore::update(store.as_ref(), 10, |current| {
+        let map = current.ok_or_else(|| {
+            MapStoreError::Invalid("the cluster has no map (is a cluster up there?)".into())
+        })?;
+        match with_pool_changed(map, a).map_err(MapStoreError::Invalid)? {
+            Some(next) => Ok(Some(next)),
+            None => {
+                unchanged = Some(map.epoch);
+                Ok(None)
+            }
+        }
+    })?;
+    let map = match (stored, unchanged) {
+        (_, Some(epoch)) => {
+            println!("pool {:?} is as asked already; map epoch {epoch}", a.name);
+            return Ok(());
+        }
+        (Some(map), None) => map,
+        (None, None) => anyhow::bail!("the cluster has no map"),
+    };
+    let pool = map
+        .pools
+        .iter()
+        .find(|p| p.name == a.name)
+        .context("the stored map lacks the pool")?;
+    let filling = (0..pool.pg_num)
+        .filter(|seed| {
+            let pg = carmine_types::PgId {
+                pool: pool.id,
+                seed: *seed,
+            };
+            !map.pg_backfill_targets(pg, pool.size).is_empty()
+        })
+        .count();
+    let below = (0..pool.pg_num)
+        .filter(|seed| {
+            let pg = carmine_types::PgId {
+                pool: pool.id,
+                seed: *seed,
+            };
+            map.pg_osds(pg, pool.size).len() < usize::from(pool.min_size)
+        })
+        .count();
+    println!(
+        "pool {} ({:?}): {} copies, min_size {}; map epoch {}; {filling} PGs fill a new copy \
+         while their current copies serve (`carmine cluster status` shows the progress)",
+        pool.id, pool.name, pool.size, pool.min_size, map.epoch
+    );
+    if below > 0 {
+        eprintln!(
+            "warning: {below} PGs have fewer than {} copies up, and take no writes until \
+             they have",
+            pool.min_size
+        );
+    }
+    Ok(())
 }
 
 fn create(a: &CreateArgs) -> Result<()> {
@@ -207,5 +351,74 @@ mod tests {
         refused(args("", Some(2), None, 8), "pool name");
         // Copies share a host only when there are too few hosts (placement's rule).
         assert!(with_pool(&m, &args("r", Some(3), None, 8)).is_ok());
+    }
+
+    fn set_args(name: &str, size: Option<u8>, min_size: Option<u8>) -> SetArgs {
+        SetArgs {
+            name: name.into(),
+            size,
+            min_size,
+            dir: DirArg {
+                dir: "unused".into(),
+            },
+        }
+    }
+
+    #[test]
+    fn a_pool_given_a_copy_more_keeps_serving_from_its_copies_while_the_new_ones_fill() {
+        let m = map(&["a", "b", "c", "d"]);
+        let m = with_pool(&m, &args("rep", Some(2), Some(1), 16)).unwrap();
+        let next = with_pool_changed(&m, &set_args("rep", Some(3), None))
+            .unwrap()
+            .unwrap();
+        assert_eq!(next.epoch, m.epoch + 1);
+        let p = next.pools.iter().find(|p| p.name == "rep").unwrap();
+        assert_eq!((p.size, p.min_size), (3, 1), "min_size kept");
+        for seed in 0..16 {
+            let pg = carmine_types::PgId { pool: p.id, seed };
+            let before = m.pg_osds(pg, 2);
+            // The copies there serve; the one placement adds fills as a backfill target.
+            assert_eq!(next.pg_osds(pg, 3), before, "pg {pg}");
+            let targets = next.pg_backfill_targets(pg, 3);
+            assert_eq!(targets.len(), 1, "pg {pg}");
+            assert!(!before.contains(&targets[0]));
+            assert!(next.pg_placement(pg, 3).contains(&targets[0]));
+        }
+        // And back to two: no set, the PGs act on their placement of two again.
+        let back = with_pool_changed(&next, &set_args("rep", Some(2), None))
+            .unwrap()
+            .unwrap();
+        assert!(back.pg_temp.is_empty(), "{:?}", back.pg_temp);
+        // Asking for what it has changes nothing.
+        assert!(with_pool_changed(&back, &set_args("rep", Some(2), Some(1)))
+            .unwrap()
+            .is_none());
+    }
+
+    #[test]
+    fn size_and_min_size_changes_are_checked() {
+        let m = map(&["a", "b", "c"]);
+        let m = with_pool(&m, &args("rep", Some(3), None, 8)).unwrap();
+        let refused = |a: SetArgs, why: &str| {
+            let e = with_pool_changed(&m, &a).unwrap_err();
+            assert!(e.contains(why), "{e}");
+        };
+        refused(set_args("nope", Some(2), None), "no pool \"nope\"");
+        refused(set_args("rbd", Some(2), None), "keeps one copy");
+        refused(set_args("rep", Some(1), None), "2 to");
+        refused(set_args("rep", Some(4), None), "at least 4 OSDs");
+        refused(set_args("rep", None, Some(4)), "--min-size 4");
+        refused(set_args("rep", None, Some(0)), "--min-size 0");
+        // A min_size above the new size comes down to that size's default.
+        let two = with_pool_changed(&m, &set_args("rep", Some(2), None))
+            .unwrap()
+            .unwrap();
+        let p = two.pools.iter().find(|p| p.name == "rep").unwrap();
+        assert_eq!((p.size, p.min_size), (2, 2));
+        let one = with_pool_changed(&m, &set_args("rep", None, Some(1)))
+            .unwrap()
+            .unwrap();
+        let p = one.pools.iter().find(|p| p.name == "rep").unwrap();
+        assert_eq!((p.size, p.min_size), (3, 1));
     }
 }

@@ -911,6 +911,60 @@ fn an_osd_whose_device_fails_stops_and_its_pgs_go_on_without_it() {
 /// (an OSD placement does not give them) still serve every acknowledged write and take new
 /// ones; the copy placement wanted, left out as a backfill target, takes every write, and once
 /// it holds everything the primary removes the set: the PGs go back to their placement.
+/// `pool set --size`: a pool of two copies given a third fills it as a backfill target while
+/// its two copies serve, then acts on all three; with two OSDs killed after that, the one
+/// left serves every byte (on 8 PGs over 3 OSDs, it was the new copy of some).
+#[test]
+fn a_pool_given_a_third_copy_fills_it_and_then_survives_losing_two_osds() {
+    let c = Cluster::up(
+        "pool-size",
+        &[
+            "--osds",
+            "3",
+            "--pg-num",
+            "8",
+            "--reactors",
+            "1",
+            "--size",
+            "2",
+            "--min-size",
+            "1",
+        ],
+    );
+    c.create_volume("v", "8M", "1M");
+    let data = pattern(8 << 20, 31);
+    c.write_volume("v", &data);
+    healthy(&c);
+    let err = c.fails(&["pool", "set", "rbd", "--size", "1"]);
+    assert!(err.contains("2 to"), "{err}");
+    let said = c.ok(&["pool", "set", "rbd", "--size", "3"]);
+    assert!(said.contains("3 copies, min_size 1"), "{said}");
+    let map = carmine_localcluster::read_map(&c.dir).unwrap();
+    assert_eq!(map.pool(1).unwrap().size, 3);
+    assert!(
+        map.all_pgs()
+            .all(|pg| map.pg_backfill_targets(pg, 3).len() == 1),
+        "every PG fills its new copy as a backfill target: {:?}",
+        map.pg_temp
+    );
+    wait_clean(&c);
+    assert!(carmine_localcluster::read_map(&c.dir)
+        .unwrap()
+        .pg_temp
+        .is_empty());
+    assert_eq!(read_volume(&c, data.len()), data);
+    c.ok(&["pg", "deep-scrub", "--pool", "rbd"]);
+    for id in [1, 2] {
+        kill9(c.osd_pid(id));
+    }
+    assert_eq!(
+        read_volume(&c, data.len()),
+        data,
+        "osd.0 alone serves every byte"
+    );
+    c.ok(&["cluster", "down"]);
+}
+
 #[test]
 fn pgs_moved_to_a_temporary_acting_set_and_back_keep_every_write() {
     let c = Cluster::up(

@@ -110,13 +110,15 @@ impl OsdMap {
             })
             .collect();
         for (pg, size, min_size) in pgs {
-            if before.pool(pg.pool).is_err()
-                || before.pg_placement(pg, size) == self.pg_placement(pg, size)
-            {
+            // (`before` may keep fewer copies of the pool: `pool set --size`.)
+            let Ok(old_size) = before.pool(pg.pool).map(|p| p.size) else {
+                continue;
+            };
+            if old_size < 2 || before.pg_placement(pg, old_size) == self.pg_placement(pg, size) {
                 continue;
             }
             let serving: Vec<OsdId> = before
-                .pg_osds(pg, size)
+                .pg_osds(pg, old_size)
                 .into_iter()
                 .filter(|id| self.is_up(*id))
                 .collect();
