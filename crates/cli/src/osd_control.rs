@@ -385,8 +385,9 @@ impl Control {
 }
 
 /// Renews the lease every third of its TTL (every tenth while renewals fail), and keeps
-/// `clock` told how long it surely holds. A renewal after the OSD stopped trusting its lease
-/// also reads the map epoch etcd holds then: the reactors serve again only from that epoch on.
+/// `clock` told how long it surely holds. A renewal after the OSD stopped trusting its lease,
+/// or one that had to register again, also reads the map epoch etcd holds then: the reactors
+/// serve again only from that epoch on.
 fn keep_registered(
     mut lease: OsdLease,
     maps: Box<dyn MapStore + Send>,
@@ -410,6 +411,8 @@ fn keep_registered(
             }
         }
         let sent = Instant::now();
+        // Registered again: the managers may have seen the key gone and marked this OSD down.
+        let mut again = false;
         let renewed = match lease.renew() {
             Ok(true) => {
                 if failing {
@@ -419,8 +422,10 @@ fn keep_registered(
             }
             Ok(false) => {
                 println!(
-                    "the registration had lapsed (etcd unreachable too long); registered again"
+                    "the registration had lapsed (etcd unreachable too long) or its key was \
+                     deleted; registered again"
                 );
+                again = true;
                 true
             }
             Err(MapStoreError::Displaced(why)) => {
@@ -437,7 +442,7 @@ fn keep_registered(
         };
         failing = !renewed;
         if let (true, Some(c)) = (renewed, &clock) {
-            if !c.lapsed() {
+            if !c.lapsed() && !again {
                 c.renewed(sent);
             } else {
                 // The cluster may have moved on meanwhile: serve by the epoch it is at now.

@@ -189,29 +189,45 @@ impl OsdLease {
     /// about the key once another process took it over ([`OsdLease::succeeds`] judged this
     /// one gone), and then this one gets [`MapStoreError::Displaced`] and must stop serving.
     pub fn renew(&mut self) -> Result<bool, MapStoreError> {
-        if self.etcd.keep_alive(self.lease)? {
-            match self.etcd.get_kv(&self.key)?.0 {
-                Some(kv) if kv.lease == self.lease && kv.value == self.value => return Ok(true),
-                Some(kv) => return Err(self.displaced(&kv.value)),
-                None => {
-                    let put = Put::Put {
-                        key: &self.key,
-                        value: &self.value,
-                        lease: self.lease,
-                    };
-                    if self.etcd.txn(&[Compare::Absent(&self.key)], &[put])? {
-                        return Ok(false);
-                    }
-                    let held = self.etcd.get(&self.key)?.0.unwrap_or_default();
-                    return Err(self.displaced(&held));
-                }
+        if !self.etcd.keep_alive(self.lease)? {
+            if !self.claim()? {
+                return Err(self.not_taken());
             }
+            return Ok(false);
         }
-        if !self.claim()? {
-            let held = self.etcd.get(&self.key)?.0.unwrap_or_default();
-            return Err(self.displaced(&held));
+        let held = self.etcd.get_kv(&self.key)?.0;
+        let compare = match &held {
+            Some(kv) if kv.value == self.value && kv.lease == self.lease => return Ok(true),
+            Some(kv) if kv.value != self.value => return Err(self.displaced(&kv.value)),
+            // Ours under another lease (an earlier attempt of this process whose reply was
+            // lost), or deleted by hand: back under this lease.
+            Some(_) => Compare::Value(&self.key, &self.value),
+            None => Compare::Absent(&self.key),
+        };
+        let put = Put::Put {
+            key: &self.key,
+            value: &self.value,
+            lease: self.lease,
+        };
+        if self.etcd.txn(&[compare], &[put])? {
+            return Ok(false);
         }
-        Ok(false)
+        Err(self.not_taken())
+    }
+
+    /// Why the key could not be taken again: another registration holds it
+    /// ([`MapStoreError::Displaced`]), or nothing that says so (it vanished meanwhile, or
+    /// holds this one: a reply lost after etcd applied the change), which the next renewal
+    /// tries again.
+    fn not_taken(&self) -> MapStoreError {
+        match self.etcd.get_kv(&self.key) {
+            Ok((Some(kv), _)) if kv.value != self.value => self.displaced(&kv.value),
+            Ok(_) => MapStoreError::Unavailable(format!(
+                "{} could not be taken again; retrying",
+                self.key
+            )),
+            Err(e) => e,
+        }
     }
 
     fn displaced(&self, held: &[u8]) -> MapStoreError {

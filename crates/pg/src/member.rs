@@ -1110,6 +1110,8 @@ impl Member {
         let Role::Peering { heard } = &self.role else {
             return;
         };
+        // Found again below if it still holds (a history that came since may end the run).
+        self.runs_used_up_by.clear();
         // A history from before this interval may lack an interval another primary recorded
         // meanwhile; activating on it would raise the members' last active epochs past
         // intervals it never heard from.
@@ -1180,7 +1182,6 @@ impl Member {
             .map(|(_, run)| run)
             .max();
         let run = heard_run.max(taken).map_or(0, |r| r + 1);
-        self.runs_used_up_by.clear();
         if run > RUN_MAX {
             for (o, a) in heard {
                 let head = a.0.head;

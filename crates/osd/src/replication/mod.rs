@@ -659,10 +659,11 @@ fn tick<S: ObjectStore + 'static>(shard: &Rc<Shard<S>>) {
             pgr.runs_said.set(false);
         } else if !pgr.runs_said.replace(true) {
             tracing::error!(pg = %pgr.pg, osds = ?used_up_by, history = ?m.history(),
-                "this PG cannot activate: these members report the last run of the epoch \
-                 (65,535) as one that may still write, so no run is left for new versions. It \
-                 waits while that run may write; if such a member is faulty, mark it out \
-                 (`carmine osd out`) so that the PG peers without it");
+                "this PG cannot activate: these members report the last run (65,535) as \
+                 one that may still make versions of this epoch, so no run is left for new \
+                 ones. It waits while that run may write (see decision 0009, \"Known limits\"); \
+                 a member that reports a run no activation took is faulty: stop it, and the PG \
+                 peers without it if its other copies vouch for every recorded interval");
         }
         let waiting = m.waiting_on();
         states.down += u64::from(!waiting.is_empty());

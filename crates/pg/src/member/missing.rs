@@ -164,12 +164,14 @@ impl Member {
 
     /// As a peering primary that heard its whole acting set: the members (itself perhaps)
     /// that report the last run, 65,535 ([`RUN_MAX`]), as one that may still make versions
-    /// of this epoch, so that the next activation would have no run left. Empty otherwise.
-    /// The PG waits while that run may still write: until an interval after its epoch is
-    /// recorded, or the one recorded at its epoch had another acting set than the PG has now
-    /// — for good if a faulty member reports a run no activation took (then marking that
-    /// member out lets the PG peer without it). A correct cluster gets here only after
-    /// 65,535 activations in one interval.
+    /// of this epoch — a head of this epoch in that run, or a record of that run's activation
+    /// that may still write — so that the next activation would have no run left. Empty
+    /// otherwise. The PG waits: for a head, until the epoch changes; for a record of epoch
+    /// `e`, until an interval after `e` is recorded or the one recorded at `e` had another
+    /// acting set than the PG has now — for good if a faulty member reports a run no
+    /// activation took, as long as its answer is heard (stopping that OSD lets the PG peer
+    /// without it, if its other copies vouch for every recorded interval). A correct cluster
+    /// gets here only after 65,535 activations in one interval.
     ///
     /// [`RUN_MAX`]: crate::version::RUN_MAX
     pub fn runs_used_up_by(&self) -> &BTreeSet<OsdId> {
