@@ -5,6 +5,7 @@
 use anyhow::{bail, Context, Result};
 use carmine_cluster::OsdMap;
 use carmine_localcluster::DirArg;
+use carmine_types::PgId;
 use clap::Subcommand;
 
 #[derive(Subcommand, Debug)]
@@ -23,9 +24,11 @@ pub enum OsdAdmin {
         #[command(flatten)]
         dir: DirArg,
         ids: Vec<u32>,
-        /// Moving a PG of a pool that keeps one copy leaves its data behind: the PG comes up
-        /// empty in its new place, and what it accepts there is hidden once it moves back.
-        /// Refused unless given this flag (replication and backfill will lift this).
+        /// Moving a PG of a pool that keeps one copy would leave its data behind: the PG
+        /// would come up empty in its new place, and what it accepts there would be hidden
+        /// once it moves back. So such PGs stay on the OSDs that hold them (placement
+        /// exceptions), and a change that cannot keep them there (their OSD goes out) is
+        /// refused — unless given this flag, which moves them anyway.
         #[arg(long)]
         allow_single_copy_moves: bool,
     },
@@ -190,40 +193,54 @@ pub fn run(cmd: OsdAdmin) -> Result<()> {
     }
 }
 
-fn refuse_single_copy_moves(
+/// Keeps the PGs of one-copy pools that `next` would move where `map` has them (with `pin`,
+/// by placement exceptions: their only copy cannot be copied along), unless `allow` (move
+/// them anyway, the operator's choice); refuses if some would still move (their OSD goes
+/// out, or without `pin`: the balancer, whose moves are the point).
+fn keep_single_copies(
     map: &OsdMap,
-    next: &OsdMap,
+    next: &mut OsdMap,
     allow: bool,
+    pin: bool,
 ) -> Result<(), carmine_mapstore::MapStoreError> {
-    let single: Vec<&str> = map
-        .pools
+    if allow {
+        return Ok(());
+    }
+    if pin {
+        next.pin_single_copies(map);
+    }
+    let single: Vec<&carmine_cluster::Pool> = map.pools.iter().filter(|p| p.size < 2).collect();
+    let moved = single
         .iter()
-        .filter(|p| p.size < 2)
-        .map(|p| p.name.as_str())
-        .collect();
-    let moved = map.moved_pgs(next);
-    if !allow && !single.is_empty() && moved > 0 {
+        .flat_map(|p| (0..p.pg_num).map(move |seed| PgId { pool: p.id, seed }))
+        .filter(|pg| map.pg_placement(*pg, 1) != next.pg_placement(*pg, 1))
+        .count();
+    if moved > 0 {
+        let names: Vec<&str> = single.iter().map(|p| p.name.as_str()).collect();
         return Err(carmine_mapstore::MapStoreError::Invalid(format!(
-            "this moves {moved} PGs, and pool(s) {} keep a single copy: the moved PGs \
-             would come up empty on their new OSDs (their data stays where it is, hidden), \
-             and writes they accept there would be hidden once they move back. Only PGs of \
-             two copies or more carry their data along (backfill); keep data that must move \
-             in a pool of two copies or more (`pool create --size`), or pass \
+            "this moves {moved} PGs of pool(s) {} that keep a single copy, off OSDs that \
+             could no longer hold them: the moved PGs would come up empty on their new OSDs \
+             (their data stays where it is, hidden), and writes they accept there would be \
+             hidden once they move back. Only PGs of two copies or more carry their data \
+             along (backfill); copy the volumes of such a pool into a pool of copies first \
+             (`pool create --size`, `volume copy --to-pool`), or pass \
              --allow-single-copy-moves to do it anyway",
-            single.join(", ")
+            names.join(", ")
         )));
     }
     Ok(())
 }
 
-/// `next` as the epoch after `map`, unless it moves PGs of a single-copy pool without leave.
+/// `next` as the epoch after `map`, with the PGs of single-copy pools kept where their data
+/// is (unless `allow_moves`; refused where they cannot be, see [`keep_single_copies`]).
 /// The PGs it moves are served by their complete copies while the new ones are filled.
 fn successor(
     map: &OsdMap,
     mut next: OsdMap,
     allow_moves: bool,
+    pin: bool,
 ) -> Result<Option<OsdMap>, carmine_mapstore::MapStoreError> {
-    refuse_single_copy_moves(map, &next, allow_moves)?;
+    keep_single_copies(map, &mut next, allow_moves, pin)?;
     next.prime_temps(map);
     next.epoch = map.epoch + 1;
     Ok(Some(next))
@@ -263,7 +280,7 @@ fn reweight(dir: &std::path::Path, id: u32, weight: u32, allow_moves: bool) -> R
         }
         o.weight = weight;
         before = Some(map.clone());
-        successor(map, next, allow_moves)
+        successor(map, next, allow_moves, true)
     })?
     .context("the cluster has no map")?;
     println!(
@@ -323,7 +340,7 @@ fn add(dir: &std::path::Path, new: NewOsd, allow_moves: bool) -> Result<()> {
             ..carmine_cluster::OsdInfo::new(id, &name, endpoints)
         });
         before = Some(map.clone());
-        successor(map, next, allow_moves)
+        successor(map, next, allow_moves, true)
     })?
     .context("the cluster has no map")?;
     let o = stored.osds.last().expect("just added");
@@ -336,10 +353,7 @@ fn add(dir: &std::path::Path, new: NewOsd, allow_moves: bool) -> Result<()> {
         if o.in_ { "in" } else { "out" },
         stored.epoch
     );
-    if let Some(b) = before {
-        let total = b.all_pgs().count();
-        println!("{} of {total} PGs placed on it", b.moved_pgs(&stored));
-    }
+    print_moved(before.as_ref(), &stored);
     let settings = carmine_localcluster::describe_map_source(dir)?;
     println!(
         "start it on that host with: carmine osd --id {} {settings} --no-pin",
@@ -386,7 +400,7 @@ fn reweight_by_capacity(dir: &std::path::Path, dry_run: bool, allow_moves: bool)
         if changes.is_empty() || dry_run {
             return Ok(None);
         }
-        successor(map, next, allow_moves)
+        successor(map, next, allow_moves, true)
     })?
     .context("the cluster has no map")?;
     let one = carmine_cluster::WEIGHT_ONE as f64;
@@ -486,7 +500,7 @@ fn balance(
         if next.upmaps == map.upmaps || dry_run {
             return Ok(None);
         }
-        successor(map, next, allow_moves)
+        successor(map, next, allow_moves, false)
     })?
     .context("the cluster has no map")?;
     let (b, (done, after)) = (
@@ -547,7 +561,7 @@ fn set_in(dir: &std::path::Path, ids: &[u32], in_: bool, allow_moves: bool) -> R
         if next == *map {
             return Ok(None);
         }
-        refuse_single_copy_moves(map, &next, allow_moves)?;
+        keep_single_copies(map, &mut next, allow_moves, true)?;
         next.prime_temps(map);
         next.epoch = map.epoch + 1;
         before = Some(map.clone());
@@ -650,6 +664,19 @@ fn print_moved(before: Option<&OsdMap>, stored: &OsdMap) {
             "{} of {total} PGs placed elsewhere by this change",
             b.moved_pgs(stored)
         );
+        let kept = stored
+            .pools
+            .iter()
+            .filter(|p| p.size < 2)
+            .flat_map(|p| (0..p.pg_num).map(move |seed| PgId { pool: p.id, seed }))
+            .filter(|pg| stored.upmaps.get(pg) != b.upmaps.get(pg))
+            .count();
+        if kept > 0 {
+            println!(
+                "{kept} PGs of single-copy pools kept on the OSDs that hold them (placement \
+                 exceptions): their only copy cannot move"
+            );
+        }
     }
 }
 

@@ -21,7 +21,7 @@ pub enum PoolCommand {
     /// Change a pool of two copies or more: its number of copies (a new copy is filled as a
     /// backfill target while the copies it has serve) or its `min_size`. A pool of one copy
     /// cannot be given copies in place (its objects carry no versions and no PG log): make a
-    /// pool with copies and copy the volumes over.
+    /// pool with copies and `volume copy` the volumes into it.
     Set(SetArgs),
 }
 
@@ -145,7 +145,8 @@ fn with_pool_changed(map: &OsdMap, a: &SetArgs) -> Result<Option<OsdMap>, String
         return Err(format!(
             "pool {:?} keeps one copy: its objects carry no versions and no PG log, so it \
              cannot be given copies in place. Create a pool with copies (`carmine pool create \
-             NAME --size 3`) and copy the volumes over",
+             NAME --size 3`) and copy each volume into it (`carmine volume copy VOLUME \
+             --to-pool NAME`)",
             a.name
         ));
     }

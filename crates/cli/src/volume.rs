@@ -65,6 +65,22 @@ pub enum VolumeCommand {
     /// Show or break a volume's exclusive lock.
     #[command(subcommand)]
     Lock(LockCommand),
+    /// Copy a volume into a new one, in this pool or --to-pool (e.g. from a pool of one copy
+    /// into a pool of copies). The source is locked meanwhile (stop its clients first);
+    /// holes stay holes.
+    Copy {
+        name: String,
+        /// The new volume's name [the source's: then give --to-pool].
+        to_name: Option<String>,
+        /// Pool of the new volume [the source's].
+        #[arg(long)]
+        to_pool: Option<String>,
+        /// No progress bar.
+        #[arg(long, short)]
+        quiet: bool,
+        #[command(flatten)]
+        target: Target,
+    },
     /// Write a file (or stdin with "-") into a volume at --offset.
     Write(TransferArgs),
     /// Read from a volume into a file (or stdout with "-").
@@ -169,6 +185,13 @@ pub fn run(cmd: VolumeCommand) -> Result<()> {
                     ),
                 }
             }
+            VolumeCommand::Copy {
+                name,
+                to_name,
+                to_pool,
+                quiet,
+                target,
+            } => copy(&name, to_name, to_pool, quiet, &target).await?,
             VolumeCommand::Write(a) => write(a).await?,
             VolumeCommand::Read(a) => read(a).await?,
         }
@@ -205,6 +228,36 @@ pub fn progress(total: Option<u64>, quiet: bool, what: &str) -> ProgressBar {
     };
     pb.set_message(what.to_string());
     pb
+}
+
+async fn copy(
+    name: &str,
+    to_name: Option<String>,
+    to_pool: Option<String>,
+    quiet: bool,
+    target: &Target,
+) -> Result<()> {
+    let pool = to_pool.unwrap_or_else(|| target.pool.clone());
+    let to_name = to_name.unwrap_or_else(|| name.to_string());
+    if pool == target.pool && to_name == name {
+        bail!("copying {name} onto itself: give another name, or --to-pool");
+    }
+    let from = volumes(target).await?;
+    let to = Volumes::new(from.client().clone(), from.client().pool_id(&pool)?);
+    let size = from.info(name).await?.size;
+    let pb = progress(Some(size), quiet, &format!("copying {name}"));
+    let copied = from
+        .copy_to(name, &to, &to_name, TRANSFER_DEPTH, |n| pb.inc(n))
+        .await?;
+    pb.finish_and_clear();
+    println!(
+        "copied {}/{name} to {pool}/{to_name}: {} objects, {} ({} holes left as holes)",
+        target.pool,
+        copied.objects,
+        format_size(copied.bytes),
+        copied.holes
+    );
+    Ok(())
 }
 
 /// Reads from `input` into chunks and keeps `TRANSFER_DEPTH` chunk writes in flight.

@@ -965,6 +965,65 @@ fn a_pool_given_a_third_copy_fills_it_and_then_survives_losing_two_osds() {
     c.ok(&["cluster", "down"]);
 }
 
+/// A cluster started on one OSD, with its pool of one copy, grows: OSDs added keep that
+/// pool's PGs on the OSD that holds their data (placement exceptions), a pool of three copies
+/// is made over the three, and the volume copied into it (holes left as holes) outlives the
+/// first OSD. The one-copy pool itself cannot be given copies in place.
+#[test]
+fn a_one_osd_cluster_grows_to_three_and_moves_its_volume_into_a_pool_of_copies() {
+    let c = Cluster::up(
+        "grow-from-one",
+        &["--osds", "1", "--pg-num", "8", "--reactors", "1"],
+    );
+    c.create_volume("v", "16M", "1M");
+    let mut data = vec![0u8; 16 << 20];
+    data[..6 << 20].copy_from_slice(&pattern(6 << 20, 41));
+    data[12 << 20..13 << 20].copy_from_slice(&pattern(1 << 20, 42));
+    c.write_volume("v", &data);
+    let one = carmine_localcluster::read_map(&c.dir).unwrap();
+    for id in 1..3u16 {
+        let port = carmine_testkit::free_addr().port();
+        let said = c.ok(&[
+            "osd",
+            "add",
+            "--host",
+            "127.0.0.1",
+            "--host-name",
+            &carmine_localcluster::host_name(),
+            "--port-base",
+            &(port - 16 * id).to_string(),
+            "--in",
+        ]);
+        assert!(said.contains("kept on the OSDs that hold them"), "{said}");
+    }
+    let three = carmine_localcluster::read_map(&c.dir).unwrap();
+    assert!(three
+        .all_pgs()
+        .all(|pg| three.pg_placement(pg, 1) == one.pg_placement(pg, 1)));
+    c.ok(&["cluster", "up"]);
+    assert_eq!(read_volume(&c, data.len()), data, "the one-copy volume");
+    let err = c.fails(&["pool", "set", "rbd", "--size", "3"]);
+    assert!(err.contains("keeps one copy"), "{err}");
+
+    c.ok(&["pool", "create", "rep", "--size", "3", "--pg-num", "8"]);
+    let said = c.ok(&["volume", "copy", "v", "--to-pool", "rep", "-q"]);
+    assert!(said.contains("7 objects"), "{said}");
+    assert!(said.contains("9 holes"), "{said}");
+    let read_rep = |c: &Cluster| {
+        let out = c.run(&["volume", "read", "v", "--pool", "rep", "--file", "-", "-q"]);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        out.stdout
+    };
+    assert_eq!(read_rep(&c), data);
+    kill9(c.osd_pid(0));
+    assert_eq!(read_rep(&c), data, "the copies on osd.1 and osd.2");
+    c.ok(&["cluster", "down"]);
+}
+
 #[test]
 fn pgs_moved_to_a_temporary_acting_set_and_back_keep_every_write() {
     let c = Cluster::up(

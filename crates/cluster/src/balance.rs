@@ -57,6 +57,45 @@ impl OsdMap {
         cleaned
     }
 
+    /// Keeps the PGs of one-copy pools where `before` placed them, by exceptions, where this
+    /// map would place them elsewhere: such a PG's only copy is on the OSD `before` placed it
+    /// on, and nothing copies it along (no backfill without a second copy), so moved it would
+    /// come up empty and its data would be hidden. A PG is kept only if that OSD can still
+    /// take it here (it is in, with a weight); any exception of its own is replaced. Returns
+    /// the PGs kept by a new exception; those that could not be kept still move.
+    pub fn pin_single_copies(&mut self, before: &OsdMap) -> Vec<PgId> {
+        let pgs: Vec<PgId> = self
+            .pools
+            .iter()
+            .filter(|p| p.size == 1 && before.pool(p.id).is_ok_and(|b| b.size == 1))
+            .flat_map(|p| (0..p.pg_num).map(move |seed| PgId { pool: p.id, seed }))
+            .collect();
+        let mut kept = Vec::new();
+        for pg in pgs {
+            let was = before.pg_placement(pg, 1);
+            let Some(&holder) = was.first() else {
+                continue;
+            };
+            if self.pg_placement(pg, 1) == was
+                || !self.osd(holder).is_some_and(|o| o.in_ && o.weight > 0)
+            {
+                continue;
+            }
+            let raw = self.raw_placement(pg, 1);
+            match raw.first() {
+                Some(&from) if from != holder => {
+                    self.upmaps.insert(pg, vec![(from, holder)]);
+                }
+                _ => {
+                    self.upmaps.remove(&pg);
+                }
+            }
+            debug_assert_eq!(self.pg_placement(pg, 1), was);
+            kept.push(pg);
+        }
+        kept
+    }
+
     /// Adds exceptions until every OSD that is in holds within `max_deviation` PGs of its
     /// weighted share of primaries, or no single move helps any more, or `max_moves` PGs have
     /// moved. A PG only moves to an OSD that is in, has a weight, is not already placed for it,
@@ -335,6 +374,44 @@ mod tests {
         assert!(total <= by_hash + b.moved, "{total}");
         assert!(total <= 48, "{total}");
         assert!(m.spread().max_over_mean() <= 1.10, "{:?}", m.spread());
+    }
+
+    #[test]
+    fn one_copy_pgs_stay_on_the_osd_that_holds_them_when_osds_are_added() {
+        let one = cluster(1, 1, 64, 1);
+        let mut grown = one.clone();
+        for id in 1..3u32 {
+            let addr = SocketAddr::from(([127, 0, 0, 1], 6900 + id as u16));
+            grown
+                .osds
+                .push(OsdInfo::new(id, &format!("host{id}"), vec![addr]));
+        }
+        let moved = one.moved_pgs(&grown);
+        assert!(moved > 20, "hashing alone moves about two thirds: {moved}");
+        let kept = grown.pin_single_copies(&one);
+        assert_eq!(kept.len(), moved);
+        assert_eq!(placements(&grown), placements(&one));
+        grown.validate().unwrap();
+        assert_eq!(OsdMap::decode(grown.encode()).unwrap(), grown);
+        // A pool of copies added now spreads over all three.
+        grown.pools.push(Pool {
+            id: 2,
+            name: "rep".into(),
+            pg_num: 16,
+            size: 3,
+            min_size: 2,
+        });
+        let p = PgId { pool: 2, seed: 0 };
+        assert_eq!(grown.pg_placement(p, 3).len(), 3);
+        // The holder marked out: its PGs cannot stay (they move, and the caller refuses).
+        let mut out = grown.clone();
+        out.osds[0].in_ = false;
+        out.upmaps.clear();
+        assert!(out.pin_single_copies(&grown).is_empty());
+        assert!((0..64).all(|seed| {
+            let pg = PgId { pool: 1, seed };
+            grown.pg_placement(pg, 1) != out.pg_placement(pg, 1)
+        }));
     }
 
     #[test]

@@ -13,6 +13,7 @@
 //! Every change of the directory or a header is a compare-and-set (a `CmpOmap`/`CmpXattr`
 //! guard in the same request), so racing creates, removals and resizes never interleave.
 
+mod copy;
 mod error;
 mod header;
 #[doc(hidden)]
@@ -44,6 +45,7 @@ mod image;
 pub mod lock;
 mod striping;
 
+pub use copy::Copied;
 pub use error::VolumeError;
 pub use header::{ImageInfo, OBJECT_SIZE_DEFAULT, OBJECT_SIZE_MAX, OBJECT_SIZE_MIN};
 pub use image::Image;
