@@ -121,7 +121,10 @@ pub fn next_epoch(
         return None;
     }
     // PGs moved by an OSD marked out (or in again) are served by their complete copies while
-    // the new ones are filled (decision 0015).
+    // the new ones are filled (decision 0015). One-copy PGs never move (no OSD goes out while
+    // a pool keeps one copy, but one marked out before such a pool was made comes back in):
+    // they stay where their only copy is.
+    next.pin_single_copies(map);
     next.prime_temps(map);
     next.epoch = map.epoch + 1;
     Some(NextEpoch { map: next, reasons })
@@ -243,6 +246,31 @@ pub(crate) mod tests {
         let o = back.map.osd(1).unwrap();
         assert!(o.up && o.in_ && !o.auto_out && o.down_since == 0);
         assert_eq!(back.reasons, vec!["osd.1 up (pid 101 on h), in again"]);
+    }
+
+    #[test]
+    fn an_osd_back_in_moves_no_pg_of_a_pool_made_with_one_copy_while_it_was_out() {
+        let m = map(3);
+        let down = next_epoch(&m, &alive(&m, &[0, 1]), NO_REPORTS, 1000, &P)
+            .unwrap()
+            .map;
+        let mut out = next_epoch(&down, &alive(&m, &[0, 1]), NO_REPORTS, 1600, &P)
+            .unwrap()
+            .map;
+        assert!(!out.osd(2).unwrap().in_);
+        out.pools.push(Pool {
+            id: 2,
+            name: "one".into(),
+            pg_num: 32,
+            size: 1,
+            min_size: 1,
+        });
+        let back = next_epoch(&out, &alive(&m, &[0, 1, 2]), NO_REPORTS, 1700, &P).unwrap();
+        assert!(back.map.osd(2).unwrap().in_);
+        for seed in 0..32 {
+            let pg = carmine_types::PgId { pool: 2, seed };
+            assert_eq!(back.map.pg_placement(pg, 1), out.pg_placement(pg, 1));
+        }
     }
 
     #[test]
