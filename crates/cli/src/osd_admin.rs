@@ -99,7 +99,8 @@ pub enum OsdAdmin {
     },
     /// Even out PGs per OSD with placement exceptions (Ceph's balancer in upmap mode): moves
     /// single PGs from the fullest OSDs to the emptiest until each is within
-    /// --max-deviation PGs of its weighted share.
+    /// --max-deviation PGs of its weighted share. PGs of single-copy pools are counted but
+    /// not moved (unless --allow-single-copy-moves).
     Balance {
         #[command(flatten)]
         dir: DirArg,
@@ -494,7 +495,8 @@ fn balance(
     let stored = carmine_mapstore::update(store.as_ref(), 10, |current| {
         let map = existing(current)?;
         let mut next = map.clone();
-        let done = next.balance(max_deviation, max_moves);
+        // One-copy PGs stay where their data is unless the operator says otherwise.
+        let done = next.balance_keeping(max_deviation, max_moves, !allow_moves);
         before = Some(map.clone());
         plan = Some((done, next.spread()));
         if next.upmaps == map.upmaps || dry_run {
@@ -640,6 +642,11 @@ fn set_lost(dir: &std::path::Path, ids: &[u32], confirmed: bool) -> Result<()> {
                 "refusing to mark every OSD out: no PG would have a place".into(),
             ));
         }
+        // One-copy PGs on other OSDs stay where their data is (their exceptions may name
+        // the lost OSD's place in placement); those it held move, their data gone with it.
+        // Moved PGs of copies are served by their complete copies while the new ones fill.
+        next.pin_single_copies(map);
+        next.prime_temps(map);
         before = Some(map.clone());
         Ok(Some(next))
     })?

@@ -190,6 +190,32 @@ fn with_pool_changed(map: &OsdMap, a: &SetArgs) -> Result<Option<OsdMap>, String
     p.size = size;
     p.min_size = min_size;
     next.prime_temps(map);
+    // A min_size above the copies that serve a PG while another fills would end its
+    // temporary set (the map follows a set only while it has min_size OSDs up), making the
+    // copy being filled act before it holds the data: every write then waits for it to
+    // recover the object first. Refused until the fill is over.
+    if min_size > pool.min_size {
+        let id = pool.id;
+        let filling: Vec<String> = (0..pool.pg_num)
+            .map(|seed| carmine_types::PgId { pool: id, seed })
+            .filter(|pg| {
+                let serving = map.pg_osds(*pg, pool.size);
+                next.pg_osds(*pg, size).iter().any(|o| !serving.contains(o))
+            })
+            .map(|pg| pg.to_string())
+            .collect();
+        if !filling.is_empty() {
+            return Err(format!(
+                "--min-size {min_size}: {} PGs of pool {:?} (first {}) are served by fewer \
+                 copies while a new copy is filled, and would have to take the copy being \
+                 filled into their acting set; raise min_size once `carmine cluster status` \
+                 shows no PG filling",
+                filling.len(),
+                a.name,
+                filling[0]
+            ));
+        }
+    }
     next.validate().map_err(|e| e.to_string())?;
     Ok(Some(next))
 }
@@ -385,6 +411,11 @@ mod tests {
             assert!(!before.contains(&targets[0]));
             assert!(next.pg_placement(pg, 3).contains(&targets[0]));
         }
+        // min_size 3 now would make the copies being filled act before they are full.
+        let e = with_pool_changed(&next, &set_args("rep", None, Some(3))).unwrap_err();
+        assert!(e.contains("are served by fewer copies"), "{e}");
+        let e = with_pool_changed(&m, &set_args("rep", Some(3), Some(3))).unwrap_err();
+        assert!(e.contains("are served by fewer copies"), "{e}");
         // And back to two: no set, the PGs act on their placement of two again.
         let back = with_pool_changed(&next, &set_args("rep", Some(2), None))
             .unwrap()
@@ -394,6 +425,23 @@ mod tests {
         assert!(with_pool_changed(&back, &set_args("rep", Some(2), Some(1)))
             .unwrap()
             .is_none());
+    }
+
+    #[test]
+    fn a_pool_given_fewer_copies_while_one_fills_keeps_serving_from_complete_ones() {
+        let m = map(&["a", "b", "c", "d"]);
+        let mut m = with_pool(&m, &args("rep", Some(3), Some(2), 8)).unwrap();
+        let pg = carmine_types::PgId { pool: 2, seed: 0 };
+        let placed = m.pg_placement(pg, 3);
+        let spare = (0..4).find(|id| !placed.contains(id)).unwrap();
+        // placed[0] is being filled; the spare OSD, complete, serves in its stead.
+        m.pg_temp.insert(pg, vec![spare, placed[1], placed[2]]);
+        let next = with_pool_changed(&m, &set_args("rep", Some(2), None))
+            .unwrap()
+            .unwrap();
+        assert_eq!(next.pg_placement(pg, 2), placed[..2].to_vec());
+        assert_eq!(next.pg_osds(pg, 2), vec![spare, placed[1]]);
+        assert_eq!(next.pg_backfill_targets(pg, 2), vec![placed[0]]);
     }
 
     #[test]

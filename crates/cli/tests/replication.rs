@@ -1019,6 +1019,10 @@ fn a_one_osd_cluster_grows_to_three_and_moves_its_volume_into_a_pool_of_copies()
         out.stdout
     };
     assert_eq!(read_rep(&c), data);
+    // Copied again onto the same name: refused, and the copy there is untouched.
+    let err = c.fails(&["volume", "copy", "v", "--to-pool", "rep", "-q"]);
+    assert!(err.contains("exists"), "{err}");
+    assert_eq!(read_rep(&c), data);
     kill9(c.osd_pid(0));
     assert_eq!(read_rep(&c), data, "the copies on osd.1 and osd.2");
     c.ok(&["cluster", "down"]);

@@ -102,7 +102,24 @@ impl OsdMap {
     /// and is on a host none of its other copies use (when the PG's copies are on distinct
     /// hosts). Deterministic: the same map balances the same way.
     pub fn balance(&mut self, max_deviation: usize, max_moves: usize) -> Balanced {
+        self.balance_keeping(max_deviation, max_moves, false)
+    }
+
+    /// [`OsdMap::balance`], with `keep_single_copies`: PGs of one-copy pools count where
+    /// they are but are never moved (their only copy cannot be carried along).
+    pub fn balance_keeping(
+        &mut self,
+        max_deviation: usize,
+        max_moves: usize,
+        keep_single_copies: bool,
+    ) -> Balanced {
         let cleaned = self.clean_upmaps();
+        let single: BTreeSet<u32> = self
+            .pools
+            .iter()
+            .filter(|p| p.size < 2)
+            .map(|p| p.id)
+            .collect();
         let eligible: Vec<(OsdId, u32, &str)> = self
             .osds
             .iter()
@@ -162,6 +179,7 @@ impl OsdMap {
                     }
                     let candidate = placement.iter().find(|(pg, osds)| {
                         osds.first() == Some(&from)
+                            && !(keep_single_copies && single.contains(&pg.pool))
                             && !osds.contains(&to)
                             && self.host_allows(osds, to, &host_of)
                             && !moved_pgs.contains(pg)

@@ -198,6 +198,15 @@ impl OsdMap {
     /// Checks the invariants placement relies on. Called on every decoded map.
     pub fn validate(&self) -> Result<(), MapError> {
         let invalid = |s: String| Err(MapError::Invalid(s));
+        // What decoding takes: a map stored past it could not be read back.
+        if self.upmaps.len() > UPMAPS_MAX || self.pg_temp.len() > UPMAPS_MAX {
+            return invalid(format!(
+                "{} placement exceptions and {} temporary acting sets: at most {UPMAPS_MAX} \
+                 of each",
+                self.upmaps.len(),
+                self.pg_temp.len()
+            ));
+        }
         for (i, o) in self.osds.iter().enumerate() {
             if o.reactors.is_empty() {
                 return invalid(format!("osd.{} has no reactors", o.id));

@@ -117,12 +117,22 @@ impl OsdMap {
             if old_size < 2 || before.pg_placement(pg, old_size) == self.pg_placement(pg, size) {
                 continue;
             }
-            let serving: Vec<OsdId> = before
+            let mut serving: Vec<OsdId> = before
                 .pg_osds(pg, old_size)
                 .into_iter()
                 .filter(|id| self.is_up(*id))
                 .collect();
             let placed = self.pg_placement(pg, size);
+            // Fewer copies now (`pool set --size`): the set keeps those placement keeps,
+            // then the first others, up to the new size.
+            while serving.len() > size as usize {
+                match serving.iter().rposition(|id| !placed.contains(id)) {
+                    Some(i) => {
+                        serving.remove(i);
+                    }
+                    None => serving.truncate(size as usize),
+                }
+            }
             if serving.len() >= min_size as usize && placed.iter().any(|id| !serving.contains(id)) {
                 self.pg_temp.insert(pg, serving);
             } else {

@@ -49,12 +49,13 @@ impl Volumes {
         done: impl Fn(u64),
     ) -> Result<Copied, VolumeError> {
         let info = source.info().clone();
-        to.create(to_name, info.size, Some(info.object_size))
+        let created = to
+            .create(to_name, info.size, Some(info.object_size))
             .await?;
         let target = match to.open(to_name).await {
             Ok(t) => t,
             Err(e) => {
-                let _ = to.remove(to_name).await;
+                to.discard_copy(to_name, &created.id).await;
                 return Err(e);
             }
         };
@@ -100,11 +101,23 @@ impl Volumes {
         match (res, closed) {
             (Ok(c), Ok(())) => Ok(c),
             (Err(e), _) | (Ok(_), Err(e)) => {
-                if let Err(r) = to.remove(to_name).await {
-                    tracing::warn!("removing the partial copy {to_name}: {r}");
-                }
+                to.discard_copy(to_name, &created.id).await;
                 Err(e)
             }
+        }
+    }
+
+    /// Removes the copy this process created as image `id`, only if `name` still names it.
+    async fn discard_copy(&self, name: &str, id: &str) {
+        let res = match self.begin_remove(name, id).await {
+            Ok(()) => self.purge(id).await,
+            Err(e) => Err(e),
+        };
+        if let Err(e) = res {
+            tracing::warn!(
+                "the copy failed, and removing its partial destination {name} (image {id}) \
+                 failed too: {e}; remove it with `carmine volume rm`"
+            );
         }
     }
 }
