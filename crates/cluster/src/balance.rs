@@ -57,6 +57,17 @@ impl OsdMap {
         cleaned
     }
 
+    /// The OSDs placement gives a PG of a one-copy pool: each holds the only copy of some
+    /// data, which nothing can carry elsewhere.
+    pub fn single_copy_holders(&self) -> BTreeSet<OsdId> {
+        self.pools
+            .iter()
+            .filter(|p| p.size < 2)
+            .flat_map(|p| (0..p.pg_num).map(move |seed| PgId { pool: p.id, seed }))
+            .flat_map(|pg| self.pg_placement(pg, 1))
+            .collect()
+    }
+
     /// Keeps the PGs of one-copy pools where `before` placed them, by exceptions, where this
     /// map would place them elsewhere: such a PG's only copy is on the OSD `before` placed it
     /// on, and nothing copies it along (no backfill without a second copy), so moved it would

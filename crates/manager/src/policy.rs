@@ -38,10 +38,10 @@ pub struct NextEpoch {
 ///   and held down for a while ([`crate::reports`]: one per epoch);
 /// - an OSD marked up that is not registered (its lease ran out, or it stopped) is marked
 ///   down, stamped with `now`;
-/// - an OSD down and in for `down_out_grace` is marked out, automatically — unless a pool
-///   keeps a single copy: without replication and backfill (issue #12) its PGs would come
-///   back empty on other OSDs, and what they then accept would be hidden once the OSD is back.
-///   They wait for it instead.
+/// - an OSD down and in for `down_out_grace` is marked out, automatically — unless it holds
+///   a PG of a pool that keeps a single copy: nothing can copy that PG along, so it would come
+///   back empty on other OSDs, and what it then accepts would be hidden once the OSD is back.
+///   It waits for the OSD instead. (The one-copy PGs of other OSDs stay where they are.)
 pub fn next_epoch(
     map: &OsdMap,
     alive: &BTreeMap<u32, Registration>,
@@ -51,15 +51,21 @@ pub fn next_epoch(
 ) -> Option<NextEpoch> {
     let mut next = map.clone();
     let mut reasons = Vec::new();
-    let may_move_pgs = map.pools.iter().all(|p| p.size >= 2);
+    // The OSDs holding a PG of a one-copy pool: computed only if one is due out.
+    let mut single_holders: Option<std::collections::BTreeSet<u32>> = None;
+    let mut holds_single = |id: u32| {
+        single_holders
+            .get_or_insert_with(|| map.single_copy_holders())
+            .contains(&id)
+    };
     for o in &mut next.osds {
         let registered = alive.contains_key(&o.id);
         let held = registered && held(o, reports, now);
-        let out_due = may_move_pgs
-            && !o.up
+        let out_due = !o.up
             && o.in_
             && o.down_since != 0
-            && now.saturating_sub(o.down_since) >= policy.down_out_grace.as_secs();
+            && now.saturating_sub(o.down_since) >= policy.down_out_grace.as_secs()
+            && !holds_single(o.id);
         match alive.get(&o.id) {
             // Held down on its peers' reports (see `held`): stays down, registered or not.
             Some(reg) if !o.up && !held => {
@@ -291,6 +297,39 @@ pub(crate) mod tests {
                 .osd(1)
                 .unwrap()
                 .in_
+        );
+    }
+
+    #[test]
+    fn a_down_osd_without_one_copy_pgs_is_marked_out_beside_a_one_copy_pool() {
+        // A cluster grown from osd.0: its one-copy pool lives there alone.
+        let mut m = map(3);
+        m.pools.push(Pool {
+            id: 2,
+            name: "one".into(),
+            pg_num: 16,
+            size: 1,
+            min_size: 1,
+        });
+        let mut on_0 = m.clone();
+        on_0.osds.truncate(1);
+        m.pin_single_copies(&on_0);
+        let down = next_epoch(&m, &alive(&m, &[0, 1]), NO_REPORTS, 1000, &P)
+            .unwrap()
+            .map;
+        let out = next_epoch(&down, &alive(&m, &[0, 1]), NO_REPORTS, 1600, &P).unwrap();
+        assert!(!out.map.osd(2).unwrap().in_, "{:?}", out.reasons);
+        for seed in 0..16 {
+            let pg = carmine_types::PgId { pool: 2, seed };
+            assert_eq!(out.map.pg_placement(pg, 1), vec![0]);
+        }
+        // osd.0, which holds them, waits however long it is down.
+        let down = next_epoch(&m, &alive(&m, &[1, 2]), NO_REPORTS, 1000, &P)
+            .unwrap()
+            .map;
+        assert_eq!(
+            next_epoch(&down, &alive(&m, &[1, 2]), NO_REPORTS, 1000 + 86_400, &P),
+            None
         );
     }
 
