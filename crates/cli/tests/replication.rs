@@ -23,16 +23,15 @@ fn pattern(len: usize, seed: u64) -> Vec<u8> {
 }
 
 fn read_volume(c: &Cluster, len: usize) -> Vec<u8> {
+    read_volume_of(c, "rbd", len)
+}
+
+/// The first `len` bytes of volume `v` of `pool`.
+fn read_volume_of(c: &Cluster, pool: &str, len: usize) -> Vec<u8> {
+    let len = len.to_string();
     let out = c
         .cmd(&[
-            "volume",
-            "read",
-            "v",
-            "--file",
-            "-",
-            "-q",
-            "--length",
-            &len.to_string(),
+            "volume", "read", "v", "--pool", pool, "--file", "-", "-q", "--length", &len,
         ])
         .output()
         .unwrap();
@@ -1009,22 +1008,17 @@ fn a_one_osd_cluster_grows_to_three_and_moves_its_volume_into_a_pool_of_copies()
     let said = c.ok(&["volume", "copy", "v", "--to-pool", "rep", "-q"]);
     assert!(said.contains("7 objects"), "{said}");
     assert!(said.contains("9 holes"), "{said}");
-    let read_rep = |c: &Cluster| {
-        let out = c.run(&["volume", "read", "v", "--pool", "rep", "--file", "-", "-q"]);
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        out.stdout
-    };
-    assert_eq!(read_rep(&c), data);
+    assert_eq!(read_volume_of(&c, "rep", data.len()), data);
     // Copied again onto the same name: refused, and the copy there is untouched.
     let err = c.fails(&["volume", "copy", "v", "--to-pool", "rep", "-q"]);
     assert!(err.contains("exists"), "{err}");
-    assert_eq!(read_rep(&c), data);
+    assert_eq!(read_volume_of(&c, "rep", data.len()), data);
     kill9(c.osd_pid(0));
-    assert_eq!(read_rep(&c), data, "the copies on osd.1 and osd.2");
+    assert_eq!(
+        read_volume_of(&c, "rep", data.len()),
+        data,
+        "the copies on osd.1 and osd.2"
+    );
     c.ok(&["cluster", "down"]);
 }
 
