@@ -57,15 +57,14 @@ impl OsdMap {
         cleaned
     }
 
-    /// The OSDs placement gives a PG of a one-copy pool: each holds the only copy of some
-    /// data, which nothing can carry elsewhere.
-    pub fn single_copy_holders(&self) -> BTreeSet<OsdId> {
+    /// Whether placement gives OSD `id` a PG of a one-copy pool: it holds the only copy of
+    /// some data, which nothing can carry elsewhere. (Stops at the first such PG.)
+    pub fn holds_single_copy(&self, id: OsdId) -> bool {
         self.pools
             .iter()
             .filter(|p| p.size < 2)
             .flat_map(|p| (0..p.pg_num).map(move |seed| PgId { pool: p.id, seed }))
-            .flat_map(|pg| self.pg_placement(pg, 1))
-            .collect()
+            .any(|pg| self.pg_placement(pg, 1).first() == Some(&id))
     }
 
     /// Keeps the PGs of one-copy pools where `before` placed them, by exceptions, where this

@@ -51,13 +51,6 @@ pub fn next_epoch(
 ) -> Option<NextEpoch> {
     let mut next = map.clone();
     let mut reasons = Vec::new();
-    // The OSDs holding a PG of a one-copy pool: computed only if one is due out.
-    let mut single_holders: Option<std::collections::BTreeSet<u32>> = None;
-    let mut holds_single = |id: u32| {
-        single_holders
-            .get_or_insert_with(|| map.single_copy_holders())
-            .contains(&id)
-    };
     for o in &mut next.osds {
         let registered = alive.contains_key(&o.id);
         let held = registered && held(o, reports, now);
@@ -65,7 +58,8 @@ pub fn next_epoch(
             && o.in_
             && o.down_since != 0
             && now.saturating_sub(o.down_since) >= policy.down_out_grace.as_secs()
-            && !holds_single(o.id);
+            // (Last: only an OSD otherwise due out pays for the search.)
+            && !map.holds_single_copy(o.id);
         match alive.get(&o.id) {
             // Held down on its peers' reports (see `held`): stays down, registered or not.
             Some(reg) if !o.up && !held => {
@@ -127,9 +121,9 @@ pub fn next_epoch(
         return None;
     }
     // PGs moved by an OSD marked out (or in again) are served by their complete copies while
-    // the new ones are filled (decision 0015). One-copy PGs never move (no OSD goes out while
-    // a pool keeps one copy, but one marked out before such a pool was made comes back in):
-    // they stay where their only copy is.
+    // the new ones are filled (decision 0015). One-copy PGs stay on their holders: holders
+    // are never marked out here, and an OSD that goes out or comes back in changes only
+    // their raw placement.
     next.pin_single_copies(map);
     next.prime_temps(map);
     next.epoch = map.epoch + 1;
@@ -334,7 +328,7 @@ pub(crate) mod tests {
     }
 
     #[test]
-    fn with_a_single_copy_pool_a_down_osd_is_never_marked_out() {
+    fn a_down_osd_holding_a_one_copy_pg_is_never_marked_out() {
         let mut m = map(2);
         m.pools[0].size = 1;
         let down = next_epoch(&m, &alive(&m, &[0]), NO_REPORTS, 1000, &P)

@@ -109,14 +109,17 @@ impl Volumes {
 
     /// Removes the copy this process created as image `id`, only if `name` still names it.
     async fn discard_copy(&self, name: &str, id: &str) {
-        let res = match self.begin_remove(name, id).await {
-            Ok(()) => self.purge(id).await,
-            Err(e) => Err(e),
-        };
-        if let Err(e) = res {
+        if let Err(e) = self.begin_remove(name, id).await {
             tracing::warn!(
-                "the copy failed, and removing its partial destination {name} (image {id}) \
-                 failed too: {e}; remove it with `carmine volume rm`"
+                "the copy failed, and its partial destination {name} (image {id}) was not \
+                 removed: {e}. If {name} is still that image, remove it with `carmine volume rm`"
+            );
+            return;
+        }
+        if let Err(e) = self.purge(id).await {
+            tracing::warn!(
+                "the copy failed; its partial destination {name} (image {id}) is unlisted but \
+                 its objects remain ({e}): the next `carmine volume rm` in the pool removes them"
             );
         }
     }
