@@ -1003,6 +1003,18 @@ fn a_one_osd_cluster_grows_to_three_and_moves_its_volume_into_a_pool_of_copies()
     assert_eq!(read_volume(&c, data.len()), data, "the one-copy volume");
     let err = c.fails(&["pool", "set", "rbd", "--size", "3"]);
     assert!(err.contains("keeps one copy"), "{err}");
+    // osd.0 holds the one-copy PGs: marking it out would hide their data.
+    let err = c.fails(&["osd", "out", "0"]);
+    assert!(err.contains("that keep a single copy"), "{err}");
+    // The balancer leaves them where they are.
+    let said = c.ok(&["osd", "balance"]);
+    let balanced = carmine_localcluster::read_map(&c.dir).unwrap();
+    assert!(
+        balanced
+            .all_pgs()
+            .all(|pg| balanced.pg_placement(pg, 1) == one.pg_placement(pg, 1)),
+        "{said}"
+    );
 
     c.ok(&["pool", "create", "rep", "--size", "3", "--pg-num", "8"]);
     let said = c.ok(&["volume", "copy", "v", "--to-pool", "rep", "-q"]);
