@@ -5,7 +5,6 @@
 use anyhow::{bail, Context, Result};
 use carmine_cluster::OsdMap;
 use carmine_localcluster::DirArg;
-use carmine_types::PgId;
 use clap::Subcommand;
 
 #[derive(Subcommand, Debug)]
@@ -210,14 +209,15 @@ fn keep_single_copies(
     if pin {
         next.pin_single_copies(map);
     }
-    let single: Vec<&carmine_cluster::Pool> = map.pools.iter().filter(|p| p.size < 2).collect();
-    let moved = single
-        .iter()
-        .flat_map(|p| (0..p.pg_num).map(move |seed| PgId { pool: p.id, seed }))
+    let moved = map
+        .single_copy_pgs()
         .filter(|pg| map.pg_placement(*pg, 1) != next.pg_placement(*pg, 1))
         .count();
     if moved > 0 {
-        let names: Vec<&str> = single.iter().map(|p| p.name.as_str()).collect();
+        let names: Vec<&str> = (map.pools.iter())
+            .filter(|p| p.size < 2)
+            .map(|p| p.name.as_str())
+            .collect();
         return Err(carmine_mapstore::MapStoreError::Invalid(format!(
             "this moves {moved} PGs of pool(s) {} that keep a single copy, off OSDs that \
              could no longer hold them: the moved PGs would come up empty on their new OSDs \
@@ -672,10 +672,7 @@ fn print_moved(before: Option<&OsdMap>, stored: &OsdMap) {
             b.moved_pgs(stored)
         );
         let kept = stored
-            .pools
-            .iter()
-            .filter(|p| p.size < 2)
-            .flat_map(|p| (0..p.pg_num).map(move |seed| PgId { pool: p.id, seed }))
+            .single_copy_pgs()
             .filter(|pg| stored.upmaps.get(pg) != b.upmaps.get(pg))
             .count();
         if kept > 0 {

@@ -195,9 +195,8 @@ fn with_pool_changed(map: &OsdMap, a: &SetArgs) -> Result<Option<OsdMap>, String
     // copy being filled act before it holds the data: every write then waits for it to
     // recover the object first. Refused until the fill is over.
     if min_size > pool.min_size {
-        let id = pool.id;
-        let filling: Vec<String> = (0..pool.pg_num)
-            .map(|seed| carmine_types::PgId { pool: id, seed })
+        let filling: Vec<String> = pool
+            .pgs()
             .filter(|pg| {
                 let serving = map.pg_osds(*pg, pool.size);
                 next.pg_osds(*pg, size).iter().any(|o| !serving.contains(o))
@@ -248,23 +247,13 @@ fn set(a: &SetArgs) -> Result<()> {
         .iter()
         .find(|p| p.name == a.name)
         .context("the stored map lacks the pool")?;
-    let filling = (0..pool.pg_num)
-        .filter(|seed| {
-            let pg = carmine_types::PgId {
-                pool: pool.id,
-                seed: *seed,
-            };
-            !map.pg_backfill_targets(pg, pool.size).is_empty()
-        })
+    let filling = pool
+        .pgs()
+        .filter(|pg| !map.pg_backfill_targets(*pg, pool.size).is_empty())
         .count();
-    let below = (0..pool.pg_num)
-        .filter(|seed| {
-            let pg = carmine_types::PgId {
-                pool: pool.id,
-                seed: *seed,
-            };
-            map.pg_osds(pg, pool.size).len() < usize::from(pool.min_size)
-        })
+    let below = pool
+        .pgs()
+        .filter(|pg| map.pg_osds(*pg, pool.size).len() < usize::from(pool.min_size))
         .count();
     println!(
         "pool {} ({:?}): {} copies, min_size {}; map epoch {}; {filling} PGs fill a new copy \

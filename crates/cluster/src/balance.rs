@@ -60,10 +60,7 @@ impl OsdMap {
     /// Whether placement gives OSD `id` a PG of a one-copy pool: it holds the only copy of
     /// some data, which nothing can carry elsewhere. (Stops at the first such PG.)
     pub fn holds_single_copy(&self, id: OsdId) -> bool {
-        self.pools
-            .iter()
-            .filter(|p| p.size < 2)
-            .flat_map(|p| (0..p.pg_num).map(move |seed| PgId { pool: p.id, seed }))
+        self.single_copy_pgs()
             .any(|pg| self.pg_placement(pg, 1).first() == Some(&id))
     }
 
@@ -75,10 +72,8 @@ impl OsdMap {
     /// the PGs kept by a new exception; those that could not be kept still move.
     pub fn pin_single_copies(&mut self, before: &OsdMap) -> Vec<PgId> {
         let pgs: Vec<PgId> = self
-            .pools
-            .iter()
-            .filter(|p| p.size == 1 && before.pool(p.id).is_ok_and(|b| b.size == 1))
-            .flat_map(|p| (0..p.pg_num).map(move |seed| PgId { pool: p.id, seed }))
+            .single_copy_pgs()
+            .filter(|pg| before.pool(pg.pool).is_ok_and(|b| b.size == 1))
             .collect();
         let mut kept = Vec::new();
         for pg in pgs {

@@ -140,6 +140,16 @@ pub struct Pool {
     pub min_size: u8,
 }
 
+impl Pool {
+    /// The pool's PGs, by seed.
+    pub fn pgs(&self) -> impl Iterator<Item = PgId> + '_ {
+        (0..self.pg_num).map(|seed| PgId {
+            pool: self.id,
+            seed,
+        })
+    }
+}
+
 /// PGs per OSD (see [`OsdMap::spread`]).
 #[derive(Clone, Debug, PartialEq)]
 pub struct Spread {
@@ -413,9 +423,12 @@ impl OsdMap {
 
     /// Every PG of every pool.
     pub fn all_pgs(&self) -> impl Iterator<Item = PgId> + '_ {
-        self.pools
-            .iter()
-            .flat_map(|p| (0..p.pg_num).map(move |seed| PgId { pool: p.id, seed }))
+        self.pools.iter().flat_map(Pool::pgs)
+    }
+
+    /// Every PG of the pools that keep one copy.
+    pub fn single_copy_pgs(&self) -> impl Iterator<Item = PgId> + '_ {
+        self.pools.iter().filter(|p| p.size < 2).flat_map(Pool::pgs)
     }
 
     /// The OSDs declared lost, each with the epoch it was declared in.
