@@ -23,6 +23,20 @@ pub enum PoolCommand {
     /// cannot be given copies in place (its objects carry no versions and no PG log): make a
     /// pool with copies and `volume copy` the volumes into it.
     Set(SetArgs),
+    /// Remove a pool and every object in it, for good: its volumes go with it. Refused while
+    /// one of its volumes is locked by a user. The OSDs delete its PGs' objects in the
+    /// background; its id is never given to another pool.
+    Rm(RmArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct RmArgs {
+    pub name: String,
+    /// Required: the pool's volumes and objects cannot be brought back.
+    #[arg(long)]
+    pub yes_i_really_mean_it: bool,
+    #[command(flatten)]
+    pub dir: DirArg,
 }
 
 #[derive(Args, Debug)]
@@ -59,6 +73,7 @@ pub fn run(cmd: PoolCommand) -> Result<()> {
     match cmd {
         PoolCommand::Create(a) => create(&a),
         PoolCommand::Set(a) => set(&a),
+        PoolCommand::Rm(a) => rm(&a),
         PoolCommand::Ls { dir } => {
             let map = carmine_localcluster::read_map(&dir.dir)?;
             print!("{}", list(&map));
@@ -113,7 +128,9 @@ fn with_pool(map: &OsdMap, a: &CreateArgs) -> Result<OsdMap, String> {
     if a.pg_num == 0 || a.pg_num > PG_NUM_MAX {
         return Err(format!("--pg-num {}: 1 to {PG_NUM_MAX}", a.pg_num));
     }
-    let id = map.pools.iter().map(|p| p.id).max().unwrap_or(0) + 1;
+    // Never an id given before: a removed pool's objects may still be on an OSD that was
+    // down when it went.
+    let id = map.highest_pool_id() + 1;
     if id == u32::MAX {
         return Err("no pool id is left".into());
     }
@@ -126,8 +143,129 @@ fn with_pool(map: &OsdMap, a: &CreateArgs) -> Result<OsdMap, String> {
         size,
         min_size,
     });
+    next.pool_max = id;
     next.validate().map_err(|e| e.to_string())?;
     Ok(next)
+}
+
+/// The next map without pool `name` (nor its placement exceptions and temporary sets), or
+/// why it cannot be.
+fn without_pool(map: &OsdMap, name: &str) -> Result<OsdMap, String> {
+    let id = map
+        .pool_by_name(name)
+        .map_err(|_| format!("no pool {name:?}"))?
+        .id;
+    let mut next = map.clone();
+    next.epoch = map.epoch + 1;
+    next.pool_max = map.highest_pool_id();
+    next.pools.retain(|p| p.id != id);
+    next.upmaps.retain(|pg, _| pg.pool != id);
+    next.pg_temp.retain(|pg, _| pg.pool != id);
+    next.validate().map_err(|e| e.to_string())?;
+    Ok(next)
+}
+
+/// How long `pool rm` waits for the cluster to list the pool's volumes and their locks.
+const LOOK_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(15);
+
+/// A pool's volumes, and the first of them locked by a user.
+struct InPool {
+    volumes: Vec<String>,
+    /// (volume, holder)
+    locked: Option<(String, String)>,
+}
+
+/// The volumes of pool `pool`, as the cluster says now.
+fn volumes_in(dir: &std::path::Path, pool: &str) -> Result<InPool> {
+    carmine_reactor::block_on(async {
+        let look = async {
+            let client = carmine_localcluster::connect(dir).await?;
+            let id = client.pool_id(pool)?;
+            let volumes = carmine_volume::Volumes::new(client, id);
+            let names = volumes.list().await?;
+            for n in &names {
+                if let Some(l) = volumes.lock_holder(n).await? {
+                    let locked = Some((n.clone(), l.holder));
+                    return Ok(InPool {
+                        volumes: names.clone(),
+                        locked,
+                    });
+                }
+            }
+            anyhow::Ok(InPool {
+                volumes: names,
+                locked: None,
+            })
+        };
+        carmine_reactor::timeout(LOOK_TIMEOUT, look)
+            .await
+            .map_err(|_| anyhow::anyhow!("no answer in {LOOK_TIMEOUT:?}"))?
+    })
+}
+
+fn rm(a: &RmArgs) -> Result<()> {
+    let map = carmine_localcluster::read_map(&a.dir.dir)?;
+    let pool = map
+        .pool_by_name(&a.name)
+        .map_err(|_| anyhow::anyhow!("no pool {:?}", a.name))?
+        .clone();
+    if !a.yes_i_really_mean_it {
+        anyhow::bail!(
+            "removing pool {:?} deletes its {} PGs with every volume and object in them, for \
+             good; say --yes-i-really-mean-it to go ahead",
+            a.name,
+            pool.pg_num
+        );
+    }
+    match volumes_in(&a.dir.dir, &a.name) {
+        Ok(InPool {
+            locked: Some((volume, holder)),
+            ..
+        }) => anyhow::bail!(
+            "volume {volume:?} of pool {:?} is locked by {holder}: stop its user first (or, \
+             if that user is gone, `carmine volume lock break {volume} --pool {}`)",
+            a.name,
+            a.name
+        ),
+        Ok(InPool { volumes: names, .. }) if !names.is_empty() => {
+            println!(
+                "removing {} volume(s) with the pool: {}",
+                names.len(),
+                names.join(", ")
+            )
+        }
+        Ok(_) => {}
+        Err(e) => {
+            eprintln!("warning: could not look at the pool's volumes ({e:#}); removing it anyway")
+        }
+    }
+    let store = carmine_localcluster::map_store(&a.dir.dir)?;
+    let stored = carmine_mapstore::update(store.as_ref(), 10, |current| {
+        let map = current.ok_or_else(|| {
+            MapStoreError::Invalid("the cluster has no map (is a cluster up there?)".into())
+        })?;
+        if map.pool(pool.id).is_err() {
+            return Err(MapStoreError::Invalid(format!(
+                "pool {:?} was removed meanwhile",
+                a.name
+            )));
+        }
+        without_pool(map, &a.name)
+            .map(Some)
+            .map_err(MapStoreError::Invalid)
+    })?
+    .context("the cluster has no map")?;
+    println!(
+        "pool {} ({:?}) removed in map epoch {}; the OSDs delete its objects in the background",
+        pool.id, pool.name, stored.epoch
+    );
+    // Its PGs' recorded histories: nothing reads them once the id is gone. A primary that
+    // had not yet heard may record one more; it stays as harmless garbage.
+    match carmine_localcluster::pg_histories(&a.dir.dir).and_then(|h| Ok(h.remove_pool(pool.id)?)) {
+        Ok(n) => println!("{n} recorded PG histories of the pool removed"),
+        Err(e) => eprintln!("warning: the pool's PG histories stay in the map store: {e:#}"),
+    }
+    Ok(())
 }
 
 /// The next map with pool `a.name` changed as `a` says, or why it cannot be; `None` if it
@@ -311,6 +449,7 @@ fn create(a: &CreateArgs) -> Result<()> {
 mod tests {
     use super::*;
     use carmine_cluster::OsdInfo;
+    use carmine_types::PgId;
 
     fn map(hosts: &[&str]) -> OsdMap {
         let mut m = OsdMap::single_osd(vec!["127.0.0.1:6800".parse().unwrap()], 8);
@@ -367,6 +506,42 @@ mod tests {
         refused(args("", Some(2), None, 8), "pool name");
         // Copies share a host only when there are too few hosts (placement's rule).
         assert!(with_pool(&m, &args("r", Some(3), None, 8)).is_ok());
+    }
+
+    #[test]
+    fn a_removed_pool_takes_its_exceptions_and_sets_along_and_its_id_is_never_given_again() {
+        let m = map(&["a", "b", "c", "d"]);
+        let m = with_pool(&m, &args("rep", Some(3), Some(2), 8)).unwrap();
+        let mut m = with_pool(&m, &args("last", Some(2), None, 8)).unwrap();
+        let (rep, last) = (PgId { pool: 2, seed: 0 }, PgId { pool: 3, seed: 1 });
+        for pg in [rep, last] {
+            let placed = m.pg_placement(pg, 2);
+            let spare = (0..4).find(|id| !placed.contains(id)).unwrap();
+            m.upmaps.insert(pg, vec![(placed[0], spare)]);
+            m.pg_temp.insert(pg, placed.clone());
+        }
+        m.validate().unwrap();
+        // The pool with the highest id goes: its id stays taken.
+        let next = without_pool(&m, "last").unwrap();
+        assert_eq!(next.epoch, m.epoch + 1);
+        assert_eq!(next.pools.len(), 2);
+        assert_eq!(next.upmaps.keys().collect::<Vec<_>>(), vec![&rep]);
+        assert_eq!(next.pg_temp.keys().collect::<Vec<_>>(), vec![&rep]);
+        assert!(next.pool_removed(3) && !next.pool_removed(2));
+        let round = OsdMap::decode(next.encode()).unwrap();
+        assert_eq!(round, next);
+        let again = with_pool(&round, &args("last", Some(2), None, 8)).unwrap();
+        assert_eq!(
+            again.pools.last().unwrap().id,
+            4,
+            "id 3 is never given again"
+        );
+        assert!(again.pool_removed(3));
+        // The first pool too; an unknown name is refused.
+        let fewer = without_pool(&again, "rbd").unwrap();
+        assert!(fewer.pool_removed(1) && fewer.any_pool_removed());
+        let e = without_pool(&fewer, "rbd").unwrap_err();
+        assert!(e.contains("no pool"), "{e}");
     }
 
     fn set_args(name: &str, size: Option<u8>, min_size: Option<u8>) -> SetArgs {

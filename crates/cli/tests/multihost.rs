@@ -162,6 +162,7 @@ fn map(c: &Cluster) -> carmine_cluster::OsdMap {
         pools: vec![],
         upmaps: Default::default(),
         pg_temp: Default::default(),
+        pool_max: 0,
     };
     for l in out.lines() {
         let f: Vec<&str> = l.split_whitespace().collect();

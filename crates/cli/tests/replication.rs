@@ -1025,6 +1025,7 @@ fn a_one_osd_cluster_grows_to_three_and_moves_its_volume_into_a_pool_of_copies()
     let err = c.fails(&["volume", "copy", "v", "--to-pool", "rep", "-q"]);
     assert!(err.contains("exists"), "{err}");
     assert_eq!(read_volume_of(&c, "rep", data.len()), data);
+    remove_pools(&c);
     kill9(c.osd_pid(0));
     assert_eq!(
         read_volume_of(&c, "rep", data.len()),
@@ -1032,6 +1033,94 @@ fn a_one_osd_cluster_grows_to_three_and_moves_its_volume_into_a_pool_of_copies()
         "the copies on osd.1 and osd.2"
     );
     c.ok(&["cluster", "down"]);
+}
+
+/// Objects each of OSDs `0..osds` stores, once their figures (refreshed every second) agree
+/// with `want`.
+fn objects_within(c: &Cluster, osds: u32, what: &str, want: impl Fn(&[u64]) -> bool) -> Vec<u64> {
+    let start = Instant::now();
+    loop {
+        let n: Vec<u64> = (0..osds)
+            .map(|id| metric(c, id, "carmine_osd_store_objects"))
+            .collect();
+        if want(&n) {
+            return n;
+        }
+        assert!(start.elapsed() < Duration::from_secs(20), "{what}: {n:?}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// `pool rm` of the grown cluster's one-copy pool `rbd` (then osd.0 holds nothing that keeps
+/// it in) and of a pool of three copies removed while osd.2 is down: every OSD deletes what
+/// it held of them, osd.2 once it is back, and no id is given again.
+fn remove_pools(c: &Cluster) {
+    c.ok(&["pool", "create", "gone", "--size", "3", "--pg-num", "8"]);
+    c.ok(&["volume", "create", "w", "--size", "4M", "--pool", "gone"]);
+    let w = std::env::temp_dir().join(format!("carmine-w-{}", std::process::id()));
+    std::fs::write(&w, pattern(4 << 20, 43)).unwrap();
+    c.ok(&[
+        "volume",
+        "write",
+        "w",
+        "--pool",
+        "gone",
+        "-q",
+        "--file",
+        w.to_str().unwrap(),
+    ]);
+    std::fs::remove_file(&w).unwrap();
+    // osd.0 holds rbd's objects beside the copies all three hold (figures a second old).
+    std::thread::sleep(Duration::from_millis(1500));
+    let before = objects_within(c, 3, "every OSD holds its objects", |n| {
+        n[0] >= n[1] + 7 && n[1] == n[2] && n[1] > 0
+    });
+
+    let err = c.fails(&["pool", "rm", "rbd"]);
+    assert!(err.contains("--yes-i-really-mean-it"), "{err}");
+    // A volume in use: refused, naming its holder.
+    // (One reactor for the image's whole life: its connections belong to it.)
+    carmine_reactor::block_on(async {
+        let image = open_volume(&c.dir).await;
+        let err = c.fails(&["pool", "rm", "rbd", "--yes-i-really-mean-it"]);
+        assert!(err.contains("\"v\" of pool \"rbd\" is locked by"), "{err}");
+        image.close().await.unwrap();
+    });
+    let said = c.ok(&["pool", "rm", "rbd", "--yes-i-really-mean-it"]);
+    assert!(
+        said.contains("removing 1 volume(s) with the pool: v"),
+        "{said}"
+    );
+    let err = c.fails(&["volume", "ls", "--pool", "rbd"]);
+    assert!(err.contains("rbd"), "{err}");
+    // osd.0 holds no single copy now: it may go out like any other.
+    let map = carmine_localcluster::read_map(&c.dir).unwrap();
+    assert!(!map.holds_single_copy(0));
+
+    kill9(c.osd_pid(2));
+    let said = c.ok(&["pool", "rm", "gone", "--yes-i-really-mean-it"]);
+    assert!(
+        said.contains("recorded PG histories of the pool removed"),
+        "{said}"
+    );
+    let after = objects_within(c, 2, "osd.0 and osd.1 delete what they held", |n| {
+        n[0] == n[1] && n[1] < before[1]
+    });
+    c.ok(&["cluster", "up"]);
+    objects_within(
+        c,
+        3,
+        "osd.2 deletes the removed pool's copies once back",
+        |n| n[2] == after[0] && n[0] == after[0],
+    );
+    let said = c.ok(&["pool", "create", "new", "--size", "3", "--pg-num", "8"]);
+    assert!(
+        said.starts_with("pool 4 "),
+        "ids 1 and 3 are never given again: {said}"
+    );
+    let pools = c.ok(&["pool", "ls"]);
+    assert!(!pools.contains("rbd") && !pools.contains("gone"), "{pools}");
+    healthy(c);
 }
 
 #[test]

@@ -270,6 +270,7 @@ impl Client {
                     pools: vec![],
                     upmaps: Default::default(),
                     pg_temp: Default::default(),
+                    pool_max: 0,
                 }))),
                 routes: RefCell::new(HashMap::new()),
                 conns: RefCell::new(HashMap::new()),

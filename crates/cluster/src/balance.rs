@@ -267,6 +267,7 @@ mod tests {
             }],
             upmaps: Default::default(),
             pg_temp: Default::default(),
+            pool_max: 1,
         }
     }
 

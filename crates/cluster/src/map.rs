@@ -11,7 +11,7 @@ use std::net::SocketAddr;
 use thiserror::Error;
 
 const MAP_MAGIC: u32 = u32::from_le_bytes(*b"CMAP");
-pub const MAP_FORMAT_VERSION: u16 = 7;
+pub const MAP_FORMAT_VERSION: u16 = 8;
 /// Maps written before OSDs had `in`, a host and a down stamp: still read (all OSDs in).
 const MAP_FORMAT_V1: u16 = 1;
 /// Maps written before placement exceptions (upmaps): still read (none).
@@ -24,6 +24,8 @@ const MAP_FORMAT_V4: u16 = 4;
 const MAP_FORMAT_V5: u16 = 5;
 /// Maps written before temporary acting sets: still read (none).
 const MAP_FORMAT_V6: u16 = 6;
+/// Maps written before pools could be removed: still read (no id given beyond the pools').
+const MAP_FORMAT_V7: u16 = 7;
 /// Placement exceptions per map: one per PG at most, and far fewer in practice (the balancer
 /// moves a few PGs per OSD).
 const UPMAPS_MAX: usize = 1 << 18;
@@ -184,6 +186,11 @@ pub struct OsdMap {
     /// ones, primary first) instead of its placement, while a copy placement gives it is
     /// being filled (decision 0015).
     pub pg_temp: PgTemps,
+    /// The highest pool id ever given (format 8), so that a removed pool's id is never given
+    /// again: an OSD that still holds a removed pool's objects (it was down when the pool
+    /// went) must never see them adopted by a new pool. May lag the pools' own ids (0 in a
+    /// map built by hand): [`OsdMap::highest_pool_id`] is what counts.
+    pub pool_max: PoolId,
 }
 
 impl OsdMap {
@@ -202,7 +209,27 @@ impl OsdMap {
             }],
             upmaps: Upmaps::new(),
             pg_temp: PgTemps::new(),
+            pool_max: 1,
         }
+    }
+
+    /// The highest pool id this map or an earlier one gave.
+    pub fn highest_pool_id(&self) -> PoolId {
+        self.pools
+            .iter()
+            .map(|p| p.id)
+            .fold(self.pool_max, PoolId::max)
+    }
+
+    /// Whether some pool was removed: an id up to the highest given is not in the map.
+    pub fn any_pool_removed(&self) -> bool {
+        (self.pools.len() as u64) < u64::from(self.highest_pool_id())
+    }
+
+    /// Whether `pool` is the id of a pool that was removed: given once, and no longer in the
+    /// map. What an OSD holds of it is garbage (ids are never given twice).
+    pub fn pool_removed(&self, pool: PoolId) -> bool {
+        pool != 0 && pool <= self.highest_pool_id() && self.pool(pool).is_err()
     }
 
     /// Checks the invariants placement relies on. Called on every decoded map.
@@ -448,8 +475,8 @@ impl OsdMap {
     }
 
     /// The encoding in the oldest format that holds everything the map says: format 4 unless
-    /// an OSD is held down on reports (5), declared lost (6) or a PG has a temporary acting
-    /// set (7), so that daemons of earlier releases still read the maps of a cluster being
+    /// an OSD is held down on reports (5), declared lost (6), a PG has a temporary acting
+    /// set (7) or a pool was removed (8), so that daemons of earlier releases still read the maps of a cluster being
     /// upgraded until it needs more.
     pub fn encode(&self) -> Bytes {
         let held = self
@@ -457,8 +484,11 @@ impl OsdMap {
             .iter()
             .any(|o| o.held_down_until != 0 || o.report_markdowns != 0);
         let lost = self.osds.iter().any(|o| o.lost_at != 0);
-        self.encode_as(if !self.pg_temp.is_empty() {
+        let removed = self.pool_max > self.pools.iter().map(|p| p.id).max().unwrap_or(0);
+        self.encode_as(if removed {
             MAP_FORMAT_VERSION
+        } else if !self.pg_temp.is_empty() {
+            MAP_FORMAT_V7
         } else if lost {
             MAP_FORMAT_V6
         } else if held {
@@ -515,6 +545,9 @@ impl OsdMap {
                     e.u32(*id);
                 }
             }
+        }
+        if version > MAP_FORMAT_V7 {
+            e.u32(self.highest_pool_id());
         }
         let crc = crc32c(&out);
         Encoder::new(&mut out).u32(crc);
@@ -662,6 +695,11 @@ impl OsdMap {
                 }
             }
         }
+        let pool_max = if version > MAP_FORMAT_V7 {
+            d.u32("highest pool id")?
+        } else {
+            pools.iter().map(|p| p.id).max().unwrap_or(0)
+        };
         d.finish("cluster map")?;
         let map = OsdMap {
             epoch,
@@ -669,6 +707,7 @@ impl OsdMap {
             pools,
             upmaps,
             pg_temp,
+            pool_max,
         };
         map.validate()?;
         Ok(map)
@@ -715,6 +754,48 @@ mod tests {
         assert!(matches!(m.validate(), Err(MapError::Invalid(_))));
     }
 
+    #[test]
+    fn a_removed_pools_id_is_kept_in_format_8_and_never_given_again() {
+        let mut m = map(3, 2);
+        m.pools.push(Pool {
+            id: 2,
+            name: "two".into(),
+            pg_num: 8,
+            size: 1,
+            min_size: 1,
+        });
+        // Without a removal, the oldest format that holds the map, and the id follows.
+        let encoded = m.encode();
+        assert_eq!(u16::from_le_bytes([encoded[4], encoded[5]]), MAP_FORMAT_V4);
+        let old = OsdMap::decode(encoded).unwrap();
+        assert_eq!((old.pool_max, old.highest_pool_id()), (2, 2));
+        assert!(!old.pool_removed(1) && !old.pool_removed(2) && !old.pool_removed(3));
+        assert!(!old.any_pool_removed());
+        // Pool 2 removed: format 8 keeps its id.
+        m.pools.pop();
+        m.pool_max = 2;
+        let encoded = m.encode();
+        assert_eq!(
+            u16::from_le_bytes([encoded[4], encoded[5]]),
+            MAP_FORMAT_VERSION
+        );
+        let new = OsdMap::decode(encoded).unwrap();
+        assert_eq!(new, m);
+        assert_eq!(new.highest_pool_id(), 2);
+        assert!(new.pool_removed(2), "the removed id");
+        assert!(new.any_pool_removed());
+        assert!(!new.pool_removed(1), "a pool of the map");
+        assert!(!new.pool_removed(3), "an id never given");
+        assert!(!new.pool_removed(u32::MAX), "the OSDs' own collection");
+        // A format 7 map (a temporary set, no removal) still reads, its ids as given.
+        let mut t = map(3, 2);
+        t.pools[0].size = 2;
+        t.pg_temp.insert(PgId { pool: 1, seed: 0 }, vec![0, 1]);
+        let encoded = t.encode();
+        assert_eq!(u16::from_le_bytes([encoded[4], encoded[5]]), MAP_FORMAT_V7);
+        assert_eq!(OsdMap::decode(encoded).unwrap(), t);
+    }
+
     fn map(osds: u32, reactors: u16) -> OsdMap {
         OsdMap {
             epoch: 3,
@@ -740,6 +821,7 @@ mod tests {
             }],
             upmaps: Default::default(),
             pg_temp: Default::default(),
+            pool_max: 1,
         }
     }
 

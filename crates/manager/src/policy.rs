@@ -167,6 +167,7 @@ pub(crate) mod tests {
             }],
             upmaps: Default::default(),
             pg_temp: Default::default(),
+            pool_max: 1,
         }
     }
 

@@ -287,6 +287,22 @@ impl Etcd {
         kvs_of(&reply)
     }
 
+    /// Deletes every key under `prefix`; returns how many there were.
+    pub fn delete_prefix(&self, prefix: &str) -> Result<u64, MapStoreError> {
+        let reply = self.post(
+            "/v3/kv/deleterange",
+            &json!({ "key": B64.encode(prefix), "range_end": B64.encode(prefix_end(prefix)) }),
+        )?;
+        if reply.get("header").is_none() {
+            return Err(bad_reply("a header", &reply));
+        }
+        // int64 comes as a string in the JSON gateway, and is left out when 0.
+        Ok(reply["deleted"]
+            .as_str()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(0))
+    }
+
     /// Applies `puts` if every compare holds. Returns whether it did.
     pub fn txn(&self, compares: &[Compare<'_>], puts: &[Put<'_>]) -> Result<bool, MapStoreError> {
         let compare: Vec<Value> = compares

@@ -32,6 +32,11 @@ pub fn pg_history(cluster: &str, pg: carmine_types::PgId) -> String {
     format!("/carmine/{cluster}/pg/{}.{}/history", pg.pool, pg.seed)
 }
 
+/// The prefix of the recorded histories of every PG of `pool` (a removed pool's go with it).
+pub fn pg_histories_of_pool(cluster: &str, pool: u32) -> String {
+    format!("/carmine/{cluster}/pg/{pool}.")
+}
+
 /// The longest read lease an OSD's recent runs granted (nanoseconds, decimal).
 pub fn read_lease(cluster: &str, osd: u32) -> String {
     format!("/carmine/{cluster}/osd/{osd}/read-lease")

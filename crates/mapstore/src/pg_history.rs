@@ -31,6 +31,10 @@ pub trait PgHistoryStore: std::fmt::Debug {
         edit: &mut dyn FnMut(&History) -> Result<Option<History>, MapStoreError>,
     ) -> Result<Change, MapStoreError>;
 
+    /// Forgets the histories of every PG of `pool` (removed from the map: its id is never
+    /// given again, so nothing reads them any more). Returns how many there were.
+    fn remove_pool(&self, pool: u32) -> Result<u64, MapStoreError>;
+
     /// Appends `interval` if the newest recorded interval is still the one of epoch `after`
     /// (`None`: none) and `interval` is newer.
     fn record(
@@ -168,6 +172,30 @@ impl PgHistoryStore for LocalPgHistory {
         crate::lockfile::replace_durably(&self.path(pg), &next.encode())?;
         Ok(Change::Replaced)
     }
+
+    fn remove_pool(&self, pool: u32) -> Result<u64, MapStoreError> {
+        let entries = match std::fs::read_dir(&self.dir) {
+            Ok(e) => e,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(0),
+            Err(e) => return Err(io(&self.dir, e)),
+        };
+        let _lock = crate::lockfile::lock_exclusive(&self.dir.join(".lock"))?;
+        let prefix = format!("{pool}.");
+        let mut removed = 0;
+        for entry in entries {
+            let entry = entry.map_err(|e| io(&self.dir, e))?;
+            let name = entry.file_name();
+            let Some(seed) = name.to_str().and_then(|n| n.strip_prefix(&prefix)) else {
+                continue;
+            };
+            if seed.parse::<u32>().is_err() {
+                continue;
+            }
+            std::fs::remove_file(entry.path()).map_err(|e| io(&entry.path(), e))?;
+            removed += 1;
+        }
+        Ok(removed)
+    }
 }
 
 /// Several hosts: a key per PG in etcd, changed by a transaction comparing the stored bytes.
@@ -221,5 +249,10 @@ impl PgHistoryStore for EtcdPgHistory {
             return Ok(Change::Replaced);
         }
         Ok(Change::Kept(self.get(pg)?))
+    }
+
+    fn remove_pool(&self, pool: u32) -> Result<u64, MapStoreError> {
+        self.etcd
+            .delete_prefix(&crate::keys::pg_histories_of_pool(&self.cluster, pool))
     }
 }

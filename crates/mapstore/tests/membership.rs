@@ -254,6 +254,7 @@ fn map(epoch: u32) -> OsdMap {
         }],
         upmaps: Default::default(),
         pg_temp: Default::default(),
+        pool_max: 1,
     }
 }
 

@@ -164,6 +164,41 @@ fn settles_to_the_newest_interval_if_it_is_the_callers(b: &Backend) {
     assert!(!b.store.settle(PG, 4, 8).unwrap());
 }
 
+fn removing_a_pool_forgets_its_histories_and_no_other(b: &Backend) {
+    // Pool 1 (PG 1.7 and 1.8), pool 11 (whose key and file names start with "1" too), pool 2.
+    let pgs = [
+        PG,
+        PgId { pool: 1, seed: 8 },
+        PgId { pool: 11, seed: 7 },
+        PgId { pool: 2, seed: 0 },
+    ];
+    for pg in pgs {
+        assert_eq!(
+            b.store.record(pg, None, iv(3, &[0])).unwrap(),
+            Recorded::Done
+        );
+    }
+    assert_eq!(b.store.remove_pool(1).unwrap(), 2);
+    assert!(b.store.get(PG).unwrap().intervals.is_empty());
+    assert!(b.store.get(pgs[1]).unwrap().intervals.is_empty());
+    for pg in &pgs[2..] {
+        assert_eq!(
+            b.store.get(*pg).unwrap().intervals,
+            vec![iv(3, &[0])],
+            "{pg}"
+        );
+    }
+    assert_eq!(b.store.remove_pool(1).unwrap(), 0, "nothing left");
+    assert_eq!(b.store.remove_pool(7).unwrap(), 0, "a pool with none");
+    // A PG of the removed pool may be recorded again (a primary that had not heard): it is
+    // a key like any other, removed by the next pass.
+    assert_eq!(
+        b.store.record(PG, None, iv(5, &[1])).unwrap(),
+        Recorded::Done
+    );
+    assert_eq!(b.store.remove_pool(1).unwrap(), 1);
+}
+
 macro_rules! conformance {
     ($($case:ident),* $(,)?) => {
         mod local_backend {
@@ -180,4 +215,5 @@ conformance!(
     racing_primaries_never_both_record_after_the_same_interval,
     a_damaged_history_is_reported_and_never_overwritten,
     settles_to_the_newest_interval_if_it_is_the_callers,
+    removing_a_pool_forgets_its_histories_and_no_other,
 );

@@ -692,6 +692,7 @@ mod tests {
                 pools: vec![],
                 upmaps: Default::default(),
                 pg_temp: Default::default(),
+                pool_max: 0,
             };
             let shard = Shard {
                 osd: 0,
@@ -711,6 +712,7 @@ mod tests {
                 epoch_line: Default::default(),
                 idle_timeout: None,
                 lease: None,
+                removed_pools: Default::default(),
                 replication: crate::replication::Replication::new(
                     0,
                     None,

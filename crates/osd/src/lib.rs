@@ -13,6 +13,7 @@ mod handler;
 mod lease;
 mod metrics;
 mod reactor;
+mod removed_pools;
 mod replication;
 
 pub use metrics::{serve_metrics, MetricsServer, ReactorMetrics, ReactorSource, LATENCY_BUCKETS};

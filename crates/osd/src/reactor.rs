@@ -80,6 +80,8 @@ pub(crate) struct Shard<S> {
     pub replication: crate::replication::Replication,
     /// See `OsdConfig::lease`.
     pub lease: Option<Arc<crate::LeaseClock>>,
+    /// Deleting what this store holds of removed pools (see `removed_pools`).
+    pub removed_pools: crate::removed_pools::Sweeps,
     /// This shard itself, for the tasks its requests spawn.
     pub me: std::rc::Weak<Shard<S>>,
 }
@@ -255,6 +257,7 @@ async fn serve<S: ObjectStore + 'static>(setup: ReactorSetup, store: S) -> Resul
         epoch_line: Default::default(),
         idle_timeout,
         lease,
+        removed_pools: Default::default(),
         me: me.clone(),
     });
     if let Some(mut answers) = answers {
@@ -268,6 +271,10 @@ async fn serve<S: ObjectStore + 'static>(setup: ReactorSetup, store: S) -> Resul
         .detach();
     }
     crate::replication::start(&shard).await?;
+    // An OSD that was down when a pool was removed still holds it.
+    if shard.view.borrow().map.any_pool_removed() {
+        crate::removed_pools::start(&shard);
+    }
     let housekeeping = shard.clone();
     carmine_reactor::spawn(async move { housekeeping.store.background().await }).detach();
     shard.metrics.set_statfs(shard.store.statfs());
@@ -367,6 +374,10 @@ async fn serve<S: ObjectStore + 'static>(setup: ReactorSetup, store: S) -> Resul
                 if map.epoch <= shard.view.borrow().map.epoch {
                     continue;
                 }
+                let removed = {
+                    let old = &shard.view.borrow().map;
+                    old.pools.iter().any(|p| map.pool(p.id).is_err())
+                };
                 let view = MapView::new(map, osd, index);
                 // The PGs it gains need their collections before a request can reach them;
                 // until the view is swapped, requests for them get WrongTarget and retry.
@@ -379,6 +390,9 @@ async fn serve<S: ObjectStore + 'static>(setup: ReactorSetup, store: S) -> Resul
                 shard.metrics.set_view(view.map.epoch, view.owned.len());
                 *shard.view.borrow_mut() = Rc::new(view);
                 crate::replication::on_map(&shard).await?;
+                if removed {
+                    crate::removed_pools::start(&shard);
+                }
             }
             Either::Right(Some(ControlMsg::Shutdown) | None) => break,
         }

@@ -31,6 +31,7 @@ fn two_osd_map() -> OsdMap {
         }],
         upmaps: Default::default(),
         pg_temp: Default::default(),
+        pool_max: 1,
     }
 }
 

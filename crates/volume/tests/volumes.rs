@@ -30,6 +30,7 @@ where
         }],
         upmaps: Default::default(),
         pg_temp: Default::default(),
+        pool_max: 1,
     };
     let osd = Osd::start(OsdConfig {
         reactor_cpus: vec![None, None],

@@ -13,6 +13,7 @@ mod access;
 pub(crate) mod history;
 mod layout;
 pub use layout::check_pg_state;
+pub(crate) use layout::meta_oid;
 mod peers;
 mod persist;
 mod pull;
@@ -966,18 +967,49 @@ pub(crate) fn fail<S: ObjectStore + 'static>(
         return;
     }
     tracing::error!(pg = %pgr.pg, "replicated PG copy stopped: {why}");
-    *pgr.broken.borrow_mut() = Some(why);
-    // Nothing queued will be stored (the copy restarts from its store): dropped, so whoever
-    // waits for a recovered object's storing hears it will not be.
-    pgr.jobs.borrow_mut().clear();
+    stop(shard, pgr, why);
     shard.metrics.pg_copy_stopped();
+    restart::schedule(shard, pgr);
+}
+
+/// Stops `pgr` taking work: what it queued is dropped, its writes in flight refused.
+fn stop<S: ObjectStore + 'static>(shard: &Rc<Shard<S>>, pgr: &Rc<PgReplica>, why: String) {
+    *pgr.broken.borrow_mut() = Some(why);
+    // Nothing queued will be stored (the copy restarts from its store, or is removed):
+    // dropped, so whoever waits for a recovered object's storing hears it will not be.
+    pgr.jobs.borrow_mut().clear();
     let refused: Vec<ReqId> = pgr.member.borrow().pending_requests().collect();
     for req in refused {
         finish(shard, req, Outcome::Refused);
     }
     // Reads and writes waiting on the copy's objects hear it stopped.
     pgr.access.wake_waiters();
-    restart::schedule(shard, pgr);
+}
+
+/// Stops and forgets this reactor's copies of PGs whose pool the map removed, and returns
+/// their PGs once none of them works on the store any more: their objects and state may
+/// then be deleted (`crate::removed_pools`). Their clients' writes in flight are refused;
+/// retried, they find the pool gone.
+pub(crate) async fn retire_removed<S: ObjectStore + 'static>(shard: &Rc<Shard<S>>) -> Vec<PgId> {
+    let map = shard.view.borrow().map.clone();
+    let gone: Vec<Rc<PgReplica>> = shard
+        .replication
+        .pgs
+        .borrow()
+        .values()
+        .filter(|p| map.pool_removed(p.pg.pool))
+        .cloned()
+        .collect();
+    for pgr in &gone {
+        shard.replication.pgs.borrow_mut().remove(&pgr.pg);
+        if pgr.broken.borrow().is_none() {
+            stop(shard, pgr, "its pool was removed".into());
+        }
+    }
+    for pgr in &gone {
+        restart::wait_idle(pgr).await;
+    }
+    gone.iter().map(|p| p.pg).collect()
 }
 
 /// Notes a store error: one of room makes the store count as full (see `write::store_full`).

@@ -62,6 +62,22 @@ pub(super) fn schedule<S: ObjectStore + 'static>(shard: &Rc<Shard<S>>, old: &Rc<
     carmine_reactor::spawn(async move { restart(&shard, &old, delay).await }).detach();
 }
 
+/// Whether a stopped copy still works on the store, or serves a read: its persist task, a
+/// scrub and a repair end on their own once they see it stopped.
+fn busy(old: &PgReplica) -> bool {
+    old.persisting.get()
+        || old.scrub.is_running()
+        || old.rewrites.get() > 0
+        || old.access.any_reading()
+}
+
+/// Waits until the stopped copy `old` is no longer [`busy`].
+pub(super) async fn wait_idle(old: &PgReplica) {
+    while busy(old) {
+        carmine_reactor::sleep(IDLE_POLL).await;
+    }
+}
+
 /// Whether `old` is still this reactor's copy of its PG.
 fn current<S>(shard: &Shard<S>, old: &Rc<PgReplica>) -> bool {
     shard
@@ -77,12 +93,7 @@ async fn restart<S: ObjectStore + 'static>(
 ) {
     carmine_reactor::sleep(delay).await;
     let repl = &shard.replication;
-    let busy = || {
-        old.persisting.get()
-            || old.scrub.is_running()
-            || old.rewrites.get() > 0
-            || old.access.any_reading()
-    };
+    let busy = || busy(old);
     // Nothing of the old copy may write to the store once the new one has read it: its
     // persist task, a scrub and a repair end on their own once they see it stopped. (Read
     // again if one was still busy when the reading ended.) Nor may a read of the old copy

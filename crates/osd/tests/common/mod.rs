@@ -82,6 +82,7 @@ pub fn three_osd_map(reactors: usize) -> OsdMap {
         }],
         upmaps: Default::default(),
         pg_temp: Default::default(),
+        pool_max: 1,
     }
 }
 
