@@ -35,6 +35,10 @@ pub struct RmArgs {
     /// Required: the pool's volumes and objects cannot be brought back.
     #[arg(long)]
     pub yes_i_really_mean_it: bool,
+    /// Remove it even if the cluster cannot say whether its volumes are in use (it is
+    /// down, or the pool's PGs do not answer).
+    #[arg(long)]
+    pub force: bool,
     #[command(flatten)]
     pub dir: DirArg,
 }
@@ -155,6 +159,12 @@ fn without_pool(map: &OsdMap, name: &str) -> Result<OsdMap, String> {
         .pool_by_name(name)
         .map_err(|_| format!("no pool {name:?}"))?
         .id;
+    if map.pools.len() == 1 {
+        return Err(format!(
+            "pool {name:?} is the cluster's last pool: `cluster up` checks its settings \
+             against the first pool; create another pool first"
+        ));
+    }
     let mut next = map.clone();
     next.epoch = map.epoch + 1;
     next.pool_max = map.highest_pool_id();
@@ -235,10 +245,17 @@ fn rm(a: &RmArgs) -> Result<()> {
             )
         }
         Ok(_) => {}
-        Err(e) => {
+        Err(e) if a.force => {
             eprintln!("warning: could not look at the pool's volumes ({e:#}); removing it anyway")
         }
+        Err(e) => anyhow::bail!(
+            "could not look whether the volumes of pool {:?} are in use ({e:#}); bring the \
+             cluster up, or say --force to remove the pool without looking",
+            a.name
+        ),
     }
+    // A client that takes a volume's lock from now on loses its writes with the pool: the
+    // lock is looked at, not held, while the map changes.
     let store = carmine_localcluster::map_store(&a.dir.dir)?;
     let stored = carmine_mapstore::update(store.as_ref(), 10, |current| {
         let map = current.ok_or_else(|| {
@@ -542,6 +559,10 @@ mod tests {
         assert!(fewer.pool_removed(1) && fewer.any_pool_removed());
         let e = without_pool(&fewer, "rbd").unwrap_err();
         assert!(e.contains("no pool"), "{e}");
+        // The last pool stays: `cluster up` checks its flags against the first one.
+        let one = without_pool(&fewer, "rep").unwrap();
+        let e = without_pool(&one, "last").unwrap_err();
+        assert!(e.contains("last pool"), "{e}");
     }
 
     fn set_args(name: &str, size: Option<u8>, min_size: Option<u8>) -> SetArgs {

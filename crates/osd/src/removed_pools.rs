@@ -2,9 +2,9 @@
 //! them — its copies' PG state records, their objects and collections — in the background,
 //! after a map that removed a pool and at start (an OSD that was down when a pool went
 //! still holds it). Pool ids are never given twice (`OsdMap::highest_pool_id`), so nothing
-//! of a removed pool is ever taken for a new pool's. A deletion cut short (a crash, a store
-//! error) is finished by the next sweep: at the next map that removes a pool, or the next
-//! start.
+//! of a removed pool is ever taken for a new pool's. A PG whose deletion failed (a store
+//! error) is tried again after a pause that doubles up to [`RETRY_MAX`]; one cut short by a
+//! crash, at the next start.
 
 use crate::reactor::Shard;
 use carmine_store::{ObjectStore, StoreErrorKind, Transaction};
@@ -12,6 +12,7 @@ use carmine_types::PgId;
 use std::cell::Cell;
 use std::collections::BTreeSet;
 use std::rc::Rc;
+use std::time::Duration;
 
 /// Objects removed per transaction.
 const BATCH: usize = 256;
@@ -19,6 +20,9 @@ const BATCH: usize = 256;
 /// to a pool of one copy that began before the map came may store its object after the
 /// listing.
 const PASSES_MAX: u32 = 3;
+/// The first pause before a sweep that failed is tried again, and the longest.
+const RETRY_FIRST: Duration = Duration::from_secs(5);
+const RETRY_MAX: Duration = Duration::from_secs(300);
 
 /// Whether a sweep runs on this reactor, and whether another was asked for meanwhile.
 #[derive(Default)]
@@ -34,49 +38,67 @@ pub(crate) fn start<S: ObjectStore + 'static>(shard: &Rc<Shard<S>>) {
         sweeps.again.set(true);
         return;
     }
-    let shard = shard.clone();
+    // Weak between passes: a pause must not keep a stopped reactor's shard alive.
+    let weak = Rc::downgrade(shard);
     carmine_reactor::spawn(async move {
+        let mut pause = RETRY_FIRST;
         loop {
+            let Some(shard) = weak.upgrade() else { return };
             shard.removed_pools.again.set(false);
-            match pass(&shard).await {
-                Ok(0) => {}
-                Ok(pgs) => tracing::info!(pgs, "PGs of removed pools deleted from this store"),
-                // Left for the next sweep: nothing of a removed pool is ever read again.
-                Err(why) => {
-                    tracing::warn!("deleting what this store holds of removed pools: {why}")
-                }
+            let (deleted, failed) = pass(&shard).await;
+            if deleted > 0 {
+                tracing::info!(deleted, "PGs of removed pools deleted from this store");
             }
-            if !shard.removed_pools.again.get() {
-                break;
+            if !failed && !shard.removed_pools.again.get() {
+                shard.removed_pools.running.set(false);
+                return;
+            }
+            drop(shard);
+            if failed {
+                // Nothing of a removed pool is ever read again: it can wait.
+                tracing::warn!(
+                    retry_in_s = pause.as_secs(),
+                    "some PGs of removed pools are left"
+                );
+                carmine_reactor::sleep(pause).await;
+                pause = (pause * 2).min(RETRY_MAX);
             }
         }
-        shard.removed_pools.running.set(false);
     })
     .detach();
 }
 
-/// One pass: stops this reactor's copies of removed pools' PGs, then deletes every PG of a
-/// removed pool the store holds. Returns how many it deleted.
-async fn pass<S: ObjectStore + 'static>(shard: &Rc<Shard<S>>) -> Result<usize, String> {
-    let mut pgs: BTreeSet<PgId> = crate::replication::retire_removed(shard)
+/// One pass by the map of now: stops this reactor's copies of removed pools' PGs, then
+/// deletes every PG of a removed pool the store holds. Returns how many it deleted, and
+/// whether any failed.
+async fn pass<S: ObjectStore + 'static>(shard: &Rc<Shard<S>>) -> (usize, bool) {
+    let map = shard.view.borrow().map.clone();
+    let mut pgs: BTreeSet<PgId> = crate::replication::retire_removed(shard, &map)
         .await
         .into_iter()
         .collect();
-    let map = shard.view.borrow().map.clone();
-    let collections = shard
-        .store
-        .list_collections()
-        .await
-        .map_err(|e| format!("listing collections: {e}"))?;
-    pgs.extend(
-        collections
-            .into_iter()
-            .filter(|c| *c != crate::fence::META_COLLECTION && map.pool_removed(c.pool)),
-    );
-    for pg in &pgs {
-        delete_pg(&shard.store, *pg).await?;
+    match shard.store.list_collections().await {
+        Ok(collections) => pgs.extend(
+            collections
+                .into_iter()
+                .filter(|c| *c != crate::fence::META_COLLECTION && map.pool_removed(c.pool)),
+        ),
+        Err(e) => {
+            tracing::warn!("listing collections to delete removed pools' PGs: {e}");
+            return (0, true);
+        }
     }
-    Ok(pgs.len())
+    let (mut deleted, mut failed) = (0, false);
+    for pg in &pgs {
+        match delete_pg(&shard.store, *pg).await {
+            Ok(()) => deleted += 1,
+            Err(why) => {
+                tracing::warn!(%pg, "deleting a PG of a removed pool: {why}");
+                failed = true;
+            }
+        }
+    }
+    (deleted, failed)
 }
 
 /// Deletes `pg`'s state record, then its objects, then its collection. The record goes

@@ -986,12 +986,14 @@ fn stop<S: ObjectStore + 'static>(shard: &Rc<Shard<S>>, pgr: &Rc<PgReplica>, why
     pgr.access.wake_waiters();
 }
 
-/// Stops and forgets this reactor's copies of PGs whose pool the map removed, and returns
+/// Stops and forgets this reactor's copies of PGs whose pool `map` removed, and returns
 /// their PGs once none of them works on the store any more: their objects and state may
 /// then be deleted (`crate::removed_pools`). Their clients' writes in flight are refused;
 /// retried, they find the pool gone.
-pub(crate) async fn retire_removed<S: ObjectStore + 'static>(shard: &Rc<Shard<S>>) -> Vec<PgId> {
-    let map = shard.view.borrow().map.clone();
+pub(crate) async fn retire_removed<S: ObjectStore + 'static>(
+    shard: &Rc<Shard<S>>,
+    map: &OsdMap,
+) -> Vec<PgId> {
     let gone: Vec<Rc<PgReplica>> = shard
         .replication
         .pgs
@@ -1006,8 +1008,17 @@ pub(crate) async fn retire_removed<S: ObjectStore + 'static>(shard: &Rc<Shard<S>
             stop(shard, pgr, "its pool was removed".into());
         }
     }
+    let start = Instant::now();
+    let mut said = false;
     for pgr in &gone {
-        restart::wait_idle(pgr).await;
+        // A scrub or a repair ends at its next step, a read once answered.
+        while restart::busy(pgr) {
+            if !said && start.elapsed() > Duration::from_secs(10) {
+                tracing::warn!(pg = %pgr.pg, "a copy of a removed pool is still busy after 10 s");
+                said = true;
+            }
+            carmine_reactor::sleep(Duration::from_millis(10)).await;
+        }
     }
     gone.iter().map(|p| p.pg).collect()
 }

@@ -64,18 +64,11 @@ pub(super) fn schedule<S: ObjectStore + 'static>(shard: &Rc<Shard<S>>, old: &Rc<
 
 /// Whether a stopped copy still works on the store, or serves a read: its persist task, a
 /// scrub and a repair end on their own once they see it stopped.
-fn busy(old: &PgReplica) -> bool {
+pub(super) fn busy(old: &PgReplica) -> bool {
     old.persisting.get()
         || old.scrub.is_running()
         || old.rewrites.get() > 0
         || old.access.any_reading()
-}
-
-/// Waits until the stopped copy `old` is no longer [`busy`].
-pub(super) async fn wait_idle(old: &PgReplica) {
-    while busy(old) {
-        carmine_reactor::sleep(IDLE_POLL).await;
-    }
 }
 
 /// Whether `old` is still this reactor's copy of its PG.
