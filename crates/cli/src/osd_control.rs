@@ -7,7 +7,7 @@
 use anyhow::{Context, Result};
 use carmine_cluster::OsdMap;
 use carmine_mapstore::etcd_client::Etcd;
-use carmine_mapstore::failure_reports::{publish_etcd, publish_local, FailureReport};
+use carmine_mapstore::failure_reports::{publish_etcd, publish_local, FailureReport, REMADE_EVERY};
 use carmine_mapstore::local_membership::LocalOsdLock;
 use carmine_mapstore::membership::{OsdLease, Registration};
 use carmine_mapstore::{EtcdMapStore, LocalMapStore, MapStore, MapStoreError};
@@ -175,7 +175,7 @@ pub struct Control {
     local: Option<(LocalOsdLock, std::path::PathBuf)>,
     /// The failure report as last published: the OSDs reported (for the log) and the hold
     /// seen; the report itself once changed, for the lease keeper to publish (with etcd).
-    reported: Mutex<(Vec<u32>, u64)>,
+    reported: Mutex<(Vec<u32>, u64, Instant)>,
     report: Arc<PendingReport>,
     reg: Registration,
 }
@@ -271,7 +271,7 @@ impl Control {
             watcher: Some(watcher),
             keeper,
             local,
-            reported: Mutex::new((Vec::new(), 0)),
+            reported: Mutex::new((Vec::new(), 0, Instant::now())),
             report,
             reg,
         })
@@ -284,7 +284,10 @@ impl Control {
     pub fn report(&self, silent: BTreeMap<u32, Duration>, held_seen: u64) {
         let ids: Vec<u32> = silent.keys().copied().collect();
         let mut reported = self.reported.lock().unwrap_or_else(|e| e.into_inner());
-        if reported.0 == ids && reported.1 == held_seen {
+        // A report standing is made again now and then: the managers believe a silence
+        // only if reported after its target's current run started.
+        let remake = !ids.is_empty() && reported.2.elapsed() >= REMADE_EVERY;
+        if reported.0 == ids && reported.1 == held_seen && !remake {
             return;
         }
         if held_seen != reported.1 {
@@ -331,7 +334,7 @@ impl Control {
                 *self.report.next.lock().unwrap_or_else(|e| e.into_inner()) = Some(report);
             }
         }
-        *reported = (ids, held_seen);
+        *reported = (ids, held_seen, Instant::now());
     }
 
     /// Refuses early (before the store is opened or a port bound) an OSD whose id a live

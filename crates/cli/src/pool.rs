@@ -410,9 +410,17 @@ fn set(a: &SetArgs) -> Result<()> {
         .pgs()
         .filter(|pg| map.pg_osds(*pg, pool.size).len() < usize::from(pool.min_size))
         .count();
+    // Fewer copies: the copies dropped go once the PG is clean on the rest (strays).
+    let fill = if filling > 0 {
+        format!(
+            "; {filling} PGs fill a new copy while their current copies serve (`carmine \
+             cluster status` shows the progress)"
+        )
+    } else {
+        String::new()
+    };
     println!(
-        "pool {} ({:?}): {} copies, min_size {}; map epoch {}; {filling} PGs fill a new copy \
-         while their current copies serve (`carmine cluster status` shows the progress)",
+        "pool {} ({:?}): {} copies, min_size {}; map epoch {}{fill}",
         pool.id, pool.name, pool.size, pool.min_size, map.epoch
     );
     if below > 0 {

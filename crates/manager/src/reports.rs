@@ -52,9 +52,13 @@ pub(crate) fn mark_down_reported(
     // Broken links between two OSDs up and registered, and who reported whom.
     let mut links: BTreeSet<(u32, u32)> = BTreeSet::new();
     let mut reporters: BTreeMap<u32, BTreeSet<u32>> = BTreeMap::new();
+    // A silence reported before its target's current run started is about an earlier run
+    // (one restarted within its lease, never seen down): not a broken link.
+    let of_current_run =
+        |r: &FailureReport, t: u32| alive.get(&t).is_some_and(|reg| r.about_run_of(reg));
     for r in reports.values() {
         for &t in r.silent_ms.keys() {
-            if t != r.reporter && up(r.reporter) && up(t) {
+            if t != r.reporter && up(r.reporter) && up(t) && of_current_run(r, t) {
                 links.insert((r.reporter.min(t), r.reporter.max(t)));
                 reporters.entry(t).or_default().insert(r.reporter);
             }
@@ -184,6 +188,7 @@ mod tests {
                         started: 1,
                         silent_ms: ts.iter().map(|t| (*t, 12_000)).collect(),
                         held_seen: 0,
+                        made: 0,
                     },
                 )
             })
@@ -237,6 +242,39 @@ mod tests {
         let back = next_epoch(&n.map, &alive(3), &with_old, 1020, &P).unwrap();
         assert_eq!(downs(&back.map), Vec::<u32>::new());
         assert_eq!(back.map.osd(1).unwrap().held_down_until, 1020);
+    }
+
+    #[test]
+    fn a_silence_reported_before_its_target_restarted_is_not_believed_until_reported_again() {
+        let m = map(3);
+        // osd.1 restarted at time 100 within its lease (never seen down); osd.0 and osd.2
+        // reported it silent at 99, before: about its earlier run.
+        let mut alive = alive(3);
+        alive.get_mut(&1).unwrap().started = 100;
+        let mut r = reports(&[(0, &[1]), (2, &[1])]);
+        for rep in r.values_mut() {
+            rep.made = 99;
+        }
+        assert_eq!(next_epoch(&m, &alive, &r, 101, &P), None);
+        // Made in the second it started: still maybe before it.
+        for rep in r.values_mut() {
+            rep.made = 100;
+        }
+        assert_eq!(next_epoch(&m, &alive, &r, 101, &P), None);
+        // Made again later, still silent: a broken link with its current run.
+        for rep in r.values_mut() {
+            rep.made = 102;
+        }
+        let n = next_epoch(&m, &alive, &r, 102, &P).unwrap();
+        assert_eq!(downs(&n.map), vec![1]);
+        // Reports of OSDs older than the field (made 0) are believed as before.
+        for rep in r.values_mut() {
+            rep.made = 0;
+        }
+        assert_eq!(
+            downs(&next_epoch(&m, &alive, &r, 102, &P).unwrap().map),
+            vec![1]
+        );
     }
 
     #[test]

@@ -32,7 +32,16 @@ pub struct FailureReport {
     /// must give before the managers mark it up again (a hung one cannot). 0: none.
     #[serde(default)]
     pub held_seen: u64,
+    /// When it was made (Unix seconds; a reporter that still hears nothing makes it again
+    /// every [`REMADE_EVERY`]): a silence reported before its target's current run started
+    /// is about an earlier run of the target, and is not believed. 0: made by an OSD older
+    /// than this field, believed as before.
+    #[serde(default)]
+    pub made: u64,
 }
+
+/// How often a reporter that still cannot hear from some OSD makes its report again.
+pub const REMADE_EVERY: std::time::Duration = std::time::Duration::from_secs(2);
 
 impl FailureReport {
     pub fn new(reg: &Registration, silent_ms: BTreeMap<u32, u64>, held_seen: u64) -> Self {
@@ -42,7 +51,16 @@ impl FailureReport {
             started: reg.started,
             silent_ms,
             held_seen,
+            made: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs()),
         }
+    }
+
+    /// Whether its silence about `target` may be about `target`'s current run: made after
+    /// that run started (in a later second: registrations say seconds).
+    pub fn about_run_of(&self, target: &Registration) -> bool {
+        self.made == 0 || self.made > target.started
     }
 
     /// Whether the reporter's current run made it.
