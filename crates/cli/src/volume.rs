@@ -160,6 +160,9 @@ pub fn run(cmd: VolumeCommand) -> Result<()> {
                 let i = volumes.info(&name).await?;
                 println!("name: {}\nid: {}\nsize: {} ({} bytes)\nobject_size: {}\nobjects: {}\nfeatures: {:#x}",
                     i.name, i.id, format_size(i.size), i.size, format_size(i.object_size), i.object_count(), i.features);
+                if i.is_incomplete() {
+                    println!("state: incomplete copy (being copied, or the copy was cut short): it opens only once removed and copied again");
+                }
                 println!("lock: {}", describe_lock(volumes.lock_holder(&name).await?));
             }
             VolumeCommand::Resize { name, size, target } => {

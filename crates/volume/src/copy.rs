@@ -22,8 +22,10 @@ impl Volumes {
     /// object. The source is held under its exclusive lock throughout, so no client writes
     /// it meanwhile and the copy is of one moment (a volume in use is refused with who holds
     /// it: stop its clients first). Only the data objects that exist are read, and those that
-    /// hold only zeros are not written: holes stay holes. If the copy fails, the new volume
-    /// is removed.
+    /// hold only zeros are not written: holes stay holes. The new volume is marked an
+    /// incomplete copy until the last object is in, and refused by every open meanwhile; if
+    /// the copy fails it is removed, and if the copier stops half way (killed, or this future
+    /// dropped) it stays, refused, until `remove`d.
     pub async fn copy_to(
         &self,
         name: &str,
@@ -49,10 +51,20 @@ impl Volumes {
         done: impl Fn(u64),
     ) -> Result<Copied, VolumeError> {
         let info = source.info().clone();
+        // Marked incomplete until every object is in: a copier stopped half way (killed, or
+        // its future dropped) leaves a volume nobody opens by mistake.
         let created = to
-            .create(to_name, info.size, Some(info.object_size))
+            .create_with(
+                to_name,
+                info.size,
+                Some(info.object_size),
+                crate::FEATURE_INCOMPLETE,
+            )
             .await?;
-        let target = match to.open(to_name).await {
+        let target = match to
+            .open_locked(to_name, &crate::LockOptions::default(), true)
+            .await
+        {
             Ok(t) => t,
             Err(e) => {
                 to.discard_copy(to_name, &created.id).await;
@@ -98,7 +110,11 @@ impl Volumes {
             Err(e) => Err(e),
         };
         let closed = target.close().await;
-        match (res, closed) {
+        let finished = match (&res, &closed) {
+            (Ok(_), Ok(())) => to.finish_copy(to_name, &created.id).await,
+            _ => Ok(()),
+        };
+        match (res, closed.and(finished)) {
             (Ok(c), Ok(())) => Ok(c),
             (Err(e), _) | (Ok(_), Err(e)) => {
                 to.discard_copy(to_name, &created.id).await;

@@ -23,6 +23,13 @@ pub enum VolumeError {
     /// image was closed): it must not write any more.
     #[error("image {name:?}: exclusive lock lost ({reason}); writes are refused")]
     LockLost { name: String, reason: String },
+    /// A copy made by `Volumes::copy_to` that did not complete (it still runs, or its
+    /// copier was stopped): its data may be partial.
+    #[error(
+        "image {name:?} is an incomplete copy (being copied, or the copy was cut short): \
+         remove it and copy again"
+    )]
+    Incomplete { name: String },
     #[error("image {name:?} was opened read-only")]
     ReadOnly { name: String },
     #[error(transparent)]

@@ -13,6 +13,10 @@ pub const OBJECT_SIZE_MIN: u64 = 4096;
 pub const OBJECT_SIZE_MAX: u64 = IO_LEN_MAX as u64;
 /// Largest image: 2^50 bytes (1 PiB) keeps object numbers and offsets far from overflow.
 pub const IMAGE_SIZE_MAX: u64 = 1 << 50;
+/// Feature bit: the image is a copy being made, or one cut short (`Volumes::copy_to`; a
+/// killed copier leaves it): its data may be partial, so it is not opened. `volume rm`
+/// removes it.
+pub const FEATURE_INCOMPLETE: u64 = 1;
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ImageInfo {
@@ -20,7 +24,7 @@ pub struct ImageInfo {
     pub id: String,
     pub size: u64,
     pub object_size: u64,
-    /// Feature bits; none are defined yet.
+    /// Feature bits: [`FEATURE_INCOMPLETE`].
     pub features: u64,
 }
 
@@ -50,6 +54,11 @@ impl ImageInfo {
             object_size,
             features: 0,
         })
+    }
+
+    /// Whether it is a copy not (yet) complete: see [`FEATURE_INCOMPLETE`].
+    pub fn is_incomplete(&self) -> bool {
+        self.features & FEATURE_INCOMPLETE != 0
     }
 
     /// Number of data objects the image can have.

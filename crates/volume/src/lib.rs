@@ -47,7 +47,9 @@ mod striping;
 
 pub use copy::Copied;
 pub use error::VolumeError;
-pub use header::{ImageInfo, OBJECT_SIZE_DEFAULT, OBJECT_SIZE_MAX, OBJECT_SIZE_MIN};
+pub use header::{
+    ImageInfo, FEATURE_INCOMPLETE, OBJECT_SIZE_DEFAULT, OBJECT_SIZE_MAX, OBJECT_SIZE_MIN,
+};
 pub use image::Image;
 use image::ImageLock;
 pub use lock::{LockInfo, LockOptions, LockShare};
@@ -151,13 +153,25 @@ impl Volumes {
         size: u64,
         object_size: Option<u64>,
     ) -> Result<ImageInfo, VolumeError> {
+        self.create_with(name, size, object_size, 0).await
+    }
+
+    /// [`Volumes::create`] with feature bits.
+    pub(crate) async fn create_with(
+        &self,
+        name: &str,
+        size: u64,
+        object_size: Option<u64>,
+        features: u64,
+    ) -> Result<ImageInfo, VolumeError> {
         validate_name(name)?;
-        let info = ImageInfo::new(
+        let mut info = ImageInfo::new(
             name,
             random_id(),
             size,
             object_size.unwrap_or(OBJECT_SIZE_DEFAULT),
         )?;
+        info.features = features;
         match self.lookup_id(name).await {
             Ok(_) => return Err(VolumeError::Exists { name: name.into() }),
             Err(VolumeError::NotFound { .. }) => {}
@@ -343,7 +357,22 @@ impl Volumes {
     }
 
     pub async fn open_with(&self, name: &str, opts: &LockOptions) -> Result<Image, VolumeError> {
+        self.open_locked(name, opts, false).await
+    }
+
+    /// [`Volumes::open_with`]; an incomplete copy is refused unless `copying` (its copier).
+    pub(crate) async fn open_locked(
+        &self,
+        name: &str,
+        opts: &LockOptions,
+        copying: bool,
+    ) -> Result<Image, VolumeError> {
         let id = self.lookup_id(name).await?;
+        // Refused before the lock is waited for: a copier killed half way holds it for a
+        // lease still.
+        if !copying && self.read_header(name, &id).await?.is_incomplete() {
+            return Err(VolumeError::Incomplete { name: name.into() });
+        }
         let record = lock::acquire(&self.client, self.pool, name, &id, opts).await?;
         let held = lock::hold(
             self.client.clone(),
@@ -355,6 +384,10 @@ impl Volumes {
         );
         // Read after locking: the size cannot change under us from here on.
         match self.read_header(name, &id).await {
+            Ok(info) if info.is_incomplete() && !copying => {
+                let _ = held.release().await;
+                Err(VolumeError::Incomplete { name: name.into() })
+            }
             Ok(info) => Ok(Image::new(
                 self.client.clone(),
                 self.pool,
@@ -383,7 +416,7 @@ impl Volumes {
             )));
         }
         share.check()?;
-        let info = self.info(name).await?;
+        let info = self.complete_info(name).await?;
         Ok(Image::new(
             self.client.clone(),
             self.pool,
@@ -397,9 +430,18 @@ impl Volumes {
         Ok(Image::new(
             self.client.clone(),
             self.pool,
-            self.info(name).await?,
+            self.complete_info(name).await?,
             None,
         ))
+    }
+
+    /// The image's header, refused if it is an incomplete copy (its data may be partial).
+    async fn complete_info(&self, name: &str) -> Result<ImageInfo, VolumeError> {
+        let info = self.info(name).await?;
+        if info.is_incomplete() {
+            return Err(VolumeError::Incomplete { name: name.into() });
+        }
+        Ok(info)
     }
 
     /// Takes the lock for an administrative change (resize, remove), unless this client
@@ -496,7 +538,21 @@ impl Volumes {
             self.remove_objects(&old.id, keep..old.object_count())
                 .await?;
         }
-        // The new header, and the lock's release, only if both are still as we left them.
+        self.replace_header(name, id, &old, new, record, "resize")
+            .await
+    }
+
+    /// Replaces header `old` by `new` and releases the admin lock `record` (if taken), only
+    /// if both are still as the caller left them.
+    async fn replace_header(
+        &self,
+        name: &str,
+        id: &str,
+        old: &ImageInfo,
+        new: ImageInfo,
+        record: Option<Bytes>,
+        what: &str,
+    ) -> Result<ImageInfo, VolumeError> {
         let mut ops = Vec::with_capacity(4);
         if let Some(record) = &record {
             ops.push(OsdOp::CmpXattr {
@@ -521,10 +577,27 @@ impl Volumes {
             Ok(_) => Ok(new),
             Err(e) if e.status() == Some(Status::CompareFailed) => Err(VolumeError::LockLost {
                 name: name.into(),
-                reason: "the lock or the header changed during the resize".into(),
+                reason: format!("the lock or the header changed during the {what}"),
             }),
             Err(e) => Err(e.into()),
         }
+    }
+
+    /// Marks the copy `name` (image `id`, closed by its copier) complete: it may be opened.
+    pub(crate) async fn finish_copy(&self, name: &str, id: &str) -> Result<(), VolumeError> {
+        let record = self.admin_lock(name, id).await?;
+        let res = async {
+            let old = self.read_header(name, id).await?;
+            let mut new = old.clone();
+            new.features &= !FEATURE_INCOMPLETE;
+            self.replace_header(name, id, &old, new, record.clone(), "copy")
+                .await
+        }
+        .await;
+        if res.is_err() {
+            self.admin_unlock(id, record).await;
+        }
+        res.map(drop)
     }
 
     /// Removes an image and all its data, crash-safely: one directory transaction swaps the

@@ -11,6 +11,15 @@ where
     F: FnOnce(Volumes) -> Fut,
     Fut: std::future::Future<Output = ()>,
 {
+    with_two_clients(|v, _| f(v))
+}
+
+/// Two clients of one OSD, as two processes would be.
+fn with_two_clients<F, Fut>(f: F)
+where
+    F: FnOnce(Volumes, Volumes) -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
     let mut addrs = vec![carmine_testkit::free_addr()];
     while addrs.len() < 2 {
         let addr = carmine_testkit::free_addr();
@@ -41,7 +50,10 @@ where
         let client = Client::connect(&addrs, ClientConfig::default())
             .await
             .unwrap();
-        f(Volumes::new(client, 1)).await;
+        let other = Client::connect(&addrs, ClientConfig::default())
+            .await
+            .unwrap();
+        f(Volumes::new(client, 1), Volumes::new(other, 1)).await;
     });
     osd.shutdown().unwrap();
 }
@@ -231,5 +243,62 @@ fn a_removal_cut_short_hides_the_whole_image_and_is_finished_later() {
         );
         assert_eq!(v.purge_trash().await.unwrap(), 0);
         assert!(v.list().await.unwrap().is_empty());
+    });
+}
+
+/// A copier stopped half way (its future dropped at an await, as a killed process stops)
+/// leaves a destination that every open refuses, never a volume that reads partly as zeros;
+/// after the source's lock is broken, the partial copy removed and the copy made again,
+/// the copy opens and reads as the source.
+#[test]
+fn a_copy_cut_short_is_refused_by_every_open_until_removed_and_made_again() {
+    use futures::FutureExt;
+    use std::cell::Cell;
+    with_two_clients(|v, copier| async move {
+        v.create("src", 4 << 20, Some(64 << 10)).await.unwrap();
+        let data = pattern(4 << 20, 9);
+        let img = v.open("src").await.unwrap();
+        img.write(0, data.clone()).await.unwrap();
+        img.close().await.unwrap();
+
+        let copied = Cell::new(0u64);
+        {
+            let copy = copier
+                .copy_to("src", &copier, "dst", 1, |n| copied.set(copied.get() + n))
+                .fuse();
+            let cut = async {
+                while copied.get() < 8 * (64 << 10) {
+                    carmine_reactor::sleep(std::time::Duration::from_millis(1)).await;
+                }
+            }
+            .fuse();
+            futures::pin_mut!(copy, cut);
+            futures::select! {
+                r = copy => panic!("the copy ended before it was cut: {r:?}"),
+                () = cut => {}
+            }
+        }
+        assert!(copied.get() < 4 << 20, "cut half way");
+        assert_eq!(v.list().await.unwrap(), vec!["dst", "src"]);
+        assert!(v.info("dst").await.unwrap().is_incomplete());
+        for refused in [
+            v.open("dst").await.err(),
+            v.open_read_only("dst").await.err(),
+        ] {
+            assert!(
+                matches!(refused, Some(VolumeError::Incomplete { .. })),
+                "{refused:?}"
+            );
+        }
+        // The copier's locks on the source and the copy outlive it until their lease (a
+        // `remove` would wait for it): broken by hand.
+        assert!(v.break_lock("src").await.unwrap().is_some());
+        assert!(v.break_lock("dst").await.unwrap().is_some());
+        v.remove("dst").await.unwrap();
+        let c = v.copy_to("src", &v, "dst", 4, |_| {}).await.unwrap();
+        assert_eq!(c.objects, 64);
+        assert!(!v.info("dst").await.unwrap().is_incomplete());
+        let dst = v.open_read_only("dst").await.unwrap();
+        assert_eq!(dst.read(0, 4 << 20).await.unwrap(), data);
     });
 }
