@@ -47,6 +47,8 @@ pub fn errno_of_volume(e: &VolumeError) -> i32 {
         // As librbd reports a client whose lock was broken (blocklisted).
         VolumeError::LockLost { .. } => libc::ESHUTDOWN,
         VolumeError::ReadOnly { .. } => libc::EROFS,
+        // Being copied (busy), or a copy cut short (remove it and copy again).
+        VolumeError::Incomplete { .. } => libc::EBUSY,
         VolumeError::Client(c) => errno_of_client(c),
         _ => libc::EIO,
     }

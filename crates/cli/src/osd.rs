@@ -617,7 +617,7 @@ fn wait_for_stop(
             .into_iter()
             .filter(|(_, d)| *d >= peer_grace)
             .collect();
-        control.report(silent, held_seen);
+        control.report(silent, held_seen, peer_grace);
         // Waiting on the map channel is the loop's pause: a new epoch reaches the reactors
         // as soon as it arrives.
         for map in control.newer_maps(Duration::from_millis(100)) {

@@ -281,7 +281,7 @@ impl Control {
     /// managers, and the hold of the newest map that holds this OSD down on reports
     /// (`held_seen`, 0: none), if that is a change: at once beside a map file, through the
     /// lease keeper in etcd. Nothing to say withdraws the report.
-    pub fn report(&self, silent: BTreeMap<u32, Duration>, held_seen: u64) {
+    pub fn report(&self, silent: BTreeMap<u32, Duration>, held_seen: u64, grace: Duration) {
         let ids: Vec<u32> = silent.keys().copied().collect();
         let mut reported = self.reported.lock().unwrap_or_else(|e| e.into_inner());
         // A report standing is made again now and then: the managers believe a silence
@@ -320,7 +320,7 @@ impl Control {
                 .iter()
                 .map(|(o, d)| (*o, d.as_millis() as u64))
                 .collect();
-            FailureReport::new(&self.reg, ms, held_seen)
+            FailureReport::new(&self.reg, ms, held_seen, grace)
         });
         match &self.local {
             Some((_, dir)) => {

@@ -55,7 +55,7 @@ pub(crate) fn mark_down_reported(
     // A silence reported before its target's current run started is about an earlier run
     // (one restarted within its lease, never seen down): not a broken link.
     let of_current_run =
-        |r: &FailureReport, t: u32| alive.get(&t).is_some_and(|reg| r.about_run_of(reg));
+        |r: &FailureReport, t: u32| alive.get(&t).is_some_and(|reg| r.about_run_of(reg, now));
     for r in reports.values() {
         for &t in r.silent_ms.keys() {
             if t != r.reporter && up(r.reporter) && up(t) && of_current_run(r, t) {
@@ -189,6 +189,7 @@ mod tests {
                         silent_ms: ts.iter().map(|t| (*t, 12_000)).collect(),
                         held_seen: 0,
                         made: 0,
+                        grace_ms: 0,
                     },
                 )
             })
@@ -248,33 +249,44 @@ mod tests {
     fn a_silence_reported_before_its_target_restarted_is_not_believed_until_reported_again() {
         let m = map(3);
         // osd.1 restarted at time 100 within its lease (never seen down); osd.0 and osd.2
-        // reported it silent at 99, before: about its earlier run.
+        // (peer grace 10 s) reported it silent for 12 s at 99, before: its earlier run.
         let mut alive = alive(3);
         alive.get_mut(&1).unwrap().started = 100;
         let mut r = reports(&[(0, &[1]), (2, &[1])]);
-        for rep in r.values_mut() {
-            rep.made = 99;
-        }
+        let made = |r: &mut BTreeMap<u32, FailureReport>, at: u64| {
+            for rep in r.values_mut() {
+                rep.made = at;
+                rep.grace_ms = 10_000;
+            }
+        };
+        made(&mut r, 99);
         assert_eq!(next_epoch(&m, &alive, &r, 101, &P), None);
         // Made in the second it started: still maybe before it.
-        for rep in r.values_mut() {
-            rep.made = 100;
-        }
+        made(&mut r, 100);
         assert_eq!(next_epoch(&m, &alive, &r, 101, &P), None);
-        // Made again later, still silent: a broken link with its current run.
-        for rep in r.values_mut() {
-            rep.made = 102;
-        }
-        let n = next_epoch(&m, &alive, &r, 102, &P).unwrap();
+        // Made again 2 s later, still silent: but the new run has not been silent for the
+        // grace yet (the reporter counts from the earlier run's last answer).
+        made(&mut r, 102);
+        assert_eq!(next_epoch(&m, &alive, &r, 102, &P), None);
+        // Silent for the grace since it started: a broken link with its current run.
+        made(&mut r, 110);
+        let n = next_epoch(&m, &alive, &r, 110, &P).unwrap();
         assert_eq!(downs(&n.map), vec![1]);
         // Reports of OSDs older than the field (made 0) are believed as before.
-        for rep in r.values_mut() {
-            rep.made = 0;
-        }
-        assert_eq!(
-            downs(&next_epoch(&m, &alive, &r, 102, &P).unwrap().map),
-            vec![1]
-        );
+        made(&mut r, 0);
+        let n = next_epoch(&m, &alive, &r, 102, &P).unwrap();
+        assert_eq!(downs(&n.map), vec![1]);
+        // Clocks that disagree by more than the skew allowed: believed as before, rather
+        // than ignored for as long as they disagree. The target's clock ahead:
+        made(&mut r, 99);
+        let mut ahead = alive.clone();
+        ahead.get_mut(&1).unwrap().started = 1_000;
+        let n = next_epoch(&m, &ahead, &r, 101, &P).unwrap();
+        assert_eq!(downs(&n.map), vec![1]);
+        // The reporters' clocks behind (a report re-made every 2 s, dated long ago):
+        made(&mut r, 50);
+        let n = next_epoch(&m, &alive, &r, 101, &P).unwrap();
+        assert_eq!(downs(&n.map), vec![1]);
     }
 
     #[test]

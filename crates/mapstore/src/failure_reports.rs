@@ -38,13 +38,26 @@ pub struct FailureReport {
     /// than this field, believed as before.
     #[serde(default)]
     pub made: u64,
+    /// The reporter's peer grace (ms): how long a silence lasts before it is reported. 0:
+    /// not said.
+    #[serde(default)]
+    pub grace_ms: u64,
 }
+
+/// The most two hosts' clocks may differ for a report's `made` to be compared with its
+/// target's start: beyond it, reports are believed as they were before `made` existed.
+pub const CLOCK_SKEW_MAX_SECS: u64 = 5;
 
 /// How often a reporter that still cannot hear from some OSD makes its report again.
 pub const REMADE_EVERY: std::time::Duration = std::time::Duration::from_secs(2);
 
 impl FailureReport {
-    pub fn new(reg: &Registration, silent_ms: BTreeMap<u32, u64>, held_seen: u64) -> Self {
+    pub fn new(
+        reg: &Registration,
+        silent_ms: BTreeMap<u32, u64>,
+        held_seen: u64,
+        grace: std::time::Duration,
+    ) -> Self {
         FailureReport {
             reporter: reg.osd,
             pid: reg.pid,
@@ -54,13 +67,32 @@ impl FailureReport {
             made: std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(0, |d| d.as_secs()),
+            grace_ms: grace.as_millis() as u64,
         }
     }
 
-    /// Whether its silence about `target` may be about `target`'s current run: made after
-    /// that run started (in a later second: registrations say seconds).
-    pub fn about_run_of(&self, target: &Registration) -> bool {
-        self.made == 0 || self.made > target.started
+    /// Whether its silence about `target` is about `target`'s current run, judged at `now`
+    /// (Unix seconds, the judge's clock): made after that run started (in a later second:
+    /// registrations say seconds), and silent for the reporter's grace since then — the
+    /// silence a reporter measures runs from the last answer of the target's earlier run.
+    /// A report without `made` (an older OSD), or one whose clocks disagree with `now` by
+    /// more than [`CLOCK_SKEW_MAX_SECS`] (a reporter that re-makes its report every 2 s
+    /// made it just now), is believed as before.
+    pub fn about_run_of(&self, target: &Registration, now: u64) -> bool {
+        let skew = CLOCK_SKEW_MAX_SECS;
+        let remade = REMADE_EVERY.as_secs() + 1;
+        if self.made == 0
+            || target.started > now + skew
+            || self.made + remade + skew < now
+            || self.made > now + skew
+        {
+            return true;
+        }
+        let Some(&silent_ms) = self.silent_ms.get(&target.osd) else {
+            return false;
+        };
+        let since_start_ms = self.made.saturating_sub(target.started) * 1000;
+        self.made > target.started && silent_ms.min(since_start_ms) >= self.grace_ms
     }
 
     /// Whether the reporter's current run made it.
@@ -205,13 +237,23 @@ mod tests {
         publish_local(
             dir.as_path(),
             1,
-            Some(&FailureReport::new(&reg(1, 50), silent, 0)),
+            Some(&FailureReport::new(
+                &reg(1, 50),
+                silent,
+                0,
+                std::time::Duration::ZERO,
+            )),
         )
         .unwrap();
         publish_local(
             dir.as_path(),
             3,
-            Some(&FailureReport::new(&reg(3, 60), [(2, 9_000)].into(), 0)),
+            Some(&FailureReport::new(
+                &reg(3, 60),
+                [(2, 9_000)].into(),
+                0,
+                std::time::Duration::ZERO,
+            )),
         )
         .unwrap();
         let all = local_reports(dir.as_path()).unwrap();

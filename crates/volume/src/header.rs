@@ -7,6 +7,9 @@ use carmine_types::{crc32c, Decoder, Encoder};
 
 const HEADER_MAGIC: u32 = u32::from_le_bytes(*b"CIMG");
 const HEADER_VERSION: u16 = 1;
+/// The version of the header of an incomplete copy: builds that know no feature bits (they
+/// read version 1 only) refuse it instead of opening a partial copy.
+const HEADER_VERSION_INCOMPLETE: u16 = 2;
 pub const OBJECT_SIZE_DEFAULT: u64 = 4 << 20;
 pub const OBJECT_SIZE_MIN: u64 = 4096;
 /// One object must fit one data op.
@@ -17,6 +20,9 @@ pub const IMAGE_SIZE_MAX: u64 = 1 << 50;
 /// killed copier leaves it): its data may be partial, so it is not opened. `volume rm`
 /// removes it.
 pub const FEATURE_INCOMPLETE: u64 = 1;
+/// Every feature bit this build knows: a header with another is refused (a newer build's
+/// image, whose meaning this one would miss).
+const FEATURES_KNOWN: u64 = FEATURE_INCOMPLETE;
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ImageInfo {
@@ -68,9 +74,14 @@ impl ImageInfo {
 
     pub(crate) fn encode(&self) -> Bytes {
         let mut out = BytesMut::new();
+        let version = if self.is_incomplete() {
+            HEADER_VERSION_INCOMPLETE
+        } else {
+            HEADER_VERSION
+        };
         Encoder::new(&mut out)
             .u32(HEADER_MAGIC)
-            .u16(HEADER_VERSION)
+            .u16(version)
             .u64(self.size)
             .u64(self.object_size)
             .u64(self.features)
@@ -98,7 +109,9 @@ impl ImageInfo {
         let parse = |d: &mut Decoder| -> Result<ImageInfo, carmine_types::DecodeError> {
             let magic = d.u32("magic")?;
             let version = d.u16("version")?;
-            if magic != HEADER_MAGIC || version != HEADER_VERSION {
+            if magic != HEADER_MAGIC
+                || !(HEADER_VERSION..=HEADER_VERSION_INCOMPLETE).contains(&version)
+            {
                 return Err(carmine_types::DecodeError::Invalid {
                     what: "header magic/version",
                     found: version as u64,
@@ -107,6 +120,14 @@ impl ImageInfo {
             let size = d.u64("size")?;
             let object_size = d.u64("object size")?;
             let features = d.u64("features")?;
+            if features & !FEATURES_KNOWN != 0
+                || (features & FEATURE_INCOMPLETE != 0) != (version == HEADER_VERSION_INCOMPLETE)
+            {
+                return Err(carmine_types::DecodeError::Invalid {
+                    what: "image features (for its header version)",
+                    found: features,
+                });
+            }
             let id = d.string("id", 64)?;
             let name = d.string("name", 256)?;
             d.finish("image header")?;
@@ -133,6 +154,26 @@ mod tests {
     fn header_round_trips() {
         let info = ImageInfo::new("vm-disk", "00ff".into(), 10 << 30, 4 << 20).unwrap();
         assert_eq!(ImageInfo::decode("vm-disk", info.encode()).unwrap(), info);
+    }
+
+    #[test]
+    fn an_incomplete_copy_has_a_header_older_builds_refuse_and_unknown_features_are_refused() {
+        let mut info = ImageInfo::new("c", "01".into(), 1 << 20, 4 << 20).unwrap();
+        info.features = FEATURE_INCOMPLETE;
+        let raw = info.encode();
+        assert_eq!(
+            u16::from_le_bytes([raw[4], raw[5]]),
+            HEADER_VERSION_INCOMPLETE
+        );
+        assert_eq!(ImageInfo::decode("c", raw).unwrap(), info);
+        info.features = 0;
+        let raw = info.encode();
+        assert_eq!(u16::from_le_bytes([raw[4], raw[5]]), HEADER_VERSION);
+        info.features = 1 << 7;
+        assert!(matches!(
+            ImageInfo::decode("c", info.encode()),
+            Err(VolumeError::Corrupt { .. })
+        ));
     }
 
     #[test]

@@ -501,6 +501,10 @@ impl Volumes {
     /// Refused while another client holds the image's lock.
     pub async fn resize(&self, name: &str, new_size: u64) -> Result<ImageInfo, VolumeError> {
         let id = self.lookup_id(name).await?;
+        // Refused before the lock is waited for (see `open_locked`); checked again under it.
+        if self.read_header(name, &id).await?.is_incomplete() {
+            return Err(VolumeError::Incomplete { name: name.into() });
+        }
         let record = self.admin_lock(name, &id).await?;
         let res = self
             .resize_locked(name, &id, new_size, record.clone())
@@ -519,7 +523,12 @@ impl Volumes {
         record: Option<Bytes>,
     ) -> Result<ImageInfo, VolumeError> {
         let old = self.read_header(name, id).await?;
-        let new = ImageInfo::new(name, old.id.clone(), new_size, old.object_size)?;
+        // A partial copy stays one: a resize must not make it look complete.
+        if old.is_incomplete() {
+            return Err(VolumeError::Incomplete { name: name.into() });
+        }
+        let mut new = ImageInfo::new(name, old.id.clone(), new_size, old.object_size)?;
+        new.features = old.features;
         if new_size < old.size {
             // Zero the tail of the last kept object, remove the objects wholly past the end.
             let keep = new_size.div_ceil(old.object_size);

@@ -290,6 +290,11 @@ fn a_copy_cut_short_is_refused_by_every_open_until_removed_and_made_again() {
                 "{refused:?}"
             );
         }
+        // Nor may a resize make it look complete.
+        assert!(matches!(
+            v.resize("dst", 8 << 20).await,
+            Err(VolumeError::Incomplete { .. })
+        ));
         // The copier's locks on the source and the copy outlive it until their lease (a
         // `remove` would wait for it): broken by hand.
         assert!(v.break_lock("src").await.unwrap().is_some());
