@@ -1051,31 +1051,15 @@ fn objects_within(c: &Cluster, osds: u32, what: &str, want: impl Fn(&[u64]) -> b
     }
 }
 
-/// `pool rm` of the grown cluster's one-copy pool `rbd` (then osd.0 holds nothing that keeps
-/// it in) and of a pool of three copies removed while osd.2 is down: every OSD deletes what
-/// it held of them, osd.2 once it is back, and no id is given again.
+/// `pool rm` of the grown cluster's one-copy pool `rbd`: refused without the flag and while
+/// its volume is in use; then osd.0 deletes what it held and holds nothing that keeps it in,
+/// and the id is never given again.
 fn remove_pools(c: &Cluster) {
-    c.ok(&["pool", "create", "gone", "--size", "3", "--pg-num", "8"]);
-    c.ok(&["volume", "create", "w", "--size", "4M", "--pool", "gone"]);
-    let w = std::env::temp_dir().join(format!("carmine-w-{}", std::process::id()));
-    std::fs::write(&w, pattern(4 << 20, 43)).unwrap();
-    c.ok(&[
-        "volume",
-        "write",
-        "w",
-        "--pool",
-        "gone",
-        "-q",
-        "--file",
-        w.to_str().unwrap(),
-    ]);
-    std::fs::remove_file(&w).unwrap();
     // osd.0 holds rbd's objects beside the copies all three hold (figures a second old).
     std::thread::sleep(Duration::from_millis(1500));
-    let before = objects_within(c, 3, "every OSD holds its objects", |n| {
+    objects_within(c, 3, "every OSD holds its objects", |n| {
         n[0] >= n[1] + 7 && n[1] == n[2] && n[1] > 0
     });
-
     let err = c.fails(&["pool", "rm", "rbd"]);
     assert!(err.contains("--yes-i-really-mean-it"), "{err}");
     // A volume in use: refused, naming its holder.
@@ -1093,9 +1077,50 @@ fn remove_pools(c: &Cluster) {
     );
     let err = c.fails(&["volume", "ls", "--pool", "rbd"]);
     assert!(err.contains("rbd"), "{err}");
+    objects_within(c, 3, "osd.0 deletes rbd's objects", |n| {
+        n[0] == n[1] && n[1] == n[2]
+    });
     // osd.0 holds no single copy now: it may go out like any other.
     let map = carmine_localcluster::read_map(&c.dir).unwrap();
     assert!(!map.holds_single_copy(0));
+    let said = c.ok(&["pool", "create", "new", "--size", "3", "--pg-num", "8"]);
+    assert!(
+        said.starts_with("pool 3 "),
+        "id 1 is never given again: {said}"
+    );
+    let pools = c.ok(&["pool", "ls"]);
+    assert!(!pools.contains("rbd"), "{pools}");
+    healthy(c);
+}
+
+/// The recorded histories of pool `pool` left in the cluster's directory.
+fn histories_of_pool(c: &Cluster, pool: u32) -> Vec<String> {
+    std::fs::read_dir(c.dir.join("pg-history"))
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .filter(|n| n.starts_with(&format!("{pool}.")))
+        .collect()
+}
+
+/// A pool of three copies removed while osd.2 is down (native stores): osd.0 and osd.1
+/// delete its PGs at once, osd.2 from its disk once it is back, the history a late primary
+/// recorded goes too, and every store checks clean.
+#[test]
+fn a_pool_removed_while_an_osd_is_down_is_deleted_from_its_disk_once_it_is_back() {
+    let c = Cluster::up("pool-rm", &native_args("384M"));
+    let kept = clean_volume_of_8_mib(&c, 51);
+    c.ok(&["pool", "create", "gone", "--size", "3", "--pg-num", "8"]);
+    c.ok(&["volume", "create", "w", "--size", "4M", "--pool", "gone"]);
+    let w = c.dir.join("w.data");
+    std::fs::write(&w, pattern(4 << 20, 52)).unwrap();
+    let file = w.to_str().unwrap();
+    c.ok(&[
+        "volume", "write", "w", "--pool", "gone", "-q", "--file", file,
+    ]);
+    std::thread::sleep(Duration::from_millis(1500));
+    let before = objects_within(&c, 3, "every OSD holds every copy", |n| {
+        n[0] == n[1] && n[1] == n[2] && n[0] > 0
+    });
 
     kill9(c.osd_pid(2));
     let said = c.ok(&["pool", "rm", "gone", "--yes-i-really-mean-it"]);
@@ -1103,24 +1128,35 @@ fn remove_pools(c: &Cluster) {
         said.contains("recorded PG histories of the pool removed"),
         "{said}"
     );
-    let after = objects_within(c, 2, "osd.0 and osd.1 delete what they held", |n| {
+    let after = objects_within(&c, 2, "osd.0 and osd.1 delete what they held", |n| {
         n[0] == n[1] && n[1] < before[1]
     });
+    // A history a primary of "gone" recorded after `pool rm` removed the others (it had not
+    // heard yet): osd.2, which holds copies of its PGs, forgets it once back.
+    std::fs::write(c.dir.join("pg-history").join("2.0"), b"late").unwrap();
     c.ok(&["cluster", "up"]);
     objects_within(
-        c,
+        &c,
         3,
         "osd.2 deletes the removed pool's copies once back",
         |n| n[2] == after[0] && n[0] == after[0],
     );
-    let said = c.ok(&["pool", "create", "new", "--size", "3", "--pg-num", "8"]);
-    assert!(
-        said.starts_with("pool 4 "),
-        "ids 1 and 3 are never given again: {said}"
-    );
-    let pools = c.ok(&["pool", "ls"]);
-    assert!(!pools.contains("rbd") && !pools.contains("gone"), "{pools}");
-    healthy(c);
+    let start = Instant::now();
+    while !histories_of_pool(&c, 2).is_empty() {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "{:?}",
+            histories_of_pool(&c, 2)
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!(read_volume(&c, kept.len()), kept);
+    c.ok(&["cluster", "down"]);
+    for id in 0..3 {
+        let store = carmine_localcluster::store_path(&c.dir, id);
+        let said = c.ok(&["store", "fsck", "--device", store.to_str().unwrap()]);
+        assert!(said.contains("clean"), "osd.{id}: {said}");
+    }
 }
 
 #[test]

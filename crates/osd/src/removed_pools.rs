@@ -77,6 +77,14 @@ async fn pass<S: ObjectStore + 'static>(shard: &Rc<Shard<S>>) -> (usize, bool) {
         .await
         .into_iter()
         .collect();
+    // The copies stopped: what they recorded in the map store can go. (`pool rm` removed
+    // the histories already; a primary that had not heard of it yet may have recorded one
+    // since, and only this reactor's copies could.)
+    let pools: BTreeSet<u32> = pgs.iter().map(|pg| pg.pool).collect();
+    let mut failed = false;
+    for pool in pools {
+        failed |= !crate::replication::forget_pool_histories(shard, pool);
+    }
     match shard.store.list_collections().await {
         Ok(collections) => pgs.extend(
             collections
@@ -88,7 +96,7 @@ async fn pass<S: ObjectStore + 'static>(shard: &Rc<Shard<S>>) -> (usize, bool) {
             return (0, true);
         }
     }
-    let (mut deleted, mut failed) = (0, false);
+    let mut deleted = 0;
     for pg in &pgs {
         match delete_pg(&shard.store, *pg).await {
             Ok(()) => deleted += 1,

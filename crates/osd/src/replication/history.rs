@@ -6,7 +6,7 @@
 use carmine_mapstore::{PgHistoryStore, Recorded};
 use carmine_pg::Interval;
 use carmine_reactor::MailboxSender;
-use carmine_types::{OsdId, PgId};
+use carmine_types::{OsdId, PgId, PoolId};
 use std::sync::mpsc::{sync_channel, SyncSender};
 use std::sync::Arc;
 use std::time::Duration;
@@ -74,6 +74,12 @@ pub(crate) enum Ask {
         from: u32,
         epoch: u32,
     },
+    /// The histories of every PG of `pool` may go: the map removed it, and this reactor's
+    /// copies of its PGs stopped (asked after whatever they asked, so it removes what they
+    /// recorded).
+    ForgetPool {
+        pool: PoolId,
+    },
 }
 
 #[derive(Debug)]
@@ -106,6 +112,11 @@ pub(crate) enum Answer {
     TempChangeFailed {
         pgs: Vec<PgId>,
         why: String,
+    },
+    /// The histories of removed pool `pool` are gone (how many), or why not.
+    PoolForgotten {
+        pool: PoolId,
+        removed: Result<u64, String>,
     },
     /// The map store could not answer (unreachable, damaged record): asked again later.
     Failed {
@@ -237,6 +248,12 @@ fn answer(store: &(dyn PgHistoryStore + Send + Sync), ask: Ask) -> Answer {
         Ask::Get { pg, epoch } | Ask::Record { pg, epoch, .. } | Ask::Settle { pg, epoch, .. } => {
             (*pg, *epoch)
         }
+        Ask::ForgetPool { pool } => {
+            return Answer::PoolForgotten {
+                pool: *pool,
+                removed: store.remove_pool(*pool).map_err(|e| e.to_string()),
+            }
+        }
     };
     let answered = match ask {
         Ask::Get { .. } => store.get(pg).map(|h| Answer::Got {
@@ -263,6 +280,7 @@ fn answer(store: &(dyn PgHistoryStore + Send + Sync), ask: Ask) -> Answer {
         Ask::Settle { from, .. } => store
             .settle(pg, from, epoch)
             .map(|_| Answer::Settled { pg }),
+        Ask::ForgetPool { .. } => unreachable!("answered above"),
     };
     answered.unwrap_or_else(|e| Answer::Failed {
         pg,

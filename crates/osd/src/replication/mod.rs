@@ -567,6 +567,20 @@ pub(crate) fn on_answer<S: ObjectStore + 'static>(shard: &Rc<Shard<S>>, answer: 
             }
             return;
         }
+        Answer::PoolForgotten { pool, removed } => {
+            match removed {
+                Ok(n) => tracing::info!(
+                    pool,
+                    histories = n,
+                    "PG histories of a removed pool removed"
+                ),
+                Err(why) => tracing::warn!(
+                    pool,
+                    "the PG histories of a removed pool stay in the map store: {why}"
+                ),
+            }
+            return;
+        }
         Answer::Got { pg, .. }
         | Answer::Recorded { pg, .. }
         | Answer::Changed { pg, .. }
@@ -595,7 +609,10 @@ pub(crate) fn on_answer<S: ObjectStore + 'static>(shard: &Rc<Shard<S>>, answer: 
             pgr.recording.set(None);
             drive(shard, &pgr, Event::RecordFailed { epoch, history }, None);
         }
-        Answer::Settled { .. } | Answer::TempsChanged { .. } | Answer::TempChangeFailed { .. } => {}
+        Answer::Settled { .. }
+        | Answer::TempsChanged { .. }
+        | Answer::TempChangeFailed { .. }
+        | Answer::PoolForgotten { .. } => {}
         Answer::Failed { epoch, why, .. } => {
             tracing::warn!(%pg, epoch, "PG history: {why}; asking again");
             pgr.asked.set(None);
@@ -1021,6 +1038,17 @@ pub(crate) async fn retire_removed<S: ObjectStore + 'static>(
         }
     }
     gone.iter().map(|p| p.pg).collect()
+}
+
+/// Asks the map store's worker to remove the PG histories of removed pool `pool`, after
+/// what this reactor asked before (see `history::Ask::ForgetPool`). False if its queue is
+/// full: ask again later.
+pub(crate) fn forget_pool_histories<S>(shard: &Shard<S>, pool: carmine_types::PoolId) -> bool {
+    shard
+        .replication
+        .history
+        .as_ref()
+        .is_none_or(|h| h.ask(history::Ask::ForgetPool { pool }))
 }
 
 /// Notes a store error: one of room makes the store count as full (see `write::store_full`).
