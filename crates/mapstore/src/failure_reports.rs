@@ -82,16 +82,19 @@ impl FailureReport {
         let skew = CLOCK_SKEW_MAX_SECS;
         let remade = REMADE_EVERY.as_secs() + 1;
         if self.made == 0
-            || target.started > now + skew
-            || self.made + remade + skew < now
-            || self.made > now + skew
+            || target.started > now.saturating_add(skew)
+            || self.made.saturating_add(remade + skew) < now
+            || self.made > now.saturating_add(skew)
         {
             return true;
         }
         let Some(&silent_ms) = self.silent_ms.get(&target.osd) else {
             return false;
         };
-        let since_start_ms = self.made.saturating_sub(target.started) * 1000;
+        let since_start_ms = self
+            .made
+            .saturating_sub(target.started)
+            .saturating_mul(1000);
         self.made > target.started && silent_ms.min(since_start_ms) >= self.grace_ms
     }
 

@@ -9,7 +9,7 @@
 use crate::reactor::Shard;
 use carmine_store::{ObjectStore, StoreErrorKind, Transaction};
 use carmine_types::PgId;
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
 use std::collections::BTreeSet;
 use std::rc::Rc;
 use std::time::Duration;
@@ -29,6 +29,23 @@ const RETRY_MAX: Duration = Duration::from_secs(300);
 pub(crate) struct Sweeps {
     running: Cell<bool>,
     again: Cell<bool>,
+    /// Removed pools whose PG histories this reactor still has to ask the map store's
+    /// worker to forget (its copies stopped; the ask was refused or failed).
+    forget: RefCell<BTreeSet<u32>>,
+}
+
+/// The map store failed to forget `pool`'s histories: asked again by a sweep after a pause
+/// (the store may be down).
+pub(crate) fn forget_failed<S: ObjectStore + 'static>(shard: &Rc<Shard<S>>, pool: u32) {
+    shard.removed_pools.forget.borrow_mut().insert(pool);
+    let weak = Rc::downgrade(shard);
+    carmine_reactor::spawn(async move {
+        carmine_reactor::sleep(RETRY_FIRST).await;
+        if let Some(shard) = weak.upgrade() {
+            start(&shard);
+        }
+    })
+    .detach();
 }
 
 /// Starts a sweep of removed pools, or asks the one running for another pass.
@@ -80,10 +97,18 @@ async fn pass<S: ObjectStore + 'static>(shard: &Rc<Shard<S>>) -> (usize, bool) {
     // The copies stopped: what they recorded in the map store can go. (`pool rm` removed
     // the histories already; a primary that had not heard of it yet may have recorded one
     // since, and only this reactor's copies could.)
-    let pools: BTreeSet<u32> = pgs.iter().map(|pg| pg.pool).collect();
+    let forget: Vec<u32> = {
+        let mut f = shard.removed_pools.forget.borrow_mut();
+        f.extend(pgs.iter().map(|pg| pg.pool));
+        f.iter().copied().collect()
+    };
     let mut failed = false;
-    for pool in pools {
-        failed |= !crate::replication::forget_pool_histories(shard, pool);
+    for pool in forget {
+        if crate::replication::forget_pool_histories(shard, pool) {
+            shard.removed_pools.forget.borrow_mut().remove(&pool);
+        } else {
+            failed = true;
+        }
     }
     match shard.store.list_collections().await {
         Ok(collections) => pgs.extend(

@@ -20,8 +20,8 @@ pub const IMAGE_SIZE_MAX: u64 = 1 << 50;
 /// killed copier leaves it): its data may be partial, so it is not opened. `volume rm`
 /// removes it.
 pub const FEATURE_INCOMPLETE: u64 = 1;
-/// Every feature bit this build knows: a header with another is refused (a newer build's
-/// image, whose meaning this one would miss).
+/// Every feature bit this build knows: an image with another is not used (a newer build's,
+/// whose meaning this one would miss), though it may be removed.
 const FEATURES_KNOWN: u64 = FEATURE_INCOMPLETE;
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -65,6 +65,25 @@ impl ImageInfo {
     /// Whether it is a copy not (yet) complete: see [`FEATURE_INCOMPLETE`].
     pub fn is_incomplete(&self) -> bool {
         self.features & FEATURE_INCOMPLETE != 0
+    }
+
+    /// Refuses an image this build must not read or write: an incomplete copy, or one with
+    /// feature bits it does not know. (Removing either is fine: that needs only the size.)
+    pub(crate) fn check_usable(&self) -> Result<(), VolumeError> {
+        if self.is_incomplete() {
+            return Err(VolumeError::Incomplete {
+                name: self.name.clone(),
+            });
+        }
+        let unknown = self.features & !FEATURES_KNOWN;
+        if unknown != 0 {
+            return Err(VolumeError::InvalidArgument(format!(
+                "image {:?} has features {unknown:#x} this build does not know (made by a \
+                 newer one)",
+                self.name
+            )));
+        }
+        Ok(())
     }
 
     /// Number of data objects the image can have.
@@ -119,14 +138,10 @@ impl ImageInfo {
             }
             let size = d.u64("size")?;
             let object_size = d.u64("object size")?;
-            let features = d.u64("features")?;
-            if features & !FEATURES_KNOWN != 0
-                || (features & FEATURE_INCOMPLETE != 0) != (version == HEADER_VERSION_INCOMPLETE)
-            {
-                return Err(carmine_types::DecodeError::Invalid {
-                    what: "image features (for its header version)",
-                    found: features,
-                });
+            // Version 2 says the copy is incomplete whatever the bits say.
+            let mut features = d.u64("features")?;
+            if version == HEADER_VERSION_INCOMPLETE {
+                features |= FEATURE_INCOMPLETE;
             }
             let id = d.string("id", 64)?;
             let name = d.string("name", 256)?;
@@ -157,7 +172,7 @@ mod tests {
     }
 
     #[test]
-    fn an_incomplete_copy_has_a_header_older_builds_refuse_and_unknown_features_are_refused() {
+    fn an_incomplete_copy_has_a_header_older_builds_refuse_and_unknown_features_are_not_used() {
         let mut info = ImageInfo::new("c", "01".into(), 1 << 20, 4 << 20).unwrap();
         info.features = FEATURE_INCOMPLETE;
         let raw = info.encode();
@@ -169,10 +184,18 @@ mod tests {
         info.features = 0;
         let raw = info.encode();
         assert_eq!(u16::from_le_bytes([raw[4], raw[5]]), HEADER_VERSION);
+        info.check_usable().unwrap();
+        // A newer build's feature: decoded (it may be removed), not used.
         info.features = 1 << 7;
+        let newer = ImageInfo::decode("c", info.encode()).unwrap();
         assert!(matches!(
-            ImageInfo::decode("c", info.encode()),
-            Err(VolumeError::Corrupt { .. })
+            newer.check_usable(),
+            Err(VolumeError::InvalidArgument(_))
+        ));
+        info.features = FEATURE_INCOMPLETE;
+        assert!(matches!(
+            info.check_usable(),
+            Err(VolumeError::Incomplete { .. })
         ));
     }
 

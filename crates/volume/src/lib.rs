@@ -370,8 +370,8 @@ impl Volumes {
         let id = self.lookup_id(name).await?;
         // Refused before the lock is waited for: a copier killed half way holds it for a
         // lease still.
-        if !copying && self.read_header(name, &id).await?.is_incomplete() {
-            return Err(VolumeError::Incomplete { name: name.into() });
+        if !copying {
+            self.read_header(name, &id).await?.check_usable()?;
         }
         let record = lock::acquire(&self.client, self.pool, name, &id, opts).await?;
         let held = lock::hold(
@@ -384,9 +384,9 @@ impl Volumes {
         );
         // Read after locking: the size cannot change under us from here on.
         match self.read_header(name, &id).await {
-            Ok(info) if info.is_incomplete() && !copying => {
+            Ok(info) if !copying && info.check_usable().is_err() => {
                 let _ = held.release().await;
-                Err(VolumeError::Incomplete { name: name.into() })
+                info.check_usable().map(|()| unreachable!())
             }
             Ok(info) => Ok(Image::new(
                 self.client.clone(),
@@ -438,9 +438,7 @@ impl Volumes {
     /// The image's header, refused if it is an incomplete copy (its data may be partial).
     async fn complete_info(&self, name: &str) -> Result<ImageInfo, VolumeError> {
         let info = self.info(name).await?;
-        if info.is_incomplete() {
-            return Err(VolumeError::Incomplete { name: name.into() });
-        }
+        info.check_usable()?;
         Ok(info)
     }
 
@@ -502,9 +500,7 @@ impl Volumes {
     pub async fn resize(&self, name: &str, new_size: u64) -> Result<ImageInfo, VolumeError> {
         let id = self.lookup_id(name).await?;
         // Refused before the lock is waited for (see `open_locked`); checked again under it.
-        if self.read_header(name, &id).await?.is_incomplete() {
-            return Err(VolumeError::Incomplete { name: name.into() });
-        }
+        self.read_header(name, &id).await?.check_usable()?;
         let record = self.admin_lock(name, &id).await?;
         let res = self
             .resize_locked(name, &id, new_size, record.clone())
@@ -524,9 +520,7 @@ impl Volumes {
     ) -> Result<ImageInfo, VolumeError> {
         let old = self.read_header(name, id).await?;
         // A partial copy stays one: a resize must not make it look complete.
-        if old.is_incomplete() {
-            return Err(VolumeError::Incomplete { name: name.into() });
-        }
+        old.check_usable()?;
         let mut new = ImageInfo::new(name, old.id.clone(), new_size, old.object_size)?;
         new.features = old.features;
         if new_size < old.size {
@@ -710,10 +704,18 @@ impl Volumes {
             .into_iter()
             .filter_map(|k| k.strip_prefix(TRASH_KEY_PREFIX).map(str::to_owned))
             .collect();
+        // One that cannot be purged now does not hold up the others.
+        let mut first_error = None;
         for id in &ids {
-            self.purge(id).await?;
+            if let Err(e) = self.purge(id).await {
+                tracing::warn!("purging removed image {id}: {e}");
+                first_error.get_or_insert(e);
+            }
         }
-        Ok(ids.len())
+        match first_error {
+            Some(e) => Err(e),
+            None => Ok(ids.len()),
+        }
     }
 
     async fn remove_objects(

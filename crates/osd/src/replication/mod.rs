@@ -574,10 +574,13 @@ pub(crate) fn on_answer<S: ObjectStore + 'static>(shard: &Rc<Shard<S>>, answer: 
                     histories = n,
                     "PG histories of a removed pool removed"
                 ),
-                Err(why) => tracing::warn!(
-                    pool,
-                    "the PG histories of a removed pool stay in the map store: {why}"
-                ),
+                Err(why) => {
+                    tracing::warn!(
+                        pool,
+                        "forgetting the PG histories of a removed pool: {why}; asking again"
+                    );
+                    crate::removed_pools::forget_failed(shard, *pool);
+                }
             }
             return;
         }
