@@ -138,10 +138,13 @@ impl ImageInfo {
             }
             let size = d.u64("size")?;
             let object_size = d.u64("object size")?;
-            // Version 2 says the copy is incomplete whatever the bits say.
-            let mut features = d.u64("features")?;
-            if version == HEADER_VERSION_INCOMPLETE {
-                features |= FEATURE_INCOMPLETE;
+            // Canonical: version 2 exactly when the copy is incomplete.
+            let features = d.u64("features")?;
+            if (features & FEATURE_INCOMPLETE != 0) != (version == HEADER_VERSION_INCOMPLETE) {
+                return Err(carmine_types::DecodeError::Invalid {
+                    what: "image features for its header version",
+                    found: features,
+                });
             }
             let id = d.string("id", 64)?;
             let name = d.string("name", 256)?;
@@ -180,7 +183,17 @@ mod tests {
             u16::from_le_bytes([raw[4], raw[5]]),
             HEADER_VERSION_INCOMPLETE
         );
-        assert_eq!(ImageInfo::decode("c", raw).unwrap(), info);
+        assert_eq!(ImageInfo::decode("c", raw.clone()).unwrap(), info);
+        // Either half of the pair alone is not a header this build writes.
+        let mut v1 = raw.to_vec();
+        v1[4] = HEADER_VERSION as u8;
+        let body = v1.len() - 4;
+        let crc = crc32c(&v1[..body]).to_le_bytes();
+        v1[body..].copy_from_slice(&crc);
+        assert!(matches!(
+            ImageInfo::decode("c", Bytes::from(v1)),
+            Err(VolumeError::Corrupt { .. })
+        ));
         info.features = 0;
         let raw = info.encode();
         assert_eq!(u16::from_le_bytes([raw[4], raw[5]]), HEADER_VERSION);
