@@ -14,8 +14,6 @@ use std::collections::BTreeSet;
 use std::rc::Rc;
 use std::time::Duration;
 
-/// Objects removed per transaction.
-const BATCH: usize = 256;
 /// Passes over a PG whose collection still held objects when it was to go: a client write
 /// to a pool of one copy that began before the map came may store its object after the
 /// listing.
@@ -137,34 +135,12 @@ async fn pass<S: ObjectStore + 'static>(shard: &Rc<Shard<S>>) -> (usize, bool) {
 /// Deletes `pg`'s state record, then its objects, then its collection. The record goes
 /// first: a copy cut short leaves only a collection, which the next sweep finds.
 async fn delete_pg<S: ObjectStore>(store: &S, pg: PgId) -> Result<(), String> {
-    let meta = crate::replication::meta_oid(pg);
-    let mut txn = Transaction::new();
-    txn.touch(crate::fence::META_COLLECTION, &meta)
-        .remove(crate::fence::META_COLLECTION, &meta);
-    store
-        .submit(txn)
-        .await
-        .map_err(|e| format!("removing the state of PG {pg}: {e}"))?;
     let mut removed = 0;
     for _ in 0..PASSES_MAX {
-        loop {
-            let page = match store.list_objects(pg, None, BATCH).await {
-                Ok(p) => p,
-                Err(e) if e.kind == StoreErrorKind::CollectionNotFound => return Ok(()),
-                Err(e) => return Err(format!("listing PG {pg}: {e}")),
-            };
-            if page.items.is_empty() {
-                break;
-            }
-            let mut txn = Transaction::with_capacity(page.items.len());
-            for oid in &page.items {
-                txn.remove(pg, oid);
-            }
-            store
-                .submit(txn)
-                .await
-                .map_err(|e| format!("removing objects of PG {pg}: {e}"))?;
-            removed += page.items.len();
+        match crate::replication::remove_state_and_objects(store, pg).await {
+            Ok(n) => removed += n,
+            Err(e) if e.kind == StoreErrorKind::CollectionNotFound => return Ok(()),
+            Err(e) => return Err(format!("deleting PG {pg}: {e}")),
         }
         let mut txn = Transaction::new();
         txn.remove_collection(pg);

@@ -383,11 +383,14 @@ impl Volumes {
             opts.lease,
         );
         // Read after locking: the size cannot change under us from here on.
-        match self.read_header(name, &id).await {
-            Ok(info) if !copying && info.check_usable().is_err() => {
-                let _ = held.release().await;
-                info.check_usable().map(|()| unreachable!())
-            }
+        let usable = self
+            .read_header(name, &id)
+            .await
+            .and_then(|info| match copying {
+                true => Ok(info),
+                false => info.check_usable().map(|()| info),
+            });
+        match usable {
             Ok(info) => Ok(Image::new(
                 self.client.clone(),
                 self.pool,

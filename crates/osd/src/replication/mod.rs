@@ -13,7 +13,7 @@ mod access;
 pub(crate) mod history;
 mod layout;
 pub use layout::check_pg_state;
-pub(crate) use layout::meta_oid;
+pub(crate) use purge::remove_state_and_objects;
 mod peers;
 mod persist;
 mod pull;

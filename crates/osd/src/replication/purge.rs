@@ -13,7 +13,8 @@
 use super::{feed_map, Job, PgReplica};
 use crate::reactor::Shard;
 use carmine_pg::{Interval, Member};
-use carmine_store::{ObjectStore, Transaction};
+use carmine_store::{ObjectStore, StoreError, Transaction};
+use carmine_types::PgId;
 use std::rc::Rc;
 
 /// Objects removed per transaction.
@@ -73,36 +74,9 @@ pub(crate) fn consider<S: ObjectStore + 'static>(
 /// Removes the PG's state record, then every object of its collection.
 pub(super) async fn run<S: ObjectStore>(shard: &Shard<S>, pgr: &PgReplica) -> Result<(), String> {
     let pg = pgr.pg;
-    let mut txn = Transaction::new();
-    let meta = super::layout::meta_oid(pg);
-    txn.touch(crate::fence::META_COLLECTION, &meta)
-        .remove(crate::fence::META_COLLECTION, &meta);
-    shard
-        .store
-        .submit(txn)
+    let removed = remove_state_and_objects(&shard.store, pg)
         .await
-        .map_err(|e| format!("removing the stray PG's state: {e}"))?;
-    let mut removed = 0;
-    loop {
-        let page = shard
-            .store
-            .list_objects(pg, None, BATCH)
-            .await
-            .map_err(|e| format!("listing the stray PG: {e}"))?;
-        if page.items.is_empty() {
-            break;
-        }
-        let mut txn = Transaction::new();
-        for oid in &page.items {
-            txn.remove(pg, oid);
-        }
-        shard
-            .store
-            .submit(txn)
-            .await
-            .map_err(|e| format!("removing the stray PG's objects: {e}"))?;
-        removed += page.items.len();
-    }
+        .map_err(|e| format!("removing the stray PG: {e}"))?;
     // Jobs of the removed member queued before this one ran first and noted what they
     // stored; none of it is here any more (jobs queued after this one run after it).
     pgr.held.borrow_mut().clear();
@@ -110,4 +84,31 @@ pub(super) async fn run<S: ObjectStore>(shard: &Shard<S>, pgr: &PgReplica) -> Re
     pgr.stored_meta.set(None);
     tracing::info!(%pg, removed, "stray copy removed");
     Ok(())
+}
+
+/// Removes `pg`'s state record, then every object of its collection, `BATCH` per
+/// transaction; returns how many objects. The record goes first: a removal cut short leaves
+/// only objects no state names. (Also what deletes the PGs of removed pools.)
+pub(crate) async fn remove_state_and_objects<S: ObjectStore>(
+    store: &S,
+    pg: PgId,
+) -> Result<usize, StoreError> {
+    let mut txn = Transaction::new();
+    let meta = super::layout::meta_oid(pg);
+    txn.touch(crate::fence::META_COLLECTION, &meta)
+        .remove(crate::fence::META_COLLECTION, &meta);
+    store.submit(txn).await?;
+    let mut removed = 0;
+    loop {
+        let page = store.list_objects(pg, None, BATCH).await?;
+        if page.items.is_empty() {
+            return Ok(removed);
+        }
+        let mut txn = Transaction::with_capacity(page.items.len());
+        for oid in &page.items {
+            txn.remove(pg, oid);
+        }
+        store.submit(txn).await?;
+        removed += page.items.len();
+    }
 }
