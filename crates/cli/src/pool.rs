@@ -5,7 +5,9 @@
 use anyhow::{Context, Result};
 use carmine_cluster::{OsdMap, Pool, PG_NUM_MAX, REPLICA_SIZE_MAX};
 use carmine_localcluster::DirArg;
-use carmine_mapstore::MapStoreError;
+use carmine_mapstore::{Change, MapStoreError, PgHistoryStore};
+use carmine_pg::{History, Interval};
+use carmine_types::PgId;
 use clap::{Args, Subcommand};
 
 #[derive(Subcommand, Debug)]
@@ -18,10 +20,9 @@ pub enum PoolCommand {
         #[command(flatten)]
         dir: DirArg,
     },
-    /// Change a pool of two copies or more: its number of copies (a new copy is filled as a
-    /// backfill target while the copies it has serve) or its `min_size`. A pool of one copy
-    /// cannot be given copies in place (its objects carry no versions and no PG log): make a
-    /// pool with copies and `volume copy` the volumes into it.
+    /// Change a pool's number of copies (a new copy is filled as a backfill target while
+    /// the copies it has serve) or its `min_size`. A pool of one copy can be given copies
+    /// (while every OSD holding one of its PGs is up), not the reverse.
     Set(SetArgs),
     /// Remove a pool and every object in it, for good: its volumes go with it. Refused while
     /// one of its volumes is locked by a user. The OSDs delete its PGs' objects in the
@@ -296,14 +297,8 @@ fn with_pool_changed(map: &OsdMap, a: &SetArgs) -> Result<Option<OsdMap>, String
         .find(|p| p.name == a.name)
         .ok_or_else(|| format!("no pool {:?}", a.name))?;
     let size = a.size.unwrap_or(pool.size);
-    if pool.size < 2 && size != pool.size {
-        return Err(format!(
-            "pool {:?} keeps one copy: its objects carry no versions and no PG log, so it \
-             cannot be given copies in place. Create a pool with copies (`carmine pool create \
-             NAME --size 3`) and copy each volume into it (`carmine volume copy VOLUME \
-             --to-pool NAME`)",
-            a.name
-        ));
+    if pool.size < 2 && size > pool.size {
+        first_histories(map, pool)?;
     }
     if size < 2 && size != pool.size {
         return Err(format!(
@@ -374,15 +369,98 @@ fn with_pool_changed(map: &OsdMap, a: &SetArgs) -> Result<Option<OsdMap>, String
     Ok(Some(next))
 }
 
+/// The history each PG of one-copy pool `pool` starts from when it is given copies: one
+/// interval, of `map` (its last epoch of one copy), whose only member is the OSD holding the
+/// PG. That OSD, finding itself so named with no versioned state, takes the objects it holds
+/// into the PG's state (`carmine_osd`'s adoption); and no primary of a later interval goes
+/// active without hearing from it (or `osd lost`), so a copy still being filled never serves
+/// in its place. Refused while a PG's holder is down: its PG would peer without its data.
+fn first_histories(map: &OsdMap, pool: &Pool) -> Result<Vec<(PgId, Interval)>, String> {
+    let mut out = Vec::with_capacity(pool.pg_num as usize);
+    let mut down = Vec::new();
+    for pg in pool.pgs() {
+        match map.pg_osds(pg, 1).first() {
+            Some(holder) if map.osd(*holder).is_some_and(|o| o.up) => out.push((
+                pg,
+                Interval {
+                    epoch: map.epoch,
+                    acting: vec![*holder],
+                },
+            )),
+            _ => down.push(pg),
+        }
+    }
+    if let Some(first) = down.first() {
+        return Err(format!(
+            "pool {:?} keeps one copy, and the OSDs holding {} of its PGs (first {first}) are \
+             down: their copies could not be taken in. Start them (or, if their disks are \
+             gone, `carmine osd lost`) and ask again",
+            pool.name,
+            down.len()
+        ));
+    }
+    Ok(out)
+}
+
+/// Records `histories` (see [`first_histories`]), replacing whatever a former attempt left;
+/// refused if a PG's history has an interval newer than `epoch`: the pool has been given
+/// copies already, and a primary records there now.
+fn record_first_histories(
+    store: &dyn PgHistoryStore,
+    epoch: u32,
+    histories: Vec<(PgId, Interval)>,
+) -> Result<(), MapStoreError> {
+    for (pg, interval) in histories {
+        let first = vec![interval];
+        let edit = &mut |now: &History| {
+            if let Some(i) = now.intervals.iter().find(|i| i.epoch > epoch) {
+                return Err(MapStoreError::Invalid(format!(
+                    "PG {pg} has a history recorded in epoch {}, after this map's {epoch}: \
+                     the pool has copies already; ask again",
+                    i.epoch
+                )));
+            }
+            Ok((now.intervals != first).then(|| History {
+                intervals: first.clone(),
+            }))
+        };
+        if let Change::Kept(now) = store.change(pg, edit)? {
+            if now.intervals != first {
+                return Err(MapStoreError::Invalid(format!(
+                    "PG {pg}'s history changed while it was being recorded; ask again"
+                )));
+            }
+        }
+    }
+    Ok(())
+}
+
 fn set(a: &SetArgs) -> Result<()> {
     let store = carmine_localcluster::map_store(&a.dir.dir)?;
+    let mut histories: Option<Box<dyn PgHistoryStore>> = None;
     let mut unchanged = None;
     let stored = carmine_mapstore::update(store.as_ref(), 10, |current| {
         let map = current.ok_or_else(|| {
             MapStoreError::Invalid("the cluster has no map (is a cluster up there?)".into())
         })?;
         match with_pool_changed(map, a).map_err(MapStoreError::Invalid)? {
-            Some(next) => Ok(Some(next)),
+            Some(next) => {
+                // Copies for a pool of one: its PGs' first histories go before the map that
+                // makes them replicated, so no OSD peers one without them.
+                let before = map.pools.iter().find(|p| p.name == a.name);
+                if let Some(pool) = before.filter(|p| p.size < 2 && a.size > Some(p.size)) {
+                    let first = first_histories(map, pool).map_err(MapStoreError::Invalid)?;
+                    if histories.is_none() {
+                        histories = Some(
+                            carmine_localcluster::pg_histories(&a.dir.dir)
+                                .map_err(|e| MapStoreError::Invalid(format!("{e:#}")))?,
+                        );
+                    }
+                    let h = histories.as_deref().expect("opened above");
+                    record_first_histories(h, map.epoch, first)?;
+                }
+                Ok(Some(next))
+            }
             None => {
                 unchanged = Some(map.epoch);
                 Ok(None)
@@ -638,6 +716,48 @@ mod tests {
     }
 
     #[test]
+    fn a_pool_of_one_copy_is_given_copies_from_its_holders_only_while_they_are_up() {
+        let mut m = map(&["a", "b", "c"]);
+        for o in &mut m.osds {
+            o.up = true;
+        }
+        let pool = m.pool(1).unwrap().clone();
+        assert_eq!(pool.size, 1);
+        let first = first_histories(&m, &pool).unwrap();
+        assert_eq!(first.len(), pool.pg_num as usize);
+        for (pg, interval) in &first {
+            assert_eq!(interval.epoch, m.epoch, "the last epoch of one copy");
+            assert_eq!(
+                interval.acting,
+                m.pg_placement(*pg, 1),
+                "{pg}: its holder alone"
+            );
+        }
+        let next = with_pool_changed(&m, &set_args("rbd", Some(3), None))
+            .unwrap()
+            .unwrap();
+        let p = next.pool(1).unwrap();
+        assert_eq!(
+            (p.size, p.min_size),
+            (3, 1),
+            "min_size kept while they fill"
+        );
+        for (pg, interval) in &first {
+            // The holder serves; the two new copies fill as backfill targets.
+            assert_eq!(next.pg_osds(*pg, 3), interval.acting, "{pg}");
+            let targets = next.pg_backfill_targets(*pg, 3);
+            assert_eq!(targets.len(), 2, "{pg}");
+            assert!(!targets.contains(&interval.acting[0]));
+        }
+        // A holder down: its PGs would peer without their data.
+        let (down_pg, down) = (first[0].0, first[0].1.acting[0]);
+        m.osds[down as usize].up = false;
+        let e = with_pool_changed(&m, &set_args("rbd", Some(3), None)).unwrap_err();
+        assert!(e.contains("are down"), "{e}");
+        assert!(first_histories(&m, &pool).is_err(), "{down_pg}");
+    }
+
+    #[test]
     fn size_and_min_size_changes_are_checked() {
         let m = map(&["a", "b", "c"]);
         let m = with_pool(&m, &args("rep", Some(3), None, 8)).unwrap();
@@ -646,7 +766,6 @@ mod tests {
             assert!(e.contains(why), "{e}");
         };
         refused(set_args("nope", Some(2), None), "no pool \"nope\"");
-        refused(set_args("rbd", Some(2), None), "keeps one copy");
         refused(set_args("rep", Some(1), None), "2 to");
         refused(set_args("rep", Some(4), None), "at least 4 OSDs");
         refused(set_args("rep", None, Some(4)), "--min-size 4");

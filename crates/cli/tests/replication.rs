@@ -6,7 +6,7 @@
 mod common;
 
 use carmine_mapstore::{LocalPgHistory, PgHistoryStore};
-use common::{alive, kill9, metric, Cluster, SmallFs};
+use common::{alive, kill9, metric, stop, Cluster, SmallFs};
 use std::time::{Duration, Instant};
 
 /// Deterministic, incompressible-looking bytes.
@@ -964,10 +964,93 @@ fn a_pool_given_a_third_copy_fills_it_and_then_survives_losing_two_osds() {
     c.ok(&["cluster", "down"]);
 }
 
+/// A pool of one copy spread over three OSDs (native stores) is given three copies in place:
+/// each PG's holder takes its objects into the PG's history and serves while the two new
+/// copies fill. osd.0 is killed just before, and marked down: its PGs wait for it (no copy
+/// being filled serves in its place), it takes its objects in when it starts again, writes
+/// made then land everywhere, and once clean any one OSD alone serves every byte.
+#[test]
+fn a_pool_of_one_copy_given_three_in_place_keeps_every_byte_and_survives_losing_two_osds() {
+    let mut args = native_args("1G").to_vec();
+    args.extend(["--size", "1"]);
+    let c = Cluster::up("one-to-three", &args);
+    c.create_volume("v", "8M", "1M");
+    let before = pattern(8 << 20, 51);
+    c.write_volume("v", &before);
+    let one = carmine_localcluster::read_map(&c.dir).unwrap();
+    assert!(
+        (0..3).all(|id| one.all_pgs().any(|pg| one.pg_placement(pg, 1) == [id])),
+        "every OSD holds a PG of one copy"
+    );
+    // Stopped (the map cannot tell yet), then killed before it sees the map given copies.
+    let pid0 = c.osd_pid(0);
+    stop(pid0);
+    let said = c.ok(&["pool", "set", "rbd", "--size", "3"]);
+    kill9(pid0);
+    assert!(said.contains("3 copies, min_size 1"), "{said}");
+    assert!(said.contains("8 PGs fill a new copy"), "{said}");
+    let map = carmine_localcluster::read_map(&c.dir).unwrap();
+    for pg in map.all_pgs() {
+        assert_eq!(
+            map.pg_osds(pg, 3),
+            one.pg_placement(pg, 1),
+            "{pg}: its holder serves"
+        );
+        assert_eq!(map.pg_backfill_targets(pg, 3).len(), 2, "{pg}");
+    }
+    let start = Instant::now();
+    while carmine_localcluster::read_map(&c.dir)
+        .unwrap()
+        .osd(0)
+        .is_some_and(|o| o.up)
+    {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "osd.0 not marked down"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    c.ok(&["cluster", "up"]);
+    // Writes over the first 3 MiB: the other 5 reach the new copies only from the holders.
+    let mut after = before.clone();
+    after[..3 << 20].copy_from_slice(&pattern(3 << 20, 52));
+    let mut w = c
+        .cmd(&["volume", "write", "v", "--file", "-", "-q"])
+        .stdin(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::io::Write::write_all(&mut w.stdin.take().unwrap(), &after[..3 << 20]).unwrap();
+    assert!(w.wait().unwrap().success(), "volume write");
+    wait_clean(&c);
+    assert!(carmine_localcluster::read_map(&c.dir)
+        .unwrap()
+        .pg_temp
+        .is_empty());
+    assert!(
+        read_volume(&c, after.len()) == after,
+        "every byte, on three copies"
+    );
+    c.ok(&["pg", "deep-scrub", "--pool", "rbd"]);
+    // Given copies already: the same ask changes nothing, and one copy again is refused.
+    let said = c.ok(&["pool", "set", "rbd", "--size", "3"]);
+    assert!(said.contains("as asked already"), "{said}");
+    let err = c.fails(&["pool", "set", "rbd", "--size", "1"]);
+    assert!(err.contains("2 to"), "{err}");
+    for id in [0, 2] {
+        kill9(c.osd_pid(id));
+    }
+    assert!(
+        read_volume(&c, after.len()) == after,
+        "osd.1 alone serves every byte, those osd.0 and osd.2 held alone before too"
+    );
+    c.ok(&["cluster", "down"]);
+}
+
 /// A cluster started on one OSD, with its pool of one copy, grows: OSDs added keep that
 /// pool's PGs on the OSD that holds their data (placement exceptions), a pool of three copies
 /// is made over the three, and the volume copied into it (holes left as holes) outlives the
-/// first OSD. The one-copy pool itself cannot be given copies in place.
+/// first OSD. (The one-copy pool could be given copies in place instead: see
+/// `a_pool_of_one_copy_given_three_in_place_keeps_every_byte_and_survives_losing_two_osds`.)
 #[test]
 fn a_one_osd_cluster_grows_to_three_and_moves_its_volume_into_a_pool_of_copies() {
     let c = Cluster::up(
@@ -1001,8 +1084,6 @@ fn a_one_osd_cluster_grows_to_three_and_moves_its_volume_into_a_pool_of_copies()
         .all(|pg| three.pg_placement(pg, 1) == one.pg_placement(pg, 1)));
     c.ok(&["cluster", "up"]);
     assert_eq!(read_volume(&c, data.len()), data, "the one-copy volume");
-    let err = c.fails(&["pool", "set", "rbd", "--size", "3"]);
-    assert!(err.contains("keeps one copy"), "{err}");
     // osd.0 holds the one-copy PGs: marking it out would hide their data.
     let err = c.fails(&["osd", "out", "0"]);
     assert!(err.contains("that keep a single copy"), "{err}");

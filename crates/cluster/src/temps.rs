@@ -114,7 +114,8 @@ impl OsdMap {
             let Ok(old_size) = before.pool(pg.pool).map(|p| p.size) else {
                 continue;
             };
-            if old_size < 2 || before.pg_placement(pg, old_size) == self.pg_placement(pg, size) {
+            // (A pool of one copy given copies: its holder serves while they fill.)
+            if before.pg_placement(pg, old_size) == self.pg_placement(pg, size) {
                 continue;
             }
             let mut serving: Vec<OsdId> = before

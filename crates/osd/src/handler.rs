@@ -583,6 +583,9 @@ async fn write_ops<S: ObjectStore + 'static>(
     let n = req.ops.len();
     let mut txn = Transaction::with_capacity(n + 1);
     add_ops(&mut txn, pg, &req.oid, req.ops)?;
+    let _counted = shard
+        .replication
+        .unversioned_write(shard.view.borrow().map.epoch);
     shard
         .store
         .submit(txn)

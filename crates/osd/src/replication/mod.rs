@@ -10,6 +10,7 @@
 //! served as before, without a log.
 
 mod access;
+mod adopt;
 pub(crate) mod history;
 mod layout;
 pub use layout::check_pg_state;
@@ -25,6 +26,7 @@ mod temps;
 mod write;
 
 pub(crate) use access::ReadTurn;
+pub(crate) use adopt::UnversionedWrite;
 pub(crate) use carmine_pg::envelope::{Body, ObjectCopy, PeerMessage};
 pub use recover::{
     RecoveryConfig, BACKFILL_MIN_OBJECTS_DEFAULT, RECOVERY_BUSY_RATE_DEFAULT,
@@ -283,6 +285,15 @@ pub(crate) struct Replication {
     /// The store's used bytes when it last refused a change for want of room: it counts as
     /// full until a margin below that is free again (see `write::store_full`).
     pub refused_room: Cell<Option<(u64, std::time::Instant)>>,
+    /// PGs of pools given copies whose objects are being taken in here (see `adopt`).
+    adopting: adopt::Adopting,
+    /// Writes of pools of one copy in flight (see `adopt`).
+    unversioned: adopt::UnversionedWrites,
+    /// Collections of replicated PGs found here empty, with no state, and not placed here:
+    /// not looked at again while they are not placed here.
+    looked_at: RefCell<std::collections::HashSet<PgId>>,
+    /// Looks at the store's collections running (1 before the first: the reactor's start).
+    scans: Cell<u32>,
 }
 
 /// The members' clock: nanoseconds since this process first read it (monotone).
@@ -343,6 +354,10 @@ impl Replication {
             filled_since: Cell::new(None),
             backfill_min_objects: recovery.backfill_min_objects,
             refused_room: Cell::new(None),
+            adopting: RefCell::new(HashMap::new()),
+            unversioned: Default::default(),
+            looked_at: Default::default(),
+            scans: Cell::new(1),
         }
     }
 
@@ -382,6 +397,12 @@ impl Replication {
     pub fn pg(&self, pg: PgId) -> Option<Rc<PgReplica>> {
         self.pgs.borrow().get(&pg).cloned()
     }
+
+    /// Counts a write of a pool of one copy, routed in map `epoch`, while the guard lives: a
+    /// pool given copies takes its objects in only once those of earlier epochs are done.
+    pub fn unversioned_write(&self, epoch: u32) -> UnversionedWrite<'_> {
+        self.unversioned.start(epoch)
+    }
 }
 
 /// Loads the replicated PGs this shard holds, takes the current map, and starts the ticks.
@@ -411,7 +432,9 @@ pub(crate) async fn start<S: ObjectStore + 'static>(shard: &Rc<Shard<S>>) -> Res
     if n > 0 {
         tracing::info!(pgs = n, "replicated PG copies loaded");
     }
-    on_map(shard).await?;
+    let scanned = on_map(shard).await;
+    repl.scans.set(repl.scans.get() - 1);
+    scanned?;
     let weak = Rc::downgrade(shard);
     carmine_reactor::spawn(async move {
         loop {
@@ -458,19 +481,36 @@ pub(crate) async fn on_map<S: ObjectStore + 'static>(shard: &Rc<Shard<S>>) -> Re
     let new: Vec<PgId> = placed_here(map, shard.osd, shard.index)
         .into_iter()
         .map(|(pg, _)| pg)
-        .filter(|pg| repl.pg(*pg).is_none())
+        .filter(|pg| repl.pg(*pg).is_none() && !repl.adopting.borrow().contains_key(pg))
         .collect();
-    if new.is_empty() {
-        return Ok(());
-    }
-    // A new copy's collection first: its member may store a write as soon as it peers.
+    // Until the collections are looked at, a PG without a member here may yet be one whose
+    // objects this OSD holds from before its pool had copies: no peer hears it holds nothing.
+    let _scan = adopt::Scan::start(repl);
     let existing = shard
         .store
         .list_collections()
         .await
         .map_err(|e| format!("listing PG collections: {e}"))?;
+    // A copy held here with no member: a pool of one copy given copies (or the leftovers of
+    // a PG that moved away), taken in or cleared before any member starts on it.
+    for pg in existing.iter().filter(|pg| {
+        map.pool(pg.pool)
+            .is_ok_and(|p| p.size > 1 && pg.seed < p.pg_num)
+            && repl.pg(**pg).is_none()
+            && (new.contains(pg) || !repl.looked_at.borrow().contains(pg))
+    }) {
+        adopt::start(shard, *pg);
+    }
+    let new: Vec<PgId> = new
+        .into_iter()
+        .filter(|pg| !existing.contains(pg))
+        .collect();
+    if new.is_empty() {
+        return Ok(());
+    }
+    // A new copy's collection first: its member may store a write as soon as it peers.
     let mut txn = Transaction::new();
-    for pg in new.iter().filter(|pg| !existing.contains(pg)) {
+    for pg in &new {
         txn.create_collection(*pg);
     }
     if !txn.is_empty() {
@@ -483,7 +523,7 @@ pub(crate) async fn on_map<S: ObjectStore + 'static>(shard: &Rc<Shard<S>>) -> Re
     // The newest map: another may have come while the collections were made.
     let map = shard.view.borrow().map.clone();
     for pg in new {
-        if repl.pg(pg).is_some() {
+        if repl.pg(pg).is_some() || repl.adopting.borrow().contains_key(&pg) {
             continue;
         }
         let pgr = Rc::new(PgReplica::new(
@@ -590,7 +630,15 @@ pub(crate) fn on_answer<S: ObjectStore + 'static>(shard: &Rc<Shard<S>>, answer: 
         | Answer::Settled { pg, .. }
         | Answer::Failed { pg, .. } => *pg,
     };
-    let Some(pgr) = repl.pg(pg) else { return };
+    let Some(pgr) = repl.pg(pg) else {
+        // A copy being taken in asked for its history.
+        match answer {
+            Answer::Got { history, epoch, .. } => adopt::answered(shard, pg, epoch, Ok(history)),
+            Answer::Failed { why, epoch, .. } => adopt::answered(shard, pg, epoch, Err(why)),
+            _ => false,
+        };
+        return;
+    };
     match answer {
         Answer::Got { epoch, history, .. } => {
             pgr.asked.set(None);
@@ -1174,8 +1222,12 @@ pub(crate) fn on_peer<S: ObjectStore + 'static>(
             }
             None => {
                 // A primary asks every member any recorded interval had: an OSD that holds
-                // nothing of the PG says so, with an empty history.
+                // nothing of the PG says so, with an empty history. Not while it may yet hold
+                // objects of the PG's pool from when it had one copy (the primary asks again).
                 if let Msg::Query { .. } = msg {
+                    if adopt::may_hold(shard, pg) {
+                        return;
+                    }
                     let mut blank = repl.new_member();
                     // In this reactor's epoch, as any member answers.
                     let map = shard.view.borrow().map.clone();
