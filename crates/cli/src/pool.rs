@@ -172,6 +172,7 @@ fn without_pool(map: &OsdMap, name: &str) -> Result<OsdMap, String> {
     next.pools.retain(|p| p.id != id);
     next.upmaps.retain(|pg, _| pg.pool != id);
     next.pg_temp.retain(|pg, _| pg.pool != id);
+    next.given_copies.remove(&id);
     next.validate().map_err(|e| e.to_string())?;
     Ok(next)
 }
@@ -339,6 +340,9 @@ fn with_pool_changed(map: &OsdMap, a: &SetArgs) -> Result<Option<OsdMap>, String
         .expect("found above");
     p.size = size;
     p.min_size = min_size;
+    if pool.size < 2 && size > 1 {
+        next.given_copies.insert(pool.id, map.epoch);
+    }
     next.prime_temps(map);
     // A min_size above the copies that serve a PG while another fills would end its
     // temporary set (the map follows a set only while it has min_size OSDs up), making the
@@ -741,6 +745,11 @@ mod tests {
             (p.size, p.min_size),
             (3, 1),
             "min_size kept while they fill"
+        );
+        assert_eq!(
+            next.given_copies.get(&1),
+            Some(&m.epoch),
+            "the last epoch of one copy"
         );
         for (pg, interval) in &first {
             // The holder serves; the two new copies fill as backfill targets.

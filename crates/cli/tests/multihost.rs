@@ -163,6 +163,7 @@ fn map(c: &Cluster) -> carmine_cluster::OsdMap {
         upmaps: Default::default(),
         pg_temp: Default::default(),
         pool_max: 0,
+        given_copies: Default::default(),
     };
     for l in out.lines() {
         let f: Vec<&str> = l.split_whitespace().collect();

@@ -271,6 +271,7 @@ impl Client {
                     upmaps: Default::default(),
                     pg_temp: Default::default(),
                     pool_max: 0,
+                    given_copies: Default::default(),
                 }))),
                 routes: RefCell::new(HashMap::new()),
                 conns: RefCell::new(HashMap::new()),

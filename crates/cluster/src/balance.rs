@@ -268,6 +268,7 @@ mod tests {
             upmaps: Default::default(),
             pg_temp: Default::default(),
             pool_max: 1,
+            given_copies: Default::default(),
         }
     }
 

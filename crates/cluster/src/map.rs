@@ -11,7 +11,7 @@ use std::net::SocketAddr;
 use thiserror::Error;
 
 const MAP_MAGIC: u32 = u32::from_le_bytes(*b"CMAP");
-pub const MAP_FORMAT_VERSION: u16 = 8;
+pub const MAP_FORMAT_VERSION: u16 = 9;
 /// Maps written before OSDs had `in`, a host and a down stamp: still read (all OSDs in).
 const MAP_FORMAT_V1: u16 = 1;
 /// Maps written before placement exceptions (upmaps): still read (none).
@@ -26,6 +26,8 @@ const MAP_FORMAT_V5: u16 = 5;
 const MAP_FORMAT_V6: u16 = 6;
 /// Maps written before pools could be removed: still read (no id given beyond the pools').
 const MAP_FORMAT_V7: u16 = 7;
+/// Maps written before pools of one copy could be given copies in place: still read (none).
+const MAP_FORMAT_V8: u16 = 8;
 /// Placement exceptions per map: one per PG at most, and far fewer in practice (the balancer
 /// moves a few PGs per OSD).
 const UPMAPS_MAX: usize = 1 << 18;
@@ -191,6 +193,10 @@ pub struct OsdMap {
     /// went) must never see them adopted by a new pool. May lag the pools' own ids (0 in a
     /// map built by hand): [`OsdMap::highest_pool_id`] is what counts.
     pub pool_max: PoolId,
+    /// Pools of one copy given copies in place (format 9, `pool set --size`), each with the
+    /// last epoch it had one: the OSD then holding each of its PGs takes the objects it stored
+    /// into the PG's history (`carmine_osd`'s adoption), and only for these pools.
+    pub given_copies: BTreeMap<PoolId, u32>,
 }
 
 impl OsdMap {
@@ -210,6 +216,7 @@ impl OsdMap {
             upmaps: Upmaps::new(),
             pg_temp: PgTemps::new(),
             pool_max: 1,
+            given_copies: BTreeMap::new(),
         }
     }
 
@@ -279,6 +286,18 @@ impl OsdMap {
                 .any(|q| q.id == p.id || q.name == p.name)
             {
                 return invalid(format!("pool {:?} (id {}) is defined twice", p.name, p.id));
+            }
+        }
+        for (pool, epoch) in &self.given_copies {
+            match self.pools.iter().find(|p| p.id == *pool) {
+                Some(p) if p.size > 1 && *epoch < self.epoch => {}
+                _ => {
+                    return invalid(format!(
+                        "pool {pool} is said given copies after epoch {epoch}, but the map \
+                         (epoch {}) has no such pool of copies",
+                        self.epoch
+                    ))
+                }
             }
         }
         for (pg, items) in &self.upmaps {
@@ -476,7 +495,7 @@ impl OsdMap {
 
     /// The encoding in the oldest format that holds everything the map says: format 4 unless
     /// an OSD is held down on reports (5), declared lost (6), a PG has a temporary acting
-    /// set (7) or a pool was removed (8), so that daemons of earlier releases still read the maps of a cluster being
+    /// set (7), a pool was removed (8) or given copies in place (9), so that daemons of earlier releases still read the maps of a cluster being
     /// upgraded until it needs more.
     pub fn encode(&self) -> Bytes {
         let held = self
@@ -485,8 +504,10 @@ impl OsdMap {
             .any(|o| o.held_down_until != 0 || o.report_markdowns != 0);
         let lost = self.osds.iter().any(|o| o.lost_at != 0);
         let removed = self.pool_max > self.pools.iter().map(|p| p.id).max().unwrap_or(0);
-        self.encode_as(if removed {
+        self.encode_as(if !self.given_copies.is_empty() {
             MAP_FORMAT_VERSION
+        } else if removed {
+            MAP_FORMAT_V8
         } else if !self.pg_temp.is_empty() {
             MAP_FORMAT_V7
         } else if lost {
@@ -548,6 +569,12 @@ impl OsdMap {
         }
         if version > MAP_FORMAT_V7 {
             e.u32(self.highest_pool_id());
+        }
+        if version > MAP_FORMAT_V8 {
+            e.count(self.given_copies.len());
+            for (pool, epoch) in &self.given_copies {
+                e.u32(*pool).u32(*epoch);
+            }
         }
         let crc = crc32c(&out);
         Encoder::new(&mut out).u32(crc);
@@ -700,6 +727,19 @@ impl OsdMap {
         } else {
             pools.iter().map(|p| p.id).max().unwrap_or(0)
         };
+        let mut given_copies = BTreeMap::new();
+        if version > MAP_FORMAT_V8 {
+            let n = d.count("pools given copies", POOLS_MAX)?;
+            for _ in 0..n {
+                let pool = d.u32("pool given copies")?;
+                let epoch = d.u32("epoch of one copy")?;
+                if given_copies.insert(pool, epoch).is_some() {
+                    return Err(MapError::Invalid(format!(
+                        "pool {pool} is given copies twice"
+                    )));
+                }
+            }
+        }
         d.finish("cluster map")?;
         let map = OsdMap {
             epoch,
@@ -708,6 +748,7 @@ impl OsdMap {
             upmaps,
             pg_temp,
             pool_max,
+            given_copies,
         };
         map.validate()?;
         Ok(map)
@@ -755,6 +796,38 @@ mod tests {
     }
 
     #[test]
+    fn a_pool_given_copies_is_kept_in_format_9_and_only_for_a_pool_of_copies() {
+        let mut m = map(3, 2);
+        m.epoch = 5;
+        m.pools[0].size = 3;
+        m.pools[0].min_size = 1;
+        m.given_copies.insert(1, 4);
+        let encoded = m.encode();
+        assert_eq!(
+            u16::from_le_bytes([encoded[4], encoded[5]]),
+            MAP_FORMAT_VERSION
+        );
+        assert_eq!(OsdMap::decode(encoded).unwrap(), m);
+        // Nothing given: the format before.
+        let mut plain = m.clone();
+        plain.given_copies.clear();
+        let encoded = plain.encode();
+        assert!(u16::from_le_bytes([encoded[4], encoded[5]]) < MAP_FORMAT_VERSION);
+        // Refused: a pool the map lacks, one of one copy, an epoch not before the map's.
+        for (pool, size, epoch) in [(2, 3, 4), (1, 1, 4), (1, 3, 5)] {
+            let mut bad = m.clone();
+            bad.pools[0].size = size;
+            bad.pools[0].min_size = 1;
+            assert!(bad.validate().is_ok() || size == 1);
+            bad.given_copies = BTreeMap::from([(pool, epoch)]);
+            assert!(
+                matches!(bad.validate(), Err(MapError::Invalid(_))),
+                "{pool} {size} {epoch}"
+            );
+        }
+    }
+
+    #[test]
     fn a_removed_pools_id_is_kept_in_format_8_and_never_given_again() {
         let mut m = map(3, 2);
         m.pools.push(Pool {
@@ -775,10 +848,7 @@ mod tests {
         m.pools.pop();
         m.pool_max = 2;
         let encoded = m.encode();
-        assert_eq!(
-            u16::from_le_bytes([encoded[4], encoded[5]]),
-            MAP_FORMAT_VERSION
-        );
+        assert_eq!(u16::from_le_bytes([encoded[4], encoded[5]]), MAP_FORMAT_V8);
         let new = OsdMap::decode(encoded).unwrap();
         assert_eq!(new, m);
         assert_eq!(new.highest_pool_id(), 2);
@@ -822,6 +892,7 @@ mod tests {
             upmaps: Default::default(),
             pg_temp: Default::default(),
             pool_max: 1,
+            given_copies: Default::default(),
         }
     }
 

@@ -935,6 +935,7 @@ fn new_cluster(
         upmaps: Default::default(),
         pg_temp: Default::default(),
         pool_max: 1,
+        given_copies: Default::default(),
     };
     // Balanced at birth, while no PG holds data: hashing alone leaves some OSDs ~12% fuller
     // than the mean (8 OSDs x 256 PGs); placement exceptions bring that within one PG.

@@ -168,6 +168,7 @@ pub(crate) mod tests {
             upmaps: Default::default(),
             pg_temp: Default::default(),
             pool_max: 1,
+            given_copies: Default::default(),
         }
     }
 

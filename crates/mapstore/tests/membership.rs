@@ -255,6 +255,7 @@ fn map(epoch: u32) -> OsdMap {
         upmaps: Default::default(),
         pg_temp: Default::default(),
         pool_max: 1,
+        given_copies: Default::default(),
     }
 }
 

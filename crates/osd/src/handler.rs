@@ -696,6 +696,7 @@ mod tests {
                 upmaps: Default::default(),
                 pg_temp: Default::default(),
                 pool_max: 0,
+                given_copies: Default::default(),
             };
             let shard = Shard {
                 osd: 0,

@@ -282,6 +282,7 @@ fn requests_to_an_osd_with_another_key_fail_as_authentication_errors_at_once() {
         upmaps: Default::default(),
         pg_temp: Default::default(),
         pool_max: 1,
+        given_copies: Default::default(),
     };
     let osds: Vec<Osd> = (0..2)
         .map(|id| {

@@ -32,6 +32,7 @@ fn two_osd_map() -> OsdMap {
         upmaps: Default::default(),
         pg_temp: Default::default(),
         pool_max: 1,
+        given_copies: Default::default(),
     }
 }
 

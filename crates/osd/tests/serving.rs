@@ -38,6 +38,7 @@ fn start_with(reactors: usize, connections_max: u32) -> (Osd, OsdMap) {
         upmaps: Default::default(),
         pg_temp: Default::default(),
         pool_max: 1,
+        given_copies: Default::default(),
     };
     let osd = Osd::start(OsdConfig {
         reactor_cpus: vec![None; reactors],
@@ -290,6 +291,7 @@ fn start_fails_clearly_when_the_endpoint_is_taken() {
         upmaps: Default::default(),
         pg_temp: Default::default(),
         pool_max: 1,
+        given_copies: Default::default(),
     };
     let err = Osd::start(OsdConfig::in_memory(0, map, 1 << 20))
         .err()

@@ -40,6 +40,7 @@ where
         upmaps: Default::default(),
         pg_temp: Default::default(),
         pool_max: 1,
+        given_copies: Default::default(),
     };
     let osd = Osd::start(OsdConfig {
         reactor_cpus: vec![None, None],

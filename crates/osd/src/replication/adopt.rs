@@ -3,14 +3,16 @@
 //! the PG's first member starts here, so peering and backfill see them as the PG's history.
 //!
 //! The map writer recorded, before the map that gave the pool copies, each PG's first history:
-//! one interval of the last one-copy epoch `e0` whose only member is the holder. The holder
-//! that finds itself so named, with objects and no state, stores every object at version
+//! one interval of the last one-copy epoch `e0` whose only member is the holder; the map names
+//! the pool and `e0` (`OsdMap::given_copies`), and only such pools' PGs come here. The holder
+//! that finds itself so named, with no state (objects or not), stores every object at version
 //! `(e0, seq 1)` in run 0, an empty log whose tail and head are that version, and a last active
 //! epoch of `e0`: its copy vouches for that interval, is authoritative against the empty new
 //! copies (their heads are below its tail, so they are backfilled), and every write from now
-//! on is newer. Any other OSD that finds objects without state in such a PG holds leftovers of
-//! a one-copy PG that moved away (`--allow-single-copy-moves`), older than the holder's: they
-//! are deleted before its member starts, so they can never pass for the PG's data.
+//! on is newer. Any other OSD that finds objects without state in such a PG, whose history
+//! names others, holds leftovers of a one-copy PG that moved away (`--allow-single-copy-moves`)
+//! or of a purge cut short: they are deleted before its member starts, so they can never pass
+//! for the PG's data. With no history at all they are left alone, and said.
 //!
 //! Writes routed while the pool had one copy are waited for first (`UnversionedWrites`): one
 //! still in the store when the objects are listed would otherwise stay out of the history, and
@@ -36,7 +38,7 @@ const DRAIN_WARN: Duration = Duration::from_secs(10);
 /// A failed attempt (the map store unreachable, a store error) is retried after this long,
 /// doubling up to [`RETRY_MAX`].
 const RETRY_FIRST: Duration = Duration::from_millis(500);
-const RETRY_MAX: Duration = Duration::from_secs(30);
+const RETRY_MAX: Duration = Duration::from_secs(10);
 
 /// Writes of pools of one copy in flight on a reactor, by the map epoch they were routed in.
 /// A handful of epochs at most: an entry goes when its count does.
@@ -112,7 +114,19 @@ pub(crate) fn answered<S>(
 /// PG then goes unanswered (its primary asks again) rather than hear "nothing here".
 pub(crate) fn may_hold<S>(shard: &Shard<S>, pg: PgId) -> bool {
     let repl = &shard.replication;
-    repl.scans.get() > 0 || repl.adopting.borrow().contains_key(&pg)
+    given_copies_at(shard, pg).is_some()
+        && (repl.scans.get() > 0 || repl.adopting.borrow().contains_key(&pg))
+}
+
+/// The last epoch of one copy of `pg`'s pool, if the map says it was given copies in place
+/// and has them still.
+fn given_copies_at<S>(shard: &Shard<S>, pg: PgId) -> Option<u32> {
+    let view = shard.view.borrow();
+    let map = &view.map;
+    let e0 = *map.given_copies.get(&pg.pool)?;
+    map.pool(pg.pool)
+        .is_ok_and(|p| p.size > 1 && pg.seed < p.pg_num)
+        .then_some(e0)
 }
 
 /// A look at the store's collections in progress (see [`may_hold`]).
@@ -169,6 +183,11 @@ async fn adopt<S: ObjectStore + 'static>(shard: &Rc<Shard<S>>, pg: PgId) -> Resu
         }
         carmine_reactor::sleep(DRAIN_POLL).await;
     }
+    // The pool removed (or never given copies): nothing to do here (`removed_pools` deletes
+    // what this OSD holds of a removed pool).
+    let Some(given_at) = given_copies_at(shard, pg) else {
+        return Ok(());
+    };
     if repl.pg(pg).is_some() {
         return Ok(());
     }
@@ -178,33 +197,36 @@ async fn adopt<S: ObjectStore + 'static>(shard: &Rc<Shard<S>>, pg: PgId) -> Resu
         insert(shard, pg, repl.with_lease(member), held, stored_log);
         return Ok(());
     }
-    let holds_objects = !shard
-        .store
-        .list_objects(pg, None, 1)
-        .await
-        .map_err(|e| format!("listing PG {pg}: {e}"))?
-        .items
-        .is_empty();
+    let holds_objects = match shard.store.list_objects(pg, None, 1).await {
+        Ok(page) => !page.items.is_empty(),
+        // Gone meanwhile (the pool removed, a purge): nothing to take in.
+        Err(e) if e.kind == carmine_store::StoreErrorKind::CollectionNotFound => return Ok(()),
+        Err(e) => return Err(format!("listing PG {pg}: {e}")),
+    };
     if !holds_objects && !placed(shard, pg) {
         repl.looked_at.borrow_mut().insert(pg);
         return Ok(());
     }
     let history = ask_history(shard, pg, epoch).await?;
     match history.as_slice() {
-        [Interval { epoch: e0, acting }] if acting.as_slice() == [repl.osd] => {
+        // Named the holder by the history `pool set` recorded for the epoch the map names.
+        [Interval { epoch: e0, acting }] if acting.as_slice() == [repl.osd] && *e0 == given_at => {
             take_in(shard, pg, *e0).await
         }
         _ if !holds_objects => {
             start_empty(shard, pg);
             Ok(())
         }
-        // No history, or one that does not name this OSD its holder: objects here that no
-        // recorded interval accounts for. Deleting them on a history the map store may have
-        // lost would destroy the only copy: left alone, and said.
-        [] => Err(format!(
-            "this OSD holds objects of PG {pg} with no state, and the PG has no recorded \
-             history: left alone (no member of the PG starts here)"
-        )),
+        // Objects no recorded interval accounts for, and no history to say whose they are:
+        // deleting them on a history the map store may have lost could destroy the only copy.
+        // Left alone, and said; no member starts on them.
+        [] => {
+            tracing::error!(%pg,
+                "this OSD holds objects of the PG with no state, and the PG has no recorded \
+                 history: left alone (no member of the PG starts here)");
+            repl.looked_at.borrow_mut().insert(pg);
+            Ok(())
+        }
         _ => clear(shard, pg, &history).await,
     }
 }
@@ -313,7 +335,7 @@ fn insert<S: ObjectStore + 'static>(
     stored_log: Vec<Version>,
 ) {
     let repl = &shard.replication;
-    if repl.pg(pg).is_some() {
+    if repl.pg(pg).is_some() || shard.view.borrow().map.pool(pg.pool).is_err() {
         return;
     }
     let pgr = Rc::new(PgReplica::new(

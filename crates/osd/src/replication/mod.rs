@@ -483,19 +483,26 @@ pub(crate) async fn on_map<S: ObjectStore + 'static>(shard: &Rc<Shard<S>>) -> Re
         .map(|(pg, _)| pg)
         .filter(|pg| repl.pg(*pg).is_none() && !repl.adopting.borrow().contains_key(pg))
         .collect();
-    // Until the collections are looked at, a PG without a member here may yet be one whose
-    // objects this OSD holds from before its pool had copies: no peer hears it holds nothing.
-    let _scan = adopt::Scan::start(repl);
+    // Pools of one copy given copies: a copy held here with no member may hold the objects
+    // stored while the pool had one. It is taken in (or cleared) before any member starts on
+    // it, and until the collections are looked at no peer hears this OSD holds nothing of it.
+    let _scan = (!map.given_copies.is_empty()).then(|| adopt::Scan::start(repl));
+    if new.is_empty() && map.given_copies.is_empty() {
+        return Ok(());
+    }
     let existing = shard
         .store
         .list_collections()
         .await
         .map_err(|e| format!("listing PG collections: {e}"))?;
-    // A copy held here with no member: a pool of one copy given copies (or the leftovers of
-    // a PG that moved away), taken in or cleared before any member starts on it.
+    let given = |pg: &PgId| {
+        map.given_copies.contains_key(&pg.pool)
+            && map
+                .pool(pg.pool)
+                .is_ok_and(|p| p.size > 1 && pg.seed < p.pg_num)
+    };
     for pg in existing.iter().filter(|pg| {
-        map.pool(pg.pool)
-            .is_ok_and(|p| p.size > 1 && pg.seed < p.pg_num)
+        given(pg)
             && repl.pg(**pg).is_none()
             && (new.contains(pg) || !repl.looked_at.borrow().contains(pg))
     }) {
@@ -503,14 +510,14 @@ pub(crate) async fn on_map<S: ObjectStore + 'static>(shard: &Rc<Shard<S>>) -> Re
     }
     let new: Vec<PgId> = new
         .into_iter()
-        .filter(|pg| !existing.contains(pg))
+        .filter(|pg| !(existing.contains(pg) && given(pg)))
         .collect();
     if new.is_empty() {
         return Ok(());
     }
     // A new copy's collection first: its member may store a write as soon as it peers.
     let mut txn = Transaction::new();
-    for pg in &new {
+    for pg in new.iter().filter(|pg| !existing.contains(pg)) {
         txn.create_collection(*pg);
     }
     if !txn.is_empty() {

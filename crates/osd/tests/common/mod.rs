@@ -83,6 +83,7 @@ pub fn three_osd_map(reactors: usize) -> OsdMap {
         upmaps: Default::default(),
         pg_temp: Default::default(),
         pool_max: 1,
+        given_copies: Default::default(),
     }
 }
 
