@@ -19,10 +19,16 @@ pub fn pg_histories(dir: &Path) -> Result<Box<dyn PgHistoryStore>> {
 }
 
 /// The PGs of `map` whose recorded history names `osd` in some interval: they are not clean
-/// without it yet, and may need its copy.
+/// without it yet, and may need its copy. Pools of one copy keep no history (one `pool set`
+/// left when it could not give the pool copies means nothing, and is not read).
 pub fn pgs_naming(map: &OsdMap, histories: &dyn PgHistoryStore, osd: u32) -> Result<Vec<PgId>> {
     let mut naming = Vec::new();
-    for pg in map.all_pgs() {
+    let replicated = map
+        .pools
+        .iter()
+        .filter(|p| p.size > 1)
+        .flat_map(|p| p.pgs());
+    for pg in replicated {
         let h = histories
             .get(pg)
             .with_context(|| format!("reading the history of pg {pg}"))?;
@@ -44,7 +50,8 @@ mod tests {
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
         let histories = carmine_mapstore::LocalPgHistory::new(&dir);
-        let map = OsdMap::single_osd(vec!["127.0.0.1:1".parse().unwrap()], 4);
+        let mut map = OsdMap::single_osd(vec!["127.0.0.1:1".parse().unwrap()], 4);
+        map.pools[0].size = 2;
         let pg = |seed| PgId { pool: 1, seed };
         let at = |epoch, acting: &[u32]| Interval {
             epoch,
@@ -56,6 +63,9 @@ mod tests {
         assert_eq!(pgs_naming(&map, &histories, 1).unwrap(), [pg(1)]);
         assert_eq!(pgs_naming(&map, &histories, 0).unwrap(), [pg(1), pg(3)]);
         assert!(pgs_naming(&map, &histories, 5).unwrap().is_empty());
+        // A pool of one copy: what its histories say is not read (`pool set` left them).
+        map.pools[0].size = 1;
+        assert!(pgs_naming(&map, &histories, 0).unwrap().is_empty());
         let _ = std::fs::remove_dir_all(&dir);
     }
 }
