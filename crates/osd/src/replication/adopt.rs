@@ -283,6 +283,11 @@ async fn take_in<S: ObjectStore + 'static>(
         les: e0,
         primary_run: (e0, 0),
     };
+    // The pool may have gone while the objects were listed: its sweep would then not see
+    // a state stored now.
+    if given_copies_at(shard, pg).is_none() {
+        return Ok(());
+    }
     let mut txn = Transaction::new();
     layout::replace_all(&mut txn, pg, &log, &held, &BTreeMap::new(), marks);
     shard
