@@ -1063,21 +1063,7 @@ fn a_one_osd_cluster_grows_to_three_and_moves_its_volume_into_a_pool_of_copies()
     data[12 << 20..13 << 20].copy_from_slice(&pattern(1 << 20, 42));
     c.write_volume("v", &data);
     let one = carmine_localcluster::read_map(&c.dir).unwrap();
-    for id in 1..3u16 {
-        let port = carmine_testkit::free_addr().port();
-        let said = c.ok(&[
-            "osd",
-            "add",
-            "--host",
-            "127.0.0.1",
-            "--host-name",
-            &carmine_localcluster::host_name(),
-            "--port-base",
-            &(port - 16 * id).to_string(),
-            "--in",
-        ]);
-        assert!(said.contains("kept on the OSDs that hold them"), "{said}");
-    }
+    add_two_osds(&c);
     let three = carmine_localcluster::read_map(&c.dir).unwrap();
     assert!(three
         .all_pgs()
@@ -1111,6 +1097,60 @@ fn a_one_osd_cluster_grows_to_three_and_moves_its_volume_into_a_pool_of_copies()
     assert_eq!(
         read_volume_of(&c, "rep", data.len()),
         data,
+        "the copies on osd.1 and osd.2"
+    );
+    c.ok(&["cluster", "down"]);
+}
+
+/// osd.1 and osd.2 added (and in) to a cluster of osd.0 alone, whose pool of one copy keeps
+/// its PGs on osd.0; not started.
+fn add_two_osds(c: &Cluster) {
+    for id in 1..3u16 {
+        let port = carmine_testkit::free_addr().port();
+        let said = c.ok(&[
+            "osd",
+            "add",
+            "--host",
+            "127.0.0.1",
+            "--host-name",
+            &carmine_localcluster::host_name(),
+            "--port-base",
+            &(port - 16 * id).to_string(),
+            "--in",
+        ]);
+        assert!(said.contains("kept on the OSDs that hold them"), "{said}");
+    }
+}
+
+/// A cluster started on one OSD grows to three and gives its pool of one copy three copies
+/// in place: the PGs pinned to osd.0 fill their new copies from it, and then the volume
+/// outlives osd.0.
+#[test]
+fn a_one_osd_cluster_grows_to_three_and_gives_its_pool_three_copies_in_place() {
+    let c = Cluster::up(
+        "grow-in-place",
+        &["--osds", "1", "--pg-num", "8", "--reactors", "1"],
+    );
+    c.create_volume("v", "8M", "1M");
+    let data = pattern(8 << 20, 61);
+    c.write_volume("v", &data);
+    add_two_osds(&c);
+    c.ok(&["cluster", "up"]);
+    let said = c.ok(&["pool", "set", "rbd", "--size", "3"]);
+    assert!(said.contains("8 PGs fill a new copy"), "{said}");
+    let map = carmine_localcluster::read_map(&c.dir).unwrap();
+    assert!(
+        map.all_pgs().all(|pg| map.pg_osds(pg, 3) == [0]),
+        "osd.0 serves"
+    );
+    wait_clean(&c);
+    // Every copy in place: osd.0 may go out like any other now.
+    assert!(!carmine_localcluster::read_map(&c.dir)
+        .unwrap()
+        .holds_single_copy(0));
+    kill9(c.osd_pid(0));
+    assert!(
+        read_volume(&c, data.len()) == data,
         "the copies on osd.1 and osd.2"
     );
     c.ok(&["cluster", "down"]);
