@@ -33,6 +33,8 @@ use std::time::Duration;
 const LIST_PAGE: usize = 1024;
 /// How often the drain of one-copy writes is looked at.
 const DRAIN_POLL: Duration = Duration::from_millis(5);
+/// How long a history read may take before it is asked again.
+const ANSWER_WAIT: Duration = Duration::from_secs(3);
 /// A drain this long is said in the log (a write stuck in a full store holds it).
 const DRAIN_WARN: Duration = Duration::from_secs(10);
 /// A failed attempt (the map store unreachable, a store error) is retried after this long,
@@ -251,8 +253,22 @@ async fn ask_history<S>(shard: &Shard<S>, pg: PgId, epoch: u32) -> Result<Vec<In
     if !h.ask(Ask::Get { pg, epoch }) {
         return Err("the map store's worker is busy".into());
     }
-    rx.await
-        .map_err(|_| "the map store's worker went away".to_string())?
+    // Bounded: an answer that never comes (lost, or the worker stuck on the map store) is
+    // asked again rather than waited for with the PG's queries unanswered.
+    let waited = std::pin::pin!(carmine_reactor::sleep(ANSWER_WAIT));
+    match futures::future::select(rx, waited).await {
+        futures::future::Either::Left((answer, _)) => {
+            answer.map_err(|_| "the map store's worker went away".to_string())?
+        }
+        futures::future::Either::Right(_) => {
+            if let Some(slot) = repl.adopting.borrow_mut().get_mut(&pg) {
+                *slot = None;
+            }
+            Err(format!(
+                "the map store did not answer within {ANSWER_WAIT:?}"
+            ))
+        }
+    }
 }
 
 /// Stores every object of `pg` here at the adoption version, then starts its member.
