@@ -976,7 +976,7 @@ fn a_pool_of_one_copy_given_three_in_place_keeps_every_byte_and_survives_losing_
 /// As above, with osd.0 stopped before the pool is given copies and killed before it sees
 /// that map, then marked down: its PGs wait for it (no copy being filled serves in its
 /// place), and it takes its objects in when it starts again. Ignored: under CPU load (two
-/// busy loops beside it, or CI's parallel tests) 3 runs of 13 stalled — the
+/// busy loops beside it, or CI's parallel tests) 4 runs of 18 stalled — the
 /// restarted osd.0 does not answer a peer's query for 10 s, is reported and held down 20 s,
 /// and the client gives up after 30 s (cause not found yet; see decision 0016). Run it with
 /// `cargo test --release -p carmine-cli --test replication -- --ignored holder_restarts`.
