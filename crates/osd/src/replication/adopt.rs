@@ -18,7 +18,7 @@
 //! still in the store when the objects are listed would otherwise stay out of the history, and
 //! go with the holder's copy once the PG left it.
 
-use super::{feed_map, history::Ask, layout, PgReplica};
+use super::{history::Ask, layout};
 use crate::reactor::Shard;
 use carmine_pg::{Interval, PgLog, Version};
 use carmine_store::{ObjectStore, Transaction};
@@ -196,7 +196,7 @@ async fn adopt<S: ObjectStore + 'static>(shard: &Rc<Shard<S>>, pg: PgId) -> Resu
     if let Some(loaded) = layout::load_pg(&shard.store, pg, repl.log_max).await? {
         // State stored here already (no member started on it yet): the member starts on it.
         let (member, held, stored_log) = loaded.into_member(repl.osd);
-        insert(shard, pg, repl.with_lease(member), held, stored_log);
+        super::start_member(shard, pg, repl.with_lease(member), held, stored_log);
         return Ok(());
     }
     let holds_objects = match shard.store.list_objects(pg, None, 1).await {
@@ -319,7 +319,7 @@ async fn take_in<S: ObjectStore + 'static>(
     let (member, held, stored_log) = loaded.into_member(repl.osd);
     // Started even if the map moved the PG away meanwhile: its state is stored, and a copy
     // not placed here is a stray, kept until the PG is clean elsewhere.
-    insert(shard, pg, repl.with_lease(member), held, stored_log);
+    super::start_member(shard, pg, repl.with_lease(member), held, stored_log);
     Ok(())
 }
 
@@ -344,31 +344,8 @@ async fn clear<S: ObjectStore + 'static>(
 fn start_empty<S: ObjectStore + 'static>(shard: &Rc<Shard<S>>, pg: PgId) {
     if placed(shard, pg) {
         let repl = &shard.replication;
-        insert(shard, pg, repl.new_member(), BTreeMap::new(), Vec::new());
+        super::start_member(shard, pg, repl.new_member(), BTreeMap::new(), Vec::new());
     }
-}
-
-fn insert<S: ObjectStore + 'static>(
-    shard: &Rc<Shard<S>>,
-    pg: PgId,
-    member: carmine_pg::Member,
-    held: BTreeMap<String, Version>,
-    stored_log: Vec<Version>,
-) {
-    let repl = &shard.replication;
-    if repl.pg(pg).is_some() || shard.view.borrow().map.pool(pg.pool).is_err() {
-        return;
-    }
-    let pgr = Rc::new(PgReplica::new(
-        pg,
-        member,
-        held,
-        stored_log.into(),
-        &repl.scrub_schedule,
-    ));
-    repl.pgs.borrow_mut().insert(pg, pgr.clone());
-    let map = shard.view.borrow().map.clone();
-    feed_map(shard, &pgr, &map);
 }
 
 /// The version objects taken in from a pool of one copy have: the first of run 0 of its last

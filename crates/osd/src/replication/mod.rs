@@ -527,23 +527,37 @@ pub(crate) async fn on_map<S: ObjectStore + 'static>(shard: &Rc<Shard<S>>) -> Re
             .await
             .map_err(|e| format!("creating replicated PG collections: {e}"))?;
     }
-    // The newest map: another may have come while the collections were made.
-    let map = shard.view.borrow().map.clone();
     for pg in new {
-        if repl.pg(pg).is_some() || repl.adopting.borrow().contains_key(&pg) {
-            continue;
+        if !repl.adopting.borrow().contains_key(&pg) {
+            start_member(shard, pg, repl.new_member(), BTreeMap::new(), Vec::new());
         }
-        let pgr = Rc::new(PgReplica::new(
-            pg,
-            repl.new_member(),
-            BTreeMap::new(),
-            VecDeque::new(),
-            &repl.scrub_schedule,
-        ));
-        repl.pgs.borrow_mut().insert(pg, pgr.clone());
-        feed_map(shard, &pgr, &map);
     }
     Ok(())
+}
+
+/// Starts `pg`'s copy here with `member` (and what its store holds), unless one runs or the
+/// pool is gone, and gives it the newest map (another may have come while it was made).
+fn start_member<S: ObjectStore + 'static>(
+    shard: &Rc<Shard<S>>,
+    pg: PgId,
+    member: Member,
+    held: BTreeMap<String, Version>,
+    stored_log: Vec<Version>,
+) {
+    let repl = &shard.replication;
+    if repl.pg(pg).is_some() || shard.view.borrow().map.pool(pg.pool).is_err() {
+        return;
+    }
+    let pgr = Rc::new(PgReplica::new(
+        pg,
+        member,
+        held,
+        stored_log.into(),
+        &repl.scrub_schedule,
+    ));
+    repl.pgs.borrow_mut().insert(pg, pgr.clone());
+    let map = shard.view.borrow().map.clone();
+    feed_map(shard, &pgr, &map);
 }
 
 /// Gives `pgr`'s member the epoch of `map` at once (so no write enters an interval that
